@@ -1,0 +1,37 @@
+//! `xla-vmm`: inspect, replay and benchmark XLA GPU executables on the
+//! xla-vmm runtime. Each subcommand lives in its own module.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xla-vmm", version, about = "Inspect, replay and tune XLA GPU executables on the xla-vmm runtime")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    // One line per subcommand: `Name(module::Args)`.
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("XLA_VMM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result: anyhow::Result<()> = match cli.command {
+        // One line per subcommand: `Command::Name(args) => module::run(args),`
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The backend contract: what the runtime needs from a GPU driver, no more.
+//!
+//! One trait, [`Backend`], names the handle types (physical memory, VA range,
+//! stream, event, pinned host memory, module, function, graph, graph exec) and
+//! the operations on them. A backend object stands for **one device** (one
+//! ordinal) with its driver context; every method may be called from any
+//! thread (the backend makes its context current itself).
+//!
+//! # Who validates what
+//! - The backend validates handles (a handle from another backend instance, or
+//!   one already released, is an error, never UB), ranges (offset + size inside
+//!   the VA range, granularity alignment of VMM calls) and driver results.
+//! - The caller (allocator, runtime) owns ordering: a range must not be
+//!   unmapped while queued GPU work still uses it (`cuMemUnmap` is **not**
+//!   stream ordered), host memory given to an async copy must stay untouched
+//!   until an event recorded after the copy has completed.
+//! - Handles are plain values; releasing is explicit and returns `Result`.
+//!   RAII wrappers live one layer up (`crate::vmm`), where teardown order is
+//!   enforced by ownership and errors in `Drop` are recorded, not lost.
+//!
+//! # Extending the trait
+//! A method added after the first version gets a default body that returns
+//! [`DeviceError::Unsupported`], so every backend keeps compiling.
+
+use crate::error::{DeviceError, Result};
+
+/// A device virtual address (what kernels see). Plain integer: the runtime
+/// does address arithmetic on it; the backend checks it on use.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    pub const NULL: DevicePtr = DevicePtr(0);
+    pub fn offset(self, bytes: u64) -> DevicePtr {
+        DevicePtr(self.0 + bytes)
+    }
+}
+
+/// Static facts about the device, read once at backend creation.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Backend name: "cuda", "hip" or "host".
+    pub backend: &'static str,
+    pub ordinal: usize,
+    pub name: String,
+    /// (major, minor): compute capability on CUDA, gfx version on ROCm.
+    pub compute_capability: (u32, u32),
+    /// e.g. "gfx942" on ROCm; empty on CUDA.
+    pub arch_name: String,
+    pub multiprocessor_count: u32,
+    pub total_memory: u64,
+    /// VMM allocation granularity (minimum, in bytes): 2 MiB on H200.
+    pub vmm_granularity: u64,
+    /// Peak memory bandwidth from device attributes (bytes/s):
+    /// 2 × memory clock × bus width / 8.
+    pub memory_bandwidth: f64,
+    /// Does the device support VMM (cuMemCreate / hipMemCreate)?
+    pub vmm_supported: bool,
+    /// Does the driver support conditional (IF/WHILE) graph nodes?
+    pub conditional_nodes: bool,
+}
+
+/// Kind of a module image.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ImageKind {
+    /// CUDA cubin / fatbin (ELF).
+    Cubin,
+    /// CUDA PTX text (JIT-compiled by the driver).
+    Ptx,
+    /// ROCm code object.
+    Hsaco,
+    /// A module of the host backend: a list of registered host kernel names.
+    Host,
+}
+
+/// Launch geometry and attributes of one kernel launch.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Thread-block cluster dims (Hopper); `None` = no cluster attribute.
+    pub cluster: Option<[u32; 3]>,
+    pub shared_mem_bytes: u32,
+    /// Programmatic dependent launch (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION).
+    pub pdl: bool,
+}
+
+/// Status of an event.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum EventStatus {
+    /// All work captured by the event has completed.
+    Complete,
+    /// Work is still pending.
+    Pending,
+}
+
+/// The driver surface the runtime needs. See the module docs for the contract.
+///
+/// Sizes and offsets are in bytes. VMM calls (`map`, `unmap`, `set_access`)
+/// take offsets and sizes that are multiples of [`DeviceInfo::vmm_granularity`].
+pub trait Backend: Send + Sync + 'static {
+    /// A physical allocation (cuMemCreate / hipMemCreate).
+    type PhysMem: Send + Sync + std::fmt::Debug;
+    /// A reserved virtual address range (cuMemAddressReserve).
+    type VaRange: Send + Sync + std::fmt::Debug;
+    type Stream: Send + Sync + std::fmt::Debug;
+    type Event: Send + Sync + std::fmt::Debug;
+    /// Page-locked host memory, usable for async H2D / D2H copies.
+    type HostBuffer: Send + Sync + std::fmt::Debug;
+    type Module: Send + Sync + std::fmt::Debug;
+    /// A kernel inside a loaded module. Cheap to clone.
+    type Function: Send + Sync + Clone + std::fmt::Debug;
+    /// A captured (not yet instantiated) graph.
+    type Graph: Send + std::fmt::Debug;
+    /// An instantiated, launchable graph.
+    type GraphExec: Send + std::fmt::Debug;
+
+    // ---- device facts ----------------------------------------------------
+    fn info(&self) -> &DeviceInfo;
+    /// (free, total) device memory in bytes, right now.
+    fn mem_info(&self) -> Result<(u64, u64)>;
+
+    // ---- VMM: physical memory, VA ranges, mappings ---------------------
+    /// Create `bytes` (multiple of granularity) of physical device memory.
+    fn mem_create(&self, bytes: u64) -> Result<Self::PhysMem>;
+    fn mem_release(&self, mem: Self::PhysMem) -> Result<()>;
+    fn mem_size(&self, mem: &Self::PhysMem) -> u64;
+    /// Reserve `bytes` of virtual address space aligned to `align` (0 = granularity).
+    fn va_reserve(&self, bytes: u64, align: u64) -> Result<Self::VaRange>;
+    fn va_free(&self, va: Self::VaRange) -> Result<()>;
+    fn va_base(&self, va: &Self::VaRange) -> DevicePtr;
+    fn va_size(&self, va: &Self::VaRange) -> u64;
+    /// Map `bytes` of `mem` starting at `mem_offset` at `va + va_offset`.
+    /// Mapping over a range that is already mapped is an error.
+    fn map(
+        &self,
+        va: &Self::VaRange,
+        va_offset: u64,
+        mem: &Self::PhysMem,
+        mem_offset: u64,
+        bytes: u64,
+    ) -> Result<()>;
+    /// Unmap `[va + va_offset, +bytes)`. Not stream ordered: the caller
+    /// guarantees no queued work uses the range.
+    fn unmap(&self, va: &Self::VaRange, va_offset: u64, bytes: u64) -> Result<()>;
+    /// Grant this device read/write access to a mapped range.
+    fn set_access(&self, va: &Self::VaRange, va_offset: u64, bytes: u64) -> Result<()>;
+
+    // ---- streams and events ---------------------------------------------
+    fn stream_create(&self) -> Result<Self::Stream>;
+    fn stream_destroy(&self, stream: Self::Stream) -> Result<()>;
+    fn stream_synchronize(&self, stream: &Self::Stream) -> Result<()>;
+    /// Make `stream` wait for `event` (device side; the host does not block).
+    fn stream_wait_event(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()>;
+    fn event_create(&self) -> Result<Self::Event>;
+    fn event_destroy(&self, event: Self::Event) -> Result<()>;
+    fn event_record(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()>;
+    fn event_query(&self, event: &Self::Event) -> Result<EventStatus>;
+    fn event_synchronize(&self, event: &Self::Event) -> Result<()>;
+    /// Milliseconds between two completed events (both created with timing).
+    fn event_elapsed_ms(&self, start: &Self::Event, end: &Self::Event) -> Result<f32>;
+
+    // ---- copies and fills (stream ordered) -------------------------------
+    fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: &Self::Stream)
+        -> Result<()>;
+    /// Async copy from pinned host memory. `host` must not be written until
+    /// the copy completes (record an event after it).
+    fn copy_h2d(
+        &self,
+        dst: DevicePtr,
+        host: &Self::HostBuffer,
+        host_offset: usize,
+        bytes: usize,
+        stream: &Self::Stream,
+    ) -> Result<()>;
+    /// Async copy into pinned host memory. `host` must not be read until the
+    /// copy completes.
+    fn copy_d2h(
+        &self,
+        host: &Self::HostBuffer,
+        host_offset: usize,
+        src: DevicePtr,
+        bytes: usize,
+        stream: &Self::Stream,
+    ) -> Result<()>;
+    /// Blocking upload from ordinary (pageable) memory; returns when the data
+    /// is on the device (ordered after prior work on `stream`).
+    fn write_sync(&self, dst: DevicePtr, data: &[u8], stream: &Self::Stream) -> Result<()>;
+    /// Blocking download into ordinary memory; returns when `out` is filled.
+    fn read_sync(&self, out: &mut [u8], src: DevicePtr, stream: &Self::Stream) -> Result<()>;
+    fn memset_d8(&self, dst: DevicePtr, value: u8, bytes: u64, stream: &Self::Stream)
+        -> Result<()>;
+    fn memset_d32(&self, dst: DevicePtr, value: u32, count: u64, stream: &Self::Stream)
+        -> Result<()>;
+
+    // ---- pinned host memory -----------------------------------------------
+    fn host_alloc(&self, bytes: usize) -> Result<Self::HostBuffer>;
+    fn host_free(&self, buf: Self::HostBuffer) -> Result<()>;
+    /// The host buffer's bytes. The caller must not hold this while an async
+    /// copy into the buffer is in flight.
+    fn host_bytes<'a>(&self, buf: &'a Self::HostBuffer) -> &'a [u8];
+    fn host_bytes_mut<'a>(&self, buf: &'a mut Self::HostBuffer) -> &'a mut [u8];
+
+    // ---- modules and kernels ----------------------------------------------
+    fn module_load(&self, image: &[u8], kind: ImageKind) -> Result<Self::Module>;
+    fn module_unload(&self, module: Self::Module) -> Result<()>;
+    fn module_function(&self, module: &Self::Module, name: &str) -> Result<Self::Function>;
+    /// Launch `function`; `args[i]` holds the bytes of kernel parameter i
+    /// (a device pointer is 8 bytes, a TMA descriptor 128).
+    fn launch(
+        &self,
+        function: &Self::Function,
+        config: &LaunchConfig,
+        args: &[&[u8]],
+        stream: &Self::Stream,
+    ) -> Result<()>;
+
+    // ---- graphs ---------------------------------------------------------------
+    /// Start capturing work queued on `stream` (and streams joined to it by events).
+    fn stream_begin_capture(&self, stream: &Self::Stream) -> Result<()>;
+    fn stream_end_capture(&self, stream: &Self::Stream) -> Result<Self::Graph>;
+    fn graph_instantiate(&self, graph: &Self::Graph) -> Result<Self::GraphExec>;
+    fn graph_launch(&self, exec: &Self::GraphExec, stream: &Self::Stream) -> Result<()>;
+    /// Try to update `exec` in place to `graph` (same topology). `Ok(false)`
+    /// when the driver refuses the update (re-instantiate then).
+    fn graph_exec_update(&self, exec: &Self::GraphExec, graph: &Self::Graph) -> Result<bool>;
+    fn graph_destroy(&self, graph: Self::Graph) -> Result<()>;
+    fn graph_exec_destroy(&self, exec: Self::GraphExec) -> Result<()>;
+
+    /// Capture a WHILE conditional node into the graph being captured on
+    /// `stream`: the body (captured by `body`) runs while the `u8`/`bool` at
+    /// `predicate` is non-zero. Only where `info().conditional_nodes`.
+    fn capture_while(
+        &self,
+        _stream: &Self::Stream,
+        _predicate: DevicePtr,
+        _body: &mut dyn FnMut(&Self::Stream) -> Result<()>,
+    ) -> Result<()> {
+        Err(DeviceError::Unsupported(
+            "conditional WHILE graph nodes on this backend".into(),
+        ))
+    }
+}

@@ -1,0 +1,18 @@
+//! xla-vmm device layer.
+//!
+//! - [`backend`]: the [`Backend`] trait (the driver contract; start reading here).
+//! - [`host`]: a backend on host memory that emulates VMM (granularity, VA
+//!   ranges, mappings) and its failure modes, and really moves bytes: all
+//!   code above the backend is tested on it in CI.
+//! - `cuda` (feature `cuda`): NVIDIA, on cudarc. `hip` (feature `hip`): AMD,
+//!   compiled in CI, unverified on hardware.
+//! - [`vmm`]: the VMM allocator (allocation ids, stream-ordered frees,
+//!   sub-allocation of small buffers), generic over the backend.
+//!
+//! Unsafe code and raw driver calls live only in the backend modules.
+
+pub mod backend;
+pub mod error;
+
+pub use backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
+pub use error::{DeviceError, Result};

@@ -1,0 +1,2 @@
+//! Slot binding policy (placeholder crate root; built by the policy work).
+#![deny(unsafe_code)]

@@ -1,0 +1,2 @@
+//! xla-vmm runtime (crate root; built by the runtime work).
+#![deny(unsafe_code)]

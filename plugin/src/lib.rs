@@ -1,0 +1,1 @@
+//! PJRT plugin (issue "PJRT plugin"): not built yet; this crate exports nothing.
