@@ -1,0 +1,309 @@
+//! The thunk tree, mirroring `xla.gpu.ThunkProto`
+//! (xla/backends/gpu/runtime/thunk.proto). A thunk is one step of the
+//! program (a kernel launch, a copy, a loop, ...); thunks run in order on
+//! the main stream unless an `AsyncStart` moves a sequence to another one.
+
+use serde::Serialize;
+
+use super::{
+    Blob, BufferAllocation, GemmConfig, KernelArg, KernelSpec, LaunchDims, Shape, ShapedSlice,
+    Slice,
+};
+
+/// `ThunkInfoProto`: what every thunk carries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ThunkInfo {
+    /// `profile_annotation`: usually the HLO instruction name the thunk was
+    /// emitted for (e.g. `"loop_fusion.3"`); shows in profiles and errors.
+    pub profile_annotation: String,
+    /// `thunk_id`: XLA's id, unique within the executable.
+    pub thunk_id: i64,
+    /// `concurrent_region_id`: only set in XLA's concurrent-regions mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrent_region_id: Option<i64>,
+}
+
+/// One thunk: its info plus what it does.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Thunk {
+    pub info: ThunkInfo,
+    pub kind: ThunkKind,
+}
+
+/// One variant per `ThunkProto.impl` kind we execute, plus `Unsupported`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ThunkKind {
+    /// `custom_kernel_thunk` (36): launch a kernel whose code travels with
+    /// the thunk (Triton, cuDNN-free custom fusions).
+    CustomKernel(CustomKernelThunk),
+    /// `kernel_thunk` (8): launch kernel `kernel_name` from the module
+    /// binary (`Plan::kernels.binary` / `asm_text`).
+    Kernel(KernelThunk),
+    /// `cublas_lt_matmul_thunk` (22).
+    CublasLtMatmul(Box<CublasLtMatmulThunk>),
+    /// `gemm_thunk` (9): a plain cuBLAS / hipBLAS gemm.
+    Gemm(Box<GemmThunk>),
+    /// `device_to_device_copy_thunk` (13).
+    DeviceToDeviceCopy(CopyThunk),
+    /// `copy_thunk` (3): device-to-device copy (generic form).
+    Copy(CopyThunk),
+    /// `memzero_thunk` (19): set `dest` to zero bytes.
+    Memzero { dest: ShapedSlice },
+    /// `memset32bit_value_thunk` (28): fill `dest` with the 32-bit `value`
+    /// repeated (`dest.size` is a multiple of 4).
+    Memset32 { dest: Slice, value: u32 },
+    /// `while_thunk` (7).
+    While(WhileThunk),
+    /// `conditional_thunk` (6).
+    Conditional(ConditionalThunk),
+    /// `sequential_thunk` (2): run the thunks in order.
+    Sequential { thunks: Vec<Thunk> },
+    /// `dynamic_slice_fusion_thunk` (60).
+    DynamicSliceFusion(DynamicSliceFusionThunk),
+    /// `async_start_thunk` (57).
+    AsyncStart(AsyncStartThunk),
+    /// `async_done_thunk` (58): make the main stream wait for the work of
+    /// the `AsyncStart` with the same `async_execution_id`.
+    AsyncDone { async_execution_id: u64 },
+    /// `custom_call_thunk` (30).
+    CustomCall(CustomCallThunk),
+    /// Any other `ThunkProto` kind (collectives, cuDNN, infeed, FFT, ... or
+    /// a field number this build does not know). Executing a plan that
+    /// contains one must fail at load time with this information.
+    Unsupported {
+        /// The `ThunkProto` oneof field name without `_thunk` (e.g.
+        /// `"all_reduce"`), or `"unknown"` when the field number is not in
+        /// our table of XLA's kinds.
+        kind_name: String,
+        /// The `ThunkProto` field number of the kind (0 = no kind set).
+        field_number: u32,
+    },
+}
+
+/// `CustomKernelThunkProto`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CustomKernelThunk {
+    /// `CustomKernelProto.name`: a display name of the kernel.
+    pub name: String,
+    /// The kernel code, its symbol name and parameter packing.
+    pub spec: KernelSpec,
+    /// Buffer arguments, in XLA order (inputs then outputs).
+    pub args: Vec<KernelArg>,
+    /// `block_dims` / `thread_dims` / `cluster_dim` / `shared_memory_bytes`.
+    pub launch: LaunchDims,
+    /// `use_pdl`: launch with programmatic dependent launch allowed.
+    pub use_pdl: bool,
+    /// Indices into `args` whose slices must be zeroed before the launch.
+    pub zeroed_output_buffer_indices: Vec<u64>,
+}
+
+/// `KernelThunkProto`: a kernel of the module binary.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KernelThunk {
+    /// Symbol name of the kernel in the module (`Plan::kernels`).
+    pub kernel_name: String,
+    /// Buffer arguments, one pointer (or TMA descriptor) each, in order.
+    pub args: Vec<KernelArg>,
+    pub launch: LaunchDims,
+    pub use_pdl: bool,
+    /// Indices into `args` whose slices must be zeroed before the launch.
+    pub zeroed_output_buffer_indices: Vec<u64>,
+}
+
+/// `CublasLtMatmulThunkProto`: `d = epilogue(alpha * a @ b + beta * c)`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CublasLtMatmulThunk {
+    /// `gemm_config`; `None` for grouped matmuls (not supported by us).
+    pub gemm_config: Option<GemmConfig>,
+    /// The proto carried a `grouped_gemm_config` instead.
+    pub grouped: bool,
+    /// `xla.BlasLtEpilogueProto` number (see `BLAS_LT_EPILOGUE_NAMES`).
+    pub epilogue: i32,
+    /// Index of the chosen algorithm among those cublasLt's heuristic
+    /// returns for this problem (XLA's autotuner picked it).
+    pub algorithm_idx: i64,
+    /// `canonical_hlo`: the HLO text used as the autotuning cache key.
+    pub canonical_hlo: String,
+    pub a: ShapedSlice,
+    pub b: ShapedSlice,
+    /// Read when `beta != 0`; often the same slice as `d`.
+    pub c: ShapedSlice,
+    /// The output.
+    pub d: ShapedSlice,
+    pub bias: Option<ShapedSlice>,
+    /// Auxiliary output of `*_WITH_AUX` epilogues (written).
+    pub aux: Option<ShapedSlice>,
+    pub a_scale: Option<ShapedSlice>,
+    pub b_scale: Option<ShapedSlice>,
+    pub c_scale: Option<ShapedSlice>,
+    pub d_scale: Option<ShapedSlice>,
+    /// Written: max |d| (fp8).
+    pub d_amax: Option<ShapedSlice>,
+    /// Scratch space for cublasLt (its whole size may be used).
+    pub workspace: Option<ShapedSlice>,
+    pub group_sizes: Option<ShapedSlice>,
+    pub autotune_workspace_size: i64,
+}
+
+/// `GemmThunkProto`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GemmThunk {
+    pub config: GemmConfig,
+    pub lhs: Slice,
+    pub rhs: Slice,
+    pub output: Slice,
+    pub workspace: Option<Slice>,
+    pub deterministic: bool,
+}
+
+/// `CopyThunkProto` (also the payload of `DeviceToDeviceCopyThunkProto`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CopyThunk {
+    pub source: ShapedSlice,
+    pub destination: ShapedSlice,
+    /// Number of bytes to copy (`mem_size`).
+    pub mem_size: u64,
+}
+
+/// `WhileThunkProto`: `loop { run condition; if !*pred { break }; run body }`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WhileThunk {
+    /// `condition_result_buffer_index`: the slice where the condition writes
+    /// its `PRED` (1 byte); the host reads it after each condition run.
+    pub condition_result: Slice,
+    pub condition: Vec<Thunk>,
+    pub body: Vec<Thunk>,
+    /// `trip_count`: when XLA proved the loop runs exactly this many times
+    /// (then the condition need not be evaluated).
+    pub trip_count: Option<i64>,
+}
+
+/// `ConditionalThunkProto`: run branch `*branch_index` (an S32 index,
+/// clamped to the last branch when out of range, or a PRED where true = 0
+/// and false = 1 as in XLA).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ConditionalThunk {
+    pub branch_index: ShapedSlice,
+    pub branches: Vec<Vec<Thunk>>,
+}
+
+/// Which stream an `AsyncStart` sends its work to (`execution_stream_id`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
+pub enum ExecutionStream {
+    /// `computation_stream_id`: an extra compute stream.
+    Computation(u64),
+    /// `communication_stream_id`: a collectives stream.
+    Communication(u64),
+    /// Not set.
+    Default,
+}
+
+/// `AsyncStartThunkProto`: run `thunks` on `stream`, concurrently with the
+/// main stream, after the main stream's previous work; the matching
+/// `AsyncDone` joins it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AsyncStartThunk {
+    pub async_execution_id: u64,
+    pub stream: ExecutionStream,
+    pub thunks: Vec<Thunk>,
+}
+
+/// `CustomCallThunkProto`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CustomCallThunk {
+    pub target_name: String,
+    /// Operands (read); `None` = a null operand slot.
+    pub operands: Vec<Option<ShapedSlice>>,
+    /// Results (written); `None` = a null result slot.
+    pub results: Vec<Option<ShapedSlice>>,
+    /// Legacy custom-call opaque string.
+    pub opaque: Blob,
+    /// `CustomCallApiVersion` number (4 = typed FFI).
+    pub api_version: i32,
+    pub called_computation: Option<String>,
+    pub use_pdl: bool,
+}
+
+/// `DynamicSliceFusionThunkProto`: run `embedded` thunks against synthetic
+/// allocations that are windows into the real parameter / result buffers;
+/// the window offsets may depend on the iteration of enclosing while loops.
+///
+/// The embedded thunks' slices index `embedded_allocations`, NOT the plan's
+/// allocation table: entry `i < parameters.len()` is a window into
+/// `parameter_buffers[parameters[i].parameter_number]`, entry
+/// `parameters.len() + j` a window into
+/// `result_buffers[results[j].result_number]`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DynamicSliceFusionThunk {
+    pub parameters: Vec<DsfParameter>,
+    pub results: Vec<DsfResult>,
+    /// Real slices of the fusion operands, indexed by fusion parameter number.
+    pub parameter_buffers: Vec<Slice>,
+    /// Real slices of the fusion results (leaves in DFS order).
+    pub result_buffers: Vec<Slice>,
+    /// `slice_allocations`: the synthetic allocations (their `size` is the
+    /// window size).
+    pub embedded_allocations: Vec<BufferAllocation>,
+    pub embedded: Vec<Thunk>,
+    pub verify_offsets: bool,
+}
+
+/// `DynamicSliceConfig`: byte offset of a window =
+/// `byte_offset + loop_iteration[loop_index] * byte_stride` (loop index 0 =
+/// innermost enclosing while loop), clamped so the window stays inside the
+/// buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct DynamicSliceConfig {
+    pub loop_index: Option<i64>,
+    pub byte_offset: i64,
+    pub byte_stride: i64,
+}
+
+/// `OffsetExprProto`: one element-index offset, an expression over constants
+/// and fusion parameters (scalars read from device memory).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OffsetExpr {
+    /// `Kind`: 1 constant, 2 parameter, 3 add, 4 subtract, 5 multiply,
+    /// 6 compare, 7 select.
+    pub kind: i32,
+    /// The constant (CONSTANT) or the fusion parameter number (PARAMETER).
+    pub value: i64,
+    /// `CompareDirection` for COMPARE: 1 EQ, 2 NE, 3 GE, 4 GT, 5 LE, 6 LT.
+    pub compare_direction: i32,
+    pub operands: Vec<OffsetExpr>,
+}
+
+/// `OffsetProto`: the start index of one dimension.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DsfOffset {
+    pub dimension: i64,
+    pub expr: Option<OffsetExpr>,
+}
+
+/// `ParameterProto`: a sliced operand of the hero instruction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DsfParameter {
+    /// Fusion parameter number (index into `parameter_buffers`).
+    pub parameter_number: u64,
+    pub parameter_shape: Option<Shape>,
+    pub slice_shape: Option<Shape>,
+    /// Static description of the window offset, when XLA could derive one.
+    pub slice_config: Option<DynamicSliceConfig>,
+    pub slice_offsets: Vec<DsfOffset>,
+}
+
+/// `ResultProto`: a result of the hero instruction (possibly written
+/// through a dynamic-update-slice window).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DsfResult {
+    /// The fusion parameter the update writes into in place, if any.
+    pub parameter_number: Option<i64>,
+    /// Index into `result_buffers`.
+    pub result_number: u64,
+    pub result_shape: Option<Shape>,
+    pub update_shape: Option<Shape>,
+    pub update_config: Option<DynamicSliceConfig>,
+    pub update_offsets: Vec<DsfOffset>,
+}
