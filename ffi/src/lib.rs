@@ -10,14 +10,29 @@
 //!   no CUDA toolkit.
 //! - `hip` (feature `hip`): the HIP runtime API, linked against
 //!   `libamdhip64` (Debian: `libamdhip64-dev`).
+//! - [`pjrt`] (always): the PJRT C API (`xla/pjrt/c/pjrt_c_api.h`), generated
+//!   by bindgen into `src/pjrt_c_api.rs` (checked in; `generate_pjrt.sh`
+//!   regenerates it). Types only: the plugin crate implements the entries.
 
 #[cfg(feature = "cuda")]
 pub mod cuda {
-    pub use cudarc::driver::sys as driver;
     pub use cudarc::cublaslt::sys as cublaslt;
+    pub use cudarc::driver::sys as driver;
 }
 
 #[cfg(feature = "hip")]
 pub mod hip {
     pub use hip_runtime_sys as runtime;
+}
+
+/// PJRT C API types, generated from XLA's header (see `generate_pjrt.sh`).
+#[allow(
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    dead_code,
+    clippy::all
+)]
+pub mod pjrt {
+    include!("pjrt_c_api.rs");
 }
