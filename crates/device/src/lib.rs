@@ -13,6 +13,13 @@
 
 pub mod backend;
 pub mod error;
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+pub mod cuda;
+#[cfg(feature = "hip")]
+#[allow(unsafe_code)]
+pub mod hip;
+pub mod probe;
 
 pub use backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
 pub use error::{DeviceError, Result};

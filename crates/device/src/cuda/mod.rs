@@ -1,0 +1,716 @@
+//! NVIDIA backend on cudarc (feature `cuda`).
+//!
+//! - [`symbols`]: every driver symbol, required or optional, checked at
+//!   creation: no driver means [`DeviceError::NotAvailable`], never a panic.
+//! - [`result`]: `Result`-returning wrappers for what cudarc leaves raw (VMM,
+//!   graph update, conditional nodes, `cuLaunchKernelEx`, pinned memory).
+//! - [`handles`]: the handle types; [`conditional`]: WHILE nodes in capture.
+//! - This file: [`CudaBackend`], the [`Backend`] implementation. Contexts,
+//!   streams and events come from cudarc's safe layer.
+//!
+//! Every method makes the device's primary context current on the calling
+//! thread first (cudarc's `bind_to_thread`), so the backend may be used from
+//! any thread.
+
+mod conditional;
+pub mod handles;
+pub mod result;
+pub mod symbols;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::CudaContext;
+use xla_vmm_ffi::cuda::driver as sys;
+
+use crate::backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
+use crate::error::{DeviceError, Result};
+pub use handles::{
+    CudaEvent, CudaFunction, CudaGraph, CudaGraphExec, CudaHostBuffer, CudaModule, CudaPhysMem,
+    CudaStream, CudaVaRange,
+};
+use handles::{ModuleInner, Owned};
+use result::from_cudarc;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One CUDA device (its primary context).
+pub struct CudaBackend {
+    id: u64,
+    ordinal: i32,
+    ctx: Arc<CudaContext>,
+    info: DeviceInfo,
+    symbols: symbols::Symbols,
+    /// The kernel that copies a predicate byte into a conditional handle
+    /// (loaded at the first `capture_while`).
+    set_condition: OnceLock<std::result::Result<CudaFunction, DeviceError>>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.info.name)
+            .finish()
+    }
+}
+
+impl CudaBackend {
+    /// Open device `ordinal`. [`DeviceError::NotAvailable`] when libcuda is
+    /// missing or too old, no such device exists, or the driver fails to
+    /// initialize.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let symbols = symbols::load()?;
+        let unavailable =
+            |e: cudarc::driver::DriverError| DeviceError::NotAvailable(format!("CUDA device {ordinal}: {e}"));
+        let ctx = CudaContext::new(ordinal).map_err(unavailable)?;
+        // SAFETY: we never use cudarc's CudaSlice, the only user of event
+        // tracking; disabling it keeps `new_stream` from synchronizing the
+        // context (which would break a capture in progress).
+        unsafe { ctx.disable_event_tracking() };
+        let ordinal_i32 = i32::try_from(ordinal)
+            .map_err(|_| DeviceError::InvalidArgument(format!("device ordinal {ordinal}")))?;
+        let info = Self::read_info(&ctx, ordinal_i32, &symbols)?;
+        tracing::info!(ordinal, name = %info.name, "cuda backend ready");
+        Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ordinal: ordinal_i32,
+            ctx,
+            info,
+            symbols,
+            set_condition: OnceLock::new(),
+        })
+    }
+
+    fn read_info(ctx: &Arc<CudaContext>, ordinal: i32, syms: &symbols::Symbols) -> Result<DeviceInfo> {
+        use sys::CUdevice_attribute as A;
+        let dev = ctx.cu_device();
+        // SAFETY: `dev` is the valid device behind `ctx`.
+        let attr = |a: A| unsafe { result::device::attribute(dev, a) };
+        let name = ctx.name().map_err(|e| from_cudarc("cuDeviceGetName", e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| from_cudarc("cuDeviceGetAttribute", e))?;
+        let total_memory = ctx.total_mem().map_err(|e| from_cudarc("cuDeviceTotalMem", e))? as u64;
+        // Peak bandwidth: double data rate × clock (kHz) × bus width (bits) / 8.
+        let clock_khz = attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).unwrap_or(0).max(0) as f64;
+        let bus_bits = attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).unwrap_or(0).max(0) as f64;
+        let vmm_supported =
+            attr(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED).unwrap_or(0) != 0;
+        let vmm_granularity = if vmm_supported {
+            // SAFETY: the driver is initialized (the context exists).
+            unsafe { result::vmm::granularity(ordinal)? }
+        } else {
+            0
+        };
+        // SAFETY: the driver is initialized.
+        let version = unsafe { result::device::driver_version()? };
+        Ok(DeviceInfo {
+            backend: "cuda",
+            ordinal: ordinal as usize,
+            name,
+            compute_capability: (major.max(0) as u32, minor.max(0) as u32),
+            arch_name: String::new(),
+            multiprocessor_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(0) as u32,
+            total_memory,
+            vmm_granularity,
+            memory_bandwidth: 2.0 * clock_khz * 1000.0 * bus_bits / 8.0,
+            vmm_supported,
+            // WHILE nodes via cuGraphAddNode: CUDA 12.4+.
+            conditional_nodes: syms.conditional && version >= 12040,
+        })
+    }
+
+    /// The cudarc context (for other modules of this crate, e.g. cuBLASLt).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| from_cudarc("cuCtxSetCurrent", e))
+    }
+
+    fn own<T: Owned>(&self, h: &T, what: &str) -> Result<()> {
+        if h.owner() == self.id {
+            Ok(())
+        } else {
+            Err(DeviceError::InvalidArgument(format!(
+                "{what} belongs to another backend instance"
+            )))
+        }
+    }
+
+    fn aligned(&self, what: &str, v: u64) -> Result<()> {
+        let g = self.info.vmm_granularity;
+        if g == 0 {
+            return Err(DeviceError::Unsupported("VMM on this device".into()));
+        }
+        if !v.is_multiple_of(g) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{what} = {v} is not a multiple of the VMM granularity {g}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Check `[offset, offset + bytes)` is non-empty, aligned and inside a
+    /// range of `size` bytes; returns nothing on success.
+    fn vmm_range(&self, what: &str, offset: u64, bytes: u64, size: u64) -> Result<()> {
+        self.aligned("offset", offset)?;
+        self.aligned("size", bytes)?;
+        let end = offset.checked_add(bytes);
+        if bytes == 0 || end.is_none_or(|e| e > size) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{what}: [{offset}, +{bytes}) is empty or outside {size} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    fn host_range(buf: &CudaHostBuffer, offset: usize, bytes: usize) -> Result<()> {
+        match offset.checked_add(bytes) {
+            Some(end) if end <= buf.len => Ok(()),
+            _ => Err(DeviceError::InvalidArgument(format!(
+                "host range [{offset}, +{bytes}) outside a {}-byte buffer",
+                buf.len
+            ))),
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    type PhysMem = CudaPhysMem;
+    type VaRange = CudaVaRange;
+    type Stream = CudaStream;
+    type Event = CudaEvent;
+    type HostBuffer = CudaHostBuffer;
+    type Module = CudaModule;
+    type Function = CudaFunction;
+    type Graph = CudaGraph;
+    type GraphExec = CudaGraphExec;
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        // SAFETY: our context is current.
+        unsafe { result::device::mem_info() }
+    }
+
+    // ---- VMM ----------------------------------------------------------------
+    fn mem_create(&self, bytes: u64) -> Result<CudaPhysMem> {
+        self.aligned("size", bytes)?;
+        if bytes == 0 {
+            return Err(DeviceError::InvalidArgument("mem_create of 0 bytes".into()));
+        }
+        self.bind()?;
+        // SAFETY: context current, size checked against the granularity.
+        let handle = unsafe { result::vmm::create(self.ordinal, bytes)? };
+        Ok(CudaPhysMem { owner: self.id, handle, bytes })
+    }
+
+    fn mem_release(&self, mem: CudaPhysMem) -> Result<()> {
+        self.own(&mem, "physical memory")?;
+        self.bind()?;
+        // SAFETY: `mem` is ours and consumed here, so released once. The
+        // driver keeps the memory alive while mappings of it remain.
+        unsafe { result::vmm::release(mem.handle) }
+    }
+
+    fn mem_size(&self, mem: &CudaPhysMem) -> u64 {
+        mem.bytes
+    }
+
+    fn va_reserve(&self, bytes: u64, align: u64) -> Result<CudaVaRange> {
+        self.aligned("size", bytes)?;
+        if bytes == 0 {
+            return Err(DeviceError::InvalidArgument("va_reserve of 0 bytes".into()));
+        }
+        if align != 0 && !align.is_power_of_two() {
+            return Err(DeviceError::InvalidArgument(format!("alignment {align}")));
+        }
+        self.bind()?;
+        // SAFETY: context current, size checked.
+        let base = unsafe { result::vmm::address_reserve(bytes, align)? };
+        Ok(CudaVaRange { owner: self.id, base, bytes })
+    }
+
+    fn va_free(&self, va: CudaVaRange) -> Result<()> {
+        self.own(&va, "VA range")?;
+        self.bind()?;
+        // SAFETY: exactly the reservation we made, consumed here. The driver
+        // rejects freeing a range that still has mappings.
+        unsafe { result::vmm::address_free(va.base, va.bytes) }
+    }
+
+    fn va_base(&self, va: &CudaVaRange) -> DevicePtr {
+        DevicePtr(va.base)
+    }
+
+    fn va_size(&self, va: &CudaVaRange) -> u64 {
+        va.bytes
+    }
+
+    fn map(
+        &self,
+        va: &CudaVaRange,
+        va_offset: u64,
+        mem: &CudaPhysMem,
+        mem_offset: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        self.own(va, "VA range")?;
+        self.own(mem, "physical memory")?;
+        self.vmm_range("map (VA)", va_offset, bytes, va.bytes)?;
+        self.vmm_range("map (physical)", mem_offset, bytes, mem.bytes)?;
+        self.bind()?;
+        // SAFETY: both ranges checked to lie inside live objects we own;
+        // mapping over an existing mapping is rejected by the driver.
+        unsafe { result::vmm::map(va.base + va_offset, bytes, mem_offset, mem.handle) }
+    }
+
+    fn unmap(&self, va: &CudaVaRange, va_offset: u64, bytes: u64) -> Result<()> {
+        self.own(va, "VA range")?;
+        self.vmm_range("unmap", va_offset, bytes, va.bytes)?;
+        self.bind()?;
+        // SAFETY: range inside our reservation; "no queued work uses it" is
+        // the caller's documented obligation (a violation faults the GPU
+        // context, it cannot corrupt host memory).
+        unsafe { result::vmm::unmap(va.base + va_offset, bytes) }
+    }
+
+    fn set_access(&self, va: &CudaVaRange, va_offset: u64, bytes: u64) -> Result<()> {
+        self.own(va, "VA range")?;
+        self.vmm_range("set_access", va_offset, bytes, va.bytes)?;
+        self.bind()?;
+        // SAFETY: range inside our reservation; the driver rejects unmapped parts.
+        unsafe { result::vmm::set_access(va.base + va_offset, bytes, self.ordinal) }
+    }
+
+    // ---- streams and events -------------------------------------------------
+    fn stream_create(&self) -> Result<CudaStream> {
+        let inner = self
+            .ctx
+            .new_stream()
+            .map_err(|e| from_cudarc("cuStreamCreate", e))?;
+        Ok(CudaStream { owner: self.id, inner })
+    }
+
+    fn stream_destroy(&self, stream: CudaStream) -> Result<()> {
+        self.own(&stream, "stream")?;
+        drop(stream);
+        // cudarc records errors of its Drop in the context: surface them now.
+        self.ctx
+            .check_err()
+            .map_err(|e| from_cudarc("cuStreamDestroy", e))
+    }
+
+    fn stream_synchronize(&self, stream: &CudaStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        self.bind()?;
+        stream
+            .inner
+            .synchronize()
+            .map_err(|e| from_cudarc("cuStreamSynchronize", e))
+    }
+
+    fn stream_wait_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+        self.own(stream, "stream")?;
+        self.own(event, "event")?;
+        stream
+            .inner
+            .wait(&event.inner)
+            .map_err(|e| from_cudarc("cuStreamWaitEvent", e))
+    }
+
+    fn event_create(&self) -> Result<CudaEvent> {
+        let inner = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| from_cudarc("cuEventCreate", e))?;
+        Ok(CudaEvent { owner: self.id, inner })
+    }
+
+    fn event_destroy(&self, event: CudaEvent) -> Result<()> {
+        self.own(&event, "event")?;
+        drop(event);
+        self.ctx
+            .check_err()
+            .map_err(|e| from_cudarc("cuEventDestroy", e))
+    }
+
+    fn event_record(&self, event: &CudaEvent, stream: &CudaStream) -> Result<()> {
+        self.own(event, "event")?;
+        self.own(stream, "stream")?;
+        event
+            .inner
+            .record(&stream.inner)
+            .map_err(|e| from_cudarc("cuEventRecord", e))
+    }
+
+    fn event_query(&self, event: &CudaEvent) -> Result<EventStatus> {
+        self.own(event, "event")?;
+        self.bind()?;
+        match event.inner.try_is_complete() {
+            Ok(true) => Ok(EventStatus::Complete),
+            Ok(false) => Ok(EventStatus::Pending),
+            Err(e) => Err(from_cudarc("cuEventQuery", e)),
+        }
+    }
+
+    fn event_synchronize(&self, event: &CudaEvent) -> Result<()> {
+        self.own(event, "event")?;
+        event
+            .inner
+            .synchronize()
+            .map_err(|e| from_cudarc("cuEventSynchronize", e))
+    }
+
+    fn event_elapsed_ms(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f32> {
+        self.own(start, "event")?;
+        self.own(end, "event")?;
+        start
+            .inner
+            .elapsed_ms(&end.inner)
+            .map_err(|e| from_cudarc("cuEventElapsedTime", e))
+    }
+
+    // ---- copies and fills -----------------------------------------------------
+    fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: &CudaStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: stream is live; device addresses are checked by the driver
+        // and the GPU (a bad one faults the context, not host memory).
+        unsafe { result::memory::copy_d2d(dst.0, src.0, bytes as usize, stream.cu_stream()) }
+    }
+
+    fn copy_h2d(
+        &self,
+        dst: DevicePtr,
+        host: &CudaHostBuffer,
+        host_offset: usize,
+        bytes: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.own(stream, "stream")?;
+        self.own(host, "host buffer")?;
+        Self::host_range(host, host_offset, bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the host range is inside the pinned buffer (checked); the
+        // trait contract keeps the buffer alive and unwritten until the copy
+        // completes.
+        unsafe {
+            result::memory::copy_h2d(
+                dst.0,
+                host.ptr.add(host_offset).cast(),
+                bytes,
+                stream.cu_stream(),
+            )
+        }
+    }
+
+    fn copy_d2h(
+        &self,
+        host: &CudaHostBuffer,
+        host_offset: usize,
+        src: DevicePtr,
+        bytes: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.own(stream, "stream")?;
+        self.own(host, "host buffer")?;
+        Self::host_range(host, host_offset, bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the host range is inside the pinned buffer (checked); the
+        // trait contract keeps it alive and unread until the copy completes.
+        unsafe {
+            result::memory::copy_d2h(
+                host.ptr.add(host_offset).cast(),
+                src.0,
+                bytes,
+                stream.cu_stream(),
+            )
+        }
+    }
+
+    fn write_sync(&self, dst: DevicePtr, data: &[u8], stream: &CudaStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `data` is borrowed for the whole call and we synchronize
+        // the stream before returning, so the driver's read is over.
+        unsafe {
+            result::memory::copy_h2d(dst.0, data.as_ptr().cast(), data.len(), stream.cu_stream())?;
+        }
+        self.stream_synchronize(stream)
+    }
+
+    fn read_sync(&self, out: &mut [u8], src: DevicePtr, stream: &CudaStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `out` is exclusively borrowed for the call. A device-to-
+        // pageable copy returns only once the data has landed, and we also
+        // synchronize the stream before returning.
+        unsafe {
+            result::memory::copy_d2h(out.as_mut_ptr().cast(), src.0, out.len(), stream.cu_stream())?;
+        }
+        self.stream_synchronize(stream)
+    }
+
+    fn memset_d8(&self, dst: DevicePtr, value: u8, bytes: u64, stream: &CudaStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: as copy_d2d.
+        unsafe { result::memory::memset_d8(dst.0, value, bytes as usize, stream.cu_stream()) }
+    }
+
+    fn memset_d32(&self, dst: DevicePtr, value: u32, count: u64, stream: &CudaStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        if !dst.0.is_multiple_of(4) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "memset_d32 destination {:#x} is not 4-byte aligned",
+                dst.0
+            )));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: as copy_d2d; alignment checked.
+        unsafe { result::memory::memset_d32(dst.0, value, count as usize, stream.cu_stream()) }
+    }
+
+    // ---- pinned host memory ------------------------------------------------------
+    fn host_alloc(&self, bytes: usize) -> Result<CudaHostBuffer> {
+        if bytes == 0 {
+            return Ok(CudaHostBuffer { owner: self.id, ptr: std::ptr::null_mut(), len: 0 });
+        }
+        self.bind()?;
+        // SAFETY: context current.
+        let ptr = unsafe { result::memory::host_alloc(bytes)? };
+        Ok(CudaHostBuffer { owner: self.id, ptr: ptr.cast(), len: bytes })
+    }
+
+    fn host_free(&self, buf: CudaHostBuffer) -> Result<()> {
+        self.own(&buf, "host buffer")?;
+        if buf.len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: allocated by host_alloc, consumed here so freed once.
+        unsafe { result::memory::host_free(buf.ptr.cast()) }
+    }
+
+    fn host_bytes<'a>(&self, buf: &'a CudaHostBuffer) -> &'a [u8] {
+        if buf.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` points to `len` bytes of pinned memory owned by `buf`
+        // and alive while it is borrowed; the trait contract forbids holding
+        // this slice while an async copy writes into the buffer.
+        unsafe { std::slice::from_raw_parts(buf.ptr, buf.len) }
+    }
+
+    fn host_bytes_mut<'a>(&self, buf: &'a mut CudaHostBuffer) -> &'a mut [u8] {
+        if buf.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as host_bytes, and `&mut` makes the borrow exclusive.
+        unsafe { std::slice::from_raw_parts_mut(buf.ptr, buf.len) }
+    }
+
+    // ---- modules and kernels ----------------------------------------------------------
+    fn module_load(&self, image: &[u8], kind: ImageKind) -> Result<CudaModule> {
+        // cuModuleLoadData reads a cubin/fatbin by its ELF header and PTX as
+        // a NUL-terminated string: give it a NUL-terminated copy either way.
+        let mut bytes = match kind {
+            ImageKind::Cubin | ImageKind::Ptx => image.to_vec(),
+            ImageKind::Hsaco | ImageKind::Host => {
+                return Err(DeviceError::Unsupported(format!("{kind:?} images on CUDA")))
+            }
+        };
+        if kind == ImageKind::Ptx && bytes.contains(&0) {
+            return Err(DeviceError::InvalidArgument("PTX text contains a NUL byte".into()));
+        }
+        bytes.push(0);
+        self.bind()?;
+        // SAFETY: `bytes` outlives the call and is NUL-terminated, so the
+        // driver cannot read past it when parsing PTX.
+        let module = unsafe { cudarc::driver::result::module::load_data(bytes.as_ptr().cast()) }
+            .map_err(|e| from_cudarc("cuModuleLoadData", e))?;
+        Ok(CudaModule {
+            owner: self.id,
+            inner: Arc::new(ModuleInner { module, ctx: self.ctx.clone() }),
+        })
+    }
+
+    fn module_unload(&self, module: CudaModule) -> Result<()> {
+        self.own(&module, "module")?;
+        // Functions of the module keep it loaded; the last one to go unloads
+        // it (errors then land in the context's error state).
+        drop(module);
+        self.ctx
+            .check_err()
+            .map_err(|e| from_cudarc("cuModuleUnload", e))
+    }
+
+    fn module_function(&self, module: &CudaModule, name: &str) -> Result<CudaFunction> {
+        self.own(module, "module")?;
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| DeviceError::InvalidArgument(format!("kernel name {name:?}")))?;
+        self.bind()?;
+        // SAFETY: the module is loaded (we hold it).
+        let func = unsafe { cudarc::driver::result::module::get_function(module.inner.module, cname) }
+            .map_err(|e| from_cudarc("cuModuleGetFunction", e))?;
+        let params: Arc<[usize]> = if self.symbols.param_info {
+            // SAFETY: `func` was just obtained from a loaded module.
+            unsafe { result::launch::param_sizes(func)? }.into()
+        } else {
+            return Err(DeviceError::Unsupported(
+                "kernel launch needs cuFuncGetParamInfo (CUDA 12.4+ driver)".into(),
+            ));
+        };
+        Ok(CudaFunction { owner: self.id, func, params, _module: module.inner.clone() })
+    }
+
+    fn launch(
+        &self,
+        function: &CudaFunction,
+        config: &LaunchConfig,
+        args: &[&[u8]],
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.own(function, "function")?;
+        self.own(stream, "stream")?;
+        if args.len() != function.params.len() {
+            return Err(DeviceError::InvalidArgument(format!(
+                "kernel takes {} parameters, {} given",
+                function.params.len(),
+                args.len()
+            )));
+        }
+        // Copy every argument into 8-byte aligned storage of exactly the
+        // parameter's size, so the driver reads only bytes we own.
+        let mut storage: Vec<Vec<u64>> = Vec::with_capacity(args.len());
+        for (i, (arg, &size)) in args.iter().zip(function.params.iter()).enumerate() {
+            if arg.len() != size {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "kernel parameter {i} is {size} bytes, {} given",
+                    arg.len()
+                )));
+            }
+            let mut words = vec![0u64; size.div_ceil(8).max(1)];
+            // SAFETY: `words` has at least `size` bytes; u64 has no invalid
+            // bit patterns, so viewing it as bytes is sound.
+            let dst = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), size) };
+            dst.copy_from_slice(arg);
+            storage.push(words);
+        }
+        let mut ptrs: Vec<*mut std::ffi::c_void> =
+            storage.iter_mut().map(|w| w.as_mut_ptr().cast()).collect();
+        self.bind()?;
+        // SAFETY: function and stream are live and ours; `ptrs[i]` points to
+        // `params[i]` readable bytes that outlive the call (the driver copies
+        // parameters at launch).
+        unsafe {
+            result::launch::launch_ex(
+                function.func,
+                config.grid,
+                config.block,
+                config.shared_mem_bytes,
+                config.cluster,
+                config.pdl,
+                stream.cu_stream(),
+                &mut ptrs,
+            )
+        }
+    }
+
+    // ---- graphs ----------------------------------------------------------------------
+    fn stream_begin_capture(&self, stream: &CudaStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        self.bind()?;
+        // SAFETY: the stream is live and ours.
+        unsafe { result::graph::begin_capture(stream.cu_stream()) }
+    }
+
+    fn stream_end_capture(&self, stream: &CudaStream) -> Result<CudaGraph> {
+        self.own(stream, "stream")?;
+        self.bind()?;
+        // SAFETY: the stream is live and ours.
+        let graph = unsafe { result::graph::end_capture(stream.cu_stream())? };
+        if graph.is_null() {
+            return Err(DeviceError::InvalidArgument("capture produced no graph".into()));
+        }
+        Ok(CudaGraph { owner: self.id, graph })
+    }
+
+    fn graph_instantiate(&self, graph: &CudaGraph) -> Result<CudaGraphExec> {
+        self.own(graph, "graph")?;
+        self.bind()?;
+        // SAFETY: the graph is live and ours.
+        let exec = unsafe { result::graph::instantiate(graph.graph)? };
+        Ok(CudaGraphExec { owner: self.id, exec })
+    }
+
+    fn graph_launch(&self, exec: &CudaGraphExec, stream: &CudaStream) -> Result<()> {
+        self.own(exec, "graph exec")?;
+        self.own(stream, "stream")?;
+        self.bind()?;
+        // SAFETY: both live and ours.
+        unsafe { result::graph::launch(exec.exec, stream.cu_stream()) }
+    }
+
+    fn graph_exec_update(&self, exec: &CudaGraphExec, graph: &CudaGraph) -> Result<bool> {
+        self.own(exec, "graph exec")?;
+        self.own(graph, "graph")?;
+        self.bind()?;
+        // SAFETY: both live and ours; the trait's `&` receivers plus `!Sync`
+        // handles keep other threads from using them concurrently.
+        unsafe { result::graph::exec_update(exec.exec, graph.graph) }
+    }
+
+    fn graph_destroy(&self, graph: CudaGraph) -> Result<()> {
+        self.own(&graph, "graph")?;
+        self.bind()?;
+        // SAFETY: ours, consumed here (destroyed once).
+        unsafe { result::graph::destroy(graph.graph) }
+    }
+
+    fn graph_exec_destroy(&self, exec: CudaGraphExec) -> Result<()> {
+        self.own(&exec, "graph exec")?;
+        self.bind()?;
+        // SAFETY: ours, consumed here; the driver keeps launched work valid.
+        unsafe { result::graph::exec_destroy(exec.exec) }
+    }
+
+    fn capture_while(
+        &self,
+        stream: &CudaStream,
+        predicate: DevicePtr,
+        body: &mut dyn FnMut(&CudaStream) -> Result<()>,
+    ) -> Result<()> {
+        conditional::capture_while(self, stream, predicate, body)
+    }
+}

@@ -1,0 +1,498 @@
+//! Cost probe: measures, on the current device, what the copy-vs-remap
+//! policy needs to know (remap cost, copy bandwidth and launch overhead,
+//! graph launch overhead, free memory). Generic over [`Backend`], so it runs
+//! on the host backend in CI and on CUDA/HIP devices for real numbers.
+//!
+//! All timings are host wall-clock medians (the remap calls are host-side
+//! driver calls anyway), except copy bandwidth, which uses device events
+//! when the backend has them.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{Backend, DevicePtr};
+use crate::error::{DeviceError, Result};
+
+/// What to measure and how often.
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    /// Remap sizes (rounded up to the VMM granularity).
+    pub remap_sizes: Vec<u64>,
+    /// unmap + map + set-access rounds per size.
+    pub remap_iters: usize,
+    /// Size of the large D2D copy (bandwidth).
+    pub copy_bytes: u64,
+    pub copy_reps: usize,
+    /// Number of 4-byte copies for the per-copy launch overhead.
+    pub tiny_copies: usize,
+    /// Nodes in the graph of tiny memsets.
+    pub graph_nodes: usize,
+    pub graph_reps: usize,
+}
+
+const MIB: u64 = 1 << 20;
+
+impl Default for ProbeConfig {
+    /// Sizes and counts for a real GPU (about a second on an H200).
+    fn default() -> Self {
+        Self {
+            remap_sizes: vec![2 * MIB, 64 * MIB, 1024 * MIB],
+            remap_iters: 200,
+            copy_bytes: 256 * MIB,
+            copy_reps: 20,
+            tiny_copies: 2000,
+            graph_nodes: 200,
+            graph_reps: 50,
+        }
+    }
+}
+
+impl ProbeConfig {
+    /// Small sizes and counts: for the host backend and tests.
+    pub fn quick() -> Self {
+        Self {
+            remap_sizes: vec![2 * MIB, 8 * MIB],
+            remap_iters: 20,
+            copy_bytes: 8 * MIB,
+            copy_reps: 3,
+            tiny_copies: 200,
+            graph_nodes: 20,
+            graph_reps: 5,
+        }
+    }
+}
+
+/// Median cost of one unmap + map + set-access round of `bytes`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RemapCost {
+    pub bytes: u64,
+    pub unmap_us: f64,
+    pub map_us: f64,
+    pub set_access_us: f64,
+    /// Median of the per-round totals (not the sum of the medians).
+    pub total_us: f64,
+    pub samples: usize,
+}
+
+/// Measured device costs; the auto threshold policy reads these.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DeviceCosts {
+    pub backend: String,
+    pub device: String,
+    /// Remap cost of one granule (the smallest measured size), µs.
+    pub remap_us: f64,
+    /// Remap cost per measured size (sizes that did not fit are left out).
+    pub remap: Vec<RemapCost>,
+    /// Large D2D copy bandwidth (bytes copied per second).
+    pub copy_bw_bytes_per_s: f64,
+    /// Per-copy cost of back-to-back 4-byte D2D copies (launch bound), µs.
+    pub copy_launch_us: f64,
+    /// Launch + synchronize of a graph of `graph_nodes` tiny memsets, µs;
+    /// `None` when the backend has no graphs.
+    pub graph_launch_us: Option<f64>,
+    /// Host time to enqueue that graph launch only, µs.
+    pub graph_enqueue_us: Option<f64>,
+    /// The same memsets launched eagerly + synchronize, µs.
+    pub eager_launch_us: f64,
+    pub graph_nodes: usize,
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+    /// Peak bandwidth from device attributes (bytes/s), for comparison.
+    pub peak_bandwidth_bytes_per_s: f64,
+    pub vmm_granularity: u64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn us_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e6
+}
+
+/// Physical memory mapped at a fresh VA range, released on every path.
+fn with_mapping<B: Backend, T>(
+    b: &B,
+    bytes: u64,
+    f: impl FnOnce(&B::VaRange) -> Result<T>,
+) -> Result<T> {
+    let mem = b.mem_create(bytes)?;
+    let va = match b.va_reserve(bytes, 0) {
+        Ok(va) => va,
+        Err(e) => {
+            let _ = b.mem_release(mem);
+            return Err(e);
+        }
+    };
+    let out = b
+        .map(&va, 0, &mem, 0, bytes)
+        .and_then(|()| {
+            let r = b.set_access(&va, 0, bytes).and_then(|()| f(&va));
+            // The closure leaves the range mapped; unmap before freeing.
+            let u = b.unmap(&va, 0, bytes);
+            r.and_then(|t| u.map(|()| t))
+        });
+    let freed = b.va_free(va);
+    let released = b.mem_release(mem);
+    let t = out?;
+    freed?;
+    released?;
+    Ok(t)
+}
+
+fn round_up(v: u64, g: u64) -> u64 {
+    if g == 0 {
+        v
+    } else {
+        v.div_ceil(g) * g
+    }
+}
+
+fn probe_remap<B: Backend>(b: &B, bytes: u64, iters: usize) -> Result<RemapCost> {
+    let mem = b.mem_create(bytes)?;
+    let va = match b.va_reserve(bytes, 0) {
+        Ok(va) => va,
+        Err(e) => {
+            let _ = b.mem_release(mem);
+            return Err(e);
+        }
+    };
+    let mut mapped = false;
+    let mut rounds = || -> Result<RemapCost> {
+        b.map(&va, 0, &mem, 0, bytes)?;
+        mapped = true;
+        b.set_access(&va, 0, bytes)?;
+        let (mut un, mut ma, mut sa, mut tot) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..iters.max(1) {
+            let t0 = Instant::now();
+            b.unmap(&va, 0, bytes)?;
+            mapped = false;
+            let t1 = Instant::now();
+            b.map(&va, 0, &mem, 0, bytes)?;
+            mapped = true;
+            let t2 = Instant::now();
+            b.set_access(&va, 0, bytes)?;
+            let t3 = Instant::now();
+            un.push((t1 - t0).as_secs_f64() * 1e6);
+            ma.push((t2 - t1).as_secs_f64() * 1e6);
+            sa.push((t3 - t2).as_secs_f64() * 1e6);
+            tot.push((t3 - t0).as_secs_f64() * 1e6);
+        }
+        Ok(RemapCost {
+            bytes,
+            unmap_us: median(&mut un),
+            map_us: median(&mut ma),
+            set_access_us: median(&mut sa),
+            total_us: median(&mut tot),
+            samples: tot.len(),
+        })
+    };
+    let cost = rounds();
+    let unmapped = if mapped { b.unmap(&va, 0, bytes) } else { Ok(()) };
+    let freed = b.va_free(va);
+    let released = b.mem_release(mem);
+    let cost = cost?;
+    unmapped?;
+    freed?;
+    released?;
+    Ok(cost)
+}
+
+/// Bandwidth of a large D2D copy and per-copy cost of tiny copies.
+fn probe_copies<B: Backend>(b: &B, s: &B::Stream, cfg: &ProbeConfig, g: u64) -> Result<(f64, f64)> {
+    let bytes = round_up(cfg.copy_bytes.max(1), g);
+    with_mapping(b, bytes, |src_va| {
+        with_mapping(b, bytes, |dst_va| {
+            let (src, dst) = (b.va_base(src_va), b.va_base(dst_va));
+            b.memset_d8(src, 0x5a, bytes, s)?;
+            b.copy_d2d(dst, src, bytes, s)?; // warm-up
+            b.stream_synchronize(s)?;
+            let reps = cfg.copy_reps.max(1);
+            let secs = timed_on_stream(b, s, || {
+                for _ in 0..reps {
+                    b.copy_d2d(dst, src, bytes, s)?;
+                }
+                Ok(())
+            })?;
+            let bw = (bytes as f64 * reps as f64) / secs.max(1e-12);
+
+            let n = cfg.tiny_copies.max(1);
+            for i in 0..16u64 {
+                b.copy_d2d(dst.offset(4 * i), src.offset(4 * i), 4, s)?; // warm-up
+            }
+            b.stream_synchronize(s)?;
+            let t = Instant::now();
+            for i in 0..n as u64 {
+                let o = 4 * (i % (bytes / 4).max(1));
+                b.copy_d2d(dst.offset(o), src.offset(o), 4, s)?;
+            }
+            b.stream_synchronize(s)?;
+            Ok((bw, us_since(t) / n as f64))
+        })
+    })
+}
+
+/// Seconds the work `f` enqueues on `s` takes: device events if the backend
+/// times them, else host wall clock around `f` + synchronize.
+fn timed_on_stream<B: Backend>(b: &B, s: &B::Stream, f: impl FnOnce() -> Result<()>) -> Result<f64> {
+    let events = b.event_create().and_then(|e0| match b.event_create() {
+        Ok(e1) => Ok((e0, e1)),
+        Err(e) => {
+            let _ = b.event_destroy(e0);
+            Err(e)
+        }
+    });
+    let t = Instant::now();
+    let (e0, e1) = match events {
+        Ok(ev) => ev,
+        Err(_) => {
+            f()?;
+            b.stream_synchronize(s)?;
+            return Ok(t.elapsed().as_secs_f64());
+        }
+    };
+    let run = (|| {
+        b.event_record(&e0, s)?;
+        f()?;
+        b.event_record(&e1, s)?;
+        b.event_synchronize(&e1)?;
+        Ok::<_, DeviceError>(())
+    })();
+    let wall = t.elapsed().as_secs_f64();
+    let timed = run.map(|()| match b.event_elapsed_ms(&e0, &e1) {
+        Ok(ms) if ms > 0.0 => f64::from(ms) / 1e3,
+        _ => wall,
+    });
+    let d0 = b.event_destroy(e0);
+    let d1 = b.event_destroy(e1);
+    let secs = timed?;
+    d0?;
+    d1?;
+    Ok(secs)
+}
+
+struct GraphCosts {
+    eager_us: f64,
+    graph: Option<(f64, f64)>,
+}
+
+/// N tiny memsets: eager launch + sync vs one graph launch (+ sync).
+fn probe_graph<B: Backend>(b: &B, s: &B::Stream, cfg: &ProbeConfig, g: u64) -> Result<GraphCosts> {
+    let n = cfg.graph_nodes.max(1);
+    let bytes = round_up(4 * n as u64, g);
+    with_mapping(b, bytes, |va| {
+        let base = b.va_base(va);
+        let enqueue = |salt: u32| -> Result<()> {
+            for i in 0..n as u64 {
+                b.memset_d32(base.offset(4 * i), salt.wrapping_add(i as u32), 1, s)?;
+            }
+            Ok(())
+        };
+        enqueue(0)?; // warm-up
+        b.stream_synchronize(s)?;
+        let mut eager = Vec::new();
+        for _ in 0..cfg.graph_reps.max(1) {
+            let t = Instant::now();
+            enqueue(0)?;
+            b.stream_synchronize(s)?;
+            eager.push(us_since(t));
+        }
+        let eager_us = median(&mut eager);
+
+        match b.stream_begin_capture(s) {
+            Ok(()) => {}
+            Err(DeviceError::Unsupported(why)) => {
+                tracing::info!(%why, "no graphs on this backend: graph launch cost not measured");
+                return Ok(GraphCosts { eager_us, graph: None });
+            }
+            Err(e) => return Err(e),
+        }
+        let captured = enqueue(7);
+        let graph = b.stream_end_capture(s);
+        captured?;
+        let graph = graph?;
+        let measured = (|| {
+            let exec = b.graph_instantiate(&graph)?;
+            let run = (|| {
+                b.graph_launch(&exec, s)?; // warm-up (uploads the graph)
+                b.stream_synchronize(s)?;
+                let (mut total, mut enq) = (Vec::new(), Vec::new());
+                for _ in 0..cfg.graph_reps.max(1) {
+                    let t = Instant::now();
+                    b.graph_launch(&exec, s)?;
+                    enq.push(us_since(t));
+                    b.stream_synchronize(s)?;
+                    total.push(us_since(t));
+                }
+                verify_memsets(b, s, base, n, 7)?;
+                Ok((median(&mut total), median(&mut enq)))
+            })();
+            let destroyed = b.graph_exec_destroy(exec);
+            let r = run?;
+            destroyed?;
+            Ok::<_, DeviceError>(r)
+        })();
+        let destroyed = b.graph_destroy(graph);
+        let r = measured?;
+        destroyed?;
+        Ok(GraphCosts { eager_us, graph: Some(r) })
+    })
+}
+
+/// The graph really ran: word i holds `salt + i`.
+fn verify_memsets<B: Backend>(b: &B, s: &B::Stream, base: DevicePtr, n: usize, salt: u32) -> Result<()> {
+    let mut out = vec![0u8; 4 * n];
+    b.read_sync(&mut out, base, s)?;
+    for (i, w) in out.chunks_exact(4).enumerate() {
+        let v = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
+        if v != salt.wrapping_add(i as u32) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "probe: graph memset {i} left {v}, expected {}",
+                salt.wrapping_add(i as u32)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Measure everything in `cfg` on `b`.
+pub fn probe<B: Backend>(b: &B, cfg: &ProbeConfig) -> Result<DeviceCosts> {
+    let info = b.info().clone();
+    if !info.vmm_supported {
+        return Err(DeviceError::Unsupported(format!("VMM on {}", info.name)));
+    }
+    let g = info.vmm_granularity.max(1);
+    let (free_bytes, total_bytes) = b.mem_info()?;
+
+    let mut remap = Vec::new();
+    let mut sizes: Vec<u64> = cfg.remap_sizes.iter().map(|&s| round_up(s.max(1), g)).collect();
+    sizes.dedup();
+    for bytes in sizes {
+        if bytes > free_bytes / 2 {
+            tracing::info!(bytes, free_bytes, "remap size skipped: not enough free memory");
+            continue;
+        }
+        match probe_remap(b, bytes, cfg.remap_iters) {
+            Ok(c) => remap.push(c),
+            Err(DeviceError::OutOfMemory { .. }) => {
+                tracing::info!(bytes, "remap size skipped: out of memory");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let remap_us = remap.first().map_or(0.0, |c| c.total_us);
+
+    let s = b.stream_create()?;
+    let rest = probe_copies(b, &s, cfg, g)
+        .and_then(|copies| probe_graph(b, &s, cfg, g).map(|graph| (copies, graph)));
+    let destroyed = b.stream_destroy(s);
+    let ((copy_bw_bytes_per_s, copy_launch_us), graph) = rest?;
+    destroyed?;
+
+    Ok(DeviceCosts {
+        backend: info.backend.to_string(),
+        device: info.name.clone(),
+        remap_us,
+        remap,
+        copy_bw_bytes_per_s,
+        copy_launch_us,
+        graph_launch_us: graph.graph.map(|(t, _)| t),
+        graph_enqueue_us: graph.graph.map(|(_, e)| e),
+        eager_launch_us: graph.eager_us,
+        graph_nodes: cfg.graph_nodes.max(1),
+        free_bytes,
+        total_bytes,
+        peak_bandwidth_bytes_per_s: info.memory_bandwidth,
+        vmm_granularity: info.vmm_granularity,
+    })
+}
+
+impl DeviceCosts {
+    /// A readable multi-line table.
+    pub fn to_table(&self) -> String {
+        use std::fmt::Write;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let mut t = String::new();
+        let _ = writeln!(t, "device            {} ({})", self.device, self.backend);
+        let _ = writeln!(
+            t,
+            "memory            {:.2} GiB free / {:.2} GiB total, VMM granularity {} KiB",
+            gib(self.free_bytes),
+            gib(self.total_bytes),
+            self.vmm_granularity / 1024
+        );
+        let _ = writeln!(t, "remap (unmap + map + set-access), median:");
+        for c in &self.remap {
+            let _ = writeln!(
+                t,
+                "  {:>10}      {:8.1} us  (unmap {:.1} + map {:.1} + set-access {:.1}; {} samples)",
+                human_bytes(c.bytes),
+                c.total_us,
+                c.unmap_us,
+                c.map_us,
+                c.set_access_us,
+                c.samples
+            );
+        }
+        let _ = writeln!(
+            t,
+            "D2D copy          {:.1} GB/s (peak from attributes {:.1} GB/s)",
+            self.copy_bw_bytes_per_s / 1e9,
+            self.peak_bandwidth_bytes_per_s / 1e9
+        );
+        let _ = writeln!(t, "tiny copy         {:.2} us per copy (back to back)", self.copy_launch_us);
+        let _ = writeln!(
+            t,
+            "{} memsets       eager + sync {:.1} us",
+            self.graph_nodes, self.eager_launch_us
+        );
+        match (self.graph_launch_us, self.graph_enqueue_us) {
+            (Some(l), Some(e)) => {
+                let _ = writeln!(t, "  as one graph    launch + sync {l:.1} us (enqueue {e:.1} us)");
+            }
+            _ => {
+                let _ = writeln!(t, "  as one graph    not supported by this backend");
+            }
+        }
+        t
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    if b >= 1 << 30 && b.is_multiple_of(1 << 30) {
+        format!("{} GiB", b >> 30)
+    } else if b >= 1 << 20 {
+        format!("{} MiB", b >> 20)
+    } else {
+        format!("{} KiB", b >> 10)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&mut []), 0.0);
+    }
+
+    #[test]
+    fn round_up_to_granularity() {
+        assert_eq!(round_up(1, 2 * MIB), 2 * MIB);
+        assert_eq!(round_up(2 * MIB, 2 * MIB), 2 * MIB);
+        assert_eq!(round_up(2 * MIB + 1, 2 * MIB), 4 * MIB);
+    }
+}
