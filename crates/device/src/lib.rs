@@ -12,6 +12,7 @@
 //! Unsafe code and raw driver calls live only in the backend modules.
 
 pub mod backend;
+pub mod blas;
 pub mod error;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]

@@ -1,2 +1,31 @@
-//! xla-vmm runtime (crate root; built by the runtime work).
+//! xla-vmm runtime: execute decoded XLA GPU executables ([`xla_vmm::Plan`])
+//! on any [`xla_vmm_device::Backend`], eagerly or as one captured graph.
+//!
+//! Where to start reading:
+//! - [`Executable`] (executable.rs): load a plan, bind parameters, run,
+//!   outputs. The execution API.
+//! - [`ops`]: loading: kernels resolved, GEMM plans prepared, unsupported
+//!   thunks rejected at load time (naming kind and `profile_annotation`).
+//! - [`exec`]: the thunk semantics (XLA's `*_thunk.cc`, re-implemented).
+//! - [`slots`]: slot → address resolution in one place ([`SlotTable`]).
+//! - [`dsf`]: dynamic-slice-fusion windows; [`gemm`]: GEMM config mapping;
+//!   [`npz`]: `.npz` input/output files.
+//!
+//! Who validates what: the decoder checks slices against allocation sizes;
+//! the loader checks kinds, kernel names, packing specs and launch
+//! dimensions; the slot table checks every resolved slice against the bound
+//! size; the backend checks handles and driver results.
 #![deny(unsafe_code)]
+
+pub mod dsf;
+pub mod error;
+pub mod exec;
+pub mod executable;
+pub mod gemm;
+pub mod npz;
+pub mod ops;
+pub mod slots;
+
+pub use error::{Result, RuntimeError};
+pub use executable::{Executable, Mode, Output};
+pub use slots::{DeviceBuffer, SlotTable};

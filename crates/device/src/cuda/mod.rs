@@ -12,6 +12,7 @@
 //! thread first (cudarc's `bind_to_thread`), so the backend may be used from
 //! any thread.
 
+pub mod blaslt;
 mod conditional;
 pub mod handles;
 pub mod result;

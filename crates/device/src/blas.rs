@@ -1,0 +1,421 @@
+//! Backend-agnostic GEMM description (what XLA's `GemmConfig` says) and the
+//! engine interface the runtime calls for `cublas_lt_matmul` thunks.
+//!
+//! The plan-setup rules mirror XLA's (`stream_executor/gpu/gpu_blas_lt.cc`,
+//! `cuda/cuda_blas_lt.cc`) so that the heuristic query sees exactly the same
+//! descriptors and `algorithm_idx` selects the same algorithm:
+//! - batch sizes of lhs/rhs are both set to the larger one;
+//! - a row-major output is made column-major by swapping the operands and
+//!   transposing every layout ([`make_output_column_major`]);
+//! - the computation type comes from the config, else from the precision
+//!   algorithm and types ([`blas_computation_type`]);
+//! - the scale type is f32 for an f32 computation (unless c is c64), else
+//!   the output type ([`scale_type`]).
+//!
+//! This file holds only plain data and pure functions; `cuda::blaslt` does
+//! the cuBLASLt calls.
+
+use crate::backend::{Backend, DevicePtr};
+use crate::error::{DeviceError, Result};
+
+/// XLA `PrimitiveType` numbers used by GEMMs.
+pub mod xla_type {
+    pub const S8: i32 = 2;
+    pub const S32: i32 = 4;
+    pub const F16: i32 = 10;
+    pub const F32: i32 = 11;
+    pub const F64: i32 = 12;
+    pub const C64: i32 = 15;
+    pub const BF16: i32 = 16;
+    pub const C128: i32 = 18;
+    pub const F8E5M2: i32 = 19;
+    pub const F8E4M3FN: i32 = 20;
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Order {
+    RowMajor,
+    ColumnMajor,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Transpose {
+    NoTranspose,
+    Transpose,
+    ConjugateTranspose,
+}
+
+/// `GemmConfigProto.MatrixLayout`, values taken as given by the proto.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct MatrixLayout {
+    /// XLA `PrimitiveType` number.
+    pub dtype: i32,
+    pub num_rows: i64,
+    pub num_cols: i64,
+    pub order: Order,
+    pub batch_size: i64,
+    pub leading_dim_stride: i64,
+    pub batch_stride: i64,
+    pub transpose: Transpose,
+}
+
+impl MatrixLayout {
+    /// XLA's `MatrixLayout::Transpose`: swap rows/cols and flip the order
+    /// (the `transpose` flag is left alone).
+    pub fn transpose_layout(&mut self) {
+        std::mem::swap(&mut self.num_rows, &mut self.num_cols);
+        self.order = match self.order {
+            Order::RowMajor => Order::ColumnMajor,
+            Order::ColumnMajor => Order::RowMajor,
+        };
+    }
+}
+
+/// `se::blas::ComputationType`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ComputationType {
+    F16,
+    F32,
+    F64,
+    I32,
+    F16AsF32,
+    BF16AsF32,
+    TF32AsF32,
+}
+
+impl ComputationType {
+    /// From `xla.BlasComputationTypeProto`; `None` for UNSET (0).
+    pub fn from_proto(v: i32) -> Result<Option<Self>> {
+        Ok(Some(match v {
+            0 => return Ok(None),
+            1 => Self::F16,
+            2 => Self::F32,
+            3 => Self::F64,
+            4 => Self::I32,
+            5 => Self::F16AsF32,
+            6 => Self::BF16AsF32,
+            7 => Self::TF32AsF32,
+            other => {
+                return Err(DeviceError::Unsupported(format!(
+                    "BlasComputationTypeProto {other}"
+                )))
+            }
+        }))
+    }
+}
+
+/// `BlasLtEpilogueProto` (only the kinds cuBLASLt supports are accepted by
+/// the engine; SILU variants are rejected there, as in XLA).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Epilogue {
+    Default,
+    Relu,
+    Bias,
+    BiasThenRelu,
+    Gelu,
+    Silu,
+    SiluWithAux,
+    GeluWithAux,
+    BiasThenGelu,
+    BiasThenSilu,
+    BiasThenGeluWithAux,
+    BiasThenSiluWithAux,
+}
+
+impl Epilogue {
+    pub fn from_proto(v: i32) -> Result<Self> {
+        use Epilogue::*;
+        Ok(match v {
+            0 => Default,
+            1 => Relu,
+            2 => Bias,
+            3 => BiasThenRelu,
+            4 => Gelu,
+            5 => Silu,
+            6 => SiluWithAux,
+            7 => GeluWithAux,
+            8 => BiasThenGelu,
+            9 => BiasThenSilu,
+            10 => BiasThenGeluWithAux,
+            11 => BiasThenSiluWithAux,
+            other => {
+                return Err(DeviceError::Unsupported(format!(
+                    "BlasLtEpilogueProto {other}"
+                )))
+            }
+        })
+    }
+}
+
+/// `xla::gpu::GemmConfig` as the plan needs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmConfig {
+    pub lhs: MatrixLayout,
+    pub rhs: MatrixLayout,
+    pub c: MatrixLayout,
+    pub output: MatrixLayout,
+    pub alpha_real: f64,
+    pub alpha_imag: f64,
+    pub beta: f64,
+    pub compute_precision: i64,
+    /// `xla.PrecisionConfig.Algorithm` number (0 = ALG_UNSET).
+    pub precision_algorithm: i32,
+    pub compute_type: Option<ComputationType>,
+}
+
+/// Descriptors as handed to the BLAS library after XLA's normalization.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NormalizedGemm {
+    pub a: MatrixLayout,
+    pub b: MatrixLayout,
+    pub c: MatrixLayout,
+    pub d: MatrixLayout,
+    pub compute_type: ComputationType,
+    /// XLA `PrimitiveType` of alpha/beta.
+    pub scale_type: i32,
+    pub trans_a: Transpose,
+    pub trans_b: Transpose,
+    /// Operands a/b (and their scales) are swapped at execution time.
+    pub swap_operands: bool,
+    pub fast_accum: bool,
+    pub alpha_real: f64,
+    pub alpha_imag: f64,
+    pub beta: f64,
+}
+
+fn is_f8(t: i32) -> bool {
+    matches!(t, 19 | 20 | 23 | 24 | 25 | 28 | 29 | 32 | 33)
+}
+
+/// XLA's `MakeOutputColumnMajor`: returns whether the operands were swapped.
+pub fn make_output_column_major(
+    lhs: &mut MatrixLayout,
+    rhs: &mut MatrixLayout,
+    output: &mut MatrixLayout,
+    c: &mut MatrixLayout,
+) -> bool {
+    let swap = output.order != Order::ColumnMajor;
+    if swap {
+        std::mem::swap(lhs, rhs);
+        rhs.transpose_layout();
+        lhs.transpose_layout();
+        c.transpose_layout();
+        output.transpose_layout();
+    }
+    swap
+}
+
+/// XLA's `GetBlasComputationType` for ALG_UNSET plus the explicit
+/// algorithms (`algorithm_util::GetBlasComputationType`). `tf32_enabled` is
+/// `tsl::tensor_float_32_execution_enabled()` (true by default in JAX).
+pub fn blas_computation_type(
+    precision_algorithm: i32,
+    lhs_dtype: i32,
+    output_dtype: i32,
+    compute_precision: i64,
+    tf32_enabled: bool,
+) -> Result<ComputationType> {
+    use xla_type::*;
+    if precision_algorithm == 0 {
+        return match output_dtype {
+            t if is_f8(t) || t == F16 || t == BF16 => Ok(ComputationType::F32),
+            F32 | C64 => {
+                if tf32_enabled && compute_precision <= 1 && lhs_dtype == output_dtype {
+                    Ok(ComputationType::TF32AsF32)
+                } else {
+                    Ok(ComputationType::F32)
+                }
+            }
+            F64 | C128 => Ok(ComputationType::F64),
+            S32 => Ok(ComputationType::I32),
+            other => Err(DeviceError::Unsupported(format!(
+                "GEMM output type {other} (XLA PrimitiveType)"
+            ))),
+        };
+    }
+    match precision_algorithm {
+        3 => Ok(ComputationType::F16),
+        6 => Ok(ComputationType::BF16AsF32),
+        1 | 2 | 4 | 7 | 8 | 13 | 11 | 10 => Ok(ComputationType::F32),
+        9 => Ok(ComputationType::TF32AsF32),
+        12 => Ok(ComputationType::F64),
+        other => Err(DeviceError::Unsupported(format!(
+            "GEMM precision algorithm {other}"
+        ))),
+    }
+}
+
+/// XLA's `GetScaleType`.
+pub fn scale_type(output_dtype: i32, compute: ComputationType) -> i32 {
+    if compute == ComputationType::F32 && output_dtype != xla_type::C64 {
+        xla_type::F32
+    } else {
+        output_dtype
+    }
+}
+
+/// Apply XLA's plan setup to a config (everything `GetMatmulPlan` does
+/// before creating descriptors).
+pub fn normalize(cfg: &GemmConfig, tf32_enabled: bool) -> Result<NormalizedGemm> {
+    let (mut lhs, mut rhs, mut output, mut c) = (cfg.lhs, cfg.rhs, cfg.output, cfg.c);
+    let batch = lhs.batch_size.max(rhs.batch_size);
+    lhs.batch_size = batch;
+    rhs.batch_size = batch;
+    let swap = make_output_column_major(&mut lhs, &mut rhs, &mut output, &mut c);
+    let compute_type = match cfg.compute_type {
+        Some(t) => t,
+        None => blas_computation_type(
+            cfg.precision_algorithm,
+            lhs.dtype,
+            output.dtype,
+            cfg.compute_precision,
+            tf32_enabled,
+        )?,
+    };
+    let fast_accum = if cfg.precision_algorithm == 0 {
+        (is_f8(lhs.dtype) || is_f8(rhs.dtype)) && cfg.compute_precision == 0
+    } else {
+        cfg.precision_algorithm == 2
+    };
+    Ok(NormalizedGemm {
+        trans_a: lhs.transpose,
+        trans_b: rhs.transpose,
+        scale_type: scale_type(output.dtype, compute_type),
+        a: lhs,
+        b: rhs,
+        c,
+        d: output,
+        compute_type,
+        swap_operands: swap,
+        fast_accum,
+        alpha_real: cfg.alpha_real,
+        alpha_imag: cfg.alpha_imag,
+        beta: cfg.beta,
+    })
+}
+
+/// Device buffers of one matmul (null = absent).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct MatmulArgs {
+    pub a: DevicePtr,
+    pub b: DevicePtr,
+    pub c: DevicePtr,
+    pub d: DevicePtr,
+    pub bias: DevicePtr,
+    pub aux: DevicePtr,
+    pub a_scale: DevicePtr,
+    pub b_scale: DevicePtr,
+    pub c_scale: DevicePtr,
+    pub d_scale: DevicePtr,
+    pub d_amax: DevicePtr,
+    pub workspace: DevicePtr,
+    pub workspace_bytes: u64,
+}
+
+/// A prepared matmul: descriptors built, algorithm chosen. Index into the
+/// engine's table.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GemmPlanId(pub usize);
+
+/// What the runtime needs from a BLAS-Lt library for backend `B`.
+///
+/// `prepare` runs at load time: it builds descriptors with XLA's rules,
+/// queries the heuristic for `max_algorithms` algorithms under
+/// `max_workspace` bytes (XLA asks for 1 when `algorithm_idx == 0`, else
+/// 128) and keeps algorithm `algorithm_idx`. `run` enqueues the matmul.
+pub trait GemmEngine<B: Backend>: Send + Sync {
+    fn prepare(
+        &self,
+        cfg: &GemmConfig,
+        epilogue: Epilogue,
+        algorithm_idx: usize,
+        max_algorithms: usize,
+        max_workspace: u64,
+    ) -> Result<GemmPlanId>;
+    /// Workspace bytes the chosen algorithm needs.
+    fn workspace_needed(&self, plan: GemmPlanId) -> Result<u64>;
+    fn run(&self, plan: GemmPlanId, args: &MatmulArgs, stream: &B::Stream) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(rows: i64, cols: i64, order: Order, dtype: i32) -> MatrixLayout {
+        MatrixLayout {
+            dtype,
+            num_rows: rows,
+            num_cols: cols,
+            order,
+            batch_size: 1,
+            leading_dim_stride: if order == Order::RowMajor { cols } else { rows },
+            batch_stride: 0,
+            transpose: Transpose::NoTranspose,
+        }
+    }
+
+    #[test]
+    fn row_major_output_swaps_and_transposes_everything() {
+        let cfg = GemmConfig {
+            lhs: layout(8, 16, Order::RowMajor, xla_type::F32),
+            rhs: layout(16, 4, Order::RowMajor, xla_type::F32),
+            c: layout(8, 4, Order::RowMajor, xla_type::F32),
+            output: layout(8, 4, Order::RowMajor, xla_type::F32),
+            alpha_real: 1.0,
+            alpha_imag: 0.0,
+            beta: 0.0,
+            compute_precision: 0,
+            precision_algorithm: 0,
+            compute_type: None,
+        };
+        let n = normalize(&cfg, true).unwrap();
+        assert!(n.swap_operands);
+        // a is the old rhs, transposed to column-major 4x16.
+        assert_eq!(
+            (n.a.num_rows, n.a.num_cols, n.a.order),
+            (4, 16, Order::ColumnMajor)
+        );
+        assert_eq!(
+            (n.b.num_rows, n.b.num_cols, n.b.order),
+            (16, 8, Order::ColumnMajor)
+        );
+        assert_eq!(
+            (n.d.num_rows, n.d.num_cols, n.d.order),
+            (4, 8, Order::ColumnMajor)
+        );
+        assert_eq!(n.compute_type, ComputationType::TF32AsF32);
+        assert_eq!(n.scale_type, xla_type::F32);
+        let col = GemmConfig {
+            output: layout(8, 4, Order::ColumnMajor, xla_type::BF16),
+            lhs: layout(8, 16, Order::RowMajor, xla_type::BF16),
+            ..cfg
+        };
+        let n = normalize(&col, true).unwrap();
+        assert!(!n.swap_operands);
+        assert_eq!(n.compute_type, ComputationType::F32);
+        assert_eq!(n.scale_type, xla_type::F32);
+    }
+
+    #[test]
+    fn computation_type_follows_xla_rules() {
+        use xla_type::*;
+        assert_eq!(
+            blas_computation_type(0, F32, F32, 2, true).unwrap(),
+            ComputationType::F32
+        );
+        assert_eq!(
+            blas_computation_type(0, F32, F32, 0, false).unwrap(),
+            ComputationType::F32
+        );
+        assert_eq!(
+            blas_computation_type(0, F64, F64, 0, true).unwrap(),
+            ComputationType::F64
+        );
+        assert_eq!(
+            blas_computation_type(6, BF16, F32, 0, true).unwrap(),
+            ComputationType::BF16AsF32
+        );
+        assert!(blas_computation_type(0, 1, 1, 0, true).is_err());
+        assert_eq!(scale_type(F64, ComputationType::F64), F64);
+    }
+}

@@ -1,0 +1,854 @@
+//! cuBLASLt, loaded at run time, driven exactly like XLA drives it.
+//!
+//! The library is found in this order: `$LD_LIBRARY_PATH` directories, the
+//! `nvidia-cublas` wheel of a Python installation (`nvidia/cu13/lib`, then
+//! `nvidia/cublas/lib`), then the system loader's search path. We resolve
+//! every symbol ourselves with `libloading` (cudarc's loader panics on a
+//! missing library); the types come from `xla_vmm_ffi::cuda::cublaslt`.
+//!
+//! A [`LtPlan`] is XLA's `MatmulPlan`: descriptors built from a
+//! [`NormalizedGemm`](crate::blas::NormalizedGemm), the heuristic queried
+//! for `max_algorithms` under a workspace limit, algorithm `algorithm_idx`
+//! of the successful results kept. Execution sets the same descriptor
+//! attributes XLA sets (bias / scale / amax / aux pointers) before
+//! `cublasLtMatmul`, and passes a null C when beta is zero.
+
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use xla_vmm_ffi::cuda::cublaslt as sys;
+
+use super::{CudaBackend, CudaStream};
+use crate::blas::{
+    xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs,
+    NormalizedGemm, Order, Transpose,
+};
+use crate::error::{DeviceError, Result};
+
+type Status = sys::cublasStatus_t;
+
+/// The cuBLASLt entry points we call.
+struct Api {
+    create: unsafe extern "C" fn(*mut sys::cublasLtHandle_t) -> Status,
+    destroy: unsafe extern "C" fn(sys::cublasLtHandle_t) -> Status,
+    desc_create: unsafe extern "C" fn(
+        *mut sys::cublasLtMatmulDesc_t,
+        sys::cublasComputeType_t,
+        sys::cudaDataType_t,
+    ) -> Status,
+    desc_destroy: unsafe extern "C" fn(sys::cublasLtMatmulDesc_t) -> Status,
+    desc_set: unsafe extern "C" fn(
+        sys::cublasLtMatmulDesc_t,
+        sys::cublasLtMatmulDescAttributes_t,
+        *const c_void,
+        usize,
+    ) -> Status,
+    layout_create: unsafe extern "C" fn(
+        *mut sys::cublasLtMatrixLayout_t,
+        sys::cudaDataType,
+        u64,
+        u64,
+        i64,
+    ) -> Status,
+    layout_destroy: unsafe extern "C" fn(sys::cublasLtMatrixLayout_t) -> Status,
+    layout_set: unsafe extern "C" fn(
+        sys::cublasLtMatrixLayout_t,
+        sys::cublasLtMatrixLayoutAttribute_t,
+        *const c_void,
+        usize,
+    ) -> Status,
+    pref_create: unsafe extern "C" fn(*mut sys::cublasLtMatmulPreference_t) -> Status,
+    pref_destroy: unsafe extern "C" fn(sys::cublasLtMatmulPreference_t) -> Status,
+    pref_set: unsafe extern "C" fn(
+        sys::cublasLtMatmulPreference_t,
+        sys::cublasLtMatmulPreferenceAttributes_t,
+        *const c_void,
+        usize,
+    ) -> Status,
+    #[allow(clippy::type_complexity)]
+    heuristic: unsafe extern "C" fn(
+        sys::cublasLtHandle_t,
+        sys::cublasLtMatmulDesc_t,
+        sys::cublasLtMatrixLayout_t,
+        sys::cublasLtMatrixLayout_t,
+        sys::cublasLtMatrixLayout_t,
+        sys::cublasLtMatrixLayout_t,
+        sys::cublasLtMatmulPreference_t,
+        i32,
+        *mut sys::cublasLtMatmulHeuristicResult_t,
+        *mut i32,
+    ) -> Status,
+    #[allow(clippy::type_complexity)]
+    matmul: unsafe extern "C" fn(
+        sys::cublasLtHandle_t,
+        sys::cublasLtMatmulDesc_t,
+        *const c_void,
+        *const c_void,
+        sys::cublasLtMatrixLayout_t,
+        *const c_void,
+        sys::cublasLtMatrixLayout_t,
+        *const c_void,
+        *const c_void,
+        sys::cublasLtMatrixLayout_t,
+        *mut c_void,
+        sys::cublasLtMatrixLayout_t,
+        *const sys::cublasLtMatmulAlgo_t,
+        *mut c_void,
+        usize,
+        sys::cudaStream_t,
+    ) -> Status,
+    get_version: unsafe extern "C" fn() -> usize,
+    /// Keeps the library mapped for the life of the process.
+    _lib: libloading::Library,
+}
+
+const LIB_NAMES: &[&str] = &["libcublasLt.so.13", "libcublasLt.so"];
+
+/// Candidate library paths in search order (existing files only), then bare
+/// names for the system loader.
+fn candidates() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(ld) = std::env::var_os("LD_LIBRARY_PATH") {
+        dirs.extend(std::env::split_paths(&ld));
+    }
+    for sp in python_site_dirs() {
+        dirs.push(sp.join("nvidia/cu13/lib"));
+        dirs.push(sp.join("nvidia/cublas/lib"));
+    }
+    let mut out: Vec<PathBuf> = dirs
+        .iter()
+        .flat_map(|d| LIB_NAMES.iter().map(move |n| d.join(n)))
+        .filter(|p| p.is_file())
+        .collect();
+    out.extend(LIB_NAMES.iter().map(PathBuf::from));
+    out
+}
+
+/// Python site-packages directories: the usual install locations, globbed
+/// one level, plus the virtualenv's.
+fn python_site_dirs() -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = vec![
+        PathBuf::from("/usr/local/lib"),
+        PathBuf::from("/usr/lib"),
+        PathBuf::from("/opt/conda/lib"),
+    ];
+    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
+        roots.insert(0, Path::new(&v).join("lib"));
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        roots.push(Path::new(&h).join(".local/lib"));
+    }
+    let mut out = Vec::new();
+    for root in roots {
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            continue;
+        };
+        let mut pys: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("python3"))
+            })
+            .collect();
+        pys.sort();
+        for py in pys.into_iter().rev() {
+            out.push(py.join("site-packages"));
+            out.push(py.join("dist-packages"));
+        }
+    }
+    out
+}
+
+/// Look up `name` in `lib` as a function pointer of type `T`.
+fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
+    // SAFETY: `T` is the function-pointer type declared for this symbol by
+    // the cuBLASLt header (cudarc's generated bindings); the library stays
+    // loaded as long as `Api` (which owns it) lives.
+    unsafe {
+        lib.get::<T>(name.as_bytes())
+            .map(|s| *s)
+            .map_err(|e| DeviceError::NotAvailable(format!("cuBLASLt symbol {name}: {e}")))
+    }
+}
+
+impl Api {
+    fn load() -> Result<(Api, String)> {
+        let mut tried = Vec::new();
+        for path in candidates() {
+            // SAFETY: loading cuBLASLt runs its initializers, which have no
+            // preconditions beyond a sane process environment.
+            match unsafe { libloading::Library::new(&path) } {
+                Ok(lib) => {
+                    let api = Api {
+                        create: sym(&lib, "cublasLtCreate")?,
+                        destroy: sym(&lib, "cublasLtDestroy")?,
+                        desc_create: sym(&lib, "cublasLtMatmulDescCreate")?,
+                        desc_destroy: sym(&lib, "cublasLtMatmulDescDestroy")?,
+                        desc_set: sym(&lib, "cublasLtMatmulDescSetAttribute")?,
+                        layout_create: sym(&lib, "cublasLtMatrixLayoutCreate")?,
+                        layout_destroy: sym(&lib, "cublasLtMatrixLayoutDestroy")?,
+                        layout_set: sym(&lib, "cublasLtMatrixLayoutSetAttribute")?,
+                        pref_create: sym(&lib, "cublasLtMatmulPreferenceCreate")?,
+                        pref_destroy: sym(&lib, "cublasLtMatmulPreferenceDestroy")?,
+                        pref_set: sym(&lib, "cublasLtMatmulPreferenceSetAttribute")?,
+                        heuristic: sym(&lib, "cublasLtMatmulAlgoGetHeuristic")?,
+                        matmul: sym(&lib, "cublasLtMatmul")?,
+                        get_version: sym(&lib, "cublasLtGetVersion")?,
+                        _lib: lib,
+                    };
+                    return Ok((api, path.display().to_string()));
+                }
+                Err(e) => tried.push(format!("{}: {e}", path.display())),
+            }
+        }
+        Err(DeviceError::NotAvailable(format!(
+            "cuBLASLt not found (tried {})",
+            tried.join("; ")
+        )))
+    }
+}
+
+fn check(call: &'static str, s: Status) -> Result<()> {
+    if s == Status::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(DeviceError::Driver {
+            call,
+            code: s as i64,
+            name: format!("{s:?}"),
+            message: String::new(),
+        })
+    }
+}
+
+fn cuda_type(t: i32) -> Result<sys::cudaDataType_t> {
+    use sys::cudaDataType_t::*;
+    Ok(match t {
+        xla_type::F16 => CUDA_R_16F,
+        xla_type::BF16 => CUDA_R_16BF,
+        xla_type::F32 => CUDA_R_32F,
+        xla_type::F64 => CUDA_R_64F,
+        xla_type::C64 => CUDA_C_32F,
+        xla_type::C128 => CUDA_C_64F,
+        xla_type::S8 => CUDA_R_8I,
+        xla_type::S32 => CUDA_R_32I,
+        xla_type::F8E4M3FN => CUDA_R_8F_E4M3,
+        xla_type::F8E5M2 => CUDA_R_8F_E5M2,
+        other => {
+            return Err(DeviceError::Unsupported(format!(
+                "cuBLASLt data type for XLA PrimitiveType {other}"
+            )))
+        }
+    })
+}
+
+fn compute_type(c: ComputationType) -> sys::cublasComputeType_t {
+    use sys::cublasComputeType_t::*;
+    match c {
+        ComputationType::F16 => CUBLAS_COMPUTE_16F,
+        ComputationType::F32 => CUBLAS_COMPUTE_32F,
+        ComputationType::F64 => CUBLAS_COMPUTE_64F,
+        ComputationType::I32 => CUBLAS_COMPUTE_32I,
+        ComputationType::F16AsF32 => CUBLAS_COMPUTE_32F_FAST_16F,
+        ComputationType::BF16AsF32 => CUBLAS_COMPUTE_32F_FAST_16BF,
+        ComputationType::TF32AsF32 => CUBLAS_COMPUTE_32F_FAST_TF32,
+    }
+}
+
+fn op(t: Transpose) -> i32 {
+    // cublasOperation_t: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2.
+    match t {
+        Transpose::NoTranspose => 0,
+        Transpose::Transpose => 1,
+        Transpose::ConjugateTranspose => 2,
+    }
+}
+
+fn epilogue(e: Epilogue) -> Result<sys::cublasLtEpilogue_t> {
+    use sys::cublasLtEpilogue_t::*;
+    Ok(match e {
+        Epilogue::Default => CUBLASLT_EPILOGUE_DEFAULT,
+        Epilogue::Relu => CUBLASLT_EPILOGUE_RELU,
+        Epilogue::Bias => CUBLASLT_EPILOGUE_BIAS,
+        Epilogue::BiasThenRelu => CUBLASLT_EPILOGUE_RELU_BIAS,
+        Epilogue::Gelu => CUBLASLT_EPILOGUE_GELU,
+        Epilogue::GeluWithAux => CUBLASLT_EPILOGUE_GELU_AUX,
+        Epilogue::BiasThenGelu => CUBLASLT_EPILOGUE_GELU_BIAS,
+        Epilogue::BiasThenGeluWithAux => CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+        other => {
+            return Err(DeviceError::Unsupported(format!(
+                "cuBLASLt epilogue {other:?} (XLA rejects SILU epilogues too)"
+            )))
+        }
+    })
+}
+
+/// Operand type combinations XLA's `GetMatmulPlan` accepts (a, b, c, d).
+fn check_operand_types(g: &NormalizedGemm) -> Result<()> {
+    use xla_type::*;
+    let t = (g.a.dtype, g.b.dtype, g.c.dtype, g.d.dtype);
+    let f8 = |x: i32| x == F8E4M3FN || x == F8E5M2;
+    let ok = matches!(
+        t,
+        (BF16, BF16, BF16, BF16)
+            | (F16, F16, F16, F16)
+            | (BF16, BF16, F32, F32)
+            | (F16, F16, F32, F32)
+            | (F32, F32, F32, F32)
+            | (F64, F64, F64, F64)
+            | (S8, S8, S32, S32)
+            | (S8, S8, F32, F32)
+            | (C64, C64, C64, C64)
+            | (C128, C128, C128, C128)
+    ) || (f8(t.0) && f8(t.1) && !(t.0 == F8E5M2 && t.1 == F8E5M2));
+    if ok {
+        Ok(())
+    } else {
+        Err(DeviceError::Unsupported(format!(
+            "cuBLASLt operand types (a, b, c, d) = {t:?} (XLA PrimitiveType numbers)"
+        )))
+    }
+}
+
+/// alpha / beta bytes in the scale type.
+fn scale_bytes(scale_type: i32, re: f64, im: f64) -> Result<Vec<u8>> {
+    Ok(match scale_type {
+        xla_type::F32 => (re as f32).to_le_bytes().to_vec(),
+        xla_type::F64 => re.to_le_bytes().to_vec(),
+        xla_type::S32 => (re as i32).to_le_bytes().to_vec(),
+        xla_type::C64 => [(re as f32).to_le_bytes(), (im as f32).to_le_bytes()].concat(),
+        xla_type::C128 => [re.to_le_bytes(), im.to_le_bytes()].concat(),
+        other => {
+            return Err(DeviceError::Unsupported(format!(
+                "cuBLASLt scale type {other} (XLA PrimitiveType)"
+            )))
+        }
+    })
+}
+
+struct Inner {
+    api: Api,
+    handle: sys::cublasLtHandle_t,
+}
+
+/// A cuBLASLt handle plus the library (shared by the plans made from it).
+pub struct BlasLt {
+    inner: Arc<Inner>,
+    library: String,
+}
+
+// SAFETY: a cuBLASLt handle may be used from any thread as long as calls on
+// it are not concurrent with its destruction; `BlasLt` is destroyed only by
+// `Drop` (exclusive access). Plans serialize their own attribute updates.
+unsafe impl Send for Inner {}
+// SAFETY: see above; cublasLtMatmul / heuristic calls on one handle from
+// several threads are allowed by cuBLASLt.
+unsafe impl Sync for Inner {}
+
+impl BlasLt {
+    /// Load the library and create a handle. The CUDA context of the device
+    /// must be current on this thread.
+    pub fn new() -> Result<Self> {
+        let (api, library) = Api::load()?;
+        let mut handle: sys::cublasLtHandle_t = std::ptr::null_mut();
+        // SAFETY: `handle` is a valid out pointer.
+        check("cublasLtCreate", unsafe { (api.create)(&mut handle) })?;
+        // SAFETY: no preconditions.
+        let version = unsafe { (api.get_version)() };
+        tracing::info!(library = %library, version, "cuBLASLt loaded");
+        Ok(BlasLt {
+            inner: Arc::new(Inner { api, handle }),
+            library,
+        })
+    }
+
+    /// Path (or name) of the loaded library.
+    pub fn library(&self) -> &str {
+        &self.library
+    }
+
+    fn layout(&self, m: &crate::blas::MatrixLayout) -> Result<Layout> {
+        let mut raw: sys::cublasLtMatrixLayout_t = std::ptr::null_mut();
+        let rows = u64::try_from(m.num_rows)
+            .map_err(|_| DeviceError::InvalidArgument(format!("matrix rows {}", m.num_rows)))?;
+        let cols = u64::try_from(m.num_cols)
+            .map_err(|_| DeviceError::InvalidArgument(format!("matrix cols {}", m.num_cols)))?;
+        // SAFETY: `raw` is a valid out pointer.
+        check("cublasLtMatrixLayoutCreate", unsafe {
+            (self.inner.api.layout_create)(
+                &mut raw,
+                cuda_type(m.dtype)?,
+                rows,
+                cols,
+                m.leading_dim_stride,
+            )
+        })?;
+        let layout = Layout {
+            lt: self.inner.clone(),
+            raw,
+        };
+        let order: i32 = match m.order {
+            Order::RowMajor => sys::cublasLtOrder_t::CUBLASLT_ORDER_ROW as i32,
+            Order::ColumnMajor => sys::cublasLtOrder_t::CUBLASLT_ORDER_COL as i32,
+        };
+        layout.set(
+            sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_ORDER,
+            &order,
+        )?;
+        let batch = i32::try_from(m.batch_size)
+            .map_err(|_| DeviceError::InvalidArgument(format!("batch {}", m.batch_size)))?;
+        layout.set(
+            sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+            &batch,
+        )?;
+        layout.set(
+            sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+            &m.batch_stride,
+        )?;
+        Ok(layout)
+    }
+
+    /// Build XLA's plan and pick algorithm `algorithm_idx` among the
+    /// successful heuristic results for `max_algorithms` requested under
+    /// `max_workspace` bytes.
+    pub fn plan(
+        &self,
+        g: &NormalizedGemm,
+        epi: Epilogue,
+        algorithm_idx: usize,
+        max_algorithms: usize,
+        max_workspace: u64,
+    ) -> Result<LtPlan> {
+        check_operand_types(g)?;
+        let mut raw: sys::cublasLtMatmulDesc_t = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out pointer.
+        check("cublasLtMatmulDescCreate", unsafe {
+            (self.inner.api.desc_create)(
+                &mut raw,
+                compute_type(g.compute_type),
+                cuda_type(g.scale_type)?,
+            )
+        })?;
+        let desc = Desc {
+            lt: self.inner.clone(),
+            raw,
+        };
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        let host_mode = sys::cublasLtPointerMode_t::CUBLASLT_POINTER_MODE_HOST as i32;
+        desc.set(A::CUBLASLT_MATMUL_DESC_POINTER_MODE, &host_mode)?;
+        desc.set(A::CUBLASLT_MATMUL_DESC_TRANSA, &op(g.trans_a))?;
+        desc.set(A::CUBLASLT_MATMUL_DESC_TRANSB, &op(g.trans_b))?;
+        let epi_raw = epilogue(epi)? as u32;
+        desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi_raw)?;
+        let fast: i8 = g.fast_accum.into();
+        desc.set(A::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast)?;
+        let (a, b, c, d) = (
+            self.layout(&g.a)?,
+            self.layout(&g.b)?,
+            self.layout(&g.c)?,
+            self.layout(&g.d)?,
+        );
+
+        let is_f8 = |t: i32| t == xla_type::F8E4M3FN || t == xla_type::F8E5M2;
+        if is_f8(g.a.dtype) || is_f8(g.b.dtype) {
+            // XLA sets dummy non-null scale pointers before the heuristic
+            // query so FP8 scaling algorithms are considered.
+            let dummy: usize = 0x40;
+            desc.set(A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy)?;
+            desc.set(A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy)?;
+            if is_f8(g.c.dtype) {
+                desc.set(A::CUBLASLT_MATMUL_DESC_C_SCALE_POINTER, &dummy)?;
+            }
+            if is_f8(g.d.dtype) {
+                desc.set(A::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &dummy)?;
+            }
+        }
+
+        let mut pref: sys::cublasLtMatmulPreference_t = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        check("cublasLtMatmulPreferenceCreate", unsafe {
+            (self.inner.api.pref_create)(&mut pref)
+        })?;
+        let pref = Pref {
+            lt: self.inner.clone(),
+            raw: pref,
+        };
+        // SAFETY: the attribute takes a uint64_t; we pass 8 bytes.
+        check("cublasLtMatmulPreferenceSetAttribute", unsafe {
+            (self.inner.api.pref_set)(
+                pref.raw,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&max_workspace as *const u64).cast(),
+                8,
+            )
+        })?;
+        let count = max_algorithms.clamp(1, i32::MAX as usize);
+        // SAFETY: an all-zero heuristic result is a valid value (plain data).
+        let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
+            vec![unsafe { std::mem::zeroed() }; count];
+        let mut found: i32 = 0;
+        // SAFETY: all descriptors are live; `results` has room for `count`.
+        check("cublasLtMatmulAlgoGetHeuristic", unsafe {
+            (self.inner.api.heuristic)(
+                self.inner.handle,
+                desc.raw,
+                a.raw,
+                b.raw,
+                c.raw,
+                d.raw,
+                pref.raw,
+                count as i32,
+                results.as_mut_ptr(),
+                &mut found,
+            )
+        })?;
+        results.truncate(found.max(0) as usize);
+        let ok: Vec<_> = results
+            .into_iter()
+            .filter(|r| r.state == Status::CUBLAS_STATUS_SUCCESS)
+            .collect();
+        let chosen = ok.get(algorithm_idx).ok_or_else(|| {
+            DeviceError::InvalidArgument(format!(
+                "cuBLASLt algorithm index {algorithm_idx} out of range: the heuristic returned {} \
+                 usable algorithms (asked for {count}, workspace limit {max_workspace} B)",
+                ok.len()
+            ))
+        })?;
+        Ok(LtPlan {
+            alpha: scale_bytes(g.scale_type, g.alpha_real, g.alpha_imag)?,
+            beta: scale_bytes(g.scale_type, g.beta, 0.0)?,
+            zero_beta: g.beta == 0.0,
+            swap: g.swap_operands,
+            algo: chosen.algo,
+            workspace_size: chosen.workspaceSize as u64,
+            lock: std::sync::Mutex::new(()),
+            desc,
+            a,
+            b,
+            c,
+            d,
+        })
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by cublasLtCreate and every plan
+        // borrows `self`, so none outlives it.
+        let s = unsafe { (self.api.destroy)(self.handle) };
+        if s != Status::CUBLAS_STATUS_SUCCESS {
+            tracing::warn!(?s, "cublasLtDestroy failed");
+        }
+    }
+}
+
+struct Desc {
+    lt: Arc<Inner>,
+    raw: sys::cublasLtMatmulDesc_t,
+}
+impl Desc {
+    fn set<T>(&self, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+        // SAFETY: `v` points to a live `T` whose size we pass; the attribute
+        // types are those cuBLASLt documents for each attribute.
+        check("cublasLtMatmulDescSetAttribute", unsafe {
+            (self.lt.api.desc_set)(
+                self.raw,
+                attr,
+                (v as *const T).cast(),
+                std::mem::size_of::<T>(),
+            )
+        })
+    }
+}
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtMatmulDescCreate, destroyed once.
+        unsafe { (self.lt.api.desc_destroy)(self.raw) };
+    }
+}
+
+struct Layout {
+    lt: Arc<Inner>,
+    raw: sys::cublasLtMatrixLayout_t,
+}
+impl Layout {
+    fn set<T>(&self, attr: sys::cublasLtMatrixLayoutAttribute_t, v: &T) -> Result<()> {
+        // SAFETY: as in `Desc::set`.
+        check("cublasLtMatrixLayoutSetAttribute", unsafe {
+            (self.lt.api.layout_set)(
+                self.raw,
+                attr,
+                (v as *const T).cast(),
+                std::mem::size_of::<T>(),
+            )
+        })
+    }
+}
+impl Drop for Layout {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtMatrixLayoutCreate, destroyed once.
+        unsafe { (self.lt.api.layout_destroy)(self.raw) };
+    }
+}
+
+struct Pref {
+    lt: Arc<Inner>,
+    raw: sys::cublasLtMatmulPreference_t,
+}
+impl Drop for Pref {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtMatmulPreferenceCreate, destroyed once.
+        unsafe { (self.lt.api.pref_destroy)(self.raw) };
+    }
+}
+
+/// Device pointers of one matmul as raw addresses (0 = absent).
+#[derive(Copy, Clone, Debug, Default)]
+pub struct RawArgs {
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub d: u64,
+    pub bias: u64,
+    pub aux: u64,
+    pub a_scale: u64,
+    pub b_scale: u64,
+    pub c_scale: u64,
+    pub d_scale: u64,
+    pub d_amax: u64,
+    pub workspace: u64,
+    pub workspace_bytes: u64,
+}
+
+/// XLA's `MatmulPlan` with its algorithm chosen.
+pub struct LtPlan {
+    desc: Desc,
+    a: Layout,
+    b: Layout,
+    c: Layout,
+    d: Layout,
+    alpha: Vec<u8>,
+    beta: Vec<u8>,
+    zero_beta: bool,
+    swap: bool,
+    algo: sys::cublasLtMatmulAlgo_t,
+    workspace_size: u64,
+    /// Serializes descriptor updates + launch (as XLA's mutex does).
+    lock: std::sync::Mutex<()>,
+}
+
+// SAFETY: the raw descriptors are only touched under `lock` (execute) or
+// through `&mut`/drop; cuBLASLt objects are not thread-affine.
+unsafe impl Send for LtPlan {}
+// SAFETY: see above.
+unsafe impl Sync for LtPlan {}
+
+impl LtPlan {
+    /// Workspace bytes the chosen algorithm needs.
+    pub fn workspace_size(&self) -> u64 {
+        self.workspace_size
+    }
+
+    /// Enqueue the matmul on `stream`, XLA's `MatmulPlan::ExecuteOnStream`.
+    ///
+    /// # Safety
+    /// `stream` must be a live CUDA stream of the context current on this
+    /// thread, and every non-zero pointer in `args` must address device
+    /// memory of the sizes the plan's layouts describe.
+    pub unsafe fn execute(&self, args: &RawArgs, stream: sys::cudaStream_t) -> Result<()> {
+        let (mut a, mut b) = (args.a, args.b);
+        let (mut a_scale, mut b_scale) = (args.a_scale, args.b_scale);
+        if self.swap {
+            std::mem::swap(&mut a, &mut b);
+            std::mem::swap(&mut a_scale, &mut b_scale);
+        }
+        let (mut ws, mut ws_size) = (0u64, 0u64);
+        if self.workspace_size > 0 {
+            if args.workspace == 0 || args.workspace_bytes < self.workspace_size {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "cuBLASLt algorithm needs {} workspace bytes, thunk gives {}",
+                    self.workspace_size, args.workspace_bytes
+                )));
+            }
+            ws = args.workspace;
+            ws_size = args.workspace_bytes;
+        }
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        if args.bias != 0 {
+            self.desc
+                .set(A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias)?;
+        }
+        self.desc
+            .set(A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale)?;
+        self.desc
+            .set(A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale)?;
+        self.desc
+            .set(A::CUBLASLT_MATMUL_DESC_C_SCALE_POINTER, &args.c_scale)?;
+        self.desc
+            .set(A::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &args.d_scale)?;
+        self.desc
+            .set(A::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &args.d_amax)?;
+        if args.aux != 0 {
+            return Err(DeviceError::Unsupported(
+                "cuBLASLt epilogue auxiliary output (needs the layout's ld / batch stride)".into(),
+            ));
+        }
+        let c_ptr = if self.zero_beta { 0 } else { args.c };
+        let lt = &self.desc.lt;
+        // SAFETY: descriptors are live; alpha/beta point to scale-type
+        // values; the caller guarantees pointers and stream.
+        check("cublasLtMatmul", unsafe {
+            (lt.api.matmul)(
+                lt.handle,
+                self.desc.raw,
+                self.alpha.as_ptr().cast(),
+                a as *const c_void,
+                self.a.raw,
+                b as *const c_void,
+                self.b.raw,
+                self.beta.as_ptr().cast(),
+                c_ptr as *const c_void,
+                self.c.raw,
+                args.d as *mut c_void,
+                self.d.raw,
+                &self.algo,
+                ws as *mut c_void,
+                ws_size as usize,
+                stream,
+            )
+        })
+    }
+}
+
+/// The [`GemmEngine`] of a [`CudaBackend`]: one cuBLASLt handle, plans
+/// prepared at load time.
+pub struct CudaGemm {
+    ctx: Arc<cudarc::driver::CudaContext>,
+    lt: BlasLt,
+    plans: Mutex<Vec<Arc<LtPlan>>>,
+    /// `tsl::tensor_float_32_execution_enabled()`: on in JAX by default.
+    tf32: bool,
+}
+
+impl CudaGemm {
+    /// Load cuBLASLt for `backend`'s device.
+    pub fn new(backend: &CudaBackend) -> Result<Self> {
+        backend
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| super::result::from_cudarc("cuCtxSetCurrent", e))?;
+        Ok(CudaGemm {
+            ctx: backend.ctx.clone(),
+            lt: BlasLt::new()?,
+            plans: Mutex::new(Vec::new()),
+            tf32: true,
+        })
+    }
+
+    /// Path of the loaded cuBLASLt library.
+    pub fn library(&self) -> &str {
+        self.lt.library()
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| super::result::from_cudarc("cuCtxSetCurrent", e))
+    }
+
+    fn get(&self, plan: GemmPlanId) -> Result<Arc<LtPlan>> {
+        let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        plans
+            .get(plan.0)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no GEMM plan {}", plan.0)))
+    }
+}
+
+impl GemmEngine<CudaBackend> for CudaGemm {
+    fn prepare(
+        &self,
+        cfg: &GemmConfig,
+        epi: Epilogue,
+        algorithm_idx: usize,
+        max_algorithms: usize,
+        max_workspace: u64,
+    ) -> Result<GemmPlanId> {
+        self.bind()?;
+        let g = crate::blas::normalize(cfg, self.tf32)?;
+        let plan = self
+            .lt
+            .plan(&g, epi, algorithm_idx, max_algorithms, max_workspace)?;
+        tracing::debug!(
+            ?g,
+            algorithm_idx,
+            workspace = plan.workspace_size(),
+            "cuBLASLt plan"
+        );
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        plans.push(Arc::new(plan));
+        Ok(GemmPlanId(plans.len() - 1))
+    }
+
+    fn workspace_needed(&self, plan: GemmPlanId) -> Result<u64> {
+        Ok(self.get(plan)?.workspace_size())
+    }
+
+    fn run(&self, plan: GemmPlanId, args: &MatmulArgs, stream: &CudaStream) -> Result<()> {
+        let plan = self.get(plan)?;
+        self.bind()?;
+        let raw = RawArgs {
+            a: args.a.0,
+            b: args.b.0,
+            c: args.c.0,
+            d: args.d.0,
+            bias: args.bias.0,
+            aux: args.aux.0,
+            a_scale: args.a_scale.0,
+            b_scale: args.b_scale.0,
+            c_scale: args.c_scale.0,
+            d_scale: args.d_scale.0,
+            d_amax: args.d_amax.0,
+            workspace: args.workspace.0,
+            workspace_bytes: args.workspace_bytes,
+        };
+        // SAFETY: the stream belongs to this context (bound above); the
+        // runtime resolves every pointer from the executable's slices,
+        // which the decoder checked against allocation sizes.
+        unsafe { plan.execute(&raw, stream.cu_stream().cast()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_end_with_bare_names_for_the_system_loader() {
+        let c = candidates();
+        assert!(c.len() >= LIB_NAMES.len());
+        let tail: Vec<_> = c[c.len() - LIB_NAMES.len()..].to_vec();
+        assert_eq!(
+            tail,
+            LIB_NAMES.iter().map(PathBuf::from).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn scale_bytes_follow_the_scale_type() {
+        assert_eq!(
+            scale_bytes(xla_type::F32, 1.0, 0.0).unwrap(),
+            1.0f32.to_le_bytes()
+        );
+        assert_eq!(
+            scale_bytes(xla_type::F64, 2.0, 0.0).unwrap(),
+            2.0f64.to_le_bytes()
+        );
+        assert_eq!(scale_bytes(xla_type::C64, 1.0, 3.0).unwrap().len(), 8);
+        assert!(scale_bytes(xla_type::BF16, 1.0, 0.0).is_err());
+    }
+}

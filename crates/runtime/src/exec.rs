@@ -1,0 +1,273 @@
+//! The executor: walks loaded [`Op`]s with XLA's thunk semantics.
+//!
+//! One code path serves both modes. Eager: ops are enqueued on the stream.
+//! Graph: the same walk runs while the main stream is being captured; a
+//! while loop with a known trip count is unrolled into the capture (its
+//! iteration number is known on the host, so dynamic-slice windows inside it
+//! are exact); anything that needs the host to read device memory
+//! (a while loop without trip count, a conditional) is an error in capture.
+
+use std::collections::HashMap;
+
+use xla_vmm_device::blas::{GemmEngine, MatmulArgs};
+use xla_vmm_device::{Backend, DevicePtr};
+
+use crate::error::{Result, RuntimeError};
+use crate::ops::{Op, ParamSpec};
+use crate::slots::SlotTable;
+
+/// Everything the walk needs besides the ops and the slot table.
+pub struct ExecEnv<'a, B: Backend> {
+    pub backend: &'a B,
+    pub gemm: Option<&'a dyn GemmEngine<B>>,
+    /// Extra compute streams (`computation_stream_id` i → `aux_streams[i]`).
+    pub aux_streams: &'a [B::Stream],
+    /// Per async execution id: (start event, done event).
+    pub events: &'a HashMap<u64, (B::Event, B::Event)>,
+    /// The main stream is being captured into a graph.
+    pub capturing: bool,
+}
+
+/// Run `ops` in order on `stream`. `nest` holds the iteration of each
+/// enclosing while loop, outermost first.
+pub fn run_seq<B: Backend>(
+    env: &ExecEnv<'_, B>,
+    ops: &[Op<B>],
+    slots: &SlotTable,
+    stream: &B::Stream,
+    nest: &mut Vec<i64>,
+) -> Result<()> {
+    for op in ops {
+        run_op(env, op, slots, stream, nest)?;
+    }
+    Ok(())
+}
+
+fn build_params(params: &[ParamSpec], slots: &SlotTable) -> Result<Vec<Vec<u8>>> {
+    params
+        .iter()
+        .map(|p| match p {
+            ParamSpec::Address(s) => Ok(slots.resolve(s)?.0.to_le_bytes().to_vec()),
+            ParamSpec::Bytes(b) => Ok(b.clone()),
+        })
+        .collect()
+}
+
+fn opt(slots: &SlotTable, s: &Option<xla_vmm::Slice>) -> Result<DevicePtr> {
+    match s {
+        Some(s) => slots.resolve(s),
+        None => Ok(DevicePtr::NULL),
+    }
+}
+
+fn read_scalar<B: Backend>(
+    env: &ExecEnv<'_, B>,
+    slots: &SlotTable,
+    slice: &xla_vmm::Slice,
+    bytes: usize,
+    stream: &B::Stream,
+    what: &str,
+) -> Result<Vec<u8>> {
+    if env.capturing {
+        return Err(RuntimeError::unsupported(format!(
+            "{what}: needs a device-to-host read, impossible inside a graph capture"
+        )));
+    }
+    if (slice.size as usize) < bytes {
+        return Err(RuntimeError::invalid(format!(
+            "{what}: {}-byte slice, need {bytes}",
+            slice.size
+        )));
+    }
+    let mut out = vec![0u8; bytes];
+    env.backend.read_sync(&mut out, slots.resolve(slice)?, stream)?;
+    Ok(out)
+}
+
+fn run_op<B: Backend>(
+    env: &ExecEnv<'_, B>,
+    op: &Op<B>,
+    slots: &SlotTable,
+    stream: &B::Stream,
+    nest: &mut Vec<i64>,
+) -> Result<()> {
+    let be = env.backend;
+    match op {
+        Op::Launch {
+            name,
+            function,
+            config,
+            params,
+            zero,
+        } => {
+            for z in zero {
+                be.memset_d8(slots.resolve(z)?, 0, z.size, stream)?;
+            }
+            let bytes = build_params(params, slots)?;
+            let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+            tracing::trace!(kernel = %name, ?config, "launch");
+            be.launch(function, config, &refs, stream)
+                .map_err(|e| RuntimeError::invalid(format!("launch of '{name}': {e}")))?;
+        }
+        Op::Gemm {
+            name,
+            plan,
+            a,
+            b,
+            c,
+            d,
+            bias,
+            aux,
+            scales,
+            workspace,
+        } => {
+            let engine = env
+                .gemm
+                .ok_or_else(|| RuntimeError::unsupported("no BLAS-Lt engine"))?;
+            let args = MatmulArgs {
+                a: slots.resolve(a)?,
+                b: slots.resolve(b)?,
+                c: slots.resolve(c)?,
+                d: slots.resolve(d)?,
+                bias: opt(slots, bias)?,
+                aux: opt(slots, aux)?,
+                a_scale: opt(slots, &scales[0])?,
+                b_scale: opt(slots, &scales[1])?,
+                c_scale: opt(slots, &scales[2])?,
+                d_scale: opt(slots, &scales[3])?,
+                d_amax: opt(slots, &scales[4])?,
+                workspace: opt(slots, workspace)?,
+                workspace_bytes: workspace.map(|w| w.size).unwrap_or(0),
+            };
+            engine
+                .run(*plan, &args, stream)
+                .map_err(|e| RuntimeError::invalid(format!("matmul '{name}': {e}")))?;
+        }
+        Op::Copy { src, dst, bytes } => {
+            if *bytes > src.size || *bytes > dst.size {
+                return Err(RuntimeError::invalid(format!(
+                    "copy of {bytes} bytes between slices of {} and {}",
+                    src.size, dst.size
+                )));
+            }
+            if *bytes > 0 {
+                be.copy_d2d(slots.resolve(dst)?, slots.resolve(src)?, *bytes, stream)?;
+            }
+        }
+        Op::Memzero(dst) => {
+            if dst.size > 0 {
+                be.memset_d8(slots.resolve(dst)?, 0, dst.size, stream)?;
+            }
+        }
+        Op::Memset32 { dst, value } => {
+            if dst.size > 0 {
+                be.memset_d32(slots.resolve(dst)?, *value, dst.size / 4, stream)?;
+            }
+        }
+        Op::While {
+            name,
+            condition_result,
+            condition,
+            body,
+            trip_count,
+        } => {
+            nest.push(0);
+            let result = run_while(env, name, condition_result, condition, body, *trip_count, slots, stream, nest);
+            nest.pop();
+            result?;
+        }
+        Op::Conditional {
+            name,
+            index,
+            is_pred,
+            branches,
+        } => {
+            let n = branches.len();
+            if n == 0 {
+                return Ok(());
+            }
+            let branch = if *is_pred {
+                let v = read_scalar(env, slots, index, 1, stream, name)?;
+                // XLA: true selects branch 0, false branch 1.
+                if v[0] != 0 {
+                    0
+                } else {
+                    1
+                }
+            } else {
+                let v = read_scalar(env, slots, index, 4, stream, name)?;
+                let i = i32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+                // Out of range selects the last branch (XLA's default).
+                if i < 0 || i as usize >= n {
+                    n - 1
+                } else {
+                    i as usize
+                }
+            };
+            let ops = branches
+                .get(branch)
+                .ok_or_else(|| RuntimeError::invalid(format!("{name}: branch {branch} of {n}")))?;
+            run_seq(env, ops, slots, stream, nest)?;
+        }
+        Op::Sequential(ops) => run_seq(env, ops, slots, stream, nest)?,
+        Op::DynamicSlice { windows, embedded } => {
+            let table = crate::dsf::embedded_table(windows, slots, nest)?;
+            run_seq(env, embedded, &table, stream, nest)?;
+        }
+        Op::AsyncStart { id, stream: idx, ops } => {
+            let aux = env.aux_streams.get(*idx).ok_or_else(|| {
+                RuntimeError::invalid(format!("async stream {idx} of {}", env.aux_streams.len()))
+            })?;
+            let (start, done) = env
+                .events
+                .get(id)
+                .ok_or_else(|| RuntimeError::invalid(format!("no events for async id {id}")))?;
+            be.event_record(start, stream)?;
+            be.stream_wait_event(aux, start)?;
+            run_seq(env, ops, slots, aux, nest)?;
+            be.event_record(done, aux)?;
+        }
+        Op::AsyncDone { id } => {
+            let (_, done) = env
+                .events
+                .get(id)
+                .ok_or_else(|| RuntimeError::invalid(format!("async done {id} without a start")))?;
+            be.stream_wait_event(stream, done)?;
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_while<B: Backend>(
+    env: &ExecEnv<'_, B>,
+    name: &str,
+    condition_result: &xla_vmm::Slice,
+    condition: &[Op<B>],
+    body: &[Op<B>],
+    trip_count: Option<i64>,
+    slots: &SlotTable,
+    stream: &B::Stream,
+    nest: &mut Vec<i64>,
+) -> Result<()> {
+    let last = nest.len() - 1;
+    if let Some(n) = trip_count {
+        // Known trip count: the body runs n times, the condition never.
+        for i in 0..n.max(0) {
+            nest[last] = i;
+            run_seq(env, body, slots, stream, nest)?;
+        }
+        return Ok(());
+    }
+    let mut i = 0i64;
+    loop {
+        nest[last] = i;
+        run_seq(env, condition, slots, stream, nest)?;
+        let v = read_scalar(env, slots, condition_result, 1, stream, name)?;
+        if v[0] == 0 {
+            return Ok(());
+        }
+        run_seq(env, body, slots, stream, nest)?;
+        i += 1;
+    }
+}

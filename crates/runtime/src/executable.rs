@@ -1,0 +1,347 @@
+//! The execution API: load a [`Plan`], bind parameters, run eagerly or as
+//! one captured graph, get the outputs.
+//!
+//! Memory: temps, constants and live-out outputs that are not parameters are
+//! owned by the executable (one device buffer per allocation). Parameters are
+//! the caller's buffers, bound per run. A parameter aliased with an output
+//! (donation) is updated in place: the output *is* the parameter buffer.
+//! Outputs are returned as addresses valid until the next run.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use xla_vmm::{AllocationRole, Plan, Shape};
+use xla_vmm_device::blas::GemmEngine;
+use xla_vmm_device::{Backend, DevicePtr};
+
+use crate::error::{Result, RuntimeError};
+use crate::exec::{run_seq, ExecEnv};
+use crate::ops::{LoadCtx, Op};
+use crate::slots::{DeviceBuffer, SlotTable};
+
+/// How [`Executable::run`] executes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Thunk by thunk on the stream: the reference.
+    Eager,
+    /// The whole executable captured once into a graph, replayed each run
+    /// (re-captured when parameter addresses change).
+    Graph,
+}
+
+/// One result leaf of a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Output {
+    /// Position in the flattened result (`out_i`).
+    pub index: usize,
+    pub ptr: DevicePtr,
+    /// Bytes of the leaf (its shape's dense size).
+    pub bytes: u64,
+    pub shape: Shape,
+    /// The entry parameter whose buffer holds it (donation / passthrough).
+    pub parameter: Option<usize>,
+}
+
+struct GraphCache<B: Backend> {
+    bases: Vec<DevicePtr>,
+    graph: B::Graph,
+    exec: B::GraphExec,
+}
+
+/// A loaded executable.
+pub struct Executable<B: Backend> {
+    backend: Arc<B>,
+    plan: Plan,
+    gemm: Option<Arc<dyn GemmEngine<B>>>,
+    ops: Vec<Op<B>>,
+    modules: Vec<B::Module>,
+    owned: Vec<DeviceBuffer<B>>,
+    slots: SlotTable,
+    /// Entry parameter number → its allocation slots.
+    param_slots: Vec<Vec<usize>>,
+    param_shapes: Vec<Shape>,
+    aux_streams: Vec<B::Stream>,
+    events: HashMap<u64, (B::Event, B::Event)>,
+    graph: Option<GraphCache<B>>,
+}
+
+fn leaf_shape(result: &Shape, index: &[i64]) -> Option<Shape> {
+    let mut s = result;
+    for &i in index {
+        s = s.tuple_shapes.get(usize::try_from(i).ok()?)?;
+    }
+    Some(s.clone())
+}
+
+impl<B: Backend> Executable<B> {
+    /// Load `plan`: check every thunk, load kernels, prepare GEMMs, upload
+    /// constants, allocate temps and outputs. `stream` orders the uploads.
+    pub fn load(
+        backend: Arc<B>,
+        plan: Plan,
+        gemm: Option<Arc<dyn GemmEngine<B>>>,
+        stream: &B::Stream,
+    ) -> Result<Self> {
+        // Support check first (cheap, names the first offender).
+        if let Some(t) = plan.unsupported().first() {
+            return Err(RuntimeError::unsupported(format!(
+                "{} thunk '{}' is not executed by this runtime",
+                t.kind_name(),
+                t.info.profile_annotation
+            )));
+        }
+        let nparams = plan.program_shape.parameters.len();
+        let mut param_slots = vec![Vec::new(); nparams];
+        for a in &plan.allocations {
+            if let AllocationRole::Parameter {
+                number,
+                shape_index,
+                ..
+            } = &a.role
+            {
+                if !shape_index.is_empty() {
+                    return Err(RuntimeError::unsupported(format!(
+                        "tuple-shaped parameter {number} (allocation {})",
+                        a.index
+                    )));
+                }
+                param_slots
+                    .get_mut(*number as usize)
+                    .ok_or_else(|| {
+                        RuntimeError::invalid(format!("parameter {number} of {nparams}"))
+                    })?
+                    .push(a.index);
+            }
+        }
+        let mut ctx = LoadCtx {
+            backend: &*backend,
+            gemm: gemm.as_deref(),
+            modules: Vec::new(),
+            module_index: HashMap::new(),
+            main_module: None,
+            streams_needed: 0,
+            async_ids: Vec::new(),
+        };
+        let built = ctx.build_seq(&plan, &plan.thunks);
+        let (modules, streams_needed, async_ids) = (ctx.modules, ctx.streams_needed, ctx.async_ids);
+        let ops = match built {
+            Ok(ops) => ops,
+            Err(e) => {
+                for m in modules {
+                    backend.module_unload(m).ok();
+                }
+                return Err(e);
+            }
+        };
+        let mut exe = Executable {
+            backend: backend.clone(),
+            param_shapes: plan.program_shape.parameters.clone(),
+            slots: SlotTable::new(plan.allocations.len()),
+            plan,
+            gemm,
+            ops,
+            modules,
+            owned: Vec::new(),
+            param_slots,
+            aux_streams: Vec::new(),
+            events: HashMap::new(),
+            graph: None,
+        };
+        // From here on `Drop` releases whatever was made.
+        for _ in 0..streams_needed {
+            exe.aux_streams.push(backend.stream_create()?);
+        }
+        for id in async_ids {
+            let start = backend.event_create()?;
+            let done = backend.event_create()?;
+            exe.events.insert(id, (start, done));
+        }
+        for i in 0..exe.plan.allocations.len() {
+            let a = &exe.plan.allocations[i];
+            let (index, size) = (a.index, a.size);
+            let constant = match &a.role {
+                AllocationRole::Parameter { .. } => continue,
+                AllocationRole::Constant { bytes, symbol_name } => {
+                    if bytes.len() as u64 != size {
+                        return Err(RuntimeError::unsupported(format!(
+                            "constant allocation {index} ('{symbol_name}'): {} content bytes for \
+                             {size} bytes (values only in the module binary are not read yet)",
+                            bytes.len()
+                        )));
+                    }
+                    Some(bytes.to_vec())
+                }
+                AllocationRole::Output { .. } | AllocationRole::Temp => None,
+            };
+            if size == 0 {
+                continue;
+            }
+            let buf = DeviceBuffer::alloc(&*backend, size)?;
+            exe.slots.bind(index, buf.ptr(), size)?;
+            if let Some(bytes) = constant {
+                backend.write_sync(buf.ptr(), &bytes, stream)?;
+            }
+            exe.owned.push(buf);
+        }
+        tracing::info!(
+            ops = exe.ops.len(),
+            modules = exe.modules.len(),
+            owned_buffers = exe.owned.len(),
+            aux_streams = exe.aux_streams.len(),
+            "executable loaded"
+        );
+        Ok(exe)
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Shapes of the entry parameters, in HLO parameter order.
+    pub fn parameter_shapes(&self) -> &[Shape] {
+        &self.param_shapes
+    }
+
+    /// Bind entry parameter `i` to `bytes` at `ptr` for the following runs.
+    pub fn bind_parameter(&mut self, i: usize, ptr: DevicePtr, bytes: u64) -> Result<()> {
+        let slots = self
+            .param_slots
+            .get(i)
+            .ok_or_else(|| RuntimeError::arg(format!("parameter {i} of {}", self.param_slots.len())))?
+            .clone();
+        for s in slots {
+            let need = self.plan.allocations[s].size;
+            if bytes < need {
+                return Err(RuntimeError::arg(format!(
+                    "parameter {i}: {bytes} bytes given, allocation {s} needs {need}"
+                )));
+            }
+            self.slots.bind(s, ptr, need)?;
+        }
+        Ok(())
+    }
+
+    /// Run once on `stream` (asynchronously: synchronize the stream before
+    /// reading outputs on the host). Every parameter must be bound.
+    pub fn run(&mut self, stream: &B::Stream, mode: Mode) -> Result<Vec<Output>> {
+        for (i, slots) in self.param_slots.iter().enumerate() {
+            for &s in slots {
+                if self.slots.base(s)? == DevicePtr::NULL && self.plan.allocations[s].size > 0 {
+                    return Err(RuntimeError::arg(format!("parameter {i} is not bound")));
+                }
+            }
+        }
+        match mode {
+            Mode::Eager => {
+                let env = self.env(false);
+                run_seq(&env, &self.ops, &self.slots, stream, &mut Vec::new())?;
+            }
+            Mode::Graph => self.run_graph(stream)?,
+        }
+        self.outputs()
+    }
+
+    fn env(&self, capturing: bool) -> ExecEnv<'_, B> {
+        ExecEnv {
+            backend: &*self.backend,
+            gemm: self.gemm.as_deref(),
+            aux_streams: &self.aux_streams,
+            events: &self.events,
+            capturing,
+        }
+    }
+
+    fn run_graph(&mut self, stream: &B::Stream) -> Result<()> {
+        let fresh = match &self.graph {
+            Some(g) => g.bases != self.slots.bases(),
+            None => true,
+        };
+        if fresh {
+            let be = &*self.backend;
+            be.stream_begin_capture(stream)?;
+            let walked = {
+                let env = self.env(true);
+                run_seq(&env, &self.ops, &self.slots, stream, &mut Vec::new())
+            };
+            let captured = be.stream_end_capture(stream);
+            walked?;
+            let graph = captured?;
+            let exec = match self.graph.take() {
+                Some(old) if be.graph_exec_update(&old.exec, &graph)? => {
+                    be.graph_destroy(old.graph)?;
+                    old.exec
+                }
+                Some(old) => {
+                    be.graph_exec_destroy(old.exec)?;
+                    be.graph_destroy(old.graph)?;
+                    be.graph_instantiate(&graph)?
+                }
+                None => be.graph_instantiate(&graph)?,
+            };
+            self.graph = Some(GraphCache {
+                bases: self.slots.bases().to_vec(),
+                graph,
+                exec,
+            });
+        }
+        let g = self.graph.as_ref().ok_or_else(|| RuntimeError::invalid("no graph"))?;
+        self.backend.graph_launch(&g.exec, stream)?;
+        Ok(())
+    }
+
+    /// The result leaves (`output_info_map`), in result order.
+    pub fn outputs(&self) -> Result<Vec<Output>> {
+        let result = &self.plan.program_shape.result;
+        let mut infos: Vec<_> = self.plan.outputs.iter().collect();
+        infos.sort_by(|a, b| a.shape_index.cmp(&b.shape_index));
+        let mut out = Vec::with_capacity(infos.len());
+        for (index, info) in infos.into_iter().enumerate() {
+            let shape = leaf_shape(result, &info.shape_index).ok_or_else(|| {
+                RuntimeError::invalid(format!("output shape index {:?}", info.shape_index))
+            })?;
+            let bytes = shape.byte_size().unwrap_or(0);
+            let parameter = match &self.plan.allocations.get(info.allocation).map(|a| &a.role) {
+                Some(AllocationRole::Parameter { number, .. }) => Some(*number as usize),
+                _ => None,
+            };
+            out.push(Output {
+                index,
+                ptr: self.slots.base(info.allocation)?,
+                bytes,
+                shape,
+                parameter,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl<B: Backend> Drop for Executable<B> {
+    fn drop(&mut self) {
+        let be = &*self.backend;
+        if let Some(g) = self.graph.take() {
+            be.graph_exec_destroy(g.exec).ok();
+            be.graph_destroy(g.graph).ok();
+        }
+        for s in &self.aux_streams {
+            be.stream_synchronize(s).ok();
+        }
+        for buf in self.owned.drain(..) {
+            if let Err(e) = buf.free(be) {
+                tracing::warn!(%e, "freeing an executable buffer failed");
+            }
+        }
+        for (_, (a, b)) in self.events.drain() {
+            be.event_destroy(a).ok();
+            be.event_destroy(b).ok();
+        }
+        for s in self.aux_streams.drain(..) {
+            be.stream_destroy(s).ok();
+        }
+        // Functions hold their modules on some backends; unload after ops.
+        self.ops.clear();
+        for m in self.modules.drain(..) {
+            be.module_unload(m).ok();
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! The loaded form of a thunk tree: every kernel resolved, every GEMM plan
+//! prepared, every unsupported thunk rejected (at load time, naming the kind
+//! and `profile_annotation`). Built by [`crate::Executable::load`], run by
+//! [`crate::exec`].
+
+use std::collections::HashMap;
+
+use xla_vmm::{
+    KernelArg, KernelCode, KernelParam, LaunchDims, Plan, ShapedSlice, Slice, Thunk, ThunkKind,
+};
+use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId};
+use xla_vmm_device::{Backend, ImageKind, LaunchConfig};
+
+use crate::error::{Result, RuntimeError};
+
+/// How one kernel parameter is built at launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParamSpec {
+    /// The 8-byte address of a slice.
+    Address(Slice),
+    /// Constant bytes.
+    Bytes(Vec<u8>),
+}
+
+/// A dynamic-slice-fusion window into a real buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// The real buffer.
+    pub buffer: Slice,
+    /// Window size (the embedded allocation's size).
+    pub size: u64,
+    /// `(loop_index, byte_offset, byte_stride)`; `None` = whole buffer.
+    pub config: Option<(Option<i64>, i64, i64)>,
+}
+
+/// One loaded thunk.
+#[derive(Debug)]
+pub enum Op<B: Backend> {
+    Launch {
+        name: String,
+        function: B::Function,
+        config: LaunchConfig,
+        params: Vec<ParamSpec>,
+        zero: Vec<Slice>,
+    },
+    Gemm {
+        name: String,
+        plan: GemmPlanId,
+        a: Slice,
+        b: Slice,
+        c: Slice,
+        d: Slice,
+        bias: Option<Slice>,
+        aux: Option<Slice>,
+        scales: [Option<Slice>; 5],
+        workspace: Option<Slice>,
+    },
+    Copy {
+        src: Slice,
+        dst: Slice,
+        bytes: u64,
+    },
+    Memzero(Slice),
+    Memset32 {
+        dst: Slice,
+        value: u32,
+    },
+    While {
+        name: String,
+        condition_result: Slice,
+        condition: Vec<Op<B>>,
+        body: Vec<Op<B>>,
+        trip_count: Option<i64>,
+    },
+    Conditional {
+        name: String,
+        index: Slice,
+        is_pred: bool,
+        branches: Vec<Vec<Op<B>>>,
+    },
+    Sequential(Vec<Op<B>>),
+    DynamicSlice {
+        windows: Vec<Window>,
+        embedded: Vec<Op<B>>,
+    },
+    AsyncStart {
+        id: u64,
+        stream: usize,
+        ops: Vec<Op<B>>,
+    },
+    AsyncDone {
+        id: u64,
+    },
+}
+
+/// What loading needs besides the plan.
+pub struct LoadCtx<'a, B: Backend> {
+    pub backend: &'a B,
+    pub gemm: Option<&'a dyn GemmEngine<B>>,
+    /// Loaded modules, owned by the executable.
+    pub modules: Vec<B::Module>,
+    /// Cubin bytes → index in `modules`.
+    pub module_index: HashMap<Vec<u8>, usize>,
+    /// The module binary's index in `modules`, once loaded.
+    pub main_module: Option<usize>,
+    /// Number of extra compute streams the async thunks use.
+    pub streams_needed: usize,
+    /// Async execution ids seen.
+    pub async_ids: Vec<u64>,
+}
+
+fn what(t: &Thunk) -> String {
+    format!("{} thunk '{}'", t.kind_name(), t.info.profile_annotation)
+}
+
+fn dim(v: u64, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| RuntimeError::invalid(format!("{what} {v} does not fit u32")))
+}
+
+fn launch_config(l: &LaunchDims, pdl: bool) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid: [dim(l.blocks.x, "grid.x")?, dim(l.blocks.y, "grid.y")?, dim(l.blocks.z, "grid.z")?],
+        block: [
+            dim(l.threads.x, "block.x")?,
+            dim(l.threads.y, "block.y")?,
+            dim(l.threads.z, "block.z")?,
+        ],
+        cluster: match l.cluster {
+            Some(c) if c.volume() > 1 => {
+                Some([dim(c.x, "cluster.x")?, dim(c.y, "cluster.y")?, dim(c.z, "cluster.z")?])
+            }
+            _ => None,
+        },
+        shared_mem_bytes: dim(l.shared_memory_bytes, "shared memory")?,
+        pdl,
+    })
+}
+
+/// Kernel parameters: one address per argument, or per the packing spec.
+pub fn param_specs(args: &[KernelArg], packing: Option<&[KernelParam]>) -> Result<Vec<ParamSpec>> {
+    if let Some(arg) = args.iter().find(|a| a.tma.is_some()) {
+        return Err(RuntimeError::unsupported(format!(
+            "TMA descriptor arguments (slot {}): the backend has no tensor-map encoding yet",
+            arg.slice.allocation
+        )));
+    }
+    match packing {
+        None => Ok(args.iter().map(|a| ParamSpec::Address(a.slice)).collect()),
+        Some(spec) => spec
+            .iter()
+            .map(|p| match p {
+                KernelParam::ArgAddress { arg_index } => args
+                    .get(*arg_index as usize)
+                    .map(|a| ParamSpec::Address(a.slice))
+                    .ok_or_else(|| {
+                        RuntimeError::invalid(format!(
+                            "packing spec relocates argument {arg_index} of {}",
+                            args.len()
+                        ))
+                    }),
+                KernelParam::Bytes { data } => Ok(ParamSpec::Bytes(data.to_vec())),
+            })
+            .collect(),
+    }
+}
+
+fn zero_slices(args: &[KernelArg], idx: &[u64]) -> Result<Vec<Slice>> {
+    idx.iter()
+        .map(|&i| {
+            args.get(i as usize)
+                .map(|a| a.slice)
+                .ok_or_else(|| RuntimeError::invalid(format!("zeroed output index {i}")))
+        })
+        .collect()
+}
+
+fn image_kind<B: Backend>(backend: &B) -> ImageKind {
+    if backend.info().backend == "host" {
+        ImageKind::Host
+    } else if backend.info().backend == "hip" {
+        ImageKind::Hsaco
+    } else {
+        ImageKind::Cubin
+    }
+}
+
+impl<B: Backend> LoadCtx<'_, B> {
+    fn module_for(&mut self, bytes: &[u8], kind: ImageKind) -> Result<usize> {
+        if let Some(&i) = self.module_index.get(bytes) {
+            return Ok(i);
+        }
+        let m = self.backend.module_load(bytes, kind)?;
+        self.modules.push(m);
+        let i = self.modules.len() - 1;
+        self.module_index.insert(bytes.to_vec(), i);
+        Ok(i)
+    }
+
+    fn main_module(&mut self, plan: &Plan) -> Result<usize> {
+        if let Some(i) = self.main_module {
+            return Ok(i);
+        }
+        let i = if !plan.kernels.binary.is_empty() {
+            self.module_for(&plan.kernels.binary, image_kind(self.backend))?
+        } else if !plan.kernels.asm_text.is_empty() {
+            self.module_for(plan.kernels.asm_text.as_bytes(), ImageKind::Ptx)?
+        } else {
+            return Err(RuntimeError::invalid(
+                "kernel thunks but no module binary or PTX in the executable",
+            ));
+        };
+        self.main_module = Some(i);
+        Ok(i)
+    }
+
+    pub fn build_seq(&mut self, plan: &Plan, thunks: &[Thunk]) -> Result<Vec<Op<B>>> {
+        thunks.iter().map(|t| self.build(plan, t)).collect()
+    }
+
+    /// Load one thunk (recursively).
+    pub fn build(&mut self, plan: &Plan, t: &Thunk) -> Result<Op<B>> {
+        let ctx = |e: RuntimeError| match e {
+            RuntimeError::Unsupported(m) => RuntimeError::Unsupported(format!("{}: {m}", what(t))),
+            RuntimeError::InvalidProgram(m) => {
+                RuntimeError::InvalidProgram(format!("{}: {m}", what(t)))
+            }
+            RuntimeError::Device(d) => RuntimeError::InvalidProgram(format!("{}: {d}", what(t))),
+            other => other,
+        };
+        self.build_inner(plan, t).map_err(ctx)
+    }
+
+    fn build_inner(&mut self, plan: &Plan, t: &Thunk) -> Result<Op<B>> {
+        Ok(match &t.kind {
+            ThunkKind::CustomKernel(k) => {
+                let module = match &k.spec.code {
+                    KernelCode::Cubin { data } => self.module_for(data, image_kind(self.backend))?,
+                    KernelCode::Ptx { text } => self.module_for(text.as_bytes(), ImageKind::Ptx)?,
+                    KernelCode::InProcessSymbol { persistent_name } => {
+                        return Err(RuntimeError::unsupported(format!(
+                            "in-process kernel symbol '{persistent_name}'"
+                        )))
+                    }
+                    KernelCode::None => self.main_module(plan)?,
+                };
+                let function = self
+                    .backend
+                    .module_function(&self.modules[module], &k.spec.kernel_name)?;
+                Op::Launch {
+                    name: t.info.profile_annotation.clone(),
+                    function,
+                    config: launch_config(&k.launch, k.use_pdl)?,
+                    params: param_specs(&k.args, k.spec.packing.as_deref())?,
+                    zero: zero_slices(&k.args, &k.zeroed_output_buffer_indices)?,
+                }
+            }
+            ThunkKind::Kernel(k) => {
+                let module = self.main_module(plan)?;
+                let function = self.backend.module_function(&self.modules[module], &k.kernel_name)?;
+                Op::Launch {
+                    name: t.info.profile_annotation.clone(),
+                    function,
+                    config: launch_config(&k.launch, k.use_pdl)?,
+                    params: param_specs(&k.args, None)?,
+                    zero: zero_slices(&k.args, &k.zeroed_output_buffer_indices)?,
+                }
+            }
+            ThunkKind::CublasLtMatmul(m) => {
+                let engine = self.gemm.ok_or_else(|| {
+                    RuntimeError::unsupported("no BLAS-Lt engine on this backend")
+                })?;
+                if m.grouped {
+                    return Err(RuntimeError::unsupported("grouped matmul"));
+                }
+                let cfg = m
+                    .gemm_config
+                    .as_ref()
+                    .ok_or_else(|| RuntimeError::invalid("cublas_lt_matmul without gemm_config"))?;
+                let idx = usize::try_from(m.algorithm_idx)
+                    .map_err(|_| RuntimeError::invalid(format!("algorithm_idx {}", m.algorithm_idx)))?;
+                // XLA asks the heuristic for one algorithm when the index is
+                // 0, else for GemmConfig::kNumAlgorithms = 128.
+                let max_algorithms = if idx == 0 { 1 } else { 128 };
+                let max_ws = u64::try_from(m.autotune_workspace_size).unwrap_or(0);
+                let plan_id = engine.prepare(
+                    &crate::gemm::config(cfg)?,
+                    Epilogue::from_proto(m.epilogue)?,
+                    idx,
+                    max_algorithms,
+                    max_ws,
+                )?;
+                let s = |x: &Option<ShapedSlice>| x.as_ref().map(|x| x.slice);
+                Op::Gemm {
+                    name: t.info.profile_annotation.clone(),
+                    plan: plan_id,
+                    a: m.a.slice,
+                    b: m.b.slice,
+                    c: m.c.slice,
+                    d: m.d.slice,
+                    bias: s(&m.bias),
+                    aux: s(&m.aux),
+                    scales: [s(&m.a_scale), s(&m.b_scale), s(&m.c_scale), s(&m.d_scale), s(&m.d_amax)],
+                    workspace: s(&m.workspace),
+                }
+            }
+            ThunkKind::Gemm(_) => {
+                return Err(RuntimeError::unsupported(
+                    "plain cuBLAS gemm (XLA runs it through cublasGemmEx with its own algorithm; \
+                     replaying it through cuBLASLt would not be bit-identical)",
+                ))
+            }
+            ThunkKind::DeviceToDeviceCopy(c) | ThunkKind::Copy(c) => Op::Copy {
+                src: c.source.slice,
+                dst: c.destination.slice,
+                bytes: c.mem_size,
+            },
+            ThunkKind::Memzero { dest } => Op::Memzero(dest.slice),
+            ThunkKind::Memset32 { dest, value } => {
+                if dest.size % 4 != 0 {
+                    return Err(RuntimeError::invalid(format!("memset32 of {} bytes", dest.size)));
+                }
+                Op::Memset32 {
+                    dst: *dest,
+                    value: *value,
+                }
+            }
+            ThunkKind::While(w) => Op::While {
+                name: t.info.profile_annotation.clone(),
+                condition_result: w.condition_result,
+                condition: self.build_seq(plan, &w.condition)?,
+                body: self.build_seq(plan, &w.body)?,
+                trip_count: w.trip_count,
+            },
+            ThunkKind::Conditional(c) => {
+                let is_pred = c
+                    .branch_index
+                    .shape
+                    .as_ref()
+                    .is_some_and(|s| s.element_type == xla_vmm::ElementType::PRED);
+                Op::Conditional {
+                    name: t.info.profile_annotation.clone(),
+                    index: c.branch_index.slice,
+                    is_pred,
+                    branches: c
+                        .branches
+                        .iter()
+                        .map(|b| self.build_seq(plan, b))
+                        .collect::<Result<_>>()?,
+                }
+            }
+            ThunkKind::Sequential { thunks } => Op::Sequential(self.build_seq(plan, thunks)?),
+            ThunkKind::DynamicSliceFusion(d) => Op::DynamicSlice {
+                windows: crate::dsf::windows(d)?,
+                embedded: self.build_seq(plan, &d.embedded)?,
+            },
+            ThunkKind::AsyncStart(a) => {
+                let stream = match a.stream {
+                    xla_vmm::ExecutionStream::Computation(i) => i as usize,
+                    xla_vmm::ExecutionStream::Default => 0,
+                    xla_vmm::ExecutionStream::Communication(i) => {
+                        return Err(RuntimeError::unsupported(format!(
+                            "async work on communication stream {i}"
+                        )))
+                    }
+                };
+                self.streams_needed = self.streams_needed.max(stream + 1);
+                if !self.async_ids.contains(&a.async_execution_id) {
+                    self.async_ids.push(a.async_execution_id);
+                }
+                Op::AsyncStart {
+                    id: a.async_execution_id,
+                    stream,
+                    ops: self.build_seq(plan, &a.thunks)?,
+                }
+            }
+            ThunkKind::AsyncDone { async_execution_id } => Op::AsyncDone {
+                id: *async_execution_id,
+            },
+            ThunkKind::CustomCall(c) => {
+                return Err(RuntimeError::unsupported(format!(
+                    "custom call '{}' (custom calls are not executed by this runtime)",
+                    c.target_name
+                )))
+            }
+            ThunkKind::Unsupported { .. } => {
+                return Err(RuntimeError::unsupported("thunk kind not executed by this runtime"))
+            }
+        })
+    }
+}
