@@ -14,6 +14,9 @@
 pub mod backend;
 pub mod blas;
 pub mod error;
+pub mod host;
+pub mod vmm;
+pub mod conformance;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 pub mod cuda;
@@ -24,3 +27,5 @@ pub mod probe;
 
 pub use backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
 pub use error::{DeviceError, Result};
+pub use host::{HostBackend, HostConfig};
+pub use vmm::{AllocationId, Buffer, VmmAllocator, VmmConfig, VmmStats};
