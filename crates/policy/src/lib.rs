@@ -1,2 +1,119 @@
-//! Slot binding policy (placeholder crate root; built by the policy work).
+//! # xla-vmm-policy: skip, remap or copy, per slot, per step
+//!
+//! An executable's graph is recorded once against fixed VA reservations. Each
+//! step the user's buffers for its parameters and outputs (its *slots*) must
+//! appear at those fixed addresses. Per slot there are three ways:
+//!
+//! * **skip** — the allocation bound to the slot is the one already mapped
+//!   there (compared by allocation id, never by address: an address can be
+//!   reused by a new allocation). Free.
+//! * **remap** — unmap the old allocation, map the new one, set access. Host
+//!   time, roughly fixed per slot (`R` ≈ 46 µs on H200, CUDA 13), paid only on
+//!   steps where the allocation changed.
+//! * **copy** — the slot is backed by its own *shadow*; the user buffer is
+//!   copied in before the launch if the graph reads the slot and copied back
+//!   after if it writes it. GPU time, paid on *every* step (the shadow is not
+//!   the user's memory, so even an unchanged allocation may hold new data),
+//!   plus shadow memory (one per reservation).
+//!
+//! This crate decides which, from plain data, without touching a device.
+//! It is safe Rust only. Start reading at [`decide`] (stateless: the rule)
+//! and [`SlotTracker`] (stateful: applies it step by step, counts).
+//!
+//! ## The threshold (`XLA_VMM_TMP_COPY_THRESHOLD`, [`Threshold`])
+//!
+//! * `0` — remap every changing slot. The baseline of the A/B comparison.
+//! * `N > 1` — changing slots of at most `N` bytes are copied, smallest first
+//!   while their shadows fit the shadow cap (memory safety is the only thing
+//!   that overrides an explicit `N`); larger ones are remapped.
+//! * `1` (default) — auto, below.
+//!
+//! Under every threshold a slot whose churn is 0 (its allocation never
+//! changes, e.g. a donated parameter aliased with its output) is **skip**:
+//! it is mapped once and costs nothing either way, so giving it a shadow
+//! would only add copies.
+//!
+//! ## The reference rule (ROCm XLA, PR #926), which auto must match
+//!
+//! Copy a slice when `2·s/B < R`, i.e. `s < R·B/2` (a copy in and a copy out
+//! of `s` bytes at bandwidth `B` against one remap); admit slices smallest
+//! first while the per-slice break-even holds and `Σ 2·s` stays under ~1 % of
+//! free HBM; freeze the cutoff after the first step. It assumes every slice
+//! is copied both ways, pays no launch cost, changes every step, and that
+//! remap time and copy time add.
+//!
+//! ## Our rule (threshold 1)
+//!
+//! Cost model ([`cost`]): a remap slot costs `p·R` µs of host time per step,
+//! where `p` is its **churn** (fraction of steps its allocation changes; a
+//! history, if known, is averaged with more weight on recent steps). A copy
+//! slot costs `d·s/B` of GPU time per step, `d ∈ {0,1,2}` being the
+//! **directions** it needs (in if read, out if written), and the step's copies
+//! are **batched**: one operation per direction, so the launch cost `L` is
+//! paid once per direction used, not per slot. So the marginal break-even of
+//! a slot is `s < p·R·B/d` (the reference's `R·B/2` is the case `p=1, d=2`);
+//! without batching it would be `s < (p·R/d − L)·B`.
+//!
+//! Step time: unknown bound → remap and copy time add. With measured host
+//! time `H` and GPU time `G` of the step, binding step `n+1` overlaps the GPU
+//! running step `n` (two reservations), so the step takes
+//! `max(H + remap, G + copy)`: in a GPU-bound step remaps hide in the slack
+//! and copies (on the critical path) do not pay; in a host-bound step copies
+//! are nearly free and every remap saved counts.
+//!
+//! Selection:
+//! 1. Candidates: changing slots (`p > 0`) of at most 256 MiB (safety rail),
+//!    smallest first.
+//! 2. Admit a candidate when copying it lowers the step cost counting only
+//!    its bytes (its direction's launch is shared), its shadow still fits the
+//!    **shadow cap** (1 % of free memory, all reservations' shadows counted,
+//!    each rounded to 256 B: the cap can never cause an OOM), and the batched
+//!    copy time stays under the **copy budget** (100 µs, or 5 % of the GPU
+//!    step time when known).
+//! 3. Charge the launches: of the prefixes of the admitted sequence, keep the
+//!    one with the lowest expected step cost (so a lone tiny copy that does
+//!    not pay for its launch is dropped).
+//! 4. Evaluate the reference rule's set under the same model and keep it
+//!    instead if it is feasible (cap, budget) and cheaper: auto is never
+//!    worse than the rule it generalizes, by construction.
+//!
+//! The cutoff reported (`threshold_bytes`) is the largest copied slot.
+//!
+//! ## Freezing, and what adapts after
+//!
+//! [`SlotTracker`] runs the decision at the executable's first step with the
+//! slots' churn priors (1 unless the runtime knows better), logs it once at
+//! info level with its inputs and freezes it: which slots own shadows is
+//! fixed, so shadow memory is allocated once and stays under the cap (a
+//! failed driver call can add a shadow: see
+//! [`SlotTracker::fallback_to_copy`]). Within that, churn observed per slot
+//! moves a copy slot whose allocation stopped changing back to direct
+//! mapping once its copies cost one remap, and a shadow-owning slot that
+//! starts changing again back to copying (see [`tracker`]).
+//!
+//! ## Who validates what
+//!
+//! [`PolicyInput::validate`] (called by [`decide`]) and [`SlotTracker::new`]
+//! check every number; bad input is a [`PolicyError`], never a panic. The
+//! runtime owns the driver calls, events and shadow allocation; this crate
+//! only says what to do and counts what was done ([`Stats`]).
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cost;
+mod decide;
+mod error;
+mod input;
+mod plan;
+mod stats;
+pub mod tracker;
+
+pub use decide::decide;
+pub use error::{PolicyError, Result};
+pub use input::{DeviceCosts, Knobs, PolicyInput, SlotInfo, StepTimes, Threshold, THRESHOLD_ENV};
+pub use plan::{Counts, Decision, Plan, ReferenceSummary, Rule};
+pub use stats::Stats;
+pub use tracker::{
+    AllocationId, Binding, ChurnView, FailedCall, Fallback, SlotAction, SlotTracker, StepActions,
+    TrackerConfig,
+};
