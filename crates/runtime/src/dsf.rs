@@ -14,7 +14,8 @@ use crate::ops::Window;
 use crate::slots::SlotTable;
 
 fn cfg(c: &Option<DynamicSliceConfig>) -> Option<(Option<i64>, i64, i64)> {
-    c.as_ref().map(|c| (c.loop_index, c.byte_offset, c.byte_stride))
+    c.as_ref()
+        .map(|c| (c.loop_index, c.byte_offset, c.byte_stride))
 }
 
 /// The windows of a fusion, in embedded-allocation order (parameters, then
@@ -29,9 +30,15 @@ pub fn windows(d: &DynamicSliceFusionThunk) -> Result<Vec<Window>> {
     }
     let mut out = Vec::with_capacity(n);
     for (i, p) in d.parameters.iter().enumerate() {
-        let buffer = *d.parameter_buffers.get(p.parameter_number as usize).ok_or_else(|| {
-            RuntimeError::invalid(format!("fusion parameter {} has no buffer", p.parameter_number))
-        })?;
+        let buffer = *d
+            .parameter_buffers
+            .get(p.parameter_number as usize)
+            .ok_or_else(|| {
+                RuntimeError::invalid(format!(
+                    "fusion parameter {} has no buffer",
+                    p.parameter_number
+                ))
+            })?;
         out.push(Window {
             buffer,
             size: d.embedded_allocations[i].size,
@@ -39,9 +46,12 @@ pub fn windows(d: &DynamicSliceFusionThunk) -> Result<Vec<Window>> {
         });
     }
     for (j, r) in d.results.iter().enumerate() {
-        let buffer = *d.result_buffers.get(r.result_number as usize).ok_or_else(|| {
-            RuntimeError::invalid(format!("fusion result {} has no buffer", r.result_number))
-        })?;
+        let buffer = *d
+            .result_buffers
+            .get(r.result_number as usize)
+            .ok_or_else(|| {
+                RuntimeError::invalid(format!("fusion result {} has no buffer", r.result_number))
+            })?;
         out.push(Window {
             buffer,
             size: d.embedded_allocations[d.parameters.len() + j].size,
@@ -72,7 +82,11 @@ pub fn window_offset(
 }
 
 /// The embedded slot table of a fusion for this iteration.
-pub fn embedded_table(windows: &[Window], outer: &SlotTable, loop_nest: &[i64]) -> Result<SlotTable> {
+pub fn embedded_table(
+    windows: &[Window],
+    outer: &SlotTable,
+    loop_nest: &[i64],
+) -> Result<SlotTable> {
     let mut t = SlotTable::new(windows.len());
     for (i, w) in windows.iter().enumerate() {
         let base = outer.resolve(&w.buffer)?;
@@ -96,7 +110,10 @@ mod tests {
     fn offsets_follow_the_loop_nest_and_clamp() {
         // innermost loop at iteration 2, outer at 5.
         let nest = [5, 2];
-        assert_eq!(window_offset((Some(0), 16, 64), &nest, 1024, 64), 16 + 2 * 64);
+        assert_eq!(
+            window_offset((Some(0), 16, 64), &nest, 1024, 64),
+            16 + 2 * 64
+        );
         assert_eq!(window_offset((Some(1), 0, 64), &nest, 1024, 64), 5 * 64);
         assert_eq!(window_offset((None, 32, 64), &nest, 1024, 64), 32);
         // Out of range clamps to the last full window, negative to 0.

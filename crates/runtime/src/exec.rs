@@ -80,7 +80,8 @@ fn read_scalar<B: Backend>(
         )));
     }
     let mut out = vec![0u8; bytes];
-    env.backend.read_sync(&mut out, slots.resolve(slice)?, stream)?;
+    env.backend
+        .read_sync(&mut out, slots.resolve(slice)?, stream)?;
     Ok(out)
 }
 
@@ -172,7 +173,17 @@ fn run_op<B: Backend>(
             trip_count,
         } => {
             nest.push(0);
-            let result = run_while(env, name, condition_result, condition, body, *trip_count, slots, stream, nest);
+            let result = run_while(
+                env,
+                name,
+                condition_result,
+                condition,
+                body,
+                *trip_count,
+                slots,
+                stream,
+                nest,
+            );
             nest.pop();
             result?;
         }
@@ -214,7 +225,11 @@ fn run_op<B: Backend>(
             let table = crate::dsf::embedded_table(windows, slots, nest)?;
             run_seq(env, embedded, &table, stream, nest)?;
         }
-        Op::AsyncStart { id, stream: idx, ops } => {
+        Op::AsyncStart {
+            id,
+            stream: idx,
+            ops,
+        } => {
             let aux = env.aux_streams.get(*idx).ok_or_else(|| {
                 RuntimeError::invalid(format!("async stream {idx} of {}", env.aux_streams.len()))
             })?;

@@ -83,13 +83,7 @@ impl<B: Backend> Executable<B> {
         stream: &B::Stream,
     ) -> Result<Self> {
         // Support check first (cheap, names the first offender).
-        if let Some(t) = plan.unsupported().first() {
-            return Err(RuntimeError::unsupported(format!(
-                "{} thunk '{}' is not executed by this runtime",
-                t.kind_name(),
-                t.info.profile_annotation
-            )));
-        }
+        crate::ops::check_support(&plan)?;
         let nparams = plan.program_shape.parameters.len();
         let mut param_slots = vec![Vec::new(); nparams];
         for a in &plan.allocations {
@@ -207,7 +201,9 @@ impl<B: Backend> Executable<B> {
         let slots = self
             .param_slots
             .get(i)
-            .ok_or_else(|| RuntimeError::arg(format!("parameter {i} of {}", self.param_slots.len())))?
+            .ok_or_else(|| {
+                RuntimeError::arg(format!("parameter {i} of {}", self.param_slots.len()))
+            })?
             .clone();
         for s in slots {
             let need = self.plan.allocations[s].size;
@@ -284,7 +280,10 @@ impl<B: Backend> Executable<B> {
                 exec,
             });
         }
-        let g = self.graph.as_ref().ok_or_else(|| RuntimeError::invalid("no graph"))?;
+        let g = self
+            .graph
+            .as_ref()
+            .ok_or_else(|| RuntimeError::invalid("no graph"))?;
         self.backend.graph_launch(&g.exec, stream)?;
         Ok(())
     }

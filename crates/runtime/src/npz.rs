@@ -220,7 +220,8 @@ pub fn write_npz(path: &std::path::Path, arrays: &[(String, NpyArray)]) -> Resul
     for (name, array) in arrays {
         zip.start_file(format!("{name}.npy"), options)
             .map_err(|e| io_err(&p, e))?;
-        zip.write_all(&npy_bytes(array)).map_err(|e| io_err(&p, e))?;
+        zip.write_all(&npy_bytes(array))
+            .map_err(|e| io_err(&p, e))?;
     }
     zip.finish().map_err(|e| io_err(&p, e))?;
     Ok(())
@@ -297,9 +298,15 @@ mod tests {
         }
         let arrays = read_npz(&path).unwrap();
         let names: Vec<&str> = arrays.iter().map(|(n, _)| n.as_str()).collect();
-        assert!(names.contains(&"in_0") && names.contains(&"out_0"), "{names:?}");
+        assert!(
+            names.contains(&"in_0") && names.contains(&"out_0"),
+            "{names:?}"
+        );
         for (_, a) in &arrays {
-            assert_eq!(a.data.len() as u64, a.element_count() * a.item_size().unwrap() as u64);
+            assert_eq!(
+                a.data.len() as u64,
+                a.element_count() * a.item_size().unwrap() as u64
+            );
         }
     }
 }

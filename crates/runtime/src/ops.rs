@@ -119,16 +119,22 @@ fn dim(v: u64, what: &str) -> Result<u32> {
 
 fn launch_config(l: &LaunchDims, pdl: bool) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
-        grid: [dim(l.blocks.x, "grid.x")?, dim(l.blocks.y, "grid.y")?, dim(l.blocks.z, "grid.z")?],
+        grid: [
+            dim(l.blocks.x, "grid.x")?,
+            dim(l.blocks.y, "grid.y")?,
+            dim(l.blocks.z, "grid.z")?,
+        ],
         block: [
             dim(l.threads.x, "block.x")?,
             dim(l.threads.y, "block.y")?,
             dim(l.threads.z, "block.z")?,
         ],
         cluster: match l.cluster {
-            Some(c) if c.volume() > 1 => {
-                Some([dim(c.x, "cluster.x")?, dim(c.y, "cluster.y")?, dim(c.z, "cluster.z")?])
-            }
+            Some(c) if c.volume() > 1 => Some([
+                dim(c.x, "cluster.x")?,
+                dim(c.y, "cluster.y")?,
+                dim(c.z, "cluster.z")?,
+            ]),
             _ => None,
         },
         shared_mem_bytes: dim(l.shared_memory_bytes, "shared memory")?,
@@ -234,7 +240,9 @@ impl<B: Backend> LoadCtx<'_, B> {
         Ok(match &t.kind {
             ThunkKind::CustomKernel(k) => {
                 let module = match &k.spec.code {
-                    KernelCode::Cubin { data } => self.module_for(data, image_kind(self.backend))?,
+                    KernelCode::Cubin { data } => {
+                        self.module_for(data, image_kind(self.backend))?
+                    }
                     KernelCode::Ptx { text } => self.module_for(text.as_bytes(), ImageKind::Ptx)?,
                     KernelCode::InProcessSymbol { persistent_name } => {
                         return Err(RuntimeError::unsupported(format!(
@@ -256,7 +264,9 @@ impl<B: Backend> LoadCtx<'_, B> {
             }
             ThunkKind::Kernel(k) => {
                 let module = self.main_module(plan)?;
-                let function = self.backend.module_function(&self.modules[module], &k.kernel_name)?;
+                let function = self
+                    .backend
+                    .module_function(&self.modules[module], &k.kernel_name)?;
                 Op::Launch {
                     name: t.info.profile_annotation.clone(),
                     function,
@@ -276,8 +286,9 @@ impl<B: Backend> LoadCtx<'_, B> {
                     .gemm_config
                     .as_ref()
                     .ok_or_else(|| RuntimeError::invalid("cublas_lt_matmul without gemm_config"))?;
-                let idx = usize::try_from(m.algorithm_idx)
-                    .map_err(|_| RuntimeError::invalid(format!("algorithm_idx {}", m.algorithm_idx)))?;
+                let idx = usize::try_from(m.algorithm_idx).map_err(|_| {
+                    RuntimeError::invalid(format!("algorithm_idx {}", m.algorithm_idx))
+                })?;
                 // XLA asks the heuristic for one algorithm when the index is
                 // 0, else for GemmConfig::kNumAlgorithms = 128.
                 let max_algorithms = if idx == 0 { 1 } else { 128 };
@@ -299,7 +310,13 @@ impl<B: Backend> LoadCtx<'_, B> {
                     d: m.d.slice,
                     bias: s(&m.bias),
                     aux: s(&m.aux),
-                    scales: [s(&m.a_scale), s(&m.b_scale), s(&m.c_scale), s(&m.d_scale), s(&m.d_amax)],
+                    scales: [
+                        s(&m.a_scale),
+                        s(&m.b_scale),
+                        s(&m.c_scale),
+                        s(&m.d_scale),
+                        s(&m.d_amax),
+                    ],
                     workspace: s(&m.workspace),
                 }
             }
@@ -317,7 +334,10 @@ impl<B: Backend> LoadCtx<'_, B> {
             ThunkKind::Memzero { dest } => Op::Memzero(dest.slice),
             ThunkKind::Memset32 { dest, value } => {
                 if dest.size % 4 != 0 {
-                    return Err(RuntimeError::invalid(format!("memset32 of {} bytes", dest.size)));
+                    return Err(RuntimeError::invalid(format!(
+                        "memset32 of {} bytes",
+                        dest.size
+                    )));
                 }
                 Op::Memset32 {
                     dst: *dest,
@@ -383,8 +403,77 @@ impl<B: Backend> LoadCtx<'_, B> {
                 )))
             }
             ThunkKind::Unsupported { .. } => {
-                return Err(RuntimeError::unsupported("thunk kind not executed by this runtime"))
+                return Err(RuntimeError::unsupported(
+                    "thunk kind not executed by this runtime",
+                ))
             }
         })
     }
+}
+
+/// The load-time support check without a device: every thunk kind, kernel
+/// payload, stream and parameter shape this runtime must handle. `Ok` means
+/// loading can only fail on device errors (module load, memory, cuBLASLt).
+pub fn check_support(plan: &Plan) -> Result<()> {
+    let mut err: Option<RuntimeError> = None;
+    plan.walk(&mut |t, _| {
+        if err.is_some() {
+            return;
+        }
+        let e = match &t.kind {
+            ThunkKind::Unsupported { .. } => {
+                Some("thunk kind not executed by this runtime".to_string())
+            }
+            ThunkKind::CustomCall(c) => Some(format!("custom call '{}'", c.target_name)),
+            ThunkKind::Gemm(_) => Some("plain cuBLAS gemm".to_string()),
+            ThunkKind::CublasLtMatmul(m) if m.grouped || m.gemm_config.is_none() => {
+                Some("grouped matmul".to_string())
+            }
+            ThunkKind::CustomKernel(k) => match &k.spec.code {
+                KernelCode::InProcessSymbol { persistent_name } => {
+                    Some(format!("in-process kernel symbol '{persistent_name}'"))
+                }
+                _ => param_specs(&k.args, k.spec.packing.as_deref())
+                    .err()
+                    .map(|e| e.to_string()),
+            },
+            ThunkKind::Kernel(k) => param_specs(&k.args, None).err().map(|e| e.to_string()),
+            ThunkKind::AsyncStart(a) => match a.stream {
+                xla_vmm::ExecutionStream::Communication(i) => {
+                    Some(format!("async work on communication stream {i}"))
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(m) = e {
+            err = Some(RuntimeError::Unsupported(format!("{}: {m}", what(t))));
+        }
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    for a in &plan.allocations {
+        match &a.role {
+            xla_vmm::AllocationRole::Parameter {
+                shape_index,
+                number,
+                ..
+            } if !shape_index.is_empty() => {
+                return Err(RuntimeError::unsupported(format!(
+                    "tuple-shaped parameter {number}"
+                )))
+            }
+            xla_vmm::AllocationRole::Constant { bytes, symbol_name }
+                if bytes.len() as u64 != a.size =>
+            {
+                return Err(RuntimeError::unsupported(format!(
+                    "constant allocation {} ('{symbol_name}') without its bytes",
+                    a.index
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,511 @@
+//! Executor tests on the host backend with synthetic plans: copies, memset,
+//! kernels with packing specs, while with trip count, dynamic-slice windows
+//! in a loop, sequential, async start/done, donation, graph mode, and
+//! load-time rejection.
+
+use std::sync::Arc;
+
+use xla_vmm::*;
+use xla_vmm_device::host::{arg_ptr, arg_u32};
+use xla_vmm_device::{Backend, DevicePtr, HostBackend};
+use xla_vmm_runtime::{DeviceBuffer, Executable, Mode, RuntimeError};
+
+fn f32s(n: usize) -> Shape {
+    Shape {
+        element_type: ElementType::F32,
+        dimensions: vec![n as i64],
+        ..Default::default()
+    }
+}
+
+fn alloc(index: usize, size: u64, role: AllocationRole) -> BufferAllocation {
+    BufferAllocation {
+        index,
+        size,
+        maybe_live_out: matches!(role, AllocationRole::Output { .. }),
+        role,
+        is_tuple: false,
+        is_thread_local: false,
+        color: 0,
+    }
+}
+
+fn param(number: u64, aliased: bool) -> AllocationRole {
+    AllocationRole::Parameter {
+        number,
+        shape_index: vec![],
+        aliased_with_output: aliased,
+    }
+}
+
+fn sl(allocation: usize, offset: u64, size: u64) -> Slice {
+    Slice {
+        allocation,
+        offset,
+        size,
+    }
+}
+
+fn thunk(name: &str, kind: ThunkKind) -> Thunk {
+    Thunk {
+        info: ThunkInfo {
+            profile_annotation: name.into(),
+            ..Default::default()
+        },
+        kind,
+    }
+}
+
+fn karg(slice: Slice, written: bool) -> KernelArg {
+    KernelArg {
+        slice,
+        shape: None,
+        written,
+        tma: None,
+    }
+}
+
+/// A custom kernel thunk running host kernel `kernel` (its "cubin" is the
+/// host module image: the kernel name).
+fn kernel(
+    name: &str,
+    kernel: &str,
+    args: Vec<KernelArg>,
+    packing: Option<Vec<KernelParam>>,
+    grid: u64,
+) -> Thunk {
+    thunk(
+        name,
+        ThunkKind::CustomKernel(CustomKernelThunk {
+            name: kernel.into(),
+            spec: KernelSpec {
+                code: KernelCode::Cubin {
+                    data: Blob(format!("{kernel}\n").into_bytes()),
+                },
+                kernel_name: kernel.into(),
+                arity: args.len() as u32,
+                packing,
+            },
+            args,
+            launch: LaunchDims {
+                blocks: Dim3 {
+                    x: grid,
+                    y: 1,
+                    z: 1,
+                },
+                threads: Dim3 { x: 1, y: 1, z: 1 },
+                cluster: None,
+                shared_memory_bytes: 0,
+            },
+            use_pdl: false,
+            zeroed_output_buffer_indices: vec![],
+        }),
+    )
+}
+
+fn copy(name: &str, src: Slice, dst: Slice) -> Thunk {
+    let s = |slice| ShapedSlice { slice, shape: None };
+    thunk(
+        name,
+        ThunkKind::DeviceToDeviceCopy(CopyThunk {
+            source: s(src),
+            destination: s(dst),
+            mem_size: src.size,
+        }),
+    )
+}
+
+fn plan(
+    allocations: Vec<BufferAllocation>,
+    params: Vec<Shape>,
+    outputs: Vec<(usize, Shape)>,
+    thunks: Vec<Thunk>,
+) -> Plan {
+    let result = Shape {
+        element_type: ElementType::TUPLE,
+        tuple_shapes: outputs.iter().map(|(_, s)| s.clone()).collect(),
+        ..Default::default()
+    };
+    Plan {
+        module_name: "test".into(),
+        pjrt_client_name: String::new(),
+        compute_capability: ComputeCapability::Unknown,
+        allocations,
+        program_shape: ProgramShape {
+            parameters: params,
+            result,
+            parameter_names: vec![],
+        },
+        outputs: outputs
+            .iter()
+            .enumerate()
+            .map(|(i, (a, _))| OutputInfo {
+                shape_index: vec![i as i64],
+                allocation: *a,
+                passthrough: false,
+                alias: None,
+            })
+            .collect(),
+        kernels: KernelBinaries::default(),
+        thunks,
+    }
+}
+
+fn backend() -> Arc<HostBackend> {
+    let b = HostBackend::default();
+    // scale2(src, dst, n: u32 constant): dst[i] = 2 * src[i].
+    b.register_kernel(
+        "scale2",
+        Arc::new(|ctx, args, _cfg| {
+            let (src, dst, n) = (
+                arg_ptr(args, 0)?,
+                arg_ptr(args, 1)?,
+                arg_u32(args, 2)? as usize,
+            );
+            let v: Vec<f32> = ctx.read_f32(src, n)?.iter().map(|x| 2.0 * x).collect();
+            ctx.write_f32(dst, &v)
+        }),
+    );
+    // inc(buf): buf[i] += 1 for i < grid.x.
+    b.register_kernel(
+        "inc",
+        Arc::new(|ctx, args, cfg| {
+            let p = arg_ptr(args, 0)?;
+            let n = cfg.grid[0] as usize;
+            let v: Vec<f32> = ctx.read_f32(p, n)?.iter().map(|x| x + 1.0).collect();
+            ctx.write_f32(p, &v)
+        }),
+    );
+    Arc::new(b)
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Load, bind `inputs`, run in `mode`, return every output's f32 values.
+fn run(
+    b: &Arc<HostBackend>,
+    p: Plan,
+    inputs: &[Vec<f32>],
+    mode: Mode,
+) -> Result<Vec<Vec<f32>>, RuntimeError> {
+    let stream = b.stream_create()?;
+    let mut exe = Executable::load(b.clone(), p, None, &stream)?;
+    let mut bufs = Vec::new();
+    for (i, v) in inputs.iter().enumerate() {
+        let buf = DeviceBuffer::alloc(&**b, (v.len() * 4) as u64)?;
+        b.write_sync(buf.ptr(), &bytes(v), &stream)?;
+        exe.bind_parameter(i, buf.ptr(), (v.len() * 4) as u64)?;
+        bufs.push(buf);
+    }
+    let outs = exe.run(&stream, mode)?;
+    b.stream_synchronize(&stream)?;
+    let mut result = Vec::new();
+    for o in &outs {
+        let mut d = vec![0u8; o.bytes as usize];
+        b.read_sync(&mut d, o.ptr, &stream)?;
+        result.push(
+            d.chunks(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        );
+    }
+    drop(exe);
+    for buf in bufs {
+        buf.free(&**b)?;
+    }
+    b.stream_destroy(stream)?;
+    Ok(result)
+}
+
+fn copy_memset_kernel_plan() -> Plan {
+    let allocs = vec![
+        alloc(0, 16, param(0, false)),
+        alloc(1, 16, AllocationRole::Output { outputs: vec![] }),
+        alloc(2, 64, AllocationRole::Temp),
+        alloc(3, 16, AllocationRole::Output { outputs: vec![] }),
+    ];
+    let thunks = vec![thunk(
+        "seq",
+        ThunkKind::Sequential {
+            thunks: vec![
+                thunk(
+                    "memset",
+                    ThunkKind::Memset32 {
+                        dest: sl(3, 0, 16),
+                        value: 1.5f32.to_bits(),
+                    },
+                ),
+                thunk(
+                    "memzero",
+                    ThunkKind::Memzero {
+                        dest: ShapedSlice {
+                            slice: sl(3, 4, 4),
+                            shape: None,
+                        },
+                    },
+                ),
+                copy("copy", sl(0, 0, 16), sl(2, 16, 16)),
+                kernel(
+                    "fusion.1",
+                    "scale2",
+                    vec![karg(sl(2, 16, 16), false), karg(sl(1, 0, 16), true)],
+                    Some(vec![
+                        KernelParam::ArgAddress { arg_index: 0 },
+                        KernelParam::ArgAddress { arg_index: 1 },
+                        KernelParam::Bytes {
+                            data: Blob(4u32.to_le_bytes().to_vec()),
+                        },
+                    ]),
+                    1,
+                ),
+            ],
+        },
+    )];
+    plan(
+        allocs,
+        vec![f32s(4)],
+        vec![(1, f32s(4)), (3, f32s(4))],
+        thunks,
+    )
+}
+
+#[test]
+fn copies_memset_memzero_and_packed_kernel_args() {
+    let b = backend();
+    let out = run(
+        &b,
+        copy_memset_kernel_plan(),
+        &[vec![1.0, 2.0, 3.0, -4.0]],
+        Mode::Eager,
+    )
+    .unwrap();
+    assert_eq!(out[0], vec![2.0, 4.0, 6.0, -8.0]);
+    assert_eq!(out[1], vec![1.5, 0.0, 1.5, 1.5]);
+}
+
+/// while (trip count 3) { inc(acc); dsf: memset32 window[iter] of marks }.
+fn loop_plan(trip_count: Option<i64>) -> Plan {
+    let allocs = vec![
+        alloc(0, 8, param(0, false)),
+        alloc(1, 8, AllocationRole::Output { outputs: vec![] }),
+        alloc(2, 16, AllocationRole::Output { outputs: vec![] }),
+        alloc(3, 4, AllocationRole::Temp),
+    ];
+    let dsf = DynamicSliceFusionThunk {
+        parameters: vec![],
+        results: vec![DsfResult {
+            parameter_number: None,
+            result_number: 0,
+            result_shape: None,
+            update_shape: None,
+            update_config: Some(DynamicSliceConfig {
+                loop_index: Some(0),
+                byte_offset: 0,
+                byte_stride: 4,
+            }),
+            update_offsets: vec![],
+        }],
+        parameter_buffers: vec![],
+        result_buffers: vec![sl(2, 0, 16)],
+        embedded_allocations: vec![alloc(0, 4, AllocationRole::Temp)],
+        embedded: vec![thunk(
+            "mark",
+            ThunkKind::Memset32 {
+                dest: sl(0, 0, 4),
+                value: 7.0f32.to_bits(),
+            },
+        )],
+        verify_offsets: false,
+    };
+    let body = vec![
+        kernel("inc", "inc", vec![karg(sl(1, 0, 8), true)], None, 2),
+        thunk("dsf", ThunkKind::DynamicSliceFusion(dsf)),
+    ];
+    let w = WhileThunk {
+        condition_result: sl(3, 0, 1),
+        condition: vec![],
+        body,
+        trip_count,
+    };
+    let thunks = vec![
+        copy("init", sl(0, 0, 8), sl(1, 0, 8)),
+        thunk(
+            "memzero",
+            ThunkKind::Memzero {
+                dest: ShapedSlice {
+                    slice: sl(2, 0, 16),
+                    shape: None,
+                },
+            },
+        ),
+        thunk("while", ThunkKind::While(w)),
+    ];
+    plan(
+        allocs,
+        vec![f32s(2)],
+        vec![(1, f32s(2)), (2, f32s(4))],
+        thunks,
+    )
+}
+
+#[test]
+fn while_with_trip_count_and_loop_dependent_windows_eager_and_graph() {
+    let b = backend();
+    for mode in [Mode::Eager, Mode::Graph] {
+        let out = run(&b, loop_plan(Some(3)), &[vec![10.0, 20.0]], mode).unwrap();
+        assert_eq!(out[0], vec![13.0, 23.0], "{mode:?}");
+        assert_eq!(out[1], vec![7.0, 7.0, 7.0, 0.0], "{mode:?}");
+    }
+}
+
+#[test]
+fn async_start_done_runs_on_a_second_stream_and_joins() {
+    let b = backend();
+    let allocs = vec![
+        alloc(0, 16, param(0, false)),
+        alloc(1, 16, AllocationRole::Output { outputs: vec![] }),
+        alloc(2, 16, AllocationRole::Temp),
+    ];
+    let thunks = vec![
+        thunk(
+            "start",
+            ThunkKind::AsyncStart(AsyncStartThunk {
+                async_execution_id: 7,
+                stream: ExecutionStream::Computation(0),
+                thunks: vec![kernel(
+                    "scale",
+                    "scale2",
+                    vec![karg(sl(0, 0, 16), false), karg(sl(2, 0, 16), true)],
+                    Some(vec![
+                        KernelParam::ArgAddress { arg_index: 0 },
+                        KernelParam::ArgAddress { arg_index: 1 },
+                        KernelParam::Bytes {
+                            data: Blob(4u32.to_le_bytes().to_vec()),
+                        },
+                    ]),
+                    1,
+                )],
+            }),
+        ),
+        thunk(
+            "done",
+            ThunkKind::AsyncDone {
+                async_execution_id: 7,
+            },
+        ),
+        copy("out", sl(2, 0, 16), sl(1, 0, 16)),
+    ];
+    let p = plan(allocs, vec![f32s(4)], vec![(1, f32s(4))], thunks);
+    for mode in [Mode::Eager, Mode::Graph] {
+        let out = run(&b, p.clone(), &[vec![1.0, 2.0, 3.0, 4.0]], mode).unwrap();
+        assert_eq!(out[0], vec![2.0, 4.0, 6.0, 8.0], "{mode:?}");
+    }
+}
+
+#[test]
+fn donated_parameter_is_updated_in_place_and_returned() {
+    let b = backend();
+    let allocs = vec![alloc(0, 8, param(0, true))];
+    let thunks = vec![kernel("inc", "inc", vec![karg(sl(0, 0, 8), true)], None, 2)];
+    let p = plan(allocs, vec![f32s(2)], vec![(0, f32s(2))], thunks);
+    let stream = b.stream_create().unwrap();
+    let mut exe = Executable::load(b.clone(), p, None, &stream).unwrap();
+    let buf = DeviceBuffer::alloc(&*b, 8).unwrap();
+    b.write_sync(buf.ptr(), &bytes(&[1.0, 5.0]), &stream)
+        .unwrap();
+    exe.bind_parameter(0, buf.ptr(), 8).unwrap();
+    for _ in 0..2 {
+        let outs = exe.run(&stream, Mode::Eager).unwrap();
+        assert_eq!(outs[0].ptr, buf.ptr());
+        assert_eq!(outs[0].parameter, Some(0));
+    }
+    let mut d = vec![0u8; 8];
+    b.read_sync(&mut d, buf.ptr(), &stream).unwrap();
+    assert_eq!(d, bytes(&[3.0, 7.0]));
+    drop(exe);
+    buf.free(&*b).unwrap();
+}
+
+#[test]
+fn unbound_or_short_parameters_are_rejected() {
+    let b = backend();
+    let stream = b.stream_create().unwrap();
+    let mut exe = Executable::load(b.clone(), copy_memset_kernel_plan(), None, &stream).unwrap();
+    assert!(matches!(
+        exe.run(&stream, Mode::Eager),
+        Err(RuntimeError::InvalidArgument(_))
+    ));
+    assert!(exe.bind_parameter(0, DevicePtr(0x1000), 8).is_err());
+    assert!(exe.bind_parameter(3, DevicePtr(0x1000), 16).is_err());
+}
+
+#[test]
+fn unsupported_thunks_are_rejected_at_load_naming_kind_and_annotation() {
+    let b = backend();
+    let stream = b.stream_create().unwrap();
+    let mut p = copy_memset_kernel_plan();
+    p.thunks.push(thunk(
+        "all-reduce.3",
+        ThunkKind::Unsupported {
+            kind_name: "all_reduce".into(),
+            field_number: 39,
+        },
+    ));
+    let e = Executable::load(b.clone(), p, None, &stream)
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(
+        e.contains("all_reduce") && e.contains("all-reduce.3"),
+        "{e}"
+    );
+
+    let mut p = copy_memset_kernel_plan();
+    p.thunks.push(thunk(
+        "custom-call.1",
+        ThunkKind::CustomCall(CustomCallThunk {
+            target_name: "my_target".into(),
+            operands: vec![],
+            results: vec![],
+            opaque: Blob::default(),
+            api_version: 4,
+            called_computation: None,
+            use_pdl: false,
+        }),
+    ));
+    let e = Executable::load(b.clone(), p, None, &stream)
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(
+        e.contains("custom_call") && e.contains("custom-call.1") && e.contains("my_target"),
+        "{e}"
+    );
+}
+
+#[test]
+fn while_without_trip_count_reads_the_condition_eagerly_and_fails_in_graph_mode() {
+    let b = backend();
+    // Condition: predicate stays 0 (memzero) -> body never runs.
+    let mut p = loop_plan(None);
+    if let ThunkKind::While(w) = &mut p.thunks[2].kind {
+        w.condition = vec![thunk(
+            "cond",
+            ThunkKind::Memzero {
+                dest: ShapedSlice {
+                    slice: sl(3, 0, 4),
+                    shape: None,
+                },
+            },
+        )];
+    }
+    let out = run(&b, p.clone(), &[vec![1.0, 2.0]], Mode::Eager).unwrap();
+    assert_eq!(out[0], vec![1.0, 2.0]);
+    let e = run(&b, p, &[vec![1.0, 2.0]], Mode::Graph)
+        .err()
+        .expect("graph must fail")
+        .to_string();
+    assert!(e.contains("graph capture"), "{e}");
+}
