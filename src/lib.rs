@@ -13,6 +13,10 @@
 //! [`ThunkKind::Unsupported`] and it is the runtime's job to refuse them.
 #![deny(unsafe_code)]
 
+pub mod decode;
 pub mod plan;
+#[doc(hidden)]
+pub mod proto;
 
+pub use decode::{decode, DecodeError};
 pub use plan::*;

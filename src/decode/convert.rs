@@ -1,0 +1,314 @@
+//! Proto → plan conversion of everything but thunks, with validation.
+
+use std::collections::BTreeMap;
+
+use super::{thunk, DecodeError};
+use crate::plan::{
+    AllocationRole, Blob, BufferAllocation, ComputeCapability, ElementType, KernelBinaries,
+    OutputAlias, OutputInfo, Plan, ProgramShape, Shape, ShapedSlice, Slice,
+};
+use crate::proto::stream_executor::gpu_compute_capability_proto::ComputeCapability as CcProto;
+use crate::proto::xla;
+use crate::proto::xla::buffer_assignment::BufferAllocationSliceProto;
+use crate::proto::xla::gpu::GpuExecutableProto;
+
+pub(crate) fn invalid(msg: impl Into<String>) -> DecodeError {
+    DecodeError::Invalid(msg.into())
+}
+
+/// A non-negative proto int64 as u64.
+pub(crate) fn non_negative(v: i64, what: &dyn Fn() -> String) -> Result<u64, DecodeError> {
+    u64::try_from(v).map_err(|_| invalid(format!("{}: negative value {v}", what())))
+}
+
+/// Maximum nesting of shapes (tuples of tuples); deeper input is rejected.
+const MAX_SHAPE_DEPTH: usize = 64;
+
+pub(crate) fn shape(p: &xla::ShapeProto) -> Result<Shape, DecodeError> {
+    shape_at(p, 0)
+}
+
+fn shape_at(p: &xla::ShapeProto, depth: usize) -> Result<Shape, DecodeError> {
+    if depth > MAX_SHAPE_DEPTH {
+        return Err(invalid("shape nested too deeply"));
+    }
+    Ok(Shape {
+        element_type: ElementType(p.element_type),
+        dimensions: p.dimensions.clone(),
+        is_dynamic_dimension: p.is_dynamic_dimension.clone(),
+        tuple_shapes: p
+            .tuple_shapes
+            .iter()
+            .map(|t| shape_at(t, depth + 1))
+            .collect::<Result<_, _>>()?,
+        minor_to_major: p.layout.as_ref().map(|l| l.minor_to_major.clone()),
+    })
+}
+
+pub(crate) fn opt_shape(p: &Option<xla::ShapeProto>) -> Result<Option<Shape>, DecodeError> {
+    p.as_ref().map(shape).transpose()
+}
+
+/// Sizes of the allocations slices may refer to, for bounds checks.
+#[derive(Clone, Copy)]
+pub(crate) struct Allocs<'a> {
+    pub sizes: &'a [u64],
+    /// "allocation" or "embedded allocation" (for messages).
+    pub what: &'static str,
+}
+
+impl Allocs<'_> {
+    /// Converts and bounds-checks a slice; `ctx` names its place for errors.
+    pub(crate) fn slice(
+        &self,
+        p: &BufferAllocationSliceProto,
+        ctx: &dyn Fn() -> String,
+    ) -> Result<Slice, DecodeError> {
+        let index = usize::try_from(p.buffer_allocation_index)
+            .ok()
+            .filter(|&i| i < self.sizes.len())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{}: slice refers to {} {} of {}",
+                    ctx(),
+                    self.what,
+                    p.buffer_allocation_index,
+                    self.sizes.len()
+                ))
+            })?;
+        let offset = non_negative(p.offset, &|| format!("{}: slice offset", ctx()))?;
+        let size = non_negative(p.size, &|| format!("{}: slice size", ctx()))?;
+        let alloc_size = self.sizes[index];
+        if offset.checked_add(size).is_none_or(|end| end > alloc_size) {
+            return Err(invalid(format!(
+                "{}: slice [offset {offset}, size {size}] out of bounds of {} {index} ({alloc_size} bytes)",
+                ctx(),
+                self.what
+            )));
+        }
+        Ok(Slice {
+            allocation: index,
+            offset,
+            size,
+        })
+    }
+
+    pub(crate) fn req_slice(
+        &self,
+        p: &Option<BufferAllocationSliceProto>,
+        ctx: &dyn Fn() -> String,
+    ) -> Result<Slice, DecodeError> {
+        match p {
+            Some(p) => self.slice(p, ctx),
+            None => Err(invalid(format!("{}: missing slice", ctx()))),
+        }
+    }
+
+    pub(crate) fn shaped(
+        &self,
+        p: &xla::ShapedSliceProto,
+        ctx: &dyn Fn() -> String,
+    ) -> Result<ShapedSlice, DecodeError> {
+        Ok(ShapedSlice {
+            slice: self.req_slice(&p.slice, ctx)?,
+            shape: opt_shape(&p.shape)?,
+        })
+    }
+
+    pub(crate) fn req_shaped(
+        &self,
+        p: &Option<xla::ShapedSliceProto>,
+        ctx: &dyn Fn() -> String,
+    ) -> Result<ShapedSlice, DecodeError> {
+        match p {
+            Some(p) => self.shaped(p, ctx),
+            None => Err(invalid(format!("{}: missing shaped slice", ctx()))),
+        }
+    }
+
+    pub(crate) fn opt_shaped(
+        &self,
+        p: &Option<xla::ShapedSliceProto>,
+        ctx: &dyn Fn() -> String,
+    ) -> Result<Option<ShapedSlice>, DecodeError> {
+        p.as_ref().map(|p| self.shaped(p, ctx)).transpose()
+    }
+}
+
+/// Converts allocation protos; `role_of` may refine roles (constants and
+/// outputs need the executable's constant and output tables).
+pub(crate) fn allocations(
+    protos: &[xla::BufferAllocationProto],
+    what: &str,
+) -> Result<Vec<BufferAllocation>, DecodeError> {
+    protos
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            if usize::try_from(p.index).ok() != Some(i) {
+                return Err(invalid(format!(
+                    "{what} {i} has index {} (allocations must be listed in index order)",
+                    p.index
+                )));
+            }
+            let size = non_negative(p.size, &|| format!("{what} {i} size"))?;
+            let role = if p.is_entry_computation_parameter {
+                AllocationRole::Parameter {
+                    number: non_negative(p.parameter_number, &|| {
+                        format!("{what} {i} parameter_number")
+                    })?,
+                    shape_index: p.parameter_shape_index.clone(),
+                    aliased_with_output: p.is_parameter_aliased_with_output,
+                }
+            } else if p.is_constant {
+                AllocationRole::Constant {
+                    symbol_name: String::new(),
+                    bytes: Blob::default(),
+                }
+            } else if p.maybe_live_out {
+                AllocationRole::Output {
+                    outputs: Vec::new(),
+                }
+            } else {
+                AllocationRole::Temp
+            };
+            Ok(BufferAllocation {
+                index: i,
+                size,
+                role,
+                maybe_live_out: p.maybe_live_out,
+                is_tuple: p.is_tuple,
+                is_thread_local: p.is_thread_local,
+                color: p.color,
+            })
+        })
+        .collect()
+}
+
+fn alloc_index(v: i64, n: usize, what: &dyn Fn() -> String) -> Result<usize, DecodeError> {
+    usize::try_from(v)
+        .ok()
+        .filter(|&i| i < n)
+        .ok_or_else(|| invalid(format!("{}: allocation index {v} of {n}", what())))
+}
+
+pub(crate) fn plan_from_proto(
+    exe: GpuExecutableProto,
+    pjrt_client_name: String,
+) -> Result<Plan, DecodeError> {
+    let alloc_protos = exe
+        .buffer_allocations
+        .as_ref()
+        .map(|b| b.values.as_slice())
+        .unwrap_or_default();
+    let mut allocs = allocations(alloc_protos, "allocation")?;
+    let n = allocs.len();
+
+    let mut outputs = Vec::with_capacity(exe.output_info_map.len());
+    for (i, e) in exe.output_info_map.iter().enumerate() {
+        let info = e
+            .output_info
+            .as_ref()
+            .ok_or_else(|| invalid(format!("output_info_map[{i}] has no output_info")))?;
+        let allocation = alloc_index(info.allocation_index, n, &|| {
+            format!("output_info_map[{i}]")
+        })?;
+        outputs.push(OutputInfo {
+            shape_index: e
+                .shape_index
+                .as_ref()
+                .map(|s| s.indexes.clone())
+                .unwrap_or_default(),
+            allocation,
+            passthrough: info.passthrough,
+            alias: info.alias_config.as_ref().map(|a| OutputAlias {
+                output_shape_index: a.output_shape_index.clone(),
+                parameter_number: a.parameter_number,
+                parameter_shape_index: a.parameter_shape_index.clone(),
+                kind: a.kind,
+            }),
+        });
+    }
+    for o in &outputs {
+        if let AllocationRole::Output { outputs } = &mut allocs[o.allocation].role {
+            outputs.push(o.clone());
+        }
+    }
+
+    for (i, c) in exe.constants.into_iter().enumerate() {
+        let a = alloc_index(c.allocation_index, n, &|| format!("constants[{i}]"))?;
+        let alloc_size = allocs[a].size;
+        match &mut allocs[a].role {
+            AllocationRole::Constant { symbol_name, bytes } => {
+                let data = c.content.map(|d| d.data).unwrap_or_default();
+                if data.len() as u64 > alloc_size {
+                    return Err(invalid(format!(
+                        "constants[{i}] `{}`: {} bytes do not fit allocation {a} ({} bytes)",
+                        c.symbol_name,
+                        data.len(),
+                        alloc_size
+                    )));
+                }
+                *symbol_name = c.symbol_name;
+                *bytes = Blob(data);
+            }
+            other => {
+                return Err(invalid(format!(
+                    "constants[{i}] `{}` refers to allocation {a}, which is a {} allocation",
+                    c.symbol_name,
+                    other.name()
+                )))
+            }
+        }
+    }
+
+    let program_shape = match &exe.program_shape {
+        Some(p) => ProgramShape {
+            parameters: p.parameters.iter().map(shape).collect::<Result<_, _>>()?,
+            result: opt_shape(&p.result)?.unwrap_or_default(),
+            parameter_names: p.parameter_names.clone(),
+        },
+        None => ProgramShape::default(),
+    };
+
+    let compute_capability = match exe
+        .gpu_compute_capability
+        .as_ref()
+        .and_then(|c| c.compute_capability.as_ref())
+    {
+        Some(CcProto::CudaComputeCapability(c)) => ComputeCapability::Cuda {
+            major: c.major,
+            minor: c.minor,
+        },
+        Some(CcProto::RocmComputeCapability(r)) => ComputeCapability::Rocm {
+            gcn_arch_name: r.gcn_arch_name.clone(),
+        },
+        None => ComputeCapability::Unknown,
+    };
+
+    let sizes: Vec<u64> = allocs.iter().map(|a| a.size).collect();
+    let top = Allocs {
+        sizes: &sizes,
+        what: "allocation",
+    };
+    let thunks = thunk::sequence(&exe.thunks, top, 0, "thunks")?;
+
+    Ok(Plan {
+        module_name: exe.module_name,
+        pjrt_client_name,
+        compute_capability,
+        allocations: allocs,
+        program_shape,
+        outputs,
+        kernels: KernelBinaries {
+            binary: Blob(exe.binary),
+            asm_text: exe.asm_text,
+            dnn_compiled_graphs: exe
+                .dnn_compiled_graphs
+                .into_iter()
+                .map(|(k, v)| (k, Blob(v)))
+                .collect::<BTreeMap<_, _>>(),
+        },
+        thunks,
+    })
+}

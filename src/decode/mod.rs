@@ -1,0 +1,111 @@
+//! Bytes → [`Plan`]: container layers (container.rs), the hand-read
+//! `ThunkProto` (thunk.rs), and conversion with validation (convert.rs).
+
+mod container;
+mod convert;
+mod thunk;
+mod wire;
+
+pub use container::{is_riegeli, read_split_proto, strip_ifrt_header, RIEGELI_SIGNATURE};
+
+use prost::Message;
+
+use crate::plan::Plan;
+use crate::proto::xla::gpu::GpuExecutableProto;
+use crate::proto::xla::ExecutableAndOptionsProto;
+
+/// Why decoding failed. Every message says which layer failed and where.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("empty input: not an XLA serialized executable")]
+    Empty,
+    #[error("not an XLA serialized executable: {0}")]
+    NotAnExecutable(String),
+    #[error("riegeli container of {what}: {source}")]
+    Riegeli {
+        what: String,
+        #[source]
+        source: riegeli::RiegeliError,
+    },
+    #[error("split proto of {what}: {msg}")]
+    SplitProto { what: String, msg: String },
+    #[error("protobuf {what}: {source}")]
+    Proto {
+        what: String,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("protobuf wire format: {0}")]
+    Wire(String),
+    #[error("invalid executable: {0}")]
+    Invalid(String),
+}
+
+const OUTER_TYPE: &str = "xla.ExecutableAndOptionsProto";
+const INNER_TYPE: &str = "xla.gpu.GpuExecutableProto";
+
+/// Decodes the bytes `PJRT_Executable_Serialize` returns, or jax's
+/// `serialize()` bytes (IFRT header + the same), into a [`Plan`].
+///
+/// Accepts the outer `ExecutableAndOptionsProto` as a split proto (what XLA
+/// writes now) or, like XLA, as a plain serialized proto (legacy format).
+pub fn decode(bytes: &[u8]) -> Result<Plan, DecodeError> {
+    let outer = decode_executable_and_options(bytes)?;
+    if outer.serialized_executable.is_empty() {
+        return Err(DecodeError::Invalid(
+            "ExecutableAndOptionsProto has an empty serialized_executable".into(),
+        ));
+    }
+    let exe = decode_gpu_executable_proto(&outer.serialized_executable)?;
+    convert::plan_from_proto(exe, outer.pjrt_client_name)
+}
+
+/// The outer layer: IFRT header (optional), then split or plain
+/// `ExecutableAndOptionsProto`.
+pub fn decode_executable_and_options(
+    bytes: &[u8],
+) -> Result<ExecutableAndOptionsProto, DecodeError> {
+    if bytes.is_empty() {
+        return Err(DecodeError::Empty);
+    }
+    let message = match strip_ifrt_header(bytes) {
+        Some(riegeli) => read_split_proto(riegeli, OUTER_TYPE)?,
+        None => bytes.to_vec(),
+    };
+    let outer = ExecutableAndOptionsProto::decode(&message[..]).map_err(|source| {
+        if is_riegeli(bytes) || strip_ifrt_header(bytes).is_some() {
+            DecodeError::Proto {
+                what: OUTER_TYPE.into(),
+                source,
+            }
+        } else {
+            DecodeError::NotAnExecutable(format!(
+                "no riegeli signature (with or without an IFRT header) and not a plain \
+                 {OUTER_TYPE} ({source})"
+            ))
+        }
+    })?;
+    if outer.serialized_executable.is_empty() && !is_riegeli(bytes) {
+        return Err(DecodeError::NotAnExecutable(
+            "no riegeli signature (with or without an IFRT header), and no \
+             serialized_executable if read as a plain ExecutableAndOptionsProto"
+                .into(),
+        ));
+    }
+    Ok(outer)
+}
+
+/// The inner layer: `serialized_executable`, a split `GpuExecutableProto`.
+pub fn decode_gpu_executable_proto(bytes: &[u8]) -> Result<GpuExecutableProto, DecodeError> {
+    if !is_riegeli(bytes) {
+        return Err(DecodeError::NotAnExecutable(format!(
+            "serialized_executable is not a riegeli split proto of {INNER_TYPE} \
+             (XLA dropped the legacy plain format)"
+        )));
+    }
+    let message = read_split_proto(bytes, INNER_TYPE)?;
+    GpuExecutableProto::decode(&message[..]).map_err(|source| DecodeError::Proto {
+        what: INNER_TYPE.into(),
+        source,
+    })
+}

@@ -1,0 +1,764 @@
+//! `ThunkProto` → [`Thunk`]. The proto's `impl` oneof is read by hand (see
+//! proto/xla/backends/gpu/runtime/thunk.proto): field 1 is the
+//! `ThunkInfoProto`, any other length-delimited field is the kind, decoded
+//! with the prost message for that field number, or kept as
+//! [`ThunkKind::Unsupported`] with its field number.
+
+use prost::Message;
+
+use super::convert::{allocations, invalid, non_negative, opt_shape, Allocs};
+use super::wire::{Fields, WIRE_LEN};
+use super::DecodeError;
+use crate::plan::{
+    thunk_kind_name, AsyncStartThunk, ConditionalThunk, CopyThunk, CublasLtMatmulThunk,
+    CustomCallThunk, CustomKernelThunk, Dim3, DsfOffset, DsfParameter, DsfResult,
+    DynamicSliceConfig, DynamicSliceFusionThunk, ExecutionStream, GemmConfig, GemmThunk, KernelArg,
+    KernelCode, KernelParam, KernelSpec, KernelThunk, LaunchDims, MatrixLayout, OffsetExpr, Thunk,
+    ThunkInfo, ThunkKind, TmaDescriptor, WhileThunk,
+};
+use crate::proto::stream_executor::{
+    self as se, gpu::TmaMetadataProto, kernel_loader_spec_proto::Payload,
+};
+use crate::proto::xla::gpu::{self as pg, dynamic_slice_fusion_thunk_proto as dsf};
+use crate::proto::xla::{self as px, gemm_config_proto};
+
+/// Deepest nesting of thunk sequences accepted (XLA programs nest a few
+/// levels; this bounds recursion on hostile input).
+pub(crate) const MAX_THUNK_DEPTH: usize = 64;
+
+/// Decodes a list of serialized `ThunkProto`s found at `path`.
+pub(crate) fn sequence(
+    thunks: &[Vec<u8>],
+    allocs: Allocs<'_>,
+    depth: usize,
+    path: &str,
+) -> Result<Vec<Thunk>, DecodeError> {
+    if depth > MAX_THUNK_DEPTH {
+        return Err(invalid(format!(
+            "{path}: thunks nested deeper than {MAX_THUNK_DEPTH} levels"
+        )));
+    }
+    thunks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| thunk(b, allocs, depth, &format!("{path}[{i}]")))
+        .collect()
+}
+
+fn seq_of(
+    s: &Option<pg::ThunkSequenceProto>,
+    allocs: Allocs<'_>,
+    depth: usize,
+    path: String,
+) -> Result<Vec<Thunk>, DecodeError> {
+    match s {
+        Some(s) => sequence(&s.thunks, allocs, depth + 1, &path),
+        None => Ok(Vec::new()),
+    }
+}
+
+fn proto_err(what: &str, path: &str) -> impl FnOnce(prost::DecodeError) -> DecodeError {
+    let what = format!("{what} at {path}");
+    move |source| DecodeError::Proto { what, source }
+}
+
+fn decode_msg<M: Message + Default>(
+    bytes: &[u8],
+    what: &str,
+    path: &str,
+) -> Result<M, DecodeError> {
+    let m = M::decode(bytes).map_err(proto_err(what, path))?;
+    if tracing::enabled!(tracing::Level::TRACE) && m.encoded_len() != bytes.len() {
+        tracing::trace!(
+            what,
+            path,
+            "message has fields our schema subset does not read"
+        );
+    }
+    Ok(m)
+}
+
+/// Decodes one serialized `ThunkProto`.
+pub(crate) fn thunk(
+    bytes: &[u8],
+    allocs: Allocs<'_>,
+    depth: usize,
+    path: &str,
+) -> Result<Thunk, DecodeError> {
+    let mut info_bytes = Vec::new();
+    let mut kind: Option<(u32, Vec<u8>)> = None;
+    for f in Fields::new(bytes, "ThunkProto") {
+        let f = f.map_err(|e| invalid(format!("{path}: {e}")))?;
+        if f.wire_type != WIRE_LEN {
+            continue; // not a field of ThunkProto we know; ignore like protobuf would
+        }
+        if f.number == 1 {
+            info_bytes.extend_from_slice(f.data);
+            continue;
+        }
+        match &mut kind {
+            // The same oneof field twice: protobuf merges the messages.
+            Some((n, data)) if *n == f.number => data.extend_from_slice(f.data),
+            // A different oneof field: the last one wins.
+            _ => kind = Some((f.number, f.data.to_vec())),
+        }
+    }
+    let info: pg::ThunkInfoProto = decode_msg(&info_bytes, "ThunkInfoProto", path)?;
+    let info = ThunkInfo {
+        profile_annotation: info.profile_annotation,
+        thunk_id: info.thunk_id,
+        concurrent_region_id: info.concurrent_region_id,
+    };
+    let Some((number, data)) = kind else {
+        return Ok(Thunk {
+            info,
+            kind: ThunkKind::Unsupported {
+                kind_name: "none".into(),
+                field_number: 0,
+            },
+        });
+    };
+    let name = thunk_kind_name(number).unwrap_or("unknown");
+    let path = format!("{path} ({name} `{}`)", info.profile_annotation);
+    let kind = kind_of(number, &data, allocs, depth, &path)?.unwrap_or_else(|| {
+        tracing::debug!(path, number, "unsupported thunk kind");
+        ThunkKind::Unsupported {
+            kind_name: name.into(),
+            field_number: number,
+        }
+    });
+    Ok(Thunk { info, kind })
+}
+
+/// Decodes the oneof payload of kind `number`; `None` for kinds we do not
+/// execute.
+fn kind_of(
+    number: u32,
+    data: &[u8],
+    allocs: Allocs<'_>,
+    depth: usize,
+    path: &str,
+) -> Result<Option<ThunkKind>, DecodeError> {
+    let p = path;
+    let ctx = |what: &'static str| move || format!("{p}: {what}");
+    Ok(Some(match number {
+        2 => {
+            let m: pg::SequentialThunkProto = decode_msg(data, "SequentialThunkProto", p)?;
+            ThunkKind::Sequential {
+                thunks: sequence(&m.thunks, allocs, depth + 1, &format!("{p}/thunks"))?,
+            }
+        }
+        3 => ThunkKind::Copy(copy(&decode_msg(data, "CopyThunkProto", p)?, allocs, p)?),
+        13 => {
+            let m: pg::DeviceToDeviceCopyThunkProto =
+                decode_msg(data, "DeviceToDeviceCopyThunkProto", p)?;
+            let c = m
+                .copy_thunk
+                .ok_or_else(|| invalid(format!("{p}: missing copy_thunk")))?;
+            ThunkKind::DeviceToDeviceCopy(copy(&c, allocs, p)?)
+        }
+        6 => {
+            let m: pg::ConditionalThunkProto = decode_msg(data, "ConditionalThunkProto", p)?;
+            let branches = m
+                .branch_thunks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| sequence(&b.thunks, allocs, depth + 1, &format!("{p}/branch{i}")))
+                .collect::<Result<_, _>>()?;
+            ThunkKind::Conditional(ConditionalThunk {
+                branch_index: allocs.req_shaped(&m.branch_index_buffer, &ctx("branch index"))?,
+                branches,
+            })
+        }
+        7 => {
+            let m: pg::WhileThunkProto = decode_msg(data, "WhileThunkProto", p)?;
+            ThunkKind::While(WhileThunk {
+                condition_result: allocs
+                    .req_slice(&m.condition_result_buffer_index, &ctx("condition result"))?,
+                condition: seq_of(
+                    &m.condition_thunk_sequence,
+                    allocs,
+                    depth,
+                    format!("{p}/cond"),
+                )?,
+                body: seq_of(&m.body_thunk_sequence, allocs, depth, format!("{p}/body"))?,
+                trip_count: m.trip_count,
+            })
+        }
+        8 => ThunkKind::Kernel(kernel(
+            &decode_msg(data, "KernelThunkProto", p)?,
+            allocs,
+            p,
+        )?),
+        9 => {
+            let m: pg::GemmThunkProto = decode_msg(data, "GemmThunkProto", p)?;
+            ThunkKind::Gemm(Box::new(GemmThunk {
+                config: gemm_config(
+                    m.gemm_config
+                        .as_ref()
+                        .ok_or_else(|| invalid(format!("{p}: missing gemm_config")))?,
+                ),
+                lhs: allocs.req_slice(&m.lhs_buffer, &ctx("lhs"))?,
+                rhs: allocs.req_slice(&m.rhs_buffer, &ctx("rhs"))?,
+                output: allocs.req_slice(&m.output_buffer, &ctx("output"))?,
+                workspace: m
+                    .workspace
+                    .as_ref()
+                    .map(|w| allocs.slice(w, &ctx("workspace")))
+                    .transpose()?,
+                deterministic: m.deterministic,
+            }))
+        }
+        19 => {
+            let m: pg::MemzeroThunkProto = decode_msg(data, "MemzeroThunkProto", p)?;
+            ThunkKind::Memzero {
+                dest: allocs.req_shaped(&m.dest_buffer, &ctx("dest"))?,
+            }
+        }
+        28 => {
+            let m: pg::Memset32BitValueThunkProto =
+                decode_msg(data, "Memset32BitValueThunkProto", p)?;
+            let dest = allocs.req_slice(&m.dest_buffer, &ctx("dest"))?;
+            if dest.size % 4 != 0 {
+                return Err(invalid(format!(
+                    "{p}: memset32 destination size {} is not a multiple of 4",
+                    dest.size
+                )));
+            }
+            ThunkKind::Memset32 {
+                dest,
+                value: m.value,
+            }
+        }
+        22 => ThunkKind::CublasLtMatmul(Box::new(cublas_lt(
+            &decode_msg(data, "CublasLtMatmulThunkProto", p)?,
+            allocs,
+            p,
+        )?)),
+        30 => {
+            let m: pg::CustomCallThunkProto = decode_msg(data, "CustomCallThunkProto", p)?;
+            let nullable = |v: &[px::NullableShapedSliceProto], what: &'static str| {
+                v.iter()
+                    .map(|n| allocs.opt_shaped(&n.shaped_slice, &ctx(what)))
+                    .collect::<Result<Vec<_>, _>>()
+            };
+            ThunkKind::CustomCall(CustomCallThunk {
+                operands: nullable(&m.operands, "operand")?,
+                results: nullable(&m.results, "result")?,
+                target_name: m.target_name,
+                opaque: m.opaque.into(),
+                api_version: m.api_version,
+                called_computation: m.called_computation,
+                use_pdl: m.use_pdl,
+            })
+        }
+        36 => ThunkKind::CustomKernel(custom_kernel(
+            &decode_msg(data, "CustomKernelThunkProto", p)?,
+            allocs,
+            p,
+        )?),
+        57 => {
+            let m: pg::AsyncStartThunkProto = decode_msg(data, "AsyncStartThunkProto", p)?;
+            use pg::async_start_thunk_proto::ExecutionStreamId as S;
+            ThunkKind::AsyncStart(AsyncStartThunk {
+                async_execution_id: m.async_execution_id,
+                stream: match m.execution_stream_id {
+                    Some(S::ComputationStreamId(id)) => ExecutionStream::Computation(id),
+                    Some(S::CommunicationStreamId(id)) => ExecutionStream::Communication(id),
+                    None => ExecutionStream::Default,
+                },
+                thunks: seq_of(&m.thunks, allocs, depth, format!("{p}/thunks"))?,
+            })
+        }
+        58 => {
+            let m: pg::AsyncDoneThunkProto = decode_msg(data, "AsyncDoneThunkProto", p)?;
+            ThunkKind::AsyncDone {
+                async_execution_id: m.async_execution_id,
+            }
+        }
+        60 => ThunkKind::DynamicSliceFusion(dynamic_slice_fusion(
+            &decode_msg(data, "DynamicSliceFusionThunkProto", p)?,
+            allocs,
+            depth,
+            p,
+        )?),
+        _ => return Ok(None),
+    }))
+}
+
+fn copy(m: &pg::CopyThunkProto, allocs: Allocs<'_>, p: &str) -> Result<CopyThunk, DecodeError> {
+    let source = allocs.req_shaped(&m.source_buffer, &|| format!("{p}: source"))?;
+    let destination = allocs.req_shaped(&m.destination_buffer, &|| format!("{p}: destination"))?;
+    let mem_size = non_negative(m.mem_size, &|| format!("{p}: mem_size"))?;
+    if mem_size > source.slice.size || mem_size > destination.slice.size {
+        return Err(invalid(format!(
+            "{p}: copies {mem_size} bytes between slices of {} and {} bytes",
+            source.slice.size, destination.slice.size
+        )));
+    }
+    Ok(CopyThunk {
+        source,
+        destination,
+        mem_size,
+    })
+}
+
+fn dim3(d: Option<&se::Dim3DProto>, p: &str, what: &str) -> Result<Dim3, DecodeError> {
+    let d = d.cloned().unwrap_or_default();
+    let f = |v: i64, axis: &str| non_negative(v, &|| format!("{p}: {what}.{axis}"));
+    Ok(Dim3 {
+        x: f(d.x, "x")?,
+        y: f(d.y, "y")?,
+        z: f(d.z, "z")?,
+    })
+}
+
+fn tma(
+    m: &TmaMetadataProto,
+    n_args: usize,
+    p: &str,
+) -> Result<Vec<(usize, TmaDescriptor)>, DecodeError> {
+    let mut out = Vec::new();
+    for (&arg, d) in &m.arg_index_to_tma_info {
+        let i = usize::try_from(arg)
+            .ok()
+            .filter(|&i| i < n_args)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{p}: TMA descriptor for argument {arg} of {n_args}"
+                ))
+            })?;
+        let nn = |v: &[i64], what: &str| {
+            v.iter()
+                .map(|&x| non_negative(x, &|| format!("{p}: TMA {what}")))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let nn32 = |v: &[i32], what: &str| {
+            v.iter()
+                .map(|&x| {
+                    u32::try_from(x).map_err(|_| invalid(format!("{p}: TMA {what}: negative {x}")))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        out.push((
+            i,
+            TmaDescriptor {
+                element_size: non_negative(d.element_size, &|| format!("{p}: TMA element_size"))?,
+                global_dims: nn(&d.global_dims, "global_dims")?,
+                global_strides: nn(&d.global_strides, "global_strides")?,
+                box_dims: nn32(&d.box_dims, "box_dims")?,
+                element_strides: nn32(&d.element_strides, "element_strides")?,
+                interleave: d.interleave,
+                swizzle: d.swizzle,
+                l2_promotion: d.l2_promotion,
+                float_oob_fill: d.float_oob_fill,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// Shared by kernel and custom-kernel thunks: zips slices, shapes, written
+/// flags and TMA descriptors into args, and checks zeroed indices.
+fn kernel_args(
+    slices: Vec<(crate::plan::Slice, Option<crate::plan::Shape>)>,
+    written: &[bool],
+    tma_meta: Option<&TmaMetadataProto>,
+    zeroed: &[i64],
+    p: &str,
+) -> Result<(Vec<KernelArg>, Vec<u64>), DecodeError> {
+    if written.len() != slices.len() {
+        return Err(invalid(format!(
+            "{p}: {} arguments but {} `written` flags",
+            slices.len(),
+            written.len()
+        )));
+    }
+    let mut args: Vec<KernelArg> = slices
+        .into_iter()
+        .zip(written)
+        .map(|((slice, shape), &written)| KernelArg {
+            slice,
+            shape,
+            written,
+            tma: None,
+        })
+        .collect();
+    if let Some(m) = tma_meta {
+        for (i, d) in tma(m, args.len(), p)? {
+            args[i].tma = Some(d);
+        }
+    }
+    let zeroed = zeroed
+        .iter()
+        .map(|&z| {
+            u64::try_from(z)
+                .ok()
+                .filter(|&z| (z as u128) < args.len() as u128)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "{p}: zeroed output index {z} of {} args",
+                        args.len()
+                    ))
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((args, zeroed))
+}
+
+fn kernel(
+    m: &pg::KernelThunkProto,
+    allocs: Allocs<'_>,
+    p: &str,
+) -> Result<KernelThunk, DecodeError> {
+    if !m.args_shape.is_empty() && m.args_shape.len() != m.args.len() {
+        return Err(invalid(format!(
+            "{p}: {} args but {} args_shape",
+            m.args.len(),
+            m.args_shape.len()
+        )));
+    }
+    let slices = m
+        .args
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            Ok((
+                allocs.slice(s, &|| format!("{p}: arg {i}"))?,
+                opt_shape(&m.args_shape.get(i).cloned())?,
+            ))
+        })
+        .collect::<Result<Vec<_>, DecodeError>>()?;
+    let (args, zeroed) = kernel_args(
+        slices,
+        &m.written,
+        m.tma_metadata.as_ref(),
+        &m.zeroed_output_buffer_indices,
+        p,
+    )?;
+    let ld = m.launch_dimensions.clone().unwrap_or_default();
+    Ok(KernelThunk {
+        kernel_name: m.kernel_name.clone(),
+        args,
+        launch: LaunchDims {
+            blocks: dim3(
+                ld.block_counts
+                    .as_ref()
+                    .and_then(|b| b.coordinates.as_ref()),
+                p,
+                "blocks",
+            )?,
+            threads: dim3(
+                ld.thread_counts_per_block
+                    .as_ref()
+                    .and_then(|t| t.coordinates.as_ref()),
+                p,
+                "threads",
+            )?,
+            cluster: m
+                .cluster_dim
+                .as_ref()
+                .map(|c| dim3(c.coordinates.as_ref(), p, "cluster"))
+                .transpose()?,
+            shared_memory_bytes: non_negative(m.shmem_bytes, &|| format!("{p}: shmem_bytes"))?,
+        },
+        use_pdl: m.use_pdl,
+        zeroed_output_buffer_indices: zeroed,
+    })
+}
+
+fn custom_kernel(
+    m: &pg::CustomKernelThunkProto,
+    allocs: Allocs<'_>,
+    p: &str,
+) -> Result<CustomKernelThunk, DecodeError> {
+    let slices = m
+        .args
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let s = allocs.shaped(s, &|| format!("{p}: arg {i}"))?;
+            Ok((s.slice, s.shape))
+        })
+        .collect::<Result<Vec<_>, DecodeError>>()?;
+    let (args, zeroed) = kernel_args(
+        slices,
+        &m.written,
+        m.tma_metadata.as_ref(),
+        &m.zeroed_output_buffer_indices,
+        p,
+    )?;
+    let ck = m
+        .custom_kernel
+        .as_ref()
+        .ok_or_else(|| invalid(format!("{p}: missing custom_kernel")))?;
+    let spec = ck.kernel_spec.clone().unwrap_or_default();
+    let code = match spec.payload {
+        Some(Payload::Cubin(c)) => KernelCode::Cubin {
+            data: c.data.into(),
+        },
+        Some(Payload::Ptx(t)) => KernelCode::Ptx { text: t.data },
+        Some(Payload::InProcessSymbol(s)) => KernelCode::InProcessSymbol {
+            persistent_name: s.persistent_name,
+        },
+        None => KernelCode::None,
+    };
+    let packing = spec
+        .kernel_args_packing_spec
+        .as_ref()
+        .map(|ps| {
+            ps.kernel_arguments
+                .iter()
+                .enumerate()
+                .map(|(i, a)| match a.relocations.as_slice() {
+                    [] => Ok(KernelParam::Bytes {
+                        data: a.data.clone().into(),
+                    }),
+                    [r] if r.kind == 1 && a.data.is_empty() => u32::try_from(r.argument_index)
+                        .ok()
+                        .filter(|&x| (x as usize) < args.len())
+                        .map(|arg_index| KernelParam::ArgAddress { arg_index })
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "{p}: packed parameter {i} refers to argument {} of {}",
+                                r.argument_index,
+                                args.len()
+                            ))
+                        }),
+                    _ => Err(invalid(format!(
+                        "{p}: packed parameter {i}: unsupported relocation (kinds {:?}, {} data bytes)",
+                        a.relocations.iter().map(|r| r.kind).collect::<Vec<_>>(),
+                        a.data.len()
+                    ))),
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?;
+    Ok(CustomKernelThunk {
+        name: ck.name.clone(),
+        spec: KernelSpec {
+            code,
+            kernel_name: spec.kernel_name,
+            arity: u32::try_from(spec.arity)
+                .map_err(|_| invalid(format!("{p}: negative kernel arity {}", spec.arity)))?,
+            packing,
+        },
+        args,
+        launch: LaunchDims {
+            blocks: dim3(
+                ck.block_dims.as_ref().and_then(|b| b.coordinates.as_ref()),
+                p,
+                "blocks",
+            )?,
+            threads: dim3(
+                ck.thread_dims.as_ref().and_then(|t| t.coordinates.as_ref()),
+                p,
+                "threads",
+            )?,
+            cluster: ck
+                .cluster_dim
+                .as_ref()
+                .map(|c| dim3(c.coordinates.as_ref(), p, "cluster"))
+                .transpose()?,
+            shared_memory_bytes: non_negative(ck.shared_memory_bytes, &|| {
+                format!("{p}: shared_memory_bytes")
+            })?,
+        },
+        use_pdl: m.use_pdl,
+        zeroed_output_buffer_indices: zeroed,
+    })
+}
+
+fn layout(l: &Option<gemm_config_proto::MatrixLayout>) -> MatrixLayout {
+    let l = l.clone().unwrap_or_default();
+    MatrixLayout {
+        order: l.order,
+        num_rows: l.num_rows,
+        num_cols: l.num_cols,
+        batch_size: l.batch_size,
+        leading_dim_stride: l.leading_dim_stride,
+        batch_stride: l.batch_stride,
+        transpose: l.transpose,
+        dtype: crate::plan::ElementType(l.dtype),
+    }
+}
+
+fn gemm_config(g: &px::GemmConfigProto) -> GemmConfig {
+    GemmConfig {
+        lhs_layout: layout(&g.lhs_layout),
+        rhs_layout: layout(&g.rhs_layout),
+        c_layout: layout(&g.c_layout),
+        output_layout: layout(&g.output_layout),
+        alpha_real: g.alpha_real,
+        alpha_imag: g.alpha_imag,
+        beta: g.beta,
+        compute_precision: g.compute_precision,
+        precision_algorithm: g.precision_algorithm,
+        algorithm: g.algorithm,
+        grad_x: g.grad_x,
+        grad_y: g.grad_y,
+        compute_type: g.compute_type,
+        scale_mode: g.scale_mode,
+    }
+}
+
+fn cublas_lt(
+    m: &pg::CublasLtMatmulThunkProto,
+    allocs: Allocs<'_>,
+    p: &str,
+) -> Result<CublasLtMatmulThunk, DecodeError> {
+    use pg::cublas_lt_matmul_thunk_proto::Impl;
+    let ctx = |what: &'static str| move || format!("{p}: {what}");
+    let (gemm_config, grouped) = match &m.r#impl {
+        Some(Impl::GemmConfig(g)) => (Some(gemm_config(g)), false),
+        Some(Impl::GroupedGemmConfig(_)) => (None, true),
+        None => return Err(invalid(format!("{p}: missing gemm_config"))),
+    };
+    Ok(CublasLtMatmulThunk {
+        gemm_config,
+        grouped,
+        epilogue: m.epilogue,
+        algorithm_idx: m.algorithm_idx,
+        canonical_hlo: m.canonical_hlo.clone(),
+        a: allocs.req_shaped(&m.a, &ctx("a"))?,
+        b: allocs.req_shaped(&m.b, &ctx("b"))?,
+        c: allocs.req_shaped(&m.c, &ctx("c"))?,
+        d: allocs.req_shaped(&m.d, &ctx("d"))?,
+        bias: allocs.opt_shaped(&m.bias, &ctx("bias"))?,
+        aux: allocs.opt_shaped(&m.aux, &ctx("aux"))?,
+        a_scale: allocs.opt_shaped(&m.a_scale, &ctx("a_scale"))?,
+        b_scale: allocs.opt_shaped(&m.b_scale, &ctx("b_scale"))?,
+        c_scale: allocs.opt_shaped(&m.c_scale, &ctx("c_scale"))?,
+        d_scale: allocs.opt_shaped(&m.d_scale, &ctx("d_scale"))?,
+        d_amax: allocs.opt_shaped(&m.d_amax, &ctx("d_amax"))?,
+        workspace: allocs.opt_shaped(&m.workspace, &ctx("workspace"))?,
+        group_sizes: allocs.opt_shaped(&m.group_sizes, &ctx("group_sizes"))?,
+        autotune_workspace_size: m.autotune_workspace_size,
+    })
+}
+
+const MAX_EXPR_DEPTH: usize = 64;
+
+fn offset_expr(e: &dsf::OffsetExprProto, depth: usize, p: &str) -> Result<OffsetExpr, DecodeError> {
+    if depth > MAX_EXPR_DEPTH {
+        return Err(invalid(format!("{p}: offset expression nested too deeply")));
+    }
+    Ok(OffsetExpr {
+        kind: e.kind,
+        value: e.value,
+        compare_direction: e.compare_direction,
+        operands: e
+            .operands
+            .iter()
+            .map(|o| offset_expr(o, depth + 1, p))
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+fn offsets(v: &[dsf::OffsetProto], p: &str) -> Result<Vec<DsfOffset>, DecodeError> {
+    v.iter()
+        .map(|o| {
+            Ok(DsfOffset {
+                dimension: o.dimension_number,
+                expr: o
+                    .offset
+                    .as_ref()
+                    .map(|e| offset_expr(e, 0, p))
+                    .transpose()?,
+            })
+        })
+        .collect()
+}
+
+fn slice_config(c: &Option<pg::DynamicSliceConfig>) -> Option<DynamicSliceConfig> {
+    c.as_ref().map(|c| DynamicSliceConfig {
+        loop_index: c.loop_index,
+        byte_offset: c.byte_offset,
+        byte_stride: c.byte_stride,
+    })
+}
+
+fn dynamic_slice_fusion(
+    m: &pg::DynamicSliceFusionThunkProto,
+    allocs: Allocs<'_>,
+    depth: usize,
+    p: &str,
+) -> Result<DynamicSliceFusionThunk, DecodeError> {
+    let parameter_buffers = m
+        .parameter_buffers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| allocs.slice(s, &|| format!("{p}: parameter buffer {i}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let result_buffers = m
+        .result_buffers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| allocs.slice(s, &|| format!("{p}: result buffer {i}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let parameters = m
+        .parameters
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let n = non_negative(q.parameter_number, &|| format!("{p}: parameter {i} number"))?;
+            if n >= parameter_buffers.len() as u64 {
+                return Err(invalid(format!(
+                    "{p}: hero parameter {i} uses fusion parameter {n} of {}",
+                    parameter_buffers.len()
+                )));
+            }
+            Ok(DsfParameter {
+                parameter_number: n,
+                parameter_shape: opt_shape(&q.parameter_shape)?,
+                slice_shape: opt_shape(&q.slice_shape)?,
+                slice_config: slice_config(&q.slice_config),
+                slice_offsets: offsets(&q.slice_offsets, p)?,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let results = m
+        .results
+        .iter()
+        .enumerate()
+        .map(|(j, r)| {
+            let n = non_negative(r.result_number, &|| format!("{p}: result {j} number"))?;
+            if n >= result_buffers.len() as u64 {
+                return Err(invalid(format!(
+                    "{p}: hero result {j} uses fusion result {n} of {}",
+                    result_buffers.len()
+                )));
+            }
+            Ok(DsfResult {
+                parameter_number: r.parameter_number,
+                result_number: n,
+                result_shape: opt_shape(&r.result_shape)?,
+                update_shape: opt_shape(&r.update_shape)?,
+                update_config: slice_config(&r.update_config),
+                update_offsets: offsets(&r.update_offsets, p)?,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let embedded_allocations =
+        allocations(&m.slice_allocations, &format!("{p}: embedded allocation"))?;
+    let sizes: Vec<u64> = embedded_allocations.iter().map(|a| a.size).collect();
+    let embedded_allocs = Allocs {
+        sizes: &sizes,
+        what: "embedded allocation",
+    };
+    let embedded = seq_of(
+        &m.embedded_thunks,
+        embedded_allocs,
+        depth,
+        format!("{p}/embedded"),
+    )?;
+    Ok(DynamicSliceFusionThunk {
+        parameters,
+        results,
+        parameter_buffers,
+        result_buffers,
+        embedded_allocations,
+        embedded,
+        verify_offsets: m.verify_offsets,
+    })
+}
