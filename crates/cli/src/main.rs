@@ -3,6 +3,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod inspect;
+
 #[derive(Parser)]
 #[command(name = "xla-vmm", version, about = "Inspect, replay and tune XLA GPU executables on the xla-vmm runtime")]
 struct Cli {
@@ -13,6 +15,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     // One line per subcommand: `Name(module::Args)`.
+    /// Decode a serialized XLA GPU executable and summarize it.
+    Inspect(inspect::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -26,6 +30,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
         // One line per subcommand: `Command::Name(args) => module::run(args),`
+        Command::Inspect(args) => inspect::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

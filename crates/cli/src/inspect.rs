@@ -1,0 +1,333 @@
+//! `xla-vmm inspect FILE [--json] [--time N]`: decode a serialized XLA GPU
+//! executable and summarize it (allocations by role, thunk tree, kinds,
+//! unsupported thunks).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::json;
+use xla_vmm::{AllocationRole, KernelCode, Nested, Plan, Thunk, ThunkKind};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The bytes `PJRT_Executable_Serialize` returns, or jax's `serialize()`
+    /// bytes (with the IFRT header).
+    file: PathBuf,
+    /// Print one JSON object instead of the readable summary.
+    #[arg(long)]
+    json: bool,
+    /// Also decode the file N times and report the decode time.
+    #[arg(long, value_name = "N")]
+    time: Option<u32>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let bytes =
+        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let start = Instant::now();
+    let plan =
+        xla_vmm::decode(&bytes).with_context(|| format!("decoding {}", args.file.display()))?;
+    let first = start.elapsed();
+    let timing = match args.time {
+        Some(n) if n > 0 => Some(time_decode(&bytes, n)?),
+        _ => None,
+    };
+    if args.json {
+        let mut v = summary_json(&plan);
+        if let Some(t) = &timing {
+            v["decode_time_us"] =
+                json!({"min": t.min.as_micros(), "median": t.median.as_micros(), "runs": t.runs});
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", summary_text(&plan, bytes.len()));
+        match &timing {
+            Some(t) => println!(
+                "decode time: min {:.3} ms, median {:.3} ms over {} runs",
+                ms(t.min),
+                ms(t.median),
+                t.runs
+            ),
+            None => println!(
+                "decode time: {:.3} ms (one run; --time N for more)",
+                ms(first)
+            ),
+        }
+    }
+    Ok(())
+}
+
+struct Timing {
+    min: Duration,
+    median: Duration,
+    runs: u32,
+}
+
+fn time_decode(bytes: &[u8], runs: u32) -> anyhow::Result<Timing> {
+    let mut t = Vec::with_capacity(runs as usize);
+    for _ in 0..runs {
+        let s = Instant::now();
+        let plan = xla_vmm::decode(bytes)?;
+        t.push(s.elapsed());
+        drop(plan);
+    }
+    t.sort();
+    Ok(Timing {
+        min: t[0],
+        median: t[t.len() / 2],
+        runs,
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The `--json` object. Keys `allocations`, `roles`, `top_level_thunks`,
+/// `kinds` and `bytes` are relied on by scripts.
+pub fn summary_json(plan: &Plan) -> serde_json::Value {
+    let mut roles: BTreeMap<&str, usize> = ["parameter", "constant", "output", "temp"]
+        .iter()
+        .map(|r| (*r, 0))
+        .collect();
+    let mut role_bytes: BTreeMap<&str, u64> = roles.keys().map(|r| (*r, 0)).collect();
+    for a in &plan.allocations {
+        *roles.entry(a.role.name()).or_default() += 1;
+        *role_bytes.entry(a.role.name()).or_default() += a.size;
+    }
+    let kinds = plan.kind_counts();
+    let unsupported: Vec<_> = plan
+        .unsupported()
+        .iter()
+        .map(|t| match &t.kind {
+            ThunkKind::Unsupported {
+                kind_name,
+                field_number,
+            } => json!({"kind": kind_name, "field_number": field_number,
+                        "profile_annotation": t.info.profile_annotation}),
+            _ => json!(null),
+        })
+        .collect();
+    json!({
+        "module": plan.module_name,
+        "compute_capability": plan.compute_capability,
+        "allocations": plan.allocations.len(),
+        "roles": roles,
+        "role_bytes": role_bytes,
+        "bytes": plan.total_allocation_bytes(),
+        "top_level_thunks": plan.thunks.len(),
+        "total_thunks": kinds.values().sum::<usize>(),
+        "kinds": kinds,
+        "unsupported": unsupported,
+        "parameters": plan.program_shape.parameters.len(),
+        "outputs": plan.outputs.len(),
+        "module_binary_bytes": plan.kernels.binary.len(),
+        "asm_text_bytes": plan.kernels.asm_text.len(),
+        "custom_kernel_binaries": plan.custom_kernel_binaries().len(),
+    })
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The readable summary.
+pub fn summary_text(plan: &Plan, file_len: usize) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "module `{}` ({:?}), {} serialized bytes, client `{}`",
+        plan.module_name, plan.compute_capability, file_len, plan.pjrt_client_name
+    );
+    let _ = writeln!(
+        s,
+        "program: {} parameters, {} result leaves; module binary {}, PTX {}, {} custom kernel cubins",
+        plan.program_shape.parameters.len(),
+        plan.outputs.len(),
+        human(plan.kernels.binary.len() as u64),
+        human(plan.kernels.asm_text.len() as u64),
+        plan.custom_kernel_binaries().len()
+    );
+    let _ = writeln!(
+        s,
+        "\nallocations: {} ({} total)",
+        plan.allocations.len(),
+        human(plan.total_allocation_bytes())
+    );
+    for role in ["parameter", "constant", "output", "temp"] {
+        let mut allocs: Vec<_> = plan
+            .allocations
+            .iter()
+            .filter(|a| a.role.name() == role)
+            .collect();
+        let total: u64 = allocs.iter().map(|a| a.size).sum();
+        let _ = writeln!(s, "  {role:<9} {:>4}  {:>10}", allocs.len(), human(total));
+        // Temps can be many: show the largest few.
+        let shown = if role == "temp" { 5 } else { usize::MAX };
+        if role == "temp" {
+            allocs.sort_by_key(|a| std::cmp::Reverse(a.size));
+        }
+        for a in allocs.iter().take(shown) {
+            let detail = match &a.role {
+                AllocationRole::Parameter {
+                    number,
+                    shape_index,
+                    aliased_with_output,
+                } => format!(
+                    "param {number}{}{}",
+                    if shape_index.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {shape_index:?}")
+                    },
+                    if *aliased_with_output {
+                        ", aliased with output (donated)"
+                    } else {
+                        ""
+                    }
+                ),
+                AllocationRole::Constant { symbol_name, bytes } => {
+                    format!("`{symbol_name}`, {} initial bytes", bytes.len())
+                }
+                AllocationRole::Output { outputs } => {
+                    let idx: Vec<_> = outputs
+                        .iter()
+                        .map(|o| format!("{:?}", o.shape_index))
+                        .collect();
+                    format!("result {}", idx.join(" "))
+                }
+                AllocationRole::Temp => String::new(),
+            };
+            let _ = writeln!(s, "    #{:<4} {:>10}  {detail}", a.index, human(a.size));
+        }
+        if allocs.len() > shown {
+            let _ = writeln!(s, "    ... {} smaller", allocs.len() - shown);
+        }
+    }
+    let kinds = plan.kind_counts();
+    let _ = writeln!(
+        s,
+        "\nthunks: {} top level, {} in all",
+        plan.thunks.len(),
+        kinds.values().sum::<usize>()
+    );
+    let list: Vec<_> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let _ = writeln!(s, "  kinds: {}", list.join(", "));
+    let unsupported = plan.unsupported();
+    if unsupported.is_empty() {
+        let _ = writeln!(s, "  unsupported: none");
+    } else {
+        let _ = writeln!(s, "  unsupported: {}", unsupported.len());
+        for t in unsupported {
+            if let ThunkKind::Unsupported {
+                kind_name,
+                field_number,
+            } = &t.kind
+            {
+                let _ = writeln!(
+                    s,
+                    "    {kind_name} (ThunkProto field {field_number}) `{}`",
+                    t.info.profile_annotation
+                );
+            }
+        }
+    }
+    let _ = writeln!(s, "\nthunk tree:");
+    for (i, t) in plan.thunks.iter().enumerate() {
+        outline(&mut s, t, i, 1);
+    }
+    s
+}
+
+fn outline(s: &mut String, t: &Thunk, i: usize, depth: usize) {
+    let pad = "  ".repeat(depth);
+    let _ = writeln!(
+        s,
+        "{pad}[{i}] {} `{}`{}",
+        t.kind_name(),
+        t.info.profile_annotation,
+        detail(t)
+    );
+    for n in t.nested() {
+        let label = match n {
+            Nested::Sequence(_) => None,
+            Nested::WhileCondition(_) => Some("condition".to_string()),
+            Nested::WhileBody(_) => Some("body".to_string()),
+            Nested::Branch(b, _) => Some(format!("branch {b}")),
+            Nested::Embedded(_) => Some("embedded".to_string()),
+        };
+        let d = if let Some(l) = label {
+            let _ = writeln!(s, "{pad}  {l}:");
+            depth + 2
+        } else {
+            depth + 1
+        };
+        for (j, c) in n.thunks().iter().enumerate() {
+            outline(s, c, j, d);
+        }
+    }
+}
+
+fn detail(t: &Thunk) -> String {
+    match &t.kind {
+        ThunkKind::CustomKernel(k) => {
+            let code = match &k.spec.code {
+                KernelCode::Cubin { data } => format!("cubin {}", human(data.len() as u64)),
+                KernelCode::Ptx { text } => format!("ptx {}", human(text.len() as u64)),
+                KernelCode::InProcessSymbol { .. } => "in-process symbol".into(),
+                KernelCode::None => "no code".into(),
+            };
+            let l = &k.launch;
+            format!(
+                " {} grid {}x{}x{} block {}x{}x{} smem {} args {} ({code})",
+                k.spec.kernel_name,
+                l.blocks.x,
+                l.blocks.y,
+                l.blocks.z,
+                l.threads.x,
+                l.threads.y,
+                l.threads.z,
+                l.shared_memory_bytes,
+                k.args.len()
+            )
+        }
+        ThunkKind::Kernel(k) => format!(" {} args {}", k.kernel_name, k.args.len()),
+        ThunkKind::DeviceToDeviceCopy(c) | ThunkKind::Copy(c) => format!(
+            " #{}+{} -> #{}+{} ({} B)",
+            c.source.slice.allocation,
+            c.source.slice.offset,
+            c.destination.slice.allocation,
+            c.destination.slice.offset,
+            c.mem_size
+        ),
+        ThunkKind::While(w) => match w.trip_count {
+            Some(n) => format!(" trip count {n}"),
+            None => " trip count unknown".into(),
+        },
+        ThunkKind::AsyncStart(a) => format!(" id {} on {:?}", a.async_execution_id, a.stream),
+        ThunkKind::AsyncDone { async_execution_id } => format!(" id {async_execution_id}"),
+        ThunkKind::CublasLtMatmul(m) => format!(
+            " d=#{}+{} algorithm {}",
+            m.d.slice.allocation, m.d.slice.offset, m.algorithm_idx
+        ),
+        ThunkKind::CustomCall(c) => format!(" target {}", c.target_name),
+        ThunkKind::Unsupported { field_number, .. } => {
+            format!(" UNSUPPORTED (field {field_number})")
+        }
+        _ => String::new(),
+    }
+}
