@@ -486,8 +486,8 @@ impl SlotTracker {
     /// A driver call failed while remapping slot `index` on `reservation`
     /// this step: serve the slot from a shadow from now on (it stays on copy).
     ///
-    /// The returned action maps the shadow (unmapping whatever may be left
-    /// at the slot first) and copies in/out as the slot is read/written, so
+    /// The returned action maps the shadow (unmapping first what the failed
+    /// call left at the slot) and copies in/out as the slot is read/written, so
     /// no data is lost. If the slot had no shadow in the plan,
     /// `new_shadow_bytes` says how much to allocate.
     pub fn fallback_to_copy(
@@ -530,9 +530,12 @@ impl SlotTracker {
         st.shadow_mode = true;
         st.pinned = true;
         st.mapped[reservation] = Mapped::Shadow;
+        // What is left at the slot: a failed unmap leaves the old mapping, a
+        // failed set-access the new one; a failed map leaves nothing (the
+        // old one was unmapped before the map was tried).
         let action = SlotAction::Copy {
             map_shadow: true,
-            unmap_old: true,
+            unmap_old: failed != FailedCall::Map,
             copy_in: slot.read,
             copy_out: slot.written,
         };
