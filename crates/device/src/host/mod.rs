@@ -262,6 +262,11 @@ impl HostBackend {
         });
     }
 
+    /// Number of injected failures armed and not yet fired.
+    pub fn injections_armed(&self) -> usize {
+        self.calls().injections.len()
+    }
+
     /// Disarm all injected failures.
     pub fn clear_injected_failures(&self) {
         self.calls().injections.clear();
@@ -390,9 +395,8 @@ impl HostBackend {
             }
             i += 1;
         }
-        if let Some(e) = &fired {
+        if fired.is_some() {
             tracing::debug!(call, "host backend: injected failure");
-            let _ = e;
         }
         fired
     }
