@@ -377,3 +377,29 @@ fn ten_thousand_mixed_ops_with_held_streams_do_not_leak() {
     b.stream_destroy(s2).unwrap();
     assert_eq!(b.outstanding().total(), 0, "{:?}", b.outstanding());
 }
+
+#[test]
+fn allocator_types_are_thread_safe() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<VmmAllocator<HostBackend>>();
+    assert_send_sync::<xla_vmm_device::Buffer<HostBackend>>();
+    assert_send_sync::<VaReservation<HostBackend>>();
+    assert_send_sync::<HostBackend>();
+    let b = backend(256);
+    let a = allocator(&b);
+    std::thread::scope(|sc| {
+        for t in 0..4u64 {
+            let a = a.clone();
+            sc.spawn(move || {
+                for i in 0..200 {
+                    let x = a.alloc(1 + (t * 1000 + i) % (3 * G)).unwrap();
+                    drop(x);
+                }
+            });
+        }
+    });
+    a.check_consistency().unwrap();
+    assert_eq!(a.stats().buffers_live, 0);
+    drop(a);
+    assert_eq!(b.outstanding().total(), 0);
+}

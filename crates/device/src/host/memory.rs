@@ -425,9 +425,14 @@ impl Memory {
         let segs = self.segments(ptr, len)?;
         let mut pos = 0usize;
         for s in segs {
-            for b in self.slice_mut(s).iter_mut() {
-                *b = pattern[pos % pattern.len()];
-                pos += 1;
+            let dst = self.slice_mut(s);
+            if let [byte] = pattern {
+                dst.fill(*byte);
+            } else {
+                for b in dst.iter_mut() {
+                    *b = pattern[pos % pattern.len()];
+                    pos += 1;
+                }
             }
         }
         Ok(())
