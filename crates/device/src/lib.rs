@@ -8,6 +8,7 @@
 //!   compiled in CI, unverified on hardware.
 //! - [`vmm`]: the VMM allocator (allocation ids, stream-ordered frees,
 //!   sub-allocation of small buffers), generic over the backend.
+//! - [`conformance`]: one suite of backend checks, run on every backend.
 //!
 //! Unsafe code and raw driver calls live only in the backend modules.
 
