@@ -52,8 +52,7 @@ fn scenario(a: &VmmAllocator<HostBackend>, b: &HostBackend, s: &Stream) -> Resul
     b.read_sync(&mut out, slot.base().offset(G), s)?;
     slot.unmap(G)?;
     slot.release()?;
-    a.free(z, s)?;
-    drop(x2);
+    a.free_all([z, x2], s)?;
     Ok(())
 }
 

@@ -403,3 +403,47 @@ fn allocator_types_are_thread_safe() {
     drop(a);
     assert_eq!(b.outstanding().total(), 0);
 }
+
+#[test]
+fn free_all_orders_many_buffers_with_one_event() {
+    let b = backend(64);
+    let a = allocator(&b);
+    let s = b.stream_create().unwrap();
+    let bufs: Vec<_> = [2 * G, 2 * G, 100, 3 * G]
+        .iter()
+        .map(|&n| a.alloc(n).unwrap())
+        .collect();
+    let ids: Vec<_> = bufs.iter().map(|x| x.allocation_id()).collect();
+    b.hold_stream(&s).unwrap();
+    let records = b.call_count("event_record");
+    a.free_all(bufs, &s).unwrap();
+    assert_eq!(b.call_count("event_record"), records + 1);
+    let st = a.stats();
+    assert_eq!(
+        (st.pending_frees, st.event_handles, st.buffers_live),
+        (4, 1, 0)
+    );
+    let fresh = a.alloc(2 * G).unwrap();
+    assert!(
+        !ids.contains(&fresh.allocation_id()),
+        "reused before the event"
+    );
+    b.release_stream(&s).unwrap();
+    let again: Vec<_> = [2 * G, 2 * G, 100, 3 * G]
+        .iter()
+        .map(|&n| a.alloc(n).unwrap())
+        .collect();
+    assert_eq!(
+        again.iter().map(|x| x.allocation_id()).collect::<Vec<_>>(),
+        ids
+    );
+    // One query saw the shared event complete; the event went back to the pool.
+    let st = a.stats();
+    assert_eq!((st.pending_frees, st.event_handles), (0, 1));
+    drop((again, fresh));
+    a.trim().unwrap();
+    assert_eq!(a.stats().event_handles, 0);
+    drop(a);
+    b.stream_destroy(s).unwrap();
+    assert_eq!(b.outstanding().total(), 0);
+}

@@ -3,9 +3,10 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::events::{EventKey, FreeEvents};
 use super::raii::{Phys, VaReservation, VmmContext};
 use super::{AllocationId, VmmConfig, VmmStats};
-use crate::backend::{Backend, DevicePtr, EventStatus};
+use crate::backend::{Backend, DevicePtr};
 use crate::error::{DeviceError, Result};
 
 /// A whole physical block with its own mapping. Field order is drop order:
@@ -44,20 +45,20 @@ enum Kind<B: Backend> {
 }
 
 /// A freed item; `event: None` means ready for reuse.
-struct Free<T, E> {
+struct Free<T> {
     item: T,
-    event: Option<E>,
+    event: Option<EventKey>,
 }
 
 /// FIFO of freed items per size class.
-type FreeLists<T, E> = BTreeMap<u64, VecDeque<Free<T, E>>>;
+type FreeLists<T> = BTreeMap<u64, VecDeque<Free<T>>>;
 
 struct State<B: Backend> {
-    large: FreeLists<Large<B>, B::Event>,
-    small: FreeLists<Slot, B::Event>,
+    large: FreeLists<Large<B>>,
+    small: FreeLists<Slot>,
     granules: BTreeMap<u64, Granule<B>>,
     next_granule: u64,
-    event_pool: Vec<B::Event>,
+    events: FreeEvents<B>,
     quarantine: Vec<Kind<B>>,
     large_live: u64,
     /// Quarantined slots (counted as live in their granule).
@@ -148,14 +149,14 @@ impl<B: Backend> Buffer<B> {
     /// Free once the work queued on `stream` so far has completed.
     pub fn free_on(mut self, stream: &B::Stream) -> Result<()> {
         let kind = self.kind.take().expect("a live buffer has a block");
-        self.owner.release(kind, self.size, Some(stream))
+        self.owner.release(vec![(kind, self.size)], Some(stream))
     }
 }
 
 impl<B: Backend> Drop for Buffer<B> {
     fn drop(&mut self) {
         if let Some(kind) = self.kind.take() {
-            if let Err(e) = self.owner.release(kind, self.size, None) {
+            if let Err(e) = self.owner.release(vec![(kind, self.size)], None) {
                 self.owner.ctx.record_deferred(e);
             }
         }
@@ -165,34 +166,33 @@ impl<B: Backend> Drop for Buffer<B> {
 /// Take the oldest ready entry of a FIFO (querying pending events in order).
 fn take_ready<B: Backend, T>(
     backend: &B,
-    list: &mut VecDeque<Free<T, B::Event>>,
-    pool: &mut Vec<B::Event>,
+    list: &mut VecDeque<Free<T>>,
+    events: &mut FreeEvents<B>,
 ) -> Result<Option<T>> {
     for i in 0..list.len() {
-        let ready = match &list[i].event {
+        let ready = match list[i].event {
             None => true,
-            Some(e) => backend.event_query(e)? == EventStatus::Complete,
+            Some(k) => events.done(backend, k)?,
         };
         if ready {
             let f = list.remove(i).expect("index in range");
-            pool.extend(f.event);
+            if let Some(k) = f.event {
+                events.release(k);
+            }
             return Ok(Some(f.item));
         }
     }
     Ok(None)
 }
 
-/// Is the entry ready (event complete)? Moves a completed event to the pool.
-fn settle<B: Backend, T>(
-    backend: &B,
-    f: &mut Free<T, B::Event>,
-    pool: &mut Vec<B::Event>,
-) -> Result<bool> {
-    if let Some(e) = &f.event {
-        if backend.event_query(e)? != EventStatus::Complete {
+/// Is the entry ready (event complete)? Drops its event reference if so.
+fn settle<B: Backend, T>(backend: &B, f: &mut Free<T>, events: &mut FreeEvents<B>) -> Result<bool> {
+    if let Some(k) = f.event {
+        if !events.done(backend, k)? {
             return Ok(false);
         }
-        pool.extend(f.event.take());
+        events.release(k);
+        f.event = None;
     }
     Ok(true)
 }
@@ -240,7 +240,7 @@ impl<B: Backend> VmmAllocator<B> {
                     small: BTreeMap::new(),
                     granules: BTreeMap::new(),
                     next_granule: 0,
-                    event_pool: Vec::new(),
+                    events: FreeEvents::new(),
                     quarantine: Vec::new(),
                     large_live: 0,
                     small_quarantined: 0,
@@ -339,6 +339,28 @@ impl<B: Backend> VmmAllocator<B> {
         buf.free_on(stream)
     }
 
+    /// Free many buffers once the work queued on `stream` so far has
+    /// completed, with one event for all of them (cheaper than `free` each).
+    /// Buffers of another allocator are freed on their own allocator.
+    pub fn free_all(
+        &self,
+        bufs: impl IntoIterator<Item = Buffer<B>>,
+        stream: &B::Stream,
+    ) -> Result<()> {
+        let mut mine = Vec::new();
+        let mut result = Ok(());
+        for mut buf in bufs {
+            if Arc::ptr_eq(&buf.owner, &self.inner) {
+                let kind = buf.kind.take().expect("a live buffer has a block");
+                mine.push((kind, buf.size));
+            } else if let Err(e) = buf.free_on(stream) {
+                result = result.and(Err(e));
+            }
+        }
+        let r = self.inner.release(mine, Some(stream));
+        result.and(r)
+    }
+
     /// Release cached memory: ready blocks, empty granules, pooled events.
     /// Returns the physical bytes released.
     pub fn trim(&self) -> Result<u64> {
@@ -372,7 +394,7 @@ impl<B: Backend> VmmAllocator<B> {
         s.pending_frees = (pending_large + pending_small) as u64;
         s.granules = st.granules.len() as u64;
         s.quarantined = st.quarantine.len() as u64;
-        s.event_handles = (st.event_pool.len() + pending_large + pending_small) as u64;
+        s.event_handles = st.events.handles() as u64;
         s
     }
 
@@ -478,7 +500,7 @@ impl<B: Backend> Inner<B> {
                 DeviceError::InvalidArgument(format!("allocation of {size} bytes overflows"))
             })?;
         if let Some(list) = st.large.get_mut(&class) {
-            if let Some(mut b) = take_ready(self.backend(), list, &mut st.event_pool)? {
+            if let Some(mut b) = take_ready(self.backend(), list, &mut st.events)? {
                 if list.is_empty() {
                     st.large.remove(&class);
                 }
@@ -501,7 +523,7 @@ impl<B: Backend> Inner<B> {
     fn alloc_small(&self, st: &mut State<B>, size: u64) -> Result<(Kind<B>, bool)> {
         let class = self.small_class(size);
         let found = match st.small.get_mut(&class) {
-            Some(list) => take_ready(self.backend(), list, &mut st.event_pool)?,
+            Some(list) => take_ready(self.backend(), list, &mut st.events)?,
             None => None,
         };
         let mut slot = match found {
@@ -562,50 +584,63 @@ impl<B: Backend> Inner<B> {
         Ok((Kind::Small(slot), reused))
     }
 
-    /// Return a block to its free list, ordered after `stream` if given.
-    fn release(&self, kind: Kind<B>, size: u64, stream: Option<&B::Stream>) -> Result<()> {
+    /// Return blocks to their free lists, ordered after `stream` if given
+    /// (one event for all of them).
+    fn release(&self, blocks: Vec<(Kind<B>, u64)>, stream: Option<&B::Stream>) -> Result<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
         let mut st = self.lock();
-        st.stats.bytes_in_use -= size;
-        st.stats.buffers_live -= 1;
-        match &kind {
-            Kind::Large(_) => st.large_live -= 1,
-            Kind::Small(s) => {
-                st.granules
-                    .get_mut(&s.granule)
-                    .expect("slot of a live granule")
-                    .live -= 1;
+        for (kind, size) in &blocks {
+            st.stats.bytes_in_use -= size;
+            st.stats.buffers_live -= 1;
+            match kind {
+                Kind::Large(_) => st.large_live -= 1,
+                Kind::Small(s) => {
+                    st.granules
+                        .get_mut(&s.granule)
+                        .expect("slot of a live granule")
+                        .live -= 1;
+                }
             }
         }
         let (event, result) = match stream {
             None => (None, Ok(())),
-            Some(stream) => match self.record_free_event(&mut st, stream) {
-                Ok(e) => (Some(e), Ok(())),
+            Some(stream) => match st
+                .events
+                .record(self.backend(), stream, blocks.len() as u64)
+            {
+                Ok(k) => (Some(k), Ok(())),
                 Err(e) => {
                     // Cannot order the free: wait for the stream instead, or
-                    // never hand the block out again.
+                    // never hand the blocks out again.
                     if let Err(sync) = self.backend().stream_synchronize(stream) {
-                        tracing::warn!(error = %sync, "vmm: free could not be ordered; block quarantined");
-                        self.quarantine(&mut st, kind);
+                        tracing::warn!(error = %sync, "vmm: free could not be ordered; blocks quarantined");
+                        for (kind, _) in blocks {
+                            self.quarantine(&mut st, kind);
+                        }
                         return Err(e);
                     }
                     (None, Err(e))
                 }
             },
         };
-        match kind {
-            Kind::Large(b) => {
-                let class = b.va.size();
-                st.large
-                    .entry(class)
-                    .or_default()
-                    .push_back(Free { item: b, event });
-            }
-            Kind::Small(s) => {
-                let class = st.granules[&s.granule].class;
-                st.small
-                    .entry(class)
-                    .or_default()
-                    .push_back(Free { item: s, event });
+        for (kind, _) in blocks {
+            match kind {
+                Kind::Large(b) => {
+                    let class = b.va.size();
+                    st.large
+                        .entry(class)
+                        .or_default()
+                        .push_back(Free { item: b, event });
+                }
+                Kind::Small(s) => {
+                    let class = st.granules[&s.granule].class;
+                    st.small
+                        .entry(class)
+                        .or_default()
+                        .push_back(Free { item: s, event });
+                }
             }
         }
         result
@@ -618,20 +653,6 @@ impl<B: Backend> Inner<B> {
             st.small_quarantined += 1;
         }
         st.quarantine.push(kind);
-    }
-
-    fn record_free_event(&self, st: &mut State<B>, stream: &B::Stream) -> Result<B::Event> {
-        let event = match st.event_pool.pop() {
-            Some(e) => e,
-            None => self.backend().event_create()?,
-        };
-        match self.backend().event_record(&event, stream) {
-            Ok(()) => Ok(event),
-            Err(e) => {
-                st.event_pool.push(event);
-                Err(e)
-            }
-        }
     }
 
     fn release_large(b: Large<B>) -> Result<u64> {
@@ -653,7 +674,7 @@ impl<B: Backend> Inner<B> {
         for list in st.large.values_mut() {
             let mut keep = VecDeque::with_capacity(list.len());
             for mut f in list.drain(..) {
-                match settle(&*backend, &mut f, &mut st.event_pool) {
+                match settle(&*backend, &mut f, &mut st.events) {
                     Ok(true) => ready_large.push(f.item),
                     Ok(false) => keep.push_back(f),
                     Err(e) => {
@@ -688,7 +709,7 @@ impl<B: Backend> Inner<B> {
                 .expect("class of a granule has a list");
             let mut all_ready = true;
             for f in list.iter_mut().filter(|f| f.item.granule == key) {
-                match settle(&*backend, f, &mut st.event_pool) {
+                match settle(&*backend, f, &mut st.events) {
                     Ok(true) => {}
                     Ok(false) => all_ready = false,
                     Err(e) => {
@@ -718,9 +739,7 @@ impl<B: Backend> Inner<B> {
                 }
             }
         }
-        for e in st.event_pool.drain(..) {
-            keep_first(&mut first, backend.event_destroy(e));
-        }
+        keep_first(&mut first, st.events.destroy_pool(&*backend));
         match first {
             Some(e) => Err(e),
             None => Ok(released),
@@ -733,22 +752,14 @@ impl<B: Backend> Drop for Inner<B> {
     /// are recorded in the context).
     fn drop(&mut self) {
         let ctx = self.ctx.clone();
-        let backend = ctx.backend().clone();
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        let mut events = std::mem::take(&mut st.event_pool);
         let mut blocks: Vec<Large<B>> = Vec::new();
         for f in std::mem::take(&mut st.large).into_values().flatten() {
             blocks.push(f.item);
-            events.extend(f.event);
         }
-        for f in std::mem::take(&mut st.small).into_values().flatten() {
-            events.extend(f.event);
-        }
-        for e in &events {
-            if let Err(err) = backend.event_synchronize(e) {
-                ctx.record_deferred(err);
-            }
-        }
+        st.small.clear();
+        // Wait for pending frees before any memory goes back to the driver.
+        st.events.teardown(&ctx);
         for k in std::mem::take(&mut st.quarantine) {
             if let Kind::Large(b) = k {
                 blocks.push(b);
@@ -765,11 +776,6 @@ impl<B: Backend> Drop for Inner<B> {
         for b in blocks {
             if let Err(e) = Self::release_large(b) {
                 ctx.record_deferred(e);
-            }
-        }
-        for e in events {
-            if let Err(err) = backend.event_destroy(e) {
-                ctx.record_deferred(err);
             }
         }
     }

@@ -18,6 +18,7 @@
 //!   not remappable (their memory shares a granule).
 //! - **Stream-ordered frees.** [`VmmAllocator::free`] records an event on the
 //!   freeing stream; the block is reused only once that event has completed.
+//!   [`VmmAllocator::free_all`] frees many buffers with one event.
 //!   Dropping a `Buffer` frees it at once (the caller asserts that no queued
 //!   work uses it).
 //! - **Deterministic reuse.** Each size class is a FIFO of freed blocks; an
@@ -33,6 +34,7 @@
 #![deny(unsafe_code)]
 
 mod allocator;
+mod events;
 mod raii;
 
 pub use allocator::{Buffer, VmmAllocator};
