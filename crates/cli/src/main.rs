@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod inspect;
+mod policy;
 
 #[derive(Parser)]
 #[command(name = "xla-vmm", version, about = "Inspect, replay and tune XLA GPU executables on the xla-vmm runtime")]
@@ -17,6 +18,8 @@ enum Command {
     // One line per subcommand: `Name(module::Args)`.
     /// Decode a serialized XLA GPU executable and summarize it.
     Inspect(inspect::Args),
+    /// Show what the skip/remap/copy rule decides for a described device and slot list.
+    Policy(policy::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -31,6 +34,7 @@ fn main() -> std::process::ExitCode {
     let result: anyhow::Result<()> = match cli.command {
         // One line per subcommand: `Command::Name(args) => module::run(args),`
         Command::Inspect(args) => inspect::run(args),
+        Command::Policy(args) => policy::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -47,10 +47,13 @@ impl<'a> Ctx<'a> {
             .collect();
         let mut order: Vec<usize> = (0..input.slots.len()).filter(|&i| churn[i] > 0.0).collect();
         order.sort_by_key(|&i| (input.slots[i].size, i));
+        let all_remap_us = StepCost::all_remap(&input.device, &churn).remap_us;
         Ctx {
             input,
             cap: input.knobs.shadow_cap_bytes(input.device.free_bytes),
-            budget: input.knobs.copy_budget_us(input.step.as_ref()),
+            budget: input
+                .knobs
+                .copy_budget_us(input.step.as_ref(), all_remap_us),
             churn,
             order,
         }

@@ -19,23 +19,18 @@ pub const THRESHOLD_ENV: &str = "XLA_VMM_TMP_COPY_THRESHOLD";
 /// In JSON and in the environment it is the raw number, so the setting reads
 /// the same everywhere: `0` = [`Threshold::RemapAll`], `1` = [`Threshold::Auto`],
 /// anything larger = [`Threshold::Bytes`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "u64", into = "u64")]
 pub enum Threshold {
     /// `0`: every changing slot is remapped (the baseline of the A/B).
     RemapAll,
+    #[default]
     /// `1` (the default): the cutoff is derived from measured costs and free
     /// memory, see the crate docs.
     Auto,
     /// `N > 1`: changing slots of at most `N` bytes are copied (within the
     /// shadow memory cap), larger ones remapped.
     Bytes(u64),
-}
-
-impl Default for Threshold {
-    fn default() -> Self {
-        Threshold::Auto
-    }
 }
 
 impl From<u64> for Threshold {
@@ -175,8 +170,7 @@ pub struct Knobs {
     /// fraction of free device memory. Default 0.01 (1 %).
     pub shadow_free_fraction: f64,
     /// Hard cap on the expected GPU time of a step's copies, µs. `None` =
-    /// [`Knobs::DEFAULT_COPY_BUDGET_US`], or 5 % of the GPU step time when step
-    /// times are known and that is larger.
+    /// derived, see [`Knobs::copy_budget_us`].
     pub copy_budget_us: Option<f64>,
     /// Shadows per copy slot: one per VA reservation (two reservations are
     /// used alternately). Default 2.
@@ -191,18 +185,36 @@ pub struct Knobs {
 }
 
 impl Knobs {
-    /// Copy-time budget per step when step times are unknown, µs.
-    pub const DEFAULT_COPY_BUDGET_US: f64 = 100.0;
-    /// Fraction of the GPU step time allowed for copies when it is known.
+    /// Floor of the derived copy-time budget, µs (the reference rule's
+    /// unmeasured budget is 15 µs; ours is larger because copies are batched).
+    pub const MIN_COPY_BUDGET_US: f64 = 100.0;
+    /// With the bound unknown: copies may cost up to this fraction of what
+    /// remapping every changing slot would (bounded regret, see below).
+    pub const COPY_BUDGET_REMAP_FRACTION: f64 = 0.1;
+    /// With step times known: copies may take this fraction of the GPU time.
     pub const COPY_BUDGET_GPU_FRACTION: f64 = 0.05;
 
-    /// The copy-time budget in force, µs.
-    pub fn copy_budget_us(&self, step: Option<&StepTimes>) -> f64 {
+    /// The copy-time budget in force, µs, given the step times (if known)
+    /// and `all_remap_us`, the expected cost of remapping every changing slot.
+    ///
+    /// Every admitted copy already pays for itself in the cost model; the
+    /// budget bounds the damage when the model is wrong about the step.
+    /// * Bound unknown: `max(100 µs, 10 % of all_remap_us)`. If the step is in
+    ///   fact GPU-bound and every remap would have hidden behind it, the
+    ///   copies cost at most a tenth of what they save when it is not.
+    /// * Step times known (the objective then weighs host against GPU time
+    ///   exactly): `max(100 µs, 5 % of the GPU time, host − GPU time)`; the
+    ///   last term is the GPU idle time of a host-bound step, where copies
+    ///   are free.
+    pub fn copy_budget_us(&self, step: Option<&StepTimes>, all_remap_us: f64) -> f64 {
         if let Some(b) = self.copy_budget_us {
             return b;
         }
-        let from_step = step.map_or(0.0, |s| s.gpu_us * Self::COPY_BUDGET_GPU_FRACTION);
-        Self::DEFAULT_COPY_BUDGET_US.max(from_step)
+        let derived = match step {
+            None => all_remap_us * Self::COPY_BUDGET_REMAP_FRACTION,
+            Some(s) => (s.gpu_us * Self::COPY_BUDGET_GPU_FRACTION).max(s.host_us - s.gpu_us),
+        };
+        Self::MIN_COPY_BUDGET_US.max(derived)
     }
 
     /// Bytes of shadow memory one copy slot of `size` bytes costs.

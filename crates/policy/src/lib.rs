@@ -68,8 +68,11 @@
 //!    its bytes (its direction's launch is shared), its shadow still fits the
 //!    **shadow cap** (1 % of free memory, all reservations' shadows counted,
 //!    each rounded to 256 B: the cap can never cause an OOM), and the batched
-//!    copy time stays under the **copy budget** (100 µs, or 5 % of the GPU
-//!    step time when known).
+//!    copy time stays under the **copy budget** (bound unknown: 100 µs or a
+//!    tenth of what remapping every changing slot costs, whichever is more,
+//!    so a wrong guess about the bound costs at most a tenth of the gain;
+//!    bound known: 100 µs, 5 % of the GPU time, or the GPU's idle time in a
+//!    host-bound step, whichever is most; see [`Knobs::copy_budget_us`]).
 //! 3. Charge the launches: of the prefixes of the admitted sequence, keep the
 //!    one with the lowest expected step cost (so a lone tiny copy that does
 //!    not pay for its launch is dropped).
