@@ -1,0 +1,405 @@
+//! `PJRT_Buffer`: an array in device memory from the VMM allocator.
+//!
+//! A buffer is live until `PJRT_Buffer_Delete` or donation to an execution;
+//! after that every access is an error that says which of the two happened
+//! (`PJRT_Buffer_Destroy` only drops the handle). Device layout is always
+//! dense major-to-minor; host layouts may be strided or permuted.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use xla_vmm_ffi::pjrt::*;
+
+use crate::cabi;
+use crate::client::{self, Client};
+use crate::device::{Device, Memory};
+use crate::devmem::Allocation;
+use crate::dtype;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::handles::{Handle, Registry};
+
+pub enum State {
+    Live(Allocation),
+    Deleted,
+    Donated,
+}
+
+pub struct Buffer {
+    pub device: Arc<Device>,
+    pub memory: Arc<Memory>,
+    pub dtype: PJRT_Buffer_Type,
+    pub dims: Vec<i64>,
+    minor_to_major: Vec<i64>,
+    /// Logical size in bytes (elements × element size).
+    pub bytes: u64,
+    state: Mutex<State>,
+}
+
+static BUFFERS: Registry<Buffer> = Registry::new();
+
+impl Handle for Buffer {
+    type C = PJRT_Buffer;
+    const KIND: &'static str = "PJRT_Buffer";
+    fn registry() -> &'static Registry<Self> {
+        &BUFFERS
+    }
+}
+
+/// Number of live `PJRT_Buffer` handles (leak checks in tests).
+pub fn live_buffers() -> usize {
+    BUFFERS.len()
+}
+
+/// Sanity limit on a host array's byte extent (guards against garbage strides).
+const MAX_HOST_EXTENT: i64 = 1 << 46;
+
+impl Buffer {
+    /// A new buffer of `dtype[dims]` on `device`, uninitialized.
+    pub fn alloc(
+        device: Arc<Device>,
+        dtype: PJRT_Buffer_Type,
+        dims: &[i64],
+    ) -> Result<Arc<Buffer>> {
+        let elem = dtype::element_size(dtype)?;
+        let bytes = dtype::num_elements(dims)?
+            .checked_mul(elem as u64)
+            .ok_or_else(|| Error::invalid(format!("shape {dims:?} overflows")))?;
+        let allocation = device.mem.alloc(bytes)?;
+        let memory = device.default_memory()?;
+        Ok(Arc::new(Buffer {
+            device,
+            memory,
+            dtype,
+            dims: dims.to_vec(),
+            minor_to_major: (0..dims.len() as i64).rev().collect(),
+            bytes,
+            state: Mutex::new(State::Live(allocation)),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn gone(state: &State) -> Error {
+        let what = match state {
+            State::Donated => "was donated to an execution (its memory now belongs to the output)",
+            _ => "was deleted",
+        };
+        Error::failed_precondition(format!("the buffer {what}; it cannot be used any more"))
+    }
+
+    /// Run `f` on the live allocation.
+    pub fn with_live<T>(&self, f: impl FnOnce(&Allocation) -> Result<T>) -> Result<T> {
+        match &*self.lock() {
+            State::Live(a) => f(a),
+            other => Err(Self::gone(other)),
+        }
+    }
+
+    /// Take the allocation out for donation; the buffer reads as donated.
+    pub fn take_for_donation(&self) -> Result<Allocation> {
+        let mut s = self.lock();
+        match std::mem::replace(&mut *s, State::Donated) {
+            State::Live(a) => Ok(a),
+            other => {
+                let e = Self::gone(&other);
+                *s = other;
+                Err(e)
+            }
+        }
+    }
+
+    pub fn delete(&self) {
+        let mut s = self.lock();
+        if matches!(*s, State::Live(_)) {
+            *s = State::Deleted;
+        }
+    }
+
+    pub fn is_deleted(&self) -> bool {
+        !matches!(*self.lock(), State::Live(_))
+    }
+
+    /// Dense major-to-minor bytes of the whole buffer.
+    pub fn read_all(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.bytes as usize];
+        self.with_live(|a| self.device.mem.download(&mut out, a.ptr))?;
+        Ok(out)
+    }
+}
+
+/// Host byte strides for `layout` (null = dense major-to-minor).
+fn host_strides(
+    layout: *const PJRT_Buffer_MemoryLayout,
+    dims: &[i64],
+    elem: usize,
+) -> Result<Vec<i64>> {
+    if layout.is_null() {
+        return Ok(dtype::dense_strides(dims, elem));
+    }
+    let layout = &cabi::slice(layout, 1, "layout")?[0];
+    // SAFETY (union reads inside `cabi`-checked memory): `type_` says which
+    // member the caller filled; we read only that one.
+    #[allow(unsafe_code)]
+    match layout.type_ {
+        PJRT_Buffer_MemoryLayout_Type_Strides => {
+            let s = unsafe { layout.__bindgen_anon_1.strides };
+            let strides = cabi::slice(s.byte_strides, s.num_byte_strides, "byte_strides")?;
+            if strides.len() != dims.len() {
+                return Err(Error::invalid(format!(
+                    "{} byte strides for a rank-{} array",
+                    strides.len(),
+                    dims.len()
+                )));
+            }
+            Ok(strides.to_vec())
+        }
+        PJRT_Buffer_MemoryLayout_Type_Tiled => {
+            let t = unsafe { layout.__bindgen_anon_1.tiled };
+            if t.num_tiles != 0 {
+                return Err(Error::unimplemented("tiled host layouts are not supported"));
+            }
+            let m2m = cabi::slice(t.minor_to_major, t.minor_to_major_size, "minor_to_major")?;
+            dtype::strides_from_minor_to_major(dims, m2m, elem)
+        }
+        other => Err(Error::invalid(format!("unknown layout type {other}"))),
+    }
+}
+
+fn check_extent(lo: i64, hi: i64) -> Result<()> {
+    if lo <= -MAX_HOST_EXTENT || hi >= MAX_HOST_EXTENT {
+        return Err(Error::invalid(format!(
+            "host array extent [{lo}, {hi}) is implausible (bad strides?)"
+        )));
+    }
+    Ok(())
+}
+
+// ---- entries ----------------------------------------------------------------
+
+pub fn from_host(a: &mut PJRT_Client_BufferFromHostBuffer_Args) -> Result<()> {
+    let client = Client::from_c(a.client)?;
+    let device = if !a.memory.is_null() {
+        client::memory_device(&client, a.memory)?
+    } else {
+        client.device(a.device)?
+    };
+    let dims = cabi::slice(a.dims, a.num_dims, "dims")?.to_vec();
+    let elem = dtype::element_size(a.type_)?;
+    if !a.device_layout.is_null() {
+        let strides = host_strides(a.device_layout, &dims, elem)?;
+        if strides != dtype::dense_strides(&dims, elem) {
+            return Err(Error::unimplemented(
+                "device layouts other than dense major-to-minor are not supported",
+            ));
+        }
+    }
+    let strides = if a.num_byte_strides == 0 {
+        dtype::dense_strides(&dims, elem)
+    } else {
+        let s = cabi::slice(a.byte_strides, a.num_byte_strides, "byte_strides")?;
+        if s.len() != dims.len() {
+            return Err(Error::invalid(format!(
+                "{} byte strides for a rank-{} array",
+                s.len(),
+                dims.len()
+            )));
+        }
+        s.to_vec()
+    };
+    let buffer = Buffer::alloc(device, a.type_, &dims)?;
+    let (lo, hi) = dtype::extent(&dims, &strides, elem);
+    check_extent(lo, hi)?;
+    if buffer.bytes > 0 {
+        let start = a.data.cast::<u8>().wrapping_offset(lo as isize);
+        let src = cabi::slice(start, (hi - lo) as usize, "data")?;
+        let dense_strides = dtype::dense_strides(&dims, elem);
+        buffer.with_live(|alloc| {
+            if strides == dense_strides {
+                buffer.device.mem.upload(alloc.ptr, src)
+            } else {
+                let dense = dtype::gather(src, -lo, &dims, &strides, elem);
+                buffer.device.mem.upload(alloc.ptr, &dense)
+            }
+        })?;
+    }
+    // The copy is complete: the host data may be freed at once.
+    a.done_with_host_buffer = Event::ready(Ok(())).into_c();
+    a.buffer = buffer.into_c();
+    Ok(())
+}
+
+pub fn to_host(a: &mut PJRT_Buffer_ToHostBuffer_Args) -> Result<()> {
+    let b = Buffer::from_c(a.src)?;
+    let elem = dtype::element_size(b.dtype)?;
+    let strides = host_strides(a.host_layout, &b.dims, elem)?;
+    let (lo, hi) = dtype::extent(&b.dims, &strides, elem);
+    check_extent(lo, hi)?;
+    let needed = (hi - lo) as usize;
+    if a.dst.is_null() {
+        a.dst_size = needed;
+        return Ok(());
+    }
+    if a.dst_size < needed {
+        return Err(Error::invalid(format!(
+            "dst_size is {} bytes, the buffer needs {needed}",
+            a.dst_size
+        )));
+    }
+    let data = b.read_all()?;
+    let dst = cabi::slice_mut(a.dst.cast::<u8>(), needed, "dst")?;
+    if strides == dtype::dense_strides(&b.dims, elem) {
+        dst.copy_from_slice(&data);
+    } else {
+        dtype::scatter(&data, dst, -lo, &b.dims, &strides, elem);
+    }
+    a.event = Event::ready(Ok(())).into_c();
+    Ok(())
+}
+
+fn copy_to(b: &Buffer, device: Arc<Device>) -> Result<Arc<Buffer>> {
+    let out = Buffer::alloc(device, b.dtype, &b.dims)?;
+    if Arc::ptr_eq(&out.device.mem, &b.device.mem) {
+        b.with_live(|src| out.with_live(|dst| b.device.mem.copy(dst.ptr, src.ptr, b.bytes)))?;
+    } else {
+        let data = b.read_all()?;
+        out.with_live(|dst| out.device.mem.upload(dst.ptr, &data))?;
+    }
+    Ok(out)
+}
+
+pub fn copy_to_device(a: &mut PJRT_Buffer_CopyToDevice_Args) -> Result<()> {
+    let b = Buffer::from_c(a.buffer)?;
+    let device = Device::from_c(a.dst_device)?;
+    a.dst_buffer = copy_to(&b, device)?.into_c();
+    Ok(())
+}
+
+pub fn copy_to_memory(a: &mut PJRT_Buffer_CopyToMemory_Args) -> Result<()> {
+    let b = Buffer::from_c(a.buffer)?;
+    let m = Memory::from_c(a.dst_memory)?;
+    let same = b.memory.id == m.id && Arc::ptr_eq(&b.memory, &m);
+    if !same {
+        return Err(Error::unimplemented(format!(
+            "copy to memory kind {:?} (only device memory exists)",
+            m.kind
+        )));
+    }
+    a.dst_buffer = copy_to(&b, b.device.clone())?.into_c();
+    Ok(())
+}
+
+pub fn destroy(a: &mut PJRT_Buffer_Destroy_Args) -> Result<()> {
+    Buffer::release(a.buffer)?;
+    Ok(())
+}
+
+pub fn delete(a: &mut PJRT_Buffer_Delete_Args) -> Result<()> {
+    Buffer::from_c(a.buffer)?.delete();
+    Ok(())
+}
+
+pub fn is_deleted(a: &mut PJRT_Buffer_IsDeleted_Args) -> Result<()> {
+    a.is_deleted = Buffer::from_c(a.buffer)?.is_deleted();
+    Ok(())
+}
+
+pub fn element_type(a: &mut PJRT_Buffer_ElementType_Args) -> Result<()> {
+    a.type_ = Buffer::from_c(a.buffer)?.dtype;
+    Ok(())
+}
+
+pub fn dimensions(a: &mut PJRT_Buffer_Dimensions_Args) -> Result<()> {
+    let b = Buffer::from_c(a.buffer)?;
+    // Lives as long as the buffer handle.
+    a.dims = b.dims.as_ptr();
+    a.num_dims = b.dims.len();
+    Ok(())
+}
+
+pub fn unpadded_dimensions(a: &mut PJRT_Buffer_UnpaddedDimensions_Args) -> Result<()> {
+    let b = Buffer::from_c(a.buffer)?;
+    a.unpadded_dims = b.dims.as_ptr();
+    a.num_dims = b.dims.len();
+    Ok(())
+}
+
+pub fn dynamic_dimension_indices(a: &mut PJRT_Buffer_DynamicDimensionIndices_Args) -> Result<()> {
+    Buffer::from_c(a.buffer)?;
+    a.dynamic_dim_indices = std::ptr::null();
+    a.num_dynamic_dims = 0;
+    Ok(())
+}
+
+pub fn memory_layout(a: &mut PJRT_Buffer_GetMemoryLayout_Args) -> Result<()> {
+    let b = Buffer::from_c(a.buffer)?;
+    a.layout.type_ = PJRT_Buffer_MemoryLayout_Type_Tiled;
+    a.layout.struct_size = PJRT_Buffer_MemoryLayout_STRUCT_SIZE as usize;
+    a.layout.__bindgen_anon_1.tiled = PJRT_Buffer_MemoryLayout_Tiled {
+        struct_size: PJRT_Buffer_MemoryLayout_Tiled_STRUCT_SIZE as usize,
+        extension_start: std::ptr::null_mut(),
+        minor_to_major: b.minor_to_major.as_ptr(),
+        minor_to_major_size: b.minor_to_major.len(),
+        tile_dims: std::ptr::null(),
+        tile_dim_sizes: std::ptr::null(),
+        num_tiles: 0,
+    };
+    Ok(())
+}
+
+pub fn on_device_size(a: &mut PJRT_Buffer_OnDeviceSizeInBytes_Args) -> Result<()> {
+    let b = Buffer::from_c(a.buffer)?;
+    b.with_live(|_| Ok(()))?;
+    a.on_device_size_in_bytes = b.bytes as usize;
+    Ok(())
+}
+
+pub fn device(a: &mut PJRT_Buffer_Device_Args) -> Result<()> {
+    a.device = Buffer::from_c(a.buffer)?.device.c_ptr();
+    Ok(())
+}
+
+pub fn memory(a: &mut PJRT_Buffer_Memory_Args) -> Result<()> {
+    a.memory = Buffer::from_c(a.buffer)?.memory.c_ptr();
+    Ok(())
+}
+
+pub fn is_on_cpu(a: &mut PJRT_Buffer_IsOnCpu_Args) -> Result<()> {
+    Buffer::from_c(a.buffer)?;
+    a.is_on_cpu = false;
+    Ok(())
+}
+
+pub fn ready_event(a: &mut PJRT_Buffer_ReadyEvent_Args) -> Result<()> {
+    Buffer::from_c(a.buffer)?;
+    // Buffers are written synchronously: ready as soon as they exist. Each
+    // call hands out its own event (the caller destroys it).
+    a.event = Event::ready(Ok(())).into_c();
+    Ok(())
+}
+
+pub fn unsafe_pointer(a: &mut PJRT_Buffer_UnsafePointer_Args) -> Result<()> {
+    let b = Buffer::from_c(a.buffer)?;
+    a.buffer_pointer = b.with_live(|al| Ok(al.ptr.0 as usize))?;
+    Ok(())
+}
+
+pub fn opaque_device_pointer(a: &mut PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args) -> Result<()> {
+    let b = Buffer::from_c(a.buffer)?;
+    a.device_memory_ptr = b.with_live(|al| Ok(al.ptr.0 as usize))? as *mut std::ffi::c_void;
+    Ok(())
+}
+
+pub fn increase_external_ref(
+    a: &mut PJRT_Buffer_IncreaseExternalReferenceCount_Args,
+) -> Result<()> {
+    Buffer::from_c(a.buffer)?.with_live(|_| Ok(()))
+}
+
+pub fn decrease_external_ref(
+    a: &mut PJRT_Buffer_DecreaseExternalReferenceCount_Args,
+) -> Result<()> {
+    Buffer::from_c(a.buffer)?;
+    Ok(())
+}

@@ -1,0 +1,271 @@
+//! The only place in the plugin that touches raw memory handed over by the C
+//! caller. Each helper turns a (pointer, length) pair from an args struct
+//! into a checked Rust view; the rest of the crate is safe code.
+//!
+//! The contract these rely on is the PJRT C API's: a pointer in an args
+//! struct points to `len` valid elements for the duration of the call (or
+//! is null with `len == 0`).
+#![allow(unsafe_code)]
+
+use std::ffi::{c_char, CString};
+
+use xla_vmm_ffi::pjrt::PJRT_NamedValue;
+
+use crate::error::{Error, Result};
+
+/// `ptr[..len]` as a slice; a null `ptr` is an error unless `len == 0`.
+pub fn slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Result<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Error::invalid(format!("{what} is null (length {len})")));
+    }
+    if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        return Err(Error::invalid(format!("{what} is misaligned")));
+    }
+    // SAFETY: non-null and aligned (checked above); the C API contract makes
+    // `ptr` valid for `len` reads of `T` during this call, and the caller
+    // does not write it concurrently.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// `ptr[..len]` as a mutable byte slice (a destination the caller owns).
+pub fn slice_mut<'a>(ptr: *mut u8, len: usize, what: &str) -> Result<&'a mut [u8]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if ptr.is_null() {
+        return Err(Error::invalid(format!("{what} is null (length {len})")));
+    }
+    // SAFETY: non-null; the C API contract makes `ptr` valid for `len` byte
+    // writes during this call and not aliased by anything we hold.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+}
+
+/// A (pointer, length) string, UTF-8 checked.
+pub fn str<'a>(ptr: *const c_char, len: usize, what: &str) -> Result<&'a str> {
+    let bytes = slice(ptr.cast::<u8>(), len, what)?;
+    std::str::from_utf8(bytes).map_err(|_| Error::invalid(format!("{what} is not UTF-8")))
+}
+
+/// Read the leading `size_t struct_size` of a non-null args struct.
+///
+/// # Safety
+/// `args` must be non-null and point to a PJRT args struct (all of which
+/// begin with `size_t struct_size`).
+pub unsafe fn struct_size<A>(args: *const A) -> usize {
+    // SAFETY: guaranteed by the caller (see above).
+    unsafe { args.cast::<usize>().read_unaligned() }
+}
+
+/// Turn a checked args pointer into a reference.
+///
+/// # Safety
+/// `args` must be non-null, aligned, and point to a struct of type `A` whose
+/// `struct_size` is at least `A`'s header `STRUCT_SIZE`: the caller's struct
+/// is the same C type (or a newer, longer version of it), so every field of
+/// `A` lies inside it.
+pub unsafe fn args_mut<'a, A>(args: *mut A) -> &'a mut A {
+    // SAFETY: guaranteed by the caller (see above).
+    unsafe { &mut *args }
+}
+
+/// A raw pointer that is only ever handed to the C side (never dereferenced
+/// by us), so it may live in shared objects.
+#[repr(transparent)]
+#[derive(Debug, PartialEq, Eq)]
+pub struct CPtr<T>(pub *mut T);
+
+impl<T> Clone for CPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for CPtr<T> {}
+
+// SAFETY: a `CPtr` is an opaque address given to C callers; Rust code never
+// dereferences it, so sharing it across threads cannot cause a data race.
+unsafe impl<T> Send for CPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for CPtr<T> {}
+
+/// Attribute values in the C API's (name, typed value) form.
+#[derive(Clone, Debug)]
+pub enum Value {
+    Str(String),
+    Int(i64),
+    Ints(Vec<i64>),
+    Float(f32),
+    Bool(bool),
+}
+
+/// An owned `PJRT_NamedValue` array whose pointers point into itself.
+pub struct NamedValues {
+    // Backing storage; never mutated after construction.
+    _names: Vec<CString>,
+    _strs: Vec<CString>,
+    _ints: Vec<Vec<i64>>,
+    values: Vec<PJRT_NamedValue>,
+}
+
+// SAFETY: the raw pointers inside `values` point into the owned, immutable
+// storage of the same object; nothing mutates it after construction.
+unsafe impl Send for NamedValues {}
+// SAFETY: as above (read-only after construction).
+unsafe impl Sync for NamedValues {}
+
+impl NamedValues {
+    pub fn new(items: Vec<(&str, Value)>) -> Self {
+        use xla_vmm_ffi::pjrt::*;
+        let mut names = Vec::new();
+        let mut strs = Vec::new();
+        let mut ints = Vec::new();
+        let mut values = Vec::new();
+        for (name, value) in items {
+            let cname = CString::new(name.replace('\0', "")).unwrap_or_default();
+            let name_ptr = cname.as_ptr();
+            let name_size = cname.as_bytes().len();
+            names.push(cname);
+            let (type_, anon, value_size) = match value {
+                Value::Str(s) => {
+                    let c = CString::new(s.replace('\0', "")).unwrap_or_default();
+                    let len = c.as_bytes().len();
+                    let anon = PJRT_NamedValue__bindgen_ty_1 {
+                        string_value: c.as_ptr(),
+                    };
+                    strs.push(c);
+                    (PJRT_NamedValue_kString, anon, len)
+                }
+                Value::Int(v) => (
+                    PJRT_NamedValue_kInt64,
+                    PJRT_NamedValue__bindgen_ty_1 { int64_value: v },
+                    1,
+                ),
+                Value::Ints(v) => {
+                    let anon = PJRT_NamedValue__bindgen_ty_1 {
+                        int64_array_value: v.as_ptr(),
+                    };
+                    let len = v.len();
+                    ints.push(v);
+                    (PJRT_NamedValue_kInt64List, anon, len)
+                }
+                Value::Float(v) => (
+                    PJRT_NamedValue_kFloat,
+                    PJRT_NamedValue__bindgen_ty_1 { float_value: v },
+                    1,
+                ),
+                Value::Bool(v) => (
+                    PJRT_NamedValue_kBool,
+                    PJRT_NamedValue__bindgen_ty_1 { bool_value: v },
+                    1,
+                ),
+            };
+            values.push(PJRT_NamedValue {
+                struct_size: PJRT_NamedValue_STRUCT_SIZE as usize,
+                extension_start: std::ptr::null_mut(),
+                name: name_ptr,
+                name_size,
+                type_,
+                __bindgen_anon_1: anon,
+                value_size,
+            });
+        }
+        NamedValues {
+            _names: names,
+            _strs: strs,
+            _ints: ints,
+            values,
+        }
+    }
+
+    pub fn as_ptr(&self) -> *const PJRT_NamedValue {
+        self.values.as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+}
+
+/// Read a caller's `PJRT_NamedValue` list into owned values.
+pub fn read_named_values(ptr: *const PJRT_NamedValue, len: usize) -> Result<Vec<(String, Value)>> {
+    use xla_vmm_ffi::pjrt::*;
+    let mut out = Vec::new();
+    for nv in slice(ptr, len, "create_options")? {
+        if nv.struct_size < PJRT_NamedValue_STRUCT_SIZE as usize {
+            return Err(Error::invalid(format!(
+                "PJRT_NamedValue.struct_size is {}, expected at least {}",
+                nv.struct_size, PJRT_NamedValue_STRUCT_SIZE
+            )));
+        }
+        let name = str(nv.name, nv.name_size, "option name")?.to_string();
+        // SAFETY (union reads): `type_` says which member the caller wrote;
+        // we read only that member.
+        let value = match nv.type_ {
+            PJRT_NamedValue_kString => {
+                let p = unsafe { nv.__bindgen_anon_1.string_value };
+                Value::Str(str(p, nv.value_size, &name)?.to_string())
+            }
+            PJRT_NamedValue_kInt64 => Value::Int(unsafe { nv.__bindgen_anon_1.int64_value }),
+            PJRT_NamedValue_kInt64List => {
+                let p = unsafe { nv.__bindgen_anon_1.int64_array_value };
+                Value::Ints(slice(p, nv.value_size, &name)?.to_vec())
+            }
+            PJRT_NamedValue_kFloat => Value::Float(unsafe { nv.__bindgen_anon_1.float_value }),
+            PJRT_NamedValue_kBool => Value::Bool(unsafe { nv.__bindgen_anon_1.bool_value }),
+            other => {
+                return Err(Error::invalid(format!(
+                    "option {name}: unknown value type {other}"
+                )))
+            }
+        };
+        out.push((name, value));
+    }
+    Ok(out)
+}
+
+/// A caller's `PJRT_Event_OnReady` callback with its user argument.
+#[derive(Copy, Clone)]
+pub struct OnReady {
+    callback: unsafe extern "C" fn(*mut xla_vmm_ffi::pjrt::PJRT_Error, *mut std::ffi::c_void),
+    user_arg: CPtr<std::ffi::c_void>,
+}
+
+impl OnReady {
+    pub fn new(
+        callback: xla_vmm_ffi::pjrt::PJRT_Event_OnReadyCallback,
+        user_arg: *mut std::ffi::c_void,
+    ) -> Result<Self> {
+        let callback = callback.ok_or_else(|| Error::invalid("callback is null"))?;
+        Ok(OnReady {
+            callback,
+            user_arg: CPtr(user_arg),
+        })
+    }
+
+    /// Call it once; it takes ownership of `error` (null = success).
+    pub fn call(self, error: *mut xla_vmm_ffi::pjrt::PJRT_Error) {
+        // SAFETY: the caller registered this function with this argument
+        // for exactly one call when the event completes; the C API makes the
+        // callback responsible for `error`.
+        unsafe { (self.callback)(error, self.user_arg.0) }
+    }
+}
+
+/// Copy `src` into the caller's array `dst[..src.len()]`.
+pub fn write_slice<T: Copy>(dst: *mut T, src: &[T], what: &str) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    if dst.is_null() {
+        return Err(Error::invalid(format!("{what} is null")));
+    }
+    if !(dst as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        return Err(Error::invalid(format!("{what} is misaligned")));
+    }
+    // SAFETY: non-null and aligned (checked); the C API contract gives us
+    // room for at least `src.len()` elements (the caller checked the size).
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! `PJRT_Client`: options, the device backend, devices and memories.
+//!
+//! The platform name is `cuda` on every backend (the host backend too), so
+//! JAX applies its GPU lowering rules to programs for this client.
+
+use std::sync::Arc;
+
+use xla_vmm_device::{Backend, HostBackend, HostConfig};
+use xla_vmm_ffi::pjrt::*;
+
+use crate::cabi::{self, CPtr};
+use crate::device::{Device, Memory};
+use crate::devmem::{DeviceMemory, VmmMemory};
+use crate::error::{Error, Result};
+use crate::handles::{Handle, Registry};
+use crate::options::{BackendKind, ClientOptions};
+
+pub const PLATFORM_NAME: &str = "cuda";
+
+pub struct Client {
+    pub options: ClientOptions,
+    pub platform_version: String,
+    pub devices: Vec<Arc<Device>>,
+    device_ptrs: Vec<CPtr<PJRT_Device>>,
+    memory_ptrs: Vec<CPtr<PJRT_Memory>>,
+}
+
+static CLIENTS: Registry<Client> = Registry::new();
+
+impl Handle for Client {
+    type C = PJRT_Client;
+    const KIND: &'static str = "PJRT_Client";
+    fn registry() -> &'static Registry<Self> {
+        &CLIENTS
+    }
+}
+
+impl Client {
+    /// A client over an existing backend (tests pass a `HostBackend` they
+    /// keep a handle to, to check for leaks after destroy).
+    pub fn with_backend<B: Backend>(
+        options: ClientOptions,
+        backend: Arc<B>,
+    ) -> Result<Arc<Client>> {
+        let mem: Arc<dyn DeviceMemory> = Arc::new(VmmMemory::new(backend.clone())?);
+        let info = backend.info();
+        let platform_version = format!(
+            "xla-vmm {} ({} backend, {})",
+            env!("CARGO_PKG_VERSION"),
+            info.backend,
+            info.name
+        );
+        let devices = vec![Device::create(0, mem)];
+        let device_ptrs = devices.iter().map(|d| CPtr(d.c_ptr())).collect();
+        let memory_ptrs = devices
+            .iter()
+            .flat_map(|d| d.memories.get().into_iter().flatten())
+            .map(|m| CPtr(m.c_ptr()))
+            .collect();
+        tracing::info!(backend = info.backend, device = %info.name, "xla-vmm client created");
+        Ok(Arc::new(Client {
+            options,
+            platform_version,
+            devices,
+            device_ptrs,
+            memory_ptrs,
+        }))
+    }
+
+    pub fn new(options: ClientOptions) -> Result<Arc<Client>> {
+        match options.backend {
+            BackendKind::Host => {
+                let backend = Arc::new(HostBackend::new(HostConfig::default())?);
+                Self::with_backend(options, backend)
+            }
+            BackendKind::Cuda => new_cuda(options),
+        }
+    }
+
+    pub fn device(&self, ptr: *mut PJRT_Device) -> Result<Arc<Device>> {
+        let d = Device::from_c(ptr)?;
+        if !self.devices.iter().any(|x| Arc::ptr_eq(x, &d)) {
+            return Err(Error::invalid("the device belongs to another client"));
+        }
+        Ok(d)
+    }
+
+    fn teardown(&self) {
+        for d in &self.devices {
+            d.unregister();
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn new_cuda(options: ClientOptions) -> Result<Arc<Client>> {
+    let backend = xla_vmm_device::cuda::CudaBackend::new(0).map_err(|e| {
+        Error::from(e).context("creating the CUDA backend (set backend=host to run without a GPU)")
+    })?;
+    Client::with_backend(options, Arc::new(backend))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn new_cuda(_options: ClientOptions) -> Result<Arc<Client>> {
+    Err(Error::unimplemented(
+        "this build of the xla-vmm plugin has no CUDA backend (feature `cuda`)",
+    ))
+}
+
+/// Register a client and return its C handle.
+pub fn into_c(client: Arc<Client>) -> *mut PJRT_Client {
+    client.into_c()
+}
+
+// ---- entries ----------------------------------------------------------------
+
+pub fn create(a: &mut PJRT_Client_Create_Args) -> Result<()> {
+    let items = cabi::read_named_values(a.create_options, a.num_options)?;
+    let options = ClientOptions::parse(&items)?;
+    a.client = Client::new(options)?.into_c();
+    Ok(())
+}
+
+pub fn destroy(a: &mut PJRT_Client_Destroy_Args) -> Result<()> {
+    let client = Client::release(a.client)?;
+    client.teardown();
+    Ok(())
+}
+
+pub fn platform_name(a: &mut PJRT_Client_PlatformName_Args) -> Result<()> {
+    Client::from_c(a.client)?;
+    a.platform_name = PLATFORM_NAME.as_ptr().cast();
+    a.platform_name_size = PLATFORM_NAME.len();
+    Ok(())
+}
+
+pub fn process_index(a: &mut PJRT_Client_ProcessIndex_Args) -> Result<()> {
+    Client::from_c(a.client)?;
+    a.process_index = 0;
+    Ok(())
+}
+
+pub fn platform_version(a: &mut PJRT_Client_PlatformVersion_Args) -> Result<()> {
+    let c = Client::from_c(a.client)?;
+    // The string lives as long as the client.
+    a.platform_version = c.platform_version.as_ptr().cast();
+    a.platform_version_size = c.platform_version.len();
+    Ok(())
+}
+
+pub fn devices(a: &mut PJRT_Client_Devices_Args) -> Result<()> {
+    let c = Client::from_c(a.client)?;
+    a.devices = c.device_ptrs.as_ptr().cast();
+    a.num_devices = c.device_ptrs.len();
+    Ok(())
+}
+
+pub fn addressable_devices(a: &mut PJRT_Client_AddressableDevices_Args) -> Result<()> {
+    let c = Client::from_c(a.client)?;
+    a.addressable_devices = c.device_ptrs.as_ptr().cast();
+    a.num_addressable_devices = c.device_ptrs.len();
+    Ok(())
+}
+
+pub fn lookup_device(a: &mut PJRT_Client_LookupDevice_Args) -> Result<()> {
+    let c = Client::from_c(a.client)?;
+    let d = c
+        .devices
+        .iter()
+        .find(|d| d.id() == a.id)
+        .ok_or_else(|| Error::invalid(format!("no device with id {}", a.id)))?;
+    a.device = d.c_ptr();
+    Ok(())
+}
+
+pub fn lookup_addressable_device(a: &mut PJRT_Client_LookupAddressableDevice_Args) -> Result<()> {
+    let c = Client::from_c(a.client)?;
+    let d = c
+        .devices
+        .iter()
+        .find(|d| d.local_hardware_id == a.local_hardware_id)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "no device with local hardware id {}",
+                a.local_hardware_id
+            ))
+        })?;
+    a.addressable_device = d.c_ptr();
+    Ok(())
+}
+
+pub fn addressable_memories(a: &mut PJRT_Client_AddressableMemories_Args) -> Result<()> {
+    let c = Client::from_c(a.client)?;
+    a.addressable_memories = c.memory_ptrs.as_ptr().cast();
+    a.num_addressable_memories = c.memory_ptrs.len();
+    Ok(())
+}
+
+pub fn default_device_assignment(a: &mut PJRT_Client_DefaultDeviceAssignment_Args) -> Result<()> {
+    let c = Client::from_c(a.client)?;
+    let n = (a.num_replicas.max(0) as usize) * (a.num_partitions.max(0) as usize);
+    if n > c.devices.len() {
+        return Err(Error::invalid(format!(
+            "{} replicas x {} partitions need {n} devices; this client has {}",
+            a.num_replicas,
+            a.num_partitions,
+            c.devices.len()
+        )));
+    }
+    if a.default_assignment_size < n {
+        return Err(Error::invalid(format!(
+            "default_assignment has room for {} ids, {n} needed",
+            a.default_assignment_size
+        )));
+    }
+    let ids: Vec<i32> = c.devices.iter().take(n).map(|d| d.id()).collect();
+    cabi::write_slice(a.default_assignment, &ids, "default_assignment")?;
+    Ok(())
+}
+
+/// The one memory of `device` (for buffers placed by memory).
+pub fn memory_device(client: &Client, memory: *mut PJRT_Memory) -> Result<Arc<Device>> {
+    let m = Memory::from_c(memory)?;
+    client
+        .devices
+        .iter()
+        .find(|d| {
+            d.memories
+                .get()
+                .into_iter()
+                .flatten()
+                .any(|x| Arc::ptr_eq(x, &m))
+        })
+        .cloned()
+        .ok_or_else(|| Error::invalid("the memory belongs to another client"))
+}

@@ -1,0 +1,225 @@
+//! Element types and host layouts: sizes of `PJRT_Buffer_Type`s and the
+//! strided ⇄ dense (major-to-minor) conversions `BufferFromHostBuffer` and
+//! `ToHostBuffer` need.
+
+use xla_vmm_ffi::pjrt::*;
+
+use crate::error::{Error, Result};
+
+/// Bytes per element; sub-byte and token types are not supported.
+pub fn element_size(t: PJRT_Buffer_Type) -> Result<usize> {
+    Ok(match t {
+        PJRT_Buffer_Type_PRED | PJRT_Buffer_Type_S8 | PJRT_Buffer_Type_U8 => 1,
+        PJRT_Buffer_Type_F8E5M2
+        | PJRT_Buffer_Type_F8E4M3FN
+        | PJRT_Buffer_Type_F8E4M3B11FNUZ
+        | PJRT_Buffer_Type_F8E5M2FNUZ
+        | PJRT_Buffer_Type_F8E4M3FNUZ
+        | PJRT_Buffer_Type_F8E4M3
+        | PJRT_Buffer_Type_F8E3M4
+        | PJRT_Buffer_Type_F8E8M0FNU => 1,
+        PJRT_Buffer_Type_S16 | PJRT_Buffer_Type_U16 => 2,
+        PJRT_Buffer_Type_F16 | PJRT_Buffer_Type_BF16 => 2,
+        PJRT_Buffer_Type_S32 | PJRT_Buffer_Type_U32 | PJRT_Buffer_Type_F32 => 4,
+        PJRT_Buffer_Type_S64 | PJRT_Buffer_Type_U64 | PJRT_Buffer_Type_F64 => 8,
+        PJRT_Buffer_Type_C64 => 8,
+        PJRT_Buffer_Type_C128 => 16,
+        other => {
+            return Err(Error::unimplemented(format!(
+                "element type {other} ({}) is not supported by xla-vmm buffers",
+                type_name(other)
+            )))
+        }
+    })
+}
+
+pub fn type_name(t: PJRT_Buffer_Type) -> &'static str {
+    match t {
+        PJRT_Buffer_Type_PRED => "pred",
+        PJRT_Buffer_Type_S8 => "s8",
+        PJRT_Buffer_Type_S16 => "s16",
+        PJRT_Buffer_Type_S32 => "s32",
+        PJRT_Buffer_Type_S64 => "s64",
+        PJRT_Buffer_Type_U8 => "u8",
+        PJRT_Buffer_Type_U16 => "u16",
+        PJRT_Buffer_Type_U32 => "u32",
+        PJRT_Buffer_Type_U64 => "u64",
+        PJRT_Buffer_Type_F16 => "f16",
+        PJRT_Buffer_Type_F32 => "f32",
+        PJRT_Buffer_Type_F64 => "f64",
+        PJRT_Buffer_Type_BF16 => "bf16",
+        PJRT_Buffer_Type_C64 => "c64",
+        PJRT_Buffer_Type_C128 => "c128",
+        PJRT_Buffer_Type_S4 => "s4",
+        PJRT_Buffer_Type_U4 => "u4",
+        PJRT_Buffer_Type_S2 => "s2",
+        PJRT_Buffer_Type_U2 => "u2",
+        PJRT_Buffer_Type_S1 => "s1",
+        PJRT_Buffer_Type_U1 => "u1",
+        PJRT_Buffer_Type_TOKEN => "token",
+        PJRT_Buffer_Type_INVALID => "invalid",
+        _ => "f8/f6/f4 or unknown",
+    }
+}
+
+/// Checked element count of `dims`.
+pub fn num_elements(dims: &[i64]) -> Result<u64> {
+    dims.iter().try_fold(1u64, |acc, &d| {
+        if d < 0 {
+            return Err(Error::invalid(format!(
+                "negative dimension {d} in {dims:?}"
+            )));
+        }
+        acc.checked_mul(d as u64)
+            .ok_or_else(|| Error::invalid(format!("shape {dims:?} overflows")))
+    })
+}
+
+/// Dense major-to-minor byte strides.
+pub fn dense_strides(dims: &[i64], elem: usize) -> Vec<i64> {
+    let mut s = vec![0i64; dims.len()];
+    let mut acc = elem as i64;
+    for i in (0..dims.len()).rev() {
+        s[i] = acc;
+        acc = acc.saturating_mul(dims[i].max(1));
+    }
+    s
+}
+
+/// Byte strides of a dense layout given as `minor_to_major`.
+pub fn strides_from_minor_to_major(dims: &[i64], m2m: &[i64], elem: usize) -> Result<Vec<i64>> {
+    let n = dims.len();
+    let mut seen = vec![false; n];
+    if m2m.len() != n {
+        return Err(Error::invalid(format!(
+            "minor_to_major {m2m:?} does not match rank {n}"
+        )));
+    }
+    let mut s = vec![0i64; n];
+    let mut acc = elem as i64;
+    for &d in m2m {
+        let d = usize::try_from(d)
+            .ok()
+            .filter(|&d| d < n && !seen[d])
+            .ok_or_else(|| {
+                Error::invalid(format!("minor_to_major {m2m:?} is not a permutation"))
+            })?;
+        seen[d] = true;
+        s[d] = acc;
+        acc = acc.saturating_mul(dims[d].max(1));
+    }
+    Ok(s)
+}
+
+/// (lowest, highest+1) byte offsets a strided array touches, relative to
+/// the address of element 0.
+pub fn extent(dims: &[i64], strides: &[i64], elem: usize) -> (i64, i64) {
+    if dims.contains(&0) {
+        return (0, 0);
+    }
+    let (mut lo, mut hi) = (0i64, 0i64);
+    for (&d, &s) in dims.iter().zip(strides) {
+        let span = (d - 1).saturating_mul(s);
+        if span < 0 {
+            lo = lo.saturating_add(span);
+        } else {
+            hi = hi.saturating_add(span);
+        }
+    }
+    (lo, hi.saturating_add(elem as i64))
+}
+
+/// Visit every element in major-to-minor order with its strided offset.
+fn for_each_offset(dims: &[i64], strides: &[i64], mut f: impl FnMut(usize, i64)) {
+    let n = dims.len();
+    if dims.contains(&0) {
+        return;
+    }
+    let total: i64 = dims.iter().product();
+    let mut idx = vec![0i64; n];
+    let mut off = 0i64;
+    for k in 0..total as usize {
+        f(k, off);
+        for d in (0..n).rev() {
+            idx[d] += 1;
+            off += strides[d];
+            if idx[d] < dims[d] {
+                break;
+            }
+            off -= strides[d] * dims[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Gather a strided array into dense major-to-minor bytes. `src` starts at
+/// offset `base` below element 0 (`base = -extent().0`).
+pub fn gather(src: &[u8], base: i64, dims: &[i64], strides: &[i64], elem: usize) -> Vec<u8> {
+    let n = num_elements(dims).unwrap_or(0) as usize;
+    let mut out = vec![0u8; n * elem];
+    for_each_offset(dims, strides, |k, off| {
+        let s = (base + off) as usize;
+        out[k * elem..(k + 1) * elem].copy_from_slice(&src[s..s + elem]);
+    });
+    out
+}
+
+/// Scatter dense major-to-minor bytes into a strided destination.
+pub fn scatter(
+    dense: &[u8],
+    dst: &mut [u8],
+    base: i64,
+    dims: &[i64],
+    strides: &[i64],
+    elem: usize,
+) {
+    for_each_offset(dims, strides, |k, off| {
+        let d = (base + off) as usize;
+        dst[d..d + elem].copy_from_slice(&dense[k * elem..(k + 1) * elem]);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_via_strides_round_trips() {
+        // A 2x3 f32-sized array stored column-major (a transposed 3x2).
+        let dims = [2i64, 3];
+        let col_major = [4i64, 8];
+        let src: Vec<u8> = (0u8..24).collect();
+        let (lo, hi) = extent(&dims, &col_major, 4);
+        assert_eq!((lo, hi), (0, 24));
+        let dense = gather(&src, 0, &dims, &col_major, 4);
+        // Row 0 = elements (0,0),(0,1),(0,2) = bytes 0..4, 8..12, 16..20.
+        assert_eq!(&dense[0..12], &[0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19]);
+        let mut back = vec![0u8; 24];
+        scatter(&dense, &mut back, 0, &dims, &col_major, 4);
+        assert_eq!(back, src);
+        assert_eq!(
+            strides_from_minor_to_major(&dims, &[0, 1], 4).unwrap(),
+            vec![4, 8]
+        );
+        assert_eq!(dense_strides(&dims, 4), vec![12, 4]);
+    }
+
+    #[test]
+    fn negative_strides_read_reversed() {
+        let dims = [4i64];
+        let strides = [-2i64];
+        let src: Vec<u8> = (0u8..8).collect();
+        let (lo, _) = extent(&dims, &strides, 2);
+        assert_eq!(lo, -6);
+        let dense = gather(&src, 6, &dims, &strides, 2);
+        assert_eq!(dense, vec![6, 7, 4, 5, 2, 3, 0, 1]);
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        assert!(num_elements(&[-1]).is_err());
+        assert!(num_elements(&[i64::MAX, 4]).is_err());
+        assert!(element_size(PJRT_Buffer_Type_S4).is_err());
+        assert!(strides_from_minor_to_major(&[2, 2], &[0, 0], 4).is_err());
+    }
+}

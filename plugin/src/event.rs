@@ -1,0 +1,161 @@
+//! `PJRT_Event`: completion of asynchronous work (a buffer becoming ready, a
+//! host copy finishing, an execution), with `OnReady` callbacks.
+//!
+//! Work the plugin does synchronously hands out events that are already
+//! complete; the type is fully asynchronous (set from any thread, callbacks
+//! run by whoever completes it, `Await` blocks on a condition variable).
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use xla_vmm_ffi::pjrt::*;
+
+use crate::cabi::{self, OnReady};
+use crate::error::{self, Error, Result};
+use crate::handles::{Handle, Registry};
+
+#[derive(Default)]
+struct State {
+    /// `None` while pending.
+    done: Option<Result<()>>,
+    callbacks: Vec<OnReady>,
+}
+
+pub struct Event {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+static EVENTS: Registry<Event> = Registry::new();
+
+impl Handle for Event {
+    type C = PJRT_Event;
+    const KIND: &'static str = "PJRT_Event";
+    fn registry() -> &'static Registry<Self> {
+        &EVENTS
+    }
+}
+
+impl Event {
+    pub fn pending() -> Arc<Event> {
+        Arc::new(Event {
+            state: Mutex::new(State::default()),
+            cv: Condvar::new(),
+        })
+    }
+
+    pub fn ready(result: Result<()>) -> Arc<Event> {
+        let e = Self::pending();
+        e.set(result);
+        e
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Complete the event (a second completion is ignored) and run the
+    /// callbacks, outside the lock.
+    pub fn set(&self, result: Result<()>) {
+        let callbacks = {
+            let mut s = self.lock();
+            if s.done.is_some() {
+                return;
+            }
+            s.done = Some(result.clone());
+            std::mem::take(&mut s.callbacks)
+        };
+        self.cv.notify_all();
+        for cb in callbacks {
+            cb.call(
+                result
+                    .clone()
+                    .err()
+                    .map_or(std::ptr::null_mut(), error::into_c),
+            );
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.lock().done.is_some()
+    }
+
+    /// Block until complete; the event's outcome.
+    pub fn wait(&self) -> Result<()> {
+        let mut s = self.lock();
+        loop {
+            if let Some(r) = &s.done {
+                return r.clone();
+            }
+            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn on_ready(&self, cb: OnReady) {
+        let now = {
+            let mut s = self.lock();
+            match &s.done {
+                Some(r) => Some(r.clone()),
+                None => {
+                    s.callbacks.push(cb);
+                    None
+                }
+            }
+        };
+        if let Some(r) = now {
+            cb.call(r.err().map_or(std::ptr::null_mut(), error::into_c));
+        }
+    }
+}
+
+/// Number of live `PJRT_Event`s (leak checks in tests).
+pub fn live_events() -> usize {
+    EVENTS.len()
+}
+
+// ---- entries ----------------------------------------------------------------
+
+pub fn destroy(args: &mut PJRT_Event_Destroy_Args) -> Result<()> {
+    Event::release(args.event)?;
+    Ok(())
+}
+
+pub fn is_ready(args: &mut PJRT_Event_IsReady_Args) -> Result<()> {
+    args.is_ready = Event::from_c(args.event)?.is_ready();
+    Ok(())
+}
+
+pub fn error(args: &mut PJRT_Event_Error_Args) -> Result<()> {
+    let event = Event::from_c(args.event)?;
+    let s = event.lock();
+    match &s.done {
+        Some(r) => r.clone(),
+        None => Err(Error::failed_precondition("the event is not ready yet")),
+    }
+}
+
+pub fn wait(args: &mut PJRT_Event_Await_Args) -> Result<()> {
+    Event::from_c(args.event)?.wait()
+}
+
+pub fn on_ready(args: &mut PJRT_Event_OnReady_Args) -> Result<()> {
+    let cb = OnReady::new(args.callback, args.user_arg)?;
+    Event::from_c(args.event)?.on_ready(cb);
+    Ok(())
+}
+
+pub fn create(args: &mut PJRT_Event_Create_Args) -> Result<()> {
+    args.event = Event::pending().into_c();
+    Ok(())
+}
+
+pub fn set(args: &mut PJRT_Event_Set_Args) -> Result<()> {
+    let event = Event::from_c(args.event)?;
+    let result = if args.error_code == PJRT_Error_Code_OK {
+        Ok(())
+    } else {
+        let msg = cabi::str(args.error_message, args.error_message_size, "error_message")?;
+        Err(Error::new(args.error_code, msg))
+    };
+    event.set(result);
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! `PJRT_Client_Create` options (`jax_pjrt_client_create_options`).
+//!
+//! | option | type | meaning |
+//! |---|---|---|
+//! | `backend` | string | `cuda` (default) or `host` (CI / tests) |
+//! | `strict` | bool/int | a program our runtime rejects is an error, not a fallback to the vendor runtime |
+//! | `xla_vmm_tmp_copy_threshold` | int | 0 = remap every slot, 1 = auto (default), N = copy slots ≤ N bytes |
+//! | `vendor_plugin_path` | string | the vendor XLA GPU plugin used as the compiler |
+//!
+//! Environment defaults: `XLA_VMM_BACKEND`, `XLA_VMM_STRICT`,
+//! `XLA_VMM_TMP_COPY_THRESHOLD`, `XLA_VMM_VENDOR_PLUGIN`. Options JAX passes
+//! to GPU plugins that do not apply to us are accepted and logged; any other
+//! unknown option is an error (a typo must not be silently ignored).
+
+use crate::cabi::Value;
+use crate::error::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Cuda,
+    Host,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientOptions {
+    pub backend: BackendKind,
+    pub strict: bool,
+    pub tmp_copy_threshold: u64,
+    pub vendor_plugin_path: Option<String>,
+}
+
+/// Options of the vendor GPU plugin that JAX may pass along; accepted, unused.
+const IGNORED: &[&str] = &[
+    "platform_name",
+    "visible_devices",
+    "node_id",
+    "num_nodes",
+    "preallocate",
+    "memory_fraction",
+    "allocator",
+    "collective_memory_size",
+    "enable_mock_nccl",
+    "mock_gpu_topology",
+    "should_stage_host_to_device_transfers",
+];
+
+fn env_bool(v: &str) -> bool {
+    matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "1" | "true" | "yes" | "on"
+    )
+}
+
+impl ClientOptions {
+    /// Defaults from the environment.
+    pub fn from_env() -> Result<Self> {
+        let backend = match std::env::var("XLA_VMM_BACKEND") {
+            Ok(v) => parse_backend(&v)?,
+            Err(_) => BackendKind::Cuda,
+        };
+        let tmp_copy_threshold = match std::env::var("XLA_VMM_TMP_COPY_THRESHOLD") {
+            Ok(v) => v.trim().parse::<u64>().map_err(|_| {
+                Error::invalid(format!("XLA_VMM_TMP_COPY_THRESHOLD={v:?} is not a number"))
+            })?,
+            Err(_) => 1,
+        };
+        Ok(ClientOptions {
+            backend,
+            strict: std::env::var("XLA_VMM_STRICT")
+                .map(|v| env_bool(&v))
+                .unwrap_or(false),
+            tmp_copy_threshold,
+            vendor_plugin_path: std::env::var("XLA_VMM_VENDOR_PLUGIN").ok(),
+        })
+    }
+
+    /// Environment defaults overridden by the caller's options.
+    pub fn parse(items: &[(String, Value)]) -> Result<Self> {
+        let mut o = Self::from_env()?;
+        for (name, value) in items {
+            match (name.as_str(), value) {
+                ("backend", Value::Str(s)) => o.backend = parse_backend(s)?,
+                ("strict", Value::Bool(b)) => o.strict = *b,
+                ("strict", Value::Int(i)) => o.strict = *i != 0,
+                ("strict", Value::Str(s)) => o.strict = env_bool(s),
+                ("xla_vmm_tmp_copy_threshold", Value::Int(i)) if *i >= 0 => {
+                    o.tmp_copy_threshold = *i as u64
+                }
+                ("vendor_plugin_path", Value::Str(s)) => o.vendor_plugin_path = Some(s.clone()),
+                (n, _) if IGNORED.contains(&n) => {
+                    tracing::debug!("client option {n} ignored by xla-vmm")
+                }
+                (n, v) => {
+                    return Err(Error::invalid(format!(
+                        "unknown or mistyped client option {n} = {v:?} (known: backend, strict, \
+                         xla_vmm_tmp_copy_threshold, vendor_plugin_path)"
+                    )))
+                }
+            }
+        }
+        Ok(o)
+    }
+}
+
+fn parse_backend(s: &str) -> Result<BackendKind> {
+    match s.trim() {
+        "cuda" | "gpu" => Ok(BackendKind::Cuda),
+        "host" => Ok(BackendKind::Host),
+        other => Err(Error::invalid(format!(
+            "backend {other:?}: expected \"cuda\" or \"host\""
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_override_and_reject_typos() {
+        let o = ClientOptions::parse(&[
+            ("backend".into(), Value::Str("host".into())),
+            ("strict".into(), Value::Bool(true)),
+            ("xla_vmm_tmp_copy_threshold".into(), Value::Int(4096)),
+            ("preallocate".into(), Value::Bool(false)),
+        ])
+        .unwrap();
+        assert_eq!(o.backend, BackendKind::Host);
+        assert!(o.strict);
+        assert_eq!(o.tmp_copy_threshold, 4096);
+        let e = ClientOptions::parse(&[("stric".into(), Value::Bool(true))]).unwrap_err();
+        assert!(e.message.contains("stric"), "{}", e.message);
+        let e = ClientOptions::parse(&[("backend".into(), Value::Str("tpu".into()))]).unwrap_err();
+        assert!(e.message.contains("tpu"));
+    }
+}

@@ -1,0 +1,192 @@
+//! Calls into the plugin through the table `GetPjrtApi` returns, the way
+//! jaxlib does: fill an args struct with `struct_size`, call the slot, turn
+//! a returned `PJRT_Error` into (code, message) and destroy it.
+#![allow(dead_code, unsafe_code)]
+
+use std::ffi::c_void;
+use std::mem::zeroed;
+use std::ptr::null_mut;
+
+use xla_vmm_plugin::pjrt::*;
+
+pub fn api() -> &'static PJRT_Api {
+    // SAFETY: GetPjrtApi returns a pointer to a static table.
+    unsafe { &*xla_vmm_plugin::GetPjrtApi() }
+}
+
+/// Turn a returned error into (code, message), destroying it.
+pub fn take_error(err: *mut PJRT_Error) -> Option<(u32, String)> {
+    if err.is_null() {
+        return None;
+    }
+    let api = api();
+    unsafe {
+        let mut m: PJRT_Error_Message_Args = zeroed();
+        m.struct_size = PJRT_Error_Message_Args_STRUCT_SIZE as usize;
+        m.error = err;
+        (api.PJRT_Error_Message.unwrap())(&mut m);
+        let msg = String::from_utf8_lossy(std::slice::from_raw_parts(
+            m.message.cast::<u8>(),
+            m.message_size,
+        ))
+        .into_owned();
+        let mut c: PJRT_Error_GetCode_Args = zeroed();
+        c.struct_size = PJRT_Error_GetCode_Args_STRUCT_SIZE as usize;
+        c.error = err;
+        assert!((api.PJRT_Error_GetCode.unwrap())(&mut c).is_null());
+        let mut d: PJRT_Error_Destroy_Args = zeroed();
+        d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE as usize;
+        d.error = err;
+        (api.PJRT_Error_Destroy.unwrap())(&mut d);
+        Some((c.code, msg))
+    }
+}
+
+/// Call `slot` with a zeroed args struct that `fill` completes.
+macro_rules! call {
+    ($slot:ident, $args:ident, |$a:ident| $fill:block) => {{
+        #[allow(unused_unsafe)]
+        unsafe {
+            let mut $a: xla_vmm_plugin::pjrt::$args = std::mem::zeroed();
+            $a.struct_size = paste_size!($args);
+            $fill;
+            let err = ($crate::common::api().$slot.unwrap())(&mut $a);
+            ($crate::common::take_error(err), $a)
+        }
+    }};
+}
+pub(crate) use call;
+
+/// The header's STRUCT_SIZE of an args type (bindgen exposes it as a const).
+macro_rules! paste_size {
+    ($args:ident) => {
+        $crate::common::struct_size_of::<xla_vmm_plugin::pjrt::$args>()
+    };
+}
+pub(crate) use paste_size;
+
+/// `size_of` works as the struct size for callers: it is never smaller than
+/// the header's STRUCT_SIZE (only trailing padding differs).
+pub const fn struct_size_of<T>() -> usize {
+    std::mem::size_of::<T>()
+}
+
+pub fn create_client(backend: &str) -> Result<*mut PJRT_Client, (u32, String)> {
+    let name = "backend";
+    let mut opt: PJRT_NamedValue = unsafe { zeroed() };
+    opt.struct_size = PJRT_NamedValue_STRUCT_SIZE as usize;
+    opt.name = name.as_ptr().cast();
+    opt.name_size = name.len();
+    opt.type_ = PJRT_NamedValue_kString;
+    opt.__bindgen_anon_1.string_value = backend.as_ptr().cast();
+    opt.value_size = backend.len();
+    let (err, a) = call!(PJRT_Client_Create, PJRT_Client_Create_Args, |a| {
+        a.create_options = &opt;
+        a.num_options = 1;
+    });
+    match err {
+        Some(e) => Err(e),
+        None => Ok(a.client),
+    }
+}
+
+pub fn destroy_client(client: *mut PJRT_Client) {
+    let (err, _) = call!(PJRT_Client_Destroy, PJRT_Client_Destroy_Args, |a| {
+        a.client = client;
+    });
+    assert_eq!(err, None);
+}
+
+pub fn devices(client: *mut PJRT_Client) -> Vec<*mut PJRT_Device> {
+    let (err, a) = call!(PJRT_Client_Devices, PJRT_Client_Devices_Args, |a| {
+        a.client = client;
+    });
+    assert_eq!(err, None);
+    unsafe { std::slice::from_raw_parts(a.devices, a.num_devices).to_vec() }
+}
+
+pub fn from_host(
+    client: *mut PJRT_Client,
+    device: *mut PJRT_Device,
+    ty: PJRT_Buffer_Type,
+    dims: &[i64],
+    data: &[u8],
+    byte_strides: Option<&[i64]>,
+) -> Result<*mut PJRT_Buffer, (u32, String)> {
+    let (err, a) = call!(
+        PJRT_Client_BufferFromHostBuffer,
+        PJRT_Client_BufferFromHostBuffer_Args,
+        |a| {
+            a.client = client;
+            a.data = data.as_ptr().cast::<c_void>();
+            a.type_ = ty;
+            a.dims = dims.as_ptr();
+            a.num_dims = dims.len();
+            if let Some(s) = byte_strides {
+                a.byte_strides = s.as_ptr();
+                a.num_byte_strides = s.len();
+            }
+            a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+            a.device = device;
+        }
+    );
+    if let Some(e) = err {
+        return Err(e);
+    }
+    destroy_event(a.done_with_host_buffer);
+    Ok(a.buffer)
+}
+
+pub fn await_event(event: *mut PJRT_Event) -> Option<(u32, String)> {
+    let (err, _) = call!(PJRT_Event_Await, PJRT_Event_Await_Args, |a| {
+        a.event = event;
+    });
+    err
+}
+
+pub fn destroy_event(event: *mut PJRT_Event) {
+    let (err, _) = call!(PJRT_Event_Destroy, PJRT_Event_Destroy_Args, |a| {
+        a.event = event;
+    });
+    assert_eq!(err, None);
+}
+
+pub fn to_host(buffer: *mut PJRT_Buffer) -> Result<Vec<u8>, (u32, String)> {
+    let (err, a) = call!(
+        PJRT_Buffer_ToHostBuffer,
+        PJRT_Buffer_ToHostBuffer_Args,
+        |a| {
+            a.src = buffer;
+        }
+    );
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let mut out = vec![0u8; a.dst_size];
+    let (err, a) = call!(
+        PJRT_Buffer_ToHostBuffer,
+        PJRT_Buffer_ToHostBuffer_Args,
+        |a| {
+            a.src = buffer;
+            a.dst = out.as_mut_ptr().cast();
+            a.dst_size = out.len();
+        }
+    );
+    if let Some(e) = err {
+        return Err(e);
+    }
+    assert_eq!(await_event(a.event), None);
+    destroy_event(a.event);
+    Ok(out)
+}
+
+pub fn destroy_buffer(buffer: *mut PJRT_Buffer) {
+    let (err, _) = call!(PJRT_Buffer_Destroy, PJRT_Buffer_Destroy_Args, |a| {
+        a.buffer = buffer;
+    });
+    assert_eq!(err, None);
+}
+
+pub fn null_client() -> *mut PJRT_Client {
+    null_mut()
+}
