@@ -437,6 +437,7 @@ impl SlotTracker {
                         SlotAction::Remap { unmap_old: true }
                     }
                     _ if adaptive
+                        && changed
                         && st.has_shadow
                         && seen.is_some()
                         && st.churn * remap_us > share_added =>

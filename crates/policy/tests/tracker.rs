@@ -209,6 +209,34 @@ fn stable_copy_slot_moves_to_direct_mapping_after_one_remap_of_copies() {
 }
 
 #[test]
+fn demotion_reaches_both_reservations_without_flapping() {
+    // A slow churn average keeps the estimate high after the demotion: the
+    // other reservation must still just map the allocation (no change there),
+    // not flip the slot back to its shadow.
+    let mut cfg = TrackerConfig::new(h200(), Threshold::Auto);
+    cfg.knobs.churn_ewma_alpha = 0.05;
+    let mut t = SlotTracker::new("t", vec![rw(4096)], cfg).unwrap();
+    let mut actions = Vec::new();
+    for step in 0..40 {
+        actions.push(t.bind_step(step % 2, &[b(9, 9)], None).unwrap().actions[0]);
+    }
+    let remaps: Vec<usize> = (0..40)
+        .filter(|&s| matches!(actions[s], SlotAction::Remap { .. }))
+        .collect();
+    // One remap per reservation (the shadow is swapped for the allocation),
+    // on consecutive steps, then skips only.
+    assert_eq!(remaps.len(), 2, "{actions:?}");
+    assert_eq!(remaps[1], remaps[0] + 1);
+    assert!(
+        actions[remaps[1] + 1..]
+            .iter()
+            .all(|a| *a == SlotAction::Skip),
+        "{actions:?}"
+    );
+    assert_eq!(t.stats().mode_switches, 1);
+}
+
+#[test]
 fn non_adaptive_tracker_keeps_copying() {
     let mut cfg = TrackerConfig::new(h200(), Threshold::Auto);
     cfg.adaptive = false;
