@@ -86,6 +86,12 @@ impl ClientOptions {
                 ("xla_vmm_tmp_copy_threshold", Value::Int(i)) if *i >= 0 => {
                     o.tmp_copy_threshold = *i as u64
                 }
+                // jax passes `jax_pjrt_client_create_options` values as strings.
+                ("xla_vmm_tmp_copy_threshold", Value::Str(s)) => {
+                    o.tmp_copy_threshold = s.trim().parse().map_err(|_| {
+                        Error::invalid(format!("xla_vmm_tmp_copy_threshold={s:?} is not a number"))
+                    })?
+                }
                 ("vendor_plugin_path", Value::Str(s)) => o.vendor_plugin_path = Some(s.clone()),
                 (n, _) if IGNORED.contains(&n) => {
                     tracing::debug!("client option {n} ignored by xla-vmm")
@@ -128,6 +134,13 @@ mod tests {
         assert_eq!(o.backend, BackendKind::Host);
         assert!(o.strict);
         assert_eq!(o.tmp_copy_threshold, 4096);
+        let o = ClientOptions::parse(&[
+            ("strict".into(), Value::Str("true".into())),
+            ("xla_vmm_tmp_copy_threshold".into(), Value::Str("0".into())),
+        ])
+        .unwrap();
+        assert!(o.strict);
+        assert_eq!(o.tmp_copy_threshold, 0);
         let e = ClientOptions::parse(&[("stric".into(), Value::Bool(true))]).unwrap_err();
         assert!(e.message.contains("stric"), "{}", e.message);
         let e = ClientOptions::parse(&[("backend".into(), Value::Str("tpu".into()))]).unwrap_err();
