@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod inspect;
 mod policy;
+mod probe;
 
 #[derive(Parser)]
 #[command(name = "xla-vmm", version, about = "Inspect, replay and tune XLA GPU executables on the xla-vmm runtime")]
@@ -20,6 +21,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Show what the skip/remap/copy rule decides for a described device and slot list.
     Policy(policy::Args),
+    /// Measure device costs (remap, copy bandwidth, launch overheads) for the threshold policy.
+    Probe(probe::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -35,6 +38,7 @@ fn main() -> std::process::ExitCode {
         // One line per subcommand: `Command::Name(args) => module::run(args),`
         Command::Inspect(args) => inspect::run(args),
         Command::Policy(args) => policy::run(args),
+        Command::Probe(args) => probe::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -134,14 +134,12 @@ fn with_mapping<B: Backend, T>(
             return Err(e);
         }
     };
-    let out = b
-        .map(&va, 0, &mem, 0, bytes)
-        .and_then(|()| {
-            let r = b.set_access(&va, 0, bytes).and_then(|()| f(&va));
-            // The closure leaves the range mapped; unmap before freeing.
-            let u = b.unmap(&va, 0, bytes);
-            r.and_then(|t| u.map(|()| t))
-        });
+    let out = b.map(&va, 0, &mem, 0, bytes).and_then(|()| {
+        let r = b.set_access(&va, 0, bytes).and_then(|()| f(&va));
+        // The closure leaves the range mapped; unmap before freeing.
+        let u = b.unmap(&va, 0, bytes);
+        r.and_then(|t| u.map(|()| t))
+    });
     let freed = b.va_free(va);
     let released = b.mem_release(mem);
     let t = out?;
@@ -198,7 +196,11 @@ fn probe_remap<B: Backend>(b: &B, bytes: u64, iters: usize) -> Result<RemapCost>
         })
     };
     let cost = rounds();
-    let unmapped = if mapped { b.unmap(&va, 0, bytes) } else { Ok(()) };
+    let unmapped = if mapped {
+        b.unmap(&va, 0, bytes)
+    } else {
+        Ok(())
+    };
     let freed = b.va_free(va);
     let released = b.mem_release(mem);
     let cost = cost?;
@@ -244,7 +246,11 @@ fn probe_copies<B: Backend>(b: &B, s: &B::Stream, cfg: &ProbeConfig, g: u64) -> 
 
 /// Seconds the work `f` enqueues on `s` takes: device events if the backend
 /// times them, else host wall clock around `f` + synchronize.
-fn timed_on_stream<B: Backend>(b: &B, s: &B::Stream, f: impl FnOnce() -> Result<()>) -> Result<f64> {
+fn timed_on_stream<B: Backend>(
+    b: &B,
+    s: &B::Stream,
+    f: impl FnOnce() -> Result<()>,
+) -> Result<f64> {
     let events = b.event_create().and_then(|e0| match b.event_create() {
         Ok(e1) => Ok((e0, e1)),
         Err(e) => {
@@ -313,7 +319,10 @@ fn probe_graph<B: Backend>(b: &B, s: &B::Stream, cfg: &ProbeConfig, g: u64) -> R
             Ok(()) => {}
             Err(DeviceError::Unsupported(why)) => {
                 tracing::info!(%why, "no graphs on this backend: graph launch cost not measured");
-                return Ok(GraphCosts { eager_us, graph: None });
+                return Ok(GraphCosts {
+                    eager_us,
+                    graph: None,
+                });
             }
             Err(e) => return Err(e),
         }
@@ -345,12 +354,21 @@ fn probe_graph<B: Backend>(b: &B, s: &B::Stream, cfg: &ProbeConfig, g: u64) -> R
         let destroyed = b.graph_destroy(graph);
         let r = measured?;
         destroyed?;
-        Ok(GraphCosts { eager_us, graph: Some(r) })
+        Ok(GraphCosts {
+            eager_us,
+            graph: Some(r),
+        })
     })
 }
 
 /// The graph really ran: word i holds `salt + i`.
-fn verify_memsets<B: Backend>(b: &B, s: &B::Stream, base: DevicePtr, n: usize, salt: u32) -> Result<()> {
+fn verify_memsets<B: Backend>(
+    b: &B,
+    s: &B::Stream,
+    base: DevicePtr,
+    n: usize,
+    salt: u32,
+) -> Result<()> {
     let mut out = vec![0u8; 4 * n];
     b.read_sync(&mut out, base, s)?;
     for (i, w) in out.chunks_exact(4).enumerate() {
@@ -375,11 +393,19 @@ pub fn probe<B: Backend>(b: &B, cfg: &ProbeConfig) -> Result<DeviceCosts> {
     let (free_bytes, total_bytes) = b.mem_info()?;
 
     let mut remap = Vec::new();
-    let mut sizes: Vec<u64> = cfg.remap_sizes.iter().map(|&s| round_up(s.max(1), g)).collect();
+    let mut sizes: Vec<u64> = cfg
+        .remap_sizes
+        .iter()
+        .map(|&s| round_up(s.max(1), g))
+        .collect();
     sizes.dedup();
     for bytes in sizes {
         if bytes > free_bytes / 2 {
-            tracing::info!(bytes, free_bytes, "remap size skipped: not enough free memory");
+            tracing::info!(
+                bytes,
+                free_bytes,
+                "remap size skipped: not enough free memory"
+            );
             continue;
         }
         match probe_remap(b, bytes, cfg.remap_iters) {
@@ -450,7 +476,11 @@ impl DeviceCosts {
             self.copy_bw_bytes_per_s / 1e9,
             self.peak_bandwidth_bytes_per_s / 1e9
         );
-        let _ = writeln!(t, "tiny copy         {:.2} us per copy (back to back)", self.copy_launch_us);
+        let _ = writeln!(
+            t,
+            "tiny copy         {:.2} us per copy (back to back)",
+            self.copy_launch_us
+        );
         let _ = writeln!(
             t,
             "{} memsets       eager + sync {:.1} us",
@@ -458,7 +488,10 @@ impl DeviceCosts {
         );
         match (self.graph_launch_us, self.graph_enqueue_us) {
             (Some(l), Some(e)) => {
-                let _ = writeln!(t, "  as one graph    launch + sync {l:.1} us (enqueue {e:.1} us)");
+                let _ = writeln!(
+                    t,
+                    "  as one graph    launch + sync {l:.1} us (enqueue {e:.1} us)"
+                );
             }
             _ => {
                 let _ = writeln!(t, "  as one graph    not supported by this backend");
@@ -494,5 +527,41 @@ mod tests {
         assert_eq!(round_up(1, 2 * MIB), 2 * MIB);
         assert_eq!(round_up(2 * MIB, 2 * MIB), 2 * MIB);
         assert_eq!(round_up(2 * MIB + 1, 2 * MIB), 4 * MIB);
+    }
+
+    #[test]
+    fn probe_on_the_host_backend() {
+        let b = crate::host::HostBackend::new(crate::host::HostConfig::default()).unwrap();
+        let c = probe(&b, &ProbeConfig::quick()).unwrap();
+        assert_eq!(c.backend, "host");
+        assert_eq!(
+            c.remap.iter().map(|r| r.bytes).collect::<Vec<_>>(),
+            vec![2 * MIB, 8 * MIB]
+        );
+        assert!(c.remap.iter().all(|r| r.samples == 20 && r.total_us > 0.0));
+        assert!(c.remap_us > 0.0 && c.copy_bw_bytes_per_s > 0.0 && c.copy_launch_us > 0.0);
+        assert_eq!(c.total_bytes, crate::host::HostConfig::default().capacity);
+        let json = serde_json::to_string(&c).unwrap();
+        let back: DeviceCosts = serde_json::from_str(&json).unwrap();
+        assert_eq!((back.remap.len(), back.free_bytes), (2, c.free_bytes));
+        assert!((back.copy_bw_bytes_per_s / c.copy_bw_bytes_per_s - 1.0).abs() < 1e-9);
+        assert!(c.to_table().contains("remap"));
+    }
+
+    #[test]
+    fn sizes_that_do_not_fit_are_skipped() {
+        let cfg = crate::host::HostConfig {
+            capacity: 16 * MIB,
+            ..Default::default()
+        };
+        let b = crate::host::HostBackend::new(cfg).unwrap();
+        let mut p = ProbeConfig::quick();
+        p.remap_sizes = vec![2 * MIB, 1024 * MIB];
+        p.copy_bytes = 2 * MIB;
+        let c = probe(&b, &p).unwrap();
+        assert_eq!(c.remap.len(), 1);
+        // Everything the probe created was released.
+        let (free, total) = b.mem_info().unwrap();
+        assert_eq!(free, total);
     }
 }

@@ -79,7 +79,11 @@ fn launch_set(
     predicate: DevicePtr,
     stream: &CudaStream,
 ) -> Result<()> {
-    let config = LaunchConfig { grid: [1, 1, 1], block: [1, 1, 1], ..Default::default() };
+    let config = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        ..Default::default()
+    };
     b.launch(
         kernel,
         &config,
@@ -105,8 +109,9 @@ pub(super) fn capture_while(
     b.bind()?;
     let s = stream.cu_stream();
     // SAFETY: the stream is live and ours.
-    let (graph, _) = unsafe { result::graph::capture_info(s)? }
-        .ok_or_else(|| DeviceError::InvalidArgument("capture_while: stream is not capturing".into()))?;
+    let (graph, _) = unsafe { result::graph::capture_info(s)? }.ok_or_else(|| {
+        DeviceError::InvalidArgument("capture_while: stream is not capturing".into())
+    })?;
     // SAFETY: `graph` is the live capture graph, our context is current.
     let handle = unsafe { result::graph::conditional_handle_create(graph, b.ctx.cu_ctx(), 0)? };
     launch_set(b, &kernel, handle, predicate, stream)?;
@@ -121,7 +126,8 @@ pub(super) fn capture_while(
 
     let body_stream = b.stream_create()?;
     // SAFETY: fresh stream, not capturing; `body_graph` is the node's body.
-    let begun = unsafe { result::graph::begin_capture_to_graph(body_stream.cu_stream(), body_graph) };
+    let begun =
+        unsafe { result::graph::begin_capture_to_graph(body_stream.cu_stream(), body_graph) };
     let recorded = begun.and_then(|()| {
         body(&body_stream)?;
         launch_set(b, &kernel, handle, predicate, &body_stream)

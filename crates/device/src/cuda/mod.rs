@@ -62,8 +62,9 @@ impl CudaBackend {
     /// initialize.
     pub fn new(ordinal: usize) -> Result<Self> {
         let symbols = symbols::load()?;
-        let unavailable =
-            |e: cudarc::driver::DriverError| DeviceError::NotAvailable(format!("CUDA device {ordinal}: {e}"));
+        let unavailable = |e: cudarc::driver::DriverError| {
+            DeviceError::NotAvailable(format!("CUDA device {ordinal}: {e}"))
+        };
         let ctx = CudaContext::new(ordinal).map_err(unavailable)?;
         // SAFETY: we never use cudarc's CudaSlice, the only user of event
         // tracking; disabling it keeps `new_stream` from synchronizing the
@@ -83,7 +84,11 @@ impl CudaBackend {
         })
     }
 
-    fn read_info(ctx: &Arc<CudaContext>, ordinal: i32, syms: &symbols::Symbols) -> Result<DeviceInfo> {
+    fn read_info(
+        ctx: &Arc<CudaContext>,
+        ordinal: i32,
+        syms: &symbols::Symbols,
+    ) -> Result<DeviceInfo> {
         use sys::CUdevice_attribute as A;
         let dev = ctx.cu_device();
         // SAFETY: `dev` is the valid device behind `ctx`.
@@ -92,10 +97,16 @@ impl CudaBackend {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| from_cudarc("cuDeviceGetAttribute", e))?;
-        let total_memory = ctx.total_mem().map_err(|e| from_cudarc("cuDeviceTotalMem", e))? as u64;
+        let total_memory = ctx
+            .total_mem()
+            .map_err(|e| from_cudarc("cuDeviceTotalMem", e))? as u64;
         // Peak bandwidth: double data rate × clock (kHz) × bus width (bits) / 8.
-        let clock_khz = attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).unwrap_or(0).max(0) as f64;
-        let bus_bits = attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).unwrap_or(0).max(0) as f64;
+        let clock_khz = attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)
+            .unwrap_or(0)
+            .max(0) as f64;
+        let bus_bits = attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)
+            .unwrap_or(0)
+            .max(0) as f64;
         let vmm_supported =
             attr(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED).unwrap_or(0) != 0;
         let vmm_granularity = if vmm_supported {
@@ -211,7 +222,11 @@ impl Backend for CudaBackend {
         self.bind()?;
         // SAFETY: context current, size checked against the granularity.
         let handle = unsafe { result::vmm::create(self.ordinal, bytes)? };
-        Ok(CudaPhysMem { owner: self.id, handle, bytes })
+        Ok(CudaPhysMem {
+            owner: self.id,
+            handle,
+            bytes,
+        })
     }
 
     fn mem_release(&self, mem: CudaPhysMem) -> Result<()> {
@@ -237,7 +252,11 @@ impl Backend for CudaBackend {
         self.bind()?;
         // SAFETY: context current, size checked.
         let base = unsafe { result::vmm::address_reserve(bytes, align)? };
-        Ok(CudaVaRange { owner: self.id, base, bytes })
+        Ok(CudaVaRange {
+            owner: self.id,
+            base,
+            bytes,
+        })
     }
 
     fn va_free(&self, va: CudaVaRange) -> Result<()> {
@@ -298,7 +317,10 @@ impl Backend for CudaBackend {
             .ctx
             .new_stream()
             .map_err(|e| from_cudarc("cuStreamCreate", e))?;
-        Ok(CudaStream { owner: self.id, inner })
+        Ok(CudaStream {
+            owner: self.id,
+            inner,
+        })
     }
 
     fn stream_destroy(&self, stream: CudaStream) -> Result<()> {
@@ -333,7 +355,10 @@ impl Backend for CudaBackend {
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| from_cudarc("cuEventCreate", e))?;
-        Ok(CudaEvent { owner: self.id, inner })
+        Ok(CudaEvent {
+            owner: self.id,
+            inner,
+        })
     }
 
     fn event_destroy(&self, event: CudaEvent) -> Result<()> {
@@ -381,7 +406,13 @@ impl Backend for CudaBackend {
     }
 
     // ---- copies and fills -----------------------------------------------------
-    fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: &CudaStream) -> Result<()> {
+    fn copy_d2d(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: &CudaStream,
+    ) -> Result<()> {
         self.own(stream, "stream")?;
         if bytes == 0 {
             return Ok(());
@@ -471,7 +502,12 @@ impl Backend for CudaBackend {
         // pageable copy returns only once the data has landed, and we also
         // synchronize the stream before returning.
         unsafe {
-            result::memory::copy_d2h(out.as_mut_ptr().cast(), src.0, out.len(), stream.cu_stream())?;
+            result::memory::copy_d2h(
+                out.as_mut_ptr().cast(),
+                src.0,
+                out.len(),
+                stream.cu_stream(),
+            )?;
         }
         self.stream_synchronize(stream)
     }
@@ -486,7 +522,13 @@ impl Backend for CudaBackend {
         unsafe { result::memory::memset_d8(dst.0, value, bytes as usize, stream.cu_stream()) }
     }
 
-    fn memset_d32(&self, dst: DevicePtr, value: u32, count: u64, stream: &CudaStream) -> Result<()> {
+    fn memset_d32(
+        &self,
+        dst: DevicePtr,
+        value: u32,
+        count: u64,
+        stream: &CudaStream,
+    ) -> Result<()> {
         self.own(stream, "stream")?;
         if !dst.0.is_multiple_of(4) {
             return Err(DeviceError::InvalidArgument(format!(
@@ -505,12 +547,20 @@ impl Backend for CudaBackend {
     // ---- pinned host memory ------------------------------------------------------
     fn host_alloc(&self, bytes: usize) -> Result<CudaHostBuffer> {
         if bytes == 0 {
-            return Ok(CudaHostBuffer { owner: self.id, ptr: std::ptr::null_mut(), len: 0 });
+            return Ok(CudaHostBuffer {
+                owner: self.id,
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            });
         }
         self.bind()?;
         // SAFETY: context current.
         let ptr = unsafe { result::memory::host_alloc(bytes)? };
-        Ok(CudaHostBuffer { owner: self.id, ptr: ptr.cast(), len: bytes })
+        Ok(CudaHostBuffer {
+            owner: self.id,
+            ptr: ptr.cast(),
+            len: bytes,
+        })
     }
 
     fn host_free(&self, buf: CudaHostBuffer) -> Result<()> {
@@ -552,7 +602,9 @@ impl Backend for CudaBackend {
             }
         };
         if kind == ImageKind::Ptx && bytes.contains(&0) {
-            return Err(DeviceError::InvalidArgument("PTX text contains a NUL byte".into()));
+            return Err(DeviceError::InvalidArgument(
+                "PTX text contains a NUL byte".into(),
+            ));
         }
         bytes.push(0);
         self.bind()?;
@@ -562,7 +614,10 @@ impl Backend for CudaBackend {
             .map_err(|e| from_cudarc("cuModuleLoadData", e))?;
         Ok(CudaModule {
             owner: self.id,
-            inner: Arc::new(ModuleInner { module, ctx: self.ctx.clone() }),
+            inner: Arc::new(ModuleInner {
+                module,
+                ctx: self.ctx.clone(),
+            }),
         })
     }
 
@@ -582,8 +637,9 @@ impl Backend for CudaBackend {
             .map_err(|_| DeviceError::InvalidArgument(format!("kernel name {name:?}")))?;
         self.bind()?;
         // SAFETY: the module is loaded (we hold it).
-        let func = unsafe { cudarc::driver::result::module::get_function(module.inner.module, cname) }
-            .map_err(|e| from_cudarc("cuModuleGetFunction", e))?;
+        let func =
+            unsafe { cudarc::driver::result::module::get_function(module.inner.module, cname) }
+                .map_err(|e| from_cudarc("cuModuleGetFunction", e))?;
         let params: Arc<[usize]> = if self.symbols.param_info {
             // SAFETY: `func` was just obtained from a loaded module.
             unsafe { result::launch::param_sizes(func)? }.into()
@@ -592,7 +648,12 @@ impl Backend for CudaBackend {
                 "kernel launch needs cuFuncGetParamInfo (CUDA 12.4+ driver)".into(),
             ));
         };
-        Ok(CudaFunction { owner: self.id, func, params, _module: module.inner.clone() })
+        Ok(CudaFunction {
+            owner: self.id,
+            func,
+            params,
+            _module: module.inner.clone(),
+        })
     }
 
     fn launch(
@@ -624,7 +685,8 @@ impl Backend for CudaBackend {
             let mut words = vec![0u64; size.div_ceil(8).max(1)];
             // SAFETY: `words` has at least `size` bytes; u64 has no invalid
             // bit patterns, so viewing it as bytes is sound.
-            let dst = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), size) };
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), size) };
             dst.copy_from_slice(arg);
             storage.push(words);
         }
@@ -662,9 +724,14 @@ impl Backend for CudaBackend {
         // SAFETY: the stream is live and ours.
         let graph = unsafe { result::graph::end_capture(stream.cu_stream())? };
         if graph.is_null() {
-            return Err(DeviceError::InvalidArgument("capture produced no graph".into()));
+            return Err(DeviceError::InvalidArgument(
+                "capture produced no graph".into(),
+            ));
         }
-        Ok(CudaGraph { owner: self.id, graph })
+        Ok(CudaGraph {
+            owner: self.id,
+            graph,
+        })
     }
 
     fn graph_instantiate(&self, graph: &CudaGraph) -> Result<CudaGraphExec> {
@@ -672,7 +739,10 @@ impl Backend for CudaBackend {
         self.bind()?;
         // SAFETY: the graph is live and ours.
         let exec = unsafe { result::graph::instantiate(graph.graph)? };
-        Ok(CudaGraphExec { owner: self.id, exec })
+        Ok(CudaGraphExec {
+            owner: self.id,
+            exec,
+        })
     }
 
     fn graph_launch(&self, exec: &CudaGraphExec, stream: &CudaStream) -> Result<()> {

@@ -93,7 +93,10 @@ pub mod device {
     /// `dev` is a valid device.
     pub unsafe fn attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32> {
         let mut v = 0i32;
-        check("cuDeviceGetAttribute", sys::cuDeviceGetAttribute(&mut v, attr, dev))?;
+        check(
+            "cuDeviceGetAttribute",
+            sys::cuDeviceGetAttribute(&mut v, attr, dev),
+        )?;
         Ok(v)
     }
 
@@ -205,7 +208,10 @@ pub mod vmm {
     /// # Safety
     /// `(ptr, bytes)` is exactly one live reservation.
     pub unsafe fn address_free(ptr: sys::CUdeviceptr, bytes: u64) -> Result<()> {
-        check("cuMemAddressFree", sys::cuMemAddressFree(ptr, bytes as usize))
+        check(
+            "cuMemAddressFree",
+            sys::cuMemAddressFree(ptr, bytes as usize),
+        )
     }
 
     /// Map `bytes` of `handle` starting at `offset` at `ptr`.
@@ -670,7 +676,10 @@ pub mod graph {
     /// `stream` is live.
     pub unsafe fn end_capture(stream: sys::CUstream) -> Result<sys::CUgraph> {
         let mut graph: sys::CUgraph = std::ptr::null_mut();
-        check("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph))?;
+        check(
+            "cuStreamEndCapture",
+            sys::cuStreamEndCapture(stream, &mut graph),
+        )?;
         Ok(graph)
     }
 

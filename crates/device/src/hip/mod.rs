@@ -1,0 +1,702 @@
+//! AMD backend on the HIP runtime (feature `hip`): **unverified on hardware**.
+//!
+//! It compiles in CI against Debian's `libamdhip64-dev` (ROCm 5.2 headers;
+//! the bindings come from `hip-runtime-sys`), but no AMD GPU is available to
+//! this project, so none of it has ever run. Treat every path as untested.
+//!
+//! Mirrors `cuda/` file for file:
+//! - [`result`]: `Result`-returning wrappers of every HIP call used (HIP has
+//!   no cudarc, so streams, events and modules are wrapped there too).
+//! - [`handles`]: the handle types.
+//! - This file: [`HipBackend`], the [`Backend`] implementation.
+//!
+//! Differences from CUDA, by design:
+//! - No `symbols.rs`: `hip-runtime-sys` links `libamdhip64` at build time,
+//!   so a missing library stops the process at start-up; a missing *device*
+//!   gives [`DeviceError::NotAvailable`].
+//! - No `conditional.rs`: ROCm 5.2 has no conditional graph nodes, so
+//!   `capture_while` keeps the trait's `Unsupported` default.
+//! - Launches: no thread-block clusters (`Unsupported`); the programmatic
+//!   dependent launch flag is ignored (HIP keeps full stream order, which is
+//!   the stricter behaviour). Arguments are packed into one kernarg buffer,
+//!   each aligned to its own size rounded up to a power of two (at most 8):
+//!   HIP has no parameter-size query, and the buffer form lets the runtime
+//!   read exactly the bytes we pass.
+//! - Bindings caveat: `hip-runtime-sys` declares `hipError_t` as a Rust enum;
+//!   a runtime newer than the headers returning an unlisted code would break
+//!   that enum's invariant. Pin ROCm accordingly when this first runs.
+
+pub mod handles;
+pub mod result;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use xla_vmm_ffi::hip::runtime as sys;
+
+use crate::backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
+use crate::error::{DeviceError, Result};
+pub use handles::{
+    HipEvent, HipFunction, HipGraph, HipGraphExec, HipHostBuffer, HipModule, HipPhysMem, HipStream,
+    HipVaRange,
+};
+use handles::{ModuleInner, Owned};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One HIP device.
+#[derive(Debug)]
+pub struct HipBackend {
+    id: u64,
+    ordinal: i32,
+    info: DeviceInfo,
+}
+
+impl HipBackend {
+    /// Open device `ordinal`; [`DeviceError::NotAvailable`] when HIP fails
+    /// to initialize or the device does not exist.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let ord = i32::try_from(ordinal)
+            .map_err(|_| DeviceError::InvalidArgument(format!("device ordinal {ordinal}")))?;
+        let unavailable =
+            |e: DeviceError| DeviceError::NotAvailable(format!("HIP device {ordinal}: {e}"));
+        // SAFETY: hipInit has no preconditions; the count bounds `ord`.
+        let count = unsafe { result::device::init().and_then(|()| result::device::count()) }
+            .map_err(unavailable)?;
+        if ord >= count {
+            return Err(DeviceError::NotAvailable(format!(
+                "HIP device {ordinal}: only {count} device(s)"
+            )));
+        }
+        // SAFETY: `ord` is a valid device.
+        unsafe { result::device::set(ord) }.map_err(unavailable)?;
+        let info = Self::read_info(ord)?;
+        tracing::info!(ordinal, name = %info.name, "hip backend ready (unverified on hardware)");
+        Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ordinal: ord,
+            info,
+        })
+    }
+
+    fn read_info(ord: i32) -> Result<DeviceInfo> {
+        use sys::hipDeviceAttribute_t as A;
+        // SAFETY: `ord` is a valid device (checked by the caller).
+        let attr = |a: A| unsafe { result::device::attribute(ord, a) };
+        // SAFETY: as above.
+        let (name, total_memory) =
+            unsafe { (result::device::name(ord)?, result::device::total_mem(ord)?) };
+        let clock_khz = attr(A::hipDeviceAttributeMemoryClockRate)
+            .unwrap_or(0)
+            .max(0) as f64;
+        let bus_bits = attr(A::hipDeviceAttributeMemoryBusWidth)
+            .unwrap_or(0)
+            .max(0) as f64;
+        let vmm_supported =
+            attr(A::hipDeviceAttributeVirtualMemoryManagementSupported).unwrap_or(0) != 0;
+        let vmm_granularity = if vmm_supported {
+            // SAFETY: HIP is initialized.
+            unsafe { result::vmm::granularity(ord)? }
+        } else {
+            0
+        };
+        let gcn = attr(A::hipDeviceAttributeGcnArch).unwrap_or(0);
+        Ok(DeviceInfo {
+            backend: "hip",
+            ordinal: ord as usize,
+            name,
+            compute_capability: (
+                attr(A::hipDeviceAttributeComputeCapabilityMajor)?.max(0) as u32,
+                attr(A::hipDeviceAttributeComputeCapabilityMinor)?.max(0) as u32,
+            ),
+            arch_name: if gcn > 0 {
+                format!("gfx{gcn}")
+            } else {
+                String::new()
+            },
+            multiprocessor_count: attr(A::hipDeviceAttributeMultiprocessorCount)?.max(0) as u32,
+            total_memory,
+            vmm_granularity,
+            memory_bandwidth: 2.0 * clock_khz * 1000.0 * bus_bits / 8.0,
+            vmm_supported,
+            conditional_nodes: false,
+        })
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: `ordinal` was validated at creation.
+        unsafe { result::device::set(self.ordinal) }
+    }
+
+    fn own<T: Owned>(&self, h: &T, what: &str) -> Result<()> {
+        if h.owner() == self.id {
+            Ok(())
+        } else {
+            Err(DeviceError::InvalidArgument(format!(
+                "{what} belongs to another backend instance"
+            )))
+        }
+    }
+
+    fn aligned(&self, what: &str, v: u64) -> Result<()> {
+        let g = self.info.vmm_granularity;
+        if g == 0 {
+            return Err(DeviceError::Unsupported("VMM on this device".into()));
+        }
+        if !v.is_multiple_of(g) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{what} = {v} is not a multiple of the VMM granularity {g}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn vmm_range(&self, what: &str, offset: u64, bytes: u64, size: u64) -> Result<()> {
+        self.aligned("offset", offset)?;
+        self.aligned("size", bytes)?;
+        let end = offset.checked_add(bytes);
+        if bytes == 0 || end.is_none_or(|e| e > size) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{what}: [{offset}, +{bytes}) is empty or outside {size} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    fn host_range(buf: &HipHostBuffer, offset: usize, bytes: usize) -> Result<()> {
+        match offset.checked_add(bytes) {
+            Some(end) if end <= buf.len => Ok(()),
+            _ => Err(DeviceError::InvalidArgument(format!(
+                "host range [{offset}, +{bytes}) outside a {}-byte buffer",
+                buf.len
+            ))),
+        }
+    }
+
+    /// Pack kernel arguments into one kernarg buffer (see the module docs).
+    fn pack_args(args: &[&[u8]]) -> Vec<u8> {
+        let mut buf = Vec::new();
+        for arg in args {
+            let align = arg.len().next_power_of_two().clamp(1, 8);
+            buf.resize(buf.len().next_multiple_of(align), 0);
+            buf.extend_from_slice(arg);
+        }
+        buf
+    }
+}
+
+impl Backend for HipBackend {
+    type PhysMem = HipPhysMem;
+    type VaRange = HipVaRange;
+    type Stream = HipStream;
+    type Event = HipEvent;
+    type HostBuffer = HipHostBuffer;
+    type Module = HipModule;
+    type Function = HipFunction;
+    type Graph = HipGraph;
+    type GraphExec = HipGraphExec;
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        // SAFETY: our device is current.
+        unsafe { result::device::mem_info() }
+    }
+
+    // ---- VMM ----------------------------------------------------------------
+    fn mem_create(&self, bytes: u64) -> Result<HipPhysMem> {
+        self.aligned("size", bytes)?;
+        if bytes == 0 {
+            return Err(DeviceError::InvalidArgument("mem_create of 0 bytes".into()));
+        }
+        self.bind()?;
+        // SAFETY: device current, size checked.
+        let handle = unsafe { result::vmm::create(self.ordinal, bytes)? };
+        Ok(HipPhysMem {
+            owner: self.id,
+            handle,
+            bytes,
+        })
+    }
+
+    fn mem_release(&self, mem: HipPhysMem) -> Result<()> {
+        self.own(&mem, "physical memory")?;
+        self.bind()?;
+        // SAFETY: ours, consumed here so released once.
+        unsafe { result::vmm::release(mem.handle) }
+    }
+
+    fn mem_size(&self, mem: &HipPhysMem) -> u64 {
+        mem.bytes
+    }
+
+    fn va_reserve(&self, bytes: u64, align: u64) -> Result<HipVaRange> {
+        self.aligned("size", bytes)?;
+        if bytes == 0 {
+            return Err(DeviceError::InvalidArgument("va_reserve of 0 bytes".into()));
+        }
+        if align != 0 && !align.is_power_of_two() {
+            return Err(DeviceError::InvalidArgument(format!("alignment {align}")));
+        }
+        self.bind()?;
+        // SAFETY: device current, size checked.
+        let base = unsafe { result::vmm::address_reserve(bytes, align)? };
+        Ok(HipVaRange {
+            owner: self.id,
+            base,
+            bytes,
+        })
+    }
+
+    fn va_free(&self, va: HipVaRange) -> Result<()> {
+        self.own(&va, "VA range")?;
+        self.bind()?;
+        // SAFETY: exactly our reservation, consumed here.
+        unsafe { result::vmm::address_free(va.base, va.bytes) }
+    }
+
+    fn va_base(&self, va: &HipVaRange) -> DevicePtr {
+        DevicePtr(va.base)
+    }
+
+    fn va_size(&self, va: &HipVaRange) -> u64 {
+        va.bytes
+    }
+
+    fn map(
+        &self,
+        va: &HipVaRange,
+        va_offset: u64,
+        mem: &HipPhysMem,
+        mem_offset: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        self.own(va, "VA range")?;
+        self.own(mem, "physical memory")?;
+        self.vmm_range("map (VA)", va_offset, bytes, va.bytes)?;
+        self.vmm_range("map (physical)", mem_offset, bytes, mem.bytes)?;
+        self.bind()?;
+        // SAFETY: both ranges lie inside live objects we own.
+        unsafe { result::vmm::map(va.base + va_offset, bytes, mem_offset, mem.handle) }
+    }
+
+    fn unmap(&self, va: &HipVaRange, va_offset: u64, bytes: u64) -> Result<()> {
+        self.own(va, "VA range")?;
+        self.vmm_range("unmap", va_offset, bytes, va.bytes)?;
+        self.bind()?;
+        // SAFETY: range inside our reservation; queued-work ordering is the
+        // caller's documented obligation.
+        unsafe { result::vmm::unmap(va.base + va_offset, bytes) }
+    }
+
+    fn set_access(&self, va: &HipVaRange, va_offset: u64, bytes: u64) -> Result<()> {
+        self.own(va, "VA range")?;
+        self.vmm_range("set_access", va_offset, bytes, va.bytes)?;
+        self.bind()?;
+        // SAFETY: range inside our reservation.
+        unsafe { result::vmm::set_access(va.base + va_offset, bytes, self.ordinal) }
+    }
+
+    // ---- streams and events -------------------------------------------------
+    fn stream_create(&self) -> Result<HipStream> {
+        self.bind()?;
+        // SAFETY: device current.
+        let raw = unsafe { result::stream::create()? };
+        Ok(HipStream {
+            owner: self.id,
+            raw,
+        })
+    }
+
+    fn stream_destroy(&self, stream: HipStream) -> Result<()> {
+        self.own(&stream, "stream")?;
+        self.bind()?;
+        // SAFETY: ours, consumed here.
+        unsafe { result::stream::destroy(stream.raw) }
+    }
+
+    fn stream_synchronize(&self, stream: &HipStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        self.bind()?;
+        // SAFETY: live and ours.
+        unsafe { result::stream::synchronize(stream.raw) }
+    }
+
+    fn stream_wait_event(&self, stream: &HipStream, event: &HipEvent) -> Result<()> {
+        self.own(stream, "stream")?;
+        self.own(event, "event")?;
+        self.bind()?;
+        // SAFETY: both live and ours.
+        unsafe { result::stream::wait_event(stream.raw, event.raw) }
+    }
+
+    fn event_create(&self) -> Result<HipEvent> {
+        self.bind()?;
+        // SAFETY: device current.
+        let raw = unsafe { result::stream::event_create()? };
+        Ok(HipEvent {
+            owner: self.id,
+            raw,
+        })
+    }
+
+    fn event_destroy(&self, event: HipEvent) -> Result<()> {
+        self.own(&event, "event")?;
+        self.bind()?;
+        // SAFETY: ours, consumed here.
+        unsafe { result::stream::event_destroy(event.raw) }
+    }
+
+    fn event_record(&self, event: &HipEvent, stream: &HipStream) -> Result<()> {
+        self.own(event, "event")?;
+        self.own(stream, "stream")?;
+        self.bind()?;
+        // SAFETY: both live and ours.
+        unsafe { result::stream::event_record(event.raw, stream.raw) }
+    }
+
+    fn event_query(&self, event: &HipEvent) -> Result<EventStatus> {
+        self.own(event, "event")?;
+        self.bind()?;
+        // SAFETY: live and ours.
+        match unsafe { result::stream::event_query(event.raw)? } {
+            true => Ok(EventStatus::Complete),
+            false => Ok(EventStatus::Pending),
+        }
+    }
+
+    fn event_synchronize(&self, event: &HipEvent) -> Result<()> {
+        self.own(event, "event")?;
+        self.bind()?;
+        // SAFETY: live and ours.
+        unsafe { result::stream::event_synchronize(event.raw) }
+    }
+
+    fn event_elapsed_ms(&self, start: &HipEvent, end: &HipEvent) -> Result<f32> {
+        self.own(start, "event")?;
+        self.own(end, "event")?;
+        self.bind()?;
+        // SAFETY: both live and ours.
+        unsafe { result::stream::event_elapsed_ms(start.raw, end.raw) }
+    }
+
+    // ---- copies and fills -----------------------------------------------------
+    fn copy_d2d(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: &HipStream,
+    ) -> Result<()> {
+        self.own(stream, "stream")?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: stream live; bad device addresses fault the device only.
+        unsafe { result::memory::copy_d2d(dst.0, src.0, bytes as usize, stream.raw) }
+    }
+
+    fn copy_h2d(
+        &self,
+        dst: DevicePtr,
+        host: &HipHostBuffer,
+        host_offset: usize,
+        bytes: usize,
+        stream: &HipStream,
+    ) -> Result<()> {
+        self.own(stream, "stream")?;
+        self.own(host, "host buffer")?;
+        Self::host_range(host, host_offset, bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: range inside the pinned buffer; the trait contract keeps it
+        // alive and unwritten until the copy completes.
+        unsafe {
+            result::memory::copy_h2d(dst.0, host.ptr.add(host_offset).cast(), bytes, stream.raw)
+        }
+    }
+
+    fn copy_d2h(
+        &self,
+        host: &HipHostBuffer,
+        host_offset: usize,
+        src: DevicePtr,
+        bytes: usize,
+        stream: &HipStream,
+    ) -> Result<()> {
+        self.own(stream, "stream")?;
+        self.own(host, "host buffer")?;
+        Self::host_range(host, host_offset, bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: range inside the pinned buffer; the trait contract keeps it
+        // alive and unread until the copy completes.
+        unsafe {
+            result::memory::copy_d2h(host.ptr.add(host_offset).cast(), src.0, bytes, stream.raw)
+        }
+    }
+
+    fn write_sync(&self, dst: DevicePtr, data: &[u8], stream: &HipStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `data` is borrowed for the call and the stream is
+        // synchronized before returning. If the copy was queued but the
+        // synchronize fails, HIP's pageable-memory copies are staged before
+        // the call returns, so `data` is no longer read.
+        unsafe { result::memory::copy_h2d(dst.0, data.as_ptr().cast(), data.len(), stream.raw)? };
+        self.stream_synchronize(stream)
+    }
+
+    fn read_sync(&self, out: &mut [u8], src: DevicePtr, stream: &HipStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `out` is exclusively borrowed; device-to-pageable copies
+        // complete before the call returns, and we synchronize as well.
+        unsafe { result::memory::copy_d2h(out.as_mut_ptr().cast(), src.0, out.len(), stream.raw)? };
+        self.stream_synchronize(stream)
+    }
+
+    fn memset_d8(&self, dst: DevicePtr, value: u8, bytes: u64, stream: &HipStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: as copy_d2d.
+        unsafe { result::memory::memset_d8(dst.0, value, bytes as usize, stream.raw) }
+    }
+
+    fn memset_d32(&self, dst: DevicePtr, value: u32, count: u64, stream: &HipStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        if !dst.0.is_multiple_of(4) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "memset_d32 destination {:#x} is not 4-byte aligned",
+                dst.0
+            )));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: as copy_d2d; alignment checked.
+        unsafe { result::memory::memset_d32(dst.0, value, count as usize, stream.raw) }
+    }
+
+    // ---- pinned host memory ------------------------------------------------------
+    fn host_alloc(&self, bytes: usize) -> Result<HipHostBuffer> {
+        if bytes == 0 {
+            return Ok(HipHostBuffer {
+                owner: self.id,
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            });
+        }
+        self.bind()?;
+        // SAFETY: device current.
+        let ptr = unsafe { result::memory::host_alloc(bytes)? };
+        Ok(HipHostBuffer {
+            owner: self.id,
+            ptr: ptr.cast(),
+            len: bytes,
+        })
+    }
+
+    fn host_free(&self, buf: HipHostBuffer) -> Result<()> {
+        self.own(&buf, "host buffer")?;
+        if buf.len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: from host_alloc, consumed here so freed once.
+        unsafe { result::memory::host_free(buf.ptr.cast()) }
+    }
+
+    fn host_bytes<'a>(&self, buf: &'a HipHostBuffer) -> &'a [u8] {
+        if buf.len == 0 {
+            return &[];
+        }
+        // SAFETY: `len` bytes owned by `buf`, alive while borrowed; the trait
+        // contract forbids holding this during an async copy into it.
+        unsafe { std::slice::from_raw_parts(buf.ptr, buf.len) }
+    }
+
+    fn host_bytes_mut<'a>(&self, buf: &'a mut HipHostBuffer) -> &'a mut [u8] {
+        if buf.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as host_bytes; `&mut` makes the borrow exclusive.
+        unsafe { std::slice::from_raw_parts_mut(buf.ptr, buf.len) }
+    }
+
+    // ---- modules and kernels ----------------------------------------------------------
+    fn module_load(&self, image: &[u8], kind: ImageKind) -> Result<HipModule> {
+        if kind != ImageKind::Hsaco {
+            return Err(DeviceError::Unsupported(format!("{kind:?} images on HIP")));
+        }
+        if image.is_empty() {
+            return Err(DeviceError::InvalidArgument("empty code object".into()));
+        }
+        self.bind()?;
+        // SAFETY: `image` is a complete code object borrowed for the call
+        // (HIP copies it while loading).
+        let module = unsafe { result::module::load_data(image.as_ptr().cast())? };
+        Ok(HipModule {
+            owner: self.id,
+            inner: Arc::new(ModuleInner {
+                module,
+                ordinal: self.ordinal,
+            }),
+        })
+    }
+
+    fn module_unload(&self, module: HipModule) -> Result<()> {
+        self.own(&module, "module")?;
+        // Unloaded when the last function of it is dropped (errors logged).
+        drop(module);
+        Ok(())
+    }
+
+    fn module_function(&self, module: &HipModule, name: &str) -> Result<HipFunction> {
+        self.own(module, "module")?;
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| DeviceError::InvalidArgument(format!("kernel name {name:?}")))?;
+        self.bind()?;
+        // SAFETY: the module is loaded (we hold it).
+        let func = unsafe { result::module::function(module.inner.module, &cname)? };
+        Ok(HipFunction {
+            owner: self.id,
+            func,
+            _module: module.inner.clone(),
+        })
+    }
+
+    fn launch(
+        &self,
+        function: &HipFunction,
+        config: &LaunchConfig,
+        args: &[&[u8]],
+        stream: &HipStream,
+    ) -> Result<()> {
+        self.own(function, "function")?;
+        self.own(stream, "stream")?;
+        if config.cluster.is_some() {
+            return Err(DeviceError::Unsupported(
+                "thread-block clusters on HIP".into(),
+            ));
+        }
+        if config.pdl {
+            tracing::trace!("programmatic dependent launch ignored on HIP");
+        }
+        let mut kernarg = Self::pack_args(args);
+        self.bind()?;
+        // SAFETY: function and stream live and ours; the runtime copies
+        // exactly `kernarg.len()` bytes, which outlive the call.
+        unsafe {
+            result::module::launch(
+                function.func,
+                config.grid,
+                config.block,
+                config.shared_mem_bytes,
+                stream.raw,
+                &mut kernarg,
+            )
+        }
+    }
+
+    // ---- graphs ----------------------------------------------------------------------
+    fn stream_begin_capture(&self, stream: &HipStream) -> Result<()> {
+        self.own(stream, "stream")?;
+        self.bind()?;
+        // SAFETY: live and ours.
+        unsafe { result::graph::begin_capture(stream.raw) }
+    }
+
+    fn stream_end_capture(&self, stream: &HipStream) -> Result<HipGraph> {
+        self.own(stream, "stream")?;
+        self.bind()?;
+        // SAFETY: live and ours.
+        let graph = unsafe { result::graph::end_capture(stream.raw)? };
+        if graph.is_null() {
+            return Err(DeviceError::InvalidArgument(
+                "capture produced no graph".into(),
+            ));
+        }
+        Ok(HipGraph {
+            owner: self.id,
+            graph,
+        })
+    }
+
+    fn graph_instantiate(&self, graph: &HipGraph) -> Result<HipGraphExec> {
+        self.own(graph, "graph")?;
+        self.bind()?;
+        // SAFETY: live and ours.
+        let exec = unsafe { result::graph::instantiate(graph.graph)? };
+        Ok(HipGraphExec {
+            owner: self.id,
+            exec,
+        })
+    }
+
+    fn graph_launch(&self, exec: &HipGraphExec, stream: &HipStream) -> Result<()> {
+        self.own(exec, "graph exec")?;
+        self.own(stream, "stream")?;
+        self.bind()?;
+        // SAFETY: both live and ours.
+        unsafe { result::graph::launch(exec.exec, stream.raw) }
+    }
+
+    fn graph_exec_update(&self, exec: &HipGraphExec, graph: &HipGraph) -> Result<bool> {
+        self.own(exec, "graph exec")?;
+        self.own(graph, "graph")?;
+        self.bind()?;
+        // SAFETY: both live and ours; `!Sync` handles prevent concurrent use.
+        unsafe { result::graph::exec_update(exec.exec, graph.graph) }
+    }
+
+    fn graph_destroy(&self, graph: HipGraph) -> Result<()> {
+        self.own(&graph, "graph")?;
+        self.bind()?;
+        // SAFETY: ours, consumed here.
+        unsafe { result::graph::destroy(graph.graph) }
+    }
+
+    fn graph_exec_destroy(&self, exec: HipGraphExec) -> Result<()> {
+        self.own(&exec, "graph exec")?;
+        self.bind()?;
+        // SAFETY: ours, consumed here.
+        unsafe { result::graph::exec_destroy(exec.exec) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_arguments_are_packed_at_natural_alignment() {
+        let a = [1u8];
+        let b = 2u32.to_ne_bytes();
+        let c = 3u64.to_ne_bytes();
+        let buf = HipBackend::pack_args(&[&a, &b, &c]);
+        // u8 at 0, u32 at 4, u64 at 8.
+        assert_eq!(buf.len(), 16);
+        assert_eq!(buf[0], 1);
+        assert_eq!(&buf[4..8], &b);
+        assert_eq!(&buf[8..16], &c);
+    }
+}

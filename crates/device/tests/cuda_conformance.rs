@@ -1,0 +1,405 @@
+//! CUDA backend on a real GPU. Every test but the first is `#[ignore]`d
+//! (they need a device); run them on a GPU machine with
+//! `cargo test -p xla-vmm-device --release --test cuda_conformance -- --ignored --test-threads=1`
+//! (or the built test binary with `--ignored --test-threads=1`).
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+
+use xla_vmm_device::backend::{Backend, DevicePtr, ImageKind, LaunchConfig};
+use xla_vmm_device::cuda::CudaBackend;
+use xla_vmm_device::vmm::{VaReservation, VmmAllocator, VmmConfig};
+use xla_vmm_device::{conformance, DeviceError};
+
+fn gpu() -> Arc<CudaBackend> {
+    Arc::new(CudaBackend::new(0).expect("a CUDA device (these tests are --ignored without one)"))
+}
+
+fn read(b: &CudaBackend, s: &<CudaBackend as Backend>::Stream, p: DevicePtr, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    b.read_sync(&mut out, p, s).expect("read_sync");
+    out
+}
+
+#[test]
+fn creating_without_a_driver_is_an_error_not_a_panic() {
+    match CudaBackend::new(0) {
+        Ok(b) => assert_eq!(b.info().backend, "cuda"),
+        Err(DeviceError::NotAvailable(why)) => assert!(!why.is_empty()),
+        Err(e) => panic!("expected NotAvailable without a GPU, got {e}"),
+    }
+    // An absurd ordinal is never a panic either.
+    assert!(CudaBackend::new(1 << 20).is_err());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_info_is_plausible() {
+    let b = gpu();
+    let i = b.info();
+    eprintln!("{i:#?}");
+    assert!(i.vmm_supported);
+    assert!(i.vmm_granularity.is_power_of_two());
+    assert!(i.total_memory > 1 << 30);
+    assert!(i.multiprocessor_count > 0);
+    let (free, total) = b.mem_info().unwrap();
+    assert!(free <= total && total > 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn conformance_suite() {
+    let b = gpu();
+    let results = conformance::run_all(&b);
+    let mut failed = Vec::new();
+    for c in &results {
+        eprintln!(
+            "{:<34} {:>9.1} ms  {}",
+            c.name,
+            c.millis,
+            match &c.result {
+                Ok(()) => "ok".to_string(),
+                Err(e) => format!("FAIL: {e}"),
+            }
+        );
+        if c.result.is_err() {
+            failed.push(c.name);
+        }
+    }
+    assert!(!results.is_empty());
+    assert!(failed.is_empty(), "failed checks: {failed:?}");
+}
+
+/// 10,000 mixed operations through the allocator, then the driver's free
+/// memory is back where it started and no handle is outstanding.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_10k_mixed_ops_leave_no_driver_memory_behind() {
+    let b = gpu();
+    let g = b.info().vmm_granularity;
+    let s = b.stream_create().unwrap();
+    b.stream_synchronize(&s).unwrap();
+    let (free_before, _) = b.mem_info().unwrap();
+    let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
+    let mut live = Vec::new();
+    let mut x: u64 = 0x243f_6a88_85a3_08d3;
+    for op in 0..10_000u32 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if live.len() < 4 || (!x.is_multiple_of(3) && live.len() < 96) {
+            let size = match x % 5 {
+                0 => 1 + (x >> 8) % 256,
+                1 => 1 + (x >> 8) % (64 << 10),
+                2 => 1 + (x >> 8) % (4 * g),
+                3 => g,
+                _ => g * (1 + (x >> 8) % 8),
+            };
+            let buf = a
+                .alloc(size)
+                .unwrap_or_else(|e| panic!("op {op}: alloc {size}: {e}"));
+            let tag = (op as u64) << 32 | (x & 0xffff_ffff);
+            let n = buf.size().min(8) as usize;
+            b.write_sync(buf.ptr(), &tag.to_le_bytes()[..n], &s)
+                .unwrap();
+            live.push((buf, tag));
+        } else {
+            let (buf, tag) = live.swap_remove((x >> 20) as usize % live.len());
+            let n = buf.size().min(8) as usize;
+            assert_eq!(
+                read(&b, &s, buf.ptr(), n),
+                tag.to_le_bytes()[..n],
+                "op {op}: {buf:?}"
+            );
+            if x & 1 == 0 {
+                a.free(buf, &s).unwrap();
+            } else {
+                drop(buf);
+            }
+        }
+    }
+    a.check_consistency().unwrap();
+    let st = a.stats();
+    eprintln!("after 10k ops: {st:?}");
+    assert!(st.allocs_reused > 0);
+    live.clear();
+    b.stream_synchronize(&s).unwrap();
+    a.trim().unwrap();
+    let st = a.stats();
+    assert_eq!(
+        (st.phys_handles, st.va_handles, st.buffers_live),
+        (0, 0, 0),
+        "{st:?}"
+    );
+    assert!(a.take_deferred_errors().is_empty());
+    drop(a);
+    b.stream_synchronize(&s).unwrap();
+    let (free_after, _) = b.mem_info().unwrap();
+    eprintln!("free before {free_before}, after {free_after}");
+    // The driver may keep a little bookkeeping memory; all buffers are gone.
+    assert!(
+        free_after + (8 << 20) >= free_before,
+        "driver free memory dropped by {} bytes",
+        free_before - free_after
+    );
+    b.stream_destroy(s).unwrap();
+}
+
+/// Data written through a buffer's own VA is read through a slot VA of a
+/// fixed reservation; after remapping the slot to another buffer, the same
+/// graph (recorded once against the slot VA) sees the new buffer.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn remapped_slot_shows_new_data_to_a_recorded_graph() {
+    let b = gpu();
+    let g = b.info().vmm_granularity;
+    let s = b.stream_create().unwrap();
+    let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
+    let size = 2 * g;
+    let x = a.alloc(size).unwrap();
+    let y = a.alloc(size).unwrap();
+    let out = a.alloc(size).unwrap();
+    assert!(x.remappable() && y.remappable());
+    let px: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+    let py: Vec<u8> = (0..size).map(|i| (i * 13 % 241) as u8 ^ 0x55).collect();
+    b.write_sync(x.ptr(), &px, &s).unwrap();
+    b.write_sync(y.ptr(), &py, &s).unwrap();
+
+    let mut slot = VaReservation::reserve(a.context(), 4 * g, 0).unwrap();
+    slot.map_rw(g, x.phys(), x.phys_offset(), x.capacity())
+        .unwrap();
+    assert_eq!(read(&b, &s, slot.base().offset(g), size as usize), px);
+
+    // Record once: copy the slot into `out`.
+    b.stream_begin_capture(&s).unwrap();
+    b.copy_d2d(out.ptr(), slot.base().offset(g), size, &s)
+        .unwrap();
+    let graph = b.stream_end_capture(&s).unwrap();
+    let exec = b.graph_instantiate(&graph).unwrap();
+    b.graph_launch(&exec, &s).unwrap();
+    b.stream_synchronize(&s).unwrap();
+    assert_eq!(read(&b, &s, out.ptr(), size as usize), px);
+
+    // Remap the slot (the previous launch has completed) and replay.
+    slot.unmap(g).unwrap();
+    slot.map_rw(g, y.phys(), y.phys_offset(), y.capacity())
+        .unwrap();
+    b.graph_launch(&exec, &s).unwrap();
+    b.stream_synchronize(&s).unwrap();
+    assert_eq!(read(&b, &s, out.ptr(), size as usize), py);
+    // Writes through the slot land in y, not x.
+    b.memset_d8(slot.base().offset(g + 3), 0xab, 5, &s).unwrap();
+    b.stream_synchronize(&s).unwrap();
+    assert_eq!(read(&b, &s, y.ptr().offset(3), 5), vec![0xab; 5]);
+    assert_eq!(read(&b, &s, x.ptr(), 16), px[..16].to_vec());
+
+    b.graph_exec_destroy(exec).unwrap();
+    b.graph_destroy(graph).unwrap();
+    drop(slot);
+    drop((x, y, out));
+    assert_eq!(a.stats().buffers_live, 0);
+    b.stream_destroy(s).unwrap();
+}
+
+/// `out[i] = value + i` over the whole grid.
+const FILL_PTX: &str = r#"
+.version 8.0
+.target sm_50
+.address_size 64
+
+.visible .entry fill(
+	.param .u64 p_out,
+	.param .u32 p_value
+)
+{
+	.reg .b32 	%r<7>;
+	.reg .b64 	%rd<5>;
+
+	ld.param.u64 	%rd1, [p_out];
+	ld.param.u32 	%r1, [p_value];
+	cvta.to.global.u64 	%rd2, %rd1;
+	mov.u32 	%r2, %ctaid.x;
+	mov.u32 	%r3, %ntid.x;
+	mov.u32 	%r4, %tid.x;
+	mad.lo.s32 	%r5, %r2, %r3, %r4;
+	add.s32 	%r6, %r1, %r5;
+	mul.wide.u32 	%rd3, %r5, 4;
+	add.s64 	%rd4, %rd2, %rd3;
+	st.global.u32 	[%rd4], %r6;
+	ret;
+}
+
+.visible .entry step(
+	.param .u64 p_counter,
+	.param .u64 p_pred,
+	.param .u32 p_limit
+)
+{
+	.reg .b32 	%r<4>;
+	.reg .b64 	%rd<5>;
+	.reg .b16 	%rs<2>;
+	.reg .pred 	%p<2>;
+
+	ld.param.u64 	%rd1, [p_counter];
+	ld.param.u64 	%rd2, [p_pred];
+	ld.param.u32 	%r1, [p_limit];
+	cvta.to.global.u64 	%rd3, %rd1;
+	cvta.to.global.u64 	%rd4, %rd2;
+	ld.global.u32 	%r2, [%rd3];
+	add.s32 	%r3, %r2, 1;
+	st.global.u32 	[%rd3], %r3;
+	setp.lt.u32 	%p1, %r3, %r1;
+	selp.u16 	%rs1, 1, 0, %p1;
+	st.global.u8 	[%rd4], %rs1;
+	ret;
+}
+"#;
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn ptx_kernel_launch_with_cluster_and_pdl() {
+    let b = gpu();
+    let s = b.stream_create().unwrap();
+    let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
+    let module = b.module_load(FILL_PTX.as_bytes(), ImageKind::Ptx).unwrap();
+    let fill = b.module_function(&module, "fill").unwrap();
+    let n = 256u32;
+    let out = a.alloc(4 * n as u64).unwrap();
+    let ptr = out.ptr().0.to_ne_bytes();
+    for (cluster, pdl, value) in [(None, false, 100u32), (Some([2, 1, 1]), true, 7)] {
+        let cfg = LaunchConfig {
+            grid: [n / 64, 1, 1],
+            block: [64, 1, 1],
+            cluster,
+            pdl,
+            ..Default::default()
+        };
+        b.launch(&fill, &cfg, &[&ptr, &value.to_ne_bytes()], &s)
+            .unwrap();
+        let got = read(&b, &s, out.ptr(), 4 * n as usize);
+        for (i, w) in got.chunks_exact(4).enumerate() {
+            assert_eq!(u32::from_ne_bytes(w.try_into().unwrap()), value + i as u32);
+        }
+    }
+    // Wrong argument sizes and counts are refused before the driver.
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        ..Default::default()
+    };
+    assert!(matches!(
+        b.launch(&fill, &cfg, &[&ptr, &[1u8, 2]], &s),
+        Err(DeviceError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        b.launch(&fill, &cfg, &[&ptr], &s),
+        Err(DeviceError::InvalidArgument(_))
+    ));
+    assert!(b.module_function(&module, "no_such_kernel").is_err());
+    // The function keeps the module loaded after module_unload.
+    b.module_unload(module).unwrap();
+    b.launch(&fill, &cfg, &[&ptr, &5u32.to_ne_bytes()], &s)
+        .unwrap();
+    assert_eq!(read(&b, &s, out.ptr(), 4), 5u32.to_ne_bytes());
+    drop(out);
+    b.stream_destroy(s).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn capture_while_repeats_body_until_predicate_clears() {
+    let b = gpu();
+    if !b.info().conditional_nodes {
+        eprintln!("driver has no conditional nodes: skipped");
+        return;
+    }
+    let s = b.stream_create().unwrap();
+    let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
+    let module = b.module_load(FILL_PTX.as_bytes(), ImageKind::Ptx).unwrap();
+    let step = b.module_function(&module, "step").unwrap();
+    let counter = a.alloc(4).unwrap();
+    let pred = a.alloc(1).unwrap();
+    let limit = 10u32;
+    let one = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        ..Default::default()
+    };
+    let (c, p) = (counter.ptr().0.to_ne_bytes(), pred.ptr().0.to_ne_bytes());
+
+    b.stream_begin_capture(&s).unwrap();
+    let captured = b.capture_while(&s, pred.ptr(), &mut |body| {
+        b.launch(&step, &one, &[&c, &p, &limit.to_ne_bytes()], body)
+    });
+    // A marker after the loop: ordered after it through the capture deps.
+    let after = b.memset_d8(pred.ptr(), 0x42, 1, &s);
+    let graph = b.stream_end_capture(&s).unwrap();
+    captured.unwrap();
+    after.unwrap();
+    let exec = b.graph_instantiate(&graph).unwrap();
+    for start in [0u32, 5, 9] {
+        b.write_sync(counter.ptr(), &start.to_ne_bytes(), &s)
+            .unwrap();
+        b.write_sync(pred.ptr(), &[1], &s).unwrap();
+        b.graph_launch(&exec, &s).unwrap();
+        b.stream_synchronize(&s).unwrap();
+        assert_eq!(
+            read(&b, &s, counter.ptr(), 4),
+            limit.to_ne_bytes(),
+            "start {start}"
+        );
+        assert_eq!(read(&b, &s, pred.ptr(), 1), vec![0x42]);
+    }
+    // Predicate already false: the body never runs.
+    b.write_sync(counter.ptr(), &3u32.to_ne_bytes(), &s)
+        .unwrap();
+    b.write_sync(pred.ptr(), &[0], &s).unwrap();
+    b.graph_launch(&exec, &s).unwrap();
+    b.stream_synchronize(&s).unwrap();
+    assert_eq!(read(&b, &s, counter.ptr(), 4), 3u32.to_ne_bytes());
+    b.graph_exec_destroy(exec).unwrap();
+    b.graph_destroy(graph).unwrap();
+    // Outside a capture it is an error, not a crash.
+    assert!(b.capture_while(&s, pred.ptr(), &mut |_| Ok(())).is_err());
+    b.stream_destroy(s).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn handles_of_another_backend_are_rejected() {
+    let b1 = gpu();
+    let b2 = gpu();
+    let s1 = b1.stream_create().unwrap();
+    let e2 = b2.event_create().unwrap();
+    assert!(matches!(
+        b1.event_record(&e2, &s1),
+        Err(DeviceError::InvalidArgument(_))
+    ));
+    let g = b1.info().vmm_granularity;
+    let m1 = b1.mem_create(g).unwrap();
+    let va2 = b2.va_reserve(g, 0).unwrap();
+    assert!(matches!(
+        b2.map(&va2, 0, &m1, 0, g),
+        Err(DeviceError::InvalidArgument(_))
+    ));
+    // Misaligned and out-of-range VMM calls are refused too.
+    assert!(matches!(
+        b2.va_reserve(g + 1, 0),
+        Err(DeviceError::InvalidArgument(_))
+    ));
+    b1.mem_release(m1).unwrap();
+    b2.va_free(va2).unwrap();
+    b2.event_destroy(e2).unwrap();
+    b1.stream_destroy(s1).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn probe_reports_plausible_costs() {
+    let b = gpu();
+    let c =
+        xla_vmm_device::probe::probe(&*b, &xla_vmm_device::probe::ProbeConfig::quick()).unwrap();
+    eprintln!("{}", c.to_table());
+    assert!(c.remap_us > 0.0 && c.copy_bw_bytes_per_s > 1e9 && c.copy_launch_us > 0.0);
+    assert!(c.graph_launch_us.is_some());
+}
