@@ -13,6 +13,8 @@
 //! - `cabi.rs`: the only module that reads or writes caller memory.
 //! - `client.rs`, `device.rs`, `buffer.rs`, `event.rs`: the objects.
 //! - `devmem.rs`: device memory, from the project's `VmmAllocator`.
+//! - `vendor_locate.rs`, `vendor.rs`: finding and driving the vendor XLA GPU
+//!   plugin as a compiler only (compile → `PJRT_Executable_Serialize` bytes).
 //!
 //! Who validates what: the entry layer checks the args struct; each
 //! implementation validates the handles it receives (`Handle::from_c`) and
@@ -36,6 +38,8 @@ pub mod event;
 pub mod handles;
 pub mod options;
 mod plugin;
+pub mod vendor;
+pub mod vendor_locate;
 
 pub use api::ENTRIES;
 pub use xla_vmm_ffi::pjrt;

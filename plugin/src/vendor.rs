@@ -1,0 +1,285 @@
+//! The vendor XLA GPU plugin (`xla_cuda_plugin.so`), used as a compiler only.
+//!
+//! Compile path (see `DESIGN.md` §1): `PJRT_Client_Compile` on our client
+//! forwards the program and the serialized `CompileOptionsProto` to the
+//! vendor client ([`VendorClient::compile_serialized`]), which compiles and
+//! returns `PJRT_Executable_Serialize` bytes; those go to `xla_vmm::decode`
+//! and the runtime's `Executable::load`. The vendor client is created with
+//! `allocator=platform`, `preallocate=false` and a tiny memory fraction, so
+//! it holds no device memory pool: every buffer JAX sees is ours.
+//!
+//! Every call into the vendor table goes through [`VendorPlugin::call`],
+//! which sets `struct_size`, checks the slot exists, and turns a vendor
+//! `PJRT_Error` into our [`Error`] (message and code copied, error freed).
+#![allow(unsafe_code)]
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use xla_vmm_ffi::pjrt::*;
+
+use crate::cabi::{CPtr, NamedValues, Value};
+use crate::error::{Error, Result};
+
+pub struct VendorPlugin {
+    _lib: libloading::Library,
+    api: CPtr<PJRT_Api>,
+    pub path: String,
+}
+
+/// The process loads one vendor plugin, once (XLA's plugins expect that).
+static VENDOR: OnceLock<Mutex<Option<Arc<VendorPlugin>>>> = OnceLock::new();
+
+impl VendorPlugin {
+    /// Load (once per process) and initialize the plugin at `path`.
+    pub fn load(path: &Path) -> Result<Arc<VendorPlugin>> {
+        let slot = VENDOR.get_or_init(|| Mutex::new(None));
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = slot.as_ref() {
+            return Ok(p.clone());
+        }
+        let shown = path.display().to_string();
+        // SAFETY: loading a shared library runs its initializers; the vendor
+        // PJRT plugin is built to be dlopen'ed into a process like this one.
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| Error::not_found(format!("dlopen {shown}: {e}")))?;
+        // SAFETY: `GetPjrtApi` has this signature in every PJRT plugin.
+        let get: libloading::Symbol<unsafe extern "C" fn() -> *const PJRT_Api> =
+            unsafe { lib.get(b"GetPjrtApi\0") }
+                .map_err(|e| Error::not_found(format!("{shown}: no GetPjrtApi: {e}")))?;
+        // SAFETY: calling the plugin's entry point (no arguments).
+        let api = unsafe { get() };
+        if api.is_null() {
+            return Err(Error::internal(format!(
+                "{shown}: GetPjrtApi returned null"
+            )));
+        }
+        // SAFETY: non-null pointer to the plugin's static table; we read the
+        // header only, then check its size before using any slot.
+        let (size, major, minor) = unsafe {
+            (
+                (*api).struct_size,
+                (*api).pjrt_api_version.major_version,
+                (*api).pjrt_api_version.minor_version,
+            )
+        };
+        let needed = std::mem::offset_of!(PJRT_Api, PJRT_Executable_Fingerprint) + 8;
+        if major != PJRT_API_MAJOR as i32 || size < needed {
+            return Err(Error::failed_precondition(format!(
+                "{shown}: PJRT C API {major}.{minor} with a {size}-byte table; need 0.x with at least {needed} bytes"
+            )));
+        }
+        let plugin = Arc::new(VendorPlugin {
+            _lib: lib,
+            api: CPtr(api as *mut PJRT_Api),
+            path: shown,
+        });
+        let mut init = PJRT_Plugin_Initialize_Args {
+            struct_size: PJRT_Plugin_Initialize_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+        };
+        plugin.call(
+            "PJRT_Plugin_Initialize",
+            |a| a.PJRT_Plugin_Initialize,
+            &mut init,
+        )?;
+        tracing::info!(path = %plugin.path, major, minor, "vendor PJRT plugin loaded");
+        *slot = Some(plugin.clone());
+        Ok(plugin)
+    }
+
+    fn api(&self) -> &PJRT_Api {
+        // SAFETY: the table is static in the plugin, which `_lib` keeps loaded.
+        unsafe { &*self.api.0 }
+    }
+
+    /// Call a vendor entry with `args` (whose `struct_size` the caller set).
+    pub fn call<A>(
+        &self,
+        name: &str,
+        slot: impl FnOnce(&PJRT_Api) -> Option<unsafe extern "C" fn(*mut A) -> *mut PJRT_Error>,
+        args: &mut A,
+    ) -> Result<()> {
+        let f = slot(self.api()).ok_or_else(|| {
+            Error::unimplemented(format!("vendor plugin {} has no {name}", self.path))
+        })?;
+        // SAFETY: `args` is a fully initialized args struct of the type the
+        // slot expects, alive for the call.
+        let err = unsafe { f(args) };
+        self.take_error(err)
+            .map_err(|e| e.context(&format!("vendor {name}")))
+    }
+
+    /// Our [`Error`] from a vendor `PJRT_Error` (which is destroyed).
+    fn take_error(&self, err: *mut PJRT_Error) -> Result<()> {
+        if err.is_null() {
+            return Ok(());
+        }
+        let api = self.api();
+        let mut m = PJRT_Error_Message_Args {
+            struct_size: PJRT_Error_Message_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            error: err,
+            message: std::ptr::null(),
+            message_size: 0,
+        };
+        let mut c = PJRT_Error_GetCode_Args {
+            struct_size: PJRT_Error_GetCode_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            error: err,
+            code: PJRT_Error_Code_UNKNOWN,
+        };
+        // SAFETY: `err` is a live vendor error; these are the vendor's own
+        // accessors, called with complete args; the message is copied before
+        // the error is destroyed.
+        unsafe {
+            if let Some(f) = api.PJRT_Error_Message {
+                f(&mut m);
+            }
+            if let Some(f) = api.PJRT_Error_GetCode {
+                let e2 = f(&mut c);
+                debug_assert!(e2.is_null());
+            }
+        }
+        let msg = crate::cabi::str(m.message, m.message_size, "vendor error message")
+            .map(str::to_string)
+            .unwrap_or_else(|_| "(unreadable vendor error message)".into());
+        let mut d = PJRT_Error_Destroy_Args {
+            struct_size: PJRT_Error_Destroy_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            error: err,
+        };
+        // SAFETY: destroys the vendor error exactly once.
+        if let Some(f) = api.PJRT_Error_Destroy {
+            unsafe { f(&mut d) };
+        }
+        Err(Error::new(c.code, msg))
+    }
+}
+
+/// A vendor client used only to compile.
+pub struct VendorClient {
+    pub plugin: Arc<VendorPlugin>,
+    client: CPtr<PJRT_Client>,
+}
+
+impl VendorClient {
+    pub fn create(plugin: Arc<VendorPlugin>) -> Result<VendorClient> {
+        let options = NamedValues::new(vec![
+            ("allocator", Value::Str("platform".into())),
+            ("preallocate", Value::Bool(false)),
+            ("memory_fraction", Value::Float(0.01)),
+        ]);
+        // SAFETY: all-zero is a valid value for this plain C struct.
+        let mut a: PJRT_Client_Create_Args = unsafe { std::mem::zeroed() };
+        a.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE as usize;
+        a.create_options = options.as_ptr();
+        a.num_options = options.len();
+        plugin.call("PJRT_Client_Create", |t| t.PJRT_Client_Create, &mut a)?;
+        Ok(VendorClient {
+            plugin,
+            client: CPtr(a.client),
+        })
+    }
+
+    /// Compile `code` (format "mlir" or "hlo") with serialized
+    /// `CompileOptionsProto` bytes; return `PJRT_Executable_Serialize` bytes.
+    pub fn compile_serialized(&self, code: &[u8], format: &str, options: &[u8]) -> Result<Vec<u8>> {
+        let p = &self.plugin;
+        let program = PJRT_Program {
+            struct_size: PJRT_Program_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            code: code.as_ptr() as *mut std::ffi::c_char,
+            code_size: code.len(),
+            format: format.as_ptr().cast(),
+            format_size: format.len(),
+        };
+        // SAFETY: all-zero is a valid value for these plain C structs.
+        let mut c: PJRT_Client_Compile_Args = unsafe { std::mem::zeroed() };
+        c.struct_size = PJRT_Client_Compile_Args_STRUCT_SIZE as usize;
+        c.client = self.client.0;
+        c.program = &program;
+        c.compile_options = options.as_ptr().cast();
+        c.compile_options_size = options.len();
+        p.call("PJRT_Client_Compile", |t| t.PJRT_Client_Compile, &mut c)?;
+        let loaded = c.executable;
+        let result = (|| {
+            let mut g: PJRT_LoadedExecutable_GetExecutable_Args = unsafe { std::mem::zeroed() };
+            g.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE as usize;
+            g.loaded_executable = loaded;
+            p.call(
+                "PJRT_LoadedExecutable_GetExecutable",
+                |t| t.PJRT_LoadedExecutable_GetExecutable,
+                &mut g,
+            )?;
+            let mut s: PJRT_Executable_Serialize_Args = unsafe { std::mem::zeroed() };
+            s.struct_size = PJRT_Executable_Serialize_Args_STRUCT_SIZE as usize;
+            s.executable = g.executable;
+            let r = p.call(
+                "PJRT_Executable_Serialize",
+                |t| t.PJRT_Executable_Serialize,
+                &mut s,
+            );
+            let bytes = r.and_then(|_| {
+                crate::cabi::slice(
+                    s.serialized_bytes.cast::<u8>(),
+                    s.serialized_bytes_size,
+                    "serialized bytes",
+                )
+                .map(<[u8]>::to_vec)
+            });
+            if let Some(del) = s.serialized_executable_deleter {
+                // SAFETY: frees the vendor's serialized blob once, after copying.
+                unsafe { del(s.serialized_executable) };
+            }
+            let mut d: PJRT_Executable_Destroy_Args = unsafe { std::mem::zeroed() };
+            d.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE as usize;
+            d.executable = g.executable;
+            let _ = p.call(
+                "PJRT_Executable_Destroy",
+                |t| t.PJRT_Executable_Destroy,
+                &mut d,
+            );
+            bytes
+        })();
+        let mut d: PJRT_LoadedExecutable_Destroy_Args = unsafe { std::mem::zeroed() };
+        d.struct_size = PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE as usize;
+        d.executable = loaded;
+        let _ = p.call(
+            "PJRT_LoadedExecutable_Destroy",
+            |t| t.PJRT_LoadedExecutable_Destroy,
+            &mut d,
+        );
+        result
+    }
+}
+
+impl Drop for VendorClient {
+    fn drop(&mut self) {
+        let mut a = PJRT_Client_Destroy_Args {
+            struct_size: PJRT_Client_Destroy_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            client: self.client.0,
+        };
+        if let Err(e) = self
+            .plugin
+            .call("PJRT_Client_Destroy", |t| t.PJRT_Client_Destroy, &mut a)
+        {
+            tracing::warn!("destroying the vendor client: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loading_a_missing_or_foreign_library_is_an_error() {
+        let e = VendorPlugin::load(Path::new("/nonexistent/xla_cuda_plugin.so"))
+            .err()
+            .unwrap();
+        assert_eq!(e.code, PJRT_Error_Code_NOT_FOUND);
+        assert!(e.message.contains("dlopen"), "{}", e.message);
+    }
+}
