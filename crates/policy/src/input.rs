@@ -70,6 +70,15 @@ impl Threshold {
             })
     }
 
+    /// The threshold in force: the client create option if given (it wins),
+    /// else [`THRESHOLD_ENV`], else [`Threshold::Auto`].
+    pub fn resolve(option: Option<&str>) -> Result<Self> {
+        match option {
+            Some(text) => Threshold::parse(text),
+            None => Threshold::from_env(),
+        }
+    }
+
     /// Reads [`THRESHOLD_ENV`]; unset means [`Threshold::Auto`]. A value that
     /// is set but not a number is an error (the caller decides whether to fall
     /// back to auto with a warning): silently disabling the optimization would
@@ -404,6 +413,18 @@ mod tests {
             Threshold::parse("-1"),
             Err(PolicyError::InvalidThreshold { .. })
         ));
+    }
+
+    #[test]
+    fn client_option_wins_over_environment() {
+        // The environment is process-wide: this is the only test touching it.
+        std::env::set_var(THRESHOLD_ENV, "65536");
+        assert_eq!(Threshold::resolve(None).unwrap(), Threshold::Bytes(65536));
+        assert_eq!(Threshold::resolve(Some("0")).unwrap(), Threshold::RemapAll);
+        std::env::set_var(THRESHOLD_ENV, "lots");
+        assert!(Threshold::resolve(None).is_err());
+        std::env::remove_var(THRESHOLD_ENV);
+        assert_eq!(Threshold::resolve(None).unwrap(), Threshold::Auto);
     }
 
     #[test]

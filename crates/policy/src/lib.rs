@@ -94,6 +94,45 @@
 //! mapping once its copies cost one remap, and a shadow-owning slot that
 //! starts changing again back to copying (see [`tracker`]).
 //!
+//! ## Example
+//!
+//! ```
+//! use xla_vmm_policy::*;
+//!
+//! let h200 = DeviceCosts {
+//!     remap_us: 46.0,
+//!     copy_bw_bytes_per_s: 2.4e12,
+//!     copy_launch_us: 4.0,
+//!     free_bytes: 100 << 30,
+//!     total_bytes: 141 << 30,
+//! };
+//! let slots = vec![
+//!     SlotInfo::new(1 << 30, true, true, 0.0), // donated weights: never change
+//!     SlotInfo::new(4, false, true, 1.0),      // the loss: a new buffer each step
+//! ];
+//! let input = PolicyInput {
+//!     device: h200.clone(),
+//!     threshold: Threshold::Auto,
+//!     slots: slots.clone(),
+//!     step: None,
+//!     knobs: Knobs::default(),
+//! };
+//! let plan = decide(&input)?;
+//! assert_eq!(plan.decisions, vec![Decision::Skip, Decision::Copy]);
+//!
+//! // Per step, in the runtime:
+//! let mut tracker = SlotTracker::new("train_step", slots, TrackerConfig::new(h200, Threshold::Auto))?;
+//! for step in 0..4u64 {
+//!     let bindings = [Binding { id: 1, addr: 0x7f00_0000 }, Binding { id: 100 + step, addr: 0x7e00_0000 }];
+//!     let actions = tracker.bind_step((step % 2) as usize, &bindings, None)?;
+//!     if step >= 2 {
+//!         assert_eq!(actions.actions[0], SlotAction::Skip);
+//!     }
+//! }
+//! assert_eq!(tracker.stats().copies, 4);
+//! # Ok::<(), PolicyError>(())
+//! ```
+//!
 //! ## Who validates what
 //!
 //! [`PolicyInput::validate`] (called by [`decide`]) and [`SlotTracker::new`]
