@@ -24,7 +24,7 @@ use crate::proto::xla::{self as px, gemm_config_proto};
 
 /// Deepest nesting of thunk sequences accepted (XLA programs nest a few
 /// levels; this bounds recursion on hostile input).
-pub(crate) const MAX_THUNK_DEPTH: usize = 64;
+pub(crate) const MAX_THUNK_DEPTH: usize = 32;
 
 /// Decodes a list of serialized `ThunkProto`s found at `path`.
 pub(crate) fn sequence(
@@ -120,7 +120,21 @@ pub(crate) fn thunk(
     };
     let name = thunk_kind_name(number).unwrap_or("unknown");
     let path = format!("{path} ({name} `{}`)", info.profile_annotation);
-    let kind = kind_of(number, &data, allocs, depth, &path)?.unwrap_or_else(|| {
+    // Kinds that nest thunks are dispatched here so that `kind_of`'s large
+    // frame is not on the recursion path.
+    let nested = match number {
+        2 => Some(sequential(&data, allocs, depth, &path)?),
+        6 => Some(conditional(&data, allocs, depth, &path)?),
+        7 => Some(while_loop(&data, allocs, depth, &path)?),
+        57 => Some(async_start(&data, allocs, depth, &path)?),
+        60 => Some(dynamic_slice_fusion_kind(&data, allocs, depth, &path)?),
+        _ => None,
+    };
+    let kind = match nested {
+        Some(k) => Some(k),
+        None => kind_of(number, &data, &path, allocs)?,
+    };
+    let kind = kind.unwrap_or_else(|| {
         tracing::debug!(path, number, "unsupported thunk kind");
         ThunkKind::Unsupported {
             kind_name: name.into(),
@@ -132,22 +146,16 @@ pub(crate) fn thunk(
 
 /// Decodes the oneof payload of kind `number`; `None` for kinds we do not
 /// execute.
+#[inline(never)]
 fn kind_of(
     number: u32,
     data: &[u8],
-    allocs: Allocs<'_>,
-    depth: usize,
     path: &str,
+    allocs: Allocs<'_>,
 ) -> Result<Option<ThunkKind>, DecodeError> {
     let p = path;
     let ctx = |what: &'static str| move || format!("{p}: {what}");
     Ok(Some(match number {
-        2 => {
-            let m: pg::SequentialThunkProto = decode_msg(data, "SequentialThunkProto", p)?;
-            ThunkKind::Sequential {
-                thunks: sequence(&m.thunks, allocs, depth + 1, &format!("{p}/thunks"))?,
-            }
-        }
         3 => ThunkKind::Copy(copy(&decode_msg(data, "CopyThunkProto", p)?, allocs, p)?),
         13 => {
             let m: pg::DeviceToDeviceCopyThunkProto =
@@ -156,34 +164,6 @@ fn kind_of(
                 .copy_thunk
                 .ok_or_else(|| invalid(format!("{p}: missing copy_thunk")))?;
             ThunkKind::DeviceToDeviceCopy(copy(&c, allocs, p)?)
-        }
-        6 => {
-            let m: pg::ConditionalThunkProto = decode_msg(data, "ConditionalThunkProto", p)?;
-            let branches = m
-                .branch_thunks
-                .iter()
-                .enumerate()
-                .map(|(i, b)| sequence(&b.thunks, allocs, depth + 1, &format!("{p}/branch{i}")))
-                .collect::<Result<_, _>>()?;
-            ThunkKind::Conditional(ConditionalThunk {
-                branch_index: allocs.req_shaped(&m.branch_index_buffer, &ctx("branch index"))?,
-                branches,
-            })
-        }
-        7 => {
-            let m: pg::WhileThunkProto = decode_msg(data, "WhileThunkProto", p)?;
-            ThunkKind::While(WhileThunk {
-                condition_result: allocs
-                    .req_slice(&m.condition_result_buffer_index, &ctx("condition result"))?,
-                condition: seq_of(
-                    &m.condition_thunk_sequence,
-                    allocs,
-                    depth,
-                    format!("{p}/cond"),
-                )?,
-                body: seq_of(&m.body_thunk_sequence, allocs, depth, format!("{p}/body"))?,
-                trip_count: m.trip_count,
-            })
         }
         8 => ThunkKind::Kernel(kernel(
             &decode_msg(data, "KernelThunkProto", p)?,
@@ -257,33 +237,113 @@ fn kind_of(
             allocs,
             p,
         )?),
-        57 => {
-            let m: pg::AsyncStartThunkProto = decode_msg(data, "AsyncStartThunkProto", p)?;
-            use pg::async_start_thunk_proto::ExecutionStreamId as S;
-            ThunkKind::AsyncStart(AsyncStartThunk {
-                async_execution_id: m.async_execution_id,
-                stream: match m.execution_stream_id {
-                    Some(S::ComputationStreamId(id)) => ExecutionStream::Computation(id),
-                    Some(S::CommunicationStreamId(id)) => ExecutionStream::Communication(id),
-                    None => ExecutionStream::Default,
-                },
-                thunks: seq_of(&m.thunks, allocs, depth, format!("{p}/thunks"))?,
-            })
-        }
         58 => {
             let m: pg::AsyncDoneThunkProto = decode_msg(data, "AsyncDoneThunkProto", p)?;
             ThunkKind::AsyncDone {
                 async_execution_id: m.async_execution_id,
             }
         }
-        60 => ThunkKind::DynamicSliceFusion(dynamic_slice_fusion(
-            &decode_msg(data, "DynamicSliceFusionThunkProto", p)?,
-            allocs,
-            depth,
-            p,
-        )?),
         _ => return Ok(None),
     }))
+}
+
+// The recursive kinds live in their own functions to keep each recursion
+// level's stack frame small (debug builds give big matches big frames).
+
+#[inline(never)]
+fn sequential(
+    data: &[u8],
+    allocs: Allocs<'_>,
+    depth: usize,
+    p: &str,
+) -> Result<ThunkKind, DecodeError> {
+    let m: pg::SequentialThunkProto = decode_msg(data, "SequentialThunkProto", p)?;
+    Ok(ThunkKind::Sequential {
+        thunks: sequence(&m.thunks, allocs, depth + 1, &format!("{p}/thunks"))?,
+    })
+}
+
+#[inline(never)]
+fn conditional(
+    data: &[u8],
+    allocs: Allocs<'_>,
+    depth: usize,
+    p: &str,
+) -> Result<ThunkKind, DecodeError> {
+    let ctx = |what: &'static str| move || format!("{p}: {what}");
+    Ok({
+        let m: pg::ConditionalThunkProto = decode_msg(data, "ConditionalThunkProto", p)?;
+        let branches = m
+            .branch_thunks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| sequence(&b.thunks, allocs, depth + 1, &format!("{p}/branch{i}")))
+            .collect::<Result<_, _>>()?;
+        ThunkKind::Conditional(ConditionalThunk {
+            branch_index: allocs.req_shaped(&m.branch_index_buffer, &ctx("branch index"))?,
+            branches,
+        })
+    })
+}
+
+#[inline(never)]
+fn while_loop(
+    data: &[u8],
+    allocs: Allocs<'_>,
+    depth: usize,
+    p: &str,
+) -> Result<ThunkKind, DecodeError> {
+    let ctx = |what: &'static str| move || format!("{p}: {what}");
+    Ok({
+        let m: pg::WhileThunkProto = decode_msg(data, "WhileThunkProto", p)?;
+        ThunkKind::While(WhileThunk {
+            condition_result: allocs
+                .req_slice(&m.condition_result_buffer_index, &ctx("condition result"))?,
+            condition: seq_of(
+                &m.condition_thunk_sequence,
+                allocs,
+                depth,
+                format!("{p}/cond"),
+            )?,
+            body: seq_of(&m.body_thunk_sequence, allocs, depth, format!("{p}/body"))?,
+            trip_count: m.trip_count,
+        })
+    })
+}
+
+#[inline(never)]
+fn dynamic_slice_fusion_kind(
+    data: &[u8],
+    allocs: Allocs<'_>,
+    depth: usize,
+    p: &str,
+) -> Result<ThunkKind, DecodeError> {
+    let m: pg::DynamicSliceFusionThunkProto = decode_msg(data, "DynamicSliceFusionThunkProto", p)?;
+    Ok(ThunkKind::DynamicSliceFusion(dynamic_slice_fusion(
+        &m, allocs, depth, p,
+    )?))
+}
+
+#[inline(never)]
+fn async_start(
+    data: &[u8],
+    allocs: Allocs<'_>,
+    depth: usize,
+    p: &str,
+) -> Result<ThunkKind, DecodeError> {
+    Ok({
+        let m: pg::AsyncStartThunkProto = decode_msg(data, "AsyncStartThunkProto", p)?;
+        use pg::async_start_thunk_proto::ExecutionStreamId as S;
+        ThunkKind::AsyncStart(AsyncStartThunk {
+            async_execution_id: m.async_execution_id,
+            stream: match m.execution_stream_id {
+                Some(S::ComputationStreamId(id)) => ExecutionStream::Computation(id),
+                Some(S::CommunicationStreamId(id)) => ExecutionStream::Communication(id),
+                None => ExecutionStream::Default,
+            },
+            thunks: seq_of(&m.thunks, allocs, depth, format!("{p}/thunks"))?,
+        })
+    })
 }
 
 fn copy(m: &pg::CopyThunkProto, allocs: Allocs<'_>, p: &str) -> Result<CopyThunk, DecodeError> {
@@ -436,7 +496,7 @@ fn kernel(
         &m.zeroed_output_buffer_indices,
         p,
     )?;
-    let ld = m.launch_dimensions.clone().unwrap_or_default();
+    let ld = m.launch_dimensions.unwrap_or_default();
     Ok(KernelThunk {
         kernel_name: m.kernel_name.clone(),
         args,
@@ -569,8 +629,8 @@ fn custom_kernel(
     })
 }
 
-fn layout(l: &Option<gemm_config_proto::MatrixLayout>) -> MatrixLayout {
-    let l = l.clone().unwrap_or_default();
+fn layout(l: Option<gemm_config_proto::MatrixLayout>) -> MatrixLayout {
+    let l = l.unwrap_or_default();
     MatrixLayout {
         order: l.order,
         num_rows: l.num_rows,
@@ -585,10 +645,10 @@ fn layout(l: &Option<gemm_config_proto::MatrixLayout>) -> MatrixLayout {
 
 fn gemm_config(g: &px::GemmConfigProto) -> GemmConfig {
     GemmConfig {
-        lhs_layout: layout(&g.lhs_layout),
-        rhs_layout: layout(&g.rhs_layout),
-        c_layout: layout(&g.c_layout),
-        output_layout: layout(&g.output_layout),
+        lhs_layout: layout(g.lhs_layout),
+        rhs_layout: layout(g.rhs_layout),
+        c_layout: layout(g.c_layout),
+        output_layout: layout(g.output_layout),
         alpha_real: g.alpha_real,
         alpha_imag: g.alpha_imag,
         beta: g.beta,
@@ -678,6 +738,7 @@ fn slice_config(c: &Option<pg::DynamicSliceConfig>) -> Option<DynamicSliceConfig
     })
 }
 
+#[inline(never)]
 fn dynamic_slice_fusion(
     m: &pg::DynamicSliceFusionThunkProto,
     allocs: Allocs<'_>,

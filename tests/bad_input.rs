@@ -1,0 +1,243 @@
+//! Bad input gives a clear error (or an `Unsupported` thunk), never a panic.
+
+mod common;
+
+use common::{
+    executable, fixture, pseudo_random, riegeli_file, split_proto, temp_alloc, thunk_bytes,
+};
+use prost::Message;
+use xla_vmm::proto::xla::{self as px, buffer_assignment::BufferAllocationSliceProto};
+use xla_vmm::{decode, DecodeError, ThunkKind};
+
+fn err(bytes: &[u8]) -> DecodeError {
+    match decode(bytes) {
+        Ok(p) => panic!(
+            "decoded {} bytes of bad input into a plan: {p:?}",
+            bytes.len()
+        ),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn empty_input() {
+    assert!(matches!(err(&[]), DecodeError::Empty));
+}
+
+#[test]
+fn truncated_files() {
+    let bytes = fixture("mlp_adam_donated");
+    for cut in [
+        1,
+        4,
+        63,
+        64,
+        65,
+        100,
+        bytes.len() / 3,
+        bytes.len() / 2,
+        bytes.len() - 1,
+    ] {
+        let e = err(&bytes[..cut]);
+        assert!(!e.to_string().is_empty(), "cut at {cut}");
+    }
+}
+
+#[test]
+fn random_bytes() {
+    for seed in 1..50u64 {
+        let bytes = pseudo_random(seed, 1 + (seed as usize * 97) % 5000);
+        let e = err(&bytes);
+        assert!(
+            matches!(
+                e,
+                DecodeError::NotAnExecutable(_) | DecodeError::Proto { .. }
+            ),
+            "seed {seed}: {e}"
+        );
+    }
+    // Random bytes behind a valid riegeli signature.
+    let mut b = common::RIEGELI_PREFIX.to_vec();
+    b.extend(pseudo_random(7, 4000));
+    assert!(
+        matches!(err(&b), DecodeError::Riegeli { .. }),
+        "{}",
+        err(&b)
+    );
+}
+
+#[test]
+fn riegeli_file_of_another_proto_type() {
+    let e = err(&split_proto("xla.HloModuleProto", vec![0x0a, 0x01, b'x']));
+    assert!(e.to_string().contains("xla.HloModuleProto"), "{e}");
+    // A riegeli file whose first record is not a split-proto manifest.
+    let e = err(&riegeli_file(&[pseudo_random(3, 50), vec![1, 2, 3]]));
+    assert!(matches!(e, DecodeError::SplitProto { .. }), "{e}");
+    // A riegeli file with no records at all.
+    let e = err(&riegeli_file(&[]));
+    assert!(e.to_string().contains("no records"), "{e}");
+    // Outer layer fine, but the inner executable is another type.
+    let inner = split_proto("xla.HloModuleProto", vec![]);
+    let outer = px::ExecutableAndOptionsProto {
+        serialized_executable: inner,
+        pjrt_client_name: String::new(),
+    };
+    let e = err(&split_proto(
+        "xla.ExecutableAndOptionsProto",
+        outer.encode_to_vec(),
+    ));
+    assert!(e.to_string().contains("xla.gpu.GpuExecutableProto"), "{e}");
+}
+
+#[test]
+fn corrupted_chunks() {
+    let bytes = fixture("loop");
+    // Flip bytes in the chunk headers and data (the riegeli hashes catch it).
+    for pos in [70, 200, 1000, bytes.len() / 2, bytes.len() - 20] {
+        let mut b = bytes.clone();
+        b[pos] ^= 0x5a;
+        let e = err(&b);
+        assert!(!e.to_string().is_empty(), "flip at {pos}");
+    }
+}
+
+#[test]
+fn manifest_promising_more_records_than_present() {
+    let manifest = px::SplitProtoManifest {
+        result_proto_type: "xla.ExecutableAndOptionsProto".into(),
+        records: vec![
+            px::Record {
+                record_type: Some(px::record::RecordType::ProtoMergeRecord(Default::default())),
+            };
+            3
+        ],
+    };
+    let e = err(&riegeli_file(&[manifest.encode_to_vec(), vec![]]));
+    assert!(e.to_string().contains("file ends"), "{e}");
+}
+
+fn exe_with_thunks(thunks: Vec<Vec<u8>>) -> px::gpu::GpuExecutableProto {
+    px::gpu::GpuExecutableProto {
+        buffer_allocations: Some(px::gpu::gpu_executable_proto::RepeatedBufferAllocations {
+            values: vec![temp_alloc(0, 1024)],
+        }),
+        module_name: "synthetic".into(),
+        thunks,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn unknown_thunk_kinds_become_unsupported() {
+    let all_reduce = thunk_bytes("all-reduce.1", 39, &[]);
+    let future = thunk_bytes("future-op", 999, &[0x08, 0x01]);
+    let memset = {
+        let m = px::gpu::Memset32BitValueThunkProto {
+            dest_buffer: Some(BufferAllocationSliceProto {
+                offset: 16,
+                size: 64,
+                buffer_allocation_index: 0,
+                element_type: 0,
+            }),
+            value: 0x3f80_0000,
+        };
+        thunk_bytes("memset", 28, &m.encode_to_vec())
+    };
+    // An unknown kind nested inside a sequential thunk.
+    let seq = px::gpu::SequentialThunkProto {
+        thunks: vec![thunk_bytes("nested-fft", 27, &[])],
+    };
+    let seq = thunk_bytes("seq", 2, &seq.encode_to_vec());
+    let plan = decode(&executable(&exe_with_thunks(vec![
+        all_reduce, future, memset, seq,
+    ])))
+    .expect("decodes");
+    let unsupported: Vec<_> = plan
+        .unsupported()
+        .into_iter()
+        .map(|t| match &t.kind {
+            ThunkKind::Unsupported {
+                kind_name,
+                field_number,
+            } => (
+                kind_name.clone(),
+                *field_number,
+                t.info.profile_annotation.clone(),
+            ),
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(
+        unsupported,
+        vec![
+            ("all_reduce".to_string(), 39, "all-reduce.1".to_string()),
+            ("unknown".to_string(), 999, "future-op".to_string()),
+            ("fft".to_string(), 27, "nested-fft".to_string()),
+        ]
+    );
+    assert!(matches!(
+        plan.thunks[2].kind,
+        ThunkKind::Memset32 {
+            value: 0x3f80_0000,
+            ..
+        }
+    ));
+    assert_eq!(plan.kind_counts()["sequential"], 1);
+}
+
+#[test]
+fn out_of_bounds_slices_are_rejected() {
+    for (offset, size, index) in [(1000, 64, 0), (0, 2048, 0), (0, 4, 5), (-8, 4, 0)] {
+        let m = px::gpu::Memset32BitValueThunkProto {
+            dest_buffer: Some(BufferAllocationSliceProto {
+                offset,
+                size,
+                buffer_allocation_index: index,
+                element_type: 0,
+            }),
+            value: 0,
+        };
+        let t = thunk_bytes("bad-memset", 28, &m.encode_to_vec());
+        let e = err(&executable(&exe_with_thunks(vec![t])));
+        assert!(
+            matches!(e, DecodeError::Invalid(_)) && e.to_string().contains("bad-memset"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn malformed_thunk_payloads_are_errors() {
+    // A custom kernel payload that is not a valid message.
+    let t = thunk_bytes("broken", 36, &[0x0a, 0xff, 0xff, 0xff, 0x0f]);
+    let e = err(&executable(&exe_with_thunks(vec![t])));
+    assert!(e.to_string().contains("broken"), "{e}");
+    // A thunk whose own bytes are truncated mid-field.
+    let mut t = thunk_bytes("cut", 36, &[]);
+    t.push(0x0a);
+    let e = err(&executable(&exe_with_thunks(vec![t])));
+    assert!(e.to_string().contains("truncated"), "{e}");
+}
+
+#[test]
+fn deep_nesting_is_rejected_without_overflow() {
+    let mut t = thunk_bytes("leaf", 58, &[]);
+    for _ in 0..500 {
+        let seq = px::gpu::SequentialThunkProto { thunks: vec![t] };
+        t = thunk_bytes("seq", 2, &seq.encode_to_vec());
+    }
+    let e = err(&executable(&exe_with_thunks(vec![t])));
+    assert!(e.to_string().contains("nested deeper"), "{e}");
+}
+
+#[test]
+fn mutated_fixtures_never_panic() {
+    let bytes = fixture("small");
+    let noise = pseudo_random(42, 4096);
+    for i in 0..300 {
+        let mut b = bytes.clone();
+        let pos = (noise[i % noise.len()] as usize * 131 + i * 977) % b.len();
+        b[pos] = noise[(i * 7) % noise.len()];
+        let _ = decode(&b); // must return, Ok or Err
+    }
+}
