@@ -113,6 +113,32 @@ impl StepActions {
     pub fn count(&self, kind: fn(&SlotAction) -> bool) -> usize {
         self.actions.iter().filter(|a| kind(a)).count()
     }
+
+    /// True when some slot must be unmapped this step. `cuMemUnmap` is not
+    /// ordered with the stream, so only then must the host wait for the
+    /// reservation's event (the GPU's previous use of it); skips, first maps
+    /// and copies into an already mapped shadow need no wait.
+    pub fn needs_idle_reservation(&self) -> bool {
+        self.actions.iter().any(|a| match a {
+            SlotAction::Skip => false,
+            SlotAction::Remap { unmap_old } => *unmap_old,
+            SlotAction::Copy { unmap_old, .. } => *unmap_old,
+        })
+    }
+
+    /// Driver mapping operations this step (remaps and shadow mappings).
+    pub fn driver_maps(&self) -> usize {
+        self.count(|a| {
+            matches!(
+                a,
+                SlotAction::Remap { .. }
+                    | SlotAction::Copy {
+                        map_shadow: true,
+                        ..
+                    }
+            )
+        })
+    }
 }
 
 /// Fixed inputs of a tracker.

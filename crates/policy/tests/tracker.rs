@@ -45,6 +45,11 @@ fn aba_same_address_new_allocation_is_a_remap() {
     );
     let s = t.stats();
     assert_eq!((s.steps, s.skips, s.remaps, s.copies), (4, 1, 3, 0));
+    // The ABA remap unmaps: the host must wait for the reservation.
+    assert!(t
+        .bind_step(0, &[b(3, 0x1000)], None)
+        .unwrap()
+        .needs_idle_reservation());
 }
 
 #[test]
@@ -86,6 +91,8 @@ fn donated_loop_makes_no_driver_calls_in_steady_state() {
                 &[SlotAction::Skip, SlotAction::Skip],
                 "step {step}"
             );
+            assert_eq!(acts.driver_maps(), 0, "step {step}");
+            assert!(!acts.needs_idle_reservation(), "step {step}");
             assert!(
                 matches!(
                     acts.actions[2],
