@@ -63,7 +63,10 @@
 //!
 //! Selection:
 //! 1. Candidates: changing slots (`p > 0`) of at most 256 MiB (safety rail),
-//!    smallest first.
+//!    smallest first. Why smallest first: every copy slot saves about one
+//!    remap per change whatever its size, while its shadow and its bytes
+//!    grow with size, so small slots buy the most saved remaps per byte of
+//!    the memory cap and per µs of the copy budget.
 //! 2. Admit a candidate when copying it lowers the step cost counting only
 //!    its bytes (its direction's launch is shared), its shadow still fits the
 //!    **shadow cap** (1 % of free memory, all reservations' shadows counted,
