@@ -1,0 +1,114 @@
+//! Runs the built `xla-vmm inspect --json` on the fixtures and checks the
+//! counts against the table in ../shared/fixtures/README.md.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+}
+
+/// name → (allocations, [param, const, output, temp], top-level, kinds),
+/// parsed from the README's counts table.
+fn readme_counts() -> BTreeMap<String, (u64, [u64; 4], u64, BTreeMap<String, u64>)> {
+    let text = std::fs::read_to_string(fixtures().join("README.md")).expect("fixtures README");
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let cols: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cols.len() != 6 {
+            continue;
+        }
+        let Some((total, roles)) = cols[2].split_once('(') else {
+            continue;
+        };
+        let Ok(total) = total.trim().parse() else {
+            continue;
+        };
+        let roles: Vec<u64> = roles
+            .trim_end_matches(')')
+            .split('/')
+            .map(|r| r.trim().parse().unwrap())
+            .collect();
+        let kinds = cols[4]
+            .split(',')
+            .map(|k| {
+                let (name, n) = k.trim().rsplit_once(' ').unwrap();
+                (name.to_string(), n.parse().unwrap())
+            })
+            .collect();
+        out.insert(
+            cols[1].to_string(),
+            (
+                total,
+                roles.try_into().unwrap(),
+                cols[3].parse().unwrap(),
+                kinds,
+            ),
+        );
+    }
+    out
+}
+
+fn inspect(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_xla-vmm"))
+        .arg("inspect")
+        .args(args)
+        .output()
+        .expect("run xla-vmm")
+}
+
+#[test]
+fn json_counts_match_the_fixture_readme() {
+    let table = readme_counts();
+    assert_eq!(table.len(), 5, "rows parsed: {:?}", table.keys());
+    for (name, (allocs, roles, top, kinds)) in &table {
+        let path = fixtures().join(format!("{name}.pjrt"));
+        let out = inspect(&[path.to_str().unwrap(), "--json"]);
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        assert_eq!(v["allocations"], *allocs, "{name}");
+        for (i, role) in ["parameter", "constant", "output", "temp"]
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(v["roles"][role], roles[i], "{name} {role}");
+        }
+        assert_eq!(v["top_level_thunks"], *top, "{name}");
+        let got: BTreeMap<String, u64> = serde_json::from_value(v["kinds"].clone()).unwrap();
+        assert_eq!(&got, kinds, "{name}");
+        // `bytes` is the sum of the per-role byte counts.
+        let role_sum: u64 = v["role_bytes"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|b| b.as_u64().unwrap())
+            .sum();
+        assert_eq!(v["bytes"].as_u64(), Some(role_sum), "{name}");
+        assert!(role_sum > 0);
+    }
+}
+
+#[test]
+fn readable_summary_and_errors() {
+    let path = fixtures().join("loop.pjrt");
+    let out = inspect(&[path.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("allocations: 4"), "{text}");
+    assert!(text.contains("while `while.1` trip count 8"), "{text}");
+    assert!(text.contains("unsupported: none"), "{text}");
+
+    // A file that is not an executable: non-zero exit and a clear message.
+    let bad = std::env::temp_dir().join(format!("xla-vmm-inspect-{}.bin", std::process::id()));
+    std::fs::write(&bad, b"definitely not riegeli").unwrap();
+    let out = inspect(&[bad.to_str().unwrap(), "--json"]);
+    let _ = std::fs::remove_file(&bad);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not an XLA serialized executable"), "{err}");
+}
