@@ -77,6 +77,27 @@ impl Buffer {
         }))
     }
 
+    /// A buffer over an existing allocation (an execution's output).
+    pub fn from_allocation(
+        device: Arc<Device>,
+        dtype: PJRT_Buffer_Type,
+        dims: &[i64],
+        allocation: Allocation,
+    ) -> Result<Arc<Buffer>> {
+        let elem = dtype::element_size(dtype)?;
+        let bytes = dtype::num_elements(dims)? * elem as u64;
+        let memory = device.default_memory()?;
+        Ok(Arc::new(Buffer {
+            device,
+            memory,
+            dtype,
+            dims: dims.to_vec(),
+            minor_to_major: (0..dims.len() as i64).rev().collect(),
+            bytes,
+            state: Mutex::new(State::Live(allocation)),
+        }))
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -269,3 +269,18 @@ pub fn write_slice<T: Copy>(dst: *mut T, src: &[T], what: &str) -> Result<()> {
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
     Ok(())
 }
+
+/// The caller's `PJRT_Program` (in/out struct of `OptimizedProgram`).
+pub fn program_mut<'a>(
+    p: *mut xla_vmm_ffi::pjrt::PJRT_Program,
+) -> Result<&'a mut xla_vmm_ffi::pjrt::PJRT_Program> {
+    if p.is_null() {
+        return Err(Error::invalid("program is null"));
+    }
+    if !(p as usize).is_multiple_of(std::mem::align_of::<xla_vmm_ffi::pjrt::PJRT_Program>()) {
+        return Err(Error::invalid("program is misaligned"));
+    }
+    // SAFETY: non-null and aligned; the C API contract: the caller owns a
+    // PJRT_Program there for the duration of the call.
+    Ok(unsafe { &mut *p })
+}

@@ -3,7 +3,7 @@
 //! The platform name is `cuda` on every backend (the host backend too), so
 //! JAX applies its GPU lowering rules to programs for this client.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use xla_vmm_device::{Backend, HostBackend, HostConfig};
 use xla_vmm_ffi::pjrt::*;
@@ -14,11 +14,15 @@ use crate::devmem::{DeviceMemory, VmmMemory};
 use crate::error::{Error, Result};
 use crate::handles::{Handle, Registry};
 use crate::options::{BackendKind, ClientOptions};
+use crate::vendor::{VendorClient, VendorPlugin};
+use crate::vendor_locate;
 
 pub const PLATFORM_NAME: &str = "cuda";
 
 pub struct Client {
     pub options: ClientOptions,
+    /// The vendor compiler, created at the first compile.
+    vendor: Mutex<Option<Arc<VendorClient>>>,
     pub platform_version: String,
     pub devices: Vec<Arc<Device>>,
     device_ptrs: Vec<CPtr<PJRT_Device>>,
@@ -42,7 +46,16 @@ impl Client {
         options: ClientOptions,
         backend: Arc<B>,
     ) -> Result<Arc<Client>> {
-        let mem: Arc<dyn DeviceMemory> = Arc::new(VmmMemory::new(backend.clone())?);
+        Self::with_memory(options, Arc::new(VmmMemory::new(backend)?))
+    }
+
+    /// A client over prepared device memory (backend + allocator + GEMM).
+    pub fn with_memory<B: Backend>(
+        options: ClientOptions,
+        mem: Arc<VmmMemory<B>>,
+    ) -> Result<Arc<Client>> {
+        let backend = mem.backend().clone();
+        let mem: Arc<dyn DeviceMemory> = mem;
         let info = backend.info();
         let platform_version = format!(
             "xla-vmm {} ({} backend, {})",
@@ -60,6 +73,7 @@ impl Client {
         tracing::info!(backend = info.backend, device = %info.name, "xla-vmm client created");
         Ok(Arc::new(Client {
             options,
+            vendor: Mutex::new(None),
             platform_version,
             devices,
             device_ptrs,
@@ -85,6 +99,19 @@ impl Client {
         Ok(d)
     }
 
+    /// The vendor compiler client (located, loaded and created on first use).
+    pub fn vendor(&self) -> Result<Arc<VendorClient>> {
+        let mut slot = self.vendor.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = slot.as_ref() {
+            return Ok(v.clone());
+        }
+        let path = vendor_locate::locate(self.options.vendor_plugin_path.as_deref())?;
+        let plugin = VendorPlugin::load(&path)?;
+        let client = Arc::new(VendorClient::create(plugin)?);
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+
     fn teardown(&self) {
         for d in &self.devices {
             d.unregister();
@@ -94,10 +121,22 @@ impl Client {
 
 #[cfg(feature = "cuda")]
 fn new_cuda(options: ClientOptions) -> Result<Arc<Client>> {
-    let backend = xla_vmm_device::cuda::CudaBackend::new(0).map_err(|e| {
+    use xla_vmm_device::blas::GemmEngine;
+    use xla_vmm_device::cuda::{blaslt::CudaGemm, CudaBackend};
+    let backend = Arc::new(CudaBackend::new(0).map_err(|e| {
         Error::from(e).context("creating the CUDA backend (set backend=host to run without a GPU)")
-    })?;
-    Client::with_backend(options, Arc::new(backend))
+    })?);
+    // cuBLASLt is needed only by programs with GEMM thunks; without it those
+    // fail to load with a clear error, everything else works.
+    let gemm: Option<Arc<dyn GemmEngine<CudaBackend>>> = match CudaGemm::new(&backend) {
+        Ok(g) => Some(Arc::new(g)),
+        Err(e) => {
+            tracing::warn!("cuBLASLt not available: {e}");
+            None
+        }
+    };
+    let mem = VmmMemory::new(backend)?.with_gemm(gemm);
+    Client::with_memory(options, Arc::new(mem))
 }
 
 #[cfg(not(feature = "cuda"))]

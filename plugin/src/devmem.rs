@@ -13,6 +13,8 @@ use xla_vmm_device::vmm::{Buffer as VmmBuffer, VmmAllocator, VmmConfig, VmmStats
 use xla_vmm_device::{Backend, DeviceInfo, DevicePtr};
 
 use crate::error::{Error, Result};
+use crate::program::{Program, RuntimeProgram};
+use xla_vmm_device::blas::GemmEngine;
 
 /// One live device allocation. Dropping it frees the memory (no queued work
 /// may use it then: the plugin's copies are synchronous).
@@ -49,12 +51,15 @@ pub trait DeviceMemory: Send + Sync {
     /// (free, total) device memory.
     fn mem_info(&self) -> Result<(u64, u64)>;
     fn as_any(&self) -> &dyn Any;
+    /// Load a decoded program on this device (the runtime's `Executable`).
+    fn load_program(&self, plan: xla_vmm::Plan) -> Result<Box<dyn Program>>;
 }
 
 /// [`DeviceMemory`] on a [`Backend`] through the [`VmmAllocator`].
 pub struct VmmMemory<B: Backend> {
     allocator: VmmAllocator<B>,
     stream: Mutex<Option<B::Stream>>,
+    gemm: Option<Arc<dyn GemmEngine<B>>>,
 }
 
 impl<B: Backend> VmmMemory<B> {
@@ -64,7 +69,14 @@ impl<B: Backend> VmmMemory<B> {
         Ok(VmmMemory {
             allocator,
             stream: Mutex::new(Some(stream)),
+            gemm: None,
         })
+    }
+
+    /// Programs with GEMM thunks run them on `gemm` (cuBLASLt on CUDA).
+    pub fn with_gemm(mut self, gemm: Option<Arc<dyn GemmEngine<B>>>) -> Self {
+        self.gemm = gemm;
+        self
     }
 
     pub fn allocator(&self) -> &VmmAllocator<B> {
@@ -140,6 +152,11 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn load_program(&self, plan: xla_vmm::Plan) -> Result<Box<dyn Program>> {
+        let p = RuntimeProgram::load(self.allocator.backend().clone(), plan, self.gemm.clone())?;
+        Ok(Box::new(p))
     }
 }
 

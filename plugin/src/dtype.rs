@@ -179,6 +179,44 @@ pub fn scatter(
     });
 }
 
+/// The PJRT buffer type of an XLA element type name (`"BF16"` → BF16).
+pub fn from_xla_name(name: &str) -> Option<PJRT_Buffer_Type> {
+    Some(match name {
+        "PRED" => PJRT_Buffer_Type_PRED,
+        "S8" => PJRT_Buffer_Type_S8,
+        "S16" => PJRT_Buffer_Type_S16,
+        "S32" => PJRT_Buffer_Type_S32,
+        "S64" => PJRT_Buffer_Type_S64,
+        "U8" => PJRT_Buffer_Type_U8,
+        "U16" => PJRT_Buffer_Type_U16,
+        "U32" => PJRT_Buffer_Type_U32,
+        "U64" => PJRT_Buffer_Type_U64,
+        "F16" => PJRT_Buffer_Type_F16,
+        "F32" => PJRT_Buffer_Type_F32,
+        "F64" => PJRT_Buffer_Type_F64,
+        "BF16" => PJRT_Buffer_Type_BF16,
+        "C64" => PJRT_Buffer_Type_C64,
+        "C128" => PJRT_Buffer_Type_C128,
+        "F8E5M2" => PJRT_Buffer_Type_F8E5M2,
+        "F8E4M3FN" => PJRT_Buffer_Type_F8E4M3FN,
+        "F8E4M3B11FNUZ" => PJRT_Buffer_Type_F8E4M3B11FNUZ,
+        "F8E5M2FNUZ" => PJRT_Buffer_Type_F8E5M2FNUZ,
+        "F8E4M3FNUZ" => PJRT_Buffer_Type_F8E4M3FNUZ,
+        "F8E4M3" => PJRT_Buffer_Type_F8E4M3,
+        "F8E3M4" => PJRT_Buffer_Type_F8E3M4,
+        "F8E8M0FNU" => PJRT_Buffer_Type_F8E8M0FNU,
+        "S4" => PJRT_Buffer_Type_S4,
+        "U4" => PJRT_Buffer_Type_U4,
+        "S2" => PJRT_Buffer_Type_S2,
+        "U2" => PJRT_Buffer_Type_U2,
+        "S1" => PJRT_Buffer_Type_S1,
+        "U1" => PJRT_Buffer_Type_U1,
+        "F4E2M1FN" => PJRT_Buffer_Type_F4E2M1FN,
+        "TOKEN" => PJRT_Buffer_Type_TOKEN,
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

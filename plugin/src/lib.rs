@@ -35,9 +35,11 @@ pub mod dtype;
 mod entry;
 pub mod error;
 pub mod event;
+pub mod executable;
 pub mod handles;
 pub mod options;
 mod plugin;
+pub mod program;
 pub mod vendor;
 pub mod vendor_locate;
 

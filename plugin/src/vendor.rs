@@ -183,8 +183,14 @@ impl VendorClient {
     }
 
     /// Compile `code` (format "mlir" or "hlo") with serialized
-    /// `CompileOptionsProto` bytes; return `PJRT_Executable_Serialize` bytes.
-    pub fn compile_serialized(&self, code: &[u8], format: &str, options: &[u8]) -> Result<Vec<u8>> {
+    /// `CompileOptionsProto` bytes; return the `PJRT_Executable_Serialize`
+    /// bytes and the optimized program (what jaxlib reads layouts from).
+    pub fn compile_serialized(
+        &self,
+        code: &[u8],
+        format: &str,
+        options: &[u8],
+    ) -> Result<Compiled> {
         let p = &self.plugin;
         let program = PJRT_Program {
             struct_size: PJRT_Program_STRUCT_SIZE as usize,
@@ -232,6 +238,16 @@ impl VendorClient {
                 // SAFETY: frees the vendor's serialized blob once, after copying.
                 unsafe { del(s.serialized_executable) };
             }
+            let optimized = match &bytes {
+                Ok(_) => match self.optimized_program(g.executable) {
+                    Ok(o) => Some(o),
+                    Err(e) => {
+                        tracing::warn!("vendor optimized program unavailable: {e}");
+                        None
+                    }
+                },
+                Err(_) => None,
+            };
             let mut d: PJRT_Executable_Destroy_Args = unsafe { std::mem::zeroed() };
             d.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE as usize;
             d.executable = g.executable;
@@ -240,7 +256,10 @@ impl VendorClient {
                 |t| t.PJRT_Executable_Destroy,
                 &mut d,
             );
-            bytes
+            bytes.map(|serialized| Compiled {
+                serialized,
+                optimized,
+            })
         })();
         let mut d: PJRT_LoadedExecutable_Destroy_Args = unsafe { std::mem::zeroed() };
         d.struct_size = PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE as usize;
@@ -251,6 +270,52 @@ impl VendorClient {
             &mut d,
         );
         result
+    }
+}
+
+/// What a vendor compile hands back.
+pub struct Compiled {
+    /// `PJRT_Executable_Serialize` bytes.
+    pub serialized: Vec<u8>,
+    /// (code, format) of `PJRT_Executable_OptimizedProgram`.
+    pub optimized: Option<(Vec<u8>, String)>,
+}
+
+impl VendorClient {
+    /// `PJRT_Executable_OptimizedProgram` of a vendor executable (two calls:
+    /// size, then bytes).
+    fn optimized_program(&self, exe: *mut PJRT_Executable) -> Result<(Vec<u8>, String)> {
+        let p = &self.plugin;
+        let mut program = PJRT_Program {
+            struct_size: PJRT_Program_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            code: std::ptr::null_mut(),
+            code_size: 0,
+            format: std::ptr::null(),
+            format_size: 0,
+        };
+        let mut a = PJRT_Executable_OptimizedProgram_Args {
+            struct_size: PJRT_Executable_OptimizedProgram_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            executable: exe,
+            program: &mut program,
+        };
+        p.call(
+            "PJRT_Executable_OptimizedProgram",
+            |t| t.PJRT_Executable_OptimizedProgram,
+            &mut a,
+        )?;
+        let mut code = vec![0u8; program.code_size];
+        program.code = code.as_mut_ptr().cast();
+        a.program = &mut program;
+        p.call(
+            "PJRT_Executable_OptimizedProgram",
+            |t| t.PJRT_Executable_OptimizedProgram,
+            &mut a,
+        )?;
+        let format =
+            crate::cabi::str(program.format, program.format_size, "program format")?.to_string();
+        Ok((code, format))
     }
 }
 

@@ -1,0 +1,118 @@
+//! A loaded program on one device, behind an object-safe trait: the
+//! runtime's [`Executable`] is generic over the backend, the C-facing
+//! executable is not.
+
+use std::sync::Arc;
+
+use xla_vmm::Plan;
+use xla_vmm_device::blas::GemmEngine;
+use xla_vmm_device::{Backend, DevicePtr};
+use xla_vmm_runtime::{Executable, Mode, RuntimeError};
+
+use crate::error::{Error, Result};
+
+/// One result leaf of a run (valid until the next run).
+#[derive(Clone, Debug)]
+pub struct RunOutput {
+    pub ptr: DevicePtr,
+    pub bytes: u64,
+    /// The entry parameter whose buffer holds it (aliasing / donation).
+    pub parameter: Option<usize>,
+}
+
+pub trait Program: Send {
+    /// Bind `args` (pointer, bytes per entry parameter), run to completion.
+    fn run(&mut self, args: &[(DevicePtr, u64)]) -> Result<Vec<RunOutput>>;
+}
+
+impl From<RuntimeError> for Error {
+    fn from(e: RuntimeError) -> Self {
+        use xla_vmm_ffi::pjrt::*;
+        let code = match &e {
+            RuntimeError::Device(d) => return Error::from(d.clone()),
+            RuntimeError::Unsupported(_) => PJRT_Error_Code_UNIMPLEMENTED,
+            RuntimeError::InvalidProgram(_) => PJRT_Error_Code_INVALID_ARGUMENT,
+            RuntimeError::InvalidArgument(_) => PJRT_Error_Code_INVALID_ARGUMENT,
+            RuntimeError::Io { .. } => PJRT_Error_Code_INTERNAL,
+        };
+        Error::new(code, e.to_string())
+    }
+}
+
+/// How programs run: `XLA_VMM_EXEC_MODE=graph` captures each program once
+/// into a graph; the default is eager (thunk by thunk).
+pub fn exec_mode() -> Mode {
+    match std::env::var("XLA_VMM_EXEC_MODE").as_deref() {
+        Ok("graph") => Mode::Graph,
+        _ => Mode::Eager,
+    }
+}
+
+pub struct RuntimeProgram<B: Backend> {
+    backend: Arc<B>,
+    exe: Option<Executable<B>>,
+    stream: Option<B::Stream>,
+    mode: Mode,
+}
+
+impl<B: Backend> RuntimeProgram<B> {
+    pub fn load(backend: Arc<B>, plan: Plan, gemm: Option<Arc<dyn GemmEngine<B>>>) -> Result<Self> {
+        let stream = backend.stream_create()?;
+        let loaded = Executable::load(backend.clone(), plan, gemm, &stream).and_then(|exe| {
+            backend.stream_synchronize(&stream)?;
+            Ok(exe)
+        });
+        match loaded {
+            Ok(exe) => Ok(RuntimeProgram {
+                backend,
+                exe: Some(exe),
+                stream: Some(stream),
+                mode: exec_mode(),
+            }),
+            Err(e) => {
+                let _ = backend.stream_destroy(stream);
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl<B: Backend> Program for RuntimeProgram<B> {
+    fn run(&mut self, args: &[(DevicePtr, u64)]) -> Result<Vec<RunOutput>> {
+        let (Some(exe), Some(stream)) = (self.exe.as_mut(), self.stream.as_ref()) else {
+            return Err(Error::failed_precondition("the program was unloaded"));
+        };
+        let n = exe.parameter_shapes().len();
+        if args.len() != n {
+            return Err(Error::invalid(format!(
+                "the program takes {n} arguments, {} given",
+                args.len()
+            )));
+        }
+        for (i, &(ptr, bytes)) in args.iter().enumerate() {
+            exe.bind_parameter(i, ptr, bytes)?;
+        }
+        let outs = exe.run(stream, self.mode)?;
+        self.backend.stream_synchronize(stream)?;
+        Ok(outs
+            .into_iter()
+            .map(|o| RunOutput {
+                ptr: o.ptr,
+                bytes: o.bytes,
+                parameter: o.parameter,
+            })
+            .collect())
+    }
+}
+
+impl<B: Backend> Drop for RuntimeProgram<B> {
+    fn drop(&mut self) {
+        if let Some(s) = &self.stream {
+            let _ = self.backend.stream_synchronize(s);
+        }
+        self.exe = None;
+        if let Some(s) = self.stream.take() {
+            let _ = self.backend.stream_destroy(s);
+        }
+    }
+}
