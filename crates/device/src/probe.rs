@@ -88,13 +88,20 @@ pub struct DeviceCosts {
     pub copy_bw_bytes_per_s: f64,
     /// Per-copy cost of back-to-back 4-byte D2D copies (launch bound), µs.
     pub copy_launch_us: f64,
-    /// Launch + synchronize of a graph of `graph_nodes` tiny memsets, µs;
+    /// What the graph probe's nodes are: "kernel" (a one-thread store
+    /// kernel, where the backend can load the built-in one: CUDA) or
+    /// "memset" (4-byte memsets, any backend).
+    pub graph_node_kind: String,
+    /// Launch + synchronize of a graph of `graph_nodes` tiny nodes, µs;
     /// `None` when the backend has no graphs.
     pub graph_launch_us: Option<f64>,
     /// Host time to enqueue that graph launch only, µs.
     pub graph_enqueue_us: Option<f64>,
-    /// The same memsets launched eagerly + synchronize, µs.
+    /// The same operations launched eagerly + synchronize, µs.
     pub eager_launch_us: f64,
+    /// Launch + synchronize of a graph of `graph_nodes` 4-byte memsets, µs
+    /// (the same as `graph_launch_us` when the node kind is "memset").
+    pub graph_memset_launch_us: Option<f64>,
     pub graph_nodes: usize,
     pub free_bytes: u64,
     pub total_bytes: u64,
@@ -292,15 +299,85 @@ struct GraphCosts {
     graph: Option<(f64, f64)>,
 }
 
-/// N tiny memsets: eager launch + sync vs one graph launch (+ sync).
-fn probe_graph<B: Backend>(b: &B, s: &B::Stream, cfg: &ProbeConfig, g: u64) -> Result<GraphCosts> {
+/// A one-thread kernel `xla_vmm_probe_store(u32* p, u32 v) { *p = v; }`,
+/// for the graph-of-kernels measurement on CUDA.
+const STORE_KERNEL_PTX: &str = r#"
+.version 8.0
+.target sm_50
+.address_size 64
+
+.visible .entry xla_vmm_probe_store(
+	.param .u64 p_ptr,
+	.param .u32 p_value
+)
+{
+	.reg .b32 	%r<2>;
+	.reg .b64 	%rd<3>;
+
+	ld.param.u64 	%rd1, [p_ptr];
+	ld.param.u32 	%r1, [p_value];
+	cvta.to.global.u64 	%rd2, %rd1;
+	st.global.u32 	[%rd2], %r1;
+	ret;
+}
+"#;
+
+/// The node of the graph probe: word `i` of the buffer gets `salt + i`.
+enum TinyOp<'a, B: Backend> {
+    Memset,
+    Kernel(&'a B::Function),
+}
+
+impl<B: Backend> TinyOp<'_, B> {
+    fn enqueue(&self, b: &B, s: &B::Stream, p: DevicePtr, value: u32) -> Result<()> {
+        match self {
+            TinyOp::Memset => b.memset_d32(p, value, 1, s),
+            TinyOp::Kernel(f) => {
+                let cfg = crate::backend::LaunchConfig {
+                    grid: [1, 1, 1],
+                    block: [1, 1, 1],
+                    ..Default::default()
+                };
+                b.launch(f, &cfg, &[&p.0.to_ne_bytes(), &value.to_ne_bytes()], s)
+            }
+        }
+    }
+}
+
+/// The built-in store kernel, where the backend runs PTX.
+fn load_store_kernel<B: Backend>(b: &B) -> Option<(B::Module, B::Function)> {
+    if b.info().backend != "cuda" {
+        return None;
+    }
+    let module = b
+        .module_load(STORE_KERNEL_PTX.as_bytes(), crate::backend::ImageKind::Ptx)
+        .map_err(|e| tracing::info!(error = %e, "probe kernel not loaded: memset graph only"))
+        .ok()?;
+    match b.module_function(&module, "xla_vmm_probe_store") {
+        Ok(f) => Some((module, f)),
+        Err(e) => {
+            tracing::info!(error = %e, "probe kernel not found: memset graph only");
+            let _ = b.module_unload(module);
+            None
+        }
+    }
+}
+
+/// N tiny operations: eager launch + sync vs one graph launch (+ sync).
+fn probe_graph<B: Backend>(
+    b: &B,
+    s: &B::Stream,
+    cfg: &ProbeConfig,
+    g: u64,
+    op: &TinyOp<'_, B>,
+) -> Result<GraphCosts> {
     let n = cfg.graph_nodes.max(1);
     let bytes = round_up(4 * n as u64, g);
     with_mapping(b, bytes, |va| {
         let base = b.va_base(va);
         let enqueue = |salt: u32| -> Result<()> {
             for i in 0..n as u64 {
-                b.memset_d32(base.offset(4 * i), salt.wrapping_add(i as u32), 1, s)?;
+                op.enqueue(b, s, base.offset(4 * i), salt.wrapping_add(i as u32))?;
             }
             Ok(())
         };
@@ -343,7 +420,7 @@ fn probe_graph<B: Backend>(b: &B, s: &B::Stream, cfg: &ProbeConfig, g: u64) -> R
                     b.stream_synchronize(s)?;
                     total.push(us_since(t));
                 }
-                verify_memsets(b, s, base, n, 7)?;
+                verify_stores(b, s, base, n, 7)?;
                 Ok((median(&mut total), median(&mut enq)))
             })();
             let destroyed = b.graph_exec_destroy(exec);
@@ -362,7 +439,7 @@ fn probe_graph<B: Backend>(b: &B, s: &B::Stream, cfg: &ProbeConfig, g: u64) -> R
 }
 
 /// The graph really ran: word i holds `salt + i`.
-fn verify_memsets<B: Backend>(
+fn verify_stores<B: Backend>(
     b: &B,
     s: &B::Stream,
     base: DevicePtr,
@@ -419,11 +496,28 @@ pub fn probe<B: Backend>(b: &B, cfg: &ProbeConfig) -> Result<DeviceCosts> {
     let remap_us = remap.first().map_or(0.0, |c| c.total_us);
 
     let s = b.stream_create()?;
-    let rest = probe_copies(b, &s, cfg, g)
-        .and_then(|copies| probe_graph(b, &s, cfg, g).map(|graph| (copies, graph)));
+    let kernel = load_store_kernel(b);
+    let rest = probe_copies(b, &s, cfg, g).and_then(|copies| {
+        let memset = probe_graph(b, &s, cfg, g, &TinyOp::Memset)?;
+        let kernel = match &kernel {
+            Some((_, f)) => Some(probe_graph(b, &s, cfg, g, &TinyOp::Kernel(f))?),
+            None => None,
+        };
+        Ok((copies, memset, kernel))
+    });
+    let unloaded = kernel.map_or(Ok(()), |(m, f)| {
+        drop(f);
+        b.module_unload(m)
+    });
     let destroyed = b.stream_destroy(s);
-    let ((copy_bw_bytes_per_s, copy_launch_us), graph) = rest?;
+    let ((copy_bw_bytes_per_s, copy_launch_us), memset, kernel) = rest?;
+    unloaded?;
     destroyed?;
+    let graph_memset_launch_us = memset.graph.map(|(t, _)| t);
+    let (graph_node_kind, graph) = match kernel {
+        Some(k) => ("kernel", k),
+        None => ("memset", memset),
+    };
 
     Ok(DeviceCosts {
         backend: info.backend.to_string(),
@@ -432,9 +526,11 @@ pub fn probe<B: Backend>(b: &B, cfg: &ProbeConfig) -> Result<DeviceCosts> {
         remap,
         copy_bw_bytes_per_s,
         copy_launch_us,
+        graph_node_kind: graph_node_kind.to_string(),
         graph_launch_us: graph.graph.map(|(t, _)| t),
         graph_enqueue_us: graph.graph.map(|(_, e)| e),
         eager_launch_us: graph.eager_us,
+        graph_memset_launch_us,
         graph_nodes: cfg.graph_nodes.max(1),
         free_bytes,
         total_bytes,
@@ -483,8 +579,8 @@ impl DeviceCosts {
         );
         let _ = writeln!(
             t,
-            "{} memsets       eager + sync {:.1} us",
-            self.graph_nodes, self.eager_launch_us
+            "{} {}s  eager + sync {:.1} us",
+            self.graph_nodes, self.graph_node_kind, self.eager_launch_us
         );
         match (self.graph_launch_us, self.graph_enqueue_us) {
             (Some(l), Some(e)) => {
@@ -492,6 +588,11 @@ impl DeviceCosts {
                     t,
                     "  as one graph    launch + sync {l:.1} us (enqueue {e:.1} us)"
                 );
+                if self.graph_node_kind != "memset" {
+                    if let Some(m) = self.graph_memset_launch_us {
+                        let _ = writeln!(t, "  memset graph    launch + sync {m:.1} us");
+                    }
+                }
             }
             _ => {
                 let _ = writeln!(t, "  as one graph    not supported by this backend");

@@ -402,4 +402,77 @@ fn probe_reports_plausible_costs() {
     eprintln!("{}", c.to_table());
     assert!(c.remap_us > 0.0 && c.copy_bw_bytes_per_s > 1e9 && c.copy_launch_us > 0.0);
     assert!(c.graph_launch_us.is_some());
+    assert_eq!(c.graph_node_kind, "kernel");
+    assert!(c.graph_memset_launch_us.is_some());
+}
+
+/// A kernel node's parameters change in place through `graph_exec_update`
+/// (what XLA does when addresses change); a topology change is refused.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_exec_update_changes_kernel_parameters() {
+    let b = gpu();
+    let s = b.stream_create().unwrap();
+    let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
+    let module = b.module_load(FILL_PTX.as_bytes(), ImageKind::Ptx).unwrap();
+    let fill = b.module_function(&module, "fill").unwrap();
+    let (x, y) = (a.alloc(256).unwrap(), a.alloc(256).unwrap());
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [64, 1, 1],
+        ..Default::default()
+    };
+    let capture = |out: DevicePtr, v: u32, twice: bool| {
+        b.stream_begin_capture(&s).unwrap();
+        let p = out.0.to_ne_bytes();
+        b.launch(&fill, &cfg, &[&p, &v.to_ne_bytes()], &s).unwrap();
+        if twice {
+            b.launch(&fill, &cfg, &[&p, &v.to_ne_bytes()], &s).unwrap();
+        }
+        b.stream_end_capture(&s).unwrap()
+    };
+    let g1 = capture(x.ptr(), 10, false);
+    let exec = b.graph_instantiate(&g1).unwrap();
+    let g2 = capture(y.ptr(), 20, false);
+    assert!(b.graph_exec_update(&exec, &g2).unwrap());
+    b.graph_launch(&exec, &s).unwrap();
+    b.stream_synchronize(&s).unwrap();
+    assert_eq!(read(&b, &s, y.ptr(), 4), 20u32.to_ne_bytes());
+    let g3 = capture(x.ptr(), 30, true);
+    assert!(!b.graph_exec_update(&exec, &g3).unwrap());
+    for g in [g1, g2, g3] {
+        b.graph_destroy(g).unwrap();
+    }
+    b.graph_exec_destroy(exec).unwrap();
+    b.stream_destroy(s).unwrap();
+}
+
+/// The backend binds its context on whatever thread calls it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn usable_from_other_threads() {
+    let b = gpu();
+    let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
+    let buf = a.alloc(4096).unwrap();
+    let p = buf.ptr();
+    std::thread::scope(|scope| {
+        for t in 0..4u8 {
+            let b = &b;
+            scope.spawn(move || {
+                let s = b.stream_create().unwrap();
+                b.memset_d8(p.offset(1024 * t as u64), t + 1, 1024, &s)
+                    .unwrap();
+                b.stream_synchronize(&s).unwrap();
+                b.stream_destroy(s).unwrap();
+            });
+        }
+    });
+    let s = b.stream_create().unwrap();
+    let got = read(&b, &s, p, 4096);
+    for t in 0..4usize {
+        assert!(got[1024 * t..1024 * (t + 1)]
+            .iter()
+            .all(|&v| v == t as u8 + 1));
+    }
+    b.stream_destroy(s).unwrap();
 }
