@@ -112,6 +112,21 @@ impl Client {
         Ok(client)
     }
 
+    /// The vendor client if one can be had (no error: host-backend clients
+    /// and machines without the vendor plugin simply have none).
+    pub fn vendor_if_available(&self) -> Option<Arc<VendorClient>> {
+        if self.options.backend == BackendKind::Host && self.options.vendor_plugin_path.is_none() {
+            return None;
+        }
+        match self.vendor() {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::debug!("no vendor client: {e}");
+                None
+            }
+        }
+    }
+
     fn teardown(&self) {
         for d in &self.devices {
             d.unregister();
@@ -135,6 +150,16 @@ fn new_cuda(options: ClientOptions) -> Result<Arc<Client>> {
             None
         }
     };
+    // Load the vendor plugin now (no client yet: that waits for the first
+    // compile), so that PJRT_Plugin_Attributes can report its versions.
+    match vendor_locate::locate(options.vendor_plugin_path.as_deref()) {
+        Ok(path) => {
+            if let Err(e) = VendorPlugin::load(&path) {
+                tracing::warn!("vendor plugin: {e}");
+            }
+        }
+        Err(e) => tracing::warn!("{e}"),
+    }
     let mem = VmmMemory::new(backend)?.with_gemm(gemm);
     Client::with_memory(options, Arc::new(mem))
 }

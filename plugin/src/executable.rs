@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handles::{Handle, Registry};
 use crate::program::Program;
+use crate::vendor_exec::{VendorExecutable, ViewArg};
 
 /// Dtype and dims of one result leaf.
 #[derive(Clone, Debug)]
@@ -60,7 +61,16 @@ pub struct ExecInner {
     aliased: Vec<bool>,
     device: Arc<Device>,
     device_ptrs: Vec<CPtr<PJRT_Device>>,
-    program: Mutex<Option<Box<dyn Program>>>,
+    runner: Mutex<Option<Runner>>,
+}
+
+/// Who runs the program.
+enum Runner {
+    /// Our runtime (always, under `strict`).
+    Ours(Box<dyn Program>),
+    /// The vendor runtime on views of our buffers: our runtime rejected the
+    /// program (the reason was logged once, at load).
+    Vendor(VendorExecutable),
 }
 
 pub struct LoadedExecutable(pub Arc<ExecInner>);
@@ -116,11 +126,23 @@ static KIND: &str = DEVICE_MEMORY_KIND;
 
 impl ExecInner {
     /// Decode the vendor bytes and load them into our runtime on `device`.
+    ///
+    /// `vendor` is the same program on the vendor client, when there is one:
+    /// it gives the optimized program (layouts) and, unless `strict`, runs
+    /// the program if our runtime rejects it.
     pub fn load(
         device: Arc<Device>,
         serialized: Vec<u8>,
-        optimized: Option<(Vec<u8>, String)>,
+        vendor: Option<VendorExecutable>,
+        strict: bool,
     ) -> Result<Arc<ExecInner>> {
+        let optimized = vendor.as_ref().and_then(|v| match v.optimized_program() {
+            Ok(o) => Some(o),
+            Err(e) => {
+                tracing::warn!("vendor optimized program unavailable: {e}");
+                None
+            }
+        });
         let plan: Plan = xla_vmm::decode(&serialized)
             .map_err(|e| Error::invalid(format!("decoding the serialized executable: {e}")))?;
         let mut params = Vec::new();
@@ -150,7 +172,20 @@ impl ExecInner {
         }
         let name = plan.module_name.clone();
         let code_size = (plan.kernels.binary.len() + plan.kernels.asm_text.len()) as i64;
-        let program = device.mem.load_program(plan)?;
+        let runner = match device.mem.load_program(plan) {
+            Ok(p) => Runner::Ours(p),
+            Err(e) => match vendor {
+                Some(v) if !strict => {
+                    tracing::warn!(
+                        "xla-vmm runtime rejected {name} ({}); it runs on the vendor runtime on \
+                         xla-vmm buffers (set strict to make this an error)",
+                        e.message
+                    );
+                    Runner::Vendor(v)
+                }
+                _ => return Err(e),
+            },
+        };
         let kind = CPtr(KIND.as_ptr() as *mut std::ffi::c_char);
         tracing::info!(%name, params = params.len(), outputs = outputs.len(), "executable loaded on xla-vmm");
         Ok(Arc::new(ExecInner {
@@ -174,7 +209,7 @@ impl ExecInner {
             aliased,
             device_ptrs: vec![CPtr(device.c_ptr())],
             device,
-            program: Mutex::new(Some(program)),
+            runner: Mutex::new(Some(runner)),
         }))
     }
 
@@ -203,10 +238,17 @@ impl ExecInner {
             }
         }
         let mem = &self.device.mem;
-        let mut guard = self.program.lock().unwrap_or_else(|p| p.into_inner());
-        let program = guard.as_mut().ok_or_else(|| {
-            Error::failed_precondition(format!("executable {} was deleted", self.name))
-        })?;
+        let mut guard = self.runner.lock().unwrap_or_else(|p| p.into_inner());
+        let program = match guard.as_mut() {
+            None => {
+                return Err(Error::failed_precondition(format!(
+                    "executable {} was deleted",
+                    self.name
+                )))
+            }
+            Some(Runner::Vendor(v)) => return self.execute_vendor(v, args, non_donatable),
+            Some(Runner::Ours(p)) => p,
+        };
         // A parameter the program writes in place but the caller may not
         // donate is copied first; the program updates the copy.
         let mut bound = Vec::with_capacity(args.len());
@@ -258,6 +300,51 @@ impl ExecInner {
     }
 }
 
+impl ExecInner {
+    /// The fallback: run on the vendor runtime, copy outputs into our
+    /// buffers; a donated argument is then deleted, as JAX expects.
+    fn execute_vendor(
+        &self,
+        v: &VendorExecutable,
+        args: &[Arc<Buffer>],
+        non_donatable: &[i64],
+    ) -> Result<Vec<Arc<Buffer>>> {
+        let mem = &self.device.mem;
+        let ptrs = args
+            .iter()
+            .map(|a| a.with_live(|al| Ok(al.ptr)))
+            .collect::<Result<Vec<_>>>()?;
+        let view_args: Vec<ViewArg<'_>> = args
+            .iter()
+            .zip(&ptrs)
+            .map(|(a, &ptr)| ViewArg {
+                ptr,
+                dtype: a.dtype,
+                dims: &a.dims,
+            })
+            .collect();
+        let run = v.execute(&view_args, self.outputs.len())?;
+        let mut results = Vec::with_capacity(self.outputs.len());
+        for (o, spec) in run.outputs.iter().zip(&self.outputs) {
+            let fresh = mem.alloc(o.bytes)?;
+            mem.copy(fresh.ptr, o.ptr, o.bytes)?;
+            results.push(Buffer::from_allocation(
+                self.device.clone(),
+                spec.dtype,
+                &spec.dims,
+                fresh,
+            )?);
+        }
+        drop(run);
+        for (i, a) in args.iter().enumerate() {
+            if self.aliased[i] && !non_donatable.contains(&(i as i64)) {
+                drop(a.take_for_donation()?);
+            }
+        }
+        Ok(results)
+    }
+}
+
 fn loaded(p: *mut PJRT_LoadedExecutable) -> Result<Arc<ExecInner>> {
     Ok(LoadedExecutable::from_c(p)?.0.clone())
 }
@@ -285,13 +372,14 @@ pub fn compile(a: &mut PJRT_Client_Compile_Args) -> Result<()> {
         "compile_options",
     )?;
     let vendor = client.vendor()?;
-    let compiled = vendor.compile_serialized(code, format, options)?;
+    let compiled = vendor.compile(code, format, options)?;
+    let serialized = compiled.serialize()?;
     let device = client
         .devices
         .first()
         .cloned()
         .ok_or_else(|| Error::internal("no device"))?;
-    let exe = ExecInner::load(device, compiled.serialized, compiled.optimized)
+    let exe = ExecInner::load(device, serialized, Some(compiled), client.options.strict)
         .map_err(|e| e.context("loading the compiled program into the xla-vmm runtime"))?;
     a.executable = Arc::new(LoadedExecutable(exe)).into_c();
     Ok(())
@@ -310,7 +398,13 @@ pub fn deserialize_and_load(a: &mut PJRT_Executable_DeserializeAndLoad_Args) -> 
         .first()
         .cloned()
         .ok_or_else(|| Error::internal("no device"))?;
-    let exe = ExecInner::load(device, bytes, None)?;
+    // The vendor copy gives the optimized program (layouts) and the
+    // fallback; without a vendor plugin (host backend) we load ours only.
+    let vendor = match client.vendor_if_available() {
+        Some(v) => Some(v.deserialize(&bytes)?),
+        None => None,
+    };
+    let exe = ExecInner::load(device, bytes, vendor, client.options.strict)?;
     a.loaded_executable = Arc::new(LoadedExecutable(exe)).into_c();
     Ok(())
 }
@@ -339,17 +433,13 @@ pub fn loaded_addressable_devices(
 
 pub fn loaded_delete(a: &mut PJRT_LoadedExecutable_Delete_Args) -> Result<()> {
     let e = loaded(a.executable)?;
-    *e.program.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    *e.runner.lock().unwrap_or_else(|p| p.into_inner()) = None;
     Ok(())
 }
 
 pub fn loaded_is_deleted(a: &mut PJRT_LoadedExecutable_IsDeleted_Args) -> Result<()> {
     let e = loaded(a.executable)?;
-    a.is_deleted = e
-        .program
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .is_none();
+    a.is_deleted = e.runner.lock().unwrap_or_else(|p| p.into_inner()).is_none();
     Ok(())
 }
 

@@ -41,6 +41,7 @@ pub mod options;
 mod plugin;
 pub mod program;
 pub mod vendor;
+pub mod vendor_exec;
 pub mod vendor_locate;
 
 pub use api::ENTRIES;

@@ -1,24 +1,35 @@
 //! `PJRT_Plugin_*`: initialization and the plugin's attributes.
+//!
+//! The attributes are the vendor plugin's (its XLA and StableHLO versions:
+//! it is the compiler) when it is loaded, plus ours (`xla_vmm_version`).
 
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
 use xla_vmm_ffi::pjrt::*;
 
 use crate::cabi::{NamedValues, Value};
 use crate::error::Result;
+use crate::vendor::VendorPlugin;
 
-static ATTRIBUTES: LazyLock<NamedValues> = LazyLock::new(|| {
-    NamedValues::new(vec![
-        (
-            "xla_vmm_version",
-            Value::Str(env!("CARGO_PKG_VERSION").into()),
-        ),
-        (
-            "pjrt_c_api_version",
-            Value::Ints(vec![PJRT_API_MAJOR as i64, PJRT_API_MINOR as i64]),
-        ),
-    ])
-});
+/// Built once: with the vendor's attributes if the vendor plugin was loaded
+/// before the first call (clients on the CUDA backend load it at creation).
+static ATTRIBUTES: OnceLock<NamedValues> = OnceLock::new();
+
+fn build() -> NamedValues {
+    let mut items: Vec<(String, Value)> = Vec::new();
+    if let Some(v) = VendorPlugin::loaded() {
+        match v.attributes() {
+            Ok(a) => items.extend(a),
+            Err(e) => tracing::warn!("vendor plugin attributes: {e}"),
+        }
+    }
+    items.retain(|(n, _)| n != "xla_vmm_version");
+    items.push((
+        "xla_vmm_version".into(),
+        Value::Str(env!("CARGO_PKG_VERSION").into()),
+    ));
+    NamedValues::new(items.iter().map(|(n, v)| (n.as_str(), v.clone())).collect())
+}
 
 pub fn initialize(_a: &mut PJRT_Plugin_Initialize_Args) -> Result<()> {
     crate::init_logging();
@@ -26,7 +37,8 @@ pub fn initialize(_a: &mut PJRT_Plugin_Initialize_Args) -> Result<()> {
 }
 
 pub fn attributes(a: &mut PJRT_Plugin_Attributes_Args) -> Result<()> {
-    a.attributes = ATTRIBUTES.as_ptr();
-    a.num_attributes = ATTRIBUTES.len();
+    let attrs = ATTRIBUTES.get_or_init(build);
+    a.attributes = attrs.as_ptr();
+    a.num_attributes = attrs.len();
     Ok(())
 }

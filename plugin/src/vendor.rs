@@ -20,6 +20,7 @@ use xla_vmm_ffi::pjrt::*;
 
 use crate::cabi::{CPtr, NamedValues, Value};
 use crate::error::{Error, Result};
+use crate::vendor_exec::VendorExecutable;
 
 pub struct VendorPlugin {
     _lib: libloading::Library,
@@ -86,6 +87,29 @@ impl VendorPlugin {
         tracing::info!(path = %plugin.path, major, minor, "vendor PJRT plugin loaded");
         *slot = Some(plugin.clone());
         Ok(plugin)
+    }
+
+    /// The plugin loaded in this process, if any.
+    pub fn loaded() -> Option<Arc<VendorPlugin>> {
+        VENDOR
+            .get()
+            .and_then(|m| m.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    /// The vendor's `PJRT_Plugin_Attributes` (e.g. its StableHLO versions).
+    pub fn attributes(&self) -> Result<Vec<(String, Value)>> {
+        let mut a = PJRT_Plugin_Attributes_Args {
+            struct_size: PJRT_Plugin_Attributes_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            attributes: std::ptr::null(),
+            num_attributes: 0,
+        };
+        self.call(
+            "PJRT_Plugin_Attributes",
+            |t| t.PJRT_Plugin_Attributes,
+            &mut a,
+        )?;
+        crate::cabi::read_named_values(a.attributes, a.num_attributes)
     }
 
     fn api(&self) -> &PJRT_Api {
@@ -157,10 +181,13 @@ impl VendorPlugin {
     }
 }
 
-/// A vendor client used only to compile.
+/// A vendor client used only to compile (and, for programs our runtime
+/// rejects, to run them on buffers that stay ours; see `vendor_exec.rs`).
 pub struct VendorClient {
     pub plugin: Arc<VendorPlugin>,
-    client: CPtr<PJRT_Client>,
+    pub(crate) client: CPtr<PJRT_Client>,
+    /// The vendor's device 0 (views of our buffers are placed on it).
+    pub(crate) device: CPtr<PJRT_Device>,
 }
 
 impl VendorClient {
@@ -176,22 +203,41 @@ impl VendorClient {
         a.create_options = options.as_ptr();
         a.num_options = options.len();
         plugin.call("PJRT_Client_Create", |t| t.PJRT_Client_Create, &mut a)?;
-        Ok(VendorClient {
+        let mut vc = VendorClient {
             plugin,
             client: CPtr(a.client),
-        })
+            device: CPtr(std::ptr::null_mut()),
+        };
+        // SAFETY: all-zero is a valid value for this plain C struct.
+        let mut d: PJRT_Client_AddressableDevices_Args = unsafe { std::mem::zeroed() };
+        d.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE as usize;
+        d.client = a.client;
+        vc.plugin.call(
+            "PJRT_Client_AddressableDevices",
+            |t| t.PJRT_Client_AddressableDevices,
+            &mut d,
+        )?;
+        let devices = crate::cabi::slice(
+            d.addressable_devices,
+            d.num_addressable_devices,
+            "vendor devices",
+        )?;
+        vc.device = CPtr(
+            *devices
+                .first()
+                .ok_or_else(|| Error::not_found("the vendor client has no device"))?,
+        );
+        Ok(vc)
     }
 
     /// Compile `code` (format "mlir" or "hlo") with serialized
-    /// `CompileOptionsProto` bytes; return the `PJRT_Executable_Serialize`
-    /// bytes and the optimized program (what jaxlib reads layouts from).
-    pub fn compile_serialized(
-        &self,
+    /// `CompileOptionsProto` bytes.
+    pub fn compile(
+        self: &Arc<Self>,
         code: &[u8],
         format: &str,
         options: &[u8],
-    ) -> Result<Compiled> {
-        let p = &self.plugin;
+    ) -> Result<VendorExecutable> {
         let program = PJRT_Program {
             struct_size: PJRT_Program_STRUCT_SIZE as usize,
             extension_start: std::ptr::null_mut(),
@@ -200,122 +246,32 @@ impl VendorClient {
             format: format.as_ptr().cast(),
             format_size: format.len(),
         };
-        // SAFETY: all-zero is a valid value for these plain C structs.
+        // SAFETY: all-zero is a valid value for this plain C struct.
         let mut c: PJRT_Client_Compile_Args = unsafe { std::mem::zeroed() };
         c.struct_size = PJRT_Client_Compile_Args_STRUCT_SIZE as usize;
         c.client = self.client.0;
         c.program = &program;
         c.compile_options = options.as_ptr().cast();
         c.compile_options_size = options.len();
-        p.call("PJRT_Client_Compile", |t| t.PJRT_Client_Compile, &mut c)?;
-        let loaded = c.executable;
-        let result = (|| {
-            let mut g: PJRT_LoadedExecutable_GetExecutable_Args = unsafe { std::mem::zeroed() };
-            g.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE as usize;
-            g.loaded_executable = loaded;
-            p.call(
-                "PJRT_LoadedExecutable_GetExecutable",
-                |t| t.PJRT_LoadedExecutable_GetExecutable,
-                &mut g,
-            )?;
-            let mut s: PJRT_Executable_Serialize_Args = unsafe { std::mem::zeroed() };
-            s.struct_size = PJRT_Executable_Serialize_Args_STRUCT_SIZE as usize;
-            s.executable = g.executable;
-            let r = p.call(
-                "PJRT_Executable_Serialize",
-                |t| t.PJRT_Executable_Serialize,
-                &mut s,
-            );
-            let bytes = r.and_then(|_| {
-                crate::cabi::slice(
-                    s.serialized_bytes.cast::<u8>(),
-                    s.serialized_bytes_size,
-                    "serialized bytes",
-                )
-                .map(<[u8]>::to_vec)
-            });
-            if let Some(del) = s.serialized_executable_deleter {
-                // SAFETY: frees the vendor's serialized blob once, after copying.
-                unsafe { del(s.serialized_executable) };
-            }
-            let optimized = match &bytes {
-                Ok(_) => match self.optimized_program(g.executable) {
-                    Ok(o) => Some(o),
-                    Err(e) => {
-                        tracing::warn!("vendor optimized program unavailable: {e}");
-                        None
-                    }
-                },
-                Err(_) => None,
-            };
-            let mut d: PJRT_Executable_Destroy_Args = unsafe { std::mem::zeroed() };
-            d.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE as usize;
-            d.executable = g.executable;
-            let _ = p.call(
-                "PJRT_Executable_Destroy",
-                |t| t.PJRT_Executable_Destroy,
-                &mut d,
-            );
-            bytes.map(|serialized| Compiled {
-                serialized,
-                optimized,
-            })
-        })();
-        let mut d: PJRT_LoadedExecutable_Destroy_Args = unsafe { std::mem::zeroed() };
-        d.struct_size = PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE as usize;
-        d.executable = loaded;
-        let _ = p.call(
-            "PJRT_LoadedExecutable_Destroy",
-            |t| t.PJRT_LoadedExecutable_Destroy,
-            &mut d,
-        );
-        result
+        self.plugin
+            .call("PJRT_Client_Compile", |t| t.PJRT_Client_Compile, &mut c)?;
+        Ok(VendorExecutable::new(self.clone(), c.executable))
     }
-}
 
-/// What a vendor compile hands back.
-pub struct Compiled {
-    /// `PJRT_Executable_Serialize` bytes.
-    pub serialized: Vec<u8>,
-    /// (code, format) of `PJRT_Executable_OptimizedProgram`.
-    pub optimized: Option<(Vec<u8>, String)>,
-}
-
-impl VendorClient {
-    /// `PJRT_Executable_OptimizedProgram` of a vendor executable (two calls:
-    /// size, then bytes).
-    fn optimized_program(&self, exe: *mut PJRT_Executable) -> Result<(Vec<u8>, String)> {
-        let p = &self.plugin;
-        let mut program = PJRT_Program {
-            struct_size: PJRT_Program_STRUCT_SIZE as usize,
-            extension_start: std::ptr::null_mut(),
-            code: std::ptr::null_mut(),
-            code_size: 0,
-            format: std::ptr::null(),
-            format_size: 0,
-        };
-        let mut a = PJRT_Executable_OptimizedProgram_Args {
-            struct_size: PJRT_Executable_OptimizedProgram_Args_STRUCT_SIZE as usize,
-            extension_start: std::ptr::null_mut(),
-            executable: exe,
-            program: &mut program,
-        };
-        p.call(
-            "PJRT_Executable_OptimizedProgram",
-            |t| t.PJRT_Executable_OptimizedProgram,
+    /// Load `PJRT_Executable_Serialize` bytes on the vendor client.
+    pub fn deserialize(self: &Arc<Self>, bytes: &[u8]) -> Result<VendorExecutable> {
+        // SAFETY: all-zero is a valid value for this plain C struct.
+        let mut a: PJRT_Executable_DeserializeAndLoad_Args = unsafe { std::mem::zeroed() };
+        a.struct_size = PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE as usize;
+        a.client = self.client.0;
+        a.serialized_executable = bytes.as_ptr().cast();
+        a.serialized_executable_size = bytes.len();
+        self.plugin.call(
+            "PJRT_Executable_DeserializeAndLoad",
+            |t| t.PJRT_Executable_DeserializeAndLoad,
             &mut a,
         )?;
-        let mut code = vec![0u8; program.code_size];
-        program.code = code.as_mut_ptr().cast();
-        a.program = &mut program;
-        p.call(
-            "PJRT_Executable_OptimizedProgram",
-            |t| t.PJRT_Executable_OptimizedProgram,
-            &mut a,
-        )?;
-        let format =
-            crate::cabi::str(program.format, program.format_size, "program format")?.to_string();
-        Ok((code, format))
+        Ok(VendorExecutable::new(self.clone(), a.loaded_executable))
     }
 }
 

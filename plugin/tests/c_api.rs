@@ -489,3 +489,19 @@ fn events_complete_and_call_back() {
     destroy_buffer(buf);
     destroy_client(client);
 }
+
+#[test]
+fn plugin_attributes_name_the_version() {
+    let (err, a) = call!(PJRT_Plugin_Attributes, PJRT_Plugin_Attributes_Args, |a| {});
+    assert_eq!(err, None);
+    let attrs = unsafe { std::slice::from_raw_parts(a.attributes, a.num_attributes) };
+    let found = attrs.iter().find(|v| unsafe {
+        std::slice::from_raw_parts(v.name.cast::<u8>(), v.name_size) == b"xla_vmm_version"
+    });
+    let v = found.expect("xla_vmm_version attribute");
+    assert_eq!(v.type_, PJRT_NamedValue_kString);
+    let s = unsafe {
+        std::slice::from_raw_parts(v.__bindgen_anon_1.string_value.cast::<u8>(), v.value_size)
+    };
+    assert_eq!(s, env!("CARGO_PKG_VERSION").as_bytes());
+}

@@ -1,0 +1,276 @@
+//! A program compiled (or deserialized) by the vendor plugin.
+//!
+//! Normally used for two queries only, then dropped: the serialized bytes
+//! (decoded and loaded into our runtime) and the optimized program (what
+//! jaxlib reads parameter and output layouts from).
+//!
+//! When our runtime rejects a program and the client is not `strict`, the
+//! vendor executable is kept and runs the program *on our buffers*: each
+//! argument becomes a vendor view (`PJRT_Client_CreateViewOfDeviceBuffer`)
+//! of our device memory, the vendor's outputs are copied into fresh buffers
+//! of our allocator and then released. The vendor never donates a view: all
+//! arguments are passed as non-donatable.
+#![allow(unsafe_code)]
+
+use std::sync::Arc;
+
+use xla_vmm_device::DevicePtr;
+use xla_vmm_ffi::pjrt::*;
+
+use crate::cabi::{self, CPtr};
+use crate::error::{Error, Result};
+use crate::vendor::VendorClient;
+
+pub struct VendorExecutable {
+    client: Arc<VendorClient>,
+    exe: CPtr<PJRT_LoadedExecutable>,
+}
+
+/// One argument for a vendor run: our memory and its array type.
+pub struct ViewArg<'a> {
+    pub ptr: DevicePtr,
+    pub dtype: PJRT_Buffer_Type,
+    pub dims: &'a [i64],
+}
+
+/// One vendor output: its device address and size, valid until the
+/// `VendorOutputs` is dropped.
+pub struct VendorOutput {
+    pub ptr: DevicePtr,
+    pub bytes: u64,
+}
+
+/// Vendor buffers that must be destroyed after their contents are copied.
+pub struct VendorOutputs<'a> {
+    client: &'a VendorClient,
+    buffers: Vec<*mut PJRT_Buffer>,
+    pub outputs: Vec<VendorOutput>,
+}
+
+fn zeroed<T>() -> T {
+    // SAFETY: only used for the plain-data PJRT args structs below, for
+    // which all-zero (null pointers, zero sizes) is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+fn destroy_buffer(client: &VendorClient, b: *mut PJRT_Buffer) {
+    let mut d: PJRT_Buffer_Destroy_Args = zeroed();
+    d.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE as usize;
+    d.buffer = b;
+    if let Err(e) = client
+        .plugin
+        .call("PJRT_Buffer_Destroy", |t| t.PJRT_Buffer_Destroy, &mut d)
+    {
+        tracing::warn!("{e}");
+    }
+}
+
+impl Drop for VendorOutputs<'_> {
+    fn drop(&mut self) {
+        for &b in &self.buffers {
+            destroy_buffer(self.client, b);
+        }
+    }
+}
+
+impl VendorExecutable {
+    pub(crate) fn new(client: Arc<VendorClient>, exe: *mut PJRT_LoadedExecutable) -> Self {
+        VendorExecutable {
+            client,
+            exe: CPtr(exe),
+        }
+    }
+
+    /// Run `f` on the `PJRT_Executable` view (destroyed afterwards).
+    fn with_view<T>(&self, f: impl FnOnce(*mut PJRT_Executable) -> Result<T>) -> Result<T> {
+        let p = &self.client.plugin;
+        let mut g: PJRT_LoadedExecutable_GetExecutable_Args = zeroed();
+        g.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE as usize;
+        g.loaded_executable = self.exe.0;
+        p.call(
+            "PJRT_LoadedExecutable_GetExecutable",
+            |t| t.PJRT_LoadedExecutable_GetExecutable,
+            &mut g,
+        )?;
+        let r = f(g.executable);
+        let mut d: PJRT_Executable_Destroy_Args = zeroed();
+        d.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE as usize;
+        d.executable = g.executable;
+        let _ = p.call(
+            "PJRT_Executable_Destroy",
+            |t| t.PJRT_Executable_Destroy,
+            &mut d,
+        );
+        r
+    }
+
+    /// `PJRT_Executable_Serialize` bytes.
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let p = &self.client.plugin;
+        self.with_view(|exe| {
+            let mut s: PJRT_Executable_Serialize_Args = zeroed();
+            s.struct_size = PJRT_Executable_Serialize_Args_STRUCT_SIZE as usize;
+            s.executable = exe;
+            p.call(
+                "PJRT_Executable_Serialize",
+                |t| t.PJRT_Executable_Serialize,
+                &mut s,
+            )?;
+            let bytes = cabi::slice(
+                s.serialized_bytes.cast::<u8>(),
+                s.serialized_bytes_size,
+                "serialized bytes",
+            )
+            .map(<[u8]>::to_vec);
+            if let Some(del) = s.serialized_executable_deleter {
+                // SAFETY: frees the vendor's serialized blob once, after copying.
+                unsafe { del(s.serialized_executable) };
+            }
+            bytes
+        })
+    }
+
+    /// (code, format) of `PJRT_Executable_OptimizedProgram` (two calls:
+    /// size, then bytes).
+    pub fn optimized_program(&self) -> Result<(Vec<u8>, String)> {
+        let p = &self.client.plugin;
+        self.with_view(|exe| {
+            let mut program: PJRT_Program = zeroed();
+            program.struct_size = PJRT_Program_STRUCT_SIZE as usize;
+            let mut a: PJRT_Executable_OptimizedProgram_Args = zeroed();
+            a.struct_size = PJRT_Executable_OptimizedProgram_Args_STRUCT_SIZE as usize;
+            a.executable = exe;
+            a.program = &mut program;
+            p.call(
+                "PJRT_Executable_OptimizedProgram",
+                |t| t.PJRT_Executable_OptimizedProgram,
+                &mut a,
+            )?;
+            let mut code = vec![0u8; program.code_size];
+            program.code = code.as_mut_ptr().cast();
+            a.program = &mut program;
+            p.call(
+                "PJRT_Executable_OptimizedProgram",
+                |t| t.PJRT_Executable_OptimizedProgram,
+                &mut a,
+            )?;
+            let format =
+                cabi::str(program.format, program.format_size, "program format")?.to_string();
+            Ok((code, format))
+        })
+    }
+
+    /// Run on the vendor runtime with views of `args`; wait for completion.
+    pub fn execute(&self, args: &[ViewArg<'_>], num_outputs: usize) -> Result<VendorOutputs<'_>> {
+        let c = &*self.client;
+        let p = &c.plugin;
+        let mut views = VendorOutputs {
+            client: c,
+            buffers: Vec::new(),
+            outputs: Vec::new(),
+        };
+        for a in args {
+            let mut v: PJRT_Client_CreateViewOfDeviceBuffer_Args = zeroed();
+            v.struct_size = PJRT_Client_CreateViewOfDeviceBuffer_Args_STRUCT_SIZE as usize;
+            v.client = c.client.0;
+            v.device_buffer_ptr = a.ptr.0 as usize as *mut std::ffi::c_void;
+            v.dims = a.dims.as_ptr();
+            v.num_dims = a.dims.len();
+            v.element_type = a.dtype;
+            v.device = c.device.0;
+            p.call(
+                "PJRT_Client_CreateViewOfDeviceBuffer",
+                |t| t.PJRT_Client_CreateViewOfDeviceBuffer,
+                &mut v,
+            )?;
+            views.buffers.push(v.buffer);
+        }
+        let non_donatable: Vec<i64> = (0..args.len() as i64).collect();
+        let mut options: PJRT_ExecuteOptions = zeroed();
+        options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
+        options.non_donatable_input_indices = non_donatable.as_ptr();
+        options.num_non_donatable_input_indices = non_donatable.len();
+        let arg_list: *const *mut PJRT_Buffer = views.buffers.as_ptr();
+        let mut outs: Vec<*mut PJRT_Buffer> = vec![std::ptr::null_mut(); num_outputs];
+        let out_list: *mut *mut PJRT_Buffer = outs.as_mut_ptr();
+        let mut done: *mut PJRT_Event = std::ptr::null_mut();
+        let mut e: PJRT_LoadedExecutable_Execute_Args = zeroed();
+        e.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE as usize;
+        e.executable = self.exe.0;
+        e.options = &mut options;
+        e.argument_lists = &arg_list;
+        e.num_devices = 1;
+        e.num_args = args.len();
+        e.output_lists = &out_list;
+        e.device_complete_events = &mut done;
+        p.call(
+            "PJRT_LoadedExecutable_Execute",
+            |t| t.PJRT_LoadedExecutable_Execute,
+            &mut e,
+        )?;
+        // The views are no longer needed once the run is queued; outputs are.
+        let view_buffers = std::mem::take(&mut views.buffers);
+        views.buffers = outs.iter().copied().filter(|b| !b.is_null()).collect();
+        let waited = if done.is_null() {
+            Ok(())
+        } else {
+            let mut w: PJRT_Event_Await_Args = zeroed();
+            w.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE as usize;
+            w.event = done;
+            let r = p.call("PJRT_Event_Await", |t| t.PJRT_Event_Await, &mut w);
+            let mut d: PJRT_Event_Destroy_Args = zeroed();
+            d.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE as usize;
+            d.event = done;
+            let _ = p.call("PJRT_Event_Destroy", |t| t.PJRT_Event_Destroy, &mut d);
+            r
+        };
+        for b in view_buffers {
+            destroy_buffer(c, b);
+        }
+        waited?;
+        if views.buffers.len() != num_outputs {
+            return Err(Error::internal(format!(
+                "vendor run produced {} of {num_outputs} outputs",
+                views.buffers.len()
+            )));
+        }
+        for &b in &views.buffers {
+            let mut u: PJRT_Buffer_UnsafePointer_Args = zeroed();
+            u.struct_size = PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE as usize;
+            u.buffer = b;
+            p.call(
+                "PJRT_Buffer_UnsafePointer",
+                |t| t.PJRT_Buffer_UnsafePointer,
+                &mut u,
+            )?;
+            let mut s: PJRT_Buffer_OnDeviceSizeInBytes_Args = zeroed();
+            s.struct_size = PJRT_Buffer_OnDeviceSizeInBytes_Args_STRUCT_SIZE as usize;
+            s.buffer = b;
+            p.call(
+                "PJRT_Buffer_OnDeviceSizeInBytes",
+                |t| t.PJRT_Buffer_OnDeviceSizeInBytes,
+                &mut s,
+            )?;
+            views.outputs.push(VendorOutput {
+                ptr: DevicePtr(u.buffer_pointer as u64),
+                bytes: s.on_device_size_in_bytes as u64,
+            });
+        }
+        Ok(views)
+    }
+}
+
+impl Drop for VendorExecutable {
+    fn drop(&mut self) {
+        let mut d: PJRT_LoadedExecutable_Destroy_Args = zeroed();
+        d.struct_size = PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE as usize;
+        d.executable = self.exe.0;
+        if let Err(e) = self.client.plugin.call(
+            "PJRT_LoadedExecutable_Destroy",
+            |t| t.PJRT_LoadedExecutable_Destroy,
+            &mut d,
+        ) {
+            tracing::warn!("{e}");
+        }
+    }
+}
