@@ -136,7 +136,7 @@ pjrt_entries! {
     PJRT_Buffer_DonateWithControlDependency(PJRT_Buffer_DonateWithControlDependency_Args, PJRT_Buffer_DonateWithControlDependency_Args_STRUCT_SIZE) => none;
     PJRT_Event_Create(PJRT_Event_Create_Args, PJRT_Event_Create_Args_STRUCT_SIZE) => event::create;
     PJRT_Event_Set(PJRT_Event_Set_Args, PJRT_Event_Set_Args_STRUCT_SIZE) => event::set;
-    PJRT_Device_GetAttributes(PJRT_Device_GetAttributes_Args, PJRT_Device_GetAttributes_Args_STRUCT_SIZE) => none;
+    PJRT_Device_GetAttributes(PJRT_Device_GetAttributes_Args, PJRT_Device_GetAttributes_Args_STRUCT_SIZE) => device::get_attributes;
     PJRT_Client_Load(PJRT_Client_Load_Args, PJRT_Client_Load_Args_STRUCT_SIZE) => none;
     PJRT_LoadedExecutable_AddressableDeviceLogicalIds(PJRT_LoadedExecutable_AddressableDeviceLogicalIds_Args, PJRT_LoadedExecutable_AddressableDeviceLogicalIds_Args_STRUCT_SIZE) => executable::loaded_logical_ids;
     PJRT_Buffer_Bitcast(PJRT_Buffer_Bitcast_Args, PJRT_Buffer_Bitcast_Args_STRUCT_SIZE) => none;

@@ -96,7 +96,14 @@ impl Device {
                     Value::Str(format!("{cc_major}.{cc_minor}")),
                 ),
                 ("core_count", Value::Int(info.multiprocessor_count as i64)),
-                ("device_vendor", Value::Str("xla-vmm".into())),
+                (
+                    "device_vendor",
+                    Value::Str(match info.backend {
+                        "cuda" => "NVIDIA Corporation".into(),
+                        "hip" => "Advanced Micro Devices, Inc".into(),
+                        other => format!("xla-vmm {other}"),
+                    }),
+                ),
                 ("xla_vmm_backend", Value::Str(info.backend.into())),
             ]),
         });
@@ -182,6 +189,20 @@ pub fn desc_to_string(a: &mut PJRT_DeviceDescription_ToString_Args) -> Result<()
 }
 
 // ---- device -----------------------------------------------------------------
+
+extern "C" fn no_device_attributes(_: *mut PJRT_Device_Attributes) {}
+
+/// jaxlib (API >= 0.92) calls this at client creation whenever the slot is
+/// set and treats an error as fatal: it must work. Same attributes as the
+/// description; they live as long as the device.
+pub fn get_attributes(a: &mut PJRT_Device_GetAttributes_Args) -> Result<()> {
+    let d = Device::from_c(a.device)?;
+    a.attributes = d.description.attributes.as_ptr();
+    a.num_attributes = d.description.attributes.len();
+    a.device_attributes = std::ptr::null_mut();
+    a.attributes_deleter = Some(no_device_attributes);
+    Ok(())
+}
 
 pub fn get_description(a: &mut PJRT_Device_GetDescription_Args) -> Result<()> {
     a.device_description = Device::from_c(a.device)?.description.c_ptr();

@@ -505,3 +505,22 @@ fn plugin_attributes_name_the_version() {
     };
     assert_eq!(s, env!("CARGO_PKG_VERSION").as_bytes());
 }
+
+/// jaxlib calls PJRT_Device_GetAttributes at client creation (the slot is
+/// set, API >= 0.92) and aborts on error, then always calls the deleter.
+#[test]
+fn device_attributes_work_as_jaxlib_calls_them() {
+    let (client, device) = host_client();
+    let (err, a) = call!(
+        PJRT_Device_GetAttributes,
+        PJRT_Device_GetAttributes_Args,
+        |a| {
+            a.device = device;
+        }
+    );
+    assert_eq!(err, None);
+    assert!(a.num_attributes >= 3);
+    let deleter = a.attributes_deleter.expect("a deleter");
+    unsafe { deleter(a.device_attributes) };
+    destroy_client(client);
+}
