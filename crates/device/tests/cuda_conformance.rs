@@ -447,6 +447,29 @@ fn graph_exec_update_changes_kernel_parameters() {
     b.stream_destroy(s).unwrap();
 }
 
+/// Blocking copies borrow host memory for the call only: recording them
+/// into a graph would read freed memory at replay, so they are refused.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn blocking_copies_are_refused_during_capture() {
+    let b = gpu();
+    let s = b.stream_create().unwrap();
+    let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
+    let x = a.alloc(64).unwrap();
+    b.stream_begin_capture(&s).unwrap();
+    let w = b.write_sync(x.ptr(), &[1, 2, 3], &s);
+    let mut out = [0u8; 3];
+    let r = b.read_sync(&mut out, x.ptr(), &s);
+    let graph = b.stream_end_capture(&s).unwrap();
+    assert!(matches!(w, Err(DeviceError::InvalidArgument(_))), "{w:?}");
+    assert!(matches!(r, Err(DeviceError::InvalidArgument(_))), "{r:?}");
+    b.graph_destroy(graph).unwrap();
+    // The stream works normally afterwards.
+    b.write_sync(x.ptr(), &[1, 2, 3], &s).unwrap();
+    assert_eq!(read(&b, &s, x.ptr(), 3), vec![1, 2, 3]);
+    b.stream_destroy(s).unwrap();
+}
+
 /// The backend binds its context on whatever thread calls it.
 #[test]
 #[ignore = "needs a CUDA GPU"]

@@ -181,6 +181,18 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Blocking copies borrow host memory only for the call, so they must
+    /// not be recorded into a graph.
+    fn refuse_capture(&self, stream: &CudaStream, what: &str) -> Result<()> {
+        // SAFETY: the stream is live and ours (checked by the caller).
+        if unsafe { result::graph::is_capturing(stream.cu_stream())? } {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{what} on a capturing stream (use copy_h2d/copy_d2h with pinned memory)"
+            )));
+        }
+        Ok(())
+    }
+
     fn host_range(buf: &CudaHostBuffer, offset: usize, bytes: usize) -> Result<()> {
         match offset.checked_add(bytes) {
             Some(end) if end <= buf.len => Ok(()),
@@ -484,8 +496,11 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: `data` is borrowed for the whole call and we synchronize
-        // the stream before returning, so the driver's read is over.
+        self.refuse_capture(stream, "write_sync")?;
+        // SAFETY: `data` is borrowed for the whole call; the stream is not
+        // capturing (a captured copy would read `data` at replay, after the
+        // borrow ends). A pageable-to-device copy returns once `data` has
+        // been staged, and we synchronize the stream before returning.
         unsafe {
             result::memory::copy_h2d(dst.0, data.as_ptr().cast(), data.len(), stream.cu_stream())?;
         }
@@ -498,9 +513,10 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: `out` is exclusively borrowed for the call. A device-to-
-        // pageable copy returns only once the data has landed, and we also
-        // synchronize the stream before returning.
+        self.refuse_capture(stream, "read_sync")?;
+        // SAFETY: `out` is exclusively borrowed for the call and the stream
+        // is not capturing. A device-to-pageable copy returns only once the
+        // data has landed, and we also synchronize the stream before returning.
         unsafe {
             result::memory::copy_d2h(
                 out.as_mut_ptr().cast(),

@@ -656,6 +656,21 @@ pub mod graph {
         )
     }
 
+    /// Is `stream` capturing (or in an invalidated capture)?
+    ///
+    /// See [cuStreamIsCapturing](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html#group__CUDA__STREAM_1g37823c49206e3704ae23c7ad78560bca)
+    ///
+    /// # Safety
+    /// `stream` is live.
+    pub unsafe fn is_capturing(stream: sys::CUstream) -> Result<bool> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        check(
+            "cuStreamIsCapturing",
+            sys::cuStreamIsCapturing(stream, &mut status),
+        )?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// See [cuStreamBeginCapture](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html#group__CUDA__STREAM_1g767167da0bbf07157dc20b6c258a2143)
     ///
     /// # Safety

@@ -61,6 +61,7 @@ pub const REQUIRED: &[&str] = &[
     // graphs
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
+    "cuStreamIsCapturing",
     "cuGraphInstantiateWithFlags",
     "cuGraphLaunch",
     "cuGraphExecUpdate_v2",

@@ -163,6 +163,18 @@ impl HipBackend {
         Ok(())
     }
 
+    /// Blocking copies borrow host memory only for the call, so they must
+    /// not be recorded into a graph.
+    fn refuse_capture(&self, stream: &HipStream, what: &str) -> Result<()> {
+        // SAFETY: the stream is live and ours (checked by the caller).
+        if unsafe { result::graph::is_capturing(stream.raw)? } {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{what} on a capturing stream (use copy_h2d/copy_d2h with pinned memory)"
+            )));
+        }
+        Ok(())
+    }
+
     fn host_range(buf: &HipHostBuffer, offset: usize, bytes: usize) -> Result<()> {
         match offset.checked_add(bytes) {
             Some(end) if end <= buf.len => Ok(()),
@@ -450,7 +462,9 @@ impl Backend for HipBackend {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: `data` is borrowed for the call and the stream is
+        self.refuse_capture(stream, "write_sync")?;
+        // SAFETY: `data` is borrowed for the call, the stream is not
+        // capturing (a captured copy would read `data` at replay) and is
         // synchronized before returning. If the copy was queued but the
         // synchronize fails, HIP's pageable-memory copies are staged before
         // the call returns, so `data` is no longer read.
@@ -464,7 +478,9 @@ impl Backend for HipBackend {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: `out` is exclusively borrowed; device-to-pageable copies
+        self.refuse_capture(stream, "read_sync")?;
+        // SAFETY: `out` is exclusively borrowed, the stream is not capturing;
+        // device-to-pageable copies
         // complete before the call returns, and we synchronize as well.
         unsafe { result::memory::copy_d2h(out.as_mut_ptr().cast(), src.0, out.len(), stream.raw)? };
         self.stream_synchronize(stream)

@@ -566,6 +566,23 @@ pub mod graph {
         )
     }
 
+    /// Is `s` capturing (or in an invalidated capture)?
+    ///
+    /// # Safety
+    /// `s` is live.
+    pub unsafe fn is_capturing(s: sys::hipStream_t) -> Result<bool> {
+        // Read back as a plain integer (see `exec_update`).
+        let mut status: u32 = 0;
+        check(
+            "hipStreamIsCapturing",
+            sys::hipStreamIsCapturing(
+                s,
+                (&mut status as *mut u32).cast::<sys::hipStreamCaptureStatus>(),
+            ),
+        )?;
+        Ok(status != 0)
+    }
+
     /// # Safety
     /// `s` is live.
     pub unsafe fn end_capture(s: sys::hipStream_t) -> Result<sys::hipGraph_t> {
