@@ -54,7 +54,7 @@ pjrt_entries! {
     PJRT_Executable_NumPartitions(PJRT_Executable_NumPartitions_Args, PJRT_Executable_NumPartitions_Args_STRUCT_SIZE) => executable::num_partitions;
     PJRT_Executable_NumOutputs(PJRT_Executable_NumOutputs_Args, PJRT_Executable_NumOutputs_Args_STRUCT_SIZE) => executable::num_outputs;
     PJRT_Executable_SizeOfGeneratedCodeInBytes(PJRT_Executable_SizeOfGeneratedCodeInBytes_Args, PJRT_Executable_SizeOfGeneratedCodeInBytes_Args_STRUCT_SIZE) => executable::code_size;
-    PJRT_Executable_GetCostAnalysis(PJRT_Executable_GetCostAnalysis_Args, PJRT_Executable_GetCostAnalysis_Args_STRUCT_SIZE) => none;
+    PJRT_Executable_GetCostAnalysis(PJRT_Executable_GetCostAnalysis_Args, PJRT_Executable_GetCostAnalysis_Args_STRUCT_SIZE) => executable::cost_analysis;
     PJRT_Executable_OutputMemoryKinds(PJRT_Executable_OutputMemoryKinds_Args, PJRT_Executable_OutputMemoryKinds_Args_STRUCT_SIZE) => executable::output_memory_kinds;
     PJRT_Executable_OptimizedProgram(PJRT_Executable_OptimizedProgram_Args, PJRT_Executable_OptimizedProgram_Args_STRUCT_SIZE) => executable::optimized_program;
     PJRT_Executable_Serialize(PJRT_Executable_Serialize_Args, PJRT_Executable_Serialize_Args_STRUCT_SIZE) => executable::serialize;
@@ -130,8 +130,8 @@ pjrt_entries! {
     PJRT_AsyncHostToDeviceTransferManager_TransferLiteral(PJRT_AsyncHostToDeviceTransferManager_TransferLiteral_Args, PJRT_AsyncHostToDeviceTransferManager_TransferLiteral_Args_STRUCT_SIZE) => none;
     PJRT_Buffer_CopyRawToHostFuture(PJRT_Buffer_CopyRawToHostFuture_Args, PJRT_Buffer_CopyRawToHostFuture_Args_STRUCT_SIZE) => none;
     PJRT_Device_PoisonExecution(PJRT_Device_PoisonExecution_Args, PJRT_Device_PoisonExecution_Args_STRUCT_SIZE) => none;
-    PJRT_Device_CreateAsyncTrackingEvent(PJRT_Device_CreateAsyncTrackingEvent_Args, PJRT_Device_CreateAsyncTrackingEvent_Args_STRUCT_SIZE) => none;
-    PJRT_AsyncTrackingEvent_Destroy(PJRT_AsyncTrackingEvent_Destroy_Args, PJRT_AsyncTrackingEvent_Destroy_Args_STRUCT_SIZE) => none;
+    PJRT_Device_CreateAsyncTrackingEvent(PJRT_Device_CreateAsyncTrackingEvent_Args, PJRT_Device_CreateAsyncTrackingEvent_Args_STRUCT_SIZE) => device::create_async_tracking_event;
+    PJRT_AsyncTrackingEvent_Destroy(PJRT_AsyncTrackingEvent_Destroy_Args, PJRT_AsyncTrackingEvent_Destroy_Args_STRUCT_SIZE) => device::destroy_async_tracking_event;
     PJRT_Executable_GetCompileOptions(PJRT_Executable_GetCompileOptions_Args, PJRT_Executable_GetCompileOptions_Args_STRUCT_SIZE) => none;
     PJRT_Buffer_DonateWithControlDependency(PJRT_Buffer_DonateWithControlDependency_Args, PJRT_Buffer_DonateWithControlDependency_Args_STRUCT_SIZE) => none;
     PJRT_Event_Create(PJRT_Event_Create_Args, PJRT_Event_Create_Args_STRUCT_SIZE) => event::create;

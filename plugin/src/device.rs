@@ -190,6 +190,20 @@ pub fn desc_to_string(a: &mut PJRT_DeviceDescription_ToString_Args) -> Result<()
 
 // ---- device -----------------------------------------------------------------
 
+/// Tracking events are a profiling aid; we hand out none (null is allowed,
+/// and jaxlib treats an error here as fatal).
+pub fn create_async_tracking_event(
+    a: &mut PJRT_Device_CreateAsyncTrackingEvent_Args,
+) -> Result<()> {
+    Device::from_c(a.device)?;
+    a.event = std::ptr::null_mut();
+    Ok(())
+}
+
+pub fn destroy_async_tracking_event(_a: &mut PJRT_AsyncTrackingEvent_Destroy_Args) -> Result<()> {
+    Ok(())
+}
+
 extern "C" fn no_device_attributes(_: *mut PJRT_Device_Attributes) {}
 
 /// jaxlib (API >= 0.92) calls this at client creation whenever the slot is

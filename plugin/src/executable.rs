@@ -23,7 +23,7 @@ use xla_vmm::{Plan, Shape};
 use xla_vmm_ffi::pjrt::*;
 
 use crate::buffer::Buffer;
-use crate::cabi::{self, CPtr};
+use crate::cabi::{self, CPtr, NamedValues};
 use crate::client::Client;
 use crate::device::{Device, DEVICE_MEMORY_KIND};
 use crate::dtype;
@@ -46,6 +46,8 @@ pub struct ExecInner {
     /// The vendor's `PJRT_Executable_Serialize` bytes (what we serialize).
     pub serialized: Vec<u8>,
     pub optimized: Option<(Vec<u8>, String)>,
+    /// The vendor compiler's cost analysis (flops, bytes accessed, ...).
+    cost: Option<NamedValues>,
     pub params: Vec<LeafSpec>,
     pub outputs: Vec<LeafSpec>,
     out_types: Vec<PJRT_Buffer_Type>,
@@ -136,6 +138,15 @@ impl ExecInner {
         vendor: Option<VendorExecutable>,
         strict: bool,
     ) -> Result<Arc<ExecInner>> {
+        let cost = vendor.as_ref().and_then(|v| match v.cost_analysis() {
+            Ok(items) => Some(NamedValues::new(
+                items.iter().map(|(n, v)| (n.as_str(), v.clone())).collect(),
+            )),
+            Err(e) => {
+                tracing::debug!("vendor cost analysis unavailable: {e}");
+                None
+            }
+        });
         let optimized = vendor.as_ref().and_then(|v| match v.optimized_program() {
             Ok(o) => Some(o),
             Err(e) => {
@@ -193,6 +204,7 @@ impl ExecInner {
             fingerprint,
             serialized,
             optimized,
+            cost,
             out_types: outputs.iter().map(|o| o.dtype).collect(),
             out_dims: outputs
                 .iter()
@@ -584,6 +596,16 @@ pub fn fingerprint(a: &mut PJRT_Executable_Fingerprint_Args) -> Result<()> {
     let e = view(a.executable)?;
     a.executable_fingerprint = e.fingerprint.as_ptr().cast();
     a.executable_fingerprint_size = e.fingerprint.len();
+    Ok(())
+}
+
+pub fn cost_analysis(a: &mut PJRT_Executable_GetCostAnalysis_Args) -> Result<()> {
+    let e = view(a.executable)?;
+    let cost = e.cost.as_ref().ok_or_else(|| {
+        Error::unimplemented("cost analysis is only known for executables the vendor compiler saw")
+    })?;
+    a.properties = cost.as_ptr();
+    a.num_properties = cost.len();
     Ok(())
 }
 

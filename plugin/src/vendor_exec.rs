@@ -160,6 +160,22 @@ impl VendorExecutable {
         })
     }
 
+    /// The vendor's `PJRT_Executable_GetCostAnalysis` properties.
+    pub fn cost_analysis(&self) -> Result<Vec<(String, crate::cabi::Value)>> {
+        let p = &self.client.plugin;
+        self.with_view(|exe| {
+            let mut a: PJRT_Executable_GetCostAnalysis_Args = zeroed();
+            a.struct_size = PJRT_Executable_GetCostAnalysis_Args_STRUCT_SIZE as usize;
+            a.executable = exe;
+            p.call(
+                "PJRT_Executable_GetCostAnalysis",
+                |t| t.PJRT_Executable_GetCostAnalysis,
+                &mut a,
+            )?;
+            cabi::read_named_values(a.properties, a.num_properties)
+        })
+    }
+
     /// Run on the vendor runtime with views of `args`; wait for completion.
     pub fn execute(&self, args: &[ViewArg<'_>], num_outputs: usize) -> Result<VendorOutputs<'_>> {
         let c = &*self.client;
