@@ -156,6 +156,18 @@ impl ExecInner {
         });
         let plan: Plan = xla_vmm::decode(&serialized)
             .map_err(|e| Error::invalid(format!("decoding the serialized executable: {e}")))?;
+        Self::from_plan(device, plan, serialized, vendor, strict, cost, optimized)
+    }
+
+    fn from_plan(
+        device: Arc<Device>,
+        plan: Plan,
+        serialized: Vec<u8>,
+        vendor: Option<VendorExecutable>,
+        strict: bool,
+        cost: Option<NamedValues>,
+        optimized: Option<(Vec<u8>, String)>,
+    ) -> Result<Arc<ExecInner>> {
         let mut params = Vec::new();
         for p in &plan.program_shape.parameters {
             leaves(p, &mut params)?;
@@ -355,6 +367,24 @@ impl ExecInner {
         }
         Ok(results)
     }
+}
+
+/// Load an already decoded plan on `client`'s device and return it as a
+/// `PJRT_LoadedExecutable` (tools and tests; JAX goes through compile or
+/// deserialize). `serialized` is what `PJRT_Executable_Serialize` will return.
+pub fn load_plan(
+    client: *mut PJRT_Client,
+    plan: Plan,
+    serialized: Vec<u8>,
+) -> Result<*mut PJRT_LoadedExecutable> {
+    let client = Client::from_c(client)?;
+    let device = client
+        .devices
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::internal("no device"))?;
+    let exe = ExecInner::from_plan(device, plan, serialized, None, true, None, None)?;
+    Ok(Arc::new(LoadedExecutable(exe)).into_c())
 }
 
 fn loaded(p: *mut PJRT_LoadedExecutable) -> Result<Arc<ExecInner>> {

@@ -1,0 +1,392 @@
+//! Execution through the C API on the host backend, with synthetic plans
+//! (host kernels): outputs, donation, `non_donatable_input_indices`,
+//! argument checks, executable queries, and no leaks.
+#![allow(unsafe_code)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use xla_vmm::*;
+use xla_vmm_device::host::arg_ptr;
+use xla_vmm_device::HostBackend;
+use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::options::{BackendKind, ClientOptions};
+use xla_vmm_plugin::pjrt::*;
+
+fn f32s(n: usize) -> Shape {
+    Shape {
+        element_type: ElementType::F32,
+        dimensions: vec![n as i64],
+        ..Default::default()
+    }
+}
+
+fn alloc(index: usize, size: u64, role: AllocationRole) -> BufferAllocation {
+    BufferAllocation {
+        index,
+        size,
+        maybe_live_out: !matches!(role, AllocationRole::Temp),
+        role,
+        is_tuple: false,
+        is_thread_local: false,
+        color: 0,
+    }
+}
+
+fn sl(allocation: usize, size: u64) -> Slice {
+    Slice {
+        allocation,
+        offset: 0,
+        size,
+    }
+}
+
+fn thunk(name: &str, kind: ThunkKind) -> Thunk {
+    Thunk {
+        info: ThunkInfo {
+            profile_annotation: name.into(),
+            ..Default::default()
+        },
+        kind,
+    }
+}
+
+/// `inc` over `n` f32 at `slice` (in place).
+fn inc(slice: Slice, n: u64) -> Thunk {
+    thunk(
+        "inc",
+        ThunkKind::CustomKernel(CustomKernelThunk {
+            name: "inc".into(),
+            spec: KernelSpec {
+                code: KernelCode::Cubin {
+                    data: Blob(b"inc\n".to_vec()),
+                },
+                kernel_name: "inc".into(),
+                arity: 1,
+                packing: None,
+            },
+            args: vec![KernelArg {
+                slice,
+                shape: None,
+                written: true,
+                tma: None,
+            }],
+            launch: LaunchDims {
+                blocks: Dim3 { x: n, y: 1, z: 1 },
+                threads: Dim3 { x: 1, y: 1, z: 1 },
+                cluster: None,
+                shared_memory_bytes: 0,
+            },
+            use_pdl: false,
+            zeroed_output_buffer_indices: vec![],
+        }),
+    )
+}
+
+fn plan(allocations: Vec<BufferAllocation>, output_alloc: usize, thunks: Vec<Thunk>) -> Plan {
+    Plan {
+        module_name: "jit_test".into(),
+        pjrt_client_name: String::new(),
+        compute_capability: ComputeCapability::Unknown,
+        allocations,
+        program_shape: ProgramShape {
+            parameters: vec![f32s(4)],
+            result: f32s(4),
+            parameter_names: vec![],
+        },
+        outputs: vec![OutputInfo {
+            shape_index: vec![],
+            allocation: output_alloc,
+            passthrough: false,
+            alias: None,
+        }],
+        kernels: KernelBinaries::default(),
+        thunks,
+    }
+}
+
+/// out = a + 1 (copy into the output, then inc).
+fn add_one() -> Plan {
+    let param = AllocationRole::Parameter {
+        number: 0,
+        shape_index: vec![],
+        aliased_with_output: false,
+    };
+    let copy = thunk(
+        "copy",
+        ThunkKind::DeviceToDeviceCopy(CopyThunk {
+            source: ShapedSlice {
+                slice: sl(0, 16),
+                shape: None,
+            },
+            destination: ShapedSlice {
+                slice: sl(1, 16),
+                shape: None,
+            },
+            mem_size: 16,
+        }),
+    );
+    plan(
+        vec![
+            alloc(0, 16, param),
+            alloc(1, 16, AllocationRole::Output { outputs: vec![] }),
+        ],
+        1,
+        vec![copy, inc(sl(1, 16), 4)],
+    )
+}
+
+/// a += 1 in place; the output is the (donated) parameter.
+fn add_one_donated() -> Plan {
+    let param = AllocationRole::Parameter {
+        number: 0,
+        shape_index: vec![],
+        aliased_with_output: true,
+    };
+    plan(vec![alloc(0, 16, param)], 0, vec![inc(sl(0, 16), 4)])
+}
+
+fn backend() -> Arc<HostBackend> {
+    let b = HostBackend::default();
+    b.register_kernel(
+        "inc",
+        Arc::new(|ctx, args, cfg| {
+            let p = arg_ptr(args, 0)?;
+            let n = cfg.grid[0] as usize;
+            let v: Vec<f32> = ctx.read_f32(p, n)?.iter().map(|x| x + 1.0).collect();
+            ctx.write_f32(p, &v)
+        }),
+    );
+    Arc::new(b)
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn f32_values(b: &[u8]) -> Vec<f32> {
+    b.chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn execute(
+    exe: *mut PJRT_LoadedExecutable,
+    args: &[*mut PJRT_Buffer],
+    non_donatable: &[i64],
+) -> Result<*mut PJRT_Buffer, (u32, String)> {
+    let mut opts: PJRT_ExecuteOptions = unsafe { std::mem::zeroed() };
+    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
+    opts.non_donatable_input_indices = non_donatable.as_ptr();
+    opts.num_non_donatable_input_indices = non_donatable.len();
+    let arg_list: *const *mut PJRT_Buffer = args.as_ptr();
+    let mut out: [*mut PJRT_Buffer; 1] = [std::ptr::null_mut()];
+    let out_list: *mut *mut PJRT_Buffer = out.as_mut_ptr();
+    let mut done: *mut PJRT_Event = std::ptr::null_mut();
+    let (err, _) = call!(
+        PJRT_LoadedExecutable_Execute,
+        PJRT_LoadedExecutable_Execute_Args,
+        |a| {
+            a.executable = exe;
+            a.options = &mut opts;
+            a.argument_lists = &arg_list;
+            a.num_devices = 1;
+            a.num_args = args.len();
+            a.output_lists = &out_list;
+            a.device_complete_events = &mut done;
+        }
+    );
+    if let Some(e) = err {
+        return Err(e);
+    }
+    assert_eq!(await_event(done), None);
+    destroy_event(done);
+    Ok(out[0])
+}
+
+fn is_deleted(b: *mut PJRT_Buffer) -> bool {
+    let (err, a) = call!(PJRT_Buffer_IsDeleted, PJRT_Buffer_IsDeleted_Args, |a| {
+        a.buffer = b;
+    });
+    assert_eq!(err, None);
+    a.is_deleted
+}
+
+#[test]
+fn execute_outputs_donation_and_errors() {
+    let be = backend();
+    let options = ClientOptions {
+        backend: BackendKind::Host,
+        strict: true,
+        tmp_copy_threshold: 1,
+        vendor_plugin_path: None,
+    };
+    let client = client::into_c(Client::with_backend(options, be.clone()).unwrap());
+    let device = devices(client)[0];
+    let put = |v: &[f32]| {
+        from_host(
+            client,
+            device,
+            PJRT_Buffer_Type_F32,
+            &[v.len() as i64],
+            &f32_bytes(v),
+            None,
+        )
+        .unwrap()
+    };
+
+    // ---- out = a + 1; the argument stays live.
+    let exe =
+        xla_vmm_plugin::executable::load_plan(client, add_one(), b"bytes-1".to_vec()).unwrap();
+    let a = put(&[1.0, 2.0, 3.0, 4.0]);
+    let out = execute(exe, &[a], &[]).unwrap();
+    assert_eq!(f32_values(&to_host(out).unwrap()), vec![2.0, 3.0, 4.0, 5.0]);
+    assert!(!is_deleted(a));
+    assert_eq!(f32_values(&to_host(a).unwrap()), vec![1.0, 2.0, 3.0, 4.0]);
+    // Twice: the output is a fresh buffer each time.
+    let out2 = execute(exe, &[out], &[]).unwrap();
+    assert_eq!(
+        f32_values(&to_host(out2).unwrap()),
+        vec![3.0, 4.0, 5.0, 6.0]
+    );
+    assert_eq!(f32_values(&to_host(out).unwrap()), vec![2.0, 3.0, 4.0, 5.0]);
+
+    // ---- queries
+    let (err, g) = call!(
+        PJRT_LoadedExecutable_GetExecutable,
+        PJRT_LoadedExecutable_GetExecutable_Args,
+        |x| {
+            x.loaded_executable = exe;
+        }
+    );
+    assert_eq!(err, None);
+    let (err, n) = call!(
+        PJRT_Executable_NumOutputs,
+        PJRT_Executable_NumOutputs_Args,
+        |x| {
+            x.executable = g.executable;
+        }
+    );
+    assert_eq!((err, n.num_outputs), (None, 1));
+    let (err, t) = call!(
+        PJRT_Executable_OutputElementTypes,
+        PJRT_Executable_OutputElementTypes_Args,
+        |x| {
+            x.executable = g.executable;
+        }
+    );
+    assert_eq!(err, None);
+    assert_eq!(
+        unsafe { std::slice::from_raw_parts(t.output_types, t.num_output_types) },
+        &[PJRT_Buffer_Type_F32]
+    );
+    let (err, d) = call!(
+        PJRT_Executable_OutputDimensions,
+        PJRT_Executable_OutputDimensions_Args,
+        |x| {
+            x.executable = g.executable;
+        }
+    );
+    assert_eq!(err, None);
+    assert_eq!(
+        unsafe { std::slice::from_raw_parts(d.dim_sizes, d.num_outputs) },
+        &[1]
+    );
+    assert_eq!(unsafe { std::slice::from_raw_parts(d.dims, 1) }, &[4]);
+    let (err, nm) = call!(PJRT_Executable_Name, PJRT_Executable_Name_Args, |x| {
+        x.executable = g.executable;
+    });
+    assert_eq!(err, None);
+    assert_eq!(
+        unsafe {
+            std::slice::from_raw_parts(nm.executable_name.cast::<u8>(), nm.executable_name_size)
+        },
+        b"jit_test"
+    );
+    let (err, s) = call!(
+        PJRT_Executable_Serialize,
+        PJRT_Executable_Serialize_Args,
+        |x| {
+            x.executable = g.executable;
+        }
+    );
+    assert_eq!(err, None);
+    assert_eq!(
+        unsafe {
+            std::slice::from_raw_parts(s.serialized_bytes.cast::<u8>(), s.serialized_bytes_size)
+        },
+        b"bytes-1"
+    );
+    unsafe { (s.serialized_executable_deleter.unwrap())(s.serialized_executable) };
+    let (err, da) = call!(
+        PJRT_LoadedExecutable_GetDeviceAssignment,
+        PJRT_LoadedExecutable_GetDeviceAssignment_Args,
+        |x| {
+            x.executable = exe;
+        }
+    );
+    assert_eq!((err, da.serialized_bytes_size), (None, 0));
+    unsafe { (da.serialized_device_assignment_deleter.unwrap())(da.serialized_device_assignment) };
+    let (err, _) = call!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |x| {
+        x.executable = g.executable;
+    });
+    assert_eq!(err, None);
+
+    // ---- bad arguments: shape, count, deleted buffer
+    let wrong = put(&[1.0, 2.0, 3.0, 4.0, 5.0]);
+    let (code, msg) = execute(exe, &[wrong], &[]).unwrap_err();
+    assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
+    assert!(
+        msg.contains("argument 0") && msg.contains("f32[5]"),
+        "{msg}"
+    );
+    let (_, msg) = execute(exe, &[], &[]).unwrap_err();
+    assert!(msg.contains("takes 1 arguments, 0 given"), "{msg}");
+    let (err, _) = call!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |x| {
+        x.buffer = a;
+    });
+    assert_eq!(err, None);
+    let (code, msg) = execute(exe, &[a], &[]).unwrap_err();
+    assert_eq!(code, PJRT_Error_Code_FAILED_PRECONDITION);
+    assert!(msg.contains("deleted"), "{msg}");
+
+    // ---- donation: the argument's memory becomes the output.
+    let dexe = xla_vmm_plugin::executable::load_plan(client, add_one_donated(), vec![]).unwrap();
+    let x = put(&[1.0, 5.0, 0.0, 0.0]);
+    let y = execute(dexe, &[x], &[]).unwrap();
+    assert_eq!(f32_values(&to_host(y).unwrap()), vec![2.0, 6.0, 1.0, 1.0]);
+    assert!(is_deleted(x));
+    let (code, msg) = to_host(x).unwrap_err();
+    assert_eq!(code, PJRT_Error_Code_FAILED_PRECONDITION);
+    assert!(msg.contains("donated"), "{msg}");
+    let (_, msg) = execute(dexe, &[x], &[]).unwrap_err();
+    assert!(msg.contains("donated"), "donated-then-reused: {msg}");
+    // Not donatable: the program updates a copy, the argument is untouched.
+    let z = execute(dexe, &[y], &[0]).unwrap();
+    assert!(!is_deleted(y));
+    assert_eq!(f32_values(&to_host(y).unwrap()), vec![2.0, 6.0, 1.0, 1.0]);
+    assert_eq!(f32_values(&to_host(z).unwrap()), vec![3.0, 7.0, 2.0, 2.0]);
+
+    // ---- teardown: nothing left behind
+    for b in [a, out, out2, wrong, x, y, z] {
+        destroy_buffer(b);
+    }
+    for e in [exe, dexe] {
+        let (err, _) = call!(
+            PJRT_LoadedExecutable_Destroy,
+            PJRT_LoadedExecutable_Destroy_Args,
+            |x| {
+                x.executable = e;
+            }
+        );
+        assert_eq!(err, None);
+    }
+    let (err, st) = call!(PJRT_Device_MemoryStats, PJRT_Device_MemoryStats_Args, |x| {
+        x.device = device;
+    });
+    assert_eq!((err, st.num_allocs), (None, 0));
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
