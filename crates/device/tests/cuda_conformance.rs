@@ -364,6 +364,76 @@ fn capture_while_repeats_body_until_predicate_clears() {
     b.stream_destroy(s).unwrap();
 }
 
+/// A WHILE loop inside a WHILE loop's body (nested scans), with memsets in
+/// the outer body resetting the inner loop's state.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn nested_capture_while() {
+    let b = gpu();
+    if !b.info().conditional_nodes {
+        eprintln!("driver has no conditional nodes: skipped");
+        return;
+    }
+    let s = b.stream_create().unwrap();
+    let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
+    let module = b.module_load(FILL_PTX.as_bytes(), ImageKind::Ptx).unwrap();
+    let step = b.module_function(&module, "step").unwrap();
+    let words = a.alloc(64).unwrap();
+    // u32 words: 0 outer counter, 1 inner counter, 2 total; bytes 16..19: predicates.
+    let (co, ci, total) = (words.ptr(), words.ptr().offset(4), words.ptr().offset(8));
+    let (po, pi, pt) = (
+        words.ptr().offset(16),
+        words.ptr().offset(17),
+        words.ptr().offset(18),
+    );
+    let one = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        ..Default::default()
+    };
+    let bytes = |p: DevicePtr| p.0.to_ne_bytes();
+    let (outer_n, inner_n) = (3u32, 4u32);
+    b.stream_begin_capture(&s).unwrap();
+    let captured = b.capture_while(&s, po, &mut |body| {
+        b.memset_d32(ci, 0, 1, body)?;
+        b.memset_d8(pi, 1, 1, body)?;
+        b.capture_while(body, pi, &mut |inner| {
+            b.launch(
+                &step,
+                &one,
+                &[&bytes(ci), &bytes(pi), &inner_n.to_ne_bytes()],
+                inner,
+            )?;
+            b.launch(
+                &step,
+                &one,
+                &[&bytes(total), &bytes(pt), &1000u32.to_ne_bytes()],
+                inner,
+            )
+        })?;
+        b.launch(
+            &step,
+            &one,
+            &[&bytes(co), &bytes(po), &outer_n.to_ne_bytes()],
+            body,
+        )
+    });
+    let graph = b.stream_end_capture(&s).unwrap();
+    captured.unwrap();
+    let exec = b.graph_instantiate(&graph).unwrap();
+    let mut init = vec![0u8; 64];
+    init[16] = 1;
+    b.write_sync(words.ptr(), &init, &s).unwrap();
+    b.graph_launch(&exec, &s).unwrap();
+    b.stream_synchronize(&s).unwrap();
+    let got = read(&b, &s, words.ptr(), 12);
+    let w = |i: usize| u32::from_ne_bytes(got[4 * i..4 * i + 4].try_into().unwrap());
+    assert_eq!((w(0), w(1), w(2)), (outer_n, inner_n, outer_n * inner_n));
+    b.graph_exec_destroy(exec).unwrap();
+    b.graph_destroy(graph).unwrap();
+    b.stream_destroy(s).unwrap();
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn handles_of_another_backend_are_rejected() {
