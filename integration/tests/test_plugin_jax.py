@@ -5,7 +5,12 @@ dynamic_update_slice, rng, bf16/f16/int types, donation, pytrees, multiple outpu
 block_until_ready, and errors (deleted buffer, donated-then-reused, shape mismatch,
 unsupported op) that must be Python exceptions with the process still alive.
 """
+import contextlib
 import functools
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +40,17 @@ def check(f, *args, rtol=1e-5, atol=1e-5, exact=False):
     return got
 
 
+@contextlib.contextmanager
+def x64(enable=True):
+    """64-bit types need jax_enable_x64 (off by default)."""
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", bool(enable) or old)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", old)
+
+
 def rand(shape, dtype=np.float32, seed=0):
     r = np.random.default_rng(seed)
     if np.issubdtype(dtype, np.integer):
@@ -48,13 +64,19 @@ def test_platform_and_device():
 
 
 @pytest.mark.parametrize(
-    "dtype", [np.float32, np.float16, jnp.bfloat16, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32, np.bool_]
+    "dtype",
+    [np.float32, np.float16, jnp.bfloat16, np.float64, np.int8, np.int16, np.int32, np.int64,
+     np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.complex64],
 )
 def test_round_trip_dtypes(dtype):
-    x = (rand((3, 5), np.float32) > 0) if dtype == np.bool_ else rand((3, 5), np.float32).astype(dtype)
-    y = jax.device_put(x, VMM)
-    assert y.dtype == x.dtype
-    np.testing.assert_array_equal(np.asarray(y), x)
+    x = (rand((3, 5), np.float32) > 0) if dtype == np.bool_ else (rand((3, 5), np.float32) * 10).astype(dtype)
+    with x64(np.dtype(dtype).itemsize == 8 or dtype == np.complex64):
+        y = jax.device_put(x, VMM)
+        assert y.dtype == x.dtype
+        np.testing.assert_array_equal(np.asarray(y), x)
+        # and through a program
+        z = jax.jit(lambda v: v)(y)
+        np.testing.assert_array_equal(np.asarray(z), x)
 
 
 def test_elementwise():
@@ -70,7 +92,10 @@ def test_matmul(dtype):
 
 def test_int_ops():
     check(lambda a, b: (a * b + 3) // 2 - jnp.abs(a), rand((40,), np.int32), rand((40,), np.int32, 1), exact=True)
-    check(lambda a: jnp.cumsum(a.astype(jnp.int64)), rand((33,), np.int8), exact=True)
+    check(lambda a: jnp.cumsum(a.astype(jnp.int32)), rand((33,), np.int8), exact=True)
+    check(lambda a, b: (a & b, a | b, a ^ b, a >> 2), rand((16,), np.uint32), rand((16,), np.uint32, 2), exact=True)
+    with x64():
+        check(lambda a: jnp.cumsum(a.astype(jnp.int64)) * 3_000_000_000, rand((33,), np.int8), exact=True)
 
 
 def test_reductions():
@@ -144,7 +169,7 @@ def test_deleted_buffer_error():
         jax.jit(lambda x: x + 1)(x)
     with pytest.raises(Exception, match="(?i)delete"):
         np.asarray(x)
-    assert float(jax.jit(lambda: jnp.float32(1) + 1, device=VMM)()) == 2.0
+    assert float(jax.jit(lambda v: v + 1)(jax.device_put(np.float32(1), VMM))) == 2.0
 
 
 def test_shape_mismatch_error():
@@ -162,22 +187,51 @@ def test_unsupported_op_is_a_python_error():
         np.asarray(y)  # allowed to work (vendor fallback when not strict)
     except Exception as e:  # noqa: BLE001
         assert str(e), "the error must carry a message"
-    assert float(jax.jit(lambda: jnp.float32(2) * 3, device=VMM)()) == 6.0
+    assert float(jax.jit(lambda v: v * 3)(jax.device_put(np.float32(2), VMM))) == 6.0
 
 
-def test_compilation_cache_round_trip(tmp_path):
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    try:
-        f = lambda x: jnp.sin(x) * 3.0
-        x = jax.device_put(rand((32,)), VMM)
-        a = np.asarray(jax.jit(f)(x))
-        jax.clear_caches()
-        b = np.asarray(jax.jit(f)(x))
-        np.testing.assert_array_equal(a, b)
-    finally:
-        jax.config.update("jax_compilation_cache_dir", None)
+def _python(code, env=None, timeout=300):
+    """Run `code` in a fresh python with the same plugin setup; return stdout."""
+    e = dict(os.environ)
+    e.update(env or {})
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True,
+                       text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r.stdout
+
+
+CHILD = """
+import os, sys
+sys.path.insert(0, %r)
+import jax, jax.numpy as jnp, numpy as np
+from jax_plugins import xla_vmm
+xla_vmm.initialize()
+d = jax.devices("vmm")[0]
+x = jax.device_put(np.arange(64, dtype=np.float32), d)
+y = jax.jit(lambda v: jnp.sin(v) * 3.0 + v.sum())(x)
+print(np.asarray(y).tobytes().hex())
+""" % os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def test_persistent_compilation_cache_across_processes(tmp_path):
+    env = {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+    first = _python(CHILD, env)
+    assert any(tmp_path.iterdir()), "nothing was written to the compilation cache"
+    second = _python(CHILD, env)  # loads the executable from the cache
+    assert first == second
+
+
+def test_several_processes_share_the_gpu():
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-4000:]
+    assert len({o for o, _ in outs}) == 1
 
 
 @functools.lru_cache

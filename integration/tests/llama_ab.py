@@ -1,0 +1,120 @@
+"""A/B: the same serialized llama training executable on stock XLA and on xla-vmm.
+
+Side `stock` (JAX_PLATFORMS=cuda): compile `models.llama_sgd_f32.step_fn` (or a `models.llama`
+config) with jax, write the serialized executable (jax.experimental.serialize_executable) and the
+inputs, run STEPS training steps, write the loss bits.
+Side `vmm` (JAX_PLATFORMS=vmm): load that same executable through the xla-vmm plugin
+(PJRT_Executable_DeserializeAndLoad: no recompilation, so autotuning cannot differ), run the
+same STEPS steps from the same inputs, and compare the loss bits with the stock side.
+
+    python3 integration/tests/llama_ab.py stock DIR [--name llama_sgd_f32] [--steps 100]
+    python3 integration/tests/llama_ab.py vmm DIR   # exits 1 unless every loss matches bit for bit
+"""
+import argparse
+import json
+import os
+import pickle
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+
+def program(name):
+    import jax
+    import jax.numpy as jnp
+    from models import llama, llama_sgd_f32
+
+    if name == "llama_sgd_f32":
+        cfg = llama_sgd_f32.cfg
+        p0 = llama_sgd_f32.init(jax.random.PRNGKey(0))
+        x0 = jax.random.randint(jax.random.PRNGKey(1), (cfg["batch"], cfg["seq"] + 1), 0, cfg["vocab"])
+        # params are fed back each step; tokens and lr stay
+        return llama_sgd_f32.step_fn, (p0, x0, jnp.float32(1e-2)), (0,)
+    make_state, train_step, batch, seq, vocab = llama.build(name)
+    x = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, vocab)
+    return train_step, (make_state(jax.random.PRNGKey(0)), x), (0,)
+
+
+def loop(compiled, args, steps, device):
+    """Run `steps` steps, state = all outputs but the last (the loss); return (loss bits, ms)."""
+    import jax
+    import numpy as np
+
+    cur = jax.device_put(args, device)
+    treedef = jax.tree.structure(cur)
+    bits, times = [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        res = compiled(*cur)
+        leaves = jax.tree.leaves(res)
+        loss = leaves[-1].block_until_ready()
+        times.append((time.perf_counter() - t) * 1e3)
+        bits.append(int(np.asarray(loss, dtype=np.float32).view(np.uint32)))
+        n_state = len(leaves) - 1
+        cur = jax.tree.unflatten(treedef, leaves[:n_state] + jax.tree.leaves(cur)[n_state:])
+    return bits, times
+
+
+def stock(d, name, steps):
+    import jax
+    import numpy as np
+    from jax.experimental.serialize_executable import serialize
+
+    f, args, donate = program(name)
+    compiled = jax.jit(f, donate_argnums=donate).lower(*args).compile()
+    payload, in_tree, out_tree = serialize(compiled)
+    with open(os.path.join(d, name + ".exe.pkl"), "wb") as fh:
+        pickle.dump((payload, in_tree, out_tree), fh)
+    with open(os.path.join(d, name + ".args.pkl"), "wb") as fh:
+        pickle.dump(jax.tree.map(np.asarray, args), fh)
+    bits, times = loop(compiled, args, steps, jax.devices()[0])
+    json.dump({"loss_bits": bits, "step_ms": times}, open(os.path.join(d, name + ".stock.json"), "w"))
+    print("stock %s: %d steps, median %.3f ms, final loss bits %08x" %
+          (name, steps, sorted(times)[len(times) // 2], bits[-1]))
+
+
+def vmm(d, name, steps):
+    import jax
+    from jax.experimental.serialize_executable import deserialize_and_load
+    from jax_plugins import xla_vmm
+
+    xla_vmm.initialize()
+    dev = jax.devices("vmm")[0]
+    with open(os.path.join(d, name + ".exe.pkl"), "rb") as fh:
+        payload, in_tree, out_tree = pickle.load(fh)
+    compiled = deserialize_and_load(payload, in_tree, out_tree, backend="vmm")
+    with open(os.path.join(d, name + ".args.pkl"), "rb") as fh:
+        args = pickle.load(fh)
+    ref = json.load(open(os.path.join(d, name + ".stock.json")))
+    steps = min(steps, len(ref["loss_bits"]))
+    bits, times = loop(compiled, args, steps, dev)
+    bad = [i for i, (a, b) in enumerate(zip(bits, ref["loss_bits"])) if a != b]
+    med = sorted(times)[len(times) // 2]
+    ref_med = sorted(ref["step_ms"])[len(ref["step_ms"]) // 2]
+    print("vmm %s: %d steps, median %.3f ms (stock %.3f ms), %d/%d losses bit-identical" %
+          (name, steps, med, ref_med, steps - len(bad), steps))
+    if bad:
+        i = bad[0]
+        print("first mismatch at step %d: vmm %08x stock %08x" % (i, bits[i], ref["loss_bits"][i]))
+        return 1
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("side", choices=["stock", "vmm"])
+    ap.add_argument("dir")
+    ap.add_argument("--name", default="llama_sgd_f32")
+    ap.add_argument("--steps", type=int, default=100)
+    a = ap.parse_args()
+    os.makedirs(a.dir, exist_ok=True)
+    if a.side == "stock":
+        stock(a.dir, a.name, a.steps)
+        return 0
+    return vmm(a.dir, a.name, a.steps)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
