@@ -302,11 +302,14 @@ impl ExecInner {
         let mut results = Vec::with_capacity(outs.len());
         for (o, spec) in outs.iter().zip(&self.outputs) {
             let alloc = match o.parameter {
-                // Written in place: the output takes the argument's memory.
-                Some(p) if p < args.len() => match copies[p].take() {
-                    Some(copy) => copy,
-                    None => args[p].take_for_donation()?,
-                },
+                // Written in place into the copy of a non-donatable argument.
+                Some(p) if p < args.len() && copies[p].is_some() => copies[p]
+                    .take()
+                    .ok_or_else(|| Error::internal("copy taken twice"))?,
+                // Written in place (donation): the output takes the argument's memory.
+                Some(p) if p < args.len() && self.aliased[p] => args[p].take_for_donation()?,
+                // A passthrough of an argument that is not donated (or any
+                // other output): a fresh buffer, the argument stays the caller's.
                 _ => {
                     let fresh = mem.alloc(o.bytes)?;
                     mem.copy(fresh.ptr, o.ptr, o.bytes)?;

@@ -148,6 +148,18 @@ fn add_one_donated() -> Plan {
     plan(vec![alloc(0, 16, param)], 0, vec![inc(sl(0, 16), 4)])
 }
 
+/// The result is the parameter itself, not donated (XLA's passthrough).
+fn passthrough() -> Plan {
+    let param = AllocationRole::Parameter {
+        number: 0,
+        shape_index: vec![],
+        aliased_with_output: false,
+    };
+    let mut p = plan(vec![alloc(0, 16, param)], 0, vec![]);
+    p.outputs[0].passthrough = true;
+    p
+}
+
 fn backend() -> Arc<HostBackend> {
     let b = HostBackend::default();
     b.register_kernel(
@@ -369,11 +381,21 @@ fn execute_outputs_donation_and_errors() {
     assert_eq!(f32_values(&to_host(y).unwrap()), vec![2.0, 6.0, 1.0, 1.0]);
     assert_eq!(f32_values(&to_host(z).unwrap()), vec![3.0, 7.0, 2.0, 2.0]);
 
+    // ---- passthrough: the output is a new buffer, the argument stays live.
+    let pexe = xla_vmm_plugin::executable::load_plan(client, passthrough(), vec![]).unwrap();
+    let p_out = execute(pexe, &[z], &[]).unwrap();
+    assert!(!is_deleted(z));
+    assert_ne!(p_out, z);
+    assert_eq!(
+        f32_values(&to_host(p_out).unwrap()),
+        vec![3.0, 7.0, 2.0, 2.0]
+    );
+
     // ---- teardown: nothing left behind
-    for b in [a, out, out2, wrong, x, y, z] {
+    for b in [a, out, out2, wrong, x, y, z, p_out] {
         destroy_buffer(b);
     }
-    for e in [exe, dexe] {
+    for e in [exe, dexe, pexe] {
         let (err, _) = call!(
             PJRT_LoadedExecutable_Destroy,
             PJRT_LoadedExecutable_Destroy_Args,
