@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod inspect;
 mod policy;
 mod probe;
+mod run;
 
 #[derive(Parser)]
 #[command(name = "xla-vmm", version, about = "Inspect, replay and tune XLA GPU executables on the xla-vmm runtime")]
@@ -21,6 +22,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Show what the skip/remap/copy rule decides for a described device and slot list.
     Policy(policy::Args),
+    /// Replay an executable with .npz inputs; compare, write, time outputs.
+    Run(run::Args),
     /// Measure device costs (remap, copy bandwidth, launch overheads) for the threshold policy.
     Probe(probe::Args),
 }
@@ -38,6 +41,7 @@ fn main() -> std::process::ExitCode {
         // One line per subcommand: `Command::Name(args) => module::run(args),`
         Command::Inspect(args) => inspect::run(args),
         Command::Policy(args) => policy::run(args),
+        Command::Run(args) => run::run(args),
         Command::Probe(args) => probe::run(args),
     };
     match result {

@@ -85,6 +85,25 @@ pub struct LaunchConfig {
     pub pdl: bool,
 }
 
+/// Parameters of a tiled TMA descriptor (`cuTensorMapEncodeTiled`), as XLA's
+/// `TmaDescriptorProto` gives them. Enum fields use the proto numbers, which
+/// equal CUDA's enum values.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TensorMapDesc {
+    /// Bytes per element (1, 2, 4, 8): the tensor map's unsigned data type.
+    pub element_size: u64,
+    /// Global dims, innermost first (elements).
+    pub global_dims: Vec<u64>,
+    /// Global strides in bytes, one fewer than dims.
+    pub global_strides: Vec<u64>,
+    pub box_dims: Vec<u32>,
+    pub element_strides: Vec<u32>,
+    pub interleave: i32,
+    pub swizzle: i32,
+    pub l2_promotion: i32,
+    pub float_oob_fill: i32,
+}
+
 /// Status of an event.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum EventStatus {
@@ -226,6 +245,13 @@ pub trait Backend: Send + Sync + 'static {
     fn graph_exec_update(&self, exec: &Self::GraphExec, graph: &Self::Graph) -> Result<bool>;
     fn graph_destroy(&self, graph: Self::Graph) -> Result<()>;
     fn graph_exec_destroy(&self, exec: Self::GraphExec) -> Result<()>;
+
+    /// Encode a 128-byte TMA descriptor (`CUtensorMap`) for the tensor at
+    /// `base`: the bytes passed as the kernel parameter. Host-side only (not
+    /// a stream operation), so allowed during capture.
+    fn tensor_map_encode(&self, _desc: &TensorMapDesc, _base: DevicePtr) -> Result<[u8; 128]> {
+        Err(DeviceError::Unsupported("TMA descriptors on this backend".into()))
+    }
 
     /// Capture a WHILE conditional node into the graph being captured on
     /// `stream`: the body (captured by `body`) runs while the `u8`/`bool` at

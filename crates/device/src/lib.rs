@@ -26,7 +26,9 @@ pub mod cuda;
 pub mod hip;
 pub mod probe;
 
-pub use backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
+pub use backend::{
+    Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig, TensorMapDesc,
+};
 pub use error::{DeviceError, Result};
 pub use host::{HostBackend, HostConfig};
 pub use vmm::{AllocationId, Buffer, VmmAllocator, VmmConfig, VmmStats};

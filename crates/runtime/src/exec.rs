@@ -43,12 +43,17 @@ pub fn run_seq<B: Backend>(
     Ok(())
 }
 
-fn build_params(params: &[ParamSpec], slots: &SlotTable) -> Result<Vec<Vec<u8>>> {
+fn build_params<B: Backend>(
+    be: &B,
+    params: &[ParamSpec],
+    slots: &SlotTable,
+) -> Result<Vec<Vec<u8>>> {
     params
         .iter()
         .map(|p| match p {
             ParamSpec::Address(s) => Ok(slots.resolve(s)?.0.to_le_bytes().to_vec()),
             ParamSpec::Bytes(b) => Ok(b.clone()),
+            ParamSpec::Tma(s, desc) => Ok(be.tensor_map_encode(desc, slots.resolve(s)?)?.to_vec()),
         })
         .collect()
 }
@@ -104,7 +109,7 @@ fn run_op<B: Backend>(
             for z in zero {
                 be.memset_d8(slots.resolve(z)?, 0, z.size, stream)?;
             }
-            let bytes = build_params(params, slots)?;
+            let bytes = build_params(be, params, slots)?;
             let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
             tracing::trace!(kernel = %name, ?config, "launch");
             be.launch(function, config, &refs, stream)

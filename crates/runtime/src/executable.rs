@@ -155,15 +155,8 @@ impl<B: Backend> Executable<B> {
             let (index, size) = (a.index, a.size);
             let constant = match &a.role {
                 AllocationRole::Parameter { .. } => continue,
-                AllocationRole::Constant { bytes, symbol_name } => {
-                    if bytes.len() as u64 != size {
-                        return Err(RuntimeError::unsupported(format!(
-                            "constant allocation {index} ('{symbol_name}'): {} content bytes for \
-                             {size} bytes (values only in the module binary are not read yet)",
-                            bytes.len()
-                        )));
-                    }
-                    Some(bytes.to_vec())
+                AllocationRole::Constant { .. } => {
+                    Some(crate::ops::constant_bytes(&exe.plan, index)?)
                 }
                 AllocationRole::Output { .. } | AllocationRole::Temp => None,
             };
@@ -294,10 +287,15 @@ impl<B: Backend> Executable<B> {
         let mut infos: Vec<_> = self.plan.outputs.iter().collect();
         infos.sort_by(|a, b| a.shape_index.cmp(&b.shape_index));
         let mut out = Vec::with_capacity(infos.len());
-        for (index, info) in infos.into_iter().enumerate() {
+        let mut index = 0;
+        for info in infos {
             let shape = leaf_shape(result, &info.shape_index).ok_or_else(|| {
                 RuntimeError::invalid(format!("output shape index {:?}", info.shape_index))
             })?;
+            if shape.is_tuple() {
+                // The tuple itself (its index table), not a result leaf.
+                continue;
+            }
             let bytes = shape.byte_size().unwrap_or(0);
             let parameter = match &self.plan.allocations.get(info.allocation).map(|a| &a.role) {
                 Some(AllocationRole::Parameter { number, .. }) => Some(*number as usize),
@@ -310,6 +308,7 @@ impl<B: Backend> Executable<B> {
                 shape,
                 parameter,
             });
+            index += 1;
         }
         Ok(out)
     }

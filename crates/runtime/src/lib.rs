@@ -18,6 +18,7 @@
 #![deny(unsafe_code)]
 
 pub mod dsf;
+pub mod elf;
 pub mod error;
 pub mod exec;
 pub mod executable;

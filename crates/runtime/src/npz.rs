@@ -90,7 +90,7 @@ pub fn parse_npy(bytes: &[u8], what: &str) -> Result<NpyArray> {
     let header = std::str::from_utf8(&bytes[start..end])
         .map_err(|_| io_err(what, "non-UTF-8 .npy header"))?;
     let descr = dict_value(header, "descr")
-        .and_then(|v| unquote(v))
+        .and_then(unquote)
         .ok_or_else(|| io_err(what, format!("no descr in header {header:?}")))?;
     let fortran = dict_value(header, "fortran_order")
         .map(|v| v.trim().starts_with("True"))

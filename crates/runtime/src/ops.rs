@@ -9,7 +9,7 @@ use xla_vmm::{
     KernelArg, KernelCode, KernelParam, LaunchDims, Plan, ShapedSlice, Slice, Thunk, ThunkKind,
 };
 use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId};
-use xla_vmm_device::{Backend, ImageKind, LaunchConfig};
+use xla_vmm_device::{Backend, ImageKind, LaunchConfig, TensorMapDesc};
 
 use crate::error::{Result, RuntimeError};
 
@@ -20,6 +20,9 @@ pub enum ParamSpec {
     Address(Slice),
     /// Constant bytes.
     Bytes(Vec<u8>),
+    /// A 128-byte TMA descriptor of a slice (encoded per launch, since it
+    /// embeds the address).
+    Tma(Slice, TensorMapDesc),
 }
 
 /// A dynamic-slice-fusion window into a real buffer.
@@ -33,7 +36,9 @@ pub struct Window {
     pub config: Option<(Option<i64>, i64, i64)>,
 }
 
-/// One loaded thunk.
+/// One loaded thunk. (Variants differ in size; ops are built once per load,
+/// so boxing the large ones would buy nothing.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Op<B: Backend> {
     Launch {
@@ -142,28 +147,46 @@ fn launch_config(l: &LaunchDims, pdl: bool) -> Result<LaunchConfig> {
     })
 }
 
-/// Kernel parameters: one address per argument, or per the packing spec.
-pub fn param_specs(args: &[KernelArg], packing: Option<&[KernelParam]>) -> Result<Vec<ParamSpec>> {
-    if let Some(arg) = args.iter().find(|a| a.tma.is_some()) {
-        return Err(RuntimeError::unsupported(format!(
-            "TMA descriptor arguments (slot {}): the backend has no tensor-map encoding yet",
-            arg.slice.allocation
-        )));
+fn tma_desc(t: &xla_vmm::TmaDescriptor) -> TensorMapDesc {
+    TensorMapDesc {
+        element_size: t.element_size,
+        global_dims: t.global_dims.clone(),
+        global_strides: t.global_strides.clone(),
+        box_dims: t.box_dims.clone(),
+        element_strides: t.element_strides.clone(),
+        interleave: t.interleave,
+        swizzle: t.swizzle,
+        l2_promotion: t.l2_promotion,
+        float_oob_fill: t.float_oob_fill,
     }
+}
+
+/// The parameter for kernel argument `a`: its address, or its TMA
+/// descriptor when `tma_metadata` names it (XLA's `GetKernelAndArgs`).
+fn arg_param(a: &KernelArg) -> ParamSpec {
+    match &a.tma {
+        Some(t) => ParamSpec::Tma(a.slice, tma_desc(t)),
+        None => ParamSpec::Address(a.slice),
+    }
+}
+
+/// Kernel parameters: one per argument, or per the packing spec (a
+/// relocation takes the whole packed argument: 8 address bytes or a
+/// 128-byte TMA descriptor).
+pub fn param_specs(args: &[KernelArg], packing: Option<&[KernelParam]>) -> Result<Vec<ParamSpec>> {
     match packing {
-        None => Ok(args.iter().map(|a| ParamSpec::Address(a.slice)).collect()),
+        None => Ok(args.iter().map(arg_param).collect()),
         Some(spec) => spec
             .iter()
             .map(|p| match p {
-                KernelParam::ArgAddress { arg_index } => args
-                    .get(*arg_index as usize)
-                    .map(|a| ParamSpec::Address(a.slice))
-                    .ok_or_else(|| {
+                KernelParam::ArgAddress { arg_index } => {
+                    args.get(*arg_index as usize).map(arg_param).ok_or_else(|| {
                         RuntimeError::invalid(format!(
                             "packing spec relocates argument {arg_index} of {}",
                             args.len()
                         ))
-                    }),
+                    })
+                }
                 KernelParam::Bytes { data } => Ok(ParamSpec::Bytes(data.to_vec())),
             })
             .collect(),
@@ -464,16 +487,46 @@ pub fn check_support(plan: &Plan) -> Result<()> {
                     "tuple-shaped parameter {number}"
                 )))
             }
-            xla_vmm::AllocationRole::Constant { bytes, symbol_name }
-                if bytes.len() as u64 != a.size =>
-            {
-                return Err(RuntimeError::unsupported(format!(
-                    "constant allocation {} ('{symbol_name}') without its bytes",
-                    a.index
-                )))
+            xla_vmm::AllocationRole::Constant { .. } => {
+                constant_bytes(plan, a.index)?;
             }
             _ => {}
         }
     }
     Ok(())
+}
+
+/// The initial bytes of constant allocation `index`: its recorded content,
+/// else the initializer of its global `symbol_name` in the module binary or
+/// a custom kernel's cubin (where XLA left it).
+pub fn constant_bytes(plan: &Plan, index: usize) -> Result<Vec<u8>> {
+    let a = plan
+        .allocations
+        .get(index)
+        .ok_or_else(|| RuntimeError::invalid(format!("allocation {index}")))?;
+    let xla_vmm::AllocationRole::Constant { bytes, symbol_name } = &a.role else {
+        return Err(RuntimeError::invalid(format!(
+            "allocation {index} is not a constant"
+        )));
+    };
+    if bytes.len() as u64 == a.size {
+        return Ok(bytes.to_vec());
+    }
+    let mut images: Vec<&[u8]> = vec![&plan.kernels.binary];
+    images.extend(plan.custom_kernel_binaries().into_iter().map(|(_, b)| b));
+    for image in images {
+        if let Some(v) = crate::elf::global_bytes(image, symbol_name)? {
+            if (v.len() as u64) < a.size {
+                return Err(RuntimeError::invalid(format!(
+                    "constant '{symbol_name}': global has {} bytes, allocation {index} {}",
+                    v.len(),
+                    a.size
+                )));
+            }
+            return Ok(v[..a.size as usize].to_vec());
+        }
+    }
+    Err(RuntimeError::unsupported(format!(
+        "constant allocation {index} ('{symbol_name}'): no content and no such global in the module images"
+    )))
 }

@@ -504,8 +504,7 @@ fn while_without_trip_count_reads_the_condition_eagerly_and_fails_in_graph_mode(
     let out = run(&b, p.clone(), &[vec![1.0, 2.0]], Mode::Eager).unwrap();
     assert_eq!(out[0], vec![1.0, 2.0]);
     let e = run(&b, p, &[vec![1.0, 2.0]], Mode::Graph)
-        .err()
-        .expect("graph must fail")
+        .expect_err("graph must fail")
         .to_string();
     assert!(e.contains("graph capture"), "{e}");
 }

@@ -125,6 +125,24 @@ fn candidates() -> Vec<PathBuf> {
     out
 }
 
+/// What `python3` on PATH reports as its site-packages (covers virtualenvs
+/// such as `/opt/<name>/.venv`); empty when there is no python3.
+fn python_reported_site_dirs() -> Vec<PathBuf> {
+    let script =
+        "import site,sys; print(chr(10).join(site.getsitepackages()+[site.getusersitepackages()]))";
+    match std::process::Command::new("python3")
+        .args(["-c", script])
+        .output()
+    {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| PathBuf::from(l.trim()))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// Python site-packages directories: the usual install locations, globbed
 /// one level, plus the virtualenv's.
 fn python_site_dirs() -> Vec<PathBuf> {
@@ -139,7 +157,7 @@ fn python_site_dirs() -> Vec<PathBuf> {
     if let Some(h) = std::env::var_os("HOME") {
         roots.push(Path::new(&h).join(".local/lib"));
     }
-    let mut out = Vec::new();
+    let mut out = python_reported_site_dirs();
     for root in roots {
         let Ok(entries) = std::fs::read_dir(&root) else {
             continue;

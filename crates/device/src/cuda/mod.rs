@@ -17,6 +17,7 @@ mod conditional;
 pub mod handles;
 pub mod result;
 pub mod symbols;
+mod tma;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -709,6 +710,9 @@ impl Backend for CudaBackend {
         let mut ptrs: Vec<*mut std::ffi::c_void> =
             storage.iter_mut().map(|w| w.as_mut_ptr().cast()).collect();
         self.bind()?;
+        if config.shared_mem_bytes > 0 {
+            tma::set_max_dynamic_shared(function.func, config.shared_mem_bytes)?;
+        }
         // SAFETY: function and stream are live and ours; `ptrs[i]` points to
         // `params[i]` readable bytes that outlive the call (the driver copies
         // parameters at launch).
@@ -724,6 +728,10 @@ impl Backend for CudaBackend {
                 &mut ptrs,
             )
         }
+    }
+
+    fn tensor_map_encode(&self, desc: &crate::TensorMapDesc, base: DevicePtr) -> Result<[u8; 128]> {
+        tma::encode(desc, base)
     }
 
     // ---- graphs ----------------------------------------------------------------------

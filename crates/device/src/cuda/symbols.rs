@@ -58,6 +58,8 @@ pub const REQUIRED: &[&str] = &[
     "cuModuleUnload",
     "cuModuleGetFunction",
     "cuLaunchKernelEx",
+    "cuFuncSetAttribute",
+    "cuTensorMapEncodeTiled",
     // graphs
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",

@@ -1,0 +1,389 @@
+//! `xla-vmm run`: replay a serialized executable on the GPU with inputs from
+//! an `.npz`, write / compare its outputs, time steps.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context};
+use xla_vmm_device::Backend;
+use xla_vmm_runtime::npz::{self, NpyArray};
+use xla_vmm_runtime::{DeviceBuffer, Executable, Mode};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The serialized executable (`PJRT_Executable_Serialize` bytes, or
+    /// jax's `serialize()` bytes).
+    pub file: PathBuf,
+    /// Inputs `in_0..in_k` in HLO parameter order.
+    #[arg(long)]
+    pub inputs: PathBuf,
+    /// Write the results as `out_0..out_m`.
+    #[arg(long)]
+    pub outputs: Option<PathBuf>,
+    /// `eager` (thunk by thunk) or `graph` (one captured graph).
+    #[arg(long, default_value = "eager")]
+    pub mode: String,
+    /// After the checked run, time this many more steps (state donated to
+    /// the executable keeps evolving; the timing is what is reported).
+    #[arg(long, default_value_t = 0)]
+    pub steps: usize,
+    /// Compare the first run's outputs with `out_i` of this `.npz`.
+    #[arg(long)]
+    pub compare: Option<PathBuf>,
+    /// Training loop: run this many steps in total, feeding outputs
+    /// `0..m-1` back as inputs `0..m-1` (the last output is the loss), and
+    /// print each step's loss with its bits.
+    #[arg(long, default_value_t = 0)]
+    pub loop_steps: usize,
+    /// Compare the loop's loss bits with `loss_bits` of this JSON file
+    /// (integration/stock_ref.py's NAME.loop.json).
+    #[arg(long)]
+    pub loop_ref: Option<PathBuf>,
+    /// Device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mode = match args.mode.as_str() {
+        "eager" => Mode::Eager,
+        "graph" => Mode::Graph,
+        m => bail!("--mode must be eager or graph, not {m:?}"),
+    };
+    let bytes =
+        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let plan = xla_vmm::decode::decode(&bytes)
+        .with_context(|| format!("decoding {}", args.file.display()))?;
+    run_cuda(plan, &args, mode)
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda(plan: xla_vmm::Plan, args: &Args, mode: Mode) -> anyhow::Result<()> {
+    use xla_vmm_device::cuda::{blaslt::CudaGemm, CudaBackend};
+    let backend = Arc::new(CudaBackend::new(args.device)?);
+    let needs_gemm = plan.kind_counts().contains_key("cublas_lt_matmul");
+    let gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<CudaBackend>>> = if needs_gemm {
+        let g = CudaGemm::new(&backend)?;
+        eprintln!("cuBLASLt: {}", g.library());
+        Some(Arc::new(g))
+    } else {
+        None
+    };
+    replay(backend, plan, gemm, args, mode)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(_plan: xla_vmm::Plan, _args: &Args, _mode: Mode) -> anyhow::Result<()> {
+    bail!("this build has no CUDA backend (build with feature `cuda`)")
+}
+
+fn element_descr(shape: &xla_vmm::Shape) -> String {
+    let bits = shape.element_type.bit_width().unwrap_or(8) as usize;
+    npz::descr_for_element(shape.element_type.name().unwrap_or("?"), bits.div_ceil(8))
+}
+
+/// Load, upload inputs, run once (checked), then time `--steps` runs.
+pub fn replay<B: Backend>(
+    backend: Arc<B>,
+    plan: xla_vmm::Plan,
+    gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<B>>>,
+    args: &Args,
+    mode: Mode,
+) -> anyhow::Result<()> {
+    let be = &*backend;
+    let stream = be.stream_create()?;
+    let t = Instant::now();
+    let mut exe = Executable::load(backend.clone(), plan, gemm, &stream)?;
+    eprintln!("loaded in {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+
+    let inputs = npz::read_npz(&args.inputs)?;
+    let shapes = exe.parameter_shapes().to_vec();
+    let mut params: Vec<DeviceBuffer<B>> = Vec::with_capacity(shapes.len());
+    let result = (|| -> anyhow::Result<()> {
+        for (i, shape) in shapes.iter().enumerate() {
+            let name = format!("in_{i}");
+            let (_, a) = inputs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or_else(|| anyhow!("{} has no {name}", args.inputs.display()))?;
+            let want = shape
+                .byte_size()
+                .ok_or_else(|| anyhow!("parameter {i}: non-array shape"))?;
+            if a.data.len() as u64 != want {
+                bail!(
+                    "{name}: {} bytes ({:?} {}), parameter {i} needs {want} bytes ({:?} {})",
+                    a.data.len(),
+                    a.shape,
+                    a.descr,
+                    shape.dimensions,
+                    shape.element_type.name().unwrap_or("?")
+                );
+            }
+            let buf = DeviceBuffer::alloc(be, want)?;
+            if want > 0 {
+                be.write_sync(buf.ptr(), &a.data, &stream)?;
+            }
+            exe.bind_parameter(i, buf.ptr(), want)?;
+            params.push(buf);
+        }
+        let extra = inputs
+            .iter()
+            .filter(|(n, _)| n.starts_with("in_"))
+            .count()
+            .saturating_sub(shapes.len());
+        if extra > 0 {
+            bail!(
+                "{} has {extra} more in_* arrays than the {} parameters",
+                args.inputs.display(),
+                shapes.len()
+            );
+        }
+
+        let t = Instant::now();
+        let outs = exe.run(&stream, mode)?;
+        be.stream_synchronize(&stream)?;
+        eprintln!(
+            "first run ({mode:?}) in {:.1} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        let mut arrays = Vec::with_capacity(outs.len());
+        for o in &outs {
+            let mut data = vec![0u8; o.bytes as usize];
+            if o.bytes > 0 {
+                be.read_sync(&mut data, o.ptr, &stream)?;
+            }
+            let array = NpyArray {
+                descr: element_descr(&o.shape),
+                shape: o
+                    .shape
+                    .dimensions
+                    .iter()
+                    .map(|&d| d.max(0) as u64)
+                    .collect(),
+                data,
+            };
+            arrays.push((format!("out_{}", o.index), array));
+        }
+        if let Some(path) = &args.outputs {
+            npz::write_npz(path, &arrays)?;
+            eprintln!("wrote {} outputs to {}", arrays.len(), path.display());
+        }
+        let mut failed = false;
+        if let Some(path) = &args.compare {
+            failed = !compare(&arrays, &npz::read_npz(path)?, path)?;
+        }
+        if args.steps > 0 {
+            time_steps(be, &mut exe, &stream, mode, args.steps)?;
+        }
+        if args.loop_steps > 0 {
+            if args.steps > 0 {
+                bail!(
+                    "--loop-steps needs the state of the first run: do not combine it with --steps"
+                );
+            }
+            let ptrs: Vec<_> = params.iter().map(|p| (p.ptr(), p.size())).collect();
+            failed |= !train_loop(be, &mut exe, &stream, mode, &ptrs, args)?;
+        }
+        if failed {
+            bail!(
+                "outputs differ from {}",
+                args.compare
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            );
+        }
+        Ok(())
+    })();
+    be.stream_synchronize(&stream).ok();
+    drop(exe);
+    for p in params {
+        p.free(be).ok();
+    }
+    be.stream_destroy(stream).ok();
+    result
+}
+
+/// Print bit-identical / first mismatches per output; true when all match.
+fn compare(
+    got: &[(String, NpyArray)],
+    expected: &[(String, NpyArray)],
+    path: &std::path::Path,
+) -> anyhow::Result<bool> {
+    let mut all = true;
+    for (name, g) in got {
+        let Some((_, e)) = expected.iter().find(|(n, _)| n == name) else {
+            println!("{name}: not in {}", path.display());
+            all = false;
+            continue;
+        };
+        if g.data == e.data {
+            println!("{name}: bit-identical ({} bytes)", g.data.len());
+            continue;
+        }
+        all = false;
+        if g.data.len() != e.data.len() {
+            println!(
+                "{name}: size differs: got {} bytes, expected {}",
+                g.data.len(),
+                e.data.len()
+            );
+            continue;
+        }
+        let item = g.item_size().unwrap_or(1).max(1);
+        let mut shown = 0;
+        let mut count = 0usize;
+        for (i, (a, b)) in g.data.chunks(item).zip(e.data.chunks(item)).enumerate() {
+            if a != b {
+                count += 1;
+                if shown < 5 {
+                    println!(
+                        "{name}[{i}]: got {} expected {}",
+                        show(a, &g.descr),
+                        show(b, &g.descr)
+                    );
+                    shown += 1;
+                }
+            }
+        }
+        println!("{name}: {count} of {} elements differ", g.data.len() / item);
+    }
+    let missing = expected
+        .iter()
+        .filter(|(n, _)| n.starts_with("out_") && !got.iter().any(|(g, _)| g == n))
+        .count();
+    if missing > 0 {
+        println!("{missing} expected outputs were not produced");
+        all = false;
+    }
+    println!(
+        "{}",
+        if all {
+            "ALL OUTPUTS BIT-IDENTICAL"
+        } else {
+            "OUTPUTS DIFFER"
+        }
+    );
+    Ok(all)
+}
+
+fn show(b: &[u8], descr: &str) -> String {
+    let hex: String = b.iter().rev().map(|x| format!("{x:02x}")).collect();
+    match (descr, b.len()) {
+        ("<f4", 4) => format!("{} (0x{hex})", f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        (_, 2) if descr.contains('V') => {
+            // bf16: the high half of an f32.
+            format!(
+                "{} (0x{hex})",
+                f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
+            )
+        }
+        _ => format!("0x{hex}"),
+    }
+}
+
+/// `--loop-steps`: the first run already happened (its loss is step 0).
+fn train_loop<B: Backend>(
+    be: &B,
+    exe: &mut Executable<B>,
+    stream: &B::Stream,
+    mode: Mode,
+    params: &[(xla_vmm_device::DevicePtr, u64)],
+    args: &Args,
+) -> anyhow::Result<bool> {
+    let read_loss = |exe: &Executable<B>| -> anyhow::Result<u32> {
+        let outs = exe.outputs()?;
+        let last = outs.last().ok_or_else(|| anyhow!("no outputs"))?;
+        if last.bytes != 4 {
+            bail!("last output is {} bytes, not an f32 loss", last.bytes);
+        }
+        let mut b = [0u8; 4];
+        be.read_sync(&mut b, last.ptr, stream)?;
+        Ok(u32::from_le_bytes(b))
+    };
+    let mut bits = vec![read_loss(exe)?];
+    for _ in 1..args.loop_steps {
+        let outs = exe.outputs()?;
+        let n_state = outs.len().saturating_sub(1);
+        for (o, &(ptr, size)) in outs.iter().take(n_state).zip(params) {
+            if o.bytes != size {
+                bail!(
+                    "output {} ({} bytes) cannot feed input {} ({size} bytes)",
+                    o.index,
+                    o.bytes,
+                    o.index
+                );
+            }
+            if o.ptr != ptr {
+                be.copy_d2d(ptr, o.ptr, size, stream)?;
+            }
+        }
+        exe.run(stream, mode)?;
+        be.stream_synchronize(stream)?;
+        bits.push(read_loss(exe)?);
+    }
+    for (i, b) in bits.iter().enumerate() {
+        println!("loss[{i}] = {} (0x{b:08x})", f32::from_bits(*b));
+    }
+    let Some(path) = &args.loop_ref else {
+        return Ok(true);
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)?;
+    let want: Vec<u32> = json["loss_bits"]
+        .as_array()
+        .ok_or_else(|| anyhow!("{}: no loss_bits", path.display()))?
+        .iter()
+        .map(|v| v.as_u64().unwrap_or(u64::MAX) as u32)
+        .collect();
+    let n = want.len().min(bits.len());
+    let first_diff = (0..n).find(|&i| want[i] != bits[i]);
+    match first_diff {
+        None => println!("LOSSES BIT-IDENTICAL for {n} steps"),
+        Some(i) => println!(
+            "LOSSES DIFFER from step {i}: got {} (0x{:08x}) expected {} (0x{:08x})",
+            f32::from_bits(bits[i]),
+            bits[i],
+            f32::from_bits(want[i]),
+            want[i]
+        ),
+    }
+    Ok(first_diff.is_none())
+}
+
+fn time_steps<B: Backend>(
+    be: &B,
+    exe: &mut Executable<B>,
+    stream: &B::Stream,
+    mode: Mode,
+    steps: usize,
+) -> anyhow::Result<()> {
+    let (start, end) = (be.event_create()?, be.event_create()?);
+    let mut gpu = Vec::with_capacity(steps);
+    let mut wall = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let t = Instant::now();
+        be.event_record(&start, stream)?;
+        exe.run(stream, mode)?;
+        be.event_record(&end, stream)?;
+        be.event_synchronize(&end)?;
+        wall.push(t.elapsed().as_secs_f64() * 1e3);
+        gpu.push(f64::from(be.event_elapsed_ms(&start, &end)?));
+    }
+    be.event_destroy(start).ok();
+    be.event_destroy(end).ok();
+    let stats = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let p = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        (p(0.5), v[0], p(0.9))
+    };
+    let (m, mn, p90) = stats(&mut wall);
+    let (gm, gmn, gp90) = stats(&mut gpu);
+    println!(
+        "steps={steps} mode={mode:?} wall ms: median {m:.3} min {mn:.3} p90 {p90:.3} | \
+         stream ms: median {gm:.3} min {gmn:.3} p90 {gp90:.3}"
+    );
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! Initial bytes of a global variable in an ELF image (cubin / hsaco).
+//!
+//! XLA may leave a constant's value only inside the module binary, as the
+//! initializer of the global `symbol_name` (`ConstantInfoProto.content`
+//! empty). We read it from the ELF symbol table: the symbol's section holds
+//! the initializer (`SHT_NOBITS` sections are zero-initialized).
+
+use crate::error::{Result, RuntimeError};
+
+fn u16le(b: &[u8], o: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?))
+}
+fn u32le(b: &[u8], o: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?))
+}
+fn u64le(b: &[u8], o: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
+}
+
+struct Section {
+    kind: u32,
+    offset: u64,
+    size: u64,
+    link: u32,
+    entsize: u64,
+}
+
+fn sections(elf: &[u8]) -> Option<Vec<Section>> {
+    if elf.get(0..4)? != b"\x7fELF" || *elf.get(4)? != 2 || *elf.get(5)? != 1 {
+        return None; // not little-endian ELF64
+    }
+    let shoff = u64le(elf, 0x28)? as usize;
+    let shentsize = u16le(elf, 0x3a)? as usize;
+    let shnum = u16le(elf, 0x3c)? as usize;
+    (0..shnum)
+        .map(|i| {
+            let o = shoff.checked_add(i.checked_mul(shentsize)?)?;
+            Some(Section {
+                kind: u32le(elf, o + 4)?,
+                offset: u64le(elf, o + 0x18)?,
+                size: u64le(elf, o + 0x20)?,
+                link: u32le(elf, o + 0x28)?,
+                entsize: u64le(elf, o + 0x38)?,
+            })
+        })
+        .collect()
+}
+
+fn cstr(b: &[u8], o: usize) -> Option<&[u8]> {
+    let s = b.get(o..)?;
+    Some(&s[..s.iter().position(|&c| c == 0)?])
+}
+
+/// The initial bytes of global `name` in `elf`; `Ok(None)` when the image
+/// has no such symbol (or is not an ELF64 image).
+pub fn global_bytes(elf: &[u8], name: &str) -> Result<Option<Vec<u8>>> {
+    let bad = |m: &str| RuntimeError::invalid(format!("ELF image: {m} (symbol {name})"));
+    let Some(secs) = sections(elf) else {
+        return Ok(None);
+    };
+    const SHT_SYMTAB: u32 = 2;
+    const SHT_NOBITS: u32 = 8;
+    for symtab in secs.iter().filter(|s| s.kind == SHT_SYMTAB) {
+        let strtab = secs
+            .get(symtab.link as usize)
+            .ok_or_else(|| bad("bad strtab link"))?;
+        let strs = elf
+            .get(strtab.offset as usize..(strtab.offset + strtab.size) as usize)
+            .ok_or_else(|| bad("strtab out of range"))?;
+        let ent = if symtab.entsize == 0 {
+            24
+        } else {
+            symtab.entsize as usize
+        };
+        for i in 0..(symtab.size as usize / ent) {
+            let o = symtab.offset as usize + i * ent;
+            let name_off = u32le(elf, o).ok_or_else(|| bad("symtab out of range"))? as usize;
+            if cstr(strs, name_off) != Some(name.as_bytes()) {
+                continue;
+            }
+            let shndx = u16le(elf, o + 6).ok_or_else(|| bad("symtab"))? as usize;
+            let value = u64le(elf, o + 8).ok_or_else(|| bad("symtab"))?;
+            let size = u64le(elf, o + 16).ok_or_else(|| bad("symtab"))?;
+            let sec = secs.get(shndx).ok_or_else(|| bad("symbol section index"))?;
+            if sec.kind == SHT_NOBITS {
+                return Ok(Some(vec![0; size as usize]));
+            }
+            let start = sec.offset.checked_add(value).ok_or_else(|| bad("offset"))? as usize;
+            let data = elf
+                .get(start..start + size as usize)
+                .ok_or_else(|| bad("symbol data out of range"))?;
+            return Ok(Some(data.to_vec()));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal ELF64 with sections: null, .strtab, .symtab, .data.
+    fn tiny_elf() -> Vec<u8> {
+        let strtab = b"\0konst\0".to_vec();
+        let data = vec![1u8, 2, 3, 4, 5, 6, 7, 8];
+        let mut sym = vec![0u8; 48]; // null symbol + one symbol
+        sym[24..28].copy_from_slice(&1u32.to_le_bytes()); // name "konst"
+        sym[30..32].copy_from_slice(&3u16.to_le_bytes()); // section 3
+        sym[32..40].copy_from_slice(&2u64.to_le_bytes()); // value (offset)
+        sym[40..48].copy_from_slice(&4u64.to_le_bytes()); // size
+        let mut elf = vec![0u8; 64];
+        elf[0..4].copy_from_slice(b"\x7fELF");
+        elf[4] = 2;
+        elf[5] = 1;
+        let (s_off, y_off, d_off) = (64, 64 + strtab.len(), 64 + strtab.len() + sym.len());
+        elf.extend(&strtab);
+        elf.extend(&sym);
+        elf.extend(&data);
+        let shoff = elf.len();
+        elf[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+        elf[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        elf[0x3c..0x3e].copy_from_slice(&4u16.to_le_bytes());
+        let sh = |kind: u32, off: usize, size: usize, link: u32, ent: u64| {
+            let mut h = vec![0u8; 64];
+            h[4..8].copy_from_slice(&kind.to_le_bytes());
+            h[0x18..0x20].copy_from_slice(&(off as u64).to_le_bytes());
+            h[0x20..0x28].copy_from_slice(&(size as u64).to_le_bytes());
+            h[0x28..0x2c].copy_from_slice(&link.to_le_bytes());
+            h[0x38..0x40].copy_from_slice(&ent.to_le_bytes());
+            h
+        };
+        elf.extend(sh(0, 0, 0, 0, 0));
+        elf.extend(sh(3, s_off, strtab.len(), 0, 0));
+        elf.extend(sh(2, y_off, sym.len(), 1, 24));
+        elf.extend(sh(1, d_off, data.len(), 0, 0));
+        elf
+    }
+
+    #[test]
+    fn reads_a_symbols_initializer() {
+        let elf = tiny_elf();
+        assert_eq!(global_bytes(&elf, "konst").unwrap(), Some(vec![3, 4, 5, 6]));
+        assert_eq!(global_bytes(&elf, "other").unwrap(), None);
+        assert_eq!(global_bytes(b"not an elf", "konst").unwrap(), None);
+    }
+}
