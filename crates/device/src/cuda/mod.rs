@@ -4,7 +4,8 @@
 //!   creation: no driver means [`DeviceError::NotAvailable`], never a panic.
 //! - [`result`]: `Result`-returning wrappers for what cudarc leaves raw (VMM,
 //!   graph update, conditional nodes, `cuLaunchKernelEx`, pinned memory).
-//! - [`handles`]: the handle types; [`conditional`]: WHILE nodes in capture.
+//! - [`handles`]: the handle types; `conditional`: WHILE nodes in capture;
+//!   `info`: the device facts read at creation.
 //! - This file: [`CudaBackend`], the [`Backend`] implementation. Contexts,
 //!   streams and events come from cudarc's safe layer.
 //!
@@ -15,6 +16,7 @@
 pub mod blaslt;
 mod conditional;
 pub mod handles;
+mod info;
 pub mod result;
 pub mod symbols;
 mod tma;
@@ -73,7 +75,7 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let ordinal_i32 = i32::try_from(ordinal)
             .map_err(|_| DeviceError::InvalidArgument(format!("device ordinal {ordinal}")))?;
-        let info = Self::read_info(&ctx, ordinal_i32, &symbols)?;
+        let info = info::read(&ctx, ordinal_i32, &symbols)?;
         tracing::info!(ordinal, name = %info.name, "cuda backend ready");
         Ok(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -82,55 +84,6 @@ impl CudaBackend {
             info,
             symbols,
             set_condition: OnceLock::new(),
-        })
-    }
-
-    fn read_info(
-        ctx: &Arc<CudaContext>,
-        ordinal: i32,
-        syms: &symbols::Symbols,
-    ) -> Result<DeviceInfo> {
-        use sys::CUdevice_attribute as A;
-        let dev = ctx.cu_device();
-        // SAFETY: `dev` is the valid device behind `ctx`.
-        let attr = |a: A| unsafe { result::device::attribute(dev, a) };
-        let name = ctx.name().map_err(|e| from_cudarc("cuDeviceGetName", e))?;
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(|e| from_cudarc("cuDeviceGetAttribute", e))?;
-        let total_memory = ctx
-            .total_mem()
-            .map_err(|e| from_cudarc("cuDeviceTotalMem", e))? as u64;
-        // Peak bandwidth: double data rate × clock (kHz) × bus width (bits) / 8.
-        let clock_khz = attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)
-            .unwrap_or(0)
-            .max(0) as f64;
-        let bus_bits = attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)
-            .unwrap_or(0)
-            .max(0) as f64;
-        let vmm_supported =
-            attr(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED).unwrap_or(0) != 0;
-        let vmm_granularity = if vmm_supported {
-            // SAFETY: the driver is initialized (the context exists).
-            unsafe { result::vmm::granularity(ordinal)? }
-        } else {
-            0
-        };
-        // SAFETY: the driver is initialized.
-        let version = unsafe { result::device::driver_version()? };
-        Ok(DeviceInfo {
-            backend: "cuda",
-            ordinal: ordinal as usize,
-            name,
-            compute_capability: (major.max(0) as u32, minor.max(0) as u32),
-            arch_name: String::new(),
-            multiprocessor_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(0) as u32,
-            total_memory,
-            vmm_granularity,
-            memory_bandwidth: 2.0 * clock_khz * 1000.0 * bus_bits / 8.0,
-            vmm_supported,
-            // WHILE nodes via cuGraphAddNode: CUDA 12.4+.
-            conditional_nodes: syms.conditional && version >= 12040,
         })
     }
 

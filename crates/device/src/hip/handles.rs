@@ -111,18 +111,31 @@ pub struct HipGraphExec {
 // value; mutation needs `&mut`. Graphs are Send only: the runtime does not
 // synchronize concurrent use of one graph.
 unsafe impl Send for HipPhysMem {}
+// SAFETY: see the note above these impls.
 unsafe impl Sync for HipPhysMem {}
+// SAFETY: see the note above these impls.
 unsafe impl Send for HipStream {}
+// SAFETY: see the note above these impls.
 unsafe impl Sync for HipStream {}
+// SAFETY: see the note above these impls.
 unsafe impl Send for HipEvent {}
+// SAFETY: see the note above these impls.
 unsafe impl Sync for HipEvent {}
+// SAFETY: see the note above these impls.
 unsafe impl Send for HipHostBuffer {}
+// SAFETY: see the note above these impls.
 unsafe impl Sync for HipHostBuffer {}
+// SAFETY: see the note above these impls.
 unsafe impl Send for ModuleInner {}
+// SAFETY: see the note above these impls.
 unsafe impl Sync for ModuleInner {}
+// SAFETY: see the note above these impls.
 unsafe impl Send for HipFunction {}
+// SAFETY: see the note above these impls.
 unsafe impl Sync for HipFunction {}
+// SAFETY: see the note above these impls.
 unsafe impl Send for HipGraph {}
+// SAFETY: see the note above these impls.
 unsafe impl Send for HipGraphExec {}
 
 /// Anything that remembers which backend made it.

@@ -7,7 +7,7 @@
 //! Mirrors `cuda/` file for file:
 //! - [`result`]: `Result`-returning wrappers of every HIP call used (HIP has
 //!   no cudarc, so streams, events and modules are wrapped there too).
-//! - [`handles`]: the handle types.
+//! - [`handles`]: the handle types; `info`: the device facts read at creation.
 //! - This file: [`HipBackend`], the [`Backend`] implementation.
 //!
 //! Differences from CUDA, by design:
@@ -27,12 +27,12 @@
 //!   that enum's invariant. Pin ROCm accordingly when this first runs.
 
 pub mod handles;
+mod info;
 pub mod result;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use xla_vmm_ffi::hip::runtime as sys;
 
 use crate::backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
 use crate::error::{DeviceError, Result};
@@ -70,56 +70,12 @@ impl HipBackend {
         }
         // SAFETY: `ord` is a valid device.
         unsafe { result::device::set(ord) }.map_err(unavailable)?;
-        let info = Self::read_info(ord)?;
+        let info = info::read(ord)?;
         tracing::info!(ordinal, name = %info.name, "hip backend ready (unverified on hardware)");
         Ok(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             ordinal: ord,
             info,
-        })
-    }
-
-    fn read_info(ord: i32) -> Result<DeviceInfo> {
-        use sys::hipDeviceAttribute_t as A;
-        // SAFETY: `ord` is a valid device (checked by the caller).
-        let attr = |a: A| unsafe { result::device::attribute(ord, a) };
-        // SAFETY: as above.
-        let (name, total_memory) =
-            unsafe { (result::device::name(ord)?, result::device::total_mem(ord)?) };
-        let clock_khz = attr(A::hipDeviceAttributeMemoryClockRate)
-            .unwrap_or(0)
-            .max(0) as f64;
-        let bus_bits = attr(A::hipDeviceAttributeMemoryBusWidth)
-            .unwrap_or(0)
-            .max(0) as f64;
-        let vmm_supported =
-            attr(A::hipDeviceAttributeVirtualMemoryManagementSupported).unwrap_or(0) != 0;
-        let vmm_granularity = if vmm_supported {
-            // SAFETY: HIP is initialized.
-            unsafe { result::vmm::granularity(ord)? }
-        } else {
-            0
-        };
-        let gcn = attr(A::hipDeviceAttributeGcnArch).unwrap_or(0);
-        Ok(DeviceInfo {
-            backend: "hip",
-            ordinal: ord as usize,
-            name,
-            compute_capability: (
-                attr(A::hipDeviceAttributeComputeCapabilityMajor)?.max(0) as u32,
-                attr(A::hipDeviceAttributeComputeCapabilityMinor)?.max(0) as u32,
-            ),
-            arch_name: if gcn > 0 {
-                format!("gfx{gcn}")
-            } else {
-                String::new()
-            },
-            multiprocessor_count: attr(A::hipDeviceAttributeMultiprocessorCount)?.max(0) as u32,
-            total_memory,
-            vmm_granularity,
-            memory_bandwidth: 2.0 * clock_khz * 1000.0 * bus_bits / 8.0,
-            vmm_supported,
-            conditional_nodes: false,
         })
     }
 
