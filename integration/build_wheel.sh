@@ -8,5 +8,11 @@ OUT="${1:-$ROOT/integration/dist}"
 cargo build --release -p xla-vmm-plugin --manifest-path "$ROOT/Cargo.toml"
 install -m 0755 "$ROOT/target/release/libxla_vmm_plugin.so" \
   "$ROOT/integration/jax_plugins/xla_vmm/xla_vmm_plugin.so"
-python3 -m pip wheel --no-deps --no-build-isolation -w "$OUT" "$ROOT/integration"
+# Without build isolation when setuptools + wheel are installed (offline machines).
+if python3 -c 'import setuptools, wheel' 2>/dev/null; then
+  python3 -m pip wheel --no-deps --no-build-isolation -w "$OUT" "$ROOT/integration"
+else
+  python3 -m pip wheel --no-deps -w "$OUT" "$ROOT/integration"
+fi
+rm -rf "$ROOT/integration/build" "$ROOT"/integration/*.egg-info
 echo "wheel in $OUT"
