@@ -3,7 +3,7 @@
 //! The platform name is `cuda` on every backend (the host backend too), so
 //! JAX applies its GPU lowering rules to programs for this client.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use xla_vmm_device::{Backend, HostBackend, HostConfig};
 use xla_vmm_ffi::pjrt::*;
@@ -24,6 +24,9 @@ pub struct Client {
     /// The vendor compiler, created at the first compile.
     vendor: Mutex<Option<Arc<VendorClient>>>,
     pub platform_version: String,
+    /// The vendor client's platform version (e.g. "cuda 13000"), reported
+    /// as ours when known.
+    vendor_platform_version: OnceLock<String>,
     pub devices: Vec<Arc<Device>>,
     device_ptrs: Vec<CPtr<PJRT_Device>>,
     memory_ptrs: Vec<CPtr<PJRT_Memory>>,
@@ -75,6 +78,7 @@ impl Client {
             options,
             vendor: Mutex::new(None),
             platform_version,
+            vendor_platform_version: OnceLock::new(),
             devices,
             device_ptrs,
             memory_ptrs,
@@ -150,18 +154,22 @@ fn new_cuda(options: ClientOptions) -> Result<Arc<Client>> {
             None
         }
     };
-    // Load the vendor plugin now (no client yet: that waits for the first
-    // compile), so that PJRT_Plugin_Attributes can report its versions.
-    match vendor_locate::locate(options.vendor_plugin_path.as_deref()) {
-        Ok(path) => {
-            if let Err(e) = VendorPlugin::load(&path) {
-                tracing::warn!("vendor plugin: {e}");
-            }
-        }
-        Err(e) => tracing::warn!("{e}"),
-    }
     let mem = VmmMemory::new(backend)?.with_gemm(gemm);
-    Client::with_memory(options, Arc::new(mem))
+    let client = Client::with_memory(options, Arc::new(mem))?;
+    // Create the vendor compiler now: PJRT_Plugin_Attributes (called right
+    // after this) reports its versions, and the platform version is its
+    // (JAX reads CUDA versions from it). Without it buffers still work;
+    // compiling reports why there is none.
+    match client.vendor() {
+        Ok(v) => match v.platform_version() {
+            Ok(pv) => {
+                let _ = client.vendor_platform_version.set(pv);
+            }
+            Err(e) => tracing::warn!("vendor platform version: {e}"),
+        },
+        Err(e) => tracing::warn!("no vendor compiler yet: {e}"),
+    }
+    Ok(client)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -207,8 +215,12 @@ pub fn process_index(a: &mut PJRT_Client_ProcessIndex_Args) -> Result<()> {
 pub fn platform_version(a: &mut PJRT_Client_PlatformVersion_Args) -> Result<()> {
     let c = Client::from_c(a.client)?;
     // The string lives as long as the client.
-    a.platform_version = c.platform_version.as_ptr().cast();
-    a.platform_version_size = c.platform_version.len();
+    let v = c
+        .vendor_platform_version
+        .get()
+        .unwrap_or(&c.platform_version);
+    a.platform_version = v.as_ptr().cast();
+    a.platform_version_size = v.len();
     Ok(())
 }
 

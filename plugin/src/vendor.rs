@@ -258,6 +258,28 @@ impl VendorClient {
         Ok(VendorExecutable::new(self.clone(), c.executable))
     }
 
+    /// `PJRT_Client_PlatformVersion` of the vendor client.
+    pub fn platform_version(&self) -> Result<String> {
+        let mut a = PJRT_Client_PlatformVersion_Args {
+            struct_size: PJRT_Client_PlatformVersion_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            client: self.client.0,
+            platform_version: std::ptr::null(),
+            platform_version_size: 0,
+        };
+        self.plugin.call(
+            "PJRT_Client_PlatformVersion",
+            |t| t.PJRT_Client_PlatformVersion,
+            &mut a,
+        )?;
+        Ok(crate::cabi::str(
+            a.platform_version,
+            a.platform_version_size,
+            "platform version",
+        )?
+        .to_string())
+    }
+
     /// Load `PJRT_Executable_Serialize` bytes on the vendor client.
     pub fn deserialize(self: &Arc<Self>, bytes: &[u8]) -> Result<VendorExecutable> {
         // SAFETY: all-zero is a valid value for this plain C struct.
