@@ -174,8 +174,9 @@ pub struct WhileThunk {
     pub condition_result: Slice,
     pub condition: Vec<Thunk>,
     pub body: Vec<Thunk>,
-    /// `trip_count`: when XLA proved the loop runs exactly this many times
-    /// (then the condition need not be evaluated).
+    /// `trip_count`: when XLA proved the loop runs exactly this many times.
+    /// XLA then runs the body exactly `trip_count` times and never runs the
+    /// condition (nor reads `condition_result`).
     pub trip_count: Option<i64>,
 }
 
