@@ -159,14 +159,8 @@ fn host_strides(
     if layout.is_null() {
         return Ok(dtype::dense_strides(dims, elem));
     }
-    let layout = &cabi::slice(layout, 1, "layout")?[0];
-    // SAFETY (union reads inside `cabi`-checked memory): `type_` says which
-    // member the caller filled; we read only that one.
-    #[allow(unsafe_code)]
-    match layout.type_ {
-        PJRT_Buffer_MemoryLayout_Type_Strides => {
-            let s = unsafe { layout.__bindgen_anon_1.strides };
-            let strides = cabi::slice(s.byte_strides, s.num_byte_strides, "byte_strides")?;
+    match cabi::host_layout(layout)? {
+        cabi::HostLayout::Strides(strides) => {
             if strides.len() != dims.len() {
                 return Err(Error::invalid(format!(
                     "{} byte strides for a rank-{} array",
@@ -176,15 +170,15 @@ fn host_strides(
             }
             Ok(strides.to_vec())
         }
-        PJRT_Buffer_MemoryLayout_Type_Tiled => {
-            let t = unsafe { layout.__bindgen_anon_1.tiled };
-            if t.num_tiles != 0 {
+        cabi::HostLayout::Tiled {
+            minor_to_major,
+            num_tiles,
+        } => {
+            if num_tiles != 0 {
                 return Err(Error::unimplemented("tiled host layouts are not supported"));
             }
-            let m2m = cabi::slice(t.minor_to_major, t.minor_to_major_size, "minor_to_major")?;
-            dtype::strides_from_minor_to_major(dims, m2m, elem)
+            dtype::strides_from_minor_to_major(dims, minor_to_major, elem)
         }
-        other => Err(Error::invalid(format!("unknown layout type {other}"))),
     }
 }
 

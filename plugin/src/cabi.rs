@@ -200,19 +200,22 @@ pub fn read_named_values(ptr: *const PJRT_NamedValue, len: usize) -> Result<Vec<
             )));
         }
         let name = str(nv.name, nv.name_size, "option name")?.to_string();
-        // SAFETY (union reads): `type_` says which member the caller wrote;
-        // we read only that member.
         let value = match nv.type_ {
             PJRT_NamedValue_kString => {
+                // SAFETY: `type_` is kString, so the caller wrote `string_value`.
                 let p = unsafe { nv.__bindgen_anon_1.string_value };
                 Value::Str(str(p, nv.value_size, &name)?.to_string())
             }
+            // SAFETY: `type_` is kInt64, so the caller wrote `int64_value`.
             PJRT_NamedValue_kInt64 => Value::Int(unsafe { nv.__bindgen_anon_1.int64_value }),
             PJRT_NamedValue_kInt64List => {
+                // SAFETY: `type_` is kInt64List: the caller wrote `int64_array_value`.
                 let p = unsafe { nv.__bindgen_anon_1.int64_array_value };
                 Value::Ints(slice(p, nv.value_size, &name)?.to_vec())
             }
+            // SAFETY: `type_` is kFloat, so the caller wrote `float_value`.
             PJRT_NamedValue_kFloat => Value::Float(unsafe { nv.__bindgen_anon_1.float_value }),
+            // SAFETY: `type_` is kBool, so the caller wrote `bool_value`.
             PJRT_NamedValue_kBool => Value::Bool(unsafe { nv.__bindgen_anon_1.bool_value }),
             other => {
                 return Err(Error::invalid(format!(
@@ -283,4 +286,43 @@ pub fn program_mut<'a>(
     // SAFETY: non-null and aligned; the C API contract: the caller owns a
     // PJRT_Program there for the duration of the call.
     Ok(unsafe { &mut *p })
+}
+
+/// A caller's `PJRT_Buffer_MemoryLayout`, its union resolved.
+pub enum HostLayout<'a> {
+    Strides(&'a [i64]),
+    Tiled {
+        minor_to_major: &'a [i64],
+        num_tiles: usize,
+    },
+}
+
+/// Read a non-null `PJRT_Buffer_MemoryLayout`.
+pub fn host_layout<'a>(
+    layout: *const xla_vmm_ffi::pjrt::PJRT_Buffer_MemoryLayout,
+) -> Result<HostLayout<'a>> {
+    use xla_vmm_ffi::pjrt::*;
+    let layout = slice(layout, 1, "layout")?
+        .first()
+        .ok_or_else(|| Error::invalid("layout is null"))?;
+    match layout.type_ {
+        PJRT_Buffer_MemoryLayout_Type_Strides => {
+            // SAFETY: `type_` is Strides, so the caller filled `strides`.
+            let s = unsafe { layout.__bindgen_anon_1.strides };
+            Ok(HostLayout::Strides(slice(
+                s.byte_strides,
+                s.num_byte_strides,
+                "byte_strides",
+            )?))
+        }
+        PJRT_Buffer_MemoryLayout_Type_Tiled => {
+            // SAFETY: `type_` is Tiled, so the caller filled `tiled`.
+            let t = unsafe { layout.__bindgen_anon_1.tiled };
+            Ok(HostLayout::Tiled {
+                minor_to_major: slice(t.minor_to_major, t.minor_to_major_size, "minor_to_major")?,
+                num_tiles: t.num_tiles,
+            })
+        }
+        other => Err(Error::invalid(format!("unknown layout type {other}"))),
+    }
 }

@@ -22,6 +22,7 @@
 //! results. Nothing reachable from C panics on bad input; a panic anyway is
 //! caught and returned as `INTERNAL`.
 #![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 // Patterns match the C header's constant names (`PJRT_Buffer_Type_F32`).
 #![allow(non_upper_case_globals)]
 

@@ -173,8 +173,8 @@ impl VendorPlugin {
             extension_start: std::ptr::null_mut(),
             error: err,
         };
-        // SAFETY: destroys the vendor error exactly once.
         if let Some(f) = api.PJRT_Error_Destroy {
+            // SAFETY: destroys the vendor error exactly once, with complete args.
             unsafe { f(&mut d) };
         }
         Err(Error::new(c.code, msg))
