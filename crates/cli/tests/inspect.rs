@@ -9,9 +9,11 @@ fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
 }
 
-/// name → (allocations, [param, const, output, temp], top-level, kinds),
-/// parsed from the README's counts table.
-fn readme_counts() -> BTreeMap<String, (u64, [u64; 4], u64, BTreeMap<String, u64>)> {
+/// (allocations, [param, const, output, temp], top-level, kinds).
+type Row = (u64, [u64; 4], u64, BTreeMap<String, u64>);
+
+/// name → row, parsed from the README's counts table.
+fn readme_counts() -> BTreeMap<String, Row> {
     let text = std::fs::read_to_string(fixtures().join("README.md")).expect("fixtures README");
     let mut out = BTreeMap::new();
     for line in text.lines() {
