@@ -289,8 +289,9 @@ impl ExecInner {
                 copies.push(None);
             }
         }
+        // The outputs live in the executable's memory until its next run:
+        // keep the lock until they are copied out.
         let outs = program.run(&bound)?;
-        drop(guard);
         if outs.len() != self.outputs.len() {
             return Err(Error::internal(format!(
                 "{}: {} outputs produced, {} declared",
@@ -323,6 +324,7 @@ impl ExecInner {
                 alloc,
             )?);
         }
+        drop(guard);
         Ok(results)
     }
 }
