@@ -48,5 +48,7 @@ def initialize():
     from jax._src import xla_bridge
 
     # options=None: JAX builds the options from jax_pjrt_client_create_options.
-    xla_bridge.register_plugin(PLUGIN_NAME, priority=500, library_path=path, options=None)
+    # A low priority: installing the package does not change the default
+    # backend; JAX_PLATFORMS=vmm (or jax.devices("vmm")) selects it.
+    xla_bridge.register_plugin(PLUGIN_NAME, priority=300, library_path=path, options=None)
     _registered = True
