@@ -63,6 +63,8 @@ pub struct ExecInner {
     aliased: Vec<bool>,
     device: Arc<Device>,
     device_ptrs: Vec<CPtr<PJRT_Device>>,
+    /// Serialized `DeviceAssignmentProto`: one replica on our device.
+    device_assignment: Vec<u8>,
     runner: Mutex<Option<Runner>>,
 }
 
@@ -232,6 +234,7 @@ impl ExecInner {
             code_size,
             aliased,
             device_ptrs: vec![CPtr(device.c_ptr())],
+            device_assignment: device_assignment_proto(device.id() as i64),
             device,
             runner: Mutex::new(Some(runner)),
         }))
@@ -499,13 +502,37 @@ pub fn loaded_fingerprint(a: &mut PJRT_LoadedExecutable_Fingerprint_Args) -> Res
 
 extern "C" fn no_device_assignment(_: *mut PJRT_DeviceAssignmentSerialized) {}
 
+fn varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A serialized `xla.DeviceAssignmentProto` (xla/xla_data.proto) for one
+/// replica and one computation on `device_id`: `replica_count` (1) = 1,
+/// `computation_count` (2) = 1, `computation_devices` (3) =
+/// [{ `replica_device_ids` (1, packed) = [device_id] }].
+pub fn device_assignment_proto(device_id: i64) -> Vec<u8> {
+    let mut ids = Vec::new();
+    varint(device_id as u64, &mut ids);
+    let mut computation = vec![0x0A];
+    varint(ids.len() as u64, &mut computation);
+    computation.extend(ids);
+    let mut out = vec![0x08, 0x01, 0x10, 0x01, 0x1A];
+    varint(computation.len() as u64, &mut out);
+    out.extend(computation);
+    out
+}
+
 pub fn loaded_device_assignment(
     a: &mut PJRT_LoadedExecutable_GetDeviceAssignment_Args,
 ) -> Result<()> {
-    loaded(a.executable)?;
-    // Size 0 = portable, no device assignment (jaxlib calls the deleter anyway).
-    a.serialized_bytes = std::ptr::null();
-    a.serialized_bytes_size = 0;
+    let e = loaded(a.executable)?;
+    // Bytes owned by the executable; the deleter has nothing to free.
+    a.serialized_bytes = e.device_assignment.as_ptr().cast();
+    a.serialized_bytes_size = e.device_assignment.len();
     a.serialized_device_assignment = std::ptr::null_mut();
     a.serialized_device_assignment_deleter = Some(no_device_assignment);
     Ok(())
@@ -682,4 +709,23 @@ pub fn serialize(a: &mut PJRT_Executable_Serialize_Args) -> Result<()> {
     a.serialized_executable = blob.into_c();
     a.serialized_executable_deleter = Some(free_blob);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_assignment_proto;
+
+    #[test]
+    fn device_assignment_bytes_are_the_proto_encoding() {
+        // replica_count 1, computation_count 1, computation_devices [{ids [0]}]
+        assert_eq!(
+            device_assignment_proto(0),
+            vec![0x08, 0x01, 0x10, 0x01, 0x1A, 0x03, 0x0A, 0x01, 0x00]
+        );
+        // a two-byte varint id (300 = 0xAC 0x02)
+        assert_eq!(
+            device_assignment_proto(300),
+            vec![0x08, 0x01, 0x10, 0x01, 0x1A, 0x04, 0x0A, 0x02, 0xAC, 0x02]
+        );
+    }
 }

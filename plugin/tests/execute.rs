@@ -339,7 +339,15 @@ fn execute_outputs_donation_and_errors() {
             x.executable = exe;
         }
     );
-    assert_eq!((err, da.serialized_bytes_size), (None, 0));
+    assert_eq!(err, None);
+    let da_bytes = unsafe {
+        std::slice::from_raw_parts(da.serialized_bytes.cast::<u8>(), da.serialized_bytes_size)
+    };
+    // DeviceAssignmentProto: 1 replica, 1 computation, on device 0.
+    assert_eq!(
+        da_bytes,
+        &[0x08, 0x01, 0x10, 0x01, 0x1A, 0x03, 0x0A, 0x01, 0x00]
+    );
     unsafe { (da.serialized_device_assignment_deleter.unwrap())(da.serialized_device_assignment) };
     let (err, _) = call!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |x| {
         x.executable = g.executable;
