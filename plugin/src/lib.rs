@@ -12,6 +12,8 @@
 //!   looked up before any dereference).
 //! - `cabi.rs`: the only module that reads or writes caller memory.
 //! - `client.rs`, `device.rs`, `buffer.rs`, `event.rs`: the objects.
+//! - `executable.rs` (compile, load, execute) and `exec_queries.rs` (what
+//!   JAX asks of an executable); `program.rs`: the runtime behind a trait.
 //! - `devmem.rs`: device memory, from the project's `VmmAllocator`.
 //! - `vendor_locate.rs`, `vendor.rs`: finding and driving the vendor XLA GPU
 //!   plugin as a compiler only (compile → `PJRT_Executable_Serialize` bytes).
@@ -36,6 +38,7 @@ pub mod dtype;
 mod entry;
 pub mod error;
 pub mod event;
+pub mod exec_queries;
 pub mod executable;
 pub mod handles;
 pub mod options;

@@ -1,0 +1,244 @@
+//! The executable queries JAX makes (`PJRT_Executable_*` on a view,
+//! `PJRT_LoadedExecutable_*` besides `Execute`): answered from what
+//! `executable.rs` computed at load time; all strings and arrays handed out
+//! live as long as the executable.
+
+use std::sync::Arc;
+
+use xla_vmm_ffi::pjrt::*;
+
+use crate::cabi;
+use crate::error::{Error, Result};
+use crate::executable::{loaded, view, Blob, ExecutableView, LoadedExecutable};
+use crate::handles::Handle;
+
+// ---- loaded executable ----------------------------------------------------
+
+pub fn loaded_destroy(a: &mut PJRT_LoadedExecutable_Destroy_Args) -> Result<()> {
+    LoadedExecutable::release(a.executable)?;
+    Ok(())
+}
+
+pub fn loaded_get_executable(a: &mut PJRT_LoadedExecutable_GetExecutable_Args) -> Result<()> {
+    let e = loaded(a.loaded_executable)?;
+    a.executable = Arc::new(ExecutableView(e)).into_c();
+    Ok(())
+}
+
+pub fn loaded_addressable_devices(
+    a: &mut PJRT_LoadedExecutable_AddressableDevices_Args,
+) -> Result<()> {
+    let e = loaded(a.executable)?;
+    a.addressable_devices = e.device_ptrs.as_ptr().cast();
+    a.num_addressable_devices = e.device_ptrs.len();
+    Ok(())
+}
+
+pub fn loaded_delete(a: &mut PJRT_LoadedExecutable_Delete_Args) -> Result<()> {
+    let e = loaded(a.executable)?;
+    *e.runner.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    Ok(())
+}
+
+pub fn loaded_is_deleted(a: &mut PJRT_LoadedExecutable_IsDeleted_Args) -> Result<()> {
+    let e = loaded(a.executable)?;
+    a.is_deleted = e.runner.lock().unwrap_or_else(|p| p.into_inner()).is_none();
+    Ok(())
+}
+
+pub fn loaded_fingerprint(a: &mut PJRT_LoadedExecutable_Fingerprint_Args) -> Result<()> {
+    let e = loaded(a.executable)?;
+    a.executable_fingerprint = e.fingerprint.as_ptr().cast();
+    a.executable_fingerprint_size = e.fingerprint.len();
+    Ok(())
+}
+
+extern "C" fn no_device_assignment(_: *mut PJRT_DeviceAssignmentSerialized) {}
+
+fn varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A serialized `xla.DeviceAssignmentProto` (xla/xla_data.proto) for one
+/// replica and one computation on `device_id`: `replica_count` (1) = 1,
+/// `computation_count` (2) = 1, `computation_devices` (3) =
+/// [{ `replica_device_ids` (1, packed) = [device_id] }].
+pub fn device_assignment_proto(device_id: i64) -> Vec<u8> {
+    let mut ids = Vec::new();
+    varint(device_id as u64, &mut ids);
+    let mut computation = vec![0x0A];
+    varint(ids.len() as u64, &mut computation);
+    computation.extend(ids);
+    let mut out = vec![0x08, 0x01, 0x10, 0x01, 0x1A];
+    varint(computation.len() as u64, &mut out);
+    out.extend(computation);
+    out
+}
+
+pub fn loaded_device_assignment(
+    a: &mut PJRT_LoadedExecutable_GetDeviceAssignment_Args,
+) -> Result<()> {
+    let e = loaded(a.executable)?;
+    // Bytes owned by the executable; the deleter has nothing to free.
+    a.serialized_bytes = e.device_assignment.as_ptr().cast();
+    a.serialized_bytes_size = e.device_assignment.len();
+    a.serialized_device_assignment = std::ptr::null_mut();
+    a.serialized_device_assignment_deleter = Some(no_device_assignment);
+    Ok(())
+}
+
+pub fn loaded_logical_ids(
+    a: &mut PJRT_LoadedExecutable_AddressableDeviceLogicalIds_Args,
+) -> Result<()> {
+    loaded(a.executable)?;
+    a.addressable_device_logical_ids = std::ptr::null_mut();
+    a.num_addressable_device_logical_ids = 0;
+    Ok(())
+}
+
+// ---- executable view ------------------------------------------------------
+
+pub fn destroy(a: &mut PJRT_Executable_Destroy_Args) -> Result<()> {
+    ExecutableView::release(a.executable)?;
+    Ok(())
+}
+
+pub fn name(a: &mut PJRT_Executable_Name_Args) -> Result<()> {
+    let e = view(a.executable)?;
+    a.executable_name = e.name.as_ptr().cast();
+    a.executable_name_size = e.name.len();
+    Ok(())
+}
+
+pub fn num_replicas(a: &mut PJRT_Executable_NumReplicas_Args) -> Result<()> {
+    view(a.executable)?;
+    a.num_replicas = 1;
+    Ok(())
+}
+
+pub fn num_partitions(a: &mut PJRT_Executable_NumPartitions_Args) -> Result<()> {
+    view(a.executable)?;
+    a.num_partitions = 1;
+    Ok(())
+}
+
+pub fn num_outputs(a: &mut PJRT_Executable_NumOutputs_Args) -> Result<()> {
+    a.num_outputs = view(a.executable)?.outputs.len();
+    Ok(())
+}
+
+pub fn code_size(a: &mut PJRT_Executable_SizeOfGeneratedCodeInBytes_Args) -> Result<()> {
+    a.size_in_bytes = view(a.executable)?.code_size;
+    Ok(())
+}
+
+pub fn output_element_types(a: &mut PJRT_Executable_OutputElementTypes_Args) -> Result<()> {
+    let e = view(a.executable)?;
+    a.output_types = e.out_types.as_ptr().cast_mut();
+    a.num_output_types = e.out_types.len();
+    Ok(())
+}
+
+pub fn output_dimensions(a: &mut PJRT_Executable_OutputDimensions_Args) -> Result<()> {
+    let e = view(a.executable)?;
+    a.num_outputs = e.outputs.len();
+    a.dims = e.out_dims.as_ptr();
+    a.dim_sizes = e.out_dim_sizes.as_ptr();
+    Ok(())
+}
+
+pub fn output_memory_kinds(a: &mut PJRT_Executable_OutputMemoryKinds_Args) -> Result<()> {
+    let e = view(a.executable)?;
+    a.num_outputs = e.outputs.len();
+    a.memory_kinds = e.out_kinds.as_ptr().cast();
+    a.memory_kind_sizes = e.out_kind_sizes.as_ptr();
+    Ok(())
+}
+
+pub fn parameter_memory_kinds(a: &mut PJRT_Executable_ParameterMemoryKinds_Args) -> Result<()> {
+    let e = view(a.executable)?;
+    a.num_parameters = e.params.len();
+    a.memory_kinds = e.param_kinds.as_ptr().cast();
+    a.memory_kind_sizes = e.param_kind_sizes.as_ptr();
+    Ok(())
+}
+
+pub fn fingerprint(a: &mut PJRT_Executable_Fingerprint_Args) -> Result<()> {
+    let e = view(a.executable)?;
+    a.executable_fingerprint = e.fingerprint.as_ptr().cast();
+    a.executable_fingerprint_size = e.fingerprint.len();
+    Ok(())
+}
+
+pub fn cost_analysis(a: &mut PJRT_Executable_GetCostAnalysis_Args) -> Result<()> {
+    let e = view(a.executable)?;
+    let cost = e.cost.as_ref().ok_or_else(|| {
+        Error::unimplemented("cost analysis is only known for executables the vendor compiler saw")
+    })?;
+    a.properties = cost.as_ptr();
+    a.num_properties = cost.len();
+    Ok(())
+}
+
+pub fn optimized_program(a: &mut PJRT_Executable_OptimizedProgram_Args) -> Result<()> {
+    let e = view(a.executable)?;
+    let (code, format) = e.optimized.as_ref().ok_or_else(|| {
+        Error::unimplemented(
+            "the optimized program is only kept for executables compiled in this process",
+        )
+    })?;
+    let p = cabi::program_mut(a.program)?;
+    p.format = format.as_ptr().cast();
+    p.format_size = format.len();
+    if p.code.is_null() {
+        p.code_size = code.len();
+        return Ok(());
+    }
+    if p.code_size < code.len() {
+        return Err(Error::invalid(format!(
+            "program code buffer holds {} bytes, {} needed",
+            p.code_size,
+            code.len()
+        )));
+    }
+    cabi::write_slice(p.code.cast::<u8>(), code, "program code")?;
+    p.code_size = code.len();
+    Ok(())
+}
+
+extern "C" fn free_blob(blob: *mut PJRT_SerializedExecutable) {
+    let _ = std::panic::catch_unwind(|| Blob::release(blob));
+}
+
+pub fn serialize(a: &mut PJRT_Executable_Serialize_Args) -> Result<()> {
+    let e = view(a.executable.cast_mut())?;
+    let blob = Arc::new(Blob(e.serialized.clone()));
+    a.serialized_bytes = blob.0.as_ptr().cast();
+    a.serialized_bytes_size = blob.0.len();
+    a.serialized_executable = blob.into_c();
+    a.serialized_executable_deleter = Some(free_blob);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_assignment_proto;
+
+    #[test]
+    fn device_assignment_bytes_are_the_proto_encoding() {
+        // replica_count 1, computation_count 1, computation_devices [{ids [0]}]
+        assert_eq!(
+            device_assignment_proto(0),
+            vec![0x08, 0x01, 0x10, 0x01, 0x1A, 0x03, 0x0A, 0x01, 0x00]
+        );
+        // a two-byte varint id (300 = 0xAC 0x02)
+        assert_eq!(
+            device_assignment_proto(300),
+            vec![0x08, 0x01, 0x10, 0x01, 0x1A, 0x04, 0x0A, 0x02, 0xAC, 0x02]
+        );
+    }
+}
