@@ -3,7 +3,9 @@
 //! XLA may leave a constant's value only inside the module binary, as the
 //! initializer of the global `symbol_name` (`ConstantInfoProto.content`
 //! empty). We read it from the ELF symbol table: the symbol's section holds
-//! the initializer (`SHT_NOBITS` sections are zero-initialized).
+//! the initializer. A symbol in a `SHT_NOBITS` section has no initializer in
+//! the image (XLA then takes the value from the HLO module, see
+//! [`crate::hlo_constants`]), so it yields `None`.
 
 use crate::error::{Result, RuntimeError};
 
@@ -52,7 +54,7 @@ fn cstr(b: &[u8], o: usize) -> Option<&[u8]> {
 }
 
 /// The initial bytes of global `name` in `elf`; `Ok(None)` when the image
-/// has no such symbol (or is not an ELF64 image).
+/// has no such initialized symbol (or is not an ELF64 image).
 pub fn global_bytes(elf: &[u8], name: &str) -> Result<Option<Vec<u8>>> {
     let bad = |m: &str| RuntimeError::invalid(format!("ELF image: {m} (symbol {name})"));
     let Some(secs) = sections(elf) else {
@@ -83,7 +85,9 @@ pub fn global_bytes(elf: &[u8], name: &str) -> Result<Option<Vec<u8>>> {
             let size = u64le(elf, o + 16).ok_or_else(|| bad("symtab"))?;
             let sec = secs.get(shndx).ok_or_else(|| bad("symbol section index"))?;
             if sec.kind == SHT_NOBITS {
-                return Ok(Some(vec![0; size as usize]));
+                // Declared but not initialized in the image (XLA's
+                // `.nv.global`): the value is set by the loader, not here.
+                return Ok(None);
             }
             let start = sec.offset.checked_add(value).ok_or_else(|| bad("offset"))? as usize;
             let data = elf

@@ -496,9 +496,10 @@ pub fn check_support(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// The initial bytes of constant allocation `index`: its recorded content,
-/// else the initializer of its global `symbol_name` in the module binary or
-/// a custom kernel's cubin (where XLA left it).
+/// The initial bytes of constant allocation `index`: its recorded content
+/// (from the proto, or filled from the HLO module by
+/// [`crate::hlo_constants::fill_constants`]), else the initializer of its
+/// global `symbol_name` in the module binary or a custom kernel's cubin.
 pub fn constant_bytes(plan: &Plan, index: usize) -> Result<Vec<u8>> {
     let a = plan
         .allocations
@@ -527,6 +528,7 @@ pub fn constant_bytes(plan: &Plan, index: usize) -> Result<Vec<u8>> {
         }
     }
     Err(RuntimeError::unsupported(format!(
-        "constant allocation {index} ('{symbol_name}'): no content and no such global in the module images"
+        "constant allocation {index} ('{symbol_name}'): no content and no initialized global in \
+         the module images (take the value from the HLO module: hlo_constants::fill_constants)"
     )))
 }
