@@ -4,8 +4,10 @@
 //! Graph: the same walk runs while the main stream is being captured; a
 //! while loop with a known trip count is unrolled into the capture (its
 //! iteration number is known on the host, so dynamic-slice windows inside it
-//! are exact); anything that needs the host to read device memory
-//! (a while loop without trip count, a conditional) is an error in capture.
+//! are exact); a while loop without trip count becomes a conditional WHILE
+//! node where the backend has them (its body may not depend on the
+//! iteration number, which only the device knows); a conditional needs the
+//! host to read device memory and is an error in capture.
 
 use std::collections::HashMap;
 
@@ -279,6 +281,18 @@ fn run_while<B: Backend>(
         }
         return Ok(());
     }
+    if env.capturing {
+        return capture_while(
+            env,
+            name,
+            condition_result,
+            condition,
+            body,
+            slots,
+            stream,
+            nest,
+        );
+    }
     let mut i = 0i64;
     loop {
         nest[last] = i;
@@ -289,5 +303,73 @@ fn run_while<B: Backend>(
         }
         run_seq(env, body, slots, stream, nest)?;
         i += 1;
+    }
+}
+
+/// Does anything in `ops` depend on the iteration number of an enclosing
+/// loop (a dynamic-slice window with a non-zero stride)?
+fn depends_on_iteration<B: Backend>(ops: &[Op<B>]) -> bool {
+    ops.iter().any(|op| match op {
+        Op::DynamicSlice { windows, embedded } => {
+            windows
+                .iter()
+                .any(|w| matches!(w.config, Some((Some(_), _, stride)) if stride != 0))
+                || depends_on_iteration(embedded)
+        }
+        Op::While {
+            condition, body, ..
+        } => depends_on_iteration(condition) || depends_on_iteration(body),
+        Op::Conditional { branches, .. } => branches.iter().any(|b| depends_on_iteration(b)),
+        Op::Sequential(ops) | Op::AsyncStart { ops, .. } => depends_on_iteration(ops),
+        _ => false,
+    })
+}
+
+/// A while loop without trip count inside a capture: the condition once,
+/// then a WHILE node whose body is `body; condition` (XLA's command-buffer
+/// form of the same loop).
+#[allow(clippy::too_many_arguments)]
+fn capture_while<B: Backend>(
+    env: &ExecEnv<'_, B>,
+    name: &str,
+    condition_result: &xla_vmm::Slice,
+    condition: &[Op<B>],
+    body: &[Op<B>],
+    slots: &SlotTable,
+    stream: &B::Stream,
+    nest: &mut Vec<i64>,
+) -> Result<()> {
+    if !env.backend.info().conditional_nodes {
+        return Err(RuntimeError::unsupported(format!(
+            "{name}: a while loop without trip count needs conditional graph nodes in graph mode"
+        )));
+    }
+    if depends_on_iteration(condition) || depends_on_iteration(body) {
+        return Err(RuntimeError::unsupported(format!(
+            "{name}: a while loop without trip count whose body depends on the iteration number \
+             cannot be captured (the iteration is only known on the device)"
+        )));
+    }
+    if condition_result.size < 1 {
+        return Err(RuntimeError::invalid(format!(
+            "{name}: empty condition result slice"
+        )));
+    }
+    run_seq(env, condition, slots, stream, nest)?;
+    let predicate = slots.resolve(condition_result)?;
+    let mut inner: Option<RuntimeError> = None;
+    let captured = env.backend.capture_while(stream, predicate, &mut |s| {
+        let r = run_seq(env, body, slots, s, nest)
+            .and_then(|()| run_seq(env, condition, slots, s, nest));
+        r.map_err(|e| {
+            let msg = e.to_string();
+            inner = Some(e);
+            xla_vmm_device::DeviceError::InvalidArgument(msg)
+        })
+    });
+    match (captured, inner) {
+        (_, Some(e)) => Err(e),
+        (Err(e), None) => Err(e.into()),
+        (Ok(()), None) => Ok(()),
     }
 }

@@ -485,26 +485,77 @@ fn unsupported_thunks_are_rejected_at_load_naming_kind_and_annotation() {
     );
 }
 
-#[test]
-fn while_without_trip_count_reads_the_condition_eagerly_and_fails_in_graph_mode() {
-    let b = backend();
-    // Condition: predicate stays 0 (memzero) -> body never runs.
-    let mut p = loop_plan(None);
-    if let ThunkKind::While(w) = &mut p.thunks[2].kind {
-        w.condition = vec![thunk(
-            "cond",
-            ThunkKind::Memzero {
-                dest: ShapedSlice {
-                    slice: sl(3, 0, 4),
-                    shape: None,
-                },
-            },
-        )];
+/// while (acc[0] < 5) { acc += 1 }: the condition is a host kernel writing
+/// the predicate; no trip count.
+fn counting_loop_plan(with_window: bool) -> Plan {
+    let allocs = vec![
+        alloc(0, 8, param(0, false)),
+        alloc(1, 8, AllocationRole::Output { outputs: vec![] }),
+        alloc(2, 4, AllocationRole::Temp),
+        alloc(3, 16, AllocationRole::Temp),
+    ];
+    let mut body = vec![kernel("inc", "inc", vec![karg(sl(1, 0, 8), true)], None, 2)];
+    if with_window {
+        let mut dsf = match &loop_plan(Some(1)).thunks[2].kind {
+            ThunkKind::While(w) => w.body[1].clone(),
+            _ => unreachable!(),
+        };
+        if let ThunkKind::DynamicSliceFusion(d) = &mut dsf.kind {
+            d.result_buffers = vec![sl(3, 0, 16)];
+        }
+        body.push(dsf);
     }
-    let out = run(&b, p.clone(), &[vec![1.0, 2.0]], Mode::Eager).unwrap();
-    assert_eq!(out[0], vec![1.0, 2.0]);
-    let e = run(&b, p, &[vec![1.0, 2.0]], Mode::Graph)
-        .expect_err("graph must fail")
-        .to_string();
-    assert!(e.contains("graph capture"), "{e}");
+    let w = WhileThunk {
+        condition_result: sl(2, 0, 1),
+        condition: vec![kernel(
+            "cond",
+            "less_than_5",
+            vec![karg(sl(1, 0, 4), false), karg(sl(2, 0, 1), true)],
+            None,
+            1,
+        )],
+        body,
+        trip_count: None,
+    };
+    let thunks = vec![
+        copy("init", sl(0, 0, 8), sl(1, 0, 8)),
+        thunk("while", ThunkKind::While(w)),
+    ];
+    plan(allocs, vec![f32s(2)], vec![(1, f32s(2))], thunks)
+}
+
+#[test]
+fn while_without_trip_count_reads_the_condition_eagerly_and_is_a_while_node_in_graphs() {
+    let b = backend();
+    b.register_kernel(
+        "less_than_5",
+        Arc::new(|ctx, args, _cfg| {
+            let (x, pred) = (arg_ptr(args, 0)?, arg_ptr(args, 1)?);
+            let v = ctx.read_f32(x, 1)?[0];
+            ctx.write(pred, &[u8::from(v < 5.0)])
+        }),
+    );
+    for mode in [Mode::Eager, Mode::Graph] {
+        let out = run(&b, counting_loop_plan(false), &[vec![1.5, 10.0]], mode).unwrap();
+        // 1.5 -> 2.5 -> 3.5 -> 4.5 -> 5.5: four iterations.
+        assert_eq!(out[0], vec![5.5, 14.0], "{mode:?}");
+    }
+    // A window that moves with the iteration cannot be captured.
+    let e = run(
+        &b,
+        counting_loop_plan(true),
+        &[vec![1.5, 10.0]],
+        Mode::Graph,
+    )
+    .expect_err("graph must fail")
+    .to_string();
+    assert!(e.contains("iteration"), "{e}");
+    let out = run(
+        &b,
+        counting_loop_plan(true),
+        &[vec![1.5, 10.0]],
+        Mode::Eager,
+    )
+    .unwrap();
+    assert_eq!(out[0], vec![5.5, 14.0]);
 }
