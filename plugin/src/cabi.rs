@@ -71,6 +71,34 @@ pub unsafe fn args_mut<'a, A>(args: *mut A) -> &'a mut A {
     unsafe { &mut *args }
 }
 
+/// Run `f` on a zeroed `A` holding the first `caller_size` bytes of the
+/// caller's (shorter, older) struct, then copy those bytes back.
+///
+/// # Safety
+/// `args` must be non-null, aligned, valid for reads and writes of
+/// `caller_size` bytes, and `A` must be plain C data for which all-zero
+/// bytes are a valid value (the bindgen PJRT args structs are).
+pub unsafe fn with_prefix<A, T>(
+    args: *mut A,
+    caller_size: usize,
+    f: impl FnOnce(&mut A) -> T,
+) -> T {
+    let n = caller_size.min(std::mem::size_of::<A>());
+    let mut local = std::mem::MaybeUninit::<A>::zeroed();
+    // SAFETY: `args` is valid for `n <= caller_size` bytes of reads (caller
+    // contract); `local` has `size_of::<A>() >= n` bytes; no overlap.
+    unsafe { std::ptr::copy_nonoverlapping(args.cast::<u8>(), local.as_mut_ptr().cast::<u8>(), n) };
+    // SAFETY: all-zero is a valid `A` (caller contract) and the copied prefix
+    // holds the caller's valid field values.
+    let local = unsafe { local.assume_init_mut() };
+    let r = f(local);
+    // SAFETY: `args` is valid for `n` bytes of writes (caller contract).
+    unsafe {
+        std::ptr::copy_nonoverlapping((local as *const A).cast::<u8>(), args.cast::<u8>(), n)
+    };
+    r
+}
+
 /// A raw pointer that is only ever handed to the C side (never dereferenced
 /// by us), so it may live in shared objects.
 #[repr(transparent)]

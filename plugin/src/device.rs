@@ -87,7 +87,8 @@ impl Device {
         let description = Arc::new(DeviceDescription {
             id,
             process_index: 0,
-            debug_string: format!("xla-vmm:{id} ({kind}, {} backend)", info.backend),
+            // As the vendor GPU plugin names its devices (str(device) in JAX).
+            debug_string: format!("cuda:{id}"),
             to_string: format!("CudaDevice(id={id})"),
             kind,
             attributes: NamedValues::new(vec![
@@ -245,19 +246,32 @@ pub fn default_memory(a: &mut PJRT_Device_DefaultMemory_Args) -> Result<()> {
 pub fn memory_stats(a: &mut PJRT_Device_MemoryStats_Args) -> Result<()> {
     let d = Device::from_c(a.device)?;
     let s = d.mem.stats();
+    // Every output field is written: callers do not zero the struct.
     a.bytes_in_use = s.bytes_in_use as i64;
     a.peak_bytes_in_use = s.bytes_in_use_peak as i64;
     a.peak_bytes_in_use_is_set = true;
     a.num_allocs = s.buffers_live as i64;
     a.num_allocs_is_set = true;
+    a.largest_alloc_size = 0;
+    a.largest_alloc_size_is_set = false;
     a.bytes_reserved = s.bytes_physical as i64;
     a.bytes_reserved_is_set = true;
     a.peak_bytes_reserved = s.bytes_physical_peak as i64;
     a.peak_bytes_reserved_is_set = true;
-    if let Ok((_, total)) = d.mem.mem_info() {
-        a.bytes_limit = total as i64;
-        a.bytes_limit_is_set = true;
-    }
+    (a.bytes_limit, a.bytes_limit_is_set) = match d.mem.mem_info() {
+        Ok((_, total)) => (total as i64, true),
+        Err(_) => (0, false),
+    };
+    a.bytes_reservable_limit = 0;
+    a.bytes_reservable_limit_is_set = false;
+    a.largest_free_block_bytes = 0;
+    a.largest_free_block_bytes_is_set = false;
+    a.pool_bytes = 0;
+    a.pool_bytes_is_set = false;
+    a.peak_pool_bytes = 0;
+    a.peak_pool_bytes_is_set = false;
+    a.peak_allocated_bytes = 0;
+    a.peak_allocated_bytes_is_set = false;
     Ok(())
 }
 

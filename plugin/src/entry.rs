@@ -3,10 +3,14 @@
 //! same five things:
 //!
 //! 1. `args` null → `INVALID_ARGUMENT`;
-//! 2. `args->struct_size` smaller than the header's `*_STRUCT_SIZE` (the
-//!    caller was built against an older header that lacks fields we use) →
-//!    `INVALID_ARGUMENT` naming the struct and both sizes; larger is fine
-//!    (a newer caller: its extra fields are ignored);
+//! 2. `args->struct_size`, as the header prescribes for compatibility:
+//!    at least the header's `*_STRUCT_SIZE` (same or newer caller): used in
+//!    place, extra trailing fields ignored; smaller (a caller built against
+//!    an older header, whose struct lacks the newest fields): the known
+//!    prefix is copied into a zeroed struct, the call runs on that, and the
+//!    same prefix is copied back, so fields the caller does not have are
+//!    neither read nor written; smaller than the common header
+//!    (`struct_size` + `extension_start`) → `INVALID_ARGUMENT`;
 //! 3. `catch_unwind` around the call: a panic becomes `INTERNAL` with the
 //!    panic message, never an abort of the Python process;
 //! 4. a plain Rust function `fn(&mut Args) -> Result<()>` does the work;
@@ -65,17 +69,29 @@ fn checked<A>(
         // SAFETY: `args` is non-null (checked) and, by the C API contract,
         // points to this entry's args struct, which starts with `struct_size`.
         let size = unsafe { cabi::struct_size(args) };
-        if size < min_size {
+        let header = 2 * std::mem::size_of::<usize>();
+        if size < header {
             return Err(Error::invalid(format!(
-                "{name}: args struct_size is {size}, expected at least {min_size} \
-                 (caller built against an older PJRT C API header?)"
+                "{name}: args struct_size is {size}, expected at least {header} \
+                 (not a PJRT args struct?)"
             )));
         }
-        #[allow(unsafe_code)]
-        // SAFETY: non-null, aligned, and `struct_size >= STRUCT_SIZE`, so the
-        // caller's struct holds every field we access (see `cabi::args_mut`).
-        let a = unsafe { cabi::args_mut(args) };
-        body(a).map_err(|e| e.context(name))
+        if size >= min_size {
+            #[allow(unsafe_code)]
+            // SAFETY: non-null, aligned, and `struct_size >= STRUCT_SIZE`, so
+            // the caller's struct holds every field we access.
+            let a = unsafe { cabi::args_mut(args) };
+            body(a).map_err(|e| e.context(name))
+        } else {
+            tracing::debug!("{name}: caller struct_size {size} < {min_size} (older header)");
+            #[allow(unsafe_code)]
+            // SAFETY: non-null, aligned; the caller's struct has `size` valid
+            // bytes; `A` is a bindgen PJRT args struct (plain C data: all-zero
+            // is a valid value).
+            unsafe {
+                cabi::with_prefix(args, size, |a| body(a).map_err(|e| e.context(name)))
+            }
+        }
     }));
     match outcome {
         Ok(r) => r,

@@ -60,7 +60,10 @@ fn bad_args_are_errors_not_crashes() {
     });
     let (code, msg) = err.unwrap();
     assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
-    assert!(msg.contains("struct_size is 8"), "{msg}");
+    assert!(
+        msg.contains("struct_size is 8, expected at least 16"),
+        "{msg}"
+    );
     // Null and bogus handles.
     let (err, _) = call!(PJRT_Client_Devices, PJRT_Client_Devices_Args, |a| {
         a.client = null_client();
@@ -522,5 +525,36 @@ fn device_attributes_work_as_jaxlib_calls_them() {
     assert!(a.num_attributes >= 3);
     let deleter = a.attributes_deleter.expect("a deleter");
     unsafe { deleter(a.device_attributes) };
+    destroy_client(client);
+}
+
+/// A caller built against an older header passes a shorter struct: the
+/// plugin fills only the fields the caller has (jaxlib 0.10 passes 185 bytes
+/// for PJRT_Device_MemoryStats_Args, the 0.114 header has 201).
+#[test]
+fn older_callers_with_shorter_structs_are_served_within_their_size() {
+    let (client, device) = host_client();
+    #[repr(C)]
+    struct Padded {
+        args: PJRT_Device_MemoryStats_Args,
+        guard: [u8; 64],
+    }
+    let mut p: Padded = unsafe { std::mem::zeroed() };
+    let short = 185;
+    p.args.struct_size = short;
+    p.args.device = device;
+    // Sentinel bytes past the caller's struct size must stay untouched.
+    let base = &mut p as *mut Padded as *mut u8;
+    let total = std::mem::size_of::<Padded>();
+    unsafe { std::ptr::write_bytes(base.add(short), 0xAB, total - short) };
+    let err = unsafe { (api().PJRT_Device_MemoryStats.unwrap())(&mut p.args) };
+    assert_eq!(take_error(err), None);
+    let bytes = unsafe { std::slice::from_raw_parts(base, total) };
+    assert!(
+        bytes[short..].iter().all(|&b| b == 0xAB),
+        "wrote past the caller's struct"
+    );
+    assert!(p.args.bytes_in_use >= 0);
+    assert!(p.args.num_allocs_is_set);
     destroy_client(client);
 }
