@@ -532,3 +532,62 @@ pub fn constant_bytes(plan: &Plan, index: usize) -> Result<Vec<u8>> {
          the module images (take the value from the HLO module: hlo_constants::fill_constants)"
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xla_vmm::{Blob, TmaDescriptor};
+
+    fn arg(allocation: usize, tma: Option<TmaDescriptor>) -> KernelArg {
+        KernelArg {
+            slice: Slice {
+                allocation,
+                offset: 0,
+                size: 64,
+            },
+            shape: None,
+            written: false,
+            tma,
+        }
+    }
+
+    #[test]
+    fn params_follow_the_packing_spec_and_tma_metadata() {
+        let tma = TmaDescriptor {
+            element_size: 2,
+            global_dims: vec![32, 2],
+            global_strides: vec![64],
+            box_dims: vec![16, 1],
+            element_strides: vec![1, 1],
+            interleave: 0,
+            swizzle: 3,
+            l2_promotion: 2,
+            float_oob_fill: 0,
+        };
+        let args = vec![arg(0, None), arg(1, Some(tma))];
+        let plain = param_specs(&args, None).unwrap();
+        assert_eq!(plain[0], ParamSpec::Address(args[0].slice));
+        match &plain[1] {
+            ParamSpec::Tma(s, d) => {
+                assert_eq!(*s, args[1].slice);
+                assert_eq!((d.element_size, d.swizzle, d.l2_promotion), (2, 3, 2));
+                assert_eq!(d.global_strides, vec![64]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Packed: the TMA argument first, a constant, then argument 0.
+        let spec = vec![
+            KernelParam::ArgAddress { arg_index: 1 },
+            KernelParam::Bytes {
+                data: Blob(vec![7, 0, 0, 0]),
+            },
+            KernelParam::ArgAddress { arg_index: 0 },
+        ];
+        let packed = param_specs(&args, Some(&spec)).unwrap();
+        assert!(matches!(packed[0], ParamSpec::Tma(..)));
+        assert_eq!(packed[1], ParamSpec::Bytes(vec![7, 0, 0, 0]));
+        assert_eq!(packed[2], ParamSpec::Address(args[0].slice));
+        let bad = vec![KernelParam::ArgAddress { arg_index: 2 }];
+        assert!(param_specs(&args, Some(&bad)).is_err());
+    }
+}

@@ -559,3 +559,48 @@ fn while_without_trip_count_reads_the_condition_eagerly_and_is_a_while_node_in_g
     .unwrap();
     assert_eq!(out[0], vec![5.5, 14.0]);
 }
+
+/// conditional(index) { branch 0: memset 1.0; branch 1: memset 2.0 }, index
+/// from a parameter (S32; out of range selects the last branch).
+#[test]
+fn conditional_runs_the_indexed_branch_eagerly_and_is_rejected_in_graphs() {
+    let b = backend();
+    let allocs = vec![
+        alloc(0, 4, param(0, false)),
+        alloc(1, 8, AllocationRole::Output { outputs: vec![] }),
+    ];
+    let branch = |v: f32| {
+        vec![thunk(
+            "set",
+            ThunkKind::Memset32 {
+                dest: sl(1, 0, 8),
+                value: v.to_bits(),
+            },
+        )]
+    };
+    let c = ConditionalThunk {
+        branch_index: ShapedSlice {
+            slice: sl(0, 0, 4),
+            shape: Some(Shape {
+                element_type: ElementType::S32,
+                ..Default::default()
+            }),
+        },
+        branches: vec![branch(1.0), branch(2.0)],
+    };
+    let p = plan(
+        allocs,
+        vec![f32s(1)],
+        vec![(1, f32s(2))],
+        vec![thunk("cond", ThunkKind::Conditional(c))],
+    );
+    for (index, want) in [(0i32, 1.0f32), (1, 2.0), (7, 2.0), (-1, 2.0)] {
+        let idx = f32::from_bits(index as u32);
+        let out = run(&b, p.clone(), &[vec![idx]], Mode::Eager).unwrap();
+        assert_eq!(out[0], vec![want, want], "index {index}");
+    }
+    let e = run(&b, p, &[vec![0.0]], Mode::Graph)
+        .expect_err("graph must fail")
+        .to_string();
+    assert!(e.contains("graph capture"), "{e}");
+}
