@@ -434,6 +434,41 @@ impl<B: Backend> LoadCtx<'_, B> {
     }
 }
 
+/// What the cuBLASLt path executes: one plain GEMM config, an epilogue
+/// cuBLASLt has (XLA rejects SILU too), no auxiliary epilogue output.
+fn gemm_support(m: &xla_vmm::CublasLtMatmulThunk) -> std::result::Result<(), String> {
+    if m.grouped || m.gemm_config.is_none() {
+        return Err("grouped matmul".into());
+    }
+    let epi = Epilogue::from_proto(m.epilogue).map_err(|e| e.to_string())?;
+    if matches!(
+        epi,
+        Epilogue::Silu
+            | Epilogue::SiluWithAux
+            | Epilogue::BiasThenSilu
+            | Epilogue::BiasThenSiluWithAux
+    ) {
+        return Err(format!(
+            "epilogue {} (cuBLASLt has no SILU epilogue)",
+            epilogue_name(m.epilogue)
+        ));
+    }
+    if m.aux.is_some() {
+        return Err(format!(
+            "epilogue {} with an auxiliary output (not implemented)",
+            epilogue_name(m.epilogue)
+        ));
+    }
+    Ok(())
+}
+
+fn epilogue_name(e: i32) -> &'static str {
+    xla_vmm::BLAS_LT_EPILOGUE_NAMES
+        .get(e as usize)
+        .copied()
+        .unwrap_or("unknown")
+}
+
 /// The load-time support check without a device: every thunk kind, kernel
 /// payload, stream and parameter shape this runtime must handle. `Ok` means
 /// loading can only fail on device errors (module load, memory, cuBLASLt).
@@ -449,9 +484,7 @@ pub fn check_support(plan: &Plan) -> Result<()> {
             }
             ThunkKind::CustomCall(c) => Some(format!("custom call '{}'", c.target_name)),
             ThunkKind::Gemm(_) => Some("plain cuBLAS gemm".to_string()),
-            ThunkKind::CublasLtMatmul(m) if m.grouped || m.gemm_config.is_none() => {
-                Some("grouped matmul".to_string())
-            }
+            ThunkKind::CublasLtMatmul(m) => gemm_support(m).err(),
             ThunkKind::CustomKernel(k) => match &k.spec.code {
                 KernelCode::InProcessSymbol { persistent_name } => {
                     Some(format!("in-process kernel symbol '{persistent_name}'"))
