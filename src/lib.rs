@@ -1,7 +1,7 @@
 //! xla-vmm decoder: turns the bytes `PJRT_Executable_Serialize` returns (or
 //! jax's IFRT-wrapped `serialize()` bytes) into a typed, owned [`Plan`].
 //!
-//! Pipeline: [`decode`] strips an optional IFRT header, reads the riegeli
+//! Pipeline: [`decode()`] strips an optional IFRT header, reads the riegeli
 //! container, reassembles XLA's split proto (`ExecutableAndOptionsProto`,
 //! whose `serialized_executable` is itself a split `GpuExecutableProto`),
 //! decodes it with our prost subset of XLA's protos (proto/), and converts
