@@ -1,5 +1,6 @@
 //! Static table of XLA's `ThunkProto.impl` oneof fields (thunk.proto at the
-//! XLA version named in proto/README), used to name kinds we do not decode.
+//! XLA version named in the header of proto/xla/backends/gpu/runtime/thunk.proto),
+//! used to name kinds we do not decode.
 
 /// (field number, oneof field name without `_thunk`). Numbers reserved in
 /// the current XLA are listed with the names XLA's `reserved` lines give.
