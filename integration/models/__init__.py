@@ -1,0 +1,1 @@
+"""JAX programs used by the integration tests and the A/B harness."""
