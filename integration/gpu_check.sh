@@ -24,13 +24,14 @@ VMM="$BIN/xla-vmm"
 
 declare -a SUMMARY=()
 pass=0; fail=0
+secs() { local d=$(( ($(date +%s%N) - $1) / 100000000 )); printf '%d.%d' $((d / 10)) $((d % 10)); }
 # check NAME CMD...: run CMD, log to $WORK/logs/NAME.log, record PASS/FAIL with the last line.
 check() {
   local name=$1; shift
   local log="$WORK/logs/$name.log"
   local t0=$(date +%s%N)
   if "$@" >"$log" 2>&1; then
-    SUMMARY+=("PASS  $name  ($(( ($(date +%s%N) - t0) / 100000000 ))e-1 s)  $(tail -n 1 "$log" | cut -c1-110)")
+    SUMMARY+=("PASS  $name  ($(secs "$t0") s)  $(tail -n 1 "$log" | cut -c1-110)")
     pass=$((pass + 1))
   else
     SUMMARY+=("FAIL  $name  (rc $?)  $(tail -n 3 "$log" | tr '\n' ' ' | cut -c1-200)")
