@@ -262,6 +262,8 @@ pub(crate) fn plan_from_proto(
         }
     }
 
+    super::constants::fill_from_hlo_module(&mut allocs, &exe.hlo_module_with_config)?;
+
     let program_shape = match &exe.program_shape {
         Some(p) => ProgramShape {
             parameters: p.parameters.iter().map(shape).collect::<Result<_, _>>()?,

@@ -1,6 +1,8 @@
 //! Bytes → [`Plan`]: container layers (container.rs), the hand-read
-//! `ThunkProto` (thunk.rs), and conversion with validation (convert.rs).
+//! `ThunkProto` (thunk.rs), conversion with validation (convert.rs), and
+//! constant values from the HLO module (constants.rs).
 
+mod constants;
 mod container;
 mod convert;
 mod thunk;

@@ -67,9 +67,10 @@ pub enum AllocationRole {
         /// `ConstantInfoProto.symbol_name`: the constant's global symbol in
         /// the module binary (empty if none was recorded).
         symbol_name: String,
-        /// `ConstantInfoProto.content`: the initial bytes. May be empty when
-        /// XLA left the value only inside the module binary as the global
-        /// `symbol_name` (then copy it from there).
+        /// `ConstantInfoProto.content`: the initial bytes. When XLA
+        /// serialized the constant without content, the decoder takes the
+        /// value from the executable's HLO module (as XLA does when loading
+        /// it); empty only if neither had it.
         bytes: Blob,
     },
     /// A live-out output that is not a parameter: the runtime binds a fresh
