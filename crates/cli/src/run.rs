@@ -103,11 +103,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let bytes =
         std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let mut plan = xla_vmm::decode::decode(&bytes)
-        .with_context(|| format!("decoding {}", args.file.display()))?;
     // Constants XLA serialized without content take their value from the
-    // HLO module, as XLA's own deserialization does.
-    xla_vmm_runtime::hlo_constants::fill_constants(&mut plan, &bytes)?;
+    // HLO module in the decoder, as XLA's own deserialization does.
+    let plan = xla_vmm::decode::decode(&bytes)
+        .with_context(|| format!("decoding {}", args.file.display()))?;
     let check = OutputCheck {
         writers: output_writers(&plan),
         nondeterministic: match &args.nondeterministic {

@@ -4,8 +4,8 @@
 //! initializer of the global `symbol_name` (`ConstantInfoProto.content`
 //! empty). We read it from the ELF symbol table: the symbol's section holds
 //! the initializer. A symbol in a `SHT_NOBITS` section has no initializer in
-//! the image (XLA then takes the value from the HLO module, see
-//! [`crate::hlo_constants`]), so it yields `None`.
+//! the image (XLA then takes the value from the HLO module, which the
+//! decoder does: `xla_vmm::decode`), so it yields `None`.
 
 use crate::error::{Result, RuntimeError};
 

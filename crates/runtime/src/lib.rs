@@ -23,7 +23,6 @@ pub mod error;
 pub mod exec;
 pub mod executable;
 pub mod gemm;
-pub mod hlo_constants;
 pub mod npz;
 pub mod ops;
 pub mod slots;

@@ -530,9 +530,9 @@ pub fn check_support(plan: &Plan) -> Result<()> {
 }
 
 /// The initial bytes of constant allocation `index`: its recorded content
-/// (from the proto, or filled from the HLO module by
-/// [`crate::hlo_constants::fill_constants`]), else the initializer of its
-/// global `symbol_name` in the module binary or a custom kernel's cubin.
+/// (from the proto, or filled from the HLO module by the decoder), else the
+/// initializer of its global `symbol_name` in the module binary or a custom
+/// kernel's cubin.
 pub fn constant_bytes(plan: &Plan, index: usize) -> Result<Vec<u8>> {
     let a = plan
         .allocations
@@ -562,7 +562,7 @@ pub fn constant_bytes(plan: &Plan, index: usize) -> Result<Vec<u8>> {
     }
     Err(RuntimeError::unsupported(format!(
         "constant allocation {index} ('{symbol_name}'): no content and no initialized global in \
-         the module images (take the value from the HLO module: hlo_constants::fill_constants)"
+         the module images, and the executable's HLO module does not name it"
     )))
 }
 
