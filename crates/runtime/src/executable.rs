@@ -14,10 +14,12 @@ use xla_vmm::{AllocationRole, Plan, Shape};
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::{Backend, DevicePtr};
 
+use crate::binding::{BindingConfig, BindingStats, UserBuffer};
 use crate::error::{Result, RuntimeError};
 use crate::exec::{run_seq, ExecEnv};
 use crate::ops::{LoadCtx, Op};
 use crate::slots::{DeviceBuffer, SlotTable};
+use crate::vastable::VaStable;
 
 /// How [`Executable::run`] executes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -27,6 +29,10 @@ pub enum Mode {
     /// The whole executable captured once into a graph, replayed each run
     /// (re-captured when parameter addresses change).
     Graph,
+    /// VA-stable graph mode (see [`crate::vastable`]): one graph per fixed
+    /// VA reservation (two, used alternately), recorded once and never
+    /// re-captured; parameters bound per step by skip / remap / copy.
+    VaStable,
 }
 
 /// One result leaf of a run.
@@ -56,7 +62,13 @@ pub struct Executable<B: Backend> {
     ops: Vec<Op<B>>,
     modules: Vec<B::Module>,
     owned: Vec<DeviceBuffer<B>>,
+    /// Allocation index of each `owned` buffer.
+    owned_index: Vec<usize>,
     slots: SlotTable,
+    /// The caller's buffer of each entry parameter (VA-stable binding).
+    users: Vec<Option<UserBuffer<B>>>,
+    binding: BindingConfig,
+    va: Option<VaStable<B>>,
     /// Entry parameter number → its allocation slots.
     param_slots: Vec<Vec<usize>>,
     param_shapes: Vec<Shape>,
@@ -136,6 +148,10 @@ impl<B: Backend> Executable<B> {
             ops,
             modules,
             owned: Vec::new(),
+            owned_index: Vec::new(),
+            users: (0..nparams).map(|_| None).collect(),
+            binding: BindingConfig::resolve(None)?,
+            va: None,
             param_slots,
             aux_streams: Vec::new(),
             events: HashMap::new(),
@@ -169,6 +185,7 @@ impl<B: Backend> Executable<B> {
                 backend.write_sync(buf.ptr(), &bytes, stream)?;
             }
             exe.owned.push(buf);
+            exe.owned_index.push(index);
         }
         tracing::info!(
             ops = exe.ops.len(),
@@ -189,8 +206,21 @@ impl<B: Backend> Executable<B> {
         &self.param_shapes
     }
 
-    /// Bind entry parameter `i` to `bytes` at `ptr` for the following runs.
+    /// Bind entry parameter `i` to `bytes` at `ptr` for the following runs
+    /// (raw memory: served by copies in [`Mode::VaStable`]).
     pub fn bind_parameter(&mut self, i: usize, ptr: DevicePtr, bytes: u64) -> Result<()> {
+        self.bind_user_buffer(i, UserBuffer::raw(ptr, bytes))
+    }
+
+    /// Bind entry parameter `i` to an allocator buffer (remappable in
+    /// [`Mode::VaStable`] unless it is sub-allocated).
+    pub fn bind_buffer(&mut self, i: usize, buf: &xla_vmm_device::vmm::Buffer<B>) -> Result<()> {
+        self.bind_user_buffer(i, UserBuffer::from_vmm(buf))
+    }
+
+    /// Bind entry parameter `i` to `user` for the following runs.
+    pub fn bind_user_buffer(&mut self, i: usize, user: UserBuffer<B>) -> Result<()> {
+        let (ptr, bytes) = (user.ptr, user.bytes);
         let slots = self
             .param_slots
             .get(i)
@@ -207,7 +237,48 @@ impl<B: Backend> Executable<B> {
             }
             self.slots.bind(s, ptr, need)?;
         }
+        self.users[i] = Some(user);
         Ok(())
+    }
+
+    /// Set how [`Mode::VaStable`] binds (threshold, costs). Only before its
+    /// first VA-stable run: the decision is frozen there.
+    pub fn set_binding_config(&mut self, cfg: BindingConfig) -> Result<()> {
+        if self.va.is_some() {
+            return Err(RuntimeError::arg(
+                "the binding configuration is frozen after the first VA-stable run",
+            ));
+        }
+        self.binding = cfg;
+        Ok(())
+    }
+
+    /// Binding counters of [`Mode::VaStable`] (`None` before its first run).
+    pub fn stats(&self) -> Option<&BindingStats> {
+        self.va.as_ref().map(|v| v.stats())
+    }
+
+    pub(crate) fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub(crate) fn ops(&self) -> &[Op<B>] {
+        &self.ops
+    }
+
+    /// (allocation index, buffer) of every buffer the executable owns.
+    pub(crate) fn owned_buffers(&self) -> impl Iterator<Item = (usize, &DeviceBuffer<B>)> {
+        self.owned_index.iter().copied().zip(self.owned.iter())
+    }
+
+    fn run_va_stable(&mut self, stream: &B::Stream) -> Result<()> {
+        let mut va = match self.va.take() {
+            Some(v) => v,
+            None => VaStable::new(self, &self.binding)?,
+        };
+        let r = va.run(self, &self.users, stream);
+        self.va = Some(va);
+        r
     }
 
     /// Run once on `stream` (asynchronously: synchronize the stream before
@@ -226,11 +297,12 @@ impl<B: Backend> Executable<B> {
                 run_seq(&env, &self.ops, &self.slots, stream, &mut Vec::new())?;
             }
             Mode::Graph => self.run_graph(stream)?,
+            Mode::VaStable => self.run_va_stable(stream)?,
         }
         self.outputs()
     }
 
-    fn env(&self, capturing: bool) -> ExecEnv<'_, B> {
+    pub(crate) fn env(&self, capturing: bool) -> ExecEnv<'_, B> {
         ExecEnv {
             backend: &*self.backend,
             gemm: self.gemm.as_deref(),
@@ -323,6 +395,10 @@ impl<B: Backend> Drop for Executable<B> {
         }
         for s in &self.aux_streams {
             be.stream_synchronize(s).ok();
+        }
+        if let Some(va) = self.va.take() {
+            // Its reservations map the owned buffers: unmapped first.
+            va.teardown(be);
         }
         for buf in self.owned.drain(..) {
             if let Err(e) = buf.free(be) {

@@ -17,6 +17,7 @@
 //! size; the backend checks handles and driver results.
 #![deny(unsafe_code)]
 
+pub mod binding;
 pub mod dsf;
 pub mod elf;
 pub mod error;
@@ -26,7 +27,9 @@ pub mod gemm;
 pub mod npz;
 pub mod ops;
 pub mod slots;
+pub mod vastable;
 
+pub use binding::{BindingConfig, BindingStats, RemapSource, UserBuffer};
 pub use error::{Result, RuntimeError};
 pub use executable::{Executable, Mode, Output};
 pub use slots::{DeviceBuffer, SlotTable};

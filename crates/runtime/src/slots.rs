@@ -144,6 +144,16 @@ impl<B: Backend> DeviceBuffer<B> {
         self.size
     }
 
+    /// Bytes mapped (the size rounded up to the granularity).
+    pub fn mapped(&self) -> u64 {
+        self.mapped
+    }
+
+    /// The physical memory (for mapping it again elsewhere).
+    pub(crate) fn raw_mem(&self) -> &B::PhysMem {
+        &self.mem
+    }
+
     /// Unmap and release. The caller guarantees no queued work uses it.
     pub fn free(self, backend: &B) -> Result<()> {
         backend.unmap(&self.va, 0, self.mapped)?;

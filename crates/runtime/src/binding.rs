@@ -1,0 +1,225 @@
+//! What the caller binds to a parameter, and how VA-stable graph mode is
+//! configured and reported: [`UserBuffer`], [`BindingConfig`],
+//! [`BindingStats`], and the process-wide stats registry read by the plugin.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use xla_vmm_device::vmm::{Buffer, Phys};
+use xla_vmm_device::{Backend, DevicePtr};
+use xla_vmm_policy::{DeviceCosts, Stats, Threshold};
+
+use crate::error::{Result, RuntimeError};
+
+/// Physical memory the runtime may map into its own reservation.
+pub struct RemapSource<B: Backend> {
+    pub phys: Arc<Phys<B>>,
+    /// Offset of the buffer inside `phys`.
+    pub offset: u64,
+    /// Bytes of `phys` from `offset` that belong to the buffer (a
+    /// granularity multiple).
+    pub capacity: u64,
+}
+
+impl<B: Backend> Clone for RemapSource<B> {
+    fn clone(&self) -> Self {
+        RemapSource {
+            phys: self.phys.clone(),
+            offset: self.offset,
+            capacity: self.capacity,
+        }
+    }
+}
+
+/// A caller's buffer bound to an entry parameter.
+///
+/// Identity is the allocation id (never the address: an address can be
+/// reused by a new allocation). A buffer without an id (raw memory) or
+/// without a [`RemapSource`] (sub-allocated) is served by copies in
+/// VA-stable mode.
+pub struct UserBuffer<B: Backend> {
+    pub ptr: DevicePtr,
+    pub bytes: u64,
+    pub id: Option<u64>,
+    pub remap: Option<RemapSource<B>>,
+}
+
+impl<B: Backend> Clone for UserBuffer<B> {
+    fn clone(&self) -> Self {
+        UserBuffer {
+            ptr: self.ptr,
+            bytes: self.bytes,
+            id: self.id,
+            remap: self.remap.clone(),
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for UserBuffer<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr.0))
+            .field("bytes", &self.bytes)
+            .field("id", &self.id)
+            .field("remappable", &self.remap.is_some())
+            .finish()
+    }
+}
+
+impl<B: Backend> UserBuffer<B> {
+    /// Raw device memory: copy-only in VA-stable mode.
+    pub fn raw(ptr: DevicePtr, bytes: u64) -> Self {
+        UserBuffer {
+            ptr,
+            bytes,
+            id: None,
+            remap: None,
+        }
+    }
+
+    /// A buffer of the project's VMM allocator (remappable unless it is
+    /// sub-allocated).
+    pub fn from_vmm(buf: &Buffer<B>) -> Self {
+        UserBuffer {
+            ptr: buf.ptr(),
+            bytes: buf.size(),
+            id: Some(buf.allocation_id().0),
+            remap: buf.remappable().then(|| RemapSource {
+                phys: buf.phys().clone(),
+                offset: buf.phys_offset(),
+                capacity: buf.capacity(),
+            }),
+        }
+    }
+}
+
+/// Settings of VA-stable graph mode, fixed at an executable's first
+/// VA-stable run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BindingConfig {
+    /// `0` remap all, `1` auto, `N` copy slots of at most N bytes.
+    pub threshold: Threshold,
+    /// Measured costs for auto. `None`: the H200 figures of DESIGN §4
+    /// (remap 46 µs, copy 2.4 TB/s, 4 µs per copy launch) with the device's
+    /// free/total memory read at the first step.
+    pub costs: Option<DeviceCosts>,
+}
+
+impl Default for BindingConfig {
+    fn default() -> Self {
+        BindingConfig {
+            threshold: Threshold::Auto,
+            costs: None,
+        }
+    }
+}
+
+/// Defaults used when no probe result is given (DESIGN §4, H200).
+pub const DEFAULT_REMAP_US: f64 = 46.0;
+pub const DEFAULT_COPY_BW: f64 = 2.4e12;
+pub const DEFAULT_COPY_LAUNCH_US: f64 = 4.0;
+
+impl BindingConfig {
+    /// The threshold from `option` (wins) or `XLA_VMM_TMP_COPY_THRESHOLD`.
+    pub fn resolve(option: Option<u64>) -> Result<Self> {
+        let threshold = match option {
+            Some(n) => Threshold::from(n),
+            None => Threshold::from_env().map_err(|e| RuntimeError::arg(e.to_string()))?,
+        };
+        Ok(BindingConfig {
+            threshold,
+            costs: None,
+        })
+    }
+
+    pub(crate) fn costs_for<B: Backend>(&self, backend: &B) -> Result<DeviceCosts> {
+        if let Some(c) = &self.costs {
+            return Ok(c.clone());
+        }
+        let (free_bytes, total_bytes) = backend.mem_info()?;
+        Ok(DeviceCosts {
+            remap_us: DEFAULT_REMAP_US,
+            copy_bw_bytes_per_s: DEFAULT_COPY_BW,
+            copy_launch_us: DEFAULT_COPY_LAUNCH_US,
+            free_bytes,
+            total_bytes,
+        })
+    }
+}
+
+/// Binding counters of one executable (VA-stable mode).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct BindingStats {
+    pub executable: String,
+    /// Threshold setting (0, 1, N) and the cutoff in force.
+    pub threshold: u64,
+    pub threshold_bytes: u64,
+    /// Parameter slots bound per step and those served by shadows.
+    pub slots: usize,
+    pub copy_slots: usize,
+    /// Shadow memory held (all reservations), bytes.
+    pub shadow_bytes: u64,
+    /// Graph captures (one per reservation, never repeated).
+    pub captures: u64,
+    /// VMM driver calls made while binding (unmap, map, set access).
+    pub vmm_calls: u64,
+    /// Copy operations enqueued (after merging contiguous copies).
+    pub copy_ops: u64,
+    #[serde(flatten)]
+    pub counters: Stats,
+}
+
+impl BindingStats {
+    /// Mean host binding time per step, µs.
+    pub fn host_us_per_step(&self) -> f64 {
+        self.counters.host_binding_ns_mean() as f64 / 1e3
+    }
+
+    /// One line: `binding: steps=.. skips=.. ...`.
+    pub fn line(&self) -> String {
+        let c = &self.counters;
+        format!(
+            "binding: steps={} skips={} remaps={} copies={} bytes_copied={} unmap_errors={} \
+             fallbacks={} vmm_calls={} copy_ops={} captures={} threshold={} threshold_bytes={} \
+             shadow_bytes={} host_us_per_step={:.2}",
+            c.steps,
+            c.skips,
+            c.remaps,
+            c.copies,
+            c.bytes_copied,
+            c.unmap_errors,
+            c.fallbacks,
+            self.vmm_calls,
+            self.copy_ops,
+            self.captures,
+            self.threshold,
+            self.threshold_bytes,
+            self.shadow_bytes,
+            self.host_us_per_step()
+        )
+    }
+}
+
+static REGISTRY: Mutex<BTreeMap<String, BindingStats>> = Mutex::new(BTreeMap::new());
+
+pub(crate) fn publish(key: &str, stats: &BindingStats) {
+    let mut r = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    match r.get_mut(key) {
+        Some(s) => s.clone_from(stats),
+        None => {
+            r.insert(key.to_string(), stats.clone());
+        }
+    }
+}
+
+/// Stats of every executable of this process that ran in VA-stable mode
+/// (kept after the executable is dropped), keyed `name#n`.
+pub fn all_stats() -> BTreeMap<String, BindingStats> {
+    REGISTRY.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// [`all_stats`] as a JSON object.
+pub fn all_stats_json() -> String {
+    serde_json::to_string(&all_stats()).unwrap_or_else(|_| "{}".into())
+}

@@ -1,0 +1,604 @@
+//! VA-stable graph mode (DESIGN §3): the graph is recorded once per VA
+//! reservation and never re-captured; each step the parameter slots are made
+//! to hold the caller's buffers by skip, remap or copy, as the policy's
+//! [`SlotTracker`] says.
+//!
+//! Layout of a reservation (the same in both):
+//! `[ parameter regions | shadow area | owned regions ]`
+//! - a *parameter region* per parameter slot the plan does not copy: one
+//!   granule-aligned range where the caller's physical allocation is mapped
+//!   (remap), or, after a failed driver call, the slot's own shadow;
+//! - the *shadow area*: the copy slots packed at 256-byte alignment, backed
+//!   by one physical allocation per reservation, mapped for good;
+//! - *owned regions*: the executable's temps, constants and outputs, the very
+//!   physical memory of the eager buffers mapped again (no extra memory; the
+//!   eager addresses stay valid, so outputs are read there).
+//!
+//! Two reservations are used alternately: step N+1 binds reservation B while
+//! the GPU may still run step N on A. An event recorded after each step on a
+//! reservation proves the GPU is done with it; the host waits for it only
+//! before an unmap there (`cuMemUnmap` is not stream ordered).
+//!
+//! A failing unmap is retried once; a failing map or set access unmaps what
+//! it left and serves the slot from a shadow from then on (copy in before,
+//! copy out after): no data is lost. A buffer that cannot be mapped
+//! (sub-allocated, or raw memory without an allocation id) is copy-only.
+//!
+//! Copies: a step's copies are enqueued per direction, contiguous ranges
+//! merged. There is no single batched operation yet (it would need our own
+//! gather/scatter kernel or `cuMemcpyBatchAsync` in the backend trait), so
+//! each non-contiguous copy is one `copy_d2d`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use xla_vmm::AllocationRole;
+use xla_vmm_device::vmm::Phys;
+use xla_vmm_device::{Backend, DevicePtr};
+use xla_vmm_policy::{
+    Binding, Decision, FailedCall, SlotAction, SlotInfo, SlotTracker, TrackerConfig,
+};
+
+use crate::binding::{publish, BindingConfig, BindingStats, UserBuffer};
+use crate::error::{Result, RuntimeError};
+use crate::exec::run_seq;
+use crate::executable::Executable;
+use crate::slots::SlotTable;
+
+const RESERVATIONS: usize = 2;
+const SHADOW_ALIGN: u64 = 256;
+/// Ids given to raw (id-less) bindings: never equal to an allocator id.
+const RAW_ID_BIT: u64 = 1 << 63;
+
+fn policy_err(e: xla_vmm_policy::PolicyError) -> RuntimeError {
+    RuntimeError::arg(format!("binding policy: {e}"))
+}
+
+/// One parameter slot as the tracker sees it.
+#[derive(Clone, Debug)]
+struct PSlot {
+    allocation: usize,
+    param: usize,
+    size: u64,
+    /// Offset in the reservation: its region, or its place in the shadow area.
+    offset: u64,
+    /// Region length (granule multiple) or 0 for a packed copy slot.
+    region: u64,
+}
+
+enum Held<B: Backend> {
+    Nothing,
+    User { id: u64, _phys: Arc<Phys<B>> },
+    Shadow,
+}
+
+struct Res<B: Backend> {
+    va: Option<B::VaRange>,
+    base: DevicePtr,
+    table: SlotTable,
+    held: Vec<Held<B>>,
+    /// Granule shadows of slots that fell back to copy (per slot).
+    fallback: Vec<Option<B::PhysMem>>,
+    area: Option<B::PhysMem>,
+    /// Mapped ranges other than parameter regions: (offset, bytes).
+    fixed_maps: Vec<(u64, u64)>,
+    graph: Option<(B::Graph, B::GraphExec)>,
+    done: Option<B::Event>,
+    used: bool,
+}
+
+/// Per-executable state of VA-stable mode.
+pub(crate) struct VaStable<B: Backend> {
+    key: String,
+    tracker: SlotTracker,
+    slots: Vec<PSlot>,
+    res: Vec<Res<B>>,
+    laid_out: bool,
+    step: u64,
+    unmap_failures: u64,
+    stats: BindingStats,
+}
+
+static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl<B: Backend> VaStable<B> {
+    pub(crate) fn new(exe: &Executable<B>, cfg: &BindingConfig) -> Result<Self> {
+        let plan = exe.plan();
+        let mut read = vec![false; plan.allocations.len()];
+        let mut written = vec![false; plan.allocations.len()];
+        plan.walk(&mut |t, _| {
+            for (s, a) in t.own_uses() {
+                if let (Some(r), Some(w)) =
+                    (read.get_mut(s.allocation), written.get_mut(s.allocation))
+                {
+                    *r |= a.reads();
+                    *w |= a.writes();
+                }
+            }
+        });
+        let mut slots = Vec::new();
+        let mut infos = Vec::new();
+        for a in &plan.allocations {
+            if let AllocationRole::Parameter {
+                number,
+                aliased_with_output,
+                ..
+            } = &a.role
+            {
+                if a.size == 0 {
+                    continue;
+                }
+                slots.push(PSlot {
+                    allocation: a.index,
+                    param: *number as usize,
+                    size: a.size,
+                    offset: 0,
+                    region: 0,
+                });
+                // A donated parameter aliased with an output keeps its
+                // buffer from step to step (churn 0); others may change.
+                let churn = if *aliased_with_output { 0.0 } else { 1.0 };
+                infos.push(SlotInfo::new(
+                    a.size,
+                    read[a.index] || !written[a.index],
+                    written[a.index],
+                    churn,
+                ));
+            }
+        }
+        let costs = cfg.costs_for(exe.backend())?;
+        let mut tc = TrackerConfig::new(costs, cfg.threshold);
+        tc.reservations = RESERVATIONS;
+        // Copy slots live packed in the shadow area, not at an address of
+        // their own, so they cannot switch to direct mapping later.
+        tc.adaptive = false;
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = format!("{}#{n}", plan.module_name);
+        let tracker = SlotTracker::new(key.clone(), infos, tc).map_err(policy_err)?;
+        let stats = BindingStats {
+            executable: key.clone(),
+            threshold: cfg.threshold.raw(),
+            slots: slots.len(),
+            ..Default::default()
+        };
+        Ok(VaStable {
+            key,
+            tracker,
+            slots,
+            res: Vec::new(),
+            laid_out: false,
+            step: 0,
+            unmap_failures: 0,
+            stats,
+        })
+    }
+
+    pub(crate) fn stats(&self) -> &BindingStats {
+        &self.stats
+    }
+
+    /// Reserve and map both reservations once the plan is frozen.
+    fn lay_out(&mut self, exe: &Executable<B>) -> Result<()> {
+        let be = exe.backend();
+        let gran = be.info().vmm_granularity.max(1);
+        let plan = self
+            .tracker
+            .plan()
+            .ok_or_else(|| RuntimeError::invalid("binding plan not frozen"))?
+            .clone();
+        let mut off = 0u64;
+        let mut packed = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if plan.decisions.get(i) == Some(&Decision::Copy) {
+                packed.push(i);
+            } else {
+                s.region = s.size.div_ceil(gran) * gran;
+                s.offset = off;
+                off += s.region;
+            }
+        }
+        let area_off = off;
+        let mut area_len = 0u64;
+        for &i in &packed {
+            let s = &mut self.slots[i];
+            s.offset = area_off + area_len;
+            area_len += s.size.div_ceil(SHADOW_ALIGN) * SHADOW_ALIGN;
+        }
+        let area_len = area_len.div_ceil(gran) * gran;
+        off += area_len;
+        let mut owned = Vec::new();
+        for (idx, buf) in exe.owned_buffers() {
+            owned.push((idx, off, buf));
+            off += buf.mapped();
+        }
+        let total = off.max(gran);
+        self.stats.copy_slots = packed.len();
+        self.stats.threshold_bytes = plan.threshold_bytes;
+        self.stats.shadow_bytes = area_len * RESERVATIONS as u64;
+        for _ in 0..RESERVATIONS {
+            let va = be.va_reserve(total, 0)?;
+            let base = be.va_base(&va);
+            let r = Res {
+                va: Some(va),
+                base,
+                table: SlotTable::new(exe.plan().allocations.len()),
+                held: self.slots.iter().map(|_| Held::Nothing).collect(),
+                fallback: self.slots.iter().map(|_| None).collect(),
+                area: None,
+                fixed_maps: Vec::new(),
+                graph: None,
+                done: None,
+                used: false,
+            };
+            // Pushed first so that a failure below is torn down.
+            self.res.push(r);
+            let r_i = self.res.len() - 1;
+            let r = &mut self.res[r_i];
+            r.done = Some(be.event_create()?);
+            let va = r.va.as_ref().expect("just reserved");
+            if area_len > 0 {
+                let mem = be.mem_create(area_len)?;
+                be.map(va, area_off, &mem, 0, area_len)?;
+                r.area = Some(mem);
+                r.fixed_maps.push((area_off, area_len));
+                be.set_access(va, area_off, area_len)?;
+            }
+            for (idx, o, buf) in &owned {
+                be.map(va, *o, buf.raw_mem(), 0, buf.mapped())?;
+                r.fixed_maps.push((*o, buf.mapped()));
+                be.set_access(va, *o, buf.mapped())?;
+                r.table.bind(*idx, base.offset(*o), buf.size())?;
+            }
+            for (i, s) in self.slots.iter().enumerate() {
+                r.table.bind(s.allocation, base.offset(s.offset), s.size)?;
+                if packed.contains(&i) {
+                    r.held[i] = Held::Shadow;
+                }
+            }
+        }
+        self.laid_out = true;
+        Ok(())
+    }
+
+    /// Bind the step's buffers, launch the graph, copy out.
+    pub(crate) fn run(
+        &mut self,
+        exe: &Executable<B>,
+        users: &[Option<UserBuffer<B>>],
+        stream: &B::Stream,
+    ) -> Result<()> {
+        let t0 = Instant::now();
+        let be = exe.backend();
+        let r = (self.step % RESERVATIONS as u64) as usize;
+        let mut bufs = Vec::with_capacity(self.slots.len());
+        let mut bindings = Vec::with_capacity(self.slots.len());
+        for s in &self.slots {
+            let u = users
+                .get(s.param)
+                .and_then(|u| u.as_ref())
+                .ok_or_else(|| RuntimeError::arg(format!("parameter {} is not bound", s.param)))?;
+            if u.bytes < s.size {
+                return Err(RuntimeError::arg(format!(
+                    "parameter {}: {} bytes bound, slot needs {}",
+                    s.param, u.bytes, s.size
+                )));
+            }
+            let id = u.id.unwrap_or(RAW_ID_BIT | u.ptr.0);
+            bindings.push(Binding { id, addr: u.ptr.0 });
+            bufs.push(u);
+        }
+        let step = self
+            .tracker
+            .bind_step(r, &bindings, None)
+            .map_err(policy_err)?;
+        if !self.laid_out {
+            self.lay_out(exe)?;
+        }
+        let mut synced = false;
+        let mut new_maps: Vec<usize> = Vec::new();
+        let mut actions = step.actions.clone();
+        // Phase 1: unmap and map.
+        for i in 0..self.slots.len() {
+            let action = actions[i];
+            let u = bufs[i];
+            let want_user = match action {
+                SlotAction::Skip => {
+                    !matches!(self.res[r].held[i], Held::User { id, .. } if id == bindings[i].id)
+                }
+                SlotAction::Remap { .. } => true,
+                SlotAction::Copy { .. } => false,
+            };
+            if want_user {
+                if matches!(action, SlotAction::Skip) {
+                    tracing::warn!(slot = i, "skip without the allocation mapped; remapping");
+                }
+                match self.map_user(be, r, i, u, &mut synced) {
+                    Ok(()) => new_maps.push(i),
+                    Err(failed) => {
+                        actions[i] = self.fall_back(r, i, failed)?;
+                    }
+                }
+            }
+        }
+        // Phase 2: access once per contiguous range of new mappings.
+        for range in contiguous(&new_maps, &self.slots) {
+            let (lo, hi) = (self.slots[range[0]].offset, {
+                let l = &self.slots[*range.last().expect("non-empty")];
+                l.offset + l.region
+            });
+            self.stats.vmm_calls += 1;
+            if be
+                .set_access(self.res[r].va.as_ref().expect("reserved"), lo, hi - lo)
+                .is_ok()
+            {
+                continue;
+            }
+            for &i in &range {
+                let (off, len) = (self.slots[i].offset, self.slots[i].region);
+                self.stats.vmm_calls += 1;
+                let va = self.res[r].va.as_ref().expect("reserved");
+                if be.set_access(va, off, len).is_err() {
+                    // Unmap what the failed call left, serve from a shadow.
+                    self.unmap_slot(be, r, i, &mut synced)?;
+                    actions[i] = self.fall_back(r, i, FailedCall::SetAccess)?;
+                }
+            }
+        }
+        // Phase 3: shadows for copy slots, copy lists.
+        let mut ins = Vec::new();
+        let mut outs = Vec::new();
+        for i in 0..self.slots.len() {
+            if let SlotAction::Copy {
+                copy_in, copy_out, ..
+            } = actions[i]
+            {
+                if !matches!(self.res[r].held[i], Held::Shadow) {
+                    self.map_fallback_shadow(be, r, i, &mut synced)?;
+                }
+                let s = &self.slots[i];
+                let at = self.res[r].base.offset(s.offset);
+                if copy_in {
+                    ins.push((at, bufs[i].ptr, s.size));
+                }
+                if copy_out {
+                    outs.push((bufs[i].ptr, at, s.size));
+                }
+            }
+        }
+        self.stats.copy_ops += enqueue_copies(be, &mut ins, stream)?;
+        let t_bind = t0.elapsed();
+        // Launch (capture once per reservation).
+        let t_cap = Instant::now();
+        let captured = self.res[r].graph.is_none();
+        if captured {
+            let g = capture(exe, &self.res[r].table, stream)?;
+            self.res[r].graph = Some(g);
+            self.stats.captures += 1;
+        }
+        let cap = if captured {
+            t_cap.elapsed()
+        } else {
+            Default::default()
+        };
+        let res = &mut self.res[r];
+        let (_, exec) = res.graph.as_ref().expect("captured");
+        be.graph_launch(exec, stream)?;
+        let t_out = Instant::now();
+        self.stats.copy_ops += enqueue_copies(be, &mut outs, stream)?;
+        be.event_record(res.done.as_ref().expect("created"), stream)?;
+        res.used = true;
+        let ns = (t_bind + t_out.elapsed()).as_nanos() as u64;
+        let _ = cap;
+        self.tracker.record_binding_time(ns);
+        self.step += 1;
+        self.stats.counters = *self.tracker.stats();
+        // Every failed unmap call, including those a retry recovered.
+        self.stats.counters.unmap_errors = self.unmap_failures;
+        publish(&self.key, &self.stats);
+        tracing::debug!(executable = %self.key, reservation = r,
+            copy_in_bytes = step.copy_in_bytes, copy_out_bytes = step.copy_out_bytes,
+            host_ns = ns, "step bound");
+        Ok(())
+    }
+
+    fn wait_idle(&self, be: &B, r: usize, synced: &mut bool) -> Result<()> {
+        let res = &self.res[r];
+        if res.used && !*synced {
+            be.event_synchronize(res.done.as_ref().expect("created"))?;
+        }
+        *synced = true;
+        Ok(())
+    }
+
+    /// Unmap whatever is mapped at slot `i`'s region (one retry).
+    fn unmap_slot(&mut self, be: &B, r: usize, i: usize, synced: &mut bool) -> Result<()> {
+        if matches!(self.res[r].held[i], Held::Nothing) {
+            return Ok(());
+        }
+        self.wait_idle(be, r, synced)?;
+        let s = &self.slots[i];
+        let va = self.res[r].va.as_ref().expect("reserved");
+        if s.region == 0 {
+            return Err(RuntimeError::invalid(format!("slot {i} has no region")));
+        }
+        self.stats.vmm_calls += 1;
+        if let Err(first) = be.unmap(va, s.offset, s.region) {
+            self.unmap_failures += 1;
+            tracing::warn!(slot = i, %first, "unmap failed; retrying once");
+            self.stats.vmm_calls += 1;
+            be.unmap(va, s.offset, s.region)?;
+        }
+        self.res[r].held[i] = Held::Nothing;
+        Ok(())
+    }
+
+    /// Map the caller's allocation at slot `i` (no access yet).
+    fn map_user(
+        &mut self,
+        be: &B,
+        r: usize,
+        i: usize,
+        u: &UserBuffer<B>,
+        synced: &mut bool,
+    ) -> std::result::Result<(), FailedCall> {
+        let s = self.slots[i].clone();
+        let (Some(src), Some(id)) = (u.remap.as_ref(), u.id) else {
+            return Err(FailedCall::Map);
+        };
+        if src.capacity < s.region {
+            return Err(FailedCall::Map);
+        }
+        if self.unmap_slot(be, r, i, synced).is_err() {
+            return Err(FailedCall::Unmap);
+        }
+        let va = self.res[r].va.as_ref().expect("reserved");
+        self.stats.vmm_calls += 1;
+        if let Err(e) = be.map(va, s.offset, src.phys.raw(), src.offset, s.region) {
+            tracing::warn!(slot = i, %e, "map failed");
+            return Err(FailedCall::Map);
+        }
+        self.res[r].held[i] = Held::User {
+            id,
+            _phys: src.phys.clone(),
+        };
+        Ok(())
+    }
+
+    /// The tracker's fallback for slot `i` (it then stays on copy).
+    fn fall_back(&mut self, r: usize, i: usize, failed: FailedCall) -> Result<SlotAction> {
+        let fb = self
+            .tracker
+            .fallback_to_copy(r, i, failed)
+            .map_err(policy_err)?;
+        Ok(fb.action)
+    }
+
+    /// Give slot `i` its own shadow in reservation `r` and map it there.
+    fn map_fallback_shadow(&mut self, be: &B, r: usize, i: usize, synced: &mut bool) -> Result<()> {
+        self.unmap_slot(be, r, i, synced)?;
+        let region = self.slots[i].region;
+        if region == 0 {
+            return Err(RuntimeError::invalid(format!("slot {i} has no region")));
+        }
+        if self.res[r].fallback[i].is_none() {
+            self.res[r].fallback[i] = Some(be.mem_create(region)?);
+            self.stats.shadow_bytes += region;
+        }
+        let off = self.slots[i].offset;
+        let res = &mut self.res[r];
+        let va = res.va.as_ref().expect("reserved");
+        let mem = res.fallback[i].as_ref().expect("created");
+        self.stats.vmm_calls += 2;
+        be.map(va, off, mem, 0, region)?;
+        res.held[i] = Held::Shadow;
+        be.set_access(va, off, region)?;
+        Ok(())
+    }
+
+    /// Unmap everything, free ranges, shadows, graphs, events. The caller
+    /// has synchronized the streams.
+    pub(crate) fn teardown(mut self, be: &B) {
+        for mut r in self.res.drain(..) {
+            if let Some((g, e)) = r.graph.take() {
+                be.graph_exec_destroy(e).ok();
+                be.graph_destroy(g).ok();
+            }
+            if let Some(e) = r.done.take() {
+                be.event_destroy(e).ok();
+            }
+            if let Some(va) = r.va.take() {
+                for (i, s) in self.slots.iter().enumerate() {
+                    if !matches!(r.held[i], Held::Nothing) && s.region > 0 {
+                        be.unmap(&va, s.offset, s.region).ok();
+                    }
+                }
+                for (o, len) in &r.fixed_maps {
+                    be.unmap(&va, *o, *len).ok();
+                }
+                r.held.clear();
+                if let Err(e) = be.va_free(va) {
+                    tracing::warn!(%e, "freeing a binding reservation failed");
+                }
+            }
+            for m in r.fallback.drain(..).flatten().chain(r.area.take()) {
+                be.mem_release(m).ok();
+            }
+        }
+        self.tracker.log_stats();
+    }
+}
+
+/// Runs of slot indices (in `idx` order) whose regions touch.
+fn contiguous(idx: &[usize], slots: &[PSlot]) -> Vec<Vec<usize>> {
+    let mut sorted = idx.to_vec();
+    sorted.sort_by_key(|&i| slots[i].offset);
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for i in sorted {
+        match out.last_mut() {
+            Some(run)
+                if {
+                    let l = &slots[*run.last().expect("non-empty")];
+                    l.offset + l.region == slots[i].offset
+                } =>
+            {
+                run.push(i)
+            }
+            _ => out.push(vec![i]),
+        }
+    }
+    out
+}
+
+/// Enqueue `(dst, src, bytes)` copies, merging ranges contiguous on both
+/// sides; returns the number of copy operations.
+fn enqueue_copies<B: Backend>(
+    be: &B,
+    list: &mut Vec<(DevicePtr, DevicePtr, u64)>,
+    stream: &B::Stream,
+) -> Result<u64> {
+    list.sort_by_key(|c| c.0);
+    let mut ops = 0;
+    let mut cur: Option<(DevicePtr, DevicePtr, u64)> = None;
+    for &(d, s, n) in list.iter() {
+        cur = match cur {
+            Some((cd, cs, cn)) if cd.offset(cn) == d && cs.offset(cn) == s => {
+                Some((cd, cs, cn + n))
+            }
+            Some((cd, cs, cn)) => {
+                be.copy_d2d(cd, cs, cn, stream)?;
+                ops += 1;
+                Some((d, s, n))
+            }
+            None => Some((d, s, n)),
+        };
+    }
+    if let Some((cd, cs, cn)) = cur {
+        be.copy_d2d(cd, cs, cn, stream)?;
+        ops += 1;
+    }
+    list.clear();
+    Ok(ops)
+}
+
+fn capture<B: Backend>(
+    exe: &Executable<B>,
+    table: &SlotTable,
+    stream: &B::Stream,
+) -> Result<(B::Graph, B::GraphExec)> {
+    let be = exe.backend();
+    be.stream_begin_capture(stream)?;
+    let walked = {
+        let env = exe.env(true);
+        run_seq(&env, exe.ops(), table, stream, &mut Vec::new())
+    };
+    let captured = be.stream_end_capture(stream);
+    walked?;
+    let graph = captured?;
+    match be.graph_instantiate(&graph) {
+        Ok(exec) => Ok((graph, exec)),
+        Err(e) => {
+            be.graph_destroy(graph).ok();
+            Err(e.into())
+        }
+    }
+}

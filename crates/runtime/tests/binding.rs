@@ -1,0 +1,573 @@
+//! VA-stable graph mode on the host backend: skip / remap / copy per
+//! threshold, ABA, shadow budget, failure injection, zero VMM calls in a
+//! donated steady state, identical results across thresholds.
+
+use std::sync::Arc;
+
+use xla_vmm::*;
+use xla_vmm_device::host::{arg_ptr, arg_u32};
+use xla_vmm_device::vmm::{Buffer, Phys, VmmContext};
+use xla_vmm_device::{Backend, DevicePtr, HostBackend, VmmAllocator, VmmConfig};
+use xla_vmm_policy::{DeviceCosts, Threshold};
+use xla_vmm_runtime::{BindingConfig, Executable, Mode, RemapSource, UserBuffer};
+
+fn f32s(n: usize) -> Shape {
+    Shape {
+        element_type: ElementType::F32,
+        dimensions: vec![n as i64],
+        ..Default::default()
+    }
+}
+
+fn alloc(index: usize, size: u64, role: AllocationRole) -> BufferAllocation {
+    BufferAllocation {
+        index,
+        size,
+        maybe_live_out: matches!(role, AllocationRole::Output { .. }),
+        role,
+        is_tuple: false,
+        is_thread_local: false,
+        color: 0,
+    }
+}
+
+fn param(number: u64, aliased: bool) -> AllocationRole {
+    AllocationRole::Parameter {
+        number,
+        shape_index: vec![],
+        aliased_with_output: aliased,
+    }
+}
+
+fn sl(allocation: usize, offset: u64, size: u64) -> Slice {
+    Slice {
+        allocation,
+        offset,
+        size,
+    }
+}
+
+fn thunk(name: &str, kind: ThunkKind) -> Thunk {
+    Thunk {
+        info: ThunkInfo {
+            profile_annotation: name.into(),
+            ..Default::default()
+        },
+        kind,
+    }
+}
+
+fn kernel(name: &str, args: Vec<(Slice, bool)>, n: Option<u32>, grid: u64) -> Thunk {
+    let arity = args.len() as u32 + u32::from(n.is_some());
+    let packing = n.map(|n| {
+        let mut p: Vec<KernelParam> = (0..args.len())
+            .map(|i| KernelParam::ArgAddress {
+                arg_index: i as u32,
+            })
+            .collect();
+        p.push(KernelParam::Bytes {
+            data: Blob(n.to_le_bytes().to_vec()),
+        });
+        p
+    });
+    thunk(
+        name,
+        ThunkKind::CustomKernel(CustomKernelThunk {
+            name: name.into(),
+            spec: KernelSpec {
+                code: KernelCode::Cubin {
+                    data: Blob(format!("{name}\n").into_bytes()),
+                },
+                kernel_name: name.into(),
+                arity,
+                packing,
+            },
+            args: args
+                .into_iter()
+                .map(|(slice, written)| KernelArg {
+                    slice,
+                    shape: None,
+                    written,
+                    tma: None,
+                })
+                .collect(),
+            launch: LaunchDims {
+                blocks: Dim3 {
+                    x: grid,
+                    y: 1,
+                    z: 1,
+                },
+                threads: Dim3 { x: 1, y: 1, z: 1 },
+                cluster: None,
+                shared_memory_bytes: 0,
+            },
+            use_pdl: false,
+            zeroed_output_buffer_indices: vec![],
+        }),
+    )
+}
+
+fn copy(src: Slice, dst: Slice) -> Thunk {
+    let s = |slice| ShapedSlice { slice, shape: None };
+    thunk(
+        "copy",
+        ThunkKind::DeviceToDeviceCopy(CopyThunk {
+            source: s(src),
+            destination: s(dst),
+            mem_size: src.size,
+        }),
+    )
+}
+
+fn plan(
+    allocations: Vec<BufferAllocation>,
+    params: Vec<Shape>,
+    outputs: Vec<(usize, Shape)>,
+    thunks: Vec<Thunk>,
+) -> Plan {
+    let result = Shape {
+        element_type: ElementType::TUPLE,
+        tuple_shapes: outputs.iter().map(|(_, s)| s.clone()).collect(),
+        ..Default::default()
+    };
+    Plan {
+        module_name: "train".into(),
+        pjrt_client_name: String::new(),
+        compute_capability: ComputeCapability::Unknown,
+        allocations,
+        program_shape: ProgramShape {
+            parameters: params,
+            result,
+            parameter_names: vec![],
+        },
+        outputs: outputs
+            .iter()
+            .enumerate()
+            .map(|(i, (a, _))| OutputInfo {
+                shape_index: vec![i as i64],
+                allocation: *a,
+                passthrough: false,
+                alias: None,
+            })
+            .collect(),
+        kernels: KernelBinaries::default(),
+        thunks: vec![thunk("seq", ThunkKind::Sequential { thunks })],
+    }
+}
+
+const W: usize = 16;
+const X: usize = 4;
+
+/// A training step: weights `w` (param 0, donated, aliased with out 0)
+/// get `w += 1`; `y = 2 * x` (param 1 → temp → out 1).
+fn train_plan() -> Plan {
+    let (wb, xb) = ((W * 4) as u64, (X * 4) as u64);
+    plan(
+        vec![
+            alloc(0, wb, param(0, true)),
+            alloc(1, xb, param(1, false)),
+            alloc(2, xb, AllocationRole::Output { outputs: vec![] }),
+            alloc(3, 64, AllocationRole::Temp),
+        ],
+        vec![f32s(W), f32s(X)],
+        vec![(0, f32s(W)), (2, f32s(X))],
+        vec![
+            kernel("inc", vec![(sl(0, 0, wb), true)], None, W as u64),
+            copy(sl(1, 0, xb), sl(3, 0, xb)),
+            kernel(
+                "scale2",
+                vec![(sl(3, 0, xb), false), (sl(2, 0, xb), true)],
+                Some(X as u32),
+                1,
+            ),
+        ],
+    )
+}
+
+fn backend() -> Arc<HostBackend> {
+    let b = HostBackend::default();
+    b.register_kernel(
+        "scale2",
+        Arc::new(|ctx, args, _cfg| {
+            let (src, dst, n) = (
+                arg_ptr(args, 0)?,
+                arg_ptr(args, 1)?,
+                arg_u32(args, 2)? as usize,
+            );
+            let v: Vec<f32> = ctx.read_f32(src, n)?.iter().map(|x| 2.0 * x).collect();
+            ctx.write_f32(dst, &v)
+        }),
+    );
+    b.register_kernel(
+        "inc",
+        Arc::new(|ctx, args, cfg| {
+            let p = arg_ptr(args, 0)?;
+            let n = cfg.grid[0] as usize;
+            let v: Vec<f32> = ctx.read_f32(p, n)?.iter().map(|x| x + 1.0).collect();
+            ctx.write_f32(p, &v)
+        }),
+    );
+    Arc::new(b)
+}
+
+fn costs(free: u64) -> DeviceCosts {
+    DeviceCosts {
+        remap_us: 46.0,
+        copy_bw_bytes_per_s: 2.4e12,
+        copy_launch_us: 4.0,
+        free_bytes: free,
+        total_bytes: 1 << 30,
+    }
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn floats(d: &[u8]) -> Vec<f32> {
+    d.chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// (w, y) after one step.
+type Step = (Vec<f32>, Vec<f32>);
+
+struct Loop {
+    b: Arc<HostBackend>,
+    alloc: VmmAllocator<HostBackend>,
+    stream: <HostBackend as Backend>::Stream,
+    exe: Executable<HostBackend>,
+    w: Buffer<HostBackend>,
+    /// Keep every `x` alive (a new allocation id each step) instead of
+    /// freeing the previous one (the allocator then hands out two blocks in
+    /// turn).
+    hoard: Vec<Buffer<HostBackend>>,
+    hoarding: bool,
+    /// Arm a failure of this driver call right before the next run.
+    inject: Option<&'static str>,
+}
+
+impl Loop {
+    /// `sub_alloc`: buffers of at most 16 bytes (x) are sub-allocated
+    /// (not remappable); `w` never is.
+    fn new(b: &Arc<HostBackend>, mode_threshold: Option<u64>, sub_alloc: bool) -> Loop {
+        let alloc = VmmAllocator::new(
+            b.clone(),
+            VmmConfig {
+                small_threshold: if sub_alloc { 16 } else { 0 },
+                small_min: 16,
+            },
+        )
+        .unwrap();
+        let stream = b.stream_create().unwrap();
+        let mut exe = Executable::load(b.clone(), train_plan(), None, &stream).unwrap();
+        if let Some(t) = mode_threshold {
+            exe.set_binding_config(BindingConfig {
+                threshold: Threshold::from(t),
+                costs: Some(costs(1 << 30)),
+            })
+            .unwrap();
+        }
+        let w = alloc.alloc((W * 4) as u64).unwrap();
+        let init: Vec<f32> = (0..W).map(|i| i as f32).collect();
+        b.write_sync(w.ptr(), &bytes(&init), &stream).unwrap();
+        Loop {
+            b: b.clone(),
+            alloc,
+            stream,
+            exe,
+            w,
+            hoard: Vec::new(),
+            hoarding: false,
+            inject: None,
+        }
+    }
+
+    /// One step with a fresh `x` buffer (value `k`); returns (w, y).
+    fn step(
+        &mut self,
+        mode: Mode,
+        k: f32,
+        fresh_x: &mut Option<Buffer<HostBackend>>,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let b = &self.b;
+        let x = self.alloc.alloc((X * 4) as u64).unwrap();
+        b.write_sync(
+            x.ptr(),
+            &bytes(&[k, k + 1.0, k + 2.0, k + 3.0]),
+            &self.stream,
+        )
+        .unwrap();
+        self.exe.bind_buffer(0, &self.w).unwrap();
+        self.exe.bind_buffer(1, &x).unwrap();
+        if let Some(call) = self.inject.take() {
+            b.inject_failure(call, 1);
+            if call == "set_access" {
+                // The range call and the per-slot retry both fail.
+                b.inject_failure(call, 2);
+            }
+        }
+        let outs = self.exe.run(&self.stream, mode).unwrap();
+        b.stream_synchronize(&self.stream).unwrap();
+        let mut w = vec![0u8; W * 4];
+        b.read_sync(&mut w, self.w.ptr(), &self.stream).unwrap();
+        assert_eq!(
+            outs[0].ptr,
+            self.w.ptr(),
+            "donated output is the caller's buffer"
+        );
+        let mut y = vec![0u8; X * 4];
+        b.read_sync(&mut y, outs[1].ptr, &self.stream).unwrap();
+        // The previous x is freed now (stream ordered), as a loop would.
+        if let Some(old) = fresh_x.replace(x) {
+            if self.hoarding {
+                self.hoard.push(old);
+            } else {
+                self.alloc.free(old, &self.stream).unwrap();
+            }
+        }
+        (floats(&w), floats(&y))
+    }
+
+    fn run(mut self, mode: Mode, steps: usize) -> (Vec<Step>, Self) {
+        let mut keep = None;
+        let r = (0..steps)
+            .map(|k| self.step(mode, k as f32, &mut keep))
+            .collect();
+        if let Some(x) = keep {
+            self.alloc.free(x, &self.stream).unwrap();
+        }
+        (r, self)
+    }
+}
+
+fn vmm_calls(b: &HostBackend) -> u64 {
+    [
+        "map",
+        "unmap",
+        "set_access",
+        "mem_create",
+        "mem_release",
+        "va_reserve",
+        "va_free",
+    ]
+    .iter()
+    .map(|c| b.call_count(c))
+    .sum()
+}
+
+#[test]
+fn thresholds_decide_remap_or_copy_and_results_are_identical() {
+    let b = backend();
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 6);
+    assert_eq!(reference[5].1, vec![10.0, 12.0, 14.0, 16.0]);
+    assert_eq!(reference[5].0[3], 3.0 + 6.0);
+    // x (16 bytes, a new buffer each step, the allocator reuses two blocks
+    // in turn) is remapped under 0, copied under auto and 4096, remapped
+    // under 8 (larger than 8 bytes). w (donated) is mapped once per
+    // reservation, then skipped.
+    for (t, x_copied) in [(0u64, false), (1, true), (4096, true), (8, false)] {
+        let (got, l) = Loop::new(&b, Some(t), false).run(Mode::VaStable, 6);
+        assert_eq!(got, reference, "threshold {t}");
+        let st = l.exe.stats().unwrap().clone();
+        assert_eq!(st.counters.steps, 6);
+        assert_eq!(st.captures, 2, "one capture per reservation, never again");
+        if x_copied {
+            assert_eq!(st.copy_slots, 1, "threshold {t}: {st:?}");
+            assert_eq!(st.counters.copies, 6, "threshold {t}: {st:?}");
+            assert_eq!(
+                st.counters.bytes_copied,
+                6 * 16,
+                "copied in only (never written)"
+            );
+            assert_eq!(st.counters.remaps, 2, "w mapped once per reservation");
+            assert_eq!(st.counters.skips, 4);
+        } else {
+            assert_eq!(st.copy_slots, 0, "threshold {t}");
+            assert_eq!(st.counters.copies, 0, "threshold {t}");
+            assert!(st.counters.remaps >= 4, "threshold {t}: {st:?}");
+        }
+        assert_eq!(st.counters.fallbacks, 0, "threshold {t}");
+        drop(l);
+    }
+    let o = b.outstanding();
+    assert_eq!(o.mappings, 0, "everything unmapped: {o:?}");
+}
+
+#[test]
+fn donated_steady_state_makes_no_vmm_calls_in_auto() {
+    let b = backend();
+    let mut l = Loop::new(&b, Some(1), true);
+    let mut keep = None;
+    for k in 0..3 {
+        l.step(Mode::VaStable, k as f32, &mut keep);
+    }
+    let before = vmm_calls(&b);
+    let s0 = l.exe.stats().unwrap().counters;
+    for k in 3..20 {
+        l.step(Mode::VaStable, k as f32, &mut keep);
+    }
+    assert_eq!(vmm_calls(&b), before, "{:?}", b.call_counts());
+    let s1 = l.exe.stats().unwrap().counters;
+    assert_eq!(s1.skips - s0.skips, 17);
+    assert_eq!(s1.remaps, s0.remaps);
+    assert_eq!(l.exe.stats().unwrap().captures, 2);
+    l.alloc.free(keep.take().unwrap(), &l.stream).unwrap();
+}
+
+/// A buffer with the given id at the given address, backed by `phys`.
+fn user(
+    ptr: DevicePtr,
+    id: u64,
+    phys: &Arc<Phys<HostBackend>>,
+    gran: u64,
+) -> UserBuffer<HostBackend> {
+    UserBuffer {
+        ptr,
+        bytes: (X * 4) as u64,
+        id: Some(id),
+        remap: Some(RemapSource {
+            phys: phys.clone(),
+            offset: 0,
+            capacity: gran,
+        }),
+    }
+}
+
+#[test]
+fn same_address_new_allocation_is_a_remap_and_reads_the_new_memory() {
+    let b = backend();
+    let gran = b.info().vmm_granularity;
+    let ctx = VmmContext::new(b.clone());
+    let mut l = Loop::new(&b, Some(0), false);
+    let p1 = Arc::new(Phys::create(&ctx, gran).unwrap());
+    let p2 = Arc::new(Phys::create(&ctx, gran).unwrap());
+    // Fill both physical blocks through a scratch mapping.
+    let fill = |p: &Arc<Phys<HostBackend>>, v: f32| {
+        let mut va = xla_vmm_device::vmm::VaReservation::reserve(&ctx, gran, 0).unwrap();
+        va.map_rw(0, p, 0, gran).unwrap();
+        b.write_sync(va.base(), &bytes(&[v; X]), &l.stream).unwrap();
+        va.release().unwrap();
+    };
+    fill(&p1, 1.0);
+    fill(&p2, 5.0);
+    let addr = DevicePtr(0x7700_0000);
+    let w = UserBuffer::from_vmm(&l.w);
+    let mut ys = Vec::new();
+    for (id, p) in [(101, &p1), (101, &p1), (101, &p1), (202, &p2)] {
+        l.exe.bind_user_buffer(0, w.clone()).unwrap();
+        l.exe.bind_user_buffer(1, user(addr, id, p, gran)).unwrap();
+        let outs = l.exe.run(&l.stream, Mode::VaStable).unwrap();
+        let mut y = vec![0u8; X * 4];
+        b.read_sync(&mut y, outs[1].ptr, &l.stream).unwrap();
+        ys.push(floats(&y)[0]);
+    }
+    assert_eq!(
+        ys,
+        vec![2.0, 2.0, 2.0, 10.0],
+        "the new allocation's data is read"
+    );
+    let st = l.exe.stats().unwrap().counters;
+    // x: map, map (second reservation), skip, remap (new id, same address);
+    // w: map, map, skip, skip.
+    assert_eq!(st.remaps, 5, "{st:?}");
+    assert_eq!(st.skips, 3, "{st:?}");
+}
+
+#[test]
+fn shadow_budget_is_never_exceeded() {
+    let b = backend();
+    // 8 small parameters copied to 8 outputs; free memory so small that
+    // only a few shadows fit the 1 % cap.
+    let n = 8usize;
+    let mut allocs = Vec::new();
+    let mut thunks = Vec::new();
+    let mut outs = Vec::new();
+    for i in 0..n {
+        allocs.push(alloc(i, 1024, param(i as u64, false)));
+    }
+    for i in 0..n {
+        allocs.push(alloc(
+            n + i,
+            1024,
+            AllocationRole::Output { outputs: vec![] },
+        ));
+        thunks.push(copy(sl(i, 0, 1024), sl(n + i, 0, 1024)));
+        outs.push((n + i, f32s(256)));
+    }
+    let p = plan(allocs, vec![f32s(256); n], outs, thunks);
+    let stream = b.stream_create().unwrap();
+    let mut exe = Executable::load(b.clone(), p, None, &stream).unwrap();
+    let free = 400 << 10; // cap = 4 KiB: 2 shadows x 2 reservations
+    exe.set_binding_config(BindingConfig {
+        threshold: Threshold::Bytes(1 << 20),
+        costs: Some(costs(free)),
+    })
+    .unwrap();
+    let alloc = VmmAllocator::new(
+        b.clone(),
+        VmmConfig {
+            small_threshold: 0,
+            small_min: 256,
+        },
+    )
+    .unwrap();
+    let mut bufs = Vec::new();
+    for step in 0..4 {
+        let fresh: Vec<_> = (0..n).map(|_| alloc.alloc(1024).unwrap()).collect();
+        for (i, buf) in fresh.iter().enumerate() {
+            b.write_sync(buf.ptr(), &bytes(&[(step * 100 + i) as f32; 256]), &stream)
+                .unwrap();
+            exe.bind_buffer(i, buf).unwrap();
+        }
+        let o = exe.run(&stream, Mode::VaStable).unwrap();
+        for (i, out) in o.iter().enumerate() {
+            let mut d = vec![0u8; 1024];
+            b.read_sync(&mut d, out.ptr, &stream).unwrap();
+            assert_eq!(floats(&d)[0], (step * 100 + i) as f32);
+        }
+        bufs.push(fresh);
+    }
+    let st = exe.stats().unwrap().clone();
+    assert!(st.copy_slots >= 1 && st.copy_slots < n, "{st:?}");
+    assert!(
+        (st.copy_slots as u64) * 1024 * 2 <= free / 100,
+        "planned shadows within the cap: {st:?}"
+    );
+    assert_eq!(st.counters.copies, 4 * st.copy_slots as u64);
+    drop(exe);
+    drop(bufs);
+}
+
+#[test]
+fn failed_driver_calls_fall_back_to_copy_with_data_intact() {
+    let b = backend();
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 8);
+    for call in ["map", "set_access", "unmap"] {
+        let mut l = Loop::new(&b, Some(0), false);
+        l.hoarding = true;
+        let mut keep = None;
+        let mut got = Vec::new();
+        for k in 0..8 {
+            if k == 4 {
+                l.inject = Some(call);
+            }
+            got.push(l.step(Mode::VaStable, k as f32, &mut keep));
+        }
+        assert_eq!(b.injections_armed(), 0, "{call}: the injection fired");
+        assert_eq!(got, reference, "{call}: data intact");
+        let st = l.exe.stats().unwrap().counters;
+        if call == "unmap" {
+            assert_eq!(st.unmap_errors, 1, "{call}: {st:?}");
+        } else {
+            assert_eq!(st.fallbacks, 1, "{call}: {st:?}");
+            assert!(
+                st.copies >= 3,
+                "{call}: the slot is copied from then on: {st:?}"
+            );
+        }
+        l.alloc.free(keep.take().unwrap(), &l.stream).unwrap();
+    }
+    assert_eq!(b.outstanding().mappings, 0);
+}
