@@ -10,8 +10,15 @@ Client options come from ``jax.config.jax_pjrt_client_create_options``
 (``XLA_VMM_STRICT``, ``XLA_VMM_TMP_COPY_THRESHOLD``, ``XLA_VMM_BACKEND``,
 ``XLA_VMM_VENDOR_PLUGIN``). The shared library is the one bundled in this
 package directory, or ``XLA_VMM_LIBRARY`` when set.
+
+The vendor XLA GPU plugin (the compiler) is found here, through importlib
+(the installed ``jax_plugins.xla_cuda13`` / ``xla_cuda12`` / ROCm package of
+this interpreter), and passed as the ``vendor_plugin_path`` client option; a
+``vendor_plugin_path`` in ``jax_pjrt_client_create_options`` or
+``XLA_VMM_VENDOR_PLUGIN`` wins over it.
 """
 
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -20,6 +27,13 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "vmm"
 LIBRARY_NAME = "xla_vmm_plugin.so"
+# Vendor plugin packages, in preference order, and the library each holds.
+VENDOR_PACKAGES = (
+    ("jax_plugins.xla_cuda13", "xla_cuda_plugin.so"),
+    ("jax_plugins.xla_cuda12", "xla_cuda_plugin.so"),
+    ("jax_plugins.xla_rocm7", "xla_rocm_plugin.so"),
+    ("jax_plugins.xla_rocm6", "xla_rocm_plugin.so"),
+)
 _registered = False
 
 
@@ -30,6 +44,47 @@ def library_path():
         return env if os.path.isfile(env) else None
     bundled = Path(__file__).resolve().parent / LIBRARY_NAME
     return str(bundled) if bundled.is_file() else None
+
+
+def _package_dirs(name):
+    """Directories of package `name` (without importing it), or []."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        return [Path(p) for p in spec.submodule_search_locations]
+    return [Path(spec.origin).parent] if spec.origin else []
+
+
+def vendor_plugin_path():
+    """The installed vendor XLA GPU plugin library of this interpreter, or None."""
+    for package, library in VENDOR_PACKAGES:
+        for d in _package_dirs(package):
+            candidate = d / library
+            if candidate.is_file():
+                return str(candidate)
+    return None
+
+
+def _client_options():
+    """Client options from this package (JAX adds jax_pjrt_client_create_options on top)."""
+    if os.environ.get("XLA_VMM_VENDOR_PLUGIN"):
+        return {}  # the plugin reads it itself
+    if os.environ.get("XLA_VMM_BACKEND", "").strip() == "host":
+        return {}  # no GPU: no compiler wanted
+    path = vendor_plugin_path()
+    if path is None:
+        logger.warning(
+            "xla-vmm: no vendor XLA GPU plugin package (%s) for this python; install "
+            "jax[cuda13] or set XLA_VMM_VENDOR_PLUGIN",
+            ", ".join(p for p, _ in VENDOR_PACKAGES),
+        )
+        return {}
+    logger.debug("xla-vmm: vendor plugin %s", path)
+    return {"vendor_plugin_path": path}
 
 
 def initialize():
@@ -47,8 +102,11 @@ def initialize():
         return
     from jax._src import xla_bridge
 
-    # options=None: JAX builds the options from jax_pjrt_client_create_options.
+    # options: called when the client is created; JAX then applies
+    # jax_pjrt_client_create_options on top (a user's vendor_plugin_path wins).
     # A low priority: installing the package does not change the default
     # backend; JAX_PLATFORMS=vmm (or jax.devices("vmm")) selects it.
-    xla_bridge.register_plugin(PLUGIN_NAME, priority=300, library_path=path, options=None)
+    xla_bridge.register_plugin(
+        PLUGIN_NAME, priority=300, library_path=path, options=_client_options
+    )
     _registered = True
