@@ -1,7 +1,8 @@
 """100 llama training steps on xla-vmm match stock XLA bit for bit (same serialized executable).
 
 Runs llama_ab.py's two sides in separate processes (stock: JAX_PLATFORMS=cuda; vmm:
-JAX_PLATFORMS=vmm). Needs the GPU and jax's CUDA plugin; skipped where the stock side cannot run.
+JAX_PLATFORMS=vmm), compiled with deterministic ops (stock XLA with atomics does not reproduce
+its own losses). Needs the GPU and jax's CUDA plugin; skipped where the stock side cannot run.
 """
 import os
 import subprocess
@@ -12,8 +13,15 @@ import pytest
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama_ab.py")
 
 
+DETERMINISTIC = "--xla_gpu_deterministic_ops=true"
+
+
 def side(which, d, platforms):
     env = dict(os.environ, JAX_PLATFORMS=platforms)
+    # Stock XLA's own losses differ run to run with atomics; bitwise A/B needs deterministic ops.
+    flags = env.get("XLA_FLAGS", "")
+    if DETERMINISTIC not in flags:
+        env["XLA_FLAGS"] = (flags + " " + DETERMINISTIC).strip()
     return subprocess.run([sys.executable, SCRIPT, which, str(d), "--steps", "100"], env=env,
                           capture_output=True, text=True, timeout=900)
 
