@@ -49,7 +49,8 @@ impl Client {
         options: ClientOptions,
         backend: Arc<B>,
     ) -> Result<Arc<Client>> {
-        Self::with_memory(options, Arc::new(VmmMemory::new(backend)?))
+        let t = options.tmp_copy_threshold;
+        Self::with_memory(options, Arc::new(VmmMemory::with_threshold(backend, t)?))
     }
 
     /// A client over prepared device memory (backend + allocator + GEMM).
@@ -154,7 +155,7 @@ fn new_cuda(options: ClientOptions) -> Result<Arc<Client>> {
             None
         }
     };
-    let mem = VmmMemory::new(backend)?.with_gemm(gemm);
+    let mem = VmmMemory::with_threshold(backend, options.tmp_copy_threshold)?.with_gemm(gemm);
     let client = Client::with_memory(options, Arc::new(mem))?;
     // Create the vendor compiler now: PJRT_Plugin_Attributes (called right
     // after this) reports its versions, and the platform version is its

@@ -53,6 +53,11 @@ pub trait DeviceMemory: Send + Sync {
     fn as_any(&self) -> &dyn Any;
     /// Load a decoded program on this device (the runtime's `Executable`).
     fn load_program(&self, plan: xla_vmm::Plan) -> Result<Box<dyn Program>>;
+    /// What VA-stable graph mode needs to map `a` (its physical memory and
+    /// allocation id), for [`Program::run_bound`].
+    fn remap_handle(&self, _a: &Allocation) -> Option<Box<dyn Any + Send>> {
+        None
+    }
 }
 
 /// [`DeviceMemory`] on a [`Backend`] through the [`VmmAllocator`].
@@ -60,16 +65,34 @@ pub struct VmmMemory<B: Backend> {
     allocator: VmmAllocator<B>,
     stream: Mutex<Option<B::Stream>>,
     gemm: Option<Arc<dyn GemmEngine<B>>>,
+    /// `xla_vmm_tmp_copy_threshold` of the client (0 / 1 auto / N).
+    threshold: u64,
 }
 
 impl<B: Backend> VmmMemory<B> {
     pub fn new(backend: Arc<B>) -> Result<Self> {
+        Self::with_threshold(backend, 1)
+    }
+
+    /// Device memory for a client whose copy threshold is `threshold`: under
+    /// 0 (remap everything) no buffer is sub-allocated, so every buffer is
+    /// its own remappable allocation, as XLA's own VMM allocator does.
+    pub fn with_threshold(backend: Arc<B>, threshold: u64) -> Result<Self> {
         let stream = backend.stream_create()?;
-        let allocator = VmmAllocator::new(backend, VmmConfig::default())?;
+        let cfg = if threshold == 0 {
+            VmmConfig {
+                small_threshold: 0,
+                ..VmmConfig::default()
+            }
+        } else {
+            VmmConfig::default()
+        };
+        let allocator = VmmAllocator::new(backend, cfg)?;
         Ok(VmmMemory {
             allocator,
             stream: Mutex::new(Some(stream)),
             gemm: None,
+            threshold,
         })
     }
 
@@ -155,8 +178,18 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
     }
 
     fn load_program(&self, plan: xla_vmm::Plan) -> Result<Box<dyn Program>> {
-        let p = RuntimeProgram::load(self.allocator.backend().clone(), plan, self.gemm.clone())?;
+        let p = RuntimeProgram::load(
+            self.allocator.backend().clone(),
+            plan,
+            self.gemm.clone(),
+            self.threshold,
+        )?;
         Ok(Box::new(p))
+    }
+
+    fn remap_handle(&self, a: &Allocation) -> Option<Box<dyn Any + Send>> {
+        let buf = a.inner.downcast_ref::<VmmBuffer<B>>()?;
+        Some(Box::new(xla_vmm_runtime::UserBuffer::from_vmm(buf)))
     }
 }
 

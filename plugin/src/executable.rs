@@ -279,22 +279,26 @@ impl ExecInner {
         // A parameter the program writes in place but the caller may not
         // donate is copied first; the program updates the copy.
         let mut bound = Vec::with_capacity(args.len());
+        let mut handles = Vec::with_capacity(args.len());
         let mut copies: Vec<Option<crate::devmem::Allocation>> = Vec::with_capacity(args.len());
         for (i, a) in args.iter().enumerate() {
-            let (ptr, bytes) = a.with_live(|al| Ok((al.ptr, a.bytes)))?;
+            let (ptr, bytes, handle) =
+                a.with_live(|al| Ok((al.ptr, a.bytes, mem.remap_handle(al))))?;
             if self.aliased[i] && non_donatable.contains(&(i as i64)) && bytes > 0 {
                 let copy = mem.alloc(bytes)?;
                 mem.copy(copy.ptr, ptr, bytes)?;
                 bound.push((copy.ptr, bytes));
+                handles.push(mem.remap_handle(&copy));
                 copies.push(Some(copy));
             } else {
                 bound.push((ptr, bytes));
+                handles.push(handle);
                 copies.push(None);
             }
         }
         // The outputs live in the executable's memory until its next run:
         // keep the lock until they are copied out.
-        let outs = program.run(&bound)?;
+        let outs = program.run_bound(&bound, handles)?;
         if outs.len() != self.outputs.len() {
             return Err(Error::internal(format!(
                 "{}: {} outputs produced, {} declared",

@@ -44,6 +44,7 @@ pub mod handles;
 pub mod options;
 mod plugin;
 pub mod program;
+pub mod stats;
 pub mod vendor;
 pub mod vendor_exec;
 pub mod vendor_locate;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use xla_vmm::Plan;
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::{Backend, DevicePtr};
-use xla_vmm_runtime::{Executable, Mode, RuntimeError};
+use xla_vmm_runtime::{BindingConfig, Executable, Mode, RuntimeError, UserBuffer};
 
 use crate::error::{Error, Result};
 
@@ -23,6 +23,17 @@ pub struct RunOutput {
 pub trait Program: Send {
     /// Bind `args` (pointer, bytes per entry parameter), run to completion.
     fn run(&mut self, args: &[(DevicePtr, u64)]) -> Result<Vec<RunOutput>>;
+
+    /// Like [`Program::run`], with each argument's remap handle (from
+    /// `DeviceMemory::remap_handle`) where there is one, so VA-stable graph
+    /// mode can map the caller's physical memory instead of copying.
+    fn run_bound(
+        &mut self,
+        args: &[(DevicePtr, u64)],
+        _handles: Vec<Option<Box<dyn std::any::Any + Send>>>,
+    ) -> Result<Vec<RunOutput>> {
+        self.run(args)
+    }
 }
 
 impl From<RuntimeError> for Error {
@@ -39,11 +50,13 @@ impl From<RuntimeError> for Error {
     }
 }
 
-/// How programs run: `XLA_VMM_EXEC_MODE=graph` captures each program once
-/// into a graph; the default is eager (thunk by thunk).
+/// How programs run: `XLA_VMM_EXEC_MODE=graph` records each program once
+/// per VA reservation (VA-stable graph mode), `graph-recapture` captures one
+/// graph re-captured on address changes; the default is eager.
 pub fn exec_mode() -> Mode {
     match std::env::var("XLA_VMM_EXEC_MODE").as_deref() {
-        Ok("graph") => Mode::Graph,
+        Ok("graph") => Mode::VaStable,
+        Ok("graph-recapture") => Mode::Graph,
         _ => Mode::Eager,
     }
 }
@@ -56,9 +69,17 @@ pub struct RuntimeProgram<B: Backend> {
 }
 
 impl<B: Backend> RuntimeProgram<B> {
-    pub fn load(backend: Arc<B>, plan: Plan, gemm: Option<Arc<dyn GemmEngine<B>>>) -> Result<Self> {
+    /// `threshold`: the client's `xla_vmm_tmp_copy_threshold` (VA-stable
+    /// graph mode).
+    pub fn load(
+        backend: Arc<B>,
+        plan: Plan,
+        gemm: Option<Arc<dyn GemmEngine<B>>>,
+        threshold: u64,
+    ) -> Result<Self> {
         let stream = backend.stream_create()?;
-        let loaded = Executable::load(backend.clone(), plan, gemm, &stream).and_then(|exe| {
+        let loaded = Executable::load(backend.clone(), plan, gemm, &stream).and_then(|mut exe| {
+            exe.set_binding_config(BindingConfig::resolve(Some(threshold))?)?;
             backend.stream_synchronize(&stream)?;
             Ok(exe)
         });
@@ -79,6 +100,14 @@ impl<B: Backend> RuntimeProgram<B> {
 
 impl<B: Backend> Program for RuntimeProgram<B> {
     fn run(&mut self, args: &[(DevicePtr, u64)]) -> Result<Vec<RunOutput>> {
+        self.run_bound(args, Vec::new())
+    }
+
+    fn run_bound(
+        &mut self,
+        args: &[(DevicePtr, u64)],
+        mut handles: Vec<Option<Box<dyn std::any::Any + Send>>>,
+    ) -> Result<Vec<RunOutput>> {
         let (Some(exe), Some(stream)) = (self.exe.as_mut(), self.stream.as_ref()) else {
             return Err(Error::failed_precondition("the program was unloaded"));
         };
@@ -89,8 +118,16 @@ impl<B: Backend> Program for RuntimeProgram<B> {
                 args.len()
             )));
         }
-        for (i, &(ptr, bytes)) in args.iter().enumerate() {
-            exe.bind_parameter(i, ptr, bytes)?;
+        handles.resize_with(args.len(), || None);
+        for (i, (&(ptr, bytes), h)) in args.iter().zip(handles).enumerate() {
+            match h.and_then(|h| h.downcast::<UserBuffer<B>>().ok()) {
+                Some(u) if u.ptr == ptr && u.bytes >= bytes => {
+                    let mut u = *u;
+                    u.bytes = bytes;
+                    exe.bind_user_buffer(i, u)?
+                }
+                _ => exe.bind_parameter(i, ptr, bytes)?,
+            }
         }
         let outs = exe.run(stream, self.mode)?;
         self.backend.stream_synchronize(stream)?;

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context};
+use xla_vmm_device::vmm::{Buffer, VmmAllocator, VmmConfig};
 use xla_vmm_device::Backend;
 use xla_vmm_runtime::npz::{self, NpyArray};
-use xla_vmm_runtime::{DeviceBuffer, Executable, Mode};
+use xla_vmm_runtime::{BindingConfig, Executable, Mode};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -21,9 +22,17 @@ pub struct Args {
     /// Write the results as `out_0..out_m`.
     #[arg(long)]
     pub outputs: Option<PathBuf>,
-    /// `eager` (thunk by thunk) or `graph` (one captured graph).
+    /// `eager` (thunk by thunk), `graph` (VA-stable: one graph per fixed VA
+    /// reservation, recorded once; parameters bound by skip / remap / copy)
+    /// or `graph-recapture` (one graph, re-captured when parameter
+    /// addresses change).
     #[arg(long, default_value = "eager")]
     pub mode: String,
+    /// Copy threshold of graph mode: 0 = remap every slot (and no
+    /// sub-allocated parameter buffers), 1 = auto, N = copy slots of at most
+    /// N bytes. Default: `XLA_VMM_TMP_COPY_THRESHOLD`, else auto.
+    #[arg(long)]
+    pub threshold: Option<u64>,
     /// After the checked run, time this many more steps (state donated to
     /// the executable keeps evolving; the timing is what is reported).
     #[arg(long, default_value_t = 0)]
@@ -98,8 +107,9 @@ fn nondeterministic_outputs(path: &std::path::Path) -> anyhow::Result<Vec<String
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mode = match args.mode.as_str() {
         "eager" => Mode::Eager,
-        "graph" => Mode::Graph,
-        m => bail!("--mode must be eager or graph, not {m:?}"),
+        "graph" => Mode::VaStable,
+        "graph-recapture" => Mode::Graph,
+        m => bail!("--mode must be eager, graph or graph-recapture, not {m:?}"),
     };
     let bytes =
         std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
@@ -175,10 +185,23 @@ pub fn replay<B: Backend>(
     let t = Instant::now();
     let mut exe = Executable::load(backend.clone(), plan, gemm, &stream)?;
     eprintln!("loaded in {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    let binding = BindingConfig::resolve(args.threshold)?;
+    // Under 0 every parameter buffer is its own remappable allocation (no
+    // sub-allocation), as XLA's own VMM allocator does.
+    let vmm_cfg = if binding.threshold.raw() == 0 {
+        VmmConfig {
+            small_threshold: 0,
+            ..VmmConfig::default()
+        }
+    } else {
+        VmmConfig::default()
+    };
+    exe.set_binding_config(binding)?;
+    let allocator = VmmAllocator::new(backend.clone(), vmm_cfg)?;
 
     let inputs = npz::read_npz(&args.inputs)?;
     let shapes = exe.parameter_shapes().to_vec();
-    let mut params: Vec<DeviceBuffer<B>> = Vec::with_capacity(shapes.len());
+    let mut params: Vec<Buffer<B>> = Vec::with_capacity(shapes.len());
     let result = (|| -> anyhow::Result<()> {
         for (i, shape) in shapes.iter().enumerate() {
             let name = format!("in_{i}");
@@ -199,11 +222,11 @@ pub fn replay<B: Backend>(
                     shape.element_type.name().unwrap_or("?")
                 );
             }
-            let buf = DeviceBuffer::alloc(be, want)?;
+            let buf = allocator.alloc(want.max(1))?;
             if want > 0 {
                 be.write_sync(buf.ptr(), &a.data, &stream)?;
             }
-            exe.bind_parameter(i, buf.ptr(), want)?;
+            exe.bind_buffer(i, &buf)?;
             params.push(buf);
         }
         let extra = inputs
@@ -261,8 +284,10 @@ pub fn replay<B: Backend>(
                     "--loop-steps needs the state of the first run: do not combine it with --steps"
                 );
             }
-            let ptrs: Vec<_> = params.iter().map(|p| (p.ptr(), p.size())).collect();
-            failed |= !train_loop(be, &mut exe, &stream, mode, &ptrs, args)?;
+            failed |= !train_loop(be, &allocator, &mut exe, &stream, mode, &mut params, args)?;
+        }
+        if let Some(st) = exe.stats() {
+            println!("{}", st.line());
         }
         if failed {
             bail!(
@@ -277,8 +302,9 @@ pub fn replay<B: Backend>(
     })();
     be.stream_synchronize(&stream).ok();
     drop(exe);
-    for p in params {
-        p.free(be).ok();
+    drop(params);
+    for e in allocator.take_deferred_errors() {
+        eprintln!("deferred device error: {e}");
     }
     be.stream_destroy(stream).ok();
     result
@@ -382,12 +408,18 @@ fn show(b: &[u8], descr: &str) -> String {
 }
 
 /// `--loop-steps`: the first run already happened (its loss is step 0).
+///
+/// Outputs are fed back as a donated JAX loop does: an output aliased with
+/// its parameter already is the parameter's buffer (updated in place); any
+/// other state output is copied into a fresh buffer that becomes the next
+/// input, and the old input buffer is freed (stream ordered).
 fn train_loop<B: Backend>(
     be: &B,
+    allocator: &VmmAllocator<B>,
     exe: &mut Executable<B>,
     stream: &B::Stream,
     mode: Mode,
-    params: &[(xla_vmm_device::DevicePtr, u64)],
+    params: &mut [Buffer<B>],
     args: &Args,
 ) -> anyhow::Result<bool> {
     let read_loss = |exe: &Executable<B>| -> anyhow::Result<u32> {
@@ -404,18 +436,27 @@ fn train_loop<B: Backend>(
     for _ in 1..args.loop_steps {
         let outs = exe.outputs()?;
         let n_state = outs.len().saturating_sub(1);
-        for (o, &(ptr, size)) in outs.iter().take(n_state).zip(params) {
-            if o.bytes != size {
+        for (i, o) in outs.iter().take(n_state).enumerate() {
+            let Some(p) = params.get_mut(i) else {
+                bail!("output {i} has no input to feed");
+            };
+            if o.bytes != p.size() {
                 bail!(
-                    "output {} ({} bytes) cannot feed input {} ({size} bytes)",
+                    "output {} ({} bytes) cannot feed input {} ({} bytes)",
                     o.index,
                     o.bytes,
-                    o.index
+                    o.index,
+                    p.size()
                 );
             }
-            if o.ptr != ptr {
-                be.copy_d2d(ptr, o.ptr, size, stream)?;
+            if o.parameter == Some(i) || o.ptr == p.ptr() {
+                continue;
             }
+            let fresh = allocator.alloc(o.bytes.max(1))?;
+            be.copy_d2d(fresh.ptr(), o.ptr, o.bytes, stream)?;
+            let old = std::mem::replace(p, fresh);
+            exe.bind_buffer(i, p)?;
+            allocator.free(old, stream)?;
         }
         exe.run(stream, mode)?;
         be.stream_synchronize(stream)?;
