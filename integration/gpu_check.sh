@@ -4,7 +4,7 @@
 # repo root, on artifacts staged by integration/stage_gpu.sh:
 #     bash integration/gpu_check.sh .dev/gpu [SECTION...]
 # SECTION: device stock runtime memcheck plugin bench (default: all, in that order; runtime and
-# bench need stock's reference data in $WORK).
+# bench need stock's reference data in $WORK); `ab` (integration/ab.py) only when named.
 # Artifacts (logs, reference data, probe JSON) go to $XLA_VMM_GPU_WORK (default /tmp/xla-vmm-gpu).
 set -u
 S=${1:-.dev/gpu}
@@ -87,6 +87,12 @@ for f in llama_sgd_f32 llama_scan_bf16; do
     check "loop$STEPS:$f:$mode" "$VMM" run "$WORK/ref-det/$f.pjrt" --inputs "$WORK/ref-det/$f.npz" --mode "$mode" \
       --loop-steps "$STEPS" --loop-ref "$WORK/ref-det/$f.loop.json"
   done
+  # VA-stable graph mode at every kind of threshold: the same loss bits as stock (the last log
+  # line is the binding stats).
+  for t in 0 1 4096; do
+    check "loop$STEPS:$f:graph:t$t" "$VMM" run "$WORK/ref-det/$f.pjrt" --inputs "$WORK/ref-det/$f.npz" --mode graph \
+      --threshold "$t" --loop-steps "$STEPS" --loop-ref "$WORK/ref-det/$f.loop.json"
+  done
 done
 fi
 
@@ -107,15 +113,26 @@ want plugin && check "plugin:pytest" python3 -m pytest -q -rs -p no:cacheprovide
 # 6. Benchmark (not a test): stock XLA vs our eager and graph modes, same executable, one run.
 want bench && check "bench" python3 integration/bench.py --vmm "$VMM" --ref "$WORK/ref" llama_sgd_f32 llama_scan_bf16
 
+# 7. A/B harness (not a test, opt in: section `ab`): llama training through the plugin at thresholds
+#    0/1/4096/65536/1M vs stock XLA with command buffers on/off. AB_MODELS / AB_STEPS override.
+want_ab() { [[ "$SECTIONS" == *" ab "* ]]; }
+want_ab && check "ab" python3 integration/ab.py --out "$WORK/ab" --vmm "$VMM" --steps "${AB_STEPS:-20}" \
+  --models "${AB_MODELS:-llama_small_f32,llama_110m_bf16,maxtext_tiny_bf16}"
+want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab/ab.json" >/dev/null 2>&1
+
 echo
 echo "================ xla-vmm GPU check summary ================"
 printf '%s\n' "${SUMMARY[@]}"
 echo "$pass passed, $fail failed"
 [ -f "$WORK/logs/bench.log" ] && { echo; grep -A20 '^| program' "$WORK/logs/bench.log"; }
+[ -f "$WORK/ab/ab.md" ] && { echo; cat "$WORK/ab/ab.md"; }
+for l in "$WORK"/logs/loop*:graph*.log; do
+  [ -f "$l" ] && echo "$(basename "$l" .log): $(grep -h '^LOSSES' "$l") | $(grep -h '^binding:' "$l")"
+done
 # Keep the logs next to the summary (a tarball in $SAVE_TO, when set).
 if [ -n "${SAVE_TO:-}" ]; then
   mkdir -p "$SAVE_TO"
   printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json 2>/dev/null)
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* 2>/dev/null)
 fi
 [ "$fail" -eq 0 ]

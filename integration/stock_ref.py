@@ -6,7 +6,7 @@ IFRT header jax adds is stripped), run one step (NAME.npz: in_i / out_i), then r
 map). Autotuning differs between compiles, so numerics are only comparable on these exact bytes.
 
 Usage (on the GPU machine): python3 integration/stock_ref.py --out DIR [--steps 50] NAME...
-NAME: llama_sgd_f32 | llama_scan_bf16 | llama_small_f32 | llama_110m_bf16
+NAME: llama_sgd_f32 | llama_scan_bf16 | llama_small_f32 | llama_110m_bf16 | maxtext_tiny_bf16
 """
 import argparse
 import json

@@ -14,6 +14,9 @@ CONFIGS = {
     "llama_small_f32": (1024, 512, 8, 4, 4, 1536, jnp.float32, False, 8, 256),
     # 110M-parameter bf16 scan model (make_fixtures.py "llama_110m_bf16_scan")
     "llama_110m_bf16": (32000, 1024, 16, 8, 8, 2816, jnp.bfloat16, True, 8, 1024),
+    # MaxText-like (its llama2 decoder defaults, scaled down to run in seconds): bf16 weights,
+    # scan over layers, multi-head attention (kv_heads == heads), SwiGLU, 32k vocab, adamw
+    "maxtext_tiny_bf16": (32000, 512, 8, 8, 4, 1408, jnp.bfloat16, True, 4, 512),
 }
 
 

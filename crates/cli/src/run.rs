@@ -433,7 +433,10 @@ fn train_loop<B: Backend>(
         Ok(u32::from_le_bytes(b))
     };
     let mut bits = vec![read_loss(exe)?];
+    // Per-step wall time (feed, run, wait, read the loss), for integration/ab.py.
+    let mut step_ms = vec![None];
     for _ in 1..args.loop_steps {
+        let t = Instant::now();
         let outs = exe.outputs()?;
         let n_state = outs.len().saturating_sub(1);
         for (i, o) in outs.iter().take(n_state).enumerate() {
@@ -461,9 +464,13 @@ fn train_loop<B: Backend>(
         exe.run(stream, mode)?;
         be.stream_synchronize(stream)?;
         bits.push(read_loss(exe)?);
+        step_ms.push(Some(t.elapsed().as_secs_f64() * 1e3));
     }
-    for (i, b) in bits.iter().enumerate() {
-        println!("loss[{i}] = {} (0x{b:08x})", f32::from_bits(*b));
+    for (i, (b, ms)) in bits.iter().zip(&step_ms).enumerate() {
+        match ms {
+            Some(ms) => println!("loss[{i}] = {} (0x{b:08x}) {ms:.3} ms", f32::from_bits(*b)),
+            None => println!("loss[{i}] = {} (0x{b:08x})", f32::from_bits(*b)),
+        }
     }
     let Some(path) = &args.loop_ref else {
         return Ok(true);

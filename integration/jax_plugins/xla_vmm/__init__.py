@@ -110,3 +110,6 @@ def initialize():
         PLUGIN_NAME, priority=300, library_path=path, options=_client_options
     )
     _registered = True
+
+
+from ._stats import stats  # noqa: E402,F401  (jax_plugins.xla_vmm.stats())

@@ -1,0 +1,272 @@
+"""A/B harness (issue 6): llama training on stock XLA vs xla-vmm's VA-stable graph mode at several
+copy thresholds, on the same serialized executable.
+
+Per model:
+  * stock XLA, XLA command buffers on (default flags) and off (--xla_gpu_enable_command_buffer=),
+    both with --xla_gpu_deterministic_ops=true so losses are comparable bit for bit; the "on"
+    compile is serialized and reused by every xla-vmm row (no recompilation: autotuning cannot
+    differ between rows);
+  * xla-vmm through the PJRT plugin (JAX_PLATFORMS=vmm, jax_plugins.xla_vmm, XLA_VMM_EXEC_MODE=graph)
+    at XLA_VMM_TMP_COPY_THRESHOLD = 0, 1 (auto), 4096, 65536, 1048576, binding stats from
+    jax_plugins.xla_vmm.stats();
+  * if the plugin path fails for a row, the fallback `xla-vmm run EXE.pjrt --mode graph
+    --threshold N --loop-steps STEPS` on the same executable (column `path` says which).
+Every row runs in its own process. Writes DIR/ab.md (Markdown table) and DIR/ab.json;
+integration/plot_ab.py makes the PNG.
+
+    python3 integration/ab.py --out DIR [--steps 20] [--models llama_small_f32,...] [--vmm BIN]
+"""
+import argparse
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+MODELS = ["llama_small_f32", "llama_110m_bf16", "maxtext_tiny_bf16"]
+THRESHOLDS = [0, 1, 4096, 65536, 1048576]
+DET = "--xla_gpu_deterministic_ops=true"
+
+
+def median_from(times, first=3):
+    t = sorted(times[first:] if len(times) > first else times)
+    return t[len(t) // 2] if t else float("nan")
+
+
+def _program(name):
+    import jax
+    from models import llama
+
+    make_state, train_step, batch, seq, vocab = llama.build(name)
+    x = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, vocab)
+    return train_step, (make_state(jax.random.PRNGKey(0)), x), (0,)
+
+
+def _loop(compiled, args, steps, device):
+    """State = every output but the last (the loss); returns (loss bits, step ms)."""
+    import jax
+    import numpy as np
+
+    cur = jax.device_put(args, device)
+    treedef = jax.tree.structure(cur)
+    bits, times = [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        leaves = jax.tree.leaves(compiled(*cur))
+        loss = leaves[-1].block_until_ready()
+        times.append((time.perf_counter() - t) * 1e3)
+        bits.append(int(np.asarray(loss, dtype=np.float32).view(np.uint32)))
+        n = len(leaves) - 1
+        cur = jax.tree.unflatten(treedef, leaves[:n] + jax.tree.leaves(cur)[n:])
+    return bits, times
+
+
+def child_stock(name, d, steps, save):
+    """Compile on stock XLA (flags from the environment), optionally save the executable."""
+    import jax
+    import numpy as np
+    from jax.experimental.serialize_executable import serialize
+    import stock_ref
+
+    f, args, donate = _program(name)
+    t = time.perf_counter()
+    compiled = jax.jit(f, donate_argnums=donate).lower(*args).compile()
+    compile_s = time.perf_counter() - t
+    if save:
+        payload, in_tree, out_tree = serialize(compiled)
+        with open(os.path.join(d, name + ".exe.pkl"), "wb") as fh:
+            pickle.dump((payload, in_tree, out_tree), fh)
+        with open(os.path.join(d, name + ".args.pkl"), "wb") as fh:
+            pickle.dump(jax.tree.map(np.asarray, args), fh)
+        # The same bytes for the CLI fallback (stock_ref.py's format).
+        with open(os.path.join(d, name + ".pjrt"), "wb") as fh:
+            fh.write(stock_ref.pjrt_bytes(compiled.runtime_executable().serialize()))
+        np.savez(os.path.join(d, name + ".npz"),
+                 **{"in_%d" % i: np.asarray(a) for i, a in enumerate(jax.tree.leaves(args))})
+    bits, times = _loop(compiled, jax.tree.map(np.asarray, args), steps, jax.devices()[0])
+    return {"loss_bits": bits, "step_ms": times, "compile_s": compile_s}
+
+
+def child_vmm(name, d, steps):
+    import jax
+    from jax.experimental.serialize_executable import deserialize_and_load
+    from jax_plugins import xla_vmm
+
+    xla_vmm.initialize()
+    dev = jax.devices("vmm")[0]
+    with open(os.path.join(d, name + ".exe.pkl"), "rb") as fh:
+        payload, in_tree, out_tree = pickle.load(fh)
+    compiled = deserialize_and_load(payload, in_tree, out_tree, backend="vmm")
+    with open(os.path.join(d, name + ".args.pkl"), "rb") as fh:
+        args = pickle.load(fh)
+    bits, times = _loop(compiled, args, steps, dev)
+    st = xla_vmm.stats()
+    best = max(st.values(), key=lambda s: s.get("steps", 0)) if st else {}
+    return {"loss_bits": bits, "step_ms": times, "stats": best}
+
+
+def run_child(argv, env, timeout):
+    """Run this script as a child; its last stdout line is a JSON result."""
+    t = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, os.path.abspath(__file__)] + argv, env=env,
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "timeout after %ds" % timeout
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        return None, "rc %d: %s" % (p.returncode, " | ".join(tail))
+    r = json.loads(lines[-1])
+    r["wall_s"] = time.perf_counter() - t
+    return r, None
+
+
+def run_cli(vmm, d, name, threshold, steps, timeout):
+    """Fallback row: `xla-vmm run --mode graph --loop-steps` on the saved executable."""
+    cmd = [vmm, "run", os.path.join(d, name + ".pjrt"), "--inputs", os.path.join(d, name + ".npz"),
+           "--mode", "graph", "--threshold", str(threshold), "--loop-steps", str(steps)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "timeout"
+    if p.returncode != 0:
+        return None, "rc %d: %s" % (p.returncode, p.stderr.strip().splitlines()[-1:])
+    bits, times, stats = [], [], {}
+    for ln in p.stdout.splitlines():
+        m = re.match(r"loss\[\d+\] = \S+ \(0x([0-9a-f]{8})\)(?: ([0-9.]+) ms)?", ln)
+        if m:
+            bits.append(int(m.group(1), 16))
+            if m.group(2):
+                times.append(float(m.group(2)))
+        if ln.startswith("binding:"):
+            stats = {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.]+)", ln)}
+            stats["host_binding_ns"] = stats.get("host_us_per_step", 0) * 1e3 * stats.get("steps", 0)
+    return {"loss_bits": bits, "step_ms": times, "stats": stats}, None
+
+
+def row(model, config, path, r, base_ms):
+    ms = median_from(r["step_ms"])
+    st = r.get("stats") or {}
+    steps = max(st.get("steps", 0), 1)
+    bits = r["loss_bits"]
+    return {
+        "model": model, "config": config, "path": path, "median_ms": ms,
+        "speedup_vs_t0": (base_ms / ms) if base_ms and ms == ms and ms > 0 else None,
+        "final_loss": float(__import__("struct").unpack("<f", bits[-1].to_bytes(4, "little"))[0]) if bits else None,
+        "final_loss_bits": "%08x" % bits[-1] if bits else None,
+        "loss_bits": bits,
+        "remaps_per_step": st.get("remaps", 0) / steps if st else None,
+        "copies_per_step": st.get("copies", 0) / steps if st else None,
+        "skips_per_step": st.get("skips", 0) / steps if st else None,
+        "host_us_per_step": st.get("host_binding_ns", 0) / steps / 1e3 if st else None,
+        "stats": st, "step_ms": r["step_ms"],
+    }
+
+
+def markdown(rows, steps):
+    out = ["| model | config | path | median ms (steps>=3 of %d) | speedup vs t=0 | final loss | "
+           "losses = t0 | remaps/step | copies/step | host µs/step |" % steps,
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    t0 = {r["model"]: r["loss_bits"] for r in rows if r["config"] == "vmm t=0"}
+    f = lambda v, fmt: (fmt % v) if isinstance(v, (int, float)) else "-"  # noqa: E731
+    for r in rows:
+        same = t0.get(r["model"])
+        eq = "-" if same is None else ("yes" if r["loss_bits"] == same else "NO")
+        out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["model"], r["config"], r["path"], f(r["median_ms"], "%.3f"),
+            f(r["speedup_vs_t0"], "%.2fx"), f(r["final_loss"], "%.6f"), eq,
+            f(r["remaps_per_step"], "%.2f"), f(r["copies_per_step"], "%.2f"),
+            f(r["host_us_per_step"], "%.1f")))
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
+    ap.add_argument("--vmm", default=os.path.join(HERE, "..", ".dev", "gpu", "bin", "xla-vmm"),
+                    help="xla-vmm CLI for the fallback path")
+    ap.add_argument("--timeout", type=int, default=300, help="per row, seconds")
+    ap.add_argument("--no-fallback", action="store_true")
+    # internal: child processes
+    ap.add_argument("--child", choices=["stock", "vmm"])
+    ap.add_argument("--name")
+    ap.add_argument("--save", action="store_true")
+    a = ap.parse_args()
+    d = os.path.abspath(a.out)
+    os.makedirs(d, exist_ok=True)
+    if a.child == "stock":
+        print(json.dumps(child_stock(a.name, d, a.steps, a.save)))
+        return 0
+    if a.child == "vmm":
+        print(json.dumps(child_vmm(a.name, d, a.steps)))
+        return 0
+
+    rows, errors = [], []
+    flags = os.environ.get("XLA_FLAGS", "")
+    for model in [m for m in a.models.split(",") if m]:
+        base = dict(os.environ, JAX_PLATFORMS="cuda")
+        base.pop("XLA_VMM_TMP_COPY_THRESHOLD", None)
+        results = []
+        for config, extra, save in [("stock cmdbuf on", DET, True),
+                                    ("stock cmdbuf off", DET + " --xla_gpu_enable_command_buffer=", False)]:
+            env = dict(base, XLA_FLAGS=(flags + " " + extra).strip())
+            print("[%s] %s ..." % (model, config), flush=True)
+            r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "stock", "--name", model]
+                               + (["--save"] if save else []), env, a.timeout)
+            if r is None:
+                errors.append("%s %s: %s" % (model, config, err))
+                print("  failed: %s" % err, flush=True)
+                if save:
+                    break
+                continue
+            results.append((config, "jax", r))
+            print("  median %.3f ms" % median_from(r["step_ms"]), flush=True)
+        if not os.path.exists(os.path.join(d, model + ".exe.pkl")):
+            continue
+        vrows = []
+        for t in [int(x) for x in a.thresholds.split(",") if x]:
+            config = "vmm t=%d%s" % (t, " (auto)" if t == 1 else "")
+            print("[%s] %s ..." % (model, config), flush=True)
+            env = dict(os.environ, JAX_PLATFORMS="vmm", XLA_VMM_EXEC_MODE="graph",
+                       XLA_VMM_TMP_COPY_THRESHOLD=str(t), XLA_FLAGS=flags)
+            r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "vmm", "--name", model],
+                               env, a.timeout)
+            path = "plugin"
+            if r is None and not a.no_fallback and os.path.exists(a.vmm):
+                print("  plugin failed (%s); falling back to xla-vmm run" % err, flush=True)
+                r, err = run_cli(a.vmm, d, model, t, a.steps, a.timeout)
+                path = "cli"
+            if r is None:
+                errors.append("%s %s: %s" % (model, config, err))
+                print("  failed: %s" % err, flush=True)
+                continue
+            print("  median %.3f ms (%s)" % (median_from(r["step_ms"]), path), flush=True)
+            vrows.append((config, path, r))
+        base_ms = next((median_from(r["step_ms"]) for c, _, r in vrows if c == "vmm t=0"), None)
+        for config, path, r in results:
+            rows.append(row(model, config, path, r, base_ms))
+        for config, path, r in vrows:
+            rows.append(row(model, config.replace(" (auto)", ""), path, r, base_ms))
+    table = markdown(rows, a.steps)
+    with open(os.path.join(d, "ab.md"), "w") as fh:
+        fh.write(table + "\n")
+        if errors:
+            fh.write("\nErrors:\n" + "\n".join("- " + e for e in errors) + "\n")
+    json.dump({"steps": a.steps, "rows": rows, "errors": errors}, open(os.path.join(d, "ab.json"), "w"), indent=1)
+    print(table)
+    for e in errors:
+        print("ERROR", e)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
