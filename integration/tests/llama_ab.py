@@ -72,6 +72,9 @@ def stock(d, name, steps):
         pickle.dump((payload, in_tree, out_tree), fh)
     with open(os.path.join(d, name + ".args.pkl"), "wb") as fh:
         pickle.dump(jax.tree.map(np.asarray, args), fh)
+    # Host copies: device_put of an array already on the device is the same array, which the
+    # first loop's donation would delete before the second loop.
+    args = jax.tree.map(np.asarray, args)
     bits, times = loop(compiled, args, steps, jax.devices()[0])
     # Stock XLA must reproduce its own losses, else a bitwise A/B means nothing (executables
     # with atomics differ run to run; compile with XLA_FLAGS=--xla_gpu_deterministic_ops=true).
