@@ -79,7 +79,10 @@ impl<B: Backend> RuntimeProgram<B> {
     ) -> Result<Self> {
         let stream = backend.stream_create()?;
         let loaded = Executable::load(backend.clone(), plan, gemm, &stream).and_then(|mut exe| {
-            exe.set_binding_config(BindingConfig::resolve(Some(threshold))?)?;
+            // PJRT buffers never change content except through donation.
+            let mut cfg = BindingConfig::resolve(Some(threshold))?;
+            cfg.immutable_buffers = true;
+            exe.set_binding_config(cfg)?;
             backend.stream_synchronize(&stream)?;
             Ok(exe)
         });

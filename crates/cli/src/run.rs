@@ -185,7 +185,10 @@ pub fn replay<B: Backend>(
     let t = Instant::now();
     let mut exe = Executable::load(backend.clone(), plan, gemm, &stream)?;
     eprintln!("loaded in {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
-    let binding = BindingConfig::resolve(args.threshold)?;
+    let mut binding = BindingConfig::resolve(args.threshold)?;
+    // The loop writes a buffer only before binding it (a fresh buffer or a
+    // new generation of a reused block) or through donation.
+    binding.immutable_buffers = true;
     // Under 0 every parameter buffer is its own remappable allocation (no
     // sub-allocation), as XLA's own VMM allocator does.
     let vmm_cfg = if binding.threshold.raw() == 0 {

@@ -42,6 +42,9 @@ pub struct UserBuffer<B: Backend> {
     pub ptr: DevicePtr,
     pub bytes: u64,
     pub id: Option<u64>,
+    /// Lifetime of the allocation block (`vmm::Buffer::generation`): with
+    /// the id it names the buffer's content under immutable semantics.
+    pub generation: u64,
     pub remap: Option<RemapSource<B>>,
 }
 
@@ -51,6 +54,7 @@ impl<B: Backend> Clone for UserBuffer<B> {
             ptr: self.ptr,
             bytes: self.bytes,
             id: self.id,
+            generation: self.generation,
             remap: self.remap.clone(),
         }
     }
@@ -74,6 +78,7 @@ impl<B: Backend> UserBuffer<B> {
             ptr,
             bytes,
             id: None,
+            generation: 0,
             remap: None,
         }
     }
@@ -85,6 +90,7 @@ impl<B: Backend> UserBuffer<B> {
             ptr: buf.ptr(),
             bytes: buf.size(),
             id: Some(buf.allocation_id().0),
+            generation: buf.generation(),
             remap: buf.remappable().then(|| RemapSource {
                 phys: buf.phys().clone(),
                 offset: buf.phys_offset(),
@@ -104,6 +110,12 @@ pub struct BindingConfig {
     /// (remap 46 µs, copy 2.4 TB/s, 4 µs per copy launch) with the device's
     /// free/total memory read at the first step.
     pub costs: Option<DeviceCosts>,
+    /// Buffers bound by allocation id never change content while bound,
+    /// except when this executable writes them (PJRT buffer semantics). Then
+    /// a copy slot bound to the same buffer (id and generation) as the
+    /// shadow's last content skips the copy in. Off by default: a raw API
+    /// caller may write its buffers between steps.
+    pub immutable_buffers: bool,
 }
 
 impl Default for BindingConfig {
@@ -111,6 +123,7 @@ impl Default for BindingConfig {
         BindingConfig {
             threshold: Threshold::Auto,
             costs: None,
+            immutable_buffers: false,
         }
     }
 }
@@ -130,6 +143,7 @@ impl BindingConfig {
         Ok(BindingConfig {
             threshold,
             costs: None,
+            immutable_buffers: false,
         })
     }
 
@@ -158,8 +172,14 @@ pub struct BindingStats {
     /// Parameter slots bound per step and those served by shadows.
     pub slots: usize,
     pub copy_slots: usize,
-    /// Shadow memory held (all reservations), bytes.
+    /// Shadow memory held (shared by the reservations), bytes.
     pub shadow_bytes: u64,
+    /// The policy's shadow cap (its accounting: 256-byte rounding, one per
+    /// reservation).
+    pub shadow_cap_bytes: u64,
+    /// Copies in elided because the shadow already held the buffer.
+    pub copies_elided: u64,
+    pub bytes_elided: u64,
     /// Graph captures (one per reservation, never repeated).
     pub captures: u64,
     /// VMM driver calls made while binding (unmap, map, set access).
@@ -181,8 +201,8 @@ impl BindingStats {
         let c = &self.counters;
         format!(
             "binding: steps={} skips={} remaps={} copies={} bytes_copied={} unmap_errors={} \
-             fallbacks={} vmm_calls={} copy_ops={} captures={} threshold={} threshold_bytes={} \
-             shadow_bytes={} host_us_per_step={:.2}",
+             fallbacks={} mode_switches={} copies_elided={} vmm_calls={} copy_ops={} captures={} \
+             threshold={} threshold_bytes={} shadow_bytes={} host_us_per_step={:.2} host_us_max={:.1}",
             c.steps,
             c.skips,
             c.remaps,
@@ -190,13 +210,16 @@ impl BindingStats {
             c.bytes_copied,
             c.unmap_errors,
             c.fallbacks,
+            c.mode_switches,
+            self.copies_elided,
             self.vmm_calls,
             self.copy_ops,
             self.captures,
             self.threshold,
             self.threshold_bytes,
             self.shadow_bytes,
-            self.host_us_per_step()
+            self.host_us_per_step(),
+            c.host_binding_ns_max as f64 / 1e3
         )
     }
 }

@@ -3,13 +3,11 @@
 //! to hold the caller's buffers by skip, remap or copy, as the policy's
 //! [`SlotTracker`] says.
 //!
-//! Layout of a reservation (the same in both):
-//! `[ parameter regions | shadow area | owned regions ]`
-//! - a *parameter region* per parameter slot the plan does not copy: one
-//!   granule-aligned range where the caller's physical allocation is mapped
-//!   (remap), or, after a failed driver call, the slot's own shadow;
-//! - the *shadow area*: the copy slots packed at 256-byte alignment, backed
-//!   by one physical allocation per reservation, mapped for good;
+//! Layout of a reservation (the same in both): `[ parameter regions | owned
+//! regions ]`
+//! - one granule-aligned *region* per parameter slot, where either the
+//!   caller's physical allocation is mapped (remap; skip when already there)
+//!   or the slot's *shadow* (copy);
 //! - *owned regions*: the executable's temps, constants and outputs, the very
 //!   physical memory of the eager buffers mapped again (no extra memory; the
 //!   eager addresses stay valid, so outputs are read there).
@@ -19,8 +17,21 @@
 //! reservation proves the GPU is done with it; the host waits for it only
 //! before an unmap there (`cuMemUnmap` is not stream ordered).
 //!
+//! Shadows: one physical allocation per copy slot (the region's size),
+//! created when first needed and mapped at the slot's region in whichever
+//! reservation serves the slot from it. Both reservations share it (steps
+//! are ordered on the stream, as for temps), so the shadow's content is
+//! known: after a step it equals the caller's buffer (copied in, or copied
+//! out). With [`BindingConfig::immutable_buffers`] (PJRT semantics: a
+//! buffer's content never changes except through donation to this
+//! executable) the copy in is elided when the same buffer (allocation id and
+//! generation) is bound again. The tracker runs adaptively: a copy slot
+//! whose buffer stops changing is mapped directly once its copies have cost
+//! one remap; a directly mapped slot that churns again goes back to its
+//! shadow.
+//!
 //! A failing unmap is retried once; a failing map or set access unmaps what
-//! it left and serves the slot from a shadow from then on (copy in before,
+//! it left and serves the slot from its shadow from then on (copy in before,
 //! copy out after): no data is lost. A buffer that cannot be mapped
 //! (sub-allocated, or raw memory without an allocation id) is copy-only.
 //!
@@ -46,7 +57,6 @@ use crate::executable::Executable;
 use crate::slots::SlotTable;
 
 const RESERVATIONS: usize = 2;
-const SHADOW_ALIGN: u64 = 256;
 /// Ids given to raw (id-less) bindings: never equal to an allocator id.
 const RAW_ID_BIT: u64 = 1 << 63;
 
@@ -60,10 +70,12 @@ struct PSlot {
     allocation: usize,
     param: usize,
     size: u64,
-    /// Offset in the reservation: its region, or its place in the shadow area.
+    /// Offset of its region in the reservation.
     offset: u64,
-    /// Region length (granule multiple) or 0 for a packed copy slot.
+    /// Region length (granule multiple).
     region: u64,
+    /// The graph writes the slot.
+    written: bool,
 }
 
 enum Held<B: Backend> {
@@ -77,9 +89,6 @@ struct Res<B: Backend> {
     base: DevicePtr,
     table: SlotTable,
     held: Vec<Held<B>>,
-    /// Granule shadows of slots that fell back to copy (per slot).
-    fallback: Vec<Option<B::PhysMem>>,
-    area: Option<B::PhysMem>,
     /// Mapped ranges other than parameter regions: (offset, bytes).
     fixed_maps: Vec<(u64, u64)>,
     graph: Option<(B::Graph, B::GraphExec)>,
@@ -94,6 +103,11 @@ pub(crate) struct VaStable<B: Backend> {
     slots: Vec<PSlot>,
     res: Vec<Res<B>>,
     laid_out: bool,
+    /// Shadow of each slot (shared by the reservations), once needed.
+    shadows: Vec<Option<B::PhysMem>>,
+    /// (allocation id, generation) whose content the shadow holds.
+    shadow_holds: Vec<Option<(u64, u64)>>,
+    immutable: bool,
     step: u64,
     unmap_failures: u64,
     stats: BindingStats,
@@ -134,6 +148,7 @@ impl<B: Backend> VaStable<B> {
                     size: a.size,
                     offset: 0,
                     region: 0,
+                    written: written[a.index],
                 });
                 // A donated parameter aliased with an output keeps its
                 // buffer from step to step (churn 0); others may change.
@@ -149,9 +164,7 @@ impl<B: Backend> VaStable<B> {
         let costs = cfg.costs_for(exe.backend())?;
         let mut tc = TrackerConfig::new(costs, cfg.threshold);
         tc.reservations = RESERVATIONS;
-        // Copy slots live packed in the shadow area, not at an address of
-        // their own, so they cannot switch to direct mapping later.
-        tc.adaptive = false;
+        tc.adaptive = true;
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key = format!("{}#{n}", plan.module_name);
         let tracker = SlotTracker::new(key.clone(), infos, tc).map_err(policy_err)?;
@@ -161,12 +174,16 @@ impl<B: Backend> VaStable<B> {
             slots: slots.len(),
             ..Default::default()
         };
+        let n = slots.len();
         Ok(VaStable {
             key,
             tracker,
             slots,
             res: Vec::new(),
             laid_out: false,
+            shadows: (0..n).map(|_| None).collect(),
+            shadow_holds: vec![None; n],
+            immutable: cfg.immutable_buffers,
             step: 0,
             unmap_failures: 0,
             stats,
@@ -187,73 +204,50 @@ impl<B: Backend> VaStable<B> {
             .ok_or_else(|| RuntimeError::invalid("binding plan not frozen"))?
             .clone();
         let mut off = 0u64;
-        let mut packed = Vec::new();
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            if plan.decisions.get(i) == Some(&Decision::Copy) {
-                packed.push(i);
-            } else {
-                s.region = s.size.div_ceil(gran) * gran;
-                s.offset = off;
-                off += s.region;
-            }
+        for s in self.slots.iter_mut() {
+            s.region = s.size.div_ceil(gran) * gran;
+            s.offset = off;
+            off += s.region;
         }
-        let area_off = off;
-        let mut area_len = 0u64;
-        for &i in &packed {
-            let s = &mut self.slots[i];
-            s.offset = area_off + area_len;
-            area_len += s.size.div_ceil(SHADOW_ALIGN) * SHADOW_ALIGN;
-        }
-        let area_len = area_len.div_ceil(gran) * gran;
-        off += area_len;
         let mut owned = Vec::new();
         for (idx, buf) in exe.owned_buffers() {
             owned.push((idx, off, buf));
             off += buf.mapped();
         }
         let total = off.max(gran);
-        self.stats.copy_slots = packed.len();
+        self.stats.copy_slots = plan
+            .decisions
+            .iter()
+            .filter(|d| **d == Decision::Copy)
+            .count();
         self.stats.threshold_bytes = plan.threshold_bytes;
-        self.stats.shadow_bytes = area_len * RESERVATIONS as u64;
+        self.stats.shadow_cap_bytes = plan.shadow_cap_bytes;
         for _ in 0..RESERVATIONS {
             let va = be.va_reserve(total, 0)?;
             let base = be.va_base(&va);
-            let r = Res {
+            // Pushed first so that a failure below is torn down.
+            self.res.push(Res {
                 va: Some(va),
                 base,
                 table: SlotTable::new(exe.plan().allocations.len()),
                 held: self.slots.iter().map(|_| Held::Nothing).collect(),
-                fallback: self.slots.iter().map(|_| None).collect(),
-                area: None,
                 fixed_maps: Vec::new(),
                 graph: None,
                 done: None,
                 used: false,
-            };
-            // Pushed first so that a failure below is torn down.
-            self.res.push(r);
+            });
             let r_i = self.res.len() - 1;
             let r = &mut self.res[r_i];
             r.done = Some(be.event_create()?);
             let va = r.va.as_ref().expect("just reserved");
-            if area_len > 0 {
-                let mem = be.mem_create(area_len)?;
-                be.map(va, area_off, &mem, 0, area_len)?;
-                r.area = Some(mem);
-                r.fixed_maps.push((area_off, area_len));
-                be.set_access(va, area_off, area_len)?;
-            }
             for (idx, o, buf) in &owned {
                 be.map(va, *o, buf.raw_mem(), 0, buf.mapped())?;
                 r.fixed_maps.push((*o, buf.mapped()));
                 be.set_access(va, *o, buf.mapped())?;
                 r.table.bind(*idx, base.offset(*o), buf.size())?;
             }
-            for (i, s) in self.slots.iter().enumerate() {
+            for s in &self.slots {
                 r.table.bind(s.allocation, base.offset(s.offset), s.size)?;
-                if packed.contains(&i) {
-                    r.held[i] = Held::Shadow;
-                }
             }
         }
         self.laid_out = true;
@@ -291,8 +285,12 @@ impl<B: Backend> VaStable<B> {
             .tracker
             .bind_step(r, &bindings, None)
             .map_err(policy_err)?;
+        // Setup (reserving, mapping the owned buffers) is not binding time.
+        let mut setup = std::time::Duration::ZERO;
         if !self.laid_out {
+            let t = Instant::now();
             self.lay_out(exe)?;
+            setup = t.elapsed();
         }
         let mut synced = false;
         let mut new_maps: Vec<usize> = Vec::new();
@@ -353,16 +351,27 @@ impl<B: Backend> VaStable<B> {
             } = actions[i]
             {
                 if !matches!(self.res[r].held[i], Held::Shadow) {
-                    self.map_fallback_shadow(be, r, i, &mut synced)?;
+                    self.map_shadow(be, r, i, &mut synced)?;
                 }
                 let s = &self.slots[i];
                 let at = self.res[r].base.offset(s.offset);
-                if copy_in {
+                let key = bufs[i].id.map(|id| (id, bufs[i].generation));
+                let known = self.immutable && key.is_some() && self.shadow_holds[i] == key;
+                if copy_in && known {
+                    self.stats.copies_elided += 1;
+                    self.stats.bytes_elided += s.size;
+                } else if copy_in {
                     ins.push((at, bufs[i].ptr, s.size));
                 }
                 if copy_out {
                     outs.push((bufs[i].ptr, at, s.size));
                 }
+                // After this step the shadow equals the caller's buffer.
+                self.shadow_holds[i] = key;
+            } else if self.slots[i].written {
+                // Written in place through a direct mapping: the caller's
+                // buffer changed, the shadow did not.
+                self.shadow_holds[i] = None;
             }
         }
         self.stats.copy_ops += enqueue_copies(be, &mut ins, stream)?;
@@ -387,11 +396,16 @@ impl<B: Backend> VaStable<B> {
         self.stats.copy_ops += enqueue_copies(be, &mut outs, stream)?;
         be.event_record(res.done.as_ref().expect("created"), stream)?;
         res.used = true;
-        let ns = (t_bind + t_out.elapsed()).as_nanos() as u64;
+        let ns = (t_bind + t_out.elapsed()).saturating_sub(setup).as_nanos() as u64;
         let _ = cap;
         self.tracker.record_binding_time(ns);
         self.step += 1;
         self.stats.counters = *self.tracker.stats();
+        self.stats.counters.bytes_copied = self
+            .stats
+            .counters
+            .bytes_copied
+            .saturating_sub(self.stats.bytes_elided);
         // Every failed unmap call, including those a retry recovered.
         self.stats.counters.unmap_errors = self.unmap_failures;
         publish(&self.key, &self.stats);
@@ -473,21 +487,19 @@ impl<B: Backend> VaStable<B> {
         Ok(fb.action)
     }
 
-    /// Give slot `i` its own shadow in reservation `r` and map it there.
-    fn map_fallback_shadow(&mut self, be: &B, r: usize, i: usize, synced: &mut bool) -> Result<()> {
+    /// Map slot `i`'s shadow (created on first use) at its region in `r`.
+    fn map_shadow(&mut self, be: &B, r: usize, i: usize, synced: &mut bool) -> Result<()> {
         self.unmap_slot(be, r, i, synced)?;
-        let region = self.slots[i].region;
-        if region == 0 {
-            return Err(RuntimeError::invalid(format!("slot {i} has no region")));
-        }
-        if self.res[r].fallback[i].is_none() {
-            self.res[r].fallback[i] = Some(be.mem_create(region)?);
+        let (off, region) = (self.slots[i].offset, self.slots[i].region);
+        if self.shadows[i].is_none() {
+            self.shadows[i] = Some(be.mem_create(region)?);
             self.stats.shadow_bytes += region;
+            // A new shadow holds nothing yet.
+            self.shadow_holds[i] = None;
         }
-        let off = self.slots[i].offset;
         let res = &mut self.res[r];
         let va = res.va.as_ref().expect("reserved");
-        let mem = res.fallback[i].as_ref().expect("created");
+        let mem = self.shadows[i].as_ref().expect("created");
         self.stats.vmm_calls += 2;
         be.map(va, off, mem, 0, region)?;
         res.held[i] = Held::Shadow;
@@ -508,7 +520,7 @@ impl<B: Backend> VaStable<B> {
             }
             if let Some(va) = r.va.take() {
                 for (i, s) in self.slots.iter().enumerate() {
-                    if !matches!(r.held[i], Held::Nothing) && s.region > 0 {
+                    if !matches!(r.held[i], Held::Nothing) {
                         be.unmap(&va, s.offset, s.region).ok();
                     }
                 }
@@ -520,9 +532,9 @@ impl<B: Backend> VaStable<B> {
                     tracing::warn!(%e, "freeing a binding reservation failed");
                 }
             }
-            for m in r.fallback.drain(..).flatten().chain(r.area.take()) {
-                be.mem_release(m).ok();
-            }
+        }
+        for m in self.shadows.drain(..).flatten() {
+            be.mem_release(m).ok();
         }
         self.tracker.log_stats();
     }

@@ -250,12 +250,22 @@ struct Loop {
 
 impl Loop {
     /// `sub_alloc`: buffers of at most 16 bytes (x) are sub-allocated
-    /// (not remappable); `w` never is.
+    /// (not remappable); `w` is not.
     fn new(b: &Arc<HostBackend>, mode_threshold: Option<u64>, sub_alloc: bool) -> Loop {
+        Self::with(b, mode_threshold, if sub_alloc { 16 } else { 0 }, false)
+    }
+
+    /// Buffers of at most `small` bytes are sub-allocated.
+    fn with(
+        b: &Arc<HostBackend>,
+        mode_threshold: Option<u64>,
+        small: u64,
+        immutable: bool,
+    ) -> Loop {
         let alloc = VmmAllocator::new(
             b.clone(),
             VmmConfig {
-                small_threshold: if sub_alloc { 16 } else { 0 },
+                small_threshold: small,
                 small_min: 16,
             },
         )
@@ -266,6 +276,7 @@ impl Loop {
             exe.set_binding_config(BindingConfig {
                 threshold: Threshold::from(t),
                 costs: Some(costs(1 << 30)),
+                immutable_buffers: immutable,
             })
             .unwrap();
         }
@@ -427,6 +438,7 @@ fn user(
         ptr,
         bytes: (X * 4) as u64,
         id: Some(id),
+        generation: 0,
         remap: Some(RemapSource {
             phys: phys.clone(),
             offset: 0,
@@ -503,6 +515,7 @@ fn shadow_budget_is_never_exceeded() {
     exe.set_binding_config(BindingConfig {
         threshold: Threshold::Bytes(1 << 20),
         costs: Some(costs(free)),
+        immutable_buffers: false,
     })
     .unwrap();
     let alloc = VmmAllocator::new(
@@ -570,4 +583,46 @@ fn failed_driver_calls_fall_back_to_copy_with_data_intact() {
         l.alloc.free(keep.take().unwrap(), &l.stream).unwrap();
     }
     assert_eq!(b.outstanding().mappings, 0);
+}
+
+#[test]
+fn sub_allocated_buffers_are_copy_only_and_known_shadows_skip_the_copy_in() {
+    let b = backend();
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 10);
+    for immutable in [false, true] {
+        // w (64 B) and x (16 B) are both sub-allocated: copy-only. w is
+        // donated (read and written): with immutable buffers its shadow holds
+        // w after each copy out, so only the first copy in is needed.
+        let l = Loop::with(&b, Some(1), 128, immutable);
+        let (got, l) = l.run(Mode::VaStable, 10);
+        assert_eq!(got, reference, "immutable={immutable}");
+        let st = l.exe.stats().unwrap().clone();
+        assert_eq!(st.counters.fallbacks, 1, "w could not be mapped: {st:?}");
+        assert_eq!(st.counters.copies, 20, "{st:?}");
+        if immutable {
+            assert_eq!(
+                st.copies_elided, 9,
+                "w's copy in after the first step: {st:?}"
+            );
+        } else {
+            assert_eq!(st.copies_elided, 0);
+        }
+        assert_eq!(st.captures, 2);
+    }
+}
+
+#[test]
+fn a_stable_copy_slot_moves_to_direct_mapping_and_then_skips() {
+    let b = backend();
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 60);
+    // x is copied under 4096; the allocator hands out the same two blocks in
+    // turn, so on each reservation x's allocation stays put: once its
+    // copies cost one remap it is mapped directly, later steps skip.
+    let (got, l) = Loop::new(&b, Some(4096), false).run(Mode::VaStable, 60);
+    assert_eq!(got, reference);
+    let st = l.exe.stats().unwrap().counters;
+    assert_eq!(st.mode_switches, 1, "{st:?}");
+    assert_eq!(st.remaps, 4, "w and x mapped once per reservation: {st:?}");
+    assert!(st.copies < 60, "{st:?}");
+    assert!(st.skips > 60, "{st:?}");
 }
