@@ -291,6 +291,12 @@ impl<B: Backend> Executable<B> {
                 }
             }
         }
+        if mode != Mode::VaStable {
+            if let Some(va) = self.va.as_mut() {
+                // The run may write donated buffers the shadows claim to hold.
+                va.forget_shadow_contents();
+            }
+        }
         match mode {
             Mode::Eager => {
                 let env = self.env(false);

@@ -190,6 +190,12 @@ impl<B: Backend> VaStable<B> {
         })
     }
 
+    /// The shadows' contents are unknown from now on (a run outside this
+    /// mode may have written the caller's buffers).
+    pub(crate) fn forget_shadow_contents(&mut self) {
+        self.shadow_holds.iter_mut().for_each(|h| *h = None);
+    }
+
     pub(crate) fn stats(&self) -> &BindingStats {
         &self.stats
     }

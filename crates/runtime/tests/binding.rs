@@ -626,3 +626,25 @@ fn a_stable_copy_slot_moves_to_direct_mapping_and_then_skips() {
     assert!(st.copies < 60, "{st:?}");
     assert!(st.skips > 60, "{st:?}");
 }
+
+#[test]
+fn an_eager_run_in_between_does_not_leave_stale_shadows() {
+    let b = backend();
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 8);
+    // w and x sub-allocated: both served by shadows; every third step eager
+    // (which updates w in place behind the shadows' back).
+    let mut l = Loop::with(&b, Some(1), 128, true);
+    let mut keep = None;
+    let got: Vec<Step> = (0..8)
+        .map(|k| {
+            let mode = if k % 3 == 2 {
+                Mode::Eager
+            } else {
+                Mode::VaStable
+            };
+            l.step(mode, k as f32, &mut keep)
+        })
+        .collect();
+    assert_eq!(got, reference);
+    l.alloc.free(keep.take().unwrap(), &l.stream).unwrap();
+}
