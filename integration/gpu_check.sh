@@ -3,13 +3,13 @@
 # Run on a machine with an NVIDIA GPU and jax (CUDA plugin) installed, from the
 # repo root, on artifacts staged by integration/stage_gpu.sh:
 #     bash integration/gpu_check.sh .dev/gpu [SECTION...]
-# SECTION: device stock runtime memcheck plugin bench (default: all, in that order; runtime and
+# SECTION: device stock runtime plugin bench memcheck (default: all, in that order; runtime and
 # bench need stock's reference data in $WORK); `ab` (integration/ab.py) only when named.
 # Artifacts (logs, reference data, probe JSON) go to $XLA_VMM_GPU_WORK (default /tmp/xla-vmm-gpu).
 set -u
 S=${1:-.dev/gpu}
 shift || true
-SECTIONS=" ${*:-device stock runtime memcheck plugin bench} "
+SECTIONS=" ${*:-device stock runtime plugin bench memcheck} "
 want() { [[ "$SECTIONS" == *" $1 "* ]]; }
 BIN=$S/bin
 FX=$S/fixtures
@@ -96,22 +96,24 @@ for f in llama_sgd_f32 llama_scan_bf16; do
 done
 fi
 
-# 4. compute-sanitizer memcheck on the fixture suite.
-if want memcheck && command -v compute-sanitizer >/dev/null; then
-  for f in small loop mlp_adam_donated llama_scan_bf16; do
-    for mode in eager graph; do
-      check "memcheck:$f:$mode" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
-        "$VMM" run "$FX/$f.pjrt" --inputs "$FX/$f.npz" --compare "$FX/$f.npz" --mode "$mode"
-    done
-  done
-fi
-
-# 5. The PJRT plugin under JAX (JAX_PLATFORMS=vmm): pytest suite incl. a llama A/B against stock XLA.
+# 4. The PJRT plugin under JAX (JAX_PLATFORMS=vmm): pytest suite incl. a llama A/B against stock XLA.
 export XLA_VMM_LIBRARY="$S/lib/libxla_vmm_plugin.so"
 want plugin && check "plugin:pytest" python3 -m pytest -q -rs -p no:cacheprovider integration/tests
 
-# 6. Benchmark (not a test): stock XLA vs our eager and graph modes, same executable, one run.
+# 5. Benchmark (not a test): stock XLA vs our eager and graph modes, same executable, one run.
 want bench && check "bench" python3 integration/bench.py --vmm "$VMM" --ref "$WORK/ref" llama_sgd_f32 llama_scan_bf16
+
+# 6. compute-sanitizer memcheck on the fixture suite.
+if want memcheck && command -v compute-sanitizer >/dev/null; then
+  for f in small loop mlp_adam_donated llama_scan_bf16; do
+    nd=()
+    [ "$f" = llama_scan_bf16 ] && [ -f "$WORK/ref/$f.loop.json" ] && nd=(--nondeterministic "$WORK/ref/$f.loop.json")
+    for mode in eager graph; do
+      check "memcheck:$f:$mode" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+        "$VMM" run "$FX/$f.pjrt" --inputs "$FX/$f.npz" --compare "$FX/$f.npz" --mode "$mode" "${nd[@]}"
+    done
+  done
+fi
 
 # 7. A/B harness (not a test, opt in: section `ab`): llama training through the plugin at thresholds
 #    0/1/4096/65536/1M vs stock XLA with command buffers on/off. AB_MODELS / AB_STEPS override.
