@@ -44,7 +44,7 @@ echo "== device"; nvidia-smi --query-gpu=name,driver_version,memory.total --form
 
 # 1. Device layer: conformance suite, allocator soak, remap data check (issue 3).
 want device && for t in "$BIN"/test-xla-vmm-device-*; do
-  [ -x "$t" ] && check "device:$(basename "$t" | sed 's/test-xla-vmm-device-//')" "$t" --ignored --test-threads=1
+  [ -x "$t" ] && check "device:$(basename "$t" | sed 's/test-xla-vmm-device-//')" "$t" --include-ignored --test-threads=1
 done
 if want device; then
   check probe "$VMM" probe --json
@@ -61,7 +61,7 @@ want stock && check "stock-ref-det" env XLA_FLAGS=--xla_gpu_deterministic_ops=tr
 # 3. Runtime on the fixtures: bit-identical to the stock-XLA outputs, both modes (issue 4).
 if want runtime; then
 for t in "$BIN"/test-xla-vmm-runtime-*; do
-  [ -x "$t" ] && check "runtime:$(basename "$t" | sed 's/test-xla-vmm-runtime-//')" "$t" --ignored --test-threads=1
+  [ -x "$t" ] && check "runtime:$(basename "$t" | sed 's/test-xla-vmm-runtime-//')" "$t" --include-ignored --test-threads=1
 done
 for f in small loop mlp_adam_donated llama_scan_bf16; do
   nd=()
