@@ -1,6 +1,8 @@
 //! `xla-vmm`: inspect, replay and benchmark XLA GPU executables on the
 //! xla-vmm runtime. Each subcommand lives in its own module.
 
+#![deny(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 
 mod inspect;
