@@ -5,7 +5,9 @@
 //! `{"device": {"remap_us", "copy_bw_bytes_per_s", "copy_launch_us",
 //! "free_bytes", "total_bytes"}, "threshold": 0|1|N, "slots": [{"size",
 //! "read", "written", "churn"}]}`, optionally `"step": {"host_us",
-//! "gpu_us"}`, per-slot `"history": [bool]` and `"knobs"`.
+//! "gpu_us"}`, per-slot `"history": [bool]` and `"remappable": false` (a
+//! copy-only slot, e.g. sub-allocated buffers: copied under every
+//! threshold), and `"knobs"`.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -125,6 +127,7 @@ fn table(input: &PolicyInput, plan: &Plan) -> String {
         let dec = match dec {
             Decision::Skip => "skip",
             Decision::Remap => "remap",
+            Decision::Copy if !s.remappable => "copy (copy-only)",
             Decision::Copy => "copy",
         };
         let churn = s.effective_churn(input.knobs.churn_ewma_alpha);
@@ -138,8 +141,8 @@ fn table(input: &PolicyInput, plan: &Plan) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "decisions  {} copy, {} remap, {} skip ({} kept out by the shadow cap or copy budget)",
-        c.copy, c.remap, c.skip, c.budget_limited
+        "decisions  {} copy ({} copy-only), {} remap, {} skip ({} kept out by the shadow cap or copy budget)",
+        c.copy, c.copy_only, c.remap, c.skip, c.budget_limited
     );
     let _ = writeln!(
         out,

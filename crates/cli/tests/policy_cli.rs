@@ -201,3 +201,26 @@ fn bad_inputs_fail_cleanly() {
     }
     assert_fails(Path::new("/nonexistent/policy.json"), "reading");
 }
+
+#[test]
+fn copy_only_slots_are_accepted_and_copied_under_threshold_zero() {
+    let text = r#"{"device": {"remap_us": 46, "copy_bw_bytes_per_s": 2.4e12,
+        "copy_launch_us": 4, "free_bytes": 107374182400, "total_bytes": 151397597184},
+        "threshold": 0,
+        "slots": [{"size": 4, "read": true, "written": true, "churn": 1},
+                  {"size": 64, "read": true, "written": true, "churn": 0, "remappable": false}]}"#;
+    let path = temp_file("copy_only.json", text);
+    let v = json_plan(&path);
+    let decisions: Vec<&str> = v["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert_eq!(decisions, vec!["remap", "copy"]);
+    assert_eq!(v["counts"]["copy_only"], 1);
+    let out = policy(&["--input", path.to_str().unwrap()]);
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("copy (copy-only)"), "{table}");
+}

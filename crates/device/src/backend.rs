@@ -20,7 +20,9 @@
 //!
 //! # Extending the trait
 //! A method added after the first version gets a default body that returns
-//! [`DeviceError::Unsupported`], so every backend keeps compiling.
+//! [`DeviceError::Unsupported`], so every backend keeps compiling (or, where
+//! the older methods can express it, a working default: see
+//! [`Backend::copy_d2d_batch`]).
 
 use crate::error::{DeviceError, Result};
 
@@ -34,6 +36,26 @@ impl DevicePtr {
     pub fn offset(self, bytes: u64) -> DevicePtr {
         DevicePtr(self.0 + bytes)
     }
+}
+
+/// Sort `(dst, src, bytes)` copies by destination, drop empty ones and merge
+/// neighbours that are contiguous on both sides (`a.dst + a.bytes == b.dst`
+/// and `a.src + a.bytes == b.src`) into one copy.
+pub fn merge_copies(copies: &[(DevicePtr, DevicePtr, u64)]) -> Vec<(DevicePtr, DevicePtr, u64)> {
+    let mut sorted: Vec<_> = copies.iter().copied().filter(|c| c.2 > 0).collect();
+    sorted.sort_by_key(|c| (c.0, c.1));
+    let mut out: Vec<(DevicePtr, DevicePtr, u64)> = Vec::with_capacity(sorted.len());
+    for (d, s, n) in sorted {
+        match out.last_mut() {
+            Some((ld, ls, ln))
+                if ld.0.checked_add(*ln) == Some(d.0) && ls.0.checked_add(*ln) == Some(s.0) =>
+            {
+                *ln += n
+            }
+            _ => out.push((d, s, n)),
+        }
+    }
+    out
 }
 
 /// Static facts about the device, read once at backend creation.
@@ -180,8 +202,35 @@ pub trait Backend: Send + Sync + 'static {
     fn event_elapsed_ms(&self, start: &Self::Event, end: &Self::Event) -> Result<f32>;
 
     // ---- copies and fills (stream ordered) -------------------------------
-    fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: &Self::Stream)
-        -> Result<()>;
+    fn copy_d2d(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: &Self::Stream,
+    ) -> Result<()>;
+    /// Enqueue several device-to-device copies `(dst, src, bytes)` on
+    /// `stream` as one operation where the driver has one (CUDA 13:
+    /// `cuMemcpyBatchAsync`). The batch as a whole is ordered after earlier
+    /// work on `stream` and before later work; the copies inside it are
+    /// **not** ordered among themselves, so no copy may write a range that
+    /// another copy of the batch reads or writes. Zero-byte copies are
+    /// ignored.
+    ///
+    /// Unlike later additions this method has a working default: one
+    /// [`Backend::copy_d2d`] per copy, so every backend supports it.
+    fn copy_d2d_batch(
+        &self,
+        copies: &[(DevicePtr, DevicePtr, u64)],
+        stream: &Self::Stream,
+    ) -> Result<()> {
+        for &(dst, src, bytes) in copies {
+            if bytes > 0 {
+                self.copy_d2d(dst, src, bytes, stream)?;
+            }
+        }
+        Ok(())
+    }
     /// Async copy from pinned host memory. `host` must not be written until
     /// the copy completes (record an event after it).
     fn copy_h2d(
@@ -209,8 +258,13 @@ pub trait Backend: Send + Sync + 'static {
     fn read_sync(&self, out: &mut [u8], src: DevicePtr, stream: &Self::Stream) -> Result<()>;
     fn memset_d8(&self, dst: DevicePtr, value: u8, bytes: u64, stream: &Self::Stream)
         -> Result<()>;
-    fn memset_d32(&self, dst: DevicePtr, value: u32, count: u64, stream: &Self::Stream)
-        -> Result<()>;
+    fn memset_d32(
+        &self,
+        dst: DevicePtr,
+        value: u32,
+        count: u64,
+        stream: &Self::Stream,
+    ) -> Result<()>;
 
     // ---- pinned host memory -----------------------------------------------
     fn host_alloc(&self, bytes: usize) -> Result<Self::HostBuffer>;
@@ -250,7 +304,9 @@ pub trait Backend: Send + Sync + 'static {
     /// `base`: the bytes passed as the kernel parameter. Host-side only (not
     /// a stream operation), so allowed during capture.
     fn tensor_map_encode(&self, _desc: &TensorMapDesc, _base: DevicePtr) -> Result<[u8; 128]> {
-        Err(DeviceError::Unsupported("TMA descriptors on this backend".into()))
+        Err(DeviceError::Unsupported(
+            "TMA descriptors on this backend".into(),
+        ))
     }
 
     /// Capture a WHILE conditional node into the graph being captured on
@@ -265,5 +321,31 @@ pub trait Backend: Send + Sync + 'static {
         Err(DeviceError::Unsupported(
             "conditional WHILE graph nodes on this backend".into(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_copies_joins_neighbours_on_both_sides_only() {
+        let p = DevicePtr;
+        let merged = merge_copies(&[
+            (p(300), p(1300), 10),
+            (p(100), p(1100), 50),
+            (p(150), p(1150), 50), // contiguous with the previous on both sides
+            (p(200), p(5000), 8),  // dst contiguous, src not
+            (p(400), p(0), 0),     // empty
+        ]);
+        assert_eq!(
+            merged,
+            vec![
+                (p(100), p(1100), 100),
+                (p(200), p(5000), 8),
+                (p(300), p(1300), 10)
+            ]
+        );
+        assert!(merge_copies(&[]).is_empty());
     }
 }

@@ -31,6 +31,7 @@ pub fn checks<B: Backend>() -> Vec<(&'static str, CheckFn<B>)> {
         ("vmm_map_over_mapped_fails", map_over_mapped::<B>),
         ("vmm_remap_same_phys_two_vas", remap_two_vas::<B>),
         ("copy_h2d_d2d_d2h", copies::<B>),
+        ("copy_d2d_batch", copy_batch::<B>),
         ("memset_d8_d32", memsets::<B>),
         ("events_cross_stream_order", events_order::<B>),
         ("graph_capture_replay_update", graph_replay::<B>),
@@ -290,6 +291,49 @@ fn copies<B: Backend>(b: &Arc<B>) -> R {
     let r1 = b.host_free(h_in).ctx("host_free");
     let r2 = b.host_free(h_out).ctx("host_free");
     r.and(r1).and(r2)
+}
+
+/// A batch with contiguous neighbours (merged), separate copies and an
+/// empty one, ordered after a fill and before a read on the same stream.
+fn copy_batch<B: Backend>(b: &Arc<B>) -> R {
+    let g = b.info().vmm_granularity;
+    let ctx = VmmContext::new(b.clone());
+    let mut sc = Scope::new(&**b);
+    let s = sc.stream()?;
+    let s = &sc.streams[s];
+    let va = region(&ctx, 2)?;
+    let n = 64 << 10;
+    let data = pattern(n, 23);
+    let (src, dst) = (va.base(), va.base().offset(g));
+    b.write_sync(src, &data, s).ctx("write_sync")?;
+    b.memset_d8(dst, 0xAB, n as u64, s).ctx("memset_d8")?;
+    // (dst offset, src offset, bytes)
+    let copies = [
+        (0u64, 0u64, 1000u64),
+        (1000, 1000, 24), // contiguous with the first on both sides
+        (4096, 8192, 300),
+        (10_000, 20_000, 0),
+        (40_000, 30_000, 5000),
+        (2048, 60_000, 16),
+    ];
+    let list: Vec<_> = copies
+        .iter()
+        .map(|&(d, o, len)| (dst.offset(d), src.offset(o), len))
+        .collect();
+    b.copy_d2d_batch(&list, s).ctx("copy_d2d_batch")?;
+    let got = read(&**b, s, dst, n)?;
+    let mut expect = vec![0xABu8; n];
+    for &(d, o, len) in &copies {
+        let (d, o, len) = (d as usize, o as usize, len as usize);
+        expect[d..d + len].copy_from_slice(&data[o..o + len]);
+    }
+    ensure(got == expect, || {
+        let first = got.iter().zip(&expect).position(|(a, e)| a != e);
+        format!("batched copies differ, first at byte {first:?}")
+    })?;
+    ensure(b.copy_d2d_batch(&[], s).is_ok(), || {
+        "an empty batch is an error".into()
+    })
 }
 
 fn memsets<B: Backend>(b: &Arc<B>) -> R {

@@ -14,20 +14,21 @@
 
 pub mod backend;
 pub mod blas;
-pub mod error;
-pub mod host;
-pub mod vmm;
 pub mod conformance;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 pub mod cuda;
+pub mod error;
 #[cfg(feature = "hip")]
 #[allow(unsafe_code)]
 pub mod hip;
+pub mod host;
 pub mod probe;
+pub mod vmm;
 
 pub use backend::{
-    Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig, TensorMapDesc,
+    merge_copies, Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig,
+    TensorMapDesc,
 };
 pub use error::{DeviceError, Result};
 pub use host::{HostBackend, HostConfig};

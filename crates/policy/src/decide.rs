@@ -14,7 +14,7 @@ pub fn decide(input: &PolicyInput) -> Result<Plan> {
     input.validate()?;
     let ctx = Ctx::new(input);
     let (copy, rule, limited, reference) = match input.threshold {
-        Threshold::RemapAll => (vec![false; input.slots.len()], Rule::RemapAll, 0, None),
+        Threshold::RemapAll => (ctx.forced.clone(), Rule::RemapAll, 0, None),
         Threshold::Bytes(n) => {
             let (set, limited) = ctx.fixed_set(n);
             (set, Rule::Fixed, limited, None)
@@ -33,7 +33,9 @@ struct Ctx<'a> {
     cap: u64,
     /// Copy-time budget, µs.
     budget: f64,
-    /// Changing slots (churn > 0), smallest first, ties by index.
+    /// Copy-only slots (not remappable): copied under every threshold.
+    forced: Vec<bool>,
+    /// Changing remappable slots (churn > 0), smallest first, ties by index.
     order: Vec<usize>,
 }
 
@@ -45,7 +47,10 @@ impl<'a> Ctx<'a> {
             .iter()
             .map(|s| s.effective_churn(alpha))
             .collect();
-        let mut order: Vec<usize> = (0..input.slots.len()).filter(|&i| churn[i] > 0.0).collect();
+        let forced: Vec<bool> = input.slots.iter().map(|s| !s.remappable).collect();
+        let mut order: Vec<usize> = (0..input.slots.len())
+            .filter(|&i| churn[i] > 0.0 && !forced[i])
+            .collect();
         order.sort_by_key(|&i| (input.slots[i].size, i));
         let all_remap_us = StepCost::all_remap(&input.device, &churn).remap_us;
         Ctx {
@@ -55,8 +60,15 @@ impl<'a> Ctx<'a> {
                 .knobs
                 .copy_budget_us(input.step.as_ref(), all_remap_us),
             churn,
+            forced,
             order,
         }
+    }
+
+    /// The cost with only the copy-only slots copied (the starting point
+    /// of every rule: their copies and shadows are unavoidable).
+    fn forced_cost(&self) -> StepCost {
+        self.cost_of(&self.forced)
     }
 
     /// The cost of copying exactly the slots marked in `set`.
@@ -78,12 +90,14 @@ impl<'a> Ctx<'a> {
     }
 
     /// Threshold N: changing slots of at most N bytes, smallest first, while
-    /// their shadows fit the cap. The explicit cutoff is honoured as given
-    /// (no cost test, no copy-time budget); only memory safety overrides it.
+    /// their shadows fit the cap (the copy-only slots' shadows counted
+    /// first). The explicit cutoff is honoured as given (no cost test, no
+    /// copy-time budget); only memory safety overrides it.
     fn fixed_set(&self, n: u64) -> (Vec<bool>, usize) {
         let knobs = &self.input.knobs;
-        let mut set = vec![false; self.input.slots.len()];
-        let (mut shadow, mut limited, mut full) = (0u64, 0usize, false);
+        let mut set = self.forced.clone();
+        let mut shadow = self.forced_cost().shadow_bytes;
+        let (mut limited, mut full) = (0usize, false);
         for &i in self
             .order
             .iter()
@@ -116,7 +130,8 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Admit changing slots smallest first. A slot is admitted when its own
+    /// Admit changing slots smallest first, on top of the copy-only slots
+    /// (always copied, counted first). A slot is admitted when its own
     /// bytes cost less than the remaps it saves (launch counted as already
     /// paid: batching shares it) and the shadow cap and copy budget still
     /// hold. The launch is then charged by choosing, among the prefixes of
@@ -125,7 +140,7 @@ impl<'a> Ctx<'a> {
         let dev = &self.input.device;
         let knobs = &self.input.knobs;
         let step = self.input.step.as_ref();
-        let mut acc = StepCost::all_remap(dev, &self.churn);
+        let mut acc = self.forced_cost();
         let mut admitted: Vec<usize> = Vec::new();
         let mut best = (self.objective(&acc), 0usize);
         let mut limited = 0usize;
@@ -165,7 +180,7 @@ impl<'a> Ctx<'a> {
                 best = (obj, admitted.len());
             }
         }
-        let mut set = vec![false; self.input.slots.len()];
+        let mut set = self.forced.clone();
         for &i in &admitted[..best.1] {
             set[i] = true;
         }
@@ -185,7 +200,8 @@ impl<'a> Ctx<'a> {
     /// under the shadow fraction of free memory; the cutoff is the last size
     /// admitted. It does not know churn, so every slot counts toward its
     /// budget; here only changing slots under the cutoff are then copied
-    /// (churn-0 slots are skipped under every threshold).
+    /// (churn-0 slots are skipped under every threshold), plus the
+    /// copy-only slots.
     fn reference_set(&self) -> (Vec<bool>, ReferenceSummary) {
         let dev = &self.input.device;
         let slots = &self.input.slots;
@@ -202,7 +218,9 @@ impl<'a> Ctx<'a> {
             cutoff = s;
         }
         let set: Vec<bool> = (0..slots.len())
-            .map(|i| cutoff > 0 && self.churn[i] > 0.0 && slots[i].size <= cutoff)
+            .map(|i| {
+                self.forced[i] || (cutoff > 0 && self.churn[i] > 0.0 && slots[i].size <= cutoff)
+            })
             .collect();
         let c = self.cost_of(&set);
         let summary = ReferenceSummary {
@@ -238,10 +256,11 @@ impl<'a> Ctx<'a> {
         let threshold_bytes = match self.input.threshold {
             Threshold::RemapAll => 0,
             Threshold::Bytes(n) => n,
+            // Copy-only slots are copied whatever the cutoff: not counted.
             Threshold::Auto => copy
                 .iter()
                 .zip(&self.input.slots)
-                .filter(|(&c, _)| c)
+                .filter(|(&c, s)| c && s.remappable)
                 .map(|(_, s)| s.size)
                 .max()
                 .unwrap_or(0),
@@ -255,6 +274,7 @@ impl<'a> Ctx<'a> {
                 remap: count(Decision::Remap),
                 copy: count(Decision::Copy),
                 budget_limited: limited,
+                copy_only: self.forced.iter().filter(|&&f| f).count(),
             },
             decisions,
             shadow_bytes: c.shadow_bytes,

@@ -130,10 +130,28 @@ pub struct SlotInfo {
     /// that stopped churning is seen as (nearly) free to remap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history: Option<Vec<bool>>,
+    /// The buffers bound to the slot can be mapped at the slot's address
+    /// (each is a whole physical allocation). `false` for a copy-only slot,
+    /// e.g. one bound to sub-allocated buffers: it is copied under every
+    /// threshold (there is no other way to serve it), whatever its churn, and
+    /// its shadow and copy time are counted against the cap and budget
+    /// before any other slot is admitted. Default `true`.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub remappable: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+// serde's skip_serializing_if passes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 impl SlotInfo {
-    /// A slot without history.
+    /// A remappable slot without history.
     pub fn new(size: u64, read: bool, written: bool, churn: f64) -> Self {
         SlotInfo {
             size,
@@ -141,7 +159,14 @@ impl SlotInfo {
             written,
             churn,
             history: None,
+            remappable: true,
         }
+    }
+
+    /// The same slot, copy-only (`remappable: false`).
+    pub fn copy_only(mut self) -> Self {
+        self.remappable = false;
+        self
     }
 
     /// Number of copy directions a copy slot costs per step: one for copy-in

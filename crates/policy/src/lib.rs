@@ -33,6 +33,15 @@
 //! it is mapped once and costs nothing either way, so giving it a shadow
 //! would only add copies.
 //!
+//! A **copy-only** slot ([`SlotInfo::remappable`] `false`: its buffers cannot
+//! be mapped, e.g. they are sub-allocated from a larger block) is **copy**
+//! under every threshold, whatever its churn: there is no other way to serve
+//! it. It is planned as a copy slot from the start (not a fallback), its
+//! shadow and copy time are counted first, so the cap and the copy budget
+//! that other slots are admitted against already include them, and it never
+//! moves to direct mapping. (Its shadow can exceed the cap on its own: the
+//! cap bounds what the rule chooses, not what it must do.)
+//!
 //! ## The reference rule (ROCm XLA, PR #926), which auto must match
 //!
 //! Copy a slice when `2·s/B < R`, i.e. `s < R·B/2` (a copy in and a copy out

@@ -43,6 +43,10 @@ pub struct Counts {
     /// Slots that would have been copied (size under the cutoff and paying
     /// for themselves) but the shadow cap or copy-time budget kept out.
     pub budget_limited: usize,
+    /// Of the `copy` slots, those copied because they are not remappable
+    /// (copy-only under every threshold).
+    #[serde(default)]
+    pub copy_only: usize,
 }
 
 /// What the reference (ROCm XLA) rule would have done, for comparison.

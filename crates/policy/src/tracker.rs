@@ -293,6 +293,27 @@ impl SlotTracker {
         })
     }
 
+    /// Marks slot `index` copy-only (`false`) or remappable before the first
+    /// step, when the runtime learns what its buffers are (e.g. a
+    /// sub-allocated buffer cannot be mapped): the frozen decision then
+    /// plans it as a copy slot instead of failing a map and falling back.
+    /// After the first step the plan is frozen and this is an error.
+    pub fn set_remappable(&mut self, index: usize, remappable: bool) -> Result<()> {
+        let len = self.slots.len();
+        let slot = self
+            .slots
+            .get_mut(index)
+            .ok_or(PolicyError::NoSuchSlot { index, len })?;
+        if self.plan.is_some() {
+            return Err(PolicyError::InvalidSlot {
+                index,
+                reason: "remappability can only be set before the first step".into(),
+            });
+        }
+        slot.remappable = remappable;
+        Ok(())
+    }
+
     /// Adds one step's host binding time (measured by the runtime).
     pub fn record_binding_time(&mut self, ns: u64) {
         self.stats.host_binding_ns = self.stats.host_binding_ns.saturating_add(ns);
@@ -314,9 +335,11 @@ impl SlotTracker {
             knobs: self.config.knobs.clone(),
         };
         let plan = decide::decide(&input)?;
-        for (st, d) in self.state.iter_mut().zip(&plan.decisions) {
+        for ((st, d), slot) in self.state.iter_mut().zip(&plan.decisions).zip(&self.slots) {
             st.has_shadow = *d == Decision::Copy;
             st.shadow_mode = st.has_shadow;
+            // A copy-only slot never moves to direct mapping.
+            st.pinned = !slot.remappable;
         }
         let d = &self.config.device;
         info!(
@@ -329,6 +352,7 @@ impl SlotTracker {
             skip = plan.counts.skip,
             remap = plan.counts.remap,
             copy = plan.counts.copy,
+            copy_only = plan.counts.copy_only,
             budget_limited = plan.counts.budget_limited,
             shadow_bytes = plan.shadow_bytes,
             shadow_cap_bytes = plan.shadow_cap_bytes,

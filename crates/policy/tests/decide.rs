@@ -254,3 +254,91 @@ fn empty_slot_list_is_fine() {
         assert_eq!(plan.binding_us_per_step(), 0.0);
     }
 }
+
+#[test]
+fn copy_only_slots_are_copied_under_every_threshold_and_counted_first() {
+    // Slot 0: copy-only, never changes (a sub-allocated donated buffer);
+    // slot 1: copy-only 64 KiB; slots 2, 3: remappable.
+    let slots = vec![
+        SlotInfo::new(64, true, true, 0.0).copy_only(),
+        rw(64 << 10).copy_only(),
+        rw(4),
+        rw(1 << 30),
+    ];
+    for t in [0u64, 1, 8, 4096] {
+        let plan = decide(&input(t, slots.clone())).unwrap();
+        assert_eq!(&plan.decisions[..2], &[Copy, Copy], "threshold {t}");
+        assert_eq!(plan.decisions[3], Remap, "threshold {t}");
+        assert_eq!(plan.counts.copy_only, 2, "threshold {t}");
+        // Their bytes are in the plan's per-step copy totals and shadows.
+        assert!(
+            plan.copy_in_bytes_per_step >= 64 + (64 << 10),
+            "threshold {t}"
+        );
+        assert!(
+            plan.shadow_bytes >= Knobs::default().shadow_bytes_for(64 << 10),
+            "threshold {t}"
+        );
+    }
+    assert_eq!(
+        decide(&input(0, slots.clone())).unwrap().decisions[2],
+        Remap
+    );
+    assert_eq!(
+        decide(&input(4096, slots.clone())).unwrap().decisions[2],
+        Copy
+    );
+    // Under auto the cutoff reported is the largest slot the rule chose,
+    // not a copy-only one.
+    let plan = decide(&input(1, slots)).unwrap();
+    assert_eq!(plan.decisions[2], Copy);
+    assert_eq!(plan.threshold_bytes, 4);
+}
+
+#[test]
+fn copy_only_slots_use_up_the_copy_budget_and_the_shadow_cap_first() {
+    // A fixed 20 µs budget. Copy-only slots moving 2 x 40 MB per step take
+    // ~33 µs: nothing else may be admitted, though a 1 MiB slot alone
+    // would pay for itself.
+    let mut inp = input(
+        1,
+        vec![
+            rw(40_000_000).copy_only(),
+            rw(1 << 20),
+            SlotInfo::new(4, true, false, 1.0),
+        ],
+    );
+    inp.knobs.copy_budget_us = Some(20.0);
+    let plan = decide(&inp).unwrap();
+    assert_eq!(plan.decisions, vec![Copy, Remap, Remap], "{plan:?}");
+    inp.knobs.copy_budget_us = Some(1000.0);
+    let plan = decide(&inp).unwrap();
+    assert_eq!(plan.decisions, vec![Copy, Copy, Copy], "{plan:?}");
+    // Shadow cap: 1% of 10 GiB ~ 107 MB; the copy-only shadows (2 x 40 MB)
+    // leave room for the small slots, not for another 40 MB one.
+    let mut inp = input(
+        1 << 30,
+        vec![rw(40_000_000).copy_only(), rw(40_000_000), rw(1 << 20)],
+    );
+    inp.device.free_bytes = 10 << 30;
+    let plan = decide(&inp).unwrap();
+    assert_eq!(plan.decisions, vec![Copy, Remap, Copy], "{plan:?}");
+    assert_eq!(plan.counts.budget_limited, 1);
+}
+
+#[test]
+fn remappable_defaults_to_true_in_json() {
+    let text = r#"{"device": {"remap_us": 46, "copy_bw_bytes_per_s": 2.4e12,
+        "copy_launch_us": 4, "free_bytes": 1000000000, "total_bytes": 2000000000},
+        "threshold": 0,
+        "slots": [{"size": 16, "read": true, "written": false, "churn": 1},
+                  {"size": 16, "read": true, "written": false, "churn": 1, "remappable": false}]}"#;
+    let inp: xla_vmm_policy::PolicyInput = serde_json::from_str(text).unwrap();
+    assert!(inp.slots[0].remappable);
+    assert!(!inp.slots[1].remappable);
+    let plan = decide(&inp).unwrap();
+    assert_eq!(plan.decisions, vec![Remap, Copy]);
+    // Serialized back, the default is left out and the copy-only flag kept.
+    let out = serde_json::to_string(&inp.slots).unwrap();
+    assert_eq!(out.matches("remappable").count(), 1, "{out}");
+}

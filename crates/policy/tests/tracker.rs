@@ -542,3 +542,44 @@ fn frozen_decision_is_logged_once_with_its_inputs() {
     });
     assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+#[test]
+fn copy_only_slot_is_planned_as_copy_and_never_switches() {
+    // Slot 0 marked copy-only before the first step (e.g. its buffer turned
+    // out sub-allocated); it keeps the same buffer forever, which would
+    // move a normal copy slot to direct mapping.
+    let mut t = tracker(vec![rw(64 << 20), SlotInfo::new(16, true, true, 0.0)], 0, 2);
+    t.set_remappable(1, false).unwrap();
+    for step in 0..50u64 {
+        let r = (step % 2) as usize;
+        let a = t.bind_step(r, &[b(1, 0x1000), b(2, 0x2000)], None).unwrap();
+        assert!(
+            matches!(
+                a.actions[1],
+                SlotAction::Copy {
+                    copy_in: true,
+                    copy_out: true,
+                    ..
+                }
+            ),
+            "step {step}: {:?}",
+            a.actions[1]
+        );
+    }
+    let plan = t.plan().unwrap();
+    assert_eq!(plan.decisions, vec![Decision::Remap, Decision::Copy]);
+    assert_eq!(plan.counts.copy_only, 1);
+    let s = t.stats();
+    assert_eq!(s.fallbacks, 0, "planned, not a fallback: {s:?}");
+    assert_eq!(s.mode_switches, 0);
+    assert_eq!(s.copies, 50);
+    // The plan is frozen now.
+    assert!(matches!(
+        t.set_remappable(1, true),
+        Err(PolicyError::InvalidSlot { index: 1, .. })
+    ));
+    assert!(matches!(
+        t.set_remappable(9, false),
+        Err(PolicyError::NoSuchSlot { index: 9, .. })
+    ));
+}

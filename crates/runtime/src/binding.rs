@@ -172,6 +172,9 @@ pub struct BindingStats {
     /// Parameter slots bound per step and those served by shadows.
     pub slots: usize,
     pub copy_slots: usize,
+    /// Of `copy_slots`, those planned as copies because their buffers
+    /// cannot be mapped (sub-allocated or raw): not fallbacks.
+    pub copy_only_slots: usize,
     /// Shadow memory held (shared by the reservations), bytes.
     pub shadow_bytes: u64,
     /// The policy's shadow cap (its accounting: 256-byte rounding, one per
@@ -184,7 +187,8 @@ pub struct BindingStats {
     pub captures: u64,
     /// VMM driver calls made while binding (unmap, map, set access).
     pub vmm_calls: u64,
-    /// Copy operations enqueued (after merging contiguous copies).
+    /// Copy operations enqueued: one batch per direction per step at most
+    /// (a batch of one copy is a plain copy).
     pub copy_ops: u64,
     #[serde(flatten)]
     pub counters: Stats,
@@ -202,7 +206,8 @@ impl BindingStats {
         format!(
             "binding: steps={} skips={} remaps={} copies={} bytes_copied={} unmap_errors={} \
              fallbacks={} mode_switches={} copies_elided={} vmm_calls={} copy_ops={} captures={} \
-             threshold={} threshold_bytes={} shadow_bytes={} host_us_per_step={:.2} host_us_max={:.1}",
+             threshold={} threshold_bytes={} shadow_bytes={} host_us_per_step={:.2} host_us_max={:.1} \
+             copy_slots={} copy_only_slots={}",
             c.steps,
             c.skips,
             c.remaps,
@@ -219,7 +224,9 @@ impl BindingStats {
             self.threshold_bytes,
             self.shadow_bytes,
             self.host_us_per_step(),
-            c.host_binding_ns_max as f64 / 1e3
+            c.host_binding_ns_max as f64 / 1e3,
+            self.copy_slots,
+            self.copy_only_slots
         )
     }
 }

@@ -32,20 +32,26 @@
 //!
 //! A failing unmap is retried once; a failing map or set access unmaps what
 //! it left and serves the slot from its shadow from then on (copy in before,
-//! copy out after): no data is lost. A buffer that cannot be mapped
-//! (sub-allocated, or raw memory without an allocation id) is copy-only.
+//! copy out after): no data is lost (counted in `fallbacks`). A buffer that
+//! cannot be mapped (sub-allocated, raw memory without an allocation id, or
+//! smaller than the slot's region) is copy-only: the slots bound to such
+//! buffers at the first step are planned as copy slots from the start
+//! ([`SlotTracker::set_remappable`]), so the policy counts their copies and
+//! shadows in its budget; only a slot whose buffer turns unmappable later
+//! goes through the fallback.
 //!
-//! Copies: a step's copies are enqueued per direction, contiguous ranges
-//! merged. There is no single batched operation yet (it would need our own
-//! gather/scatter kernel or `cuMemcpyBatchAsync` in the backend trait), so
-//! each non-contiguous copy is one `copy_d2d`.
+//! Copies: all copy-ins of a step are one [`Backend::copy_d2d_batch`]
+//! before the launch, all copy-backs one after it (contiguous ranges merged;
+//! on CUDA 13 one `cuMemcpyBatchAsync` each), so `copy_ops` grows by at most
+//! two per step. Within a direction the copies are independent (each slot
+//! has its own shadow and its own buffer), as a batch requires.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use xla_vmm::AllocationRole;
 use xla_vmm_device::vmm::Phys;
-use xla_vmm_device::{Backend, DevicePtr};
+use xla_vmm_device::{merge_copies, Backend, DevicePtr};
 use xla_vmm_policy::{
     Binding, Decision, FailedCall, SlotAction, SlotInfo, SlotTracker, TrackerConfig,
 };
@@ -226,6 +232,7 @@ impl<B: Backend> VaStable<B> {
             .iter()
             .filter(|d| **d == Decision::Copy)
             .count();
+        self.stats.copy_only_slots = plan.counts.copy_only;
         self.stats.threshold_bytes = plan.threshold_bytes;
         self.stats.shadow_cap_bytes = plan.shadow_cap_bytes;
         for _ in 0..RESERVATIONS {
@@ -286,6 +293,20 @@ impl<B: Backend> VaStable<B> {
             let id = u.id.unwrap_or(RAW_ID_BIT | u.ptr.0);
             bindings.push(Binding { id, addr: u.ptr.0 });
             bufs.push(u);
+        }
+        if self.tracker.plan().is_none() {
+            // First step: the plan is made now, so tell it which slots
+            // cannot be mapped (their buffers are copy-only).
+            let gran = be.info().vmm_granularity.max(1);
+            for (i, s) in self.slots.iter().enumerate() {
+                let region = s.size.div_ceil(gran) * gran;
+                let u = bufs[i];
+                let mappable =
+                    u.id.is_some() && u.remap.as_ref().is_some_and(|src| src.capacity >= region);
+                if !mappable {
+                    self.tracker.set_remappable(i, false).map_err(policy_err)?;
+                }
+            }
         }
         let step = self
             .tracker
@@ -380,7 +401,7 @@ impl<B: Backend> VaStable<B> {
                 self.shadow_holds[i] = None;
             }
         }
-        self.stats.copy_ops += enqueue_copies(be, &mut ins, stream)?;
+        self.stats.copy_ops += copy_batch(be, &ins, stream)?;
         let t_bind = t0.elapsed();
         // Launch (capture once per reservation).
         let t_cap = Instant::now();
@@ -399,7 +420,7 @@ impl<B: Backend> VaStable<B> {
         let (_, exec) = res.graph.as_ref().expect("captured");
         be.graph_launch(exec, stream)?;
         let t_out = Instant::now();
-        self.stats.copy_ops += enqueue_copies(be, &mut outs, stream)?;
+        self.stats.copy_ops += copy_batch(be, &outs, stream)?;
         be.event_record(res.done.as_ref().expect("created"), stream)?;
         res.used = true;
         let ns = (t_bind + t_out.elapsed()).saturating_sub(setup).as_nanos() as u64;
@@ -567,35 +588,33 @@ fn contiguous(idx: &[usize], slots: &[PSlot]) -> Vec<Vec<usize>> {
     out
 }
 
-/// Enqueue `(dst, src, bytes)` copies, merging ranges contiguous on both
-/// sides; returns the number of copy operations.
-fn enqueue_copies<B: Backend>(
+/// Enqueue one direction's `(dst, src, bytes)` copies as one batch
+/// (contiguous ranges merged); returns the operations enqueued (0 or 1).
+fn copy_batch<B: Backend>(
     be: &B,
-    list: &mut Vec<(DevicePtr, DevicePtr, u64)>,
+    list: &[(DevicePtr, DevicePtr, u64)],
     stream: &B::Stream,
 ) -> Result<u64> {
-    list.sort_by_key(|c| c.0);
-    let mut ops = 0;
-    let mut cur: Option<(DevicePtr, DevicePtr, u64)> = None;
-    for &(d, s, n) in list.iter() {
-        cur = match cur {
-            Some((cd, cs, cn)) if cd.offset(cn) == d && cs.offset(cn) == s => {
-                Some((cd, cs, cn + n))
-            }
-            Some((cd, cs, cn)) => {
-                be.copy_d2d(cd, cs, cn, stream)?;
-                ops += 1;
-                Some((d, s, n))
-            }
-            None => Some((d, s, n)),
-        };
+    let merged = merge_copies(list);
+    // Copies in a batch are unordered: if two write overlapping memory (one
+    // buffer bound to two written parameters), keep them in slot order.
+    if merged.windows(2).any(|w| w[0].0.offset(w[0].2) > w[1].0) {
+        for &(d, s, n) in list {
+            be.copy_d2d(d, s, n, stream)?;
+        }
+        return Ok(list.len() as u64);
     }
-    if let Some((cd, cs, cn)) = cur {
-        be.copy_d2d(cd, cs, cn, stream)?;
-        ops += 1;
+    match merged.as_slice() {
+        [] => Ok(0),
+        [(d, s, n)] => {
+            be.copy_d2d(*d, *s, *n, stream)?;
+            Ok(1)
+        }
+        _ => {
+            be.copy_d2d_batch(&merged, stream)?;
+            Ok(1)
+        }
     }
-    list.clear();
-    Ok(ops)
 }
 
 fn capture<B: Backend>(

@@ -9,7 +9,7 @@ use xla_vmm_device::host::{arg_ptr, arg_u32};
 use xla_vmm_device::vmm::{Buffer, Phys, VmmContext};
 use xla_vmm_device::{Backend, DevicePtr, HostBackend, VmmAllocator, VmmConfig};
 use xla_vmm_policy::{DeviceCosts, Threshold};
-use xla_vmm_runtime::{BindingConfig, Executable, Mode, RemapSource, UserBuffer};
+use xla_vmm_runtime::{BindingConfig, BindingStats, Executable, Mode, RemapSource, UserBuffer};
 
 fn f32s(n: usize) -> Shape {
     Shape {
@@ -597,7 +597,11 @@ fn sub_allocated_buffers_are_copy_only_and_known_shadows_skip_the_copy_in() {
         let (got, l) = l.run(Mode::VaStable, 10);
         assert_eq!(got, reference, "immutable={immutable}");
         let st = l.exe.stats().unwrap().clone();
-        assert_eq!(st.counters.fallbacks, 1, "w could not be mapped: {st:?}");
+        // Both planned as copy slots from the first step: no failed map, no
+        // fallback.
+        assert_eq!(st.counters.fallbacks, 0, "{st:?}");
+        assert_eq!((st.copy_slots, st.copy_only_slots), (2, 2), "{st:?}");
+        assert_eq!(st.counters.remaps, 0, "{st:?}");
         assert_eq!(st.counters.copies, 20, "{st:?}");
         if immutable {
             assert_eq!(
@@ -647,4 +651,174 @@ fn an_eager_run_in_between_does_not_leave_stale_shadows() {
         .collect();
     assert_eq!(got, reference);
     l.alloc.free(keep.take().unwrap(), &l.stream).unwrap();
+}
+
+/// Two donated weight buffers (`w1 += 1`, `w2 += 1`) and two inputs
+/// (`y = 2 * x`, `v = z` copied): four parameter slots, two of them written.
+fn train2_plan() -> Plan {
+    let (wb, xb) = ((W * 4) as u64, (X * 4) as u64);
+    plan(
+        vec![
+            alloc(0, wb, param(0, true)),
+            alloc(1, wb, param(1, true)),
+            alloc(2, xb, param(2, false)),
+            alloc(3, xb, param(3, false)),
+            alloc(4, xb, AllocationRole::Output { outputs: vec![] }),
+            alloc(5, xb, AllocationRole::Output { outputs: vec![] }),
+        ],
+        vec![f32s(W), f32s(W), f32s(X), f32s(X)],
+        vec![(0, f32s(W)), (1, f32s(W)), (4, f32s(X)), (5, f32s(X))],
+        vec![
+            kernel("inc", vec![(sl(0, 0, wb), true)], None, W as u64),
+            kernel("inc", vec![(sl(1, 0, wb), true)], None, W as u64),
+            kernel(
+                "scale2",
+                vec![(sl(2, 0, xb), false), (sl(4, 0, xb), true)],
+                Some(X as u32),
+                1,
+            ),
+            copy(sl(3, 0, xb), sl(5, 0, xb)),
+        ],
+    )
+}
+
+/// What [`train2_loop`] returns: every step's outputs, per step the
+/// (`copy_d2d_batch`, `copy_d2d`) calls, the binding stats.
+type Train2 = (Vec<Vec<Vec<f32>>>, Vec<(u64, u64)>, Option<BindingStats>);
+
+/// Runs `steps` steps of [`train2_plan`] as a donated loop (w1, w2 kept,
+/// x and z fresh each step, the old ones freed); buffers of at most `small`
+/// bytes are sub-allocated. Returns every step's outputs and, per step, the
+/// (`copy_d2d_batch`, `copy_d2d`) calls made by binding and launching.
+fn train2_loop(
+    b: &Arc<HostBackend>,
+    mode: Mode,
+    threshold: u64,
+    small: u64,
+    immutable: bool,
+    steps: usize,
+) -> Train2 {
+    let alloc = VmmAllocator::new(
+        b.clone(),
+        VmmConfig {
+            small_threshold: small,
+            small_min: 16,
+        },
+    )
+    .unwrap();
+    let stream = b.stream_create().unwrap();
+    let mut exe = Executable::load(b.clone(), train2_plan(), None, &stream).unwrap();
+    exe.set_binding_config(BindingConfig {
+        threshold: Threshold::from(threshold),
+        costs: Some(costs(1 << 30)),
+        immutable_buffers: immutable,
+    })
+    .unwrap();
+    let ws: Vec<_> = (0..2)
+        .map(|j| {
+            let w = alloc.alloc((W * 4) as u64).unwrap();
+            let init: Vec<f32> = (0..W).map(|i| (i + 100 * j) as f32).collect();
+            b.write_sync(w.ptr(), &bytes(&init), &stream).unwrap();
+            w
+        })
+        .collect();
+    let mut prev: Vec<Buffer<HostBackend>> = Vec::new();
+    let mut outs_all = Vec::new();
+    let mut calls = Vec::new();
+    for k in 0..steps {
+        let k = k as f32;
+        let fresh: Vec<_> = [k, 10.0 * k]
+            .iter()
+            .map(|&v| {
+                let x = alloc.alloc((X * 4) as u64).unwrap();
+                b.write_sync(x.ptr(), &bytes(&[v, v + 1.0, v + 2.0, v + 3.0]), &stream)
+                    .unwrap();
+                x
+            })
+            .collect();
+        exe.bind_buffer(0, &ws[0]).unwrap();
+        exe.bind_buffer(1, &ws[1]).unwrap();
+        exe.bind_buffer(2, &fresh[0]).unwrap();
+        exe.bind_buffer(3, &fresh[1]).unwrap();
+        let before = (b.call_count("copy_d2d_batch"), b.call_count("copy_d2d"));
+        let outs = exe.run(&stream, mode).unwrap();
+        calls.push((
+            b.call_count("copy_d2d_batch") - before.0,
+            b.call_count("copy_d2d") - before.1,
+        ));
+        b.stream_synchronize(&stream).unwrap();
+        let mut step_out = Vec::new();
+        for (i, o) in outs.iter().enumerate() {
+            let n = if i < 2 { W } else { X };
+            let mut d = vec![0u8; n * 4];
+            b.read_sync(&mut d, o.ptr, &stream).unwrap();
+            step_out.push(floats(&d));
+        }
+        // The donated outputs are the caller's buffers.
+        assert_eq!((outs[0].ptr, outs[1].ptr), (ws[0].ptr(), ws[1].ptr()));
+        outs_all.push(step_out);
+        for x in prev.drain(..) {
+            alloc.free(x, &stream).unwrap();
+        }
+        prev = fresh;
+    }
+    for x in prev.drain(..).chain(ws) {
+        alloc.free(x, &stream).unwrap();
+    }
+    (outs_all, calls, exe.stats().cloned())
+}
+
+#[test]
+fn a_steps_copies_are_one_batch_per_direction() {
+    let b = backend();
+    let steps = 8;
+    let (reference, _, _) = train2_loop(&b, Mode::Eager, 1, 0, false, steps);
+    assert_eq!(reference[7][0][0], 8.0, "w1 incremented 8 times");
+    assert_eq!(reference[7][2], vec![14.0, 16.0, 18.0, 20.0]);
+    assert_eq!(reference[7][3], vec![70.0, 71.0, 72.0, 73.0]);
+    // (threshold, sub-allocation cutoff, immutable): every slot copy-only
+    // (4 ins and 2 outs a step, or 2 ins with the known shadows of w1, w2
+    // elided); or nothing sub-allocated under 4096 (x, z copied in, w1, w2
+    // mapped and skipped: no copy out).
+    for (t, small, immutable, ins, outs) in [
+        (1u64, 128u64, false, 4u64, 2u64),
+        (1, 128, true, 2, 2),
+        (0, 128, false, 4, 2),
+        (4096, 0, false, 2, 0),
+    ] {
+        let what = format!("threshold {t}, small {small}, immutable {immutable}");
+        let (got, calls, st) = train2_loop(&b, Mode::VaStable, t, small, immutable, steps);
+        assert_eq!(got, reference, "{what}: results identical to eager");
+        let st = st.unwrap();
+        let batches = u64::from(ins > 1) + u64::from(outs > 1);
+        let singles = u64::from(ins == 1) + u64::from(outs == 1);
+        for (k, &(batch, single)) in calls.iter().enumerate().skip(2) {
+            // Steps 0 and 1 capture a graph each (the capture's own copy
+            // thunk is a copy_d2d), later steps only bind and replay.
+            assert_eq!(
+                (batch, single),
+                (batches, singles),
+                "{what}: step {k}: {st:?}"
+            );
+        }
+        assert_eq!(
+            st.copy_ops,
+            steps as u64 * (batches + singles),
+            "{what}: {st:?}"
+        );
+        assert_eq!(st.counters.fallbacks, 0, "{what}: {st:?}");
+        let copy_only = if small > 0 { 4 } else { 0 };
+        assert_eq!(st.copy_only_slots, copy_only, "{what}: {st:?}");
+        // Bytes of the copy slots per step, elided copies in included.
+        assert_eq!(
+            st.counters.bytes_copied + st.bytes_elided,
+            if small > 0 {
+                // w1, w2 (64 B) in and out, x, z (16 B) in.
+                steps as u64 * (2 * 64 * 2 + 2 * 16)
+            } else {
+                steps as u64 * 2 * 16
+            },
+            "{what}: {st:?}"
+        );
+    }
 }

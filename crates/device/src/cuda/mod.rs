@@ -21,13 +21,15 @@ pub mod result;
 pub mod symbols;
 mod tma;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::CudaContext;
 use xla_vmm_ffi::cuda::driver as sys;
 
-use crate::backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
+use crate::backend::{
+    merge_copies, Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig,
+};
 use crate::error::{DeviceError, Result};
 pub use handles::{
     CudaEvent, CudaFunction, CudaGraph, CudaGraphExec, CudaHostBuffer, CudaModule, CudaPhysMem,
@@ -48,6 +50,8 @@ pub struct CudaBackend {
     /// The kernel that copies a predicate byte into a conditional handle
     /// (loaded at the first `capture_while`).
     set_condition: OnceLock<std::result::Result<CudaFunction, DeviceError>>,
+    /// `cuMemcpyBatchAsync` failed once: batches are copied one by one.
+    batch_off: AtomicBool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -84,6 +88,7 @@ impl CudaBackend {
             info,
             symbols,
             set_condition: OnceLock::new(),
+            batch_off: AtomicBool::new(false),
         })
     }
 
@@ -387,6 +392,69 @@ impl Backend for CudaBackend {
         // SAFETY: stream is live; device addresses are checked by the driver
         // and the GPU (a bad one faults the context, not host memory).
         unsafe { result::memory::copy_d2d(dst.0, src.0, bytes as usize, stream.cu_stream()) }
+    }
+
+    /// One `cuMemcpyBatchAsync` for the whole batch (contiguous copies
+    /// merged first). Copied one by one instead when the driver lacks the
+    /// call (before CUDA 13), when the stream is capturing (the call has no
+    /// graph node) or is the legacy NULL stream, or after the call failed
+    /// once (logged; the loop then gives the real error, if any).
+    fn copy_d2d_batch(
+        &self,
+        copies: &[(DevicePtr, DevicePtr, u64)],
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.own(stream, "stream")?;
+        let merged = merge_copies(copies);
+        let one_by_one = |list: &[(DevicePtr, DevicePtr, u64)]| {
+            list.iter()
+                .try_for_each(|&(d, s, n)| self.copy_d2d(d, s, n, stream))
+        };
+        if merged.len() <= 1
+            || !self.symbols.memcpy_batch
+            || self.batch_off.load(Ordering::Relaxed)
+            || stream.cu_stream().is_null()
+        {
+            return one_by_one(&merged);
+        }
+        self.bind()?;
+        // SAFETY: the stream is live and ours (checked above).
+        if unsafe { result::graph::is_capturing(stream.cu_stream())? } {
+            return one_by_one(&merged);
+        }
+        let mut dsts: Vec<sys::CUdeviceptr> = merged.iter().map(|c| c.0 .0).collect();
+        let mut srcs: Vec<sys::CUdeviceptr> = merged.iter().map(|c| c.1 .0).collect();
+        let mut sizes = Vec::with_capacity(merged.len());
+        for c in &merged {
+            sizes.push(
+                usize::try_from(c.2)
+                    .map_err(|_| DeviceError::InvalidArgument(format!("copy of {} bytes", c.2)))?,
+            );
+        }
+        // SAFETY: the symbol is present (symbols.memcpy_batch), the stream is
+        // live, not capturing and not the NULL stream; the three arrays have
+        // the same length; device ranges are the caller's responsibility (a
+        // bad address faults the context, not host memory).
+        let r = unsafe {
+            result::memory::copy_d2d_batch(
+                &mut dsts,
+                &mut srcs,
+                &mut sizes,
+                self.ordinal,
+                stream.cu_stream(),
+            )
+        };
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Re-running every copy is safe: within a batch no copy
+                // writes what another reads.
+                tracing::warn!(%e, copies = merged.len(),
+                    "cuMemcpyBatchAsync failed; copying one by one from now on");
+                self.batch_off.store(true, Ordering::Relaxed);
+                one_by_one(&merged)
+            }
+        }
     }
 
     fn copy_h2d(

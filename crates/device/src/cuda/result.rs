@@ -280,6 +280,60 @@ pub mod memory {
         )
     }
 
+    /// Batched device-to-device copies, one driver call.
+    ///
+    /// See [cuMemcpyBatchAsync](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html)
+    /// (CUDA 13 symbol `cuMemcpyBatchAsync_v2`, without `failIdx`). One
+    /// attribute set applies to every copy: the source is read in stream
+    /// order, both operands live on device `ordinal`.
+    ///
+    /// # Safety
+    /// The driver has the symbol (`symbols::MEMCPY_BATCH`); `stream` is
+    /// live, not capturing (the call has no graph node) and not the legacy
+    /// NULL stream (the driver rejects it); device ranges as [`copy_d2d`],
+    /// no copy writing what another one of the batch touches.
+    pub unsafe fn copy_d2d_batch(
+        dsts: &mut [sys::CUdeviceptr],
+        srcs: &mut [sys::CUdeviceptr],
+        sizes: &mut [usize],
+        ordinal: i32,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        let n = dsts.len();
+        if srcs.len() != n || sizes.len() != n {
+            return Err(DeviceError::InvalidArgument(format!(
+                "copy batch: {n} destinations, {} sources, {} sizes",
+                srcs.len(),
+                sizes.len()
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY (of the zeroed value): plain C struct, every field set below.
+        let mut attrs: sys::CUmemcpyAttributes = std::mem::zeroed();
+        attrs.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        attrs.srcLocHint.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        attrs.srcLocHint.id = ordinal;
+        attrs.dstLocHint = attrs.srcLocHint;
+        attrs.flags = 0;
+        // The attribute set applies from copy 0 on.
+        let mut first = [0usize];
+        check(
+            "cuMemcpyBatchAsync",
+            sys::cuMemcpyBatchAsync_v2(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                n,
+                &mut attrs,
+                first.as_mut_ptr(),
+                1,
+                stream,
+            ),
+        )
+    }
+
     /// See [cuMemcpyHtoDAsync](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html#group__CUDA__MEM_1g1572263fe2597d7ba4f6964597a354a3)
     ///
     /// # Safety

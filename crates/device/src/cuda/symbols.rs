@@ -84,11 +84,19 @@ pub const CONDITIONAL: &[&str] = &[
     "cuStreamBeginCaptureToGraph",
 ];
 
+/// Batched pointer-to-pointer copies, CUDA 13 form (`_v2`: no `failIdx`).
+/// Without it `copy_d2d_batch` issues one `cuMemcpyDtoDAsync` per copy.
+/// (The CUDA 12.8/12.9 form `cuMemcpyBatchAsync` has another signature and
+/// is not used: the bindings are generated for CUDA 13.)
+pub const MEMCPY_BATCH: &[&str] = &["cuMemcpyBatchAsync_v2"];
+
 /// What [`load`] found.
 #[derive(Clone, Debug)]
 pub struct Symbols {
     pub param_info: bool,
     pub conditional: bool,
+    /// [`MEMCPY_BATCH`] is present.
+    pub memcpy_batch: bool,
 }
 
 /// Make sure `libcuda` loads and has every [`REQUIRED`] symbol; report the
@@ -126,5 +134,6 @@ pub fn load() -> Result<Symbols> {
     Ok(Symbols {
         param_info: PARAM_INFO.iter().all(|s| has(s)),
         conditional: CONDITIONAL.iter().all(|s| has(s)),
+        memcpy_batch: MEMCPY_BATCH.iter().all(|s| has(s)),
     })
 }

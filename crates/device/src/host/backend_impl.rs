@@ -319,6 +319,21 @@ impl Backend for HostBackend {
         self.enqueue("copy_d2d", stream, Op::Copy { dst, src, bytes })
     }
 
+    /// One counted call (`copy_d2d_batch`) for the whole batch, so tests can
+    /// assert how many batches a step enqueues; the copies run in order.
+    fn copy_d2d_batch(
+        &self,
+        copies: &[(DevicePtr, DevicePtr, u64)],
+        stream: &HostStream,
+    ) -> Result<()> {
+        self.check(stream.backend)?;
+        let mut st = self.enter("copy_d2d_batch")?;
+        for &(dst, src, bytes) in copies.iter().filter(|c| c.2 > 0) {
+            st.submit(stream.id, Op::Copy { dst, src, bytes })?;
+        }
+        Ok(())
+    }
+
     fn copy_h2d(
         &self,
         dst: DevicePtr,
