@@ -4,6 +4,13 @@
 //! after that every access is an error that says which of the two happened
 //! (`PJRT_Buffer_Destroy` only drops the handle). Device layout is always
 //! dense major-to-minor; host layouts may be strided or permuted.
+//!
+//! Each buffer has a *ready* event: complete at once for uploads (they
+//! finish inside `BufferFromHostBuffer`), completed by the client's
+//! completion thread for outputs of executions and device copies. Reads and
+//! writes need not wait for it: they are all ordered on the client's
+//! stream (`devmem.rs`), and deleting a buffer frees its memory after the
+//! work already queued.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -33,6 +40,8 @@ pub struct Buffer {
     /// Logical size in bytes (elements × element size).
     pub bytes: u64,
     state: Mutex<State>,
+    /// Completes when the buffer's producer has run on the device.
+    ready: Mutex<Arc<Event>>,
 }
 
 static BUFFERS: Registry<Buffer> = Registry::new();
@@ -74,15 +83,18 @@ impl Buffer {
             minor_to_major: (0..dims.len() as i64).rev().collect(),
             bytes,
             state: Mutex::new(State::Live(allocation)),
+            ready: Mutex::new(Event::ready(Ok(()))),
         }))
     }
 
-    /// A buffer over an existing allocation (an execution's output).
+    /// A buffer over an existing allocation (an execution's output), ready
+    /// when `ready` completes.
     pub fn from_allocation(
         device: Arc<Device>,
         dtype: PJRT_Buffer_Type,
         dims: &[i64],
         allocation: Allocation,
+        ready: Arc<Event>,
     ) -> Result<Arc<Buffer>> {
         let elem = dtype::element_size(dtype)?;
         let bytes = dtype::num_elements(dims)? * elem as u64;
@@ -95,7 +107,17 @@ impl Buffer {
             minor_to_major: (0..dims.len() as i64).rev().collect(),
             bytes,
             state: Mutex::new(State::Live(allocation)),
+            ready: Mutex::new(ready),
         }))
+    }
+
+    /// The event that completes when the buffer's contents are written.
+    pub fn ready(&self) -> Arc<Event> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_ready(&self, e: Arc<Event>) {
+        *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = e;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -131,19 +153,30 @@ impl Buffer {
         }
     }
 
+    /// Delete: the memory is freed after the work already queued on the
+    /// stream (which may still read or write it).
     pub fn delete(&self) {
-        let mut s = self.lock();
-        if matches!(*s, State::Live(_)) {
-            *s = State::Deleted;
-        }
+        let old = {
+            let mut s = self.lock();
+            if !matches!(*s, State::Live(_)) {
+                return;
+            }
+            std::mem::replace(&mut *s, State::Deleted)
+        };
+        drop(old);
     }
 
     pub fn is_deleted(&self) -> bool {
         !matches!(*self.lock(), State::Live(_))
     }
 
-    /// Dense major-to-minor bytes of the whole buffer.
+    /// Dense major-to-minor bytes of the whole buffer (after its producer:
+    /// the download is ordered on the stream; a failed producer's error).
     pub fn read_all(&self) -> Result<Vec<u8>> {
+        let ready = self.ready();
+        if ready.is_ready() {
+            ready.wait()?;
+        }
         let mut out = vec![0u8; self.bytes as usize];
         self.with_live(|a| self.device.mem.download(&mut out, a.ptr))?;
         Ok(out)
@@ -276,7 +309,11 @@ pub fn to_host(a: &mut PJRT_Buffer_ToHostBuffer_Args) -> Result<()> {
 fn copy_to(b: &Buffer, device: Arc<Device>) -> Result<Arc<Buffer>> {
     let out = Buffer::alloc(device, b.dtype, &b.dims)?;
     if Arc::ptr_eq(&out.device.mem, &b.device.mem) {
+        // Enqueued after the source's producer; ready when done.
         b.with_live(|src| out.with_live(|dst| b.device.mem.copy(dst.ptr, src.ptr, b.bytes)))?;
+        let done = Event::pending();
+        out.set_ready(done.clone());
+        b.device.mem.complete_after(done);
     } else {
         let data = b.read_all()?;
         out.with_live(|dst| out.device.mem.upload(dst.ptr, &data))?;
@@ -387,10 +424,9 @@ pub fn is_on_cpu(a: &mut PJRT_Buffer_IsOnCpu_Args) -> Result<()> {
 }
 
 pub fn ready_event(a: &mut PJRT_Buffer_ReadyEvent_Args) -> Result<()> {
-    Buffer::from_c(a.buffer)?;
-    // Buffers are written synchronously: ready as soon as they exist. Each
-    // call hands out its own event (the caller destroys it).
-    a.event = Event::ready(Ok(())).into_c();
+    let b = Buffer::from_c(a.buffer)?;
+    // Each call hands out its own event (the caller destroys it).
+    a.event = b.ready().follower().into_c();
     Ok(())
 }
 

@@ -132,8 +132,11 @@ impl Client {
         }
     }
 
+    /// Destroy: wait for the device's queued work, stop the completion
+    /// thread (its pending events complete first), unregister the devices.
     fn teardown(&self) {
         for d in &self.devices {
+            d.mem.shutdown();
             d.unregister();
         }
     }

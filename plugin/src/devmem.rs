@@ -5,19 +5,86 @@
 //! [`VmmMemory`] implements it for any [`Backend`] on the project's
 //! [`VmmAllocator`]: every buffer JAX sees is a VMM allocation with an
 //! allocation id (the runtime binds slots by id, not by address).
+//!
+//! Ordering: one stream per client (per device) carries everything that
+//! touches buffers: executions, device copies, uploads and downloads. Work
+//! on it is asynchronous; [`DeviceMemory::complete_after`] records a device
+//! event after what was enqueued so far and the completion thread
+//! (`completion.rs`) completes the PJRT event when the device has done it.
+//! Freeing an allocation is stream ordered (`vmm::Buffer::free_on`): its
+//! memory is handed out again only after the work queued before the free.
+//! `XLA_VMM_SYNC_EXECUTE=1` makes `complete_after` wait for the stream
+//! instead (synchronous mode, for debugging and A/B).
 
 use std::any::Any;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use xla_vmm_device::vmm::{Buffer as VmmBuffer, VmmAllocator, VmmConfig, VmmStats};
 use xla_vmm_device::{Backend, DeviceInfo, DevicePtr};
 
+use crate::completion::Completions;
 use crate::error::{Error, Result};
+use crate::event::Event;
 use crate::program::{Program, RuntimeProgram};
 use xla_vmm_device::blas::GemmEngine;
 
-/// One live device allocation. Dropping it frees the memory (no queued work
-/// may use it then: the plugin's copies are synchronous).
+/// At most this many executions (device events) in flight per client:
+/// `Execute` waits for the oldest beyond it, so the host cannot run
+/// arbitrarily far ahead (memory freed in stream order is reusable only
+/// once the device gets there).
+pub const MAX_IN_FLIGHT: usize = 32;
+
+/// Is synchronous execution asked for (`XLA_VMM_SYNC_EXECUTE=1`)?
+pub fn sync_execute_from_env() -> bool {
+    matches!(
+        std::env::var("XLA_VMM_SYNC_EXECUTE").as_deref(),
+        Ok("1") | Ok("true")
+    )
+}
+
+/// The client's stream, shared by its device memory and its programs
+/// (`None` once shut down).
+pub struct SharedStream<B: Backend>(Mutex<Option<B::Stream>>);
+
+impl<B: Backend> SharedStream<B> {
+    pub fn lock(&self) -> MutexGuard<'_, Option<B::Stream>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Run `f` with the stream (callers are serialized).
+    pub fn with<T>(&self, f: impl FnOnce(&B::Stream) -> Result<T>) -> Result<T> {
+        let guard = self.lock();
+        let stream = guard
+            .as_ref()
+            .ok_or_else(|| Error::failed_precondition("device memory is shut down"))?;
+        f(stream)
+    }
+}
+
+/// An allocator buffer whose free is ordered on the client's stream.
+struct OwnedBuffer<B: Backend> {
+    buf: Option<VmmBuffer<B>>,
+    stream: Arc<SharedStream<B>>,
+}
+
+impl<B: Backend> Drop for OwnedBuffer<B> {
+    fn drop(&mut self) {
+        let Some(buf) = self.buf.take() else { return };
+        let guard = self.stream.lock();
+        match guard.as_ref() {
+            Some(s) => {
+                if let Err(e) = buf.free_on(s) {
+                    tracing::warn!("stream-ordered free: {e}");
+                }
+            }
+            // No stream any more: it was synchronized when shut down.
+            None => drop(buf),
+        }
+    }
+}
+
+/// One live device allocation. Dropping it frees the memory, ordered after
+/// the work already queued on the client's stream.
 pub struct Allocation {
     pub id: u64,
     pub ptr: DevicePtr,
@@ -41,12 +108,26 @@ impl std::fmt::Debug for Allocation {
 pub trait DeviceMemory: Send + Sync {
     fn info(&self) -> &DeviceInfo;
     fn alloc(&self, bytes: u64) -> Result<Allocation>;
-    /// Blocking host → device copy.
+    /// Host → device copy, after the work queued on the stream; `data` is
+    /// no longer needed on return.
     fn upload(&self, dst: DevicePtr, data: &[u8]) -> Result<()>;
-    /// Blocking device → host copy.
+    /// Device → host copy, after the work queued on the stream (blocks
+    /// until the data has landed).
     fn download(&self, out: &mut [u8], src: DevicePtr) -> Result<()>;
-    /// Device → device copy, complete on return.
+    /// Device → device copy, enqueued on the stream (asynchronous).
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()>;
+    /// Complete `done` once the device has finished everything queued on
+    /// the stream so far (at once in synchronous mode, or after shutdown);
+    /// a device error fails it.
+    fn complete_after(&self, done: Arc<Event>);
+    /// Wait for everything queued on the stream.
+    fn synchronize(&self) -> Result<()>;
+    /// Synchronous mode (`XLA_VMM_SYNC_EXECUTE=1`)?
+    fn is_sync(&self) -> bool;
+    /// Block while [`MAX_IN_FLIGHT`] or more completions are pending.
+    fn throttle(&self) {}
+    /// Client destroy: wait for the stream, stop the completion thread.
+    fn shutdown(&self);
     fn stats(&self) -> VmmStats;
     /// (free, total) device memory.
     fn mem_info(&self) -> Result<(u64, u64)>;
@@ -63,7 +144,9 @@ pub trait DeviceMemory: Send + Sync {
 /// [`DeviceMemory`] on a [`Backend`] through the [`VmmAllocator`].
 pub struct VmmMemory<B: Backend> {
     allocator: VmmAllocator<B>,
-    stream: Mutex<Option<B::Stream>>,
+    stream: Arc<SharedStream<B>>,
+    completions: Completions<B>,
+    sync: bool,
     gemm: Option<Arc<dyn GemmEngine<B>>>,
     /// `xla_vmm_tmp_copy_threshold` of the client (0 / 1 auto / N).
     threshold: u64,
@@ -87,10 +170,25 @@ impl<B: Backend> VmmMemory<B> {
         } else {
             VmmConfig::default()
         };
-        let allocator = VmmAllocator::new(backend, cfg)?;
+        let completions = match Completions::new(backend.clone()) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = backend.stream_destroy(stream);
+                return Err(e);
+            }
+        };
+        let allocator = match VmmAllocator::new(backend.clone(), cfg) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = backend.stream_destroy(stream);
+                return Err(e.into());
+            }
+        };
         Ok(VmmMemory {
             allocator,
-            stream: Mutex::new(Some(stream)),
+            stream: Arc::new(SharedStream(Mutex::new(Some(stream)))),
+            completions,
+            sync: sync_execute_from_env(),
             gemm: None,
             threshold,
         })
@@ -110,13 +208,21 @@ impl<B: Backend> VmmMemory<B> {
         self.allocator.backend()
     }
 
-    /// Run `f` with the plugin's copy stream (serialized).
+    /// Run `f` with the client's stream (serialized).
     pub fn with_stream<T>(&self, f: impl FnOnce(&B, &B::Stream) -> Result<T>) -> Result<T> {
-        let guard = self.stream.lock().unwrap_or_else(|p| p.into_inner());
-        let stream = guard
-            .as_ref()
-            .ok_or_else(|| Error::failed_precondition("device memory is shut down"))?;
-        f(self.allocator.backend(), stream)
+        self.stream.with(|s| f(self.allocator.backend(), s))
+    }
+
+    /// Force synchronous (`true`) or asynchronous mode (tests; the default
+    /// comes from `XLA_VMM_SYNC_EXECUTE`).
+    pub fn with_sync(mut self, sync: bool) -> Self {
+        self.sync = sync;
+        self
+    }
+
+    /// Device events the completion thread still waits on.
+    pub fn pending_completions(&self) -> usize {
+        self.completions.outstanding()
     }
 }
 
@@ -137,7 +243,10 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
             id: buf.allocation_id().0,
             ptr: buf.ptr(),
             size: bytes,
-            inner: Box::new(buf),
+            inner: Box::new(OwnedBuffer {
+                buf: Some(buf),
+                stream: self.stream.clone(),
+            }),
         })
     }
 
@@ -159,10 +268,62 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
         if bytes == 0 {
             return Ok(());
         }
-        self.with_stream(|b, s| {
-            b.copy_d2d(dst, src, bytes, s)?;
-            Ok(b.stream_synchronize(s)?)
-        })
+        self.with_stream(|b, s| Ok(b.copy_d2d(dst, src, bytes, s)?))
+    }
+
+    fn complete_after(&self, done: Arc<Event>) {
+        let be = self.allocator.backend();
+        if self.sync {
+            done.set(self.synchronize());
+            return;
+        }
+        let recorded = self.stream.with(|s| {
+            let e = be.event_create()?;
+            if let Err(err) = be.event_record(&e, s) {
+                let _ = be.event_destroy(e);
+                return Err(err.into());
+            }
+            Ok(e)
+        });
+        match recorded {
+            Ok(e) => {
+                if let Err((e, done)) = self.completions.push(e, done) {
+                    // Shut down: no thread to wait for it.
+                    let r = be.event_synchronize(&e).map_err(Error::from);
+                    let _ = be.event_destroy(e);
+                    done.set(r);
+                }
+            }
+            // Cannot record: fall back to waiting here.
+            Err(err) => {
+                tracing::warn!(
+                    "event_record failed ({}); waiting for the stream",
+                    err.message
+                );
+                done.set(self.synchronize());
+            }
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.with_stream(|b, s| Ok(b.stream_synchronize(s)?))
+    }
+
+    fn is_sync(&self) -> bool {
+        self.sync
+    }
+
+    fn throttle(&self) {
+        self.completions.wait_below(MAX_IN_FLIGHT);
+    }
+
+    fn shutdown(&self) {
+        match self.synchronize() {
+            Ok(()) => {}
+            Err(e) if e.code == xla_vmm_ffi::pjrt::PJRT_Error_Code_FAILED_PRECONDITION => {}
+            Err(e) => tracing::warn!("waiting for the stream at shutdown: {}", e.message),
+        }
+        self.completions.shutdown();
     }
 
     fn stats(&self) -> VmmStats {
@@ -183,23 +344,21 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
             plan,
             self.gemm.clone(),
             self.threshold,
+            self.stream.clone(),
         )?;
         Ok(Box::new(p))
     }
 
     fn remap_handle(&self, a: &Allocation) -> Option<Box<dyn Any + Send>> {
-        let buf = a.inner.downcast_ref::<VmmBuffer<B>>()?;
+        let buf = a.inner.downcast_ref::<OwnedBuffer<B>>()?.buf.as_ref()?;
         Some(Box::new(xla_vmm_runtime::UserBuffer::from_vmm(buf)))
     }
 }
 
 impl<B: Backend> Drop for VmmMemory<B> {
     fn drop(&mut self) {
-        let stream = self
-            .stream
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        self.shutdown();
+        let stream = self.stream.lock().take();
         if let Some(s) = stream {
             if let Err(e) = self.allocator.backend().stream_destroy(s) {
                 tracing::warn!("stream_destroy at shutdown: {e}");

@@ -2,8 +2,11 @@
 //! host copy finishing, an execution), with `OnReady` callbacks.
 //!
 //! Work the plugin does synchronously hands out events that are already
-//! complete; the type is fully asynchronous (set from any thread, callbacks
-//! run by whoever completes it, `Await` blocks on a condition variable).
+//! complete; an execution's events complete when the device has finished
+//! the step (the client's completion thread, `devmem.rs`, sets them). The
+//! type is fully asynchronous: set from any thread, callbacks run by
+//! whoever completes it (outside its lock), `Await` blocks on a condition
+//! variable.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -13,11 +16,33 @@ use crate::cabi::{self, OnReady};
 use crate::error::{self, Error, Result};
 use crate::handles::{Handle, Registry};
 
+/// Run once the event completes (with its outcome).
+type RustCallback = Box<dyn FnOnce(&Result<()>) + Send>;
+
+enum Callback {
+    C(OnReady),
+    Rust(RustCallback),
+}
+
+impl Callback {
+    fn call(self, result: &Result<()>) {
+        match self {
+            Callback::C(cb) => cb.call(
+                result
+                    .clone()
+                    .err()
+                    .map_or(std::ptr::null_mut(), error::into_c),
+            ),
+            Callback::Rust(f) => f(result),
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     /// `None` while pending.
     done: Option<Result<()>>,
-    callbacks: Vec<OnReady>,
+    callbacks: Vec<Callback>,
 }
 
 pub struct Event {
@@ -66,13 +91,22 @@ impl Event {
         };
         self.cv.notify_all();
         for cb in callbacks {
-            cb.call(
-                result
-                    .clone()
-                    .err()
-                    .map_or(std::ptr::null_mut(), error::into_c),
-            );
+            cb.call(&result);
         }
+    }
+
+    /// A new event that completes (with the same outcome) when `self` does:
+    /// every C handle needs its own object (the caller destroys it).
+    pub fn follower(self: &Arc<Self>) -> Arc<Event> {
+        let f = Event::pending();
+        let g = f.clone();
+        self.then(Box::new(move |r| g.set(r.clone())));
+        f
+    }
+
+    /// Run `f` once the event completes (now, on this thread, if it has).
+    pub fn then(&self, f: RustCallback) {
+        self.add(Callback::Rust(f));
     }
 
     pub fn is_ready(&self) -> bool {
@@ -90,20 +124,18 @@ impl Event {
         }
     }
 
-    fn on_ready(&self, cb: OnReady) {
+    fn add(&self, cb: Callback) {
         let now = {
             let mut s = self.lock();
             match &s.done {
-                Some(r) => Some(r.clone()),
+                Some(r) => r.clone(),
                 None => {
                     s.callbacks.push(cb);
-                    None
+                    return;
                 }
             }
         };
-        if let Some(r) = now {
-            cb.call(r.err().map_or(std::ptr::null_mut(), error::into_c));
-        }
+        cb.call(&now);
     }
 }
 
@@ -139,7 +171,7 @@ pub fn wait(args: &mut PJRT_Event_Await_Args) -> Result<()> {
 
 pub fn on_ready(args: &mut PJRT_Event_OnReady_Args) -> Result<()> {
     let cb = OnReady::new(args.callback, args.user_arg)?;
-    Event::from_c(args.event)?.on_ready(cb);
+    Event::from_c(args.event)?.add(Callback::C(cb));
     Ok(())
 }
 

@@ -4,10 +4,13 @@
 //! One [`Program`] per executable; `PJRT_LoadedExecutable` and every
 //! `PJRT_Executable` view handed out by `GetExecutable` share it.
 //!
-//! Execution (single device, synchronous: the completion event is ready on
-//! return):
+//! Execution (single device, asynchronous): everything is enqueued on the
+//! client's stream and `Execute` returns; a device event recorded after the
+//! step completes the outputs' ready events and the `device_complete_events`
+//! (see `devmem.rs`; `XLA_VMM_SYNC_EXECUTE=1` waits for the step instead).
 //! 1. arguments are checked against the entry parameter shapes (dtype and
-//!    dims) and must be live;
+//!    dims) and must be live (their producers need not have run: the stream
+//!    orders them);
 //! 2. a parameter the program aliases with an output is *donated* unless
 //!    its index is in `non_donatable_input_indices`: then it is first copied
 //!    and the copy is what the program updates in place;
@@ -240,7 +243,13 @@ impl ExecInner {
         }))
     }
 
-    fn execute(&self, args: &[Arc<Buffer>], non_donatable: &[i64]) -> Result<Vec<Arc<Buffer>>> {
+    /// Enqueue one step; the outputs and the event that completes when the
+    /// device has run it.
+    fn execute(
+        &self,
+        args: &[Arc<Buffer>],
+        non_donatable: &[i64],
+    ) -> Result<(Vec<Arc<Buffer>>, Arc<Event>)> {
         if args.len() != self.params.len() {
             return Err(Error::invalid(format!(
                 "{} takes {} arguments, {} given",
@@ -265,6 +274,8 @@ impl ExecInner {
             }
         }
         let mem = &self.device.mem;
+        // Bound the work in flight; no lock is held while waiting.
+        mem.throttle();
         let mut guard = self.runner.lock().unwrap_or_else(|p| p.into_inner());
         let program = match guard.as_mut() {
             None => {
@@ -297,7 +308,7 @@ impl ExecInner {
             }
         }
         // The outputs live in the executable's memory until its next run:
-        // keep the lock until they are copied out.
+        // keep the lock until their copies out are enqueued.
         let outs = program.run_bound(&bound, handles)?;
         if outs.len() != self.outputs.len() {
             return Err(Error::internal(format!(
@@ -307,6 +318,7 @@ impl ExecInner {
                 self.outputs.len()
             )));
         }
+        let done = Event::pending();
         let mut results = Vec::with_capacity(outs.len());
         for (o, spec) in outs.iter().zip(&self.outputs) {
             let alloc = match o.parameter {
@@ -329,10 +341,17 @@ impl ExecInner {
                 spec.dtype,
                 &spec.dims,
                 alloc,
+                done.clone(),
             )?);
         }
+        mem.complete_after(done.clone());
         drop(guard);
-        Ok(results)
+        // Unused copies are freed after the step (stream ordered).
+        drop(copies);
+        if mem.is_sync() {
+            done.wait()?;
+        }
+        Ok((results, done))
     }
 }
 
@@ -344,8 +363,11 @@ impl ExecInner {
         v: &VendorExecutable,
         args: &[Arc<Buffer>],
         non_donatable: &[i64],
-    ) -> Result<Vec<Arc<Buffer>>> {
+    ) -> Result<(Vec<Arc<Buffer>>, Arc<Event>)> {
         let mem = &self.device.mem;
+        // The vendor runs on its own stream: our queued work (the arguments'
+        // producers) must be done first.
+        mem.synchronize()?;
         let ptrs = args
             .iter()
             .map(|a| a.with_live(|al| Ok(al.ptr)))
@@ -369,15 +391,18 @@ impl ExecInner {
                 spec.dtype,
                 &spec.dims,
                 fresh,
+                Event::ready(Ok(())),
             )?);
         }
+        // The copies read the vendor's buffers: done before they go.
+        mem.synchronize()?;
         drop(run);
         for (i, a) in args.iter().enumerate() {
             if self.aliased[i] && !non_donatable.contains(&(i as i64)) {
                 drop(a.take_for_donation()?);
             }
         }
-        Ok(results)
+        Ok((results, Event::ready(Ok(()))))
     }
 }
 
@@ -492,12 +517,12 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
         .to_vec(),
         None => Vec::new(),
     };
-    let outs = e.execute(&args, &non_donatable)?;
     let out_lists = cabi::slice(a.output_lists, 1, "output_lists")?;
+    let (outs, done) = e.execute(&args, &non_donatable)?;
     let ptrs: Vec<*mut PJRT_Buffer> = outs.into_iter().map(Handle::into_c).collect();
     cabi::write_slice(out_lists[0], &ptrs, "output list")?;
     if !a.device_complete_events.is_null() {
-        let ev = [Event::ready(Ok(())).into_c()];
+        let ev = [done.into_c()];
         cabi::write_slice(a.device_complete_events, &ev, "device_complete_events")?;
     }
     Ok(())

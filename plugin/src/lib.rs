@@ -32,6 +32,7 @@ mod api;
 pub mod buffer;
 mod cabi;
 pub mod client;
+pub mod completion;
 pub mod device;
 pub mod devmem;
 pub mod dtype;

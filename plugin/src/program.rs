@@ -9,6 +9,7 @@ use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::{Backend, DevicePtr};
 use xla_vmm_runtime::{BindingConfig, Executable, Mode, RuntimeError, UserBuffer};
 
+use crate::devmem::SharedStream;
 use crate::error::{Error, Result};
 
 /// One result leaf of a run (valid until the next run).
@@ -21,7 +22,9 @@ pub struct RunOutput {
 }
 
 pub trait Program: Send {
-    /// Bind `args` (pointer, bytes per entry parameter), run to completion.
+    /// Bind `args` (pointer, bytes per entry parameter) and enqueue a run
+    /// on the client's stream (asynchronous: the outputs are written once
+    /// the stream reaches this point).
     fn run(&mut self, args: &[(DevicePtr, u64)]) -> Result<Vec<RunOutput>>;
 
     /// Like [`Program::run`], with each argument's remap handle (from
@@ -64,7 +67,8 @@ pub fn exec_mode() -> Mode {
 pub struct RuntimeProgram<B: Backend> {
     backend: Arc<B>,
     exe: Option<Executable<B>>,
-    stream: Option<B::Stream>,
+    /// The client's stream: runs are ordered with the buffers' copies.
+    stream: Arc<SharedStream<B>>,
     mode: Mode,
 }
 
@@ -76,28 +80,23 @@ impl<B: Backend> RuntimeProgram<B> {
         plan: Plan,
         gemm: Option<Arc<dyn GemmEngine<B>>>,
         threshold: u64,
+        stream: Arc<SharedStream<B>>,
     ) -> Result<Self> {
-        let stream = backend.stream_create()?;
-        let loaded = Executable::load(backend.clone(), plan, gemm, &stream).and_then(|mut exe| {
+        let exe = stream.with(|s| {
+            let mut exe = Executable::load(backend.clone(), plan, gemm, s)?;
             // PJRT buffers never change content except through donation.
             let mut cfg = BindingConfig::resolve(Some(threshold))?;
             cfg.immutable_buffers = true;
             exe.set_binding_config(cfg)?;
-            backend.stream_synchronize(&stream)?;
-            Ok(exe)
-        });
-        match loaded {
-            Ok(exe) => Ok(RuntimeProgram {
-                backend,
-                exe: Some(exe),
-                stream: Some(stream),
-                mode: exec_mode(),
-            }),
-            Err(e) => {
-                let _ = backend.stream_destroy(stream);
-                Err(e.into())
-            }
-        }
+            backend.stream_synchronize(s)?;
+            Ok::<_, Error>(exe)
+        })?;
+        Ok(RuntimeProgram {
+            backend,
+            exe: Some(exe),
+            stream,
+            mode: exec_mode(),
+        })
     }
 }
 
@@ -111,7 +110,7 @@ impl<B: Backend> Program for RuntimeProgram<B> {
         args: &[(DevicePtr, u64)],
         mut handles: Vec<Option<Box<dyn std::any::Any + Send>>>,
     ) -> Result<Vec<RunOutput>> {
-        let (Some(exe), Some(stream)) = (self.exe.as_mut(), self.stream.as_ref()) else {
+        let Some(exe) = self.exe.as_mut() else {
             return Err(Error::failed_precondition("the program was unloaded"));
         };
         let n = exe.parameter_shapes().len();
@@ -132,8 +131,8 @@ impl<B: Backend> Program for RuntimeProgram<B> {
                 _ => exe.bind_parameter(i, ptr, bytes)?,
             }
         }
-        let outs = exe.run(stream, self.mode)?;
-        self.backend.stream_synchronize(stream)?;
+        let mode = self.mode;
+        let outs = self.stream.with(|s| Ok(exe.run(s, mode)?))?;
         Ok(outs
             .into_iter()
             .map(|o| RunOutput {
@@ -147,12 +146,13 @@ impl<B: Backend> Program for RuntimeProgram<B> {
 
 impl<B: Backend> Drop for RuntimeProgram<B> {
     fn drop(&mut self) {
-        if let Some(s) = &self.stream {
-            let _ = self.backend.stream_synchronize(s);
+        // Its memory may be in use by queued runs: wait for them.
+        let r = self
+            .stream
+            .with(|s| Ok(self.backend.stream_synchronize(s)?));
+        if let Err(e) = r {
+            tracing::warn!("unloading a program: {}", e.message);
         }
         self.exe = None;
-        if let Some(s) = self.stream.take() {
-            let _ = self.backend.stream_destroy(s);
-        }
     }
 }

@@ -1,0 +1,508 @@
+//! Asynchronous execution on the host backend: the client's stream is held
+//! (`HostBackend::hold_stream`), so the work `Execute` enqueues stays
+//! pending. Execute returns before the work runs; ready events and `OnReady`
+//! callbacks fire only after release (callbacks on the completion thread);
+//! chained and donating executions are ordered; deleting an in-flight
+//! argument is safe; to-host returns the right data; no leaks.
+#![allow(unsafe_code)]
+
+mod common;
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use xla_vmm::*;
+use xla_vmm_device::host::arg_ptr;
+use xla_vmm_device::HostBackend;
+use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::devmem::{DeviceMemory, VmmMemory};
+use xla_vmm_plugin::options::{BackendKind, ClientOptions};
+use xla_vmm_plugin::pjrt::*;
+
+fn f32s(n: usize) -> Shape {
+    Shape {
+        element_type: ElementType::F32,
+        dimensions: vec![n as i64],
+        ..Default::default()
+    }
+}
+
+fn alloc(index: usize, size: u64, role: AllocationRole) -> BufferAllocation {
+    BufferAllocation {
+        index,
+        size,
+        maybe_live_out: !matches!(role, AllocationRole::Temp),
+        role,
+        is_tuple: false,
+        is_thread_local: false,
+        color: 0,
+    }
+}
+
+fn sl(allocation: usize, size: u64) -> Slice {
+    Slice {
+        allocation,
+        offset: 0,
+        size,
+    }
+}
+
+fn thunk(name: &str, kind: ThunkKind) -> Thunk {
+    Thunk {
+        info: ThunkInfo {
+            profile_annotation: name.into(),
+            ..Default::default()
+        },
+        kind,
+    }
+}
+
+/// `inc` over `n` f32 at `slice` (in place).
+fn inc(slice: Slice, n: u64) -> Thunk {
+    thunk(
+        "inc",
+        ThunkKind::CustomKernel(CustomKernelThunk {
+            name: "inc".into(),
+            spec: KernelSpec {
+                code: KernelCode::Cubin {
+                    data: Blob(b"inc\n".to_vec()),
+                },
+                kernel_name: "inc".into(),
+                arity: 1,
+                packing: None,
+            },
+            args: vec![KernelArg {
+                slice,
+                shape: None,
+                written: true,
+                tma: None,
+            }],
+            launch: LaunchDims {
+                blocks: Dim3 { x: n, y: 1, z: 1 },
+                threads: Dim3 { x: 1, y: 1, z: 1 },
+                cluster: None,
+                shared_memory_bytes: 0,
+            },
+            use_pdl: false,
+            zeroed_output_buffer_indices: vec![],
+        }),
+    )
+}
+
+fn plan(allocations: Vec<BufferAllocation>, output_alloc: usize, thunks: Vec<Thunk>) -> Plan {
+    Plan {
+        module_name: "jit_test".into(),
+        pjrt_client_name: String::new(),
+        compute_capability: ComputeCapability::Unknown,
+        allocations,
+        program_shape: ProgramShape {
+            parameters: vec![f32s(4)],
+            result: f32s(4),
+            parameter_names: vec![],
+        },
+        outputs: vec![OutputInfo {
+            shape_index: vec![],
+            allocation: output_alloc,
+            passthrough: false,
+            alias: None,
+        }],
+        kernels: KernelBinaries::default(),
+        thunks,
+    }
+}
+
+/// out = a + 1 (copy into the output, then inc).
+fn add_one() -> Plan {
+    let param = AllocationRole::Parameter {
+        number: 0,
+        shape_index: vec![],
+        aliased_with_output: false,
+    };
+    let copy = thunk(
+        "copy",
+        ThunkKind::DeviceToDeviceCopy(CopyThunk {
+            source: ShapedSlice {
+                slice: sl(0, 16),
+                shape: None,
+            },
+            destination: ShapedSlice {
+                slice: sl(1, 16),
+                shape: None,
+            },
+            mem_size: 16,
+        }),
+    );
+    plan(
+        vec![
+            alloc(0, 16, param),
+            alloc(1, 16, AllocationRole::Output { outputs: vec![] }),
+        ],
+        1,
+        vec![copy, inc(sl(1, 16), 4)],
+    )
+}
+
+/// a += 1 in place; the output is the (donated) parameter.
+fn add_one_donated() -> Plan {
+    let param = AllocationRole::Parameter {
+        number: 0,
+        shape_index: vec![],
+        aliased_with_output: true,
+    };
+    plan(vec![alloc(0, 16, param)], 0, vec![inc(sl(0, 16), 4)])
+}
+
+fn backend() -> Arc<HostBackend> {
+    let b = HostBackend::default();
+    b.register_kernel(
+        "inc",
+        Arc::new(|ctx, args, cfg| {
+            let p = arg_ptr(args, 0)?;
+            let n = cfg.grid[0] as usize;
+            let v: Vec<f32> = ctx.read_f32(p, n)?.iter().map(|x| x + 1.0).collect();
+            ctx.write_f32(p, &v)
+        }),
+    );
+    Arc::new(b)
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn f32_values(b: &[u8]) -> Vec<f32> {
+    b.chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Execute without waiting: (output, device_complete_event).
+fn execute_async(
+    exe: *mut PJRT_LoadedExecutable,
+    args: &[*mut PJRT_Buffer],
+) -> Result<(*mut PJRT_Buffer, *mut PJRT_Event), (u32, String)> {
+    let mut opts: PJRT_ExecuteOptions = unsafe { std::mem::zeroed() };
+    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
+    let arg_list: *const *mut PJRT_Buffer = args.as_ptr();
+    let mut out: [*mut PJRT_Buffer; 1] = [std::ptr::null_mut()];
+    let out_list: *mut *mut PJRT_Buffer = out.as_mut_ptr();
+    let mut done: *mut PJRT_Event = std::ptr::null_mut();
+    let (err, _) = call!(
+        PJRT_LoadedExecutable_Execute,
+        PJRT_LoadedExecutable_Execute_Args,
+        |a| {
+            a.executable = exe;
+            a.options = &mut opts;
+            a.argument_lists = &arg_list;
+            a.num_devices = 1;
+            a.num_args = args.len();
+            a.output_lists = &out_list;
+            a.device_complete_events = &mut done;
+        }
+    );
+    match err {
+        Some(e) => Err(e),
+        None => Ok((out[0], done)),
+    }
+}
+
+fn is_ready(e: *mut PJRT_Event) -> bool {
+    let (err, r) = call!(PJRT_Event_IsReady, PJRT_Event_IsReady_Args, |a| {
+        a.event = e;
+    });
+    assert_eq!(err, None);
+    r.is_ready
+}
+
+fn ready_event(b: *mut PJRT_Buffer) -> *mut PJRT_Event {
+    let (err, e) = call!(PJRT_Buffer_ReadyEvent, PJRT_Buffer_ReadyEvent_Args, |a| {
+        a.buffer = b;
+    });
+    assert_eq!(err, None);
+    e.event
+}
+
+/// Callbacks seen (successes in the low 16 bits, errors above).
+static CALLS: AtomicUsize = AtomicUsize::new(0);
+static CALLBACK_THREAD_IS_TEST: AtomicUsize = AtomicUsize::new(0);
+
+unsafe extern "C" fn on_ready(err: *mut PJRT_Error, user: *mut c_void) {
+    let main = user as usize;
+    let here = thread_tag();
+    if here == main {
+        CALLBACK_THREAD_IS_TEST.fetch_add(1, Ordering::SeqCst);
+    }
+    match take_error(err) {
+        None => CALLS.fetch_add(1, Ordering::SeqCst),
+        Some(_) => CALLS.fetch_add(1 << 16, Ordering::SeqCst),
+    };
+}
+
+fn thread_tag() -> usize {
+    thread_local!(static TAG: u8 = const { 0 });
+    TAG.with(|t| t as *const u8 as usize)
+}
+
+fn on_ready_register(e: *mut PJRT_Event) {
+    let (err, _) = call!(PJRT_Event_OnReady, PJRT_Event_OnReady_Args, |a| {
+        a.event = e;
+        a.callback = Some(on_ready);
+        a.user_arg = thread_tag() as *mut c_void;
+    });
+    assert_eq!(err, None);
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(10), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn destroy_exe(exe: *mut PJRT_LoadedExecutable) {
+    let (err, _) = call!(
+        PJRT_LoadedExecutable_Destroy,
+        PJRT_LoadedExecutable_Destroy_Args,
+        |x| {
+            x.executable = exe;
+        }
+    );
+    assert_eq!(err, None);
+}
+
+fn hold(mem: &VmmMemory<HostBackend>, on: bool) {
+    mem.with_stream(|b, s| {
+        if on {
+            b.hold_stream(s)?;
+        } else {
+            b.release_stream(s)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+fn options() -> ClientOptions {
+    ClientOptions {
+        backend: BackendKind::Host,
+        strict: true,
+        tmp_copy_threshold: 1,
+        vendor_plugin_path: None,
+    }
+}
+
+/// The plugin's registries are per process: one test at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn execute_is_asynchronous_and_ordered() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let be = backend();
+    let mem = Arc::new(
+        VmmMemory::with_threshold(be.clone(), 1)
+            .unwrap()
+            .with_sync(false),
+    );
+    let client = client::into_c(Client::with_memory(options(), mem.clone()).unwrap());
+    let device = devices(client)[0];
+    let put = |v: &[f32]| {
+        from_host(
+            client,
+            device,
+            PJRT_Buffer_Type_F32,
+            &[v.len() as i64],
+            &f32_bytes(v),
+            None,
+        )
+        .unwrap()
+    };
+    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"a1".to_vec()).unwrap();
+    let exe_d =
+        xla_vmm_plugin::executable::load_plan(client, add_one_donated(), b"a1d".to_vec()).unwrap();
+    let a = put(&[1.0, 2.0, 3.0, 4.0]);
+
+    hold(&mem, true);
+    // out1 = a + 1, out2 = out1 + 1, out2 += 1 in place (donated): all queued.
+    let (out1, done1) = execute_async(exe, &[a]).unwrap();
+    let (out2, done2) = execute_async(exe, &[out1]).unwrap();
+    let (out3, done3) = execute_async(exe_d, &[out2]).unwrap();
+    for e in [done1, done2, done3] {
+        assert!(!is_ready(e), "Execute returned after the work completed");
+    }
+    let r1 = ready_event(out1);
+    let r3 = ready_event(out3);
+    assert!(!is_ready(r1) && !is_ready(r3));
+    let before = CALLS.load(Ordering::SeqCst);
+    on_ready_register(r1);
+    on_ready_register(r3);
+    on_ready_register(done3);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        CALLS.load(Ordering::SeqCst),
+        before,
+        "called back before release"
+    );
+    assert!(mem.pending_completions() >= 3);
+    // Deleting an argument whose consumer is still queued: its memory is
+    // accounted free at once, reused only after the queued work.
+    let in_use = mem.stats().bytes_in_use;
+    let (err, _) = call!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |x| {
+        x.buffer = a;
+    });
+    assert_eq!(err, None);
+    assert!(mem.stats().bytes_in_use < in_use);
+    // Still nothing ran.
+    assert!(!is_ready(done1));
+
+    hold(&mem, false);
+    assert_eq!(await_event(done3), None);
+    for e in [done1, done2, r1, r3] {
+        assert_eq!(await_event(e), None);
+    }
+    wait_for("three callbacks", || {
+        CALLS.load(Ordering::SeqCst) == before + 3
+    });
+    assert_eq!(
+        CALLBACK_THREAD_IS_TEST.load(Ordering::SeqCst),
+        0,
+        "callbacks of device work run on the completion thread"
+    );
+    assert_eq!(
+        f32_values(&to_host(out1).unwrap()),
+        vec![2.0, 3.0, 4.0, 5.0]
+    );
+    assert_eq!(
+        f32_values(&to_host(out3).unwrap()),
+        vec![4.0, 5.0, 6.0, 7.0]
+    );
+    assert!(to_host(out2).unwrap_err().1.contains("donated"));
+    assert!(to_host(a).unwrap_err().1.contains("deleted"));
+    wait_for("no pending completions", || mem.pending_completions() == 0);
+
+    // to-host right after an execute (not held): ordered on the stream.
+    let (out4, done4) = execute_async(exe, &[out3]).unwrap();
+    assert_eq!(
+        f32_values(&to_host(out4).unwrap()),
+        vec![5.0, 6.0, 7.0, 8.0]
+    );
+    assert_eq!(await_event(done4), None);
+
+    // Work still queued at client destroy: destroy waits for the stream
+    // (here it cannot: the stream is held), stops the completion thread and
+    // fails what is still pending instead of hanging.
+    hold(&mem, true);
+    let (out5, done5) = execute_async(exe, &[out4]).unwrap();
+    assert!(!is_ready(done5));
+    destroy_client(client);
+    let err = await_event(done5).expect("pending work fails at destroy");
+    assert!(err.1.contains("destroyed"), "{err:?}");
+    hold(&mem, false);
+
+    for e in [done1, done2, done3, done4, done5, r1, r3] {
+        destroy_event(e);
+    }
+    for b in [a, out1, out2, out3, out4, out5] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
+    destroy_exe(exe_d);
+    drop(mem);
+    let live = xla_vmm_plugin::live_objects();
+    assert_eq!((live.buffers, live.events, live.errors), (0, 0, 0));
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
+#[test]
+fn sync_mode_completes_before_returning() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let be = backend();
+    let mem = Arc::new(
+        VmmMemory::with_threshold(be.clone(), 1)
+            .unwrap()
+            .with_sync(true),
+    );
+    let client = client::into_c(Client::with_memory(options(), mem.clone()).unwrap());
+    let device = devices(client)[0];
+    let a = from_host(
+        client,
+        device,
+        PJRT_Buffer_Type_F32,
+        &[4],
+        &f32_bytes(&[1.0, 2.0, 3.0, 4.0]),
+        None,
+    )
+    .unwrap();
+    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"s".to_vec()).unwrap();
+    let (out, done) = execute_async(exe, &[a]).unwrap();
+    assert!(is_ready(done));
+    let r = ready_event(out);
+    assert!(is_ready(r));
+    assert_eq!(mem.pending_completions(), 0);
+    // A held stream cannot drain: synchronous Execute reports it.
+    hold(&mem, true);
+    assert!(execute_async(exe, &[a]).is_err());
+    hold(&mem, false);
+    assert_eq!(f32_values(&to_host(out).unwrap()), vec![2.0, 3.0, 4.0, 5.0]);
+    destroy_event(done);
+    destroy_event(r);
+    for b in [a, out] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
+    destroy_client(client);
+}
+
+#[test]
+fn host_runs_at_most_max_in_flight_ahead() {
+    use xla_vmm_plugin::devmem::MAX_IN_FLIGHT;
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let be = backend();
+    let mem = Arc::new(
+        VmmMemory::with_threshold(be.clone(), 1)
+            .unwrap()
+            .with_sync(false),
+    );
+    let client = client::into_c(Client::with_memory(options(), mem.clone()).unwrap());
+    let device = devices(client)[0];
+    let a = from_host(
+        client,
+        device,
+        PJRT_Buffer_Type_F32,
+        &[4],
+        &f32_bytes(&[1.0, 2.0, 3.0, 4.0]),
+        None,
+    )
+    .unwrap();
+    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"t".to_vec()).unwrap();
+    hold(&mem, true);
+    let mut made = Vec::new();
+    for _ in 0..MAX_IN_FLIGHT {
+        made.push(execute_async(exe, &[a]).unwrap());
+    }
+    // One more blocks until the device catches up.
+    let finished = Arc::new(AtomicUsize::new(0));
+    let (f, exe_p, a_p) = (finished.clone(), exe as usize, a as usize);
+    let t = std::thread::spawn(move || {
+        let r = execute_async(exe_p as *mut _, &[a_p as *mut _]).unwrap();
+        f.store(1, Ordering::SeqCst);
+        (r.0 as usize, r.1 as usize)
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(finished.load(Ordering::SeqCst), 0, "Execute did not wait");
+    hold(&mem, false);
+    let (out, done) = t.join().unwrap();
+    made.push((out as *mut _, done as *mut _));
+    for (out, done) in made {
+        assert_eq!(await_event(done), None);
+        assert_eq!(f32_values(&to_host(out).unwrap()), vec![2.0, 3.0, 4.0, 5.0]);
+        destroy_event(done);
+        destroy_buffer(out);
+    }
+    destroy_buffer(a);
+    destroy_exe(exe);
+    destroy_client(client);
+}
