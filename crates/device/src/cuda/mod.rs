@@ -80,7 +80,8 @@ impl CudaBackend {
         let ordinal_i32 = i32::try_from(ordinal)
             .map_err(|_| DeviceError::InvalidArgument(format!("device ordinal {ordinal}")))?;
         let info = info::read(&ctx, ordinal_i32, &symbols)?;
-        tracing::info!(ordinal, name = %info.name, "cuda backend ready");
+        tracing::info!(ordinal, name = %info.name, memcpy_batch = symbols.memcpy_batch,
+            "cuda backend ready");
         Ok(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             ordinal: ordinal_i32,
