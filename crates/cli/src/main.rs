@@ -11,7 +11,11 @@ mod probe;
 mod run;
 
 #[derive(Parser)]
-#[command(name = "xla-vmm", version, about = "Inspect, replay and tune XLA GPU executables on the xla-vmm runtime")]
+#[command(
+    name = "xla-vmm",
+    version,
+    about = "Inspect, replay and tune XLA GPU executables on the xla-vmm runtime"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
