@@ -13,201 +13,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::plans::*;
 use common::*;
-use xla_vmm::*;
-use xla_vmm_device::host::arg_ptr;
 use xla_vmm_device::HostBackend;
 use xla_vmm_plugin::client::{self, Client};
 use xla_vmm_plugin::devmem::{DeviceMemory, VmmMemory};
-use xla_vmm_plugin::options::{BackendKind, ClientOptions};
 use xla_vmm_plugin::pjrt::*;
-
-fn f32s(n: usize) -> Shape {
-    Shape {
-        element_type: ElementType::F32,
-        dimensions: vec![n as i64],
-        ..Default::default()
-    }
-}
-
-fn alloc(index: usize, size: u64, role: AllocationRole) -> BufferAllocation {
-    BufferAllocation {
-        index,
-        size,
-        maybe_live_out: !matches!(role, AllocationRole::Temp),
-        role,
-        is_tuple: false,
-        is_thread_local: false,
-        color: 0,
-    }
-}
-
-fn sl(allocation: usize, size: u64) -> Slice {
-    Slice {
-        allocation,
-        offset: 0,
-        size,
-    }
-}
-
-fn thunk(name: &str, kind: ThunkKind) -> Thunk {
-    Thunk {
-        info: ThunkInfo {
-            profile_annotation: name.into(),
-            ..Default::default()
-        },
-        kind,
-    }
-}
-
-/// `inc` over `n` f32 at `slice` (in place).
-fn inc(slice: Slice, n: u64) -> Thunk {
-    thunk(
-        "inc",
-        ThunkKind::CustomKernel(CustomKernelThunk {
-            name: "inc".into(),
-            spec: KernelSpec {
-                code: KernelCode::Cubin {
-                    data: Blob(b"inc\n".to_vec()),
-                },
-                kernel_name: "inc".into(),
-                arity: 1,
-                packing: None,
-            },
-            args: vec![KernelArg {
-                slice,
-                shape: None,
-                written: true,
-                tma: None,
-            }],
-            launch: LaunchDims {
-                blocks: Dim3 { x: n, y: 1, z: 1 },
-                threads: Dim3 { x: 1, y: 1, z: 1 },
-                cluster: None,
-                shared_memory_bytes: 0,
-            },
-            use_pdl: false,
-            zeroed_output_buffer_indices: vec![],
-        }),
-    )
-}
-
-fn plan(allocations: Vec<BufferAllocation>, output_alloc: usize, thunks: Vec<Thunk>) -> Plan {
-    Plan {
-        module_name: "jit_test".into(),
-        pjrt_client_name: String::new(),
-        compute_capability: ComputeCapability::Unknown,
-        allocations,
-        program_shape: ProgramShape {
-            parameters: vec![f32s(4)],
-            result: f32s(4),
-            parameter_names: vec![],
-        },
-        outputs: vec![OutputInfo {
-            shape_index: vec![],
-            allocation: output_alloc,
-            passthrough: false,
-            alias: None,
-        }],
-        kernels: KernelBinaries::default(),
-        thunks,
-    }
-}
-
-/// out = a + 1 (copy into the output, then inc).
-fn add_one() -> Plan {
-    let param = AllocationRole::Parameter {
-        number: 0,
-        shape_index: vec![],
-        aliased_with_output: false,
-    };
-    let copy = thunk(
-        "copy",
-        ThunkKind::DeviceToDeviceCopy(CopyThunk {
-            source: ShapedSlice {
-                slice: sl(0, 16),
-                shape: None,
-            },
-            destination: ShapedSlice {
-                slice: sl(1, 16),
-                shape: None,
-            },
-            mem_size: 16,
-        }),
-    );
-    plan(
-        vec![
-            alloc(0, 16, param),
-            alloc(1, 16, AllocationRole::Output { outputs: vec![] }),
-        ],
-        1,
-        vec![copy, inc(sl(1, 16), 4)],
-    )
-}
-
-/// a += 1 in place; the output is the (donated) parameter.
-fn add_one_donated() -> Plan {
-    let param = AllocationRole::Parameter {
-        number: 0,
-        shape_index: vec![],
-        aliased_with_output: true,
-    };
-    plan(vec![alloc(0, 16, param)], 0, vec![inc(sl(0, 16), 4)])
-}
-
-fn backend() -> Arc<HostBackend> {
-    let b = HostBackend::default();
-    b.register_kernel(
-        "inc",
-        Arc::new(|ctx, args, cfg| {
-            let p = arg_ptr(args, 0)?;
-            let n = cfg.grid[0] as usize;
-            let v: Vec<f32> = ctx.read_f32(p, n)?.iter().map(|x| x + 1.0).collect();
-            ctx.write_f32(p, &v)
-        }),
-    );
-    Arc::new(b)
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn f32_values(b: &[u8]) -> Vec<f32> {
-    b.chunks(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-/// Execute without waiting: (output, device_complete_event).
-fn execute_async(
-    exe: *mut PJRT_LoadedExecutable,
-    args: &[*mut PJRT_Buffer],
-) -> Result<(*mut PJRT_Buffer, *mut PJRT_Event), (u32, String)> {
-    let mut opts: PJRT_ExecuteOptions = unsafe { std::mem::zeroed() };
-    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
-    let arg_list: *const *mut PJRT_Buffer = args.as_ptr();
-    let mut out: [*mut PJRT_Buffer; 1] = [std::ptr::null_mut()];
-    let out_list: *mut *mut PJRT_Buffer = out.as_mut_ptr();
-    let mut done: *mut PJRT_Event = std::ptr::null_mut();
-    let (err, _) = call!(
-        PJRT_LoadedExecutable_Execute,
-        PJRT_LoadedExecutable_Execute_Args,
-        |a| {
-            a.executable = exe;
-            a.options = &mut opts;
-            a.argument_lists = &arg_list;
-            a.num_devices = 1;
-            a.num_args = args.len();
-            a.output_lists = &out_list;
-            a.device_complete_events = &mut done;
-        }
-    );
-    match err {
-        Some(e) => Err(e),
-        None => Ok((out[0], done)),
-    }
-}
 
 fn is_ready(e: *mut PJRT_Event) -> bool {
     let (err, r) = call!(PJRT_Event_IsReady, PJRT_Event_IsReady_Args, |a| {
@@ -263,17 +74,6 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-fn destroy_exe(exe: *mut PJRT_LoadedExecutable) {
-    let (err, _) = call!(
-        PJRT_LoadedExecutable_Destroy,
-        PJRT_LoadedExecutable_Destroy_Args,
-        |x| {
-            x.executable = exe;
-        }
-    );
-    assert_eq!(err, None);
-}
-
 fn hold(mem: &VmmMemory<HostBackend>, on: bool) {
     mem.with_stream(|b, s| {
         if on {
@@ -286,13 +86,23 @@ fn hold(mem: &VmmMemory<HostBackend>, on: bool) {
     .unwrap();
 }
 
-fn options() -> ClientOptions {
-    ClientOptions {
-        backend: BackendKind::Host,
-        strict: true,
-        tmp_copy_threshold: 1,
-        vendor_plugin_path: None,
-    }
+/// A client on `be` whose memory runs synchronously or not.
+fn host_client(
+    be: &Arc<HostBackend>,
+    sync: bool,
+) -> (
+    Arc<VmmMemory<HostBackend>>,
+    *mut PJRT_Client,
+    *mut PJRT_Device,
+) {
+    let mem = Arc::new(
+        VmmMemory::with_threshold(be.clone(), 1)
+            .unwrap()
+            .with_sync(sync),
+    );
+    let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
+    let device = devices(client)[0];
+    (mem, client, device)
 }
 
 /// The plugin's registries are per process: one test at a time.
@@ -302,34 +112,17 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn execute_is_asynchronous_and_ordered() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let be = backend();
-    let mem = Arc::new(
-        VmmMemory::with_threshold(be.clone(), 1)
-            .unwrap()
-            .with_sync(false),
-    );
-    let client = client::into_c(Client::with_memory(options(), mem.clone()).unwrap());
-    let device = devices(client)[0];
-    let put = |v: &[f32]| {
-        from_host(
-            client,
-            device,
-            PJRT_Buffer_Type_F32,
-            &[v.len() as i64],
-            &f32_bytes(v),
-            None,
-        )
-        .unwrap()
-    };
+    let (mem, client, device) = host_client(&be, false);
     let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"a1".to_vec()).unwrap();
     let exe_d =
         xla_vmm_plugin::executable::load_plan(client, add_one_donated(), b"a1d".to_vec()).unwrap();
-    let a = put(&[1.0, 2.0, 3.0, 4.0]);
+    let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
 
     hold(&mem, true);
     // out1 = a + 1, out2 = out1 + 1, out2 += 1 in place (donated): all queued.
-    let (out1, done1) = execute_async(exe, &[a]).unwrap();
-    let (out2, done2) = execute_async(exe, &[out1]).unwrap();
-    let (out3, done3) = execute_async(exe_d, &[out2]).unwrap();
+    let (out1, done1) = execute_async(exe, &[a], &[]).unwrap();
+    let (out2, done2) = execute_async(exe, &[out1], &[]).unwrap();
+    let (out3, done3) = execute_async(exe_d, &[out2], &[]).unwrap();
     for e in [done1, done2, done3] {
         assert!(!is_ready(e), "Execute returned after the work completed");
     }
@@ -384,7 +177,7 @@ fn execute_is_asynchronous_and_ordered() {
     wait_for("no pending completions", || mem.pending_completions() == 0);
 
     // to-host right after an execute (not held): ordered on the stream.
-    let (out4, done4) = execute_async(exe, &[out3]).unwrap();
+    let (out4, done4) = execute_async(exe, &[out3], &[]).unwrap();
     assert_eq!(
         f32_values(&to_host(out4).unwrap()),
         vec![5.0, 6.0, 7.0, 8.0]
@@ -395,7 +188,7 @@ fn execute_is_asynchronous_and_ordered() {
     // (here it cannot: the stream is held), stops the completion thread and
     // fails what is still pending instead of hanging.
     hold(&mem, true);
-    let (out5, done5) = execute_async(exe, &[out4]).unwrap();
+    let (out5, done5) = execute_async(exe, &[out4], &[]).unwrap();
     assert!(!is_ready(done5));
     destroy_client(client);
     let err = await_event(done5).expect("pending work fails at destroy");
@@ -420,31 +213,17 @@ fn execute_is_asynchronous_and_ordered() {
 fn sync_mode_completes_before_returning() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let be = backend();
-    let mem = Arc::new(
-        VmmMemory::with_threshold(be.clone(), 1)
-            .unwrap()
-            .with_sync(true),
-    );
-    let client = client::into_c(Client::with_memory(options(), mem.clone()).unwrap());
-    let device = devices(client)[0];
-    let a = from_host(
-        client,
-        device,
-        PJRT_Buffer_Type_F32,
-        &[4],
-        &f32_bytes(&[1.0, 2.0, 3.0, 4.0]),
-        None,
-    )
-    .unwrap();
+    let (mem, client, device) = host_client(&be, true);
+    let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
     let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"s".to_vec()).unwrap();
-    let (out, done) = execute_async(exe, &[a]).unwrap();
+    let (out, done) = execute_async(exe, &[a], &[]).unwrap();
     assert!(is_ready(done));
     let r = ready_event(out);
     assert!(is_ready(r));
     assert_eq!(mem.pending_completions(), 0);
     // A held stream cannot drain: synchronous Execute reports it.
     hold(&mem, true);
-    assert!(execute_async(exe, &[a]).is_err());
+    assert!(execute_async(exe, &[a], &[]).is_err());
     hold(&mem, false);
     assert_eq!(f32_values(&to_host(out).unwrap()), vec![2.0, 3.0, 4.0, 5.0]);
     destroy_event(done);
@@ -461,33 +240,19 @@ fn host_runs_at_most_max_in_flight_ahead() {
     use xla_vmm_plugin::devmem::MAX_IN_FLIGHT;
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let be = backend();
-    let mem = Arc::new(
-        VmmMemory::with_threshold(be.clone(), 1)
-            .unwrap()
-            .with_sync(false),
-    );
-    let client = client::into_c(Client::with_memory(options(), mem.clone()).unwrap());
-    let device = devices(client)[0];
-    let a = from_host(
-        client,
-        device,
-        PJRT_Buffer_Type_F32,
-        &[4],
-        &f32_bytes(&[1.0, 2.0, 3.0, 4.0]),
-        None,
-    )
-    .unwrap();
+    let (mem, client, device) = host_client(&be, false);
+    let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
     let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"t".to_vec()).unwrap();
     hold(&mem, true);
     let mut made = Vec::new();
     for _ in 0..MAX_IN_FLIGHT {
-        made.push(execute_async(exe, &[a]).unwrap());
+        made.push(execute_async(exe, &[a], &[]).unwrap());
     }
     // One more blocks until the device catches up.
     let finished = Arc::new(AtomicUsize::new(0));
     let (f, exe_p, a_p) = (finished.clone(), exe as usize, a as usize);
     let t = std::thread::spawn(move || {
-        let r = execute_async(exe_p as *mut _, &[a_p as *mut _]).unwrap();
+        let r = execute_async(exe_p as *mut _, &[a_p as *mut _], &[]).unwrap();
         f.store(1, Ordering::SeqCst);
         (r.0 as usize, r.1 as usize)
     });

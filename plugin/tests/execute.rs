@@ -5,148 +5,11 @@
 
 mod common;
 
-use std::sync::Arc;
-
+use common::plans::*;
 use common::*;
 use xla_vmm::*;
-use xla_vmm_device::host::arg_ptr;
-use xla_vmm_device::HostBackend;
 use xla_vmm_plugin::client::{self, Client};
-use xla_vmm_plugin::options::{BackendKind, ClientOptions};
 use xla_vmm_plugin::pjrt::*;
-
-fn f32s(n: usize) -> Shape {
-    Shape {
-        element_type: ElementType::F32,
-        dimensions: vec![n as i64],
-        ..Default::default()
-    }
-}
-
-fn alloc(index: usize, size: u64, role: AllocationRole) -> BufferAllocation {
-    BufferAllocation {
-        index,
-        size,
-        maybe_live_out: !matches!(role, AllocationRole::Temp),
-        role,
-        is_tuple: false,
-        is_thread_local: false,
-        color: 0,
-    }
-}
-
-fn sl(allocation: usize, size: u64) -> Slice {
-    Slice {
-        allocation,
-        offset: 0,
-        size,
-    }
-}
-
-fn thunk(name: &str, kind: ThunkKind) -> Thunk {
-    Thunk {
-        info: ThunkInfo {
-            profile_annotation: name.into(),
-            ..Default::default()
-        },
-        kind,
-    }
-}
-
-/// `inc` over `n` f32 at `slice` (in place).
-fn inc(slice: Slice, n: u64) -> Thunk {
-    thunk(
-        "inc",
-        ThunkKind::CustomKernel(CustomKernelThunk {
-            name: "inc".into(),
-            spec: KernelSpec {
-                code: KernelCode::Cubin {
-                    data: Blob(b"inc\n".to_vec()),
-                },
-                kernel_name: "inc".into(),
-                arity: 1,
-                packing: None,
-            },
-            args: vec![KernelArg {
-                slice,
-                shape: None,
-                written: true,
-                tma: None,
-            }],
-            launch: LaunchDims {
-                blocks: Dim3 { x: n, y: 1, z: 1 },
-                threads: Dim3 { x: 1, y: 1, z: 1 },
-                cluster: None,
-                shared_memory_bytes: 0,
-            },
-            use_pdl: false,
-            zeroed_output_buffer_indices: vec![],
-        }),
-    )
-}
-
-fn plan(allocations: Vec<BufferAllocation>, output_alloc: usize, thunks: Vec<Thunk>) -> Plan {
-    Plan {
-        module_name: "jit_test".into(),
-        pjrt_client_name: String::new(),
-        compute_capability: ComputeCapability::Unknown,
-        allocations,
-        program_shape: ProgramShape {
-            parameters: vec![f32s(4)],
-            result: f32s(4),
-            parameter_names: vec![],
-        },
-        outputs: vec![OutputInfo {
-            shape_index: vec![],
-            allocation: output_alloc,
-            passthrough: false,
-            alias: None,
-        }],
-        kernels: KernelBinaries::default(),
-        thunks,
-    }
-}
-
-/// out = a + 1 (copy into the output, then inc).
-fn add_one() -> Plan {
-    let param = AllocationRole::Parameter {
-        number: 0,
-        shape_index: vec![],
-        aliased_with_output: false,
-    };
-    let copy = thunk(
-        "copy",
-        ThunkKind::DeviceToDeviceCopy(CopyThunk {
-            source: ShapedSlice {
-                slice: sl(0, 16),
-                shape: None,
-            },
-            destination: ShapedSlice {
-                slice: sl(1, 16),
-                shape: None,
-            },
-            mem_size: 16,
-        }),
-    );
-    plan(
-        vec![
-            alloc(0, 16, param),
-            alloc(1, 16, AllocationRole::Output { outputs: vec![] }),
-        ],
-        1,
-        vec![copy, inc(sl(1, 16), 4)],
-    )
-}
-
-/// a += 1 in place; the output is the (donated) parameter.
-fn add_one_donated() -> Plan {
-    let param = AllocationRole::Parameter {
-        number: 0,
-        shape_index: vec![],
-        aliased_with_output: true,
-    };
-    plan(vec![alloc(0, 16, param)], 0, vec![inc(sl(0, 16), 4)])
-}
 
 /// The result is the parameter itself, not donated (XLA's passthrough).
 fn passthrough() -> Plan {
@@ -160,64 +23,6 @@ fn passthrough() -> Plan {
     p
 }
 
-fn backend() -> Arc<HostBackend> {
-    let b = HostBackend::default();
-    b.register_kernel(
-        "inc",
-        Arc::new(|ctx, args, cfg| {
-            let p = arg_ptr(args, 0)?;
-            let n = cfg.grid[0] as usize;
-            let v: Vec<f32> = ctx.read_f32(p, n)?.iter().map(|x| x + 1.0).collect();
-            ctx.write_f32(p, &v)
-        }),
-    );
-    Arc::new(b)
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn f32_values(b: &[u8]) -> Vec<f32> {
-    b.chunks(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn execute(
-    exe: *mut PJRT_LoadedExecutable,
-    args: &[*mut PJRT_Buffer],
-    non_donatable: &[i64],
-) -> Result<*mut PJRT_Buffer, (u32, String)> {
-    let mut opts: PJRT_ExecuteOptions = unsafe { std::mem::zeroed() };
-    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
-    opts.non_donatable_input_indices = non_donatable.as_ptr();
-    opts.num_non_donatable_input_indices = non_donatable.len();
-    let arg_list: *const *mut PJRT_Buffer = args.as_ptr();
-    let mut out: [*mut PJRT_Buffer; 1] = [std::ptr::null_mut()];
-    let out_list: *mut *mut PJRT_Buffer = out.as_mut_ptr();
-    let mut done: *mut PJRT_Event = std::ptr::null_mut();
-    let (err, _) = call!(
-        PJRT_LoadedExecutable_Execute,
-        PJRT_LoadedExecutable_Execute_Args,
-        |a| {
-            a.executable = exe;
-            a.options = &mut opts;
-            a.argument_lists = &arg_list;
-            a.num_devices = 1;
-            a.num_args = args.len();
-            a.output_lists = &out_list;
-            a.device_complete_events = &mut done;
-        }
-    );
-    if let Some(e) = err {
-        return Err(e);
-    }
-    assert_eq!(await_event(done), None);
-    destroy_event(done);
-    Ok(out[0])
-}
-
 fn is_deleted(b: *mut PJRT_Buffer) -> bool {
     let (err, a) = call!(PJRT_Buffer_IsDeleted, PJRT_Buffer_IsDeleted_Args, |a| {
         a.buffer = b;
@@ -229,25 +34,9 @@ fn is_deleted(b: *mut PJRT_Buffer) -> bool {
 #[test]
 fn execute_outputs_donation_and_errors() {
     let be = backend();
-    let options = ClientOptions {
-        backend: BackendKind::Host,
-        strict: true,
-        tmp_copy_threshold: 1,
-        vendor_plugin_path: None,
-    };
-    let client = client::into_c(Client::with_backend(options, be.clone()).unwrap());
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
     let device = devices(client)[0];
-    let put = |v: &[f32]| {
-        from_host(
-            client,
-            device,
-            PJRT_Buffer_Type_F32,
-            &[v.len() as i64],
-            &f32_bytes(v),
-            None,
-        )
-        .unwrap()
-    };
+    let put = |v: &[f32]| put_f32(client, device, v);
 
     // ---- out = a + 1; the argument stays live.
     let exe =
@@ -404,14 +193,7 @@ fn execute_outputs_donation_and_errors() {
         destroy_buffer(b);
     }
     for e in [exe, dexe, pexe] {
-        let (err, _) = call!(
-            PJRT_LoadedExecutable_Destroy,
-            PJRT_LoadedExecutable_Destroy_Args,
-            |x| {
-                x.executable = e;
-            }
-        );
-        assert_eq!(err, None);
+        destroy_exe(e);
     }
     let (err, st) = call!(PJRT_Device_MemoryStats, PJRT_Device_MemoryStats_Args, |x| {
         x.device = device;

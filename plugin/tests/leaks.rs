@@ -11,19 +11,12 @@ use std::sync::Arc;
 use common::*;
 use xla_vmm_device::{HostBackend, HostConfig};
 use xla_vmm_plugin::client::{self, Client};
-use xla_vmm_plugin::options::{BackendKind, ClientOptions};
 use xla_vmm_plugin::pjrt::*;
 
 #[test]
 fn client_teardown_releases_everything() {
     let backend = Arc::new(HostBackend::new(HostConfig::default()).unwrap());
-    let options = ClientOptions {
-        backend: BackendKind::Host,
-        strict: true,
-        tmp_copy_threshold: 1,
-        vendor_plugin_path: None,
-    };
-    let client = client::into_c(Client::with_backend(options, backend.clone()).unwrap());
+    let client = client::into_c(Client::with_backend(host_options(), backend.clone()).unwrap());
     let device = devices(client)[0];
     let mut bufs = Vec::new();
     for (i, n) in [1usize, 100, 70_000, 3 << 20].into_iter().enumerate() {

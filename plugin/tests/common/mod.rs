@@ -7,7 +7,10 @@ use std::ffi::c_void;
 use std::mem::zeroed;
 use std::ptr::null_mut;
 
+use xla_vmm_plugin::options::{BackendKind, ClientOptions};
 use xla_vmm_plugin::pjrt::*;
+
+pub mod plans;
 
 pub fn api() -> &'static PJRT_Api {
     // SAFETY: GetPjrtApi returns a pointer to a static table.
@@ -189,4 +192,83 @@ pub fn destroy_buffer(buffer: *mut PJRT_Buffer) {
 
 pub fn null_client() -> *mut PJRT_Client {
     null_mut()
+}
+
+/// Host backend, strict, every temp copied (threshold 1 byte).
+pub fn host_options() -> ClientOptions {
+    ClientOptions {
+        backend: BackendKind::Host,
+        strict: true,
+        tmp_copy_threshold: 1,
+        vendor_plugin_path: None,
+    }
+}
+
+/// An f32[len] buffer holding `v` on `device`.
+pub fn put_f32(client: *mut PJRT_Client, device: *mut PJRT_Device, v: &[f32]) -> *mut PJRT_Buffer {
+    from_host(
+        client,
+        device,
+        PJRT_Buffer_Type_F32,
+        &[v.len() as i64],
+        &plans::f32_bytes(v),
+        None,
+    )
+    .unwrap()
+}
+
+/// Execute without waiting: (output, device_complete_event).
+pub fn execute_async(
+    exe: *mut PJRT_LoadedExecutable,
+    args: &[*mut PJRT_Buffer],
+    non_donatable: &[i64],
+) -> Result<(*mut PJRT_Buffer, *mut PJRT_Event), (u32, String)> {
+    let mut opts: PJRT_ExecuteOptions = unsafe { zeroed() };
+    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
+    opts.non_donatable_input_indices = non_donatable.as_ptr();
+    opts.num_non_donatable_input_indices = non_donatable.len();
+    let arg_list: *const *mut PJRT_Buffer = args.as_ptr();
+    let mut out: [*mut PJRT_Buffer; 1] = [null_mut()];
+    let out_list: *mut *mut PJRT_Buffer = out.as_mut_ptr();
+    let mut done: *mut PJRT_Event = null_mut();
+    let (err, _) = call!(
+        PJRT_LoadedExecutable_Execute,
+        PJRT_LoadedExecutable_Execute_Args,
+        |a| {
+            a.executable = exe;
+            a.options = &mut opts;
+            a.argument_lists = &arg_list;
+            a.num_devices = 1;
+            a.num_args = args.len();
+            a.output_lists = &out_list;
+            a.device_complete_events = &mut done;
+        }
+    );
+    match err {
+        Some(e) => Err(e),
+        None => Ok((out[0], done)),
+    }
+}
+
+/// Execute and wait for the device work; returns the output.
+pub fn execute(
+    exe: *mut PJRT_LoadedExecutable,
+    args: &[*mut PJRT_Buffer],
+    non_donatable: &[i64],
+) -> Result<*mut PJRT_Buffer, (u32, String)> {
+    let (out, done) = execute_async(exe, args, non_donatable)?;
+    assert_eq!(await_event(done), None);
+    destroy_event(done);
+    Ok(out)
+}
+
+pub fn destroy_exe(exe: *mut PJRT_LoadedExecutable) {
+    let (err, _) = call!(
+        PJRT_LoadedExecutable_Destroy,
+        PJRT_LoadedExecutable_Destroy_Args,
+        |x| {
+            x.executable = exe;
+        }
+    );
+    assert_eq!(err, None);
 }
