@@ -2,60 +2,16 @@
 //! threshold, ABA, shadow budget, failure injection, zero VMM calls in a
 //! donated steady state, identical results across thresholds.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::*;
 use xla_vmm::*;
-use xla_vmm_device::host::{arg_ptr, arg_u32};
 use xla_vmm_device::vmm::{Buffer, Phys, VmmContext};
 use xla_vmm_device::{Backend, DevicePtr, HostBackend, VmmAllocator, VmmConfig};
 use xla_vmm_policy::{DeviceCosts, Threshold};
 use xla_vmm_runtime::{BindingConfig, BindingStats, Executable, Mode, RemapSource, UserBuffer};
-
-fn f32s(n: usize) -> Shape {
-    Shape {
-        element_type: ElementType::F32,
-        dimensions: vec![n as i64],
-        ..Default::default()
-    }
-}
-
-fn alloc(index: usize, size: u64, role: AllocationRole) -> BufferAllocation {
-    BufferAllocation {
-        index,
-        size,
-        maybe_live_out: matches!(role, AllocationRole::Output { .. }),
-        role,
-        is_tuple: false,
-        is_thread_local: false,
-        color: 0,
-    }
-}
-
-fn param(number: u64, aliased: bool) -> AllocationRole {
-    AllocationRole::Parameter {
-        number,
-        shape_index: vec![],
-        aliased_with_output: aliased,
-    }
-}
-
-fn sl(allocation: usize, offset: u64, size: u64) -> Slice {
-    Slice {
-        allocation,
-        offset,
-        size,
-    }
-}
-
-fn thunk(name: &str, kind: ThunkKind) -> Thunk {
-    Thunk {
-        info: ThunkInfo {
-            profile_annotation: name.into(),
-            ..Default::default()
-        },
-        kind,
-    }
-}
 
 fn kernel(name: &str, args: Vec<(Slice, bool)>, n: Option<u32>, grid: u64) -> Thunk {
     let arity = args.len() as u32 + u32::from(n.is_some());
@@ -107,52 +63,17 @@ fn kernel(name: &str, args: Vec<(Slice, bool)>, n: Option<u32>, grid: u64) -> Th
     )
 }
 
-fn copy(src: Slice, dst: Slice) -> Thunk {
-    let s = |slice| ShapedSlice { slice, shape: None };
-    thunk(
-        "copy",
-        ThunkKind::DeviceToDeviceCopy(CopyThunk {
-            source: s(src),
-            destination: s(dst),
-            mem_size: src.size,
-        }),
-    )
-}
-
-fn plan(
+/// A plan named "train" whose thunks run in one sequential thunk.
+fn seq_plan(
     allocations: Vec<BufferAllocation>,
     params: Vec<Shape>,
     outputs: Vec<(usize, Shape)>,
     thunks: Vec<Thunk>,
 ) -> Plan {
-    let result = Shape {
-        element_type: ElementType::TUPLE,
-        tuple_shapes: outputs.iter().map(|(_, s)| s.clone()).collect(),
-        ..Default::default()
-    };
-    Plan {
-        module_name: "train".into(),
-        pjrt_client_name: String::new(),
-        compute_capability: ComputeCapability::Unknown,
-        allocations,
-        program_shape: ProgramShape {
-            parameters: params,
-            result,
-            parameter_names: vec![],
-        },
-        outputs: outputs
-            .iter()
-            .enumerate()
-            .map(|(i, (a, _))| OutputInfo {
-                shape_index: vec![i as i64],
-                allocation: *a,
-                passthrough: false,
-                alias: None,
-            })
-            .collect(),
-        kernels: KernelBinaries::default(),
-        thunks: vec![thunk("seq", ThunkKind::Sequential { thunks })],
-    }
+    let seq = thunk("seq", ThunkKind::Sequential { thunks });
+    let mut p = plan(allocations, params, outputs, vec![seq]);
+    p.module_name = "train".into();
+    p
 }
 
 const W: usize = 16;
@@ -162,7 +83,7 @@ const X: usize = 4;
 /// get `w += 1`; `y = 2 * x` (param 1 → temp → out 1).
 fn train_plan() -> Plan {
     let (wb, xb) = ((W * 4) as u64, (X * 4) as u64);
-    plan(
+    seq_plan(
         vec![
             alloc(0, wb, param(0, true)),
             alloc(1, xb, param(1, false)),
@@ -173,7 +94,7 @@ fn train_plan() -> Plan {
         vec![(0, f32s(W)), (2, f32s(X))],
         vec![
             kernel("inc", vec![(sl(0, 0, wb), true)], None, W as u64),
-            copy(sl(1, 0, xb), sl(3, 0, xb)),
+            copy("copy", sl(1, 0, xb), sl(3, 0, xb)),
             kernel(
                 "scale2",
                 vec![(sl(3, 0, xb), false), (sl(2, 0, xb), true)],
@@ -184,32 +105,6 @@ fn train_plan() -> Plan {
     )
 }
 
-fn backend() -> Arc<HostBackend> {
-    let b = HostBackend::default();
-    b.register_kernel(
-        "scale2",
-        Arc::new(|ctx, args, _cfg| {
-            let (src, dst, n) = (
-                arg_ptr(args, 0)?,
-                arg_ptr(args, 1)?,
-                arg_u32(args, 2)? as usize,
-            );
-            let v: Vec<f32> = ctx.read_f32(src, n)?.iter().map(|x| 2.0 * x).collect();
-            ctx.write_f32(dst, &v)
-        }),
-    );
-    b.register_kernel(
-        "inc",
-        Arc::new(|ctx, args, cfg| {
-            let p = arg_ptr(args, 0)?;
-            let n = cfg.grid[0] as usize;
-            let v: Vec<f32> = ctx.read_f32(p, n)?.iter().map(|x| x + 1.0).collect();
-            ctx.write_f32(p, &v)
-        }),
-    );
-    Arc::new(b)
-}
-
 fn costs(free: u64) -> DeviceCosts {
     DeviceCosts {
         remap_us: 46.0,
@@ -218,10 +113,6 @@ fn costs(free: u64) -> DeviceCosts {
         free_bytes: free,
         total_bytes: 1 << 30,
     }
-}
-
-fn bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 fn floats(d: &[u8]) -> Vec<f32> {
@@ -505,10 +396,10 @@ fn shadow_budget_is_never_exceeded() {
             1024,
             AllocationRole::Output { outputs: vec![] },
         ));
-        thunks.push(copy(sl(i, 0, 1024), sl(n + i, 0, 1024)));
+        thunks.push(copy("copy", sl(i, 0, 1024), sl(n + i, 0, 1024)));
         outs.push((n + i, f32s(256)));
     }
-    let p = plan(allocs, vec![f32s(256); n], outs, thunks);
+    let p = seq_plan(allocs, vec![f32s(256); n], outs, thunks);
     let stream = b.stream_create().unwrap();
     let mut exe = Executable::load(b.clone(), p, None, &stream).unwrap();
     let free = 400 << 10; // cap = 4 KiB: 2 shadows x 2 reservations
@@ -657,7 +548,7 @@ fn an_eager_run_in_between_does_not_leave_stale_shadows() {
 /// (`y = 2 * x`, `v = z` copied): four parameter slots, two of them written.
 fn train2_plan() -> Plan {
     let (wb, xb) = ((W * 4) as u64, (X * 4) as u64);
-    plan(
+    seq_plan(
         vec![
             alloc(0, wb, param(0, true)),
             alloc(1, wb, param(1, true)),
@@ -677,7 +568,7 @@ fn train2_plan() -> Plan {
                 Some(X as u32),
                 1,
             ),
-            copy(sl(3, 0, xb), sl(5, 0, xb)),
+            copy("copy", sl(3, 0, xb), sl(5, 0, xb)),
         ],
     )
 }

@@ -1,0 +1,134 @@
+//! Plan builders and the host backend (kernels `scale2` and `inc`) shared
+//! by the executor tests.
+
+use std::sync::Arc;
+
+use xla_vmm::*;
+use xla_vmm_device::host::{arg_ptr, arg_u32};
+use xla_vmm_device::HostBackend;
+
+pub fn f32s(n: usize) -> Shape {
+    Shape {
+        element_type: ElementType::F32,
+        dimensions: vec![n as i64],
+        ..Default::default()
+    }
+}
+
+pub fn alloc(index: usize, size: u64, role: AllocationRole) -> BufferAllocation {
+    BufferAllocation {
+        index,
+        size,
+        maybe_live_out: matches!(role, AllocationRole::Output { .. }),
+        role,
+        is_tuple: false,
+        is_thread_local: false,
+        color: 0,
+    }
+}
+
+pub fn param(number: u64, aliased: bool) -> AllocationRole {
+    AllocationRole::Parameter {
+        number,
+        shape_index: vec![],
+        aliased_with_output: aliased,
+    }
+}
+
+pub fn sl(allocation: usize, offset: u64, size: u64) -> Slice {
+    Slice {
+        allocation,
+        offset,
+        size,
+    }
+}
+
+pub fn thunk(name: &str, kind: ThunkKind) -> Thunk {
+    Thunk {
+        info: ThunkInfo {
+            profile_annotation: name.into(),
+            ..Default::default()
+        },
+        kind,
+    }
+}
+
+pub fn copy(name: &str, src: Slice, dst: Slice) -> Thunk {
+    let s = |slice| ShapedSlice { slice, shape: None };
+    thunk(
+        name,
+        ThunkKind::DeviceToDeviceCopy(CopyThunk {
+            source: s(src),
+            destination: s(dst),
+            mem_size: src.size,
+        }),
+    )
+}
+
+pub fn plan(
+    allocations: Vec<BufferAllocation>,
+    params: Vec<Shape>,
+    outputs: Vec<(usize, Shape)>,
+    thunks: Vec<Thunk>,
+) -> Plan {
+    let result = Shape {
+        element_type: ElementType::TUPLE,
+        tuple_shapes: outputs.iter().map(|(_, s)| s.clone()).collect(),
+        ..Default::default()
+    };
+    Plan {
+        module_name: "test".into(),
+        pjrt_client_name: String::new(),
+        compute_capability: ComputeCapability::Unknown,
+        allocations,
+        program_shape: ProgramShape {
+            parameters: params,
+            result,
+            parameter_names: vec![],
+        },
+        outputs: outputs
+            .iter()
+            .enumerate()
+            .map(|(i, (a, _))| OutputInfo {
+                shape_index: vec![i as i64],
+                allocation: *a,
+                passthrough: false,
+                alias: None,
+            })
+            .collect(),
+        kernels: KernelBinaries::default(),
+        thunks,
+    }
+}
+
+pub fn backend() -> Arc<HostBackend> {
+    let b = HostBackend::default();
+    // scale2(src, dst, n: u32 constant): dst[i] = 2 * src[i].
+    b.register_kernel(
+        "scale2",
+        Arc::new(|ctx, args, _cfg| {
+            let (src, dst, n) = (
+                arg_ptr(args, 0)?,
+                arg_ptr(args, 1)?,
+                arg_u32(args, 2)? as usize,
+            );
+            let v: Vec<f32> = ctx.read_f32(src, n)?.iter().map(|x| 2.0 * x).collect();
+            ctx.write_f32(dst, &v)
+        }),
+    );
+    // inc(buf): buf[i] += 1 for i < grid.x.
+    b.register_kernel(
+        "inc",
+        Arc::new(|ctx, args, cfg| {
+            let p = arg_ptr(args, 0)?;
+            let n = cfg.grid[0] as usize;
+            let v: Vec<f32> = ctx.read_f32(p, n)?.iter().map(|x| x + 1.0).collect();
+            ctx.write_f32(p, &v)
+        }),
+    );
+    Arc::new(b)
+}
+
+pub fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
