@@ -19,6 +19,7 @@ use crate::plan::{
 use crate::proto::stream_executor::{
     self as se, gpu::TmaMetadataProto, kernel_loader_spec_proto::Payload,
 };
+use crate::proto::xla::buffer_assignment::BufferAllocationSliceProto;
 use crate::proto::xla::gpu::{self as pg, dynamic_slice_fusion_thunk_proto as dsf};
 use crate::proto::xla::{self as px, gemm_config_proto};
 
@@ -271,19 +272,17 @@ fn conditional(
     p: &str,
 ) -> Result<ThunkKind, DecodeError> {
     let ctx = |what: &'static str| move || format!("{p}: {what}");
-    Ok({
-        let m: pg::ConditionalThunkProto = decode_msg(data, "ConditionalThunkProto", p)?;
-        let branches = m
-            .branch_thunks
-            .iter()
-            .enumerate()
-            .map(|(i, b)| sequence(&b.thunks, allocs, depth + 1, &format!("{p}/branch{i}")))
-            .collect::<Result<_, _>>()?;
-        ThunkKind::Conditional(ConditionalThunk {
-            branch_index: allocs.req_shaped(&m.branch_index_buffer, &ctx("branch index"))?,
-            branches,
-        })
-    })
+    let m: pg::ConditionalThunkProto = decode_msg(data, "ConditionalThunkProto", p)?;
+    let branches = m
+        .branch_thunks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| sequence(&b.thunks, allocs, depth + 1, &format!("{p}/branch{i}")))
+        .collect::<Result<_, _>>()?;
+    Ok(ThunkKind::Conditional(ConditionalThunk {
+        branch_index: allocs.req_shaped(&m.branch_index_buffer, &ctx("branch index"))?,
+        branches,
+    }))
 }
 
 #[inline(never)]
@@ -294,21 +293,19 @@ fn while_loop(
     p: &str,
 ) -> Result<ThunkKind, DecodeError> {
     let ctx = |what: &'static str| move || format!("{p}: {what}");
-    Ok({
-        let m: pg::WhileThunkProto = decode_msg(data, "WhileThunkProto", p)?;
-        ThunkKind::While(WhileThunk {
-            condition_result: allocs
-                .req_slice(&m.condition_result_buffer_index, &ctx("condition result"))?,
-            condition: seq_of(
-                &m.condition_thunk_sequence,
-                allocs,
-                depth,
-                format!("{p}/cond"),
-            )?,
-            body: seq_of(&m.body_thunk_sequence, allocs, depth, format!("{p}/body"))?,
-            trip_count: m.trip_count,
-        })
-    })
+    let m: pg::WhileThunkProto = decode_msg(data, "WhileThunkProto", p)?;
+    Ok(ThunkKind::While(WhileThunk {
+        condition_result: allocs
+            .req_slice(&m.condition_result_buffer_index, &ctx("condition result"))?,
+        condition: seq_of(
+            &m.condition_thunk_sequence,
+            allocs,
+            depth,
+            format!("{p}/cond"),
+        )?,
+        body: seq_of(&m.body_thunk_sequence, allocs, depth, format!("{p}/body"))?,
+        trip_count: m.trip_count,
+    }))
 }
 
 #[inline(never)]
@@ -331,19 +328,17 @@ fn async_start(
     depth: usize,
     p: &str,
 ) -> Result<ThunkKind, DecodeError> {
-    Ok({
-        let m: pg::AsyncStartThunkProto = decode_msg(data, "AsyncStartThunkProto", p)?;
-        use pg::async_start_thunk_proto::ExecutionStreamId as S;
-        ThunkKind::AsyncStart(AsyncStartThunk {
-            async_execution_id: m.async_execution_id,
-            stream: match m.execution_stream_id {
-                Some(S::ComputationStreamId(id)) => ExecutionStream::Computation(id),
-                Some(S::CommunicationStreamId(id)) => ExecutionStream::Communication(id),
-                None => ExecutionStream::Default,
-            },
-            thunks: seq_of(&m.thunks, allocs, depth, format!("{p}/thunks"))?,
-        })
-    })
+    use pg::async_start_thunk_proto::ExecutionStreamId as S;
+    let m: pg::AsyncStartThunkProto = decode_msg(data, "AsyncStartThunkProto", p)?;
+    Ok(ThunkKind::AsyncStart(AsyncStartThunk {
+        async_execution_id: m.async_execution_id,
+        stream: match m.execution_stream_id {
+            Some(S::ComputationStreamId(id)) => ExecutionStream::Computation(id),
+            Some(S::CommunicationStreamId(id)) => ExecutionStream::Communication(id),
+            None => ExecutionStream::Default,
+        },
+        thunks: seq_of(&m.thunks, allocs, depth, format!("{p}/thunks"))?,
+    }))
 }
 
 fn copy(m: &pg::CopyThunkProto, allocs: Allocs<'_>, p: &str) -> Result<CopyThunk, DecodeError> {
@@ -370,6 +365,26 @@ fn dim3(d: Option<&se::Dim3DProto>, p: &str, what: &str) -> Result<Dim3, DecodeE
         x: f(d.x, "x")?,
         y: f(d.y, "y")?,
         z: f(d.z, "z")?,
+    })
+}
+
+/// Launch dimensions of kernel and custom-kernel thunks; `shared_memory` is
+/// the byte count and the name of its proto field (for the error message).
+fn launch_dims(
+    blocks: Option<&se::Dim3DProto>,
+    threads: Option<&se::Dim3DProto>,
+    cluster: Option<&se::ClusterDimProto>,
+    shared_memory: (i64, &str),
+    p: &str,
+) -> Result<LaunchDims, DecodeError> {
+    let (shmem, field) = shared_memory;
+    Ok(LaunchDims {
+        blocks: dim3(blocks, p, "blocks")?,
+        threads: dim3(threads, p, "threads")?,
+        cluster: cluster
+            .map(|c| dim3(c.coordinates.as_ref(), p, "cluster"))
+            .transpose()?,
+        shared_memory_bytes: non_negative(shmem, &|| format!("{p}: {field}"))?,
     })
 }
 
@@ -500,28 +515,17 @@ fn kernel(
     Ok(KernelThunk {
         kernel_name: m.kernel_name.clone(),
         args,
-        launch: LaunchDims {
-            blocks: dim3(
-                ld.block_counts
-                    .as_ref()
-                    .and_then(|b| b.coordinates.as_ref()),
-                p,
-                "blocks",
-            )?,
-            threads: dim3(
-                ld.thread_counts_per_block
-                    .as_ref()
-                    .and_then(|t| t.coordinates.as_ref()),
-                p,
-                "threads",
-            )?,
-            cluster: m
-                .cluster_dim
+        launch: launch_dims(
+            ld.block_counts
                 .as_ref()
-                .map(|c| dim3(c.coordinates.as_ref(), p, "cluster"))
-                .transpose()?,
-            shared_memory_bytes: non_negative(m.shmem_bytes, &|| format!("{p}: shmem_bytes"))?,
-        },
+                .and_then(|b| b.coordinates.as_ref()),
+            ld.thread_counts_per_block
+                .as_ref()
+                .and_then(|t| t.coordinates.as_ref()),
+            m.cluster_dim.as_ref(),
+            (m.shmem_bytes, "shmem_bytes"),
+            p,
+        )?,
         use_pdl: m.use_pdl,
         zeroed_output_buffer_indices: zeroed,
     })
@@ -604,26 +608,13 @@ fn custom_kernel(
             packing,
         },
         args,
-        launch: LaunchDims {
-            blocks: dim3(
-                ck.block_dims.as_ref().and_then(|b| b.coordinates.as_ref()),
-                p,
-                "blocks",
-            )?,
-            threads: dim3(
-                ck.thread_dims.as_ref().and_then(|t| t.coordinates.as_ref()),
-                p,
-                "threads",
-            )?,
-            cluster: ck
-                .cluster_dim
-                .as_ref()
-                .map(|c| dim3(c.coordinates.as_ref(), p, "cluster"))
-                .transpose()?,
-            shared_memory_bytes: non_negative(ck.shared_memory_bytes, &|| {
-                format!("{p}: shared_memory_bytes")
-            })?,
-        },
+        launch: launch_dims(
+            ck.block_dims.as_ref().and_then(|b| b.coordinates.as_ref()),
+            ck.thread_dims.as_ref().and_then(|t| t.coordinates.as_ref()),
+            ck.cluster_dim.as_ref(),
+            (ck.shared_memory_bytes, "shared_memory_bytes"),
+            p,
+        )?,
         use_pdl: m.use_pdl,
         zeroed_output_buffer_indices: zeroed,
     })
@@ -738,6 +729,18 @@ fn slice_config(c: &Option<pg::DynamicSliceConfig>) -> Option<DynamicSliceConfig
     })
 }
 
+/// Hero `what` `i`'s number, which must name one of the fusion's `len`
+/// `what` buffers.
+fn hero_number(n: i64, i: usize, len: usize, what: &str, p: &str) -> Result<u64, DecodeError> {
+    let n = non_negative(n, &|| format!("{p}: {what} {i} number"))?;
+    if n >= len as u64 {
+        return Err(invalid(format!(
+            "{p}: hero {what} {i} uses fusion {what} {n} of {len}"
+        )));
+    }
+    Ok(n)
+}
+
 #[inline(never)]
 fn dynamic_slice_fusion(
     m: &pg::DynamicSliceFusionThunkProto,
@@ -745,32 +748,27 @@ fn dynamic_slice_fusion(
     depth: usize,
     p: &str,
 ) -> Result<DynamicSliceFusionThunk, DecodeError> {
-    let parameter_buffers = m
-        .parameter_buffers
-        .iter()
-        .enumerate()
-        .map(|(i, s)| allocs.slice(s, &|| format!("{p}: parameter buffer {i}")))
-        .collect::<Result<Vec<_>, _>>()?;
-    let result_buffers = m
-        .result_buffers
-        .iter()
-        .enumerate()
-        .map(|(i, s)| allocs.slice(s, &|| format!("{p}: result buffer {i}")))
-        .collect::<Result<Vec<_>, _>>()?;
+    let buffers = |v: &[BufferAllocationSliceProto], what: &str| {
+        v.iter()
+            .enumerate()
+            .map(|(i, s)| allocs.slice(s, &|| format!("{p}: {what} buffer {i}")))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let parameter_buffers = buffers(&m.parameter_buffers, "parameter")?;
+    let result_buffers = buffers(&m.result_buffers, "result")?;
     let parameters = m
         .parameters
         .iter()
         .enumerate()
         .map(|(i, q)| {
-            let n = non_negative(q.parameter_number, &|| format!("{p}: parameter {i} number"))?;
-            if n >= parameter_buffers.len() as u64 {
-                return Err(invalid(format!(
-                    "{p}: hero parameter {i} uses fusion parameter {n} of {}",
-                    parameter_buffers.len()
-                )));
-            }
             Ok(DsfParameter {
-                parameter_number: n,
+                parameter_number: hero_number(
+                    q.parameter_number,
+                    i,
+                    parameter_buffers.len(),
+                    "parameter",
+                    p,
+                )?,
                 parameter_shape: opt_shape(&q.parameter_shape)?,
                 slice_shape: opt_shape(&q.slice_shape)?,
                 slice_config: slice_config(&q.slice_config),
@@ -783,16 +781,9 @@ fn dynamic_slice_fusion(
         .iter()
         .enumerate()
         .map(|(j, r)| {
-            let n = non_negative(r.result_number, &|| format!("{p}: result {j} number"))?;
-            if n >= result_buffers.len() as u64 {
-                return Err(invalid(format!(
-                    "{p}: hero result {j} uses fusion result {n} of {}",
-                    result_buffers.len()
-                )));
-            }
             Ok(DsfResult {
                 parameter_number: r.parameter_number,
-                result_number: n,
+                result_number: hero_number(r.result_number, j, result_buffers.len(), "result", p)?,
                 result_shape: opt_shape(&r.result_shape)?,
                 update_shape: opt_shape(&r.update_shape)?,
                 update_config: slice_config(&r.update_config),
