@@ -21,6 +21,25 @@ fn read(b: &CudaBackend, s: &<CudaBackend as Backend>::Stream, p: DevicePtr, n: 
     out
 }
 
+/// The GPU, or `None` (saying so) when its driver has no conditional nodes.
+fn gpu_with_conditional_nodes() -> Option<Arc<CudaBackend>> {
+    let b = gpu();
+    if !b.info().conditional_nodes {
+        eprintln!("driver has no conditional nodes: skipped");
+        return None;
+    }
+    Some(b)
+}
+
+/// One block of one thread.
+fn one_thread() -> LaunchConfig {
+    LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        ..Default::default()
+    }
+}
+
 #[test]
 fn creating_without_a_driver_is_an_error_not_a_panic() {
     match CudaBackend::new(0) {
@@ -282,11 +301,7 @@ fn ptx_kernel_launch_with_cluster_and_pdl() {
         }
     }
     // Wrong argument sizes and counts are refused before the driver.
-    let cfg = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        ..Default::default()
-    };
+    let cfg = one_thread();
     assert!(matches!(
         b.launch(&fill, &cfg, &[&ptr, &[1u8, 2]], &s),
         Err(DeviceError::InvalidArgument(_))
@@ -308,11 +323,9 @@ fn ptx_kernel_launch_with_cluster_and_pdl() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn capture_while_repeats_body_until_predicate_clears() {
-    let b = gpu();
-    if !b.info().conditional_nodes {
-        eprintln!("driver has no conditional nodes: skipped");
+    let Some(b) = gpu_with_conditional_nodes() else {
         return;
-    }
+    };
     let s = b.stream_create().unwrap();
     let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
     let module = b.module_load(FILL_PTX.as_bytes(), ImageKind::Ptx).unwrap();
@@ -320,11 +333,7 @@ fn capture_while_repeats_body_until_predicate_clears() {
     let counter = a.alloc(4).unwrap();
     let pred = a.alloc(1).unwrap();
     let limit = 10u32;
-    let one = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        ..Default::default()
-    };
+    let one = one_thread();
     let (c, p) = (counter.ptr().0.to_ne_bytes(), pred.ptr().0.to_ne_bytes());
 
     b.stream_begin_capture(&s).unwrap();
@@ -369,11 +378,9 @@ fn capture_while_repeats_body_until_predicate_clears() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn nested_capture_while() {
-    let b = gpu();
-    if !b.info().conditional_nodes {
-        eprintln!("driver has no conditional nodes: skipped");
+    let Some(b) = gpu_with_conditional_nodes() else {
         return;
-    }
+    };
     let s = b.stream_create().unwrap();
     let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
     let module = b.module_load(FILL_PTX.as_bytes(), ImageKind::Ptx).unwrap();
@@ -386,11 +393,7 @@ fn nested_capture_while() {
         words.ptr().offset(17),
         words.ptr().offset(18),
     );
-    let one = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        ..Default::default()
-    };
+    let one = one_thread();
     let bytes = |p: DevicePtr| p.0.to_ne_bytes();
     let (outer_n, inner_n) = (3u32, 4u32);
     b.stream_begin_capture(&s).unwrap();
