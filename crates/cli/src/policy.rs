@@ -3,9 +3,10 @@
 //!
 //! Input (see `crates/policy/examples/`):
 //! `{"device": {"remap_us", "copy_bw_bytes_per_s", "copy_launch_us",
-//! "free_bytes", "total_bytes"}, "threshold": 0|1|N, "slots": [{"size",
-//! "read", "written", "churn"}]}`, optionally `"step": {"host_us",
-//! "gpu_us"}`, per-slot `"history": [bool]` and `"remappable": false` (a
+//! "free_bytes", "total_bytes"[, "granularity_bytes"]}, "threshold": 0|1|N,
+//! "slots": [{"size", "read", "written", "churn"}]}` (`granularity_bytes`:
+//! shadows are counted in whole granules of it), optionally `"step":
+//! {"host_us", "gpu_us"}`, per-slot `"history": [bool]` and `"remappable": false` (a
 //! copy-only slot, e.g. sub-allocated buffers: copied under every
 //! threshold), and `"knobs"`.
 
@@ -93,6 +94,13 @@ fn table(input: &PolicyInput, plan: &Plan) -> String {
         bytes(d.free_bytes),
         bytes(d.total_bytes)
     );
+    if d.granularity_bytes > 0 {
+        let _ = writeln!(
+            out,
+            "           shadows in whole granules of {}",
+            bytes(d.granularity_bytes)
+        );
+    }
     if let Some(s) = &input.step {
         let bound = if s.gpu_bound() {
             "GPU-bound"

@@ -78,7 +78,7 @@ impl StepCost {
         self.remap_us = (self.remap_us - p * costs.remap_us).max(0.0);
         self.shadow_bytes = self
             .shadow_bytes
-            .saturating_add(knobs.shadow_bytes_for(slot.size));
+            .saturating_add(knobs.shadow_bytes_for(slot.size, costs.granularity_bytes));
         if slot.read {
             self.copy_in_bytes = self.copy_in_bytes.saturating_add(slot.size);
             self.copy_in_slots += 1;
@@ -152,6 +152,7 @@ mod tests {
             copy_launch_us: 4.0,
             free_bytes: 100 << 30,
             total_bytes: 141 << 30,
+            granularity_bytes: 0,
         }
     }
 

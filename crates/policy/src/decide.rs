@@ -103,7 +103,10 @@ impl<'a> Ctx<'a> {
             .iter()
             .filter(|&&i| self.input.slots[i].size <= n)
         {
-            let sb = knobs.shadow_bytes_for(self.input.slots[i].size);
+            let sb = knobs.shadow_bytes_for(
+                self.input.slots[i].size,
+                self.input.device.granularity_bytes,
+            );
             if !full && shadow.saturating_add(sb) <= self.cap {
                 shadow += sb;
                 set[i] = true;

@@ -108,6 +108,13 @@ pub struct DeviceCosts {
     pub free_bytes: u64,
     /// Device memory in total.
     pub total_bytes: u64,
+    /// Allocation granularity of shadow memory, bytes: each shadow is whole
+    /// granules, as the runtime allocates it (VMM physical memory: 2 MiB on
+    /// H200), so a 4-byte slot's shadow costs a whole granule. `0` (the
+    /// default, e.g. older JSON inputs) = not known: shadows are counted at
+    /// their size rounded to [`Knobs::shadow_align_bytes`].
+    #[serde(default)]
+    pub granularity_bytes: u64,
 }
 
 /// One slot (buffer allocation bound per step: a parameter or an output).
@@ -207,9 +214,13 @@ pub struct Knobs {
     /// derived, see [`Knobs::copy_budget_us`].
     pub copy_budget_us: Option<f64>,
     /// Shadows per copy slot: one per VA reservation (two reservations are
-    /// used alternately). Default 2.
+    /// used alternately). Default 2. The runtime shares one shadow between
+    /// its reservations (its tracker sets 1: see
+    /// [`crate::TrackerConfig::shared_shadows`]).
     pub shadow_copies: u32,
-    /// Each shadow is rounded up to this alignment. Default 256 bytes.
+    /// Each shadow is rounded up to this alignment when the device's
+    /// granularity ([`DeviceCosts::granularity_bytes`]) is not known
+    /// (`0`); a known granularity replaces it. Default 256 bytes.
     pub shadow_align_bytes: u64,
     /// Weight of the newest step in the churn average. Default 0.25.
     pub churn_ewma_alpha: f64,
@@ -251,10 +262,19 @@ impl Knobs {
         Self::MIN_COPY_BUDGET_US.max(derived)
     }
 
-    /// Bytes of shadow memory one copy slot of `size` bytes costs.
-    pub fn shadow_bytes_for(&self, size: u64) -> u64 {
-        let align = self.shadow_align_bytes.max(1);
-        let rounded = size.div_ceil(align).saturating_mul(align);
+    /// Bytes of shadow memory one copy slot of `size` bytes costs on a
+    /// device whose allocation granularity is `granularity` bytes
+    /// ([`DeviceCosts::granularity_bytes`]): `size` rounded up to whole
+    /// granules (to [`Knobs::shadow_align_bytes`] when `granularity` is 0),
+    /// times [`Knobs::shadow_copies`]. This is what the runtime allocates,
+    /// so it is what the shadow cap is checked against.
+    pub fn shadow_bytes_for(&self, size: u64, granularity: u64) -> u64 {
+        let unit = if granularity > 0 {
+            granularity
+        } else {
+            self.shadow_align_bytes.max(1)
+        };
+        let rounded = size.div_ceil(unit).saturating_mul(unit);
         rounded.saturating_mul(u64::from(self.shadow_copies))
     }
 
@@ -469,10 +489,39 @@ mod tests {
     #[test]
     fn shadow_bytes_round_and_double() {
         let k = Knobs::default();
-        assert_eq!(k.shadow_bytes_for(4), 512);
-        assert_eq!(k.shadow_bytes_for(256), 512);
-        assert_eq!(k.shadow_bytes_for(257), 1024);
-        assert_eq!(k.shadow_bytes_for(0), 0);
+        assert_eq!(k.shadow_bytes_for(4, 0), 512);
+        assert_eq!(k.shadow_bytes_for(256, 0), 512);
+        assert_eq!(k.shadow_bytes_for(257, 0), 1024);
+        assert_eq!(k.shadow_bytes_for(0, 0), 0);
+    }
+
+    #[test]
+    fn shadow_bytes_are_whole_granules_when_the_granularity_is_known() {
+        let g = 2u64 << 20;
+        let mut k = Knobs::default();
+        assert_eq!(k.shadow_bytes_for(4, g), 2 * g);
+        assert_eq!(k.shadow_bytes_for(g, g), 2 * g);
+        assert_eq!(k.shadow_bytes_for(g + 1, g), 4 * g);
+        assert_eq!(k.shadow_bytes_for(0, g), 0);
+        // The granularity replaces the alignment (a granularity of 1: bytes
+        // as allocated, no 256-byte rounding).
+        assert_eq!(k.shadow_bytes_for(4, 1), 8);
+        k.shadow_copies = 1;
+        assert_eq!(k.shadow_bytes_for(3 << 10, g), g);
+    }
+
+    #[test]
+    fn granularity_is_optional_in_json() {
+        let old = r#"{"remap_us": 46, "copy_bw_bytes_per_s": 2.4e12, "copy_launch_us": 4,
+            "free_bytes": 10, "total_bytes": 20}"#;
+        let d: DeviceCosts = serde_json::from_str(old).unwrap();
+        assert_eq!(d.granularity_bytes, 0);
+        let new = old.replace(
+            "\"total_bytes\"",
+            "\"granularity_bytes\": 2097152, \"total_bytes\"",
+        );
+        let d: DeviceCosts = serde_json::from_str(&new).unwrap();
+        assert_eq!(d.granularity_bytes, 2 << 20);
     }
 
     #[test]
@@ -483,6 +532,7 @@ mod tests {
             copy_launch_us: 4.0,
             free_bytes: 10,
             total_bytes: 5,
+            granularity_bytes: 0,
         };
         assert!(matches!(dev.validate(), Err(PolicyError::InvalidDevice(_))));
         let dev = DeviceCosts {

@@ -14,7 +14,7 @@
 //!   copied in before the launch if the graph reads the slot and copied back
 //!   after if it writes it. GPU time, paid on *every* step (the shadow is not
 //!   the user's memory, so even an unchanged allocation may hold new data),
-//!   plus shadow memory (one per reservation).
+//!   plus shadow memory (whole allocation granules: see the shadow cap).
 //!
 //! This crate decides which, from plain data, without touching a device.
 //! It is safe Rust only. Start reading at [`decide`] (stateless: the rule)
@@ -78,9 +78,14 @@
 //!    the memory cap and per µs of the copy budget.
 //! 2. Admit a candidate when copying it lowers the step cost counting only
 //!    its bytes (its direction's launch is shared), its shadow still fits the
-//!    **shadow cap** (1 % of free memory, all reservations' shadows counted,
-//!    each rounded to 256 B: the cap can never cause an OOM), and the batched
-//!    copy time stays under the **copy budget** (bound unknown: 100 µs or a
+//!    **shadow cap** (1 % of free memory; every shadow counted as it is
+//!    allocated: rounded up to whole granules of the device's allocation
+//!    granularity, [`DeviceCosts::granularity_bytes`], e.g. 2 MiB for a
+//!    4-byte slot on H200, or to 256 B when it is not known; one per
+//!    reservation, or one per slot when the reservations share it, see
+//!    [`TrackerConfig::shared_shadows`]: the cap can never cause an OOM),
+//!    and the batched copy time stays under the **copy budget** (bound
+//!    unknown: 100 µs or a
 //!    tenth of what remapping every changing slot costs, whichever is more,
 //!    so a wrong guess about the bound costs at most a tenth of the gain;
 //!    bound known: 100 µs, 5 % of the GPU time, or the GPU's idle time in a
@@ -117,6 +122,7 @@
 //!     copy_launch_us: 4.0,
 //!     free_bytes: 100 << 30,
 //!     total_bytes: 141 << 30,
+//!     granularity_bytes: 2 << 20,
 //! };
 //! let slots = vec![
 //!     SlotInfo::new(1 << 30, true, true, 0.0), // donated weights: never change

@@ -148,10 +148,17 @@ pub struct TrackerConfig {
     pub device: DeviceCosts,
     /// `0`, `1` or `N`.
     pub threshold: Threshold,
-    /// Knobs of the rule; `shadow_copies` is set to `reservations`.
+    /// Knobs of the rule; `shadow_copies` is set to `reservations` (1 with
+    /// `shared_shadows`).
     pub knobs: Knobs,
     /// VA reservations used alternately (2 in the runtime).
     pub reservations: usize,
+    /// One shadow per copy slot, mapped in every reservation that serves
+    /// the slot from it (the runtime does this: its steps are ordered on
+    /// one stream), instead of one per reservation. The shadow memory
+    /// counted against the cap is then one shadow per copy slot, as
+    /// allocated. Default false.
+    pub shared_shadows: bool,
     /// Let churn history move slots between shadow and direct mapping within
     /// the frozen plan (see the module docs).
     pub adaptive: bool,
@@ -165,6 +172,7 @@ impl TrackerConfig {
             threshold,
             knobs: Knobs::default(),
             reservations: 2,
+            shared_shadows: false,
             adaptive: true,
         }
     }
@@ -232,7 +240,11 @@ impl SlotTracker {
         mut config: TrackerConfig,
     ) -> Result<Self> {
         config.reservations = config.reservations.max(1);
-        config.knobs.shadow_copies = u32::try_from(config.reservations).unwrap_or(u32::MAX);
+        config.knobs.shadow_copies = if config.shared_shadows {
+            1
+        } else {
+            u32::try_from(config.reservations).unwrap_or(u32::MAX)
+        };
         config.device.validate()?;
         config.knobs.validate()?;
         for (i, s) in slots.iter().enumerate() {
@@ -575,7 +587,9 @@ impl SlotTracker {
         let new_shadow_bytes = if st.has_shadow {
             0
         } else {
-            self.config.knobs.shadow_bytes_for(slot.size)
+            self.config
+                .knobs
+                .shadow_bytes_for(slot.size, self.config.device.granularity_bytes)
         };
         st.has_shadow = true;
         st.shadow_mode = true;

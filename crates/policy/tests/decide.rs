@@ -46,7 +46,7 @@ fn threshold_n_copies_slots_at_or_below_n() {
     let k = Knobs::default();
     assert_eq!(
         plan.shadow_bytes,
-        k.shadow_bytes_for(4) + k.shadow_bytes_for(4096)
+        k.shadow_bytes_for(4, 0) + k.shadow_bytes_for(4096, 0)
     );
     assert_eq!(plan.copy_in_bytes_per_step, 4100);
     assert_eq!(plan.copy_out_bytes_per_step, 4100);
@@ -276,7 +276,7 @@ fn copy_only_slots_are_copied_under_every_threshold_and_counted_first() {
             "threshold {t}"
         );
         assert!(
-            plan.shadow_bytes >= Knobs::default().shadow_bytes_for(64 << 10),
+            plan.shadow_bytes >= Knobs::default().shadow_bytes_for(64 << 10, 0),
             "threshold {t}"
         );
     }
@@ -341,4 +341,45 @@ fn remappable_defaults_to_true_in_json() {
     // Serialized back, the default is left out and the copy-only flag kept.
     let out = serde_json::to_string(&inp.slots).unwrap();
     assert_eq!(out.matches("remappable").count(), 1, "{out}");
+}
+
+#[test]
+fn shadows_are_counted_in_whole_granules_against_the_cap() {
+    let g = 2u64 << 20;
+    // Six changing 4-byte slots, the first copy-only. Cap = 12 MiB = 6
+    // granules; each copy slot costs one granule per reservation (2).
+    let mut slots: Vec<SlotInfo> = (0..6).map(|_| rw(4)).collect();
+    slots[0] = slots[0].clone().copy_only();
+    let k = Knobs::default();
+    for t in [1u64, 4096] {
+        let mut inp = input(t, slots.clone());
+        inp.device.free_bytes = 100 * 6 * g;
+        // Unknown granularity: 2 x 256 B per slot, everything fits.
+        let plan = decide(&inp).unwrap();
+        assert_eq!(plan.counts.copy, 6, "threshold {t}");
+        assert_eq!(plan.shadow_bytes, 6 * k.shadow_bytes_for(4, 0));
+        // 2 MiB granules: the copy-only slot's 2 granules first, then two
+        // more slots; the cap holds for what is actually allocated.
+        inp.device.granularity_bytes = g;
+        let plan = decide(&inp).unwrap();
+        assert_eq!(plan.shadow_cap_bytes, 6 * g, "threshold {t}");
+        assert_eq!(plan.decisions, vec![Copy, Copy, Copy, Remap, Remap, Remap]);
+        assert_eq!(plan.counts.copy_only, 1, "threshold {t}");
+        assert_eq!(plan.counts.budget_limited, 3, "threshold {t}");
+        assert_eq!(plan.shadow_bytes, 3 * k.shadow_bytes_for(4, g));
+        assert_eq!(plan.shadow_bytes, 6 * g);
+        assert!(plan.shadow_bytes <= plan.shadow_cap_bytes);
+        // Copied bytes per step are still the slots' own bytes.
+        assert_eq!(plan.copy_in_bytes_per_step, 12, "threshold {t}");
+    }
+    // A copy-only slot's shadow is counted the same way under every
+    // threshold, even past the cap (it has no other way to be served).
+    for t in [0u64, 1, 4096] {
+        let mut inp = input(t, vec![rw(4).copy_only(), rw(4)]);
+        inp.device.granularity_bytes = g;
+        inp.device.free_bytes = 100 * g; // cap: one granule
+        let plan = decide(&inp).unwrap();
+        assert_eq!(plan.decisions, vec![Copy, Remap], "threshold {t}");
+        assert_eq!(plan.shadow_bytes, 2 * g, "threshold {t}");
+    }
 }

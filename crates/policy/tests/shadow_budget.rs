@@ -23,6 +23,7 @@ fn random_input(rng: &mut Rng) -> PolicyInput {
             rng.log_u64(1, total)
         },
         total_bytes: total,
+        granularity_bytes: 0,
     };
     let n = (rng.next_u64() % 300) as usize;
     let slots = (0..n)
@@ -81,7 +82,7 @@ fn random_inputs_respect_every_invariant() {
             .iter()
             .zip(&plan.decisions)
             .filter(|(_, &d)| d == Decision::Copy)
-            .map(|(s, _)| k.shadow_bytes_for(s.size))
+            .map(|(s, _)| k.shadow_bytes_for(s.size, inp.device.granularity_bytes))
             .sum();
         assert_eq!(plan.shadow_bytes, shadow, "{ctx}");
         assert!(plan.shadow_bytes <= plan.shadow_cap_bytes, "{ctx}");
@@ -167,6 +168,32 @@ fn smallest_first(inp: &PolicyInput, d: &[Decision], ctx: &str) {
             }
         }
     }
+}
+
+#[test]
+fn random_inputs_respect_the_cap_in_granules() {
+    let mut rng = Rng(0x6A4E_2026);
+    let mut copies_seen = 0;
+    for case in 0..1500 {
+        let mut inp = random_input(&mut rng);
+        inp.device.granularity_bytes = [1u64, 4096, 2 << 20][case % 3];
+        let g = inp.device.granularity_bytes;
+        let plan = decide(&inp).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let k = &inp.knobs;
+        // Every copied slot, copy-only ones included, counted as whole
+        // granules; the total under the cap.
+        let granules: u64 = inp
+            .slots
+            .iter()
+            .zip(&plan.decisions)
+            .filter(|(_, &d)| d == Decision::Copy)
+            .map(|(s, _)| s.size.div_ceil(g) * g * u64::from(k.shadow_copies))
+            .sum();
+        assert_eq!(plan.shadow_bytes, granules, "case {case}");
+        assert!(plan.shadow_bytes <= plan.shadow_cap_bytes, "case {case}");
+        copies_seen += plan.counts.copy;
+    }
+    assert!(copies_seen > 500, "generator too narrow: {copies_seen}");
 }
 
 #[test]

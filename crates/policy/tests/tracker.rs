@@ -583,3 +583,23 @@ fn copy_only_slot_is_planned_as_copy_and_never_switches() {
         Err(PolicyError::NoSuchSlot { index: 9, .. })
     ));
 }
+
+#[test]
+fn shared_shadows_are_counted_once_per_slot_in_whole_granules() {
+    let g = 2u64 << 20;
+    let mut dev = h200();
+    dev.granularity_bytes = g;
+    let mut cfg = TrackerConfig::new(dev, Threshold::from(4096));
+    cfg.shared_shadows = true;
+    // A 4-byte slot copied (one granule), a 3 MiB slot remapped.
+    let mut t = SlotTracker::new("shared", vec![rw(4), rw(3 << 20)], cfg).unwrap();
+    t.bind_step(0, &[b(1, 0x1000), b(2, 0x2000)], None).unwrap();
+    let plan = t.plan().unwrap();
+    assert_eq!(plan.decisions, vec![Decision::Copy, Decision::Remap]);
+    assert_eq!(plan.shadow_bytes, g);
+    // A failed map of the remapped slot adds its shadow, also whole
+    // granules, once.
+    let fb = t.fallback_to_copy(0, 1, FailedCall::Map).unwrap();
+    assert_eq!(fb.new_shadow_bytes, 2 * g);
+    assert_eq!(t.shadow_bytes(), 3 * g);
+}

@@ -108,7 +108,9 @@ pub struct BindingConfig {
     pub threshold: Threshold,
     /// Measured costs for auto. `None`: the H200 figures of DESIGN §4
     /// (remap 46 µs, copy 2.4 TB/s, 4 µs per copy launch) with the device's
-    /// free/total memory read at the first step.
+    /// free/total memory read at the first step. Either way the runtime sets
+    /// `granularity_bytes` to its backend's VMM granularity (what each
+    /// shadow is rounded up to when allocated).
     pub costs: Option<DeviceCosts>,
     /// Buffers bound by allocation id never change content while bound,
     /// except when this executable writes them (PJRT buffer semantics). Then
@@ -158,6 +160,7 @@ impl BindingConfig {
             copy_launch_us: DEFAULT_COPY_LAUNCH_US,
             free_bytes,
             total_bytes,
+            granularity_bytes: backend.info().vmm_granularity.max(1),
         })
     }
 }
@@ -177,8 +180,10 @@ pub struct BindingStats {
     pub copy_only_slots: usize,
     /// Shadow memory held (shared by the reservations), bytes.
     pub shadow_bytes: u64,
-    /// The policy's shadow cap (its accounting: 256-byte rounding, one per
-    /// reservation).
+    /// The policy's shadow cap. The policy counts shadows as they are
+    /// allocated here (one per copy slot, whole VMM granules), so
+    /// `shadow_bytes` stays at or under it unless a fallback adds a shadow
+    /// or copy-only slots alone exceed it.
     pub shadow_cap_bytes: u64,
     /// Copies in elided because the shadow already held the buffer.
     pub copies_elided: u64,

@@ -17,7 +17,8 @@
 //! reservation proves the GPU is done with it; the host waits for it only
 //! before an unmap there (`cuMemUnmap` is not stream ordered).
 //!
-//! Shadows: one physical allocation per copy slot (the region's size),
+//! Shadows: one physical allocation per copy slot (the region's size:
+//! whole granules; the policy counts each so against its cap),
 //! created when first needed and mapped at the slot's region in whichever
 //! reservation serves the slot from it. Both reservations share it (steps
 //! are ordered on the stream, as for temps), so the shadow's content is
@@ -167,9 +168,14 @@ impl<B: Backend> VaStable<B> {
                 ));
             }
         }
-        let costs = cfg.costs_for(exe.backend())?;
+        let mut costs = cfg.costs_for(exe.backend())?;
+        // Shadows are whole granules, one per copy slot shared by the
+        // reservations (see `map_shadow`): the policy counts them so, and
+        // its shadow bytes are what is allocated.
+        costs.granularity_bytes = exe.backend().info().vmm_granularity.max(1);
         let mut tc = TrackerConfig::new(costs, cfg.threshold);
         tc.reservations = RESERVATIONS;
+        tc.shared_shadows = true;
         tc.adaptive = true;
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key = format!("{}#{n}", plan.module_name);

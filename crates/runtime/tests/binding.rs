@@ -112,6 +112,7 @@ fn costs(free: u64) -> DeviceCosts {
         copy_launch_us: 4.0,
         free_bytes: free,
         total_bytes: 1 << 30,
+        granularity_bytes: 0,
     }
 }
 
@@ -402,7 +403,10 @@ fn shadow_budget_is_never_exceeded() {
     let p = seq_plan(allocs, vec![f32s(256); n], outs, thunks);
     let stream = b.stream_create().unwrap();
     let mut exe = Executable::load(b.clone(), p, None, &stream).unwrap();
-    let free = 400 << 10; // cap = 4 KiB: 2 shadows x 2 reservations
+    // Each shadow is one whole VMM granule (shared by the reservations),
+    // however small the slot: cap = 3 granules, so 3 of the 8 fit.
+    let gran = b.info().vmm_granularity;
+    let free = 300 * gran;
     exe.set_binding_config(BindingConfig {
         threshold: Threshold::Bytes(1 << 20),
         costs: Some(costs(free)),
@@ -435,9 +439,16 @@ fn shadow_budget_is_never_exceeded() {
     }
     let st = exe.stats().unwrap().clone();
     assert!(st.copy_slots >= 1 && st.copy_slots < n, "{st:?}");
+    assert_eq!(st.copy_slots, 3, "{st:?}");
+    assert_eq!(st.shadow_cap_bytes, free / 100);
+    assert_eq!(
+        st.shadow_bytes,
+        st.copy_slots as u64 * gran,
+        "one granule per shadow, as allocated: {st:?}"
+    );
     assert!(
-        (st.copy_slots as u64) * 1024 * 2 <= free / 100,
-        "planned shadows within the cap: {st:?}"
+        st.shadow_bytes <= st.shadow_cap_bytes,
+        "shadows actually allocated within the cap: {st:?}"
     );
     assert_eq!(st.counters.copies, 4 * st.copy_slots as u64);
     drop(exe);

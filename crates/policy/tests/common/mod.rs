@@ -12,6 +12,7 @@ pub fn h200() -> DeviceCosts {
         copy_launch_us: 4.0,
         free_bytes: 100 << 30,
         total_bytes: 141 << 30,
+        granularity_bytes: 0,
     }
 }
 
