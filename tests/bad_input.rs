@@ -3,7 +3,7 @@
 mod common;
 
 use common::{
-    executable, fixture, pseudo_random, riegeli_file, split_proto, temp_alloc, thunk_bytes,
+    exe_with_thunks, executable, fixture, pseudo_random, riegeli_file, split_proto, thunk_bytes,
 };
 use prost::Message;
 use xla_vmm::proto::xla::{self as px, buffer_assignment::BufferAllocationSliceProto};
@@ -116,20 +116,9 @@ fn manifest_promising_more_records_than_present() {
     assert!(e.to_string().contains("file ends"), "{e}");
 }
 
-fn exe_with_thunks(thunks: Vec<Vec<u8>>) -> px::gpu::GpuExecutableProto {
-    px::gpu::GpuExecutableProto {
-        buffer_allocations: Some(px::gpu::gpu_executable_proto::RepeatedBufferAllocations {
-            values: vec![temp_alloc(0, 1024)],
-        }),
-        module_name: "synthetic".into(),
-        thunks,
-        ..Default::default()
-    }
-}
-
 #[test]
 fn unknown_thunk_kinds_become_unsupported() {
-    let all_reduce = thunk_bytes("all-reduce.1", 39, &[]);
+    let send = thunk_bytes("send.1", 44, &[]);
     let future = thunk_bytes("future-op", 999, &[0x08, 0x01]);
     let memset = {
         let m = px::gpu::Memset32BitValueThunkProto {
@@ -149,7 +138,7 @@ fn unknown_thunk_kinds_become_unsupported() {
     };
     let seq = thunk_bytes("seq", 2, &seq.encode_to_vec());
     let plan = decode(&executable(&exe_with_thunks(vec![
-        all_reduce, future, memset, seq,
+        send, future, memset, seq,
     ])))
     .expect("decodes");
     let unsupported: Vec<_> = plan
@@ -170,7 +159,7 @@ fn unknown_thunk_kinds_become_unsupported() {
     assert_eq!(
         unsupported,
         vec![
-            ("all_reduce".to_string(), 39, "all-reduce.1".to_string()),
+            ("send".to_string(), 44, "send.1".to_string()),
             ("unknown".to_string(), 999, "future-op".to_string()),
             ("fft".to_string(), 27, "nested-fft".to_string()),
         ]

@@ -2,6 +2,7 @@
 //! `ThunkProto` (thunk.rs), conversion with validation (convert.rs), and
 //! constant values from the HLO module (constants.rs).
 
+mod collective;
 mod constants;
 mod container;
 mod convert;

@@ -6,6 +6,7 @@
 
 use prost::Message;
 
+use super::collective::{collective_kind, is_collective_field};
 use super::convert::{allocations, invalid, non_negative, opt_shape, Allocs};
 use super::wire::{Fields, WIRE_LEN};
 use super::DecodeError;
@@ -63,7 +64,7 @@ fn proto_err(what: &str, path: &str) -> impl FnOnce(prost::DecodeError) -> Decod
     move |source| DecodeError::Proto { what, source }
 }
 
-fn decode_msg<M: Message + Default>(
+pub(crate) fn decode_msg<M: Message + Default>(
     bytes: &[u8],
     what: &str,
     path: &str,
@@ -129,6 +130,7 @@ pub(crate) fn thunk(
         7 => Some(while_loop(&data, allocs, depth, &path)?),
         57 => Some(async_start(&data, allocs, depth, &path)?),
         60 => Some(dynamic_slice_fusion_kind(&data, allocs, depth, &path)?),
+        n if is_collective_field(n) => collective_kind(n, &data, &path, allocs)?,
         _ => None,
     };
     let kind = match nested {

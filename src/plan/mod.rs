@@ -10,6 +10,7 @@
 //! the slices a thunk reads and writes.
 
 mod allocation;
+mod collective;
 mod gemm;
 mod kernel;
 mod kinds;
@@ -21,6 +22,7 @@ pub use allocation::{
     Access, AllocationIndex, AllocationRole, BufferAllocation, OutputAlias, OutputInfo,
     ShapedSlice, Slice,
 };
+pub use collective::{CollectiveBuffer, CollectiveOp, CollectiveThunk, GroupMode, ReductionKind};
 pub use gemm::{GemmConfig, MatrixLayout, BLAS_LT_EPILOGUE_NAMES};
 pub use kernel::{Dim3, KernelArg, KernelCode, KernelParam, KernelSpec, LaunchDims, TmaDescriptor};
 pub use kinds::{thunk_kind_name, THUNK_KINDS};

@@ -6,8 +6,8 @@
 use serde::Serialize;
 
 use super::{
-    Blob, BufferAllocation, GemmConfig, KernelArg, KernelSpec, LaunchDims, Shape, ShapedSlice,
-    Slice,
+    Blob, BufferAllocation, CollectiveThunk, GemmConfig, KernelArg, KernelSpec, LaunchDims, Shape,
+    ShapedSlice, Slice,
 };
 
 /// `ThunkInfoProto`: what every thunk carries.
@@ -68,7 +68,17 @@ pub enum ThunkKind {
     AsyncDone { async_execution_id: u64 },
     /// `custom_call_thunk` (30).
     CustomCall(CustomCallThunk),
-    /// Any other `ThunkProto` kind (collectives, cuDNN, infeed, FFT, ... or
+    /// `all_gather_thunk` (38), `all_reduce_thunk` (39),
+    /// `reduce_scatter_thunk` (40), `all_to_all_thunk` (41),
+    /// `collective_permute_thunk` (43), `collective_broadcast_thunk` (46).
+    Collective(Box<CollectiveThunk>),
+    /// `replica_id_thunk` (12): write this device's replica id (a U32) to
+    /// `dest`.
+    ReplicaId { dest: Slice },
+    /// `partition_id_thunk` (14): write this device's partition id (a U32)
+    /// to `dest`.
+    PartitionId { dest: Slice },
+    /// Any other `ThunkProto` kind (send / recv, ragged all-to-all, cuDNN, infeed, FFT, ... or
     /// a field number this build does not know). Executing a plan that
     /// contains one must fail at load time with this information.
     Unsupported {

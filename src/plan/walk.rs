@@ -1,6 +1,6 @@
 //! Traversal of the thunk tree and the slices each thunk reads and writes.
 
-use super::{Access, ShapedSlice, Slice, Thunk, ThunkKind};
+use super::{Access, CollectiveOp, CollectiveThunk, ShapedSlice, Slice, Thunk, ThunkKind};
 
 /// A nested thunk sequence of a thunk, with what it is.
 #[derive(Clone, Copy, Debug)]
@@ -51,6 +51,9 @@ impl ThunkKind {
             ThunkKind::AsyncStart(_) => "async_start",
             ThunkKind::AsyncDone { .. } => "async_done",
             ThunkKind::CustomCall(_) => "custom_call",
+            ThunkKind::Collective(c) => c.op.name(),
+            ThunkKind::ReplicaId { .. } => "replica_id",
+            ThunkKind::PartitionId { .. } => "partition_id",
             ThunkKind::Unsupported { kind_name, .. } => kind_name,
         }
     }
@@ -194,6 +197,10 @@ impl Thunk {
                     shaped(&mut out, s, Access::Write);
                 }
             }
+            ThunkKind::Collective(c) => collective_uses(c, &mut out),
+            ThunkKind::ReplicaId { dest } | ThunkKind::PartitionId { dest } => {
+                out.push((*dest, Access::Overwrite))
+            }
             ThunkKind::Sequential { .. }
             | ThunkKind::AsyncStart(_)
             | ThunkKind::AsyncDone { .. }
@@ -246,5 +253,32 @@ fn arg_access(written: bool, zeroed: bool) -> Access {
         (false, _) => Access::Read,
         (true, true) => Access::Overwrite,
         (true, false) => Access::Write,
+    }
+}
+
+/// Collective uses: every source is read; every destination written, and
+/// treated as read too (`Write`) when it overlaps a source (in place) or
+/// when the op may leave parts of it unchanged (collective permute: a
+/// device that is no pair's target). The dynamic-root buffer of a
+/// collective broadcast is only read.
+fn collective_uses(c: &CollectiveThunk, out: &mut Vec<(Slice, Access)>) {
+    let n = c.buffers.len();
+    let root =
+        (c.op == CollectiveOp::CollectiveBroadcast && c.has_dynamic_root && n > 0).then(|| n - 1);
+    for b in &c.buffers {
+        out.push((b.source.slice, Access::Read));
+    }
+    for (i, b) in c.buffers.iter().enumerate() {
+        if Some(i) == root {
+            continue;
+        }
+        let d = b.destination.slice;
+        let in_place = c.buffers.iter().any(|s| s.source.slice.overlaps(&d));
+        let access = if in_place || c.op == CollectiveOp::CollectivePermute {
+            Access::Write
+        } else {
+            Access::Overwrite
+        };
+        out.push((d, access));
     }
 }

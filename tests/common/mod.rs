@@ -113,6 +113,19 @@ pub fn executable(exe: &px::gpu::GpuExecutableProto) -> Vec<u8> {
     split_proto("xla.ExecutableAndOptionsProto", outer.encode_to_vec())
 }
 
+/// A `GpuExecutableProto` with one 1024-byte temp allocation (index 0)
+/// and the given serialized top-level thunks.
+pub fn exe_with_thunks(thunks: Vec<Vec<u8>>) -> px::gpu::GpuExecutableProto {
+    px::gpu::GpuExecutableProto {
+        buffer_allocations: Some(px::gpu::gpu_executable_proto::RepeatedBufferAllocations {
+            values: vec![temp_alloc(0, 1024)],
+        }),
+        module_name: "synthetic".into(),
+        thunks,
+        ..Default::default()
+    }
+}
+
 /// An allocation proto of `size` bytes (a temp).
 pub fn temp_alloc(index: i64, size: i64) -> px::BufferAllocationProto {
     px::BufferAllocationProto {

@@ -246,6 +246,21 @@ pub fn summary_text(plan: &Plan, file_len: usize) -> String {
             }
         }
     }
+    let mut multi = 0usize;
+    plan.walk(&mut |t, _| {
+        if matches!(
+            t.kind,
+            ThunkKind::Collective(_) | ThunkKind::ReplicaId { .. } | ThunkKind::PartitionId { .. }
+        ) {
+            multi += 1;
+        }
+    });
+    if multi > 0 {
+        let _ = writeln!(
+            s,
+            "  multi-device: {multi} collective / replica-id / partition-id thunk(s) (rejected at load by this single-device runtime)"
+        );
+    }
     let _ = writeln!(s, "\nthunk tree:");
     for (i, t) in plan.thunks.iter().enumerate() {
         outline(&mut s, t, i, 1);
@@ -325,9 +340,126 @@ fn detail(t: &Thunk) -> String {
             m.d.slice.allocation, m.d.slice.offset, m.algorithm_idx
         ),
         ThunkKind::CustomCall(c) => format!(" target {}", c.target_name),
+        ThunkKind::Collective(c) => collective_detail(c),
+        ThunkKind::ReplicaId { dest } | ThunkKind::PartitionId { dest } => {
+            format!(" -> #{}+{} (multi-device)", dest.allocation, dest.offset)
+        }
         ThunkKind::Unsupported { field_number, .. } => {
             format!(" UNSUPPORTED (field {field_number})")
         }
         _ => String::new(),
+    }
+}
+
+/// Groups, mode, reduction and buffers of a collective thunk.
+fn collective_detail(c: &xla_vmm::CollectiveThunk) -> String {
+    let groups: Vec<String> = c
+        .replica_groups
+        .iter()
+        .map(|g| {
+            let ids: Vec<String> = g.iter().map(|i| i.to_string()).collect();
+            format!("{{{}}}", ids.join(","))
+        })
+        .collect();
+    let groups = if groups.is_empty() {
+        "all".to_string()
+    } else {
+        groups.join(",")
+    };
+    let mut out = format!(" groups {groups} {}", c.group_mode.name());
+    if let Some(r) = c.reduction {
+        let _ = write!(out, " reduction {}", r.name());
+    }
+    if !c.source_target_pairs.is_empty() {
+        let pairs: Vec<String> = c
+            .source_target_pairs
+            .iter()
+            .map(|(a, b)| format!("{a}->{b}"))
+            .collect();
+        let _ = write!(out, " pairs {}", pairs.join(","));
+    }
+    for b in &c.buffers {
+        let ty = b.element_type.and_then(|t| t.name()).unwrap_or("?");
+        let _ = write!(
+            out,
+            " [#{}+{} -> #{}+{} {} x{}]",
+            b.source.slice.allocation,
+            b.source.slice.offset,
+            b.destination.slice.allocation,
+            b.destination.slice.offset,
+            ty,
+            b.element_count
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xla_vmm::{
+        CollectiveBuffer, CollectiveOp, CollectiveThunk, ElementType, GroupMode, ReductionKind,
+        ShapedSlice, Slice, ThunkInfo,
+    };
+
+    fn thunk(kind: ThunkKind) -> Thunk {
+        Thunk {
+            info: ThunkInfo {
+                profile_annotation: "all-reduce.7".into(),
+                ..Default::default()
+            },
+            kind,
+        }
+    }
+
+    #[test]
+    fn collectives_show_groups_reduction_and_buffers() {
+        let s = |allocation, offset| ShapedSlice {
+            slice: Slice {
+                allocation,
+                offset,
+                size: 64,
+            },
+            shape: None,
+        };
+        let c = CollectiveThunk {
+            op: CollectiveOp::AllReduce,
+            replica_groups: vec![vec![0, 1], vec![2, 3]],
+            group_mode: GroupMode::CrossPartition,
+            operand_element_types: vec![ElementType::F32],
+            use_symmetric_buffer: false,
+            reduction: Some(ReductionKind::Max),
+            buffers: vec![CollectiveBuffer {
+                element_count: 16,
+                element_type: Some(ElementType::F32),
+                source: s(2, 0),
+                destination: s(3, 64),
+                source_memory_space: 0,
+                destination_memory_space: 0,
+            }],
+            source_target_pairs: vec![],
+            has_split_dimension: false,
+            has_dynamic_root: false,
+            collectives_mode: 0,
+        };
+        let t = thunk(ThunkKind::Collective(Box::new(c)));
+        assert_eq!(
+            detail(&t),
+            " groups {0,1},{2,3} cross_partition reduction max [#2+0 -> #3+64 F32 x16]"
+        );
+        let mut out = String::new();
+        outline(&mut out, &t, 0, 0);
+        assert!(
+            out.contains("all_reduce") && out.contains("all-reduce.7"),
+            "{out}"
+        );
+        let r = thunk(ThunkKind::ReplicaId {
+            dest: Slice {
+                allocation: 1,
+                offset: 8,
+                size: 4,
+            },
+        });
+        assert_eq!(detail(&r), " -> #1+8 (multi-device)");
     }
 }

@@ -425,6 +425,11 @@ impl<B: Backend> LoadCtx<'_, B> {
                     c.target_name
                 )))
             }
+            ThunkKind::Collective(_)
+            | ThunkKind::ReplicaId { .. }
+            | ThunkKind::PartitionId { .. } => {
+                return Err(RuntimeError::unsupported(collective_message(&t.kind)))
+            }
             ThunkKind::Unsupported { .. } => {
                 return Err(RuntimeError::unsupported(
                     "thunk kind not executed by this runtime",
@@ -432,6 +437,32 @@ impl<B: Backend> LoadCtx<'_, B> {
             }
         })
     }
+}
+
+fn is_collective(k: &ThunkKind) -> bool {
+    matches!(
+        k,
+        ThunkKind::Collective(_) | ThunkKind::ReplicaId { .. } | ThunkKind::PartitionId { .. }
+    )
+}
+
+/// Why a collective (or replica / partition id) thunk is rejected: this
+/// runtime drives one device and has no communicators (issue 7).
+fn collective_message(k: &ThunkKind) -> String {
+    let detail = match k {
+        ThunkKind::Collective(c) => format!(
+            " over {} replica group(s){}",
+            c.replica_groups.len(),
+            c.reduction
+                .map(|r| format!(", reduction {}", r.name()))
+                .unwrap_or_default()
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "multi-device thunk{detail} (collectives and replica / partition ids are not executed \
+         by this single-device runtime)"
+    )
 }
 
 /// What the cuBLASLt path executes: one plain GEMM config, an epilogue
@@ -494,7 +525,16 @@ pub fn check_support(plan: &Plan) -> Result<()> {
                     .map(|e| e.to_string()),
             },
             ThunkKind::Kernel(k) => param_specs(&k.args, None).err().map(|e| e.to_string()),
+            ThunkKind::Collective(_)
+            | ThunkKind::ReplicaId { .. }
+            | ThunkKind::PartitionId { .. } => Some(collective_message(&t.kind)),
+            // Collectives inside are reported by name when the walk reaches them.
             ThunkKind::AsyncStart(a) => match a.stream {
+                xla_vmm::ExecutionStream::Communication(_)
+                    if a.thunks.iter().any(|c| is_collective(&c.kind)) =>
+                {
+                    None
+                }
                 xla_vmm::ExecutionStream::Communication(i) => {
                     Some(format!("async work on communication stream {i}"))
                 }
