@@ -118,6 +118,7 @@ pub fn summary_json(plan: &Plan) -> serde_json::Value {
         "roles": roles,
         "role_bytes": role_bytes,
         "bytes": plan.total_allocation_bytes(),
+        "multi_device": multi_device_count(plan),
         "top_level_thunks": plan.thunks.len(),
         "total_thunks": kinds.values().sum::<usize>(),
         "kinds": kinds,
@@ -246,15 +247,7 @@ pub fn summary_text(plan: &Plan, file_len: usize) -> String {
             }
         }
     }
-    let mut multi = 0usize;
-    plan.walk(&mut |t, _| {
-        if matches!(
-            t.kind,
-            ThunkKind::Collective(_) | ThunkKind::ReplicaId { .. } | ThunkKind::PartitionId { .. }
-        ) {
-            multi += 1;
-        }
-    });
+    let multi = multi_device_count(plan);
     if multi > 0 {
         let _ = writeln!(
             s,
@@ -349,6 +342,21 @@ fn detail(t: &Thunk) -> String {
         }
         _ => String::new(),
     }
+}
+
+/// Collective, replica-id and partition-id thunks anywhere in the tree
+/// (typed, but rejected at load by this single-device runtime).
+fn multi_device_count(plan: &Plan) -> usize {
+    let mut n = 0;
+    plan.walk(&mut |t, _| {
+        if matches!(
+            t.kind,
+            ThunkKind::Collective(_) | ThunkKind::ReplicaId { .. } | ThunkKind::PartitionId { .. }
+        ) {
+            n += 1;
+        }
+    });
+    n
 }
 
 /// Groups, mode, reduction and buffers of a collective thunk.
