@@ -1,6 +1,13 @@
-"""Marks the wheel as platform specific: it bundles a native library (the PJRT plugin)."""
+"""Marks the wheel as platform specific but Python-version independent: it bundles a native library
+(the PJRT plugin, loaded by jaxlib with dlopen, not a CPython extension), so one wheel serves every
+Python 3: tag py3-none-<platform>."""
 from setuptools import setup
 from setuptools.dist import Distribution
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # older setuptools
+    from wheel.bdist_wheel import bdist_wheel
 
 
 class BinaryDistribution(Distribution):
@@ -8,4 +15,10 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(distclass=BinaryDistribution)
+class PlatformWheel(bdist_wheel):
+    def get_tag(self):
+        _, _, plat = super().get_tag()
+        return "py3", "none", plat
+
+
+setup(distclass=BinaryDistribution, cmdclass={"bdist_wheel": PlatformWheel})
