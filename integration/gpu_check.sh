@@ -3,7 +3,7 @@
 # Run on a machine with an NVIDIA GPU and jax (CUDA plugin) installed, from the
 # repo root, on artifacts staged by integration/stage_gpu.sh:
 #     bash integration/gpu_check.sh .dev/gpu [SECTION...]
-# SECTION: device stock runtime plugin bench memcheck (default: all, in that order; runtime and
+# SECTION: device stock runtime plugin bench memcheck ab (default: all but ab, in that order; runtime and
 # bench need stock's reference data in $WORK); `ab` (integration/ab.py) only when named.
 # Artifacts (logs, reference data, probe JSON) go to $XLA_VMM_GPU_WORK (default /tmp/xla-vmm-gpu).
 set -u
