@@ -322,6 +322,42 @@ pub trait Backend: Send + Sync + 'static {
             "conditional WHILE graph nodes on this backend".into(),
         ))
     }
+
+    // ---- collectives (see [`crate::collective`]) --------------------------
+
+    /// A fresh clique id (`ncclGetUniqueId`), made by one rank and handed to
+    /// every rank of the clique.
+    fn clique_id(&self) -> Result<crate::collective::CliqueId> {
+        Err(DeviceError::Unsupported(
+            "collectives on this backend".into(),
+        ))
+    }
+
+    /// Join clique `id` as `rank` of `nranks` on this device
+    /// (`ncclCommInitRank`). Blocks until every rank has joined, so the
+    /// ranks of one process must call it from different threads.
+    fn comm_init_rank(
+        &self,
+        _id: &crate::collective::CliqueId,
+        _nranks: usize,
+        _rank: usize,
+    ) -> Result<Box<dyn crate::collective::Communicator<Self>>>
+    where
+        Self: Sized,
+    {
+        Err(DeviceError::Unsupported(
+            "collectives on this backend".into(),
+        ))
+    }
+
+    /// Let this device read and write memory of device `peer` (same
+    /// process), e.g. `cuCtxEnablePeerAccess`; VMM mappings additionally
+    /// need `set_access` for the peer. Default: unsupported.
+    fn enable_peer_access(&self, _peer: usize) -> Result<()> {
+        Err(DeviceError::Unsupported(
+            "peer access on this backend".into(),
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 
 pub mod backend;
 pub mod blas;
+pub mod collective;
 pub mod conformance;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
@@ -30,6 +31,7 @@ pub use backend::{
     merge_copies, Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig,
     TensorMapDesc,
 };
+pub use collective::{CliqueId, CommType, Communicator, ReduceOp};
 pub use error::{DeviceError, Result};
 pub use host::{HostBackend, HostConfig};
 pub use vmm::{AllocationId, Buffer, VmmAllocator, VmmConfig, VmmStats};
