@@ -3,8 +3,10 @@
 # Run on a machine with an NVIDIA GPU and jax (CUDA plugin) installed, from the
 # repo root, on artifacts staged by integration/stage_gpu.sh:
 #     bash integration/gpu_check.sh .dev/gpu [SECTION...]
-# SECTION: device stock runtime plugin bench memcheck ab (default: all but ab, in that order; runtime and
-# bench need stock's reference data in $WORK); `ab` (integration/ab.py) only when named.
+# SECTION: device stock runtime plugin bench memcheck (default, in that order; runtime and bench need
+# stock's reference data in $WORK). Opt-in, only when named: `sanitize` (compute-sanitizer memcheck on a
+# 200-step VA-stable loop at thresholds 0 / 1 / 4096), `multi` (2+ GPUs: collectives, FSDP llama through
+# the runtime and the plugin, jax.distributed), `ab` (integration/ab.py).
 # Artifacts (logs, reference data, probe JSON) go to $XLA_VMM_GPU_WORK (default /tmp/xla-vmm-gpu).
 set -u
 S=${1:-.dev/gpu}
@@ -115,6 +117,39 @@ if want memcheck && command -v compute-sanitizer >/dev/null; then
   done
 fi
 
+# 6b. compute-sanitizer memcheck over a 200-step VA-stable training loop at thresholds 0 / 1 / 4096
+#     (opt in: section `sanitize`): every remap, shadow copy and graph replay of a long run checked.
+if [[ "$SECTIONS" == *" sanitize "* ]] && command -v compute-sanitizer >/dev/null; then
+  check "sanitize:stock-ref200" env XLA_FLAGS=--xla_gpu_deterministic_ops=true \
+    python3 integration/stock_ref.py --out "$WORK/ref200" --steps 200 llama_scan_bf16
+  for t in 0 1 4096; do
+    check "sanitize:loop200:llama_scan_bf16:t$t" compute-sanitizer --tool memcheck --report-api-errors no \
+      --error-exitcode 9 "$VMM" run "$WORK/ref200/llama_scan_bf16.pjrt" --inputs "$WORK/ref200/llama_scan_bf16.npz" \
+      --mode graph --threshold "$t" --loop-steps 200 --loop-ref "$WORK/ref200/llama_scan_bf16.loop.json"
+  done
+fi
+
+# 6c. Several GPUs (opt in: section `multi`; issue 7). NCCL collectives in the device layer, the multi-device
+#     fixtures (regenerated here: the FSDP inputs are too big to carry) through the runtime on every device at
+#     once, then FSDP llama through the plugin, single process and jax.distributed, against stock XLA.
+if [[ "$SECTIONS" == *" multi "* ]]; then
+  NGPU=$(nvidia-smi -L | wc -l)
+  echo "== multi: $NGPU GPUs"
+  for t in "$BIN"/test-xla-vmm-device-cuda_collectives*; do
+    [ -x "$t" ] && check "multi:device:collectives" "$t" --include-ignored --test-threads=1 --nocapture
+  done
+  check "multi:fixtures" python3 integration/multi/make_fixtures.py "$WORK/mfx"
+  for f in coll_all_reduce coll_all_reduce_bf16 coll_all_gather coll_reduce_scatter coll_permute coll_all_to_all \
+           coll_partition_id fsdp_llama_scan_bf16 fsdp_llama_small_f32; do
+    [ -f "$WORK/mfx/$f.pjrt" ] || continue
+    for mode in eager graph; do
+      check "multi:$f:$mode" "$VMM" run "$WORK/mfx/$f.pjrt" --inputs "$WORK/mfx/$f.npz" --compare "$WORK/mfx/$f.npz" \
+        --devices 2 --mode "$mode"
+    done
+  done
+  check "multi:compare" python3 integration/multi/compare.py --out "$WORK/multi" --steps "${MULTI_STEPS:-20}"
+fi
+
 # 7. A/B harness (not a test, opt in: section `ab`): llama training through the plugin at thresholds
 #    0/1/4096/65536/1M vs stock XLA with command buffers on/off. AB_MODELS / AB_STEPS override.
 want_ab() { [[ "$SECTIONS" == *" ab "* ]]; }
@@ -128,6 +163,7 @@ printf '%s\n' "${SUMMARY[@]}"
 echo "$pass passed, $fail failed"
 [ -f "$WORK/logs/bench.log" ] && { echo; grep -A20 '^| program' "$WORK/logs/bench.log"; }
 [ -f "$WORK/ab/ab.md" ] && { echo; cat "$WORK/ab/ab.md"; }
+[ -f "$WORK/multi/multi.md" ] && { echo; cat "$WORK/multi/multi.md"; }
 for l in "$WORK"/logs/loop*:graph*.log; do
   [ -f "$l" ] && echo "$(basename "$l" .log): $(grep -h '^LOSSES' "$l") | $(grep -h '^binding:' "$l")"
 done
@@ -135,6 +171,6 @@ done
 if [ -n "${SAVE_TO:-}" ]; then
   mkdir -p "$SAVE_TO"
   printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* 2>/dev/null)
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json 2>/dev/null)
 fi
 [ "$fail" -eq 0 ]
