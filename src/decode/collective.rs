@@ -170,6 +170,7 @@ pub(crate) fn collective_kind(
         has_split_dimension,
         has_dynamic_root,
         collectives_mode,
+        from_collective_kernel: false,
     }))))
 }
 

@@ -1,7 +1,7 @@
 //! Collective thunks (`AllGatherThunkProto`, `AllReduceThunkProto`, ...,
 //! xla/backends/gpu/runtime/thunk.proto and collective_thunk.proto). They
-//! are decoded so that tools can show them and a multi-GPU runtime can run
-//! them; this runtime rejects them at load time.
+//! are decoded so that tools can show them and the runtime can run them
+//! over a communicator per clique (crates/runtime/src/collective.rs).
 
 use serde::Serialize;
 
@@ -145,4 +145,11 @@ pub struct CollectiveThunk {
     /// `xla.DebugOptions.CollectivesMode` number (all-gather, permute;
     /// 0 otherwise).
     pub collectives_mode: i32,
+    /// Decoded from a `collective_kernel` thunk (XLA's one-shot all-reduce
+    /// kernel over peer memory, field 59): `op` is then
+    /// [`CollectiveOp::AllReduce`] and `reduction` comes from the
+    /// executable's HLO module (the kernel bakes it in). Run as a library
+    /// all-reduce: bit-identical for 2 participants (one addition, which
+    /// commutes); with more participants the summation order may differ.
+    pub from_collective_kernel: bool,
 }

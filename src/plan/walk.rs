@@ -51,6 +51,7 @@ impl ThunkKind {
             ThunkKind::AsyncStart(_) => "async_start",
             ThunkKind::AsyncDone { .. } => "async_done",
             ThunkKind::CustomCall(_) => "custom_call",
+            ThunkKind::Collective(c) if c.from_collective_kernel => "collective_kernel",
             ThunkKind::Collective(c) => c.op.name(),
             ThunkKind::ReplicaId { .. } => "replica_id",
             ThunkKind::PartitionId { .. } => "partition_id",

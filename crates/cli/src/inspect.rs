@@ -448,6 +448,7 @@ mod tests {
             source_target_pairs: vec![],
             has_split_dimension: false,
             has_dynamic_root: false,
+            from_collective_kernel: false,
             collectives_mode: 0,
         };
         let t = thunk(ThunkKind::Collective(Box::new(c)));

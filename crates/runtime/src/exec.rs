@@ -14,8 +14,9 @@ use std::collections::HashMap;
 use xla_vmm_device::blas::{GemmEngine, MatmulArgs};
 use xla_vmm_device::{Backend, DevicePtr};
 
+use crate::collective::Resolved;
 use crate::error::{Result, RuntimeError};
-use crate::ops::{Op, ParamSpec};
+use crate::ops::{AsyncStream, Op, ParamSpec};
 use crate::slots::SlotTable;
 
 /// Everything the walk needs besides the ops and the slot table.
@@ -24,6 +25,13 @@ pub struct ExecEnv<'a, B: Backend> {
     pub gemm: Option<&'a dyn GemmEngine<B>>,
     /// Extra compute streams (`computation_stream_id` i → `aux_streams[i]`).
     pub aux_streams: &'a [B::Stream],
+    /// Communication streams (`Communication(i)` → `comm_streams[i]`).
+    pub comm_streams: &'a [B::Stream],
+    /// The communicator and peers of each collective (`CollOp::index`);
+    /// empty until the first run resolves them.
+    pub collectives: &'a [Resolved<B>],
+    /// (replica id, partition id) of this device.
+    pub logical: (u32, u32),
     /// Per async execution id: (start event, done event).
     pub events: &'a HashMap<u64, (B::Event, B::Event)>,
     /// The main stream is being captured into a graph.
@@ -237,8 +245,12 @@ fn run_op<B: Backend>(
             stream: idx,
             ops,
         } => {
-            let aux = env.aux_streams.get(*idx).ok_or_else(|| {
-                RuntimeError::invalid(format!("async stream {idx} of {}", env.aux_streams.len()))
+            let (pool, i, what) = match *idx {
+                AsyncStream::Compute(i) => (env.aux_streams, i, "compute"),
+                AsyncStream::Comm(i) => (env.comm_streams, i, "communication"),
+            };
+            let aux = pool.get(i).ok_or_else(|| {
+                RuntimeError::invalid(format!("async {what} stream {i} of {}", pool.len()))
             })?;
             let (start, done) = env
                 .events
@@ -248,6 +260,21 @@ fn run_op<B: Backend>(
             be.stream_wait_event(aux, start)?;
             run_seq(env, ops, slots, aux, nest)?;
             be.event_record(done, aux)?;
+        }
+        Op::Collective(c) => {
+            let r = env.collectives.get(c.index).ok_or_else(|| {
+                RuntimeError::invalid(format!("collective '{}' was not resolved", c.name))
+            })?;
+            crate::collective::run(be, c, r, slots, stream)
+                .map_err(|e| RuntimeError::invalid(format!("collective '{}': {e}", c.name)))?;
+        }
+        Op::LogicalId { dst, partition } => {
+            let v = if *partition {
+                env.logical.1
+            } else {
+                env.logical.0
+            };
+            be.memset_d32(slots.resolve(dst)?, v, 1, stream)?;
         }
         Op::AsyncDone { id } => {
             let (_, done) = env

@@ -15,6 +15,7 @@ use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::binding::{BindingConfig, BindingStats, UserBuffer};
+use crate::collective::{CollOp, CollectiveEnv, Resolved};
 use crate::error::{Result, RuntimeError};
 use crate::exec::{run_seq, ExecEnv};
 use crate::ops::{LoadCtx, Op};
@@ -75,6 +76,14 @@ pub struct Executable<B: Backend> {
     aux_streams: Vec<B::Stream>,
     events: HashMap<u64, (B::Event, B::Event)>,
     graph: Option<GraphCache<B>>,
+    /// Collectives: communication streams, loaded ops, the environment
+    /// (see [`Executable::set_collectives`]) and, after the first run,
+    /// each op's communicator.
+    comm_streams: Vec<B::Stream>,
+    collectives: Vec<CollOp>,
+    coll_env: Option<CollectiveEnv<B>>,
+    resolved: Vec<Resolved<B>>,
+    logical: (u32, u32),
 }
 
 fn leaf_shape(result: &Shape, index: &[i64]) -> Option<Shape> {
@@ -127,9 +136,12 @@ impl<B: Backend> Executable<B> {
             main_module: None,
             streams_needed: 0,
             async_ids: Vec::new(),
+            comm_streams_needed: 0,
+            collectives: Vec::new(),
         };
         let built = ctx.build_seq(&plan, &plan.thunks);
         let (modules, streams_needed, async_ids) = (ctx.modules, ctx.streams_needed, ctx.async_ids);
+        let (comm_streams_needed, collectives) = (ctx.comm_streams_needed, ctx.collectives);
         let ops = match built {
             Ok(ops) => ops,
             Err(e) => {
@@ -156,10 +168,18 @@ impl<B: Backend> Executable<B> {
             aux_streams: Vec::new(),
             events: HashMap::new(),
             graph: None,
+            comm_streams: Vec::new(),
+            collectives,
+            coll_env: None,
+            resolved: Vec::new(),
+            logical: (0, 0),
         };
         // From here on `Drop` releases whatever was made.
         for _ in 0..streams_needed {
             exe.aux_streams.push(backend.stream_create()?);
+        }
+        for _ in 0..comm_streams_needed {
+            exe.comm_streams.push(backend.stream_create()?);
         }
         for id in async_ids {
             let start = backend.event_create()?;
@@ -253,6 +273,53 @@ impl<B: Backend> Executable<B> {
         Ok(())
     }
 
+    /// Run the collectives of this executable as device `env.device_id` of
+    /// `env.assignment`, with the communicators of `env.cliques`. Only before
+    /// the first run. Without it, the executable runs as the only device
+    /// (assignment `[0]`), where every collective is a local copy.
+    pub fn set_collectives(&mut self, env: CollectiveEnv<B>) -> Result<()> {
+        if !self.resolved.is_empty() {
+            return Err(RuntimeError::arg(
+                "collectives are fixed at the first run; set them before",
+            ));
+        }
+        let (r, p) = env.assignment.logical(env.device_id).ok_or_else(|| {
+            RuntimeError::arg(format!(
+                "device {} is not in the device assignment {:?}",
+                env.device_id, env.assignment.ids
+            ))
+        })?;
+        crate::collective::participants(
+            &env.assignment,
+            env.device_id,
+            xla_vmm::GroupMode::CrossReplica,
+            &[],
+        )?;
+        self.logical = (r as u32, p as u32);
+        self.coll_env = Some(env);
+        Ok(())
+    }
+
+    /// Make the communicators (first run; blocks until the peers of every
+    /// clique join, so each device runs from its own thread).
+    fn resolve_collectives(&mut self) -> Result<()> {
+        if self.collectives.is_empty() || !self.resolved.is_empty() {
+            return Ok(());
+        }
+        let env = match self.coll_env.take() {
+            Some(e) => e,
+            None => CollectiveEnv {
+                assignment: crate::collective::DeviceAssignment::single(),
+                device_id: 0,
+                cliques: crate::collective::Cliques::new(crate::collective::LocalExchange::new()),
+            },
+        };
+        let r = crate::collective::resolve(&*self.backend, &env, &self.collectives);
+        self.coll_env = Some(env);
+        self.resolved = r?;
+        Ok(())
+    }
+
     /// Binding counters of [`Mode::VaStable`] (`None` before its first run).
     pub fn stats(&self) -> Option<&BindingStats> {
         self.va.as_ref().map(|v| v.stats())
@@ -291,6 +358,7 @@ impl<B: Backend> Executable<B> {
                 }
             }
         }
+        self.resolve_collectives()?;
         if mode != Mode::VaStable {
             if let Some(va) = self.va.as_mut() {
                 // The run may write donated buffers the shadows claim to hold.
@@ -313,6 +381,9 @@ impl<B: Backend> Executable<B> {
             backend: &*self.backend,
             gemm: self.gemm.as_deref(),
             aux_streams: &self.aux_streams,
+            comm_streams: &self.comm_streams,
+            collectives: &self.resolved,
+            logical: self.logical,
             events: &self.events,
             capturing,
         }
@@ -399,7 +470,7 @@ impl<B: Backend> Drop for Executable<B> {
             be.graph_exec_destroy(g.exec).ok();
             be.graph_destroy(g.graph).ok();
         }
-        for s in &self.aux_streams {
+        for s in self.aux_streams.iter().chain(&self.comm_streams) {
             be.stream_synchronize(s).ok();
         }
         if let Some(va) = self.va.take() {
@@ -415,9 +486,14 @@ impl<B: Backend> Drop for Executable<B> {
             be.event_destroy(a).ok();
             be.event_destroy(b).ok();
         }
-        for s in self.aux_streams.drain(..) {
+        for s in self
+            .aux_streams
+            .drain(..)
+            .chain(self.comm_streams.drain(..))
+        {
             be.stream_destroy(s).ok();
         }
+        self.resolved.clear();
         // Functions hold their modules on some backends; unload after ops.
         self.ops.clear();
         for m in self.modules.drain(..) {

@@ -7,6 +7,8 @@
 //! - [`ops`]: loading: kernels resolved, GEMM plans prepared, unsupported
 //!   thunks rejected at load time (naming kind and `profile_annotation`).
 //! - [`exec`]: the thunk semantics (XLA's `*_thunk.cc`, re-implemented).
+//! - [`collective`]: device assignment, participants, communicators
+//!   ([`Cliques`]) and the collective ops (issue 7).
 //! - [`slots`]: slot → address resolution in one place ([`SlotTable`]).
 //! - [`dsf`]: dynamic-slice-fusion windows; [`gemm`]: GEMM config mapping;
 //!   [`npz`]: `.npz` input/output files.
@@ -18,6 +20,7 @@
 #![deny(unsafe_code)]
 
 pub mod binding;
+pub mod collective;
 pub mod dsf;
 pub mod elf;
 pub mod error;
@@ -30,6 +33,7 @@ pub mod slots;
 pub mod vastable;
 
 pub use binding::{BindingConfig, BindingStats, RemapSource, UserBuffer};
+pub use collective::{Cliques, CollectiveEnv, DeviceAssignment, IdExchange, LocalExchange};
 pub use error::{Result, RuntimeError};
 pub use executable::{Executable, Mode, Output};
 pub use slots::{DeviceBuffer, SlotTable};

@@ -11,6 +11,7 @@ use xla_vmm::{
 use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId};
 use xla_vmm_device::{Backend, ImageKind, LaunchConfig, TensorMapDesc};
 
+use crate::collective::CollOp;
 use crate::error::{Result, RuntimeError};
 
 /// How one kernel parameter is built at launch.
@@ -90,12 +91,29 @@ pub enum Op<B: Backend> {
     },
     AsyncStart {
         id: u64,
-        stream: usize,
+        stream: AsyncStream,
         ops: Vec<Op<B>>,
     },
     AsyncDone {
         id: u64,
     },
+    /// A collective over the devices of its clique (see [`crate::collective`]).
+    Collective(Box<CollOp>),
+    /// `replica_id` / `partition_id`: the u32 id of this device, written by a
+    /// 32-bit memset (capturable).
+    LogicalId {
+        dst: Slice,
+        partition: bool,
+    },
+}
+
+/// The stream an async start runs on: an extra compute stream
+/// (`Computation(i)`) or a communication stream (`Communication(i)`), each
+/// in its own index space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncStream {
+    Compute(usize),
+    Comm(usize),
 }
 
 /// What loading needs besides the plan.
@@ -110,8 +128,12 @@ pub struct LoadCtx<'a, B: Backend> {
     pub main_module: Option<usize>,
     /// Number of extra compute streams the async thunks use.
     pub streams_needed: usize,
+    /// Number of communication streams the async thunks use.
+    pub comm_streams_needed: usize,
     /// Async execution ids seen.
     pub async_ids: Vec<u64>,
+    /// Every collective loaded, in load order (`CollOp::index`).
+    pub collectives: Vec<CollOp>,
 }
 
 fn what(t: &Thunk) -> String {
@@ -398,15 +420,16 @@ impl<B: Backend> LoadCtx<'_, B> {
             },
             ThunkKind::AsyncStart(a) => {
                 let stream = match a.stream {
-                    xla_vmm::ExecutionStream::Computation(i) => i as usize,
-                    xla_vmm::ExecutionStream::Default => 0,
-                    xla_vmm::ExecutionStream::Communication(i) => {
-                        return Err(RuntimeError::unsupported(format!(
-                            "async work on communication stream {i}"
-                        )))
-                    }
+                    xla_vmm::ExecutionStream::Computation(i) => AsyncStream::Compute(i as usize),
+                    xla_vmm::ExecutionStream::Default => AsyncStream::Compute(0),
+                    xla_vmm::ExecutionStream::Communication(i) => AsyncStream::Comm(i as usize),
                 };
-                self.streams_needed = self.streams_needed.max(stream + 1);
+                match stream {
+                    AsyncStream::Compute(i) => self.streams_needed = self.streams_needed.max(i + 1),
+                    AsyncStream::Comm(i) => {
+                        self.comm_streams_needed = self.comm_streams_needed.max(i + 1)
+                    }
+                }
                 if !self.async_ids.contains(&a.async_execution_id) {
                     self.async_ids.push(a.async_execution_id);
                 }
@@ -425,10 +448,18 @@ impl<B: Backend> LoadCtx<'_, B> {
                     c.target_name
                 )))
             }
-            ThunkKind::Collective(_)
-            | ThunkKind::ReplicaId { .. }
-            | ThunkKind::PartitionId { .. } => {
-                return Err(RuntimeError::unsupported(collective_message(&t.kind)))
+            ThunkKind::Collective(c) => {
+                let op =
+                    crate::collective::load(&t.info.profile_annotation, c, self.collectives.len())?;
+                self.collectives.push(op.clone());
+                Op::Collective(Box::new(op))
+            }
+            ThunkKind::ReplicaId { dest } | ThunkKind::PartitionId { dest } => {
+                logical_id_dest(dest)?;
+                Op::LogicalId {
+                    dst: *dest,
+                    partition: matches!(t.kind, ThunkKind::PartitionId { .. }),
+                }
             }
             ThunkKind::Unsupported { .. } => {
                 return Err(RuntimeError::unsupported(
@@ -439,30 +470,15 @@ impl<B: Backend> LoadCtx<'_, B> {
     }
 }
 
-fn is_collective(k: &ThunkKind) -> bool {
-    matches!(
-        k,
-        ThunkKind::Collective(_) | ThunkKind::ReplicaId { .. } | ThunkKind::PartitionId { .. }
-    )
-}
-
-/// Why a collective (or replica / partition id) thunk is rejected: this
-/// runtime drives one device and has no communicators (issue 7).
-fn collective_message(k: &ThunkKind) -> String {
-    let detail = match k {
-        ThunkKind::Collective(c) => format!(
-            " over {} replica group(s){}",
-            c.replica_groups.len(),
-            c.reduction
-                .map(|r| format!(", reduction {}", r.name()))
-                .unwrap_or_default()
-        ),
-        _ => String::new(),
-    };
-    format!(
-        "multi-device thunk{detail} (collectives and replica / partition ids are not executed \
-         by this single-device runtime)"
-    )
+/// A replica / partition id is one u32.
+fn logical_id_dest(dest: &Slice) -> Result<()> {
+    if dest.size != 4 {
+        return Err(RuntimeError::invalid(format!(
+            "id destination of {} bytes (expected 4)",
+            dest.size
+        )));
+    }
+    Ok(())
 }
 
 /// What the cuBLASLt path executes: one plain GEMM config, an epilogue
@@ -525,21 +541,12 @@ pub fn check_support(plan: &Plan) -> Result<()> {
                     .map(|e| e.to_string()),
             },
             ThunkKind::Kernel(k) => param_specs(&k.args, None).err().map(|e| e.to_string()),
-            ThunkKind::Collective(_)
-            | ThunkKind::ReplicaId { .. }
-            | ThunkKind::PartitionId { .. } => Some(collective_message(&t.kind)),
-            // Collectives inside are reported by name when the walk reaches them.
-            ThunkKind::AsyncStart(a) => match a.stream {
-                xla_vmm::ExecutionStream::Communication(_)
-                    if a.thunks.iter().any(|c| is_collective(&c.kind)) =>
-                {
-                    None
-                }
-                xla_vmm::ExecutionStream::Communication(i) => {
-                    Some(format!("async work on communication stream {i}"))
-                }
-                _ => None,
-            },
+            ThunkKind::Collective(c) => crate::collective::load(&t.info.profile_annotation, c, 0)
+                .err()
+                .map(|e| e.to_string()),
+            ThunkKind::ReplicaId { dest } | ThunkKind::PartitionId { dest } => {
+                logical_id_dest(dest).err().map(|e| e.to_string())
+            }
             _ => None,
         };
         if let Some(m) = e {
