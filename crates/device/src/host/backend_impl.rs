@@ -445,9 +445,13 @@ impl Backend for HostBackend {
         self.check(buf.backend)?;
         let injected = self.count("host_free");
         // Queued copies keep the storage alive through their own Arc.
-        let r = match self.lock().host_bufs.remove(&buf.id) {
-            Some(_) => Ok(()),
-            None => Err(stale("host buffer")),
+        let r = {
+            let mut st = self.lock();
+            st.mem.drop_window(buf.id);
+            match st.host_bufs.remove(&buf.id) {
+                Some(_) => Ok(()),
+                None => Err(stale("host buffer")),
+            }
         };
         self.finish_release(injected, r)
     }
@@ -458,6 +462,17 @@ impl Backend for HostBackend {
 
     fn host_bytes_mut<'a>(&self, buf: &'a mut HostPinned) -> &'a mut [u8] {
         buf.storage.as_bytes_mut()
+    }
+
+    /// A window in the fake address space: device accesses there (kernels,
+    /// copies) read and write the buffer's bytes.
+    fn host_device_ptr(&self, buf: &HostPinned) -> Result<DevicePtr> {
+        self.check(buf.backend)?;
+        let mut st = self.enter("host_device_ptr")?;
+        if !st.host_bufs.contains_key(&buf.id) {
+            return Err(stale("host buffer"));
+        }
+        Ok(DevicePtr(st.mem.window(buf.id, &buf.storage)?))
     }
 
     // ---- modules and kernels -----------------------------------------------------
@@ -701,5 +716,27 @@ impl Backend for HostBackend {
             body: Arc::new(ops),
         });
         Ok(())
+    }
+
+    // ---- collectives (in-process emulation, see `collective`) -------------------
+    fn clique_id(&self) -> Result<crate::collective::CliqueId> {
+        super::collective::clique_id(self)
+    }
+
+    fn comm_init_rank(
+        &self,
+        id: &crate::collective::CliqueId,
+        nranks: usize,
+        rank: usize,
+    ) -> Result<Box<dyn crate::collective::Communicator<Self>>> {
+        super::collective::comm_init_rank(self, id, nranks, rank)
+    }
+
+    fn enable_peer_access(&self, _peer: usize) -> Result<()> {
+        // Host "devices" share the process' memory: nothing to enable.
+        match self.count("enable_peer_access") {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }

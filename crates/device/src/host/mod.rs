@@ -23,6 +23,7 @@
 #![deny(unsafe_code)]
 
 mod backend_impl;
+mod collective;
 mod exec;
 mod kernel;
 mod memory;
@@ -114,8 +115,8 @@ static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
 pub struct HostBackend {
     id: u64,
     info: DeviceInfo,
-    state: Mutex<State>,
-    calls: Mutex<CallLog>,
+    state: Arc<Mutex<State>>,
+    calls: Arc<Mutex<CallLog>>,
     next_handle: AtomicU64,
 }
 
@@ -236,8 +237,11 @@ impl HostBackend {
         Ok(HostBackend {
             id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
             info,
-            state: Mutex::new(State::new(Memory::new(config.granularity, config.capacity))),
-            calls: Mutex::new(CallLog::default()),
+            state: Arc::new(Mutex::new(State::new(Memory::new(
+                config.granularity,
+                config.capacity,
+            )))),
+            calls: Arc::new(Mutex::new(CallLog::default())),
             next_handle: AtomicU64::new(1),
         })
     }
@@ -374,31 +378,7 @@ impl HostBackend {
 
     /// Count a driver call and return its injected failure, if one is due.
     fn count(&self, call: &'static str) -> Option<DeviceError> {
-        let mut log = self.calls();
-        *log.counts.entry(call).or_insert(0) += 1;
-        let mut fired = None;
-        let mut i = 0;
-        while i < log.injections.len() {
-            let inj = &mut log.injections[i];
-            if inj.call.as_deref().is_none_or(|c| c == call) {
-                inj.remaining -= 1;
-                if inj.remaining == 0 {
-                    log.injections.remove(i);
-                    fired.get_or_insert(DeviceError::Driver {
-                        call,
-                        code: 999,
-                        name: "HOST_INJECTED_FAILURE".into(),
-                        message: "failure injected by HostBackend::inject_failure".into(),
-                    });
-                    continue;
-                }
-            }
-            i += 1;
-        }
-        if fired.is_some() {
-            tracing::debug!(call, "host backend: injected failure");
-        }
-        fired
+        count_call(&self.calls, call)
     }
 
     /// Start a counted call: injected failure first, then the locked state.
@@ -408,6 +388,36 @@ impl HostBackend {
             None => Ok(self.lock()),
         }
     }
+}
+
+/// Count `call` in `calls` and return its injected failure, if one is due
+/// (shared by the backend and its communicators).
+fn count_call(calls: &Mutex<CallLog>, call: &'static str) -> Option<DeviceError> {
+    let mut log = calls.lock().unwrap_or_else(|e| e.into_inner());
+    *log.counts.entry(call).or_insert(0) += 1;
+    let mut fired = None;
+    let mut i = 0;
+    while i < log.injections.len() {
+        let inj = &mut log.injections[i];
+        if inj.call.as_deref().is_none_or(|c| c == call) {
+            inj.remaining -= 1;
+            if inj.remaining == 0 {
+                log.injections.remove(i);
+                fired.get_or_insert(DeviceError::Driver {
+                    call,
+                    code: 999,
+                    name: "HOST_INJECTED_FAILURE".into(),
+                    message: "failure injected by HostBackend::inject_failure".into(),
+                });
+                continue;
+            }
+        }
+        i += 1;
+    }
+    if fired.is_some() {
+        tracing::debug!(call, "host backend: injected failure");
+    }
+    fired
 }
 
 fn stale(what: &str) -> DeviceError {
