@@ -10,6 +10,8 @@
 //!   no CUDA toolkit.
 //! - `hip` (feature `hip`): the HIP runtime API, linked against
 //!   `libamdhip64` (Debian: `libamdhip64-dev`).
+//! - `nccl` (feature `cuda` or `hip`): NCCL / RCCL loaded at run time with
+//!   `libloading` (hand-written: a few entry points, see the module).
 //! - [`pjrt`] (always): the PJRT C API (`xla/pjrt/c/pjrt_c_api.h`), generated
 //!   by bindgen into `src/pjrt_c_api.rs` (checked in; `generate_pjrt.sh`
 //!   regenerates it). Types only: the plugin crate implements the entries.
@@ -24,6 +26,9 @@ pub mod cuda {
 pub mod hip {
     pub use hip_runtime_sys as runtime;
 }
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub mod nccl;
 
 /// PJRT C API types, generated from XLA's header (see `generate_pjrt.sh`).
 #[allow(
