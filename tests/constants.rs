@@ -84,6 +84,7 @@ fn constant_instr(name: &str, values: Vec<i32>) -> px::HloInstructionProto {
             s32s: values,
             ..Default::default()
         }),
+        ..Default::default()
     }
 }
 
@@ -96,6 +97,7 @@ fn synthetic(consts: &[(&str, i64)], instrs: Vec<px::HloInstructionProto>) -> Ve
             computations: vec![px::HloComputationProto {
                 name: "entry".into(),
                 instructions: instrs,
+                ..Default::default()
             }],
         }),
     };
@@ -141,6 +143,7 @@ fn constants_match_instructions_by_global_name() {
                 name: "missing".into(),
                 opcode: "add".into(),
                 literal: None,
+                ..Default::default()
             },
         ],
     );

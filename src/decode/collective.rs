@@ -1,5 +1,6 @@
 //! Collective thunk payloads (`AllReduceThunkProto`, ...,
-//! `ReplicaIdThunkProto`, `PartitionIdThunkProto`) → typed [`ThunkKind`]s.
+//! `ReplicaIdThunkProto`, `PartitionIdThunkProto`,
+//! `CollectiveKernelThunkProto`) → typed [`ThunkKind`]s.
 
 use super::convert::{invalid, non_negative, Allocs};
 use super::thunk::decode_msg;
@@ -12,7 +13,7 @@ use crate::proto::xla::gpu as pg;
 
 /// The `ThunkProto` field numbers decoded here.
 pub(crate) fn is_collective_field(number: u32) -> bool {
-    matches!(number, 12 | 14 | 38 | 39 | 40 | 41 | 43 | 46)
+    matches!(number, 12 | 14 | 38 | 39 | 40 | 41 | 43 | 46 | 59)
 }
 
 /// What every collective payload carries, before the per-op fields.
@@ -35,6 +36,7 @@ pub(crate) fn collective_kind(
     let mut has_split_dimension = false;
     let mut has_dynamic_root = false;
     let mut collectives_mode = 0;
+    let mut from_collective_kernel = false;
     let (op, common) = match number {
         12 | 14 => {
             let dest = if number == 12 {
@@ -120,6 +122,17 @@ pub(crate) fn collective_kind(
                 Common::of(m.collective_config, m.buffers),
             )
         }
+        59 => {
+            // The one-shot all-reduce kernel; its reduction is filled in
+            // from the HLO module afterwards (hlo_reduction.rs).
+            let m: pg::CollectiveKernelThunkProto =
+                decode_msg(data, "CollectiveKernelThunkProto", p)?;
+            from_collective_kernel = true;
+            (
+                CollectiveOp::AllReduce,
+                Common::of(m.collective_config, m.buffers),
+            )
+        }
         _ => return Ok(None),
     };
     let config = common
@@ -170,7 +183,7 @@ pub(crate) fn collective_kind(
         has_split_dimension,
         has_dynamic_root,
         collectives_mode,
-        from_collective_kernel: false,
+        from_collective_kernel,
     }))))
 }
 

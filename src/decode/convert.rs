@@ -293,7 +293,8 @@ pub(crate) fn plan_from_proto(
         sizes: &sizes,
         what: "allocation",
     };
-    let thunks = thunk::sequence(&exe.thunks, top, 0, "thunks")?;
+    let mut thunks = thunk::sequence(&exe.thunks, top, 0, "thunks")?;
+    super::hlo_reduction::resolve_collective_kernels(&mut thunks, &exe.hlo_module_with_config)?;
 
     Ok(Plan {
         module_name: exe.module_name,

@@ -1,11 +1,13 @@
 //! Bytes → [`Plan`]: container layers (container.rs), the hand-read
 //! `ThunkProto` (thunk.rs), conversion with validation (convert.rs), and
-//! constant values from the HLO module (constants.rs).
+//! constant values from the HLO module (constants.rs), the reduction of
+//! `collective_kernel` thunks from it (hlo_reduction.rs).
 
 mod collective;
 mod constants;
 mod container;
 mod convert;
+mod hlo_reduction;
 mod thunk;
 mod wire;
 

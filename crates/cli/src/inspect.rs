@@ -251,7 +251,7 @@ pub fn summary_text(plan: &Plan, file_len: usize) -> String {
     if multi > 0 {
         let _ = writeln!(
             s,
-            "  multi-device: {multi} collective / replica-id / partition-id thunk(s) (rejected at load by this single-device runtime)"
+            "  multi-device: {multi} collective / replica-id / partition-id thunk(s) (need a communicator per clique: `xla-vmm run --devices N`)"
         );
     }
     let _ = writeln!(s, "\nthunk tree:");
@@ -345,7 +345,8 @@ fn detail(t: &Thunk) -> String {
 }
 
 /// Collective, replica-id and partition-id thunks anywhere in the tree
-/// (typed, but rejected at load by this single-device runtime).
+/// (run over communicators when the executable is given a device
+/// assignment; trivial on one device).
 fn multi_device_count(plan: &Plan) -> usize {
     let mut n = 0;
     plan.walk(&mut |t, _| {
