@@ -17,6 +17,7 @@ pub mod blaslt;
 mod conditional;
 pub mod handles;
 mod info;
+pub mod nccl;
 pub mod result;
 pub mod symbols;
 mod tma;
@@ -829,5 +830,23 @@ impl Backend for CudaBackend {
         body: &mut dyn FnMut(&CudaStream) -> Result<()>,
     ) -> Result<()> {
         conditional::capture_while(self, stream, predicate, body)
+    }
+
+    // ---- collectives (NCCL, see `nccl`) ------------------------------------------
+    fn clique_id(&self) -> Result<crate::collective::CliqueId> {
+        self.nccl_clique_id()
+    }
+
+    fn comm_init_rank(
+        &self,
+        id: &crate::collective::CliqueId,
+        nranks: usize,
+        rank: usize,
+    ) -> Result<Box<dyn crate::collective::Communicator<Self>>> {
+        self.nccl_comm_init_rank(id, nranks, rank)
+    }
+
+    fn enable_peer_access(&self, peer: usize) -> Result<()> {
+        self.cuda_enable_peer_access(peer)
     }
 }
