@@ -28,6 +28,7 @@
 
 pub mod handles;
 mod info;
+pub mod rccl;
 pub mod result;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -654,6 +655,24 @@ impl Backend for HipBackend {
         self.bind()?;
         // SAFETY: ours, consumed here.
         unsafe { result::graph::exec_destroy(exec.exec) }
+    }
+
+    // ---- collectives (RCCL, see `rccl`; unverified on hardware) --------------------
+    fn clique_id(&self) -> Result<crate::collective::CliqueId> {
+        self.rccl_clique_id()
+    }
+
+    fn comm_init_rank(
+        &self,
+        id: &crate::collective::CliqueId,
+        nranks: usize,
+        rank: usize,
+    ) -> Result<Box<dyn crate::collective::Communicator<Self>>> {
+        self.rccl_comm_init_rank(id, nranks, rank)
+    }
+
+    fn enable_peer_access(&self, peer: usize) -> Result<()> {
+        self.hip_enable_peer_access(peer)
     }
 }
 
