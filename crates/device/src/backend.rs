@@ -273,6 +273,14 @@ pub trait Backend: Send + Sync + 'static {
     /// copy into the buffer is in flight.
     fn host_bytes<'a>(&self, buf: &'a Self::HostBuffer) -> &'a [u8];
     fn host_bytes_mut<'a>(&self, buf: &'a mut Self::HostBuffer) -> &'a mut [u8];
+    /// The device address of a pinned host buffer (zero-copy: kernels read
+    /// and write the host bytes through it). Host writes made before a
+    /// launch are visible to the launched work.
+    fn host_device_ptr(&self, _buf: &Self::HostBuffer) -> Result<DevicePtr> {
+        Err(DeviceError::Unsupported(
+            "host_device_ptr (zero-copy host memory)".into(),
+        ))
+    }
 
     // ---- modules and kernels ----------------------------------------------
     fn module_load(&self, image: &[u8], kind: ImageKind) -> Result<Self::Module>;

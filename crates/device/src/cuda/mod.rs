@@ -631,6 +631,23 @@ impl Backend for CudaBackend {
         unsafe { std::slice::from_raw_parts_mut(buf.ptr, buf.len) }
     }
 
+    fn host_device_ptr(&self, buf: &CudaHostBuffer) -> Result<DevicePtr> {
+        self.own(buf, "host buffer")?;
+        if buf.len == 0 {
+            return Err(DeviceError::InvalidArgument(
+                "host_device_ptr of an empty host buffer".into(),
+            ));
+        }
+        self.bind()?;
+        let mut d: sys::CUdeviceptr = 0;
+        // SAFETY: `buf.ptr` came from cuMemHostAlloc (DEVICEMAP) and is
+        // alive while `buf` is borrowed; `d` is a valid out pointer.
+        result::check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut d, buf.ptr.cast(), 0)
+        })?;
+        Ok(DevicePtr(d))
+    }
+
     // ---- modules and kernels ----------------------------------------------------------
     fn module_load(&self, image: &[u8], kind: ImageKind) -> Result<CudaModule> {
         // cuModuleLoadData reads a cubin/fatbin by its ELF header and PTX as

@@ -408,7 +408,11 @@ pub mod memory {
         let mut p: *mut c_void = std::ptr::null_mut();
         check_alloc(
             "cuMemHostAlloc",
-            sys::cuMemHostAlloc(&mut p, bytes, sys::CU_MEMHOSTALLOC_PORTABLE),
+            sys::cuMemHostAlloc(
+                &mut p,
+                bytes,
+                sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
+            ),
             bytes as u64,
         )?;
         Ok(p)

@@ -52,6 +52,7 @@ pub const REQUIRED: &[&str] = &[
     "cuMemsetD8Async",
     "cuMemsetD32Async",
     "cuMemHostAlloc",
+    "cuMemHostGetDevicePointer_v2",
     "cuMemFreeHost",
     // modules and launch
     "cuModuleLoadData",

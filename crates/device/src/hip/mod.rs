@@ -517,6 +517,23 @@ impl Backend for HipBackend {
         unsafe { std::slice::from_raw_parts_mut(buf.ptr, buf.len) }
     }
 
+    fn host_device_ptr(&self, buf: &HipHostBuffer) -> Result<DevicePtr> {
+        self.own(buf, "host buffer")?;
+        if buf.len == 0 {
+            return Err(DeviceError::InvalidArgument(
+                "host_device_ptr of an empty host buffer".into(),
+            ));
+        }
+        self.bind()?;
+        let mut d: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: `buf.ptr` came from hipHostMalloc and is alive while `buf`
+        // is borrowed; `d` is a valid out pointer.
+        result::check("hipHostGetDevicePointer", unsafe {
+            xla_vmm_ffi::hip::runtime::hipHostGetDevicePointer(&mut d, buf.ptr.cast(), 0)
+        })?;
+        Ok(DevicePtr(d as u64))
+    }
+
     // ---- modules and kernels ----------------------------------------------------------
     fn module_load(&self, image: &[u8], kind: ImageKind) -> Result<HipModule> {
         if kind != ImageKind::Hsaco {

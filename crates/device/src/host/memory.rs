@@ -7,12 +7,18 @@
 //! is outside a reservation, unmapped, or mapped without access.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::backend::DevicePtr;
 use crate::error::{DeviceError, Result};
 
+use super::pinned::PinnedStorage;
+
 /// Start of the fake address space: non-zero, far from host pointers.
 const VA_START: u64 = 0x0000_7e00_0000_0000;
+/// Start of the device addresses of pinned host buffers (zero-copy
+/// windows), above every reservation (those end below `1 << 62`).
+const WINDOW_START: u64 = 1 << 62;
 
 fn invalid(msg: impl Into<String>) -> DeviceError {
     DeviceError::InvalidArgument(msg.into())
@@ -58,6 +64,10 @@ pub(crate) struct Memory {
     va_base_by_id: HashMap<u64, u64>,
     /// Next free address: reservations are bump-allocated and never reused.
     next_va: u64,
+    /// Pinned host buffers visible to device accesses, by window base.
+    windows: BTreeMap<u64, Arc<PinnedStorage>>,
+    window_by_pinned: HashMap<u64, u64>,
+    next_window: u64,
 }
 
 impl Memory {
@@ -70,7 +80,59 @@ impl Memory {
             vas: BTreeMap::new(),
             va_base_by_id: HashMap::new(),
             next_va: VA_START,
+            windows: BTreeMap::new(),
+            window_by_pinned: HashMap::new(),
+            next_window: WINDOW_START,
         }
+    }
+
+    /// The device address of pinned buffer `id` (a window created on first
+    /// use, 4 KiB aligned, never reused).
+    pub fn window(&mut self, id: u64, storage: &Arc<PinnedStorage>) -> Result<u64> {
+        if let Some(&base) = self.window_by_pinned.get(&id) {
+            return Ok(base);
+        }
+        let len = storage.len() as u64;
+        if len == 0 {
+            return Err(invalid("host_device_ptr of an empty host buffer"));
+        }
+        let base = self.next_window;
+        self.next_window = base
+            .checked_add(len)
+            .and_then(|e| e.checked_next_multiple_of(4096))
+            .and_then(|e| e.checked_add(4096))
+            .ok_or_else(|| invalid("fake window address space exhausted"))?;
+        self.windows.insert(base, storage.clone());
+        self.window_by_pinned.insert(id, base);
+        Ok(base)
+    }
+
+    /// Forget pinned buffer `id`'s window (the buffer is freed).
+    pub fn drop_window(&mut self, id: u64) {
+        if let Some(base) = self.window_by_pinned.remove(&id) {
+            self.windows.remove(&base);
+        }
+    }
+
+    /// The window holding `[ptr, ptr + len)` and the offset in it, if `ptr`
+    /// is a window address (then the whole range must lie inside it).
+    fn in_window(&self, ptr: DevicePtr, len: u64) -> Result<Option<(&PinnedStorage, usize)>> {
+        if ptr.0 < WINDOW_START {
+            return Ok(None);
+        }
+        let (&base, st) = self
+            .windows
+            .range(..=ptr.0)
+            .next_back()
+            .ok_or_else(|| invalid(format!("access to {:#x}: no host window", ptr.0)))?;
+        let off = ptr.0 - base;
+        if off.checked_add(len).is_none_or(|e| e > st.len() as u64) {
+            return Err(invalid(format!(
+                "access to {:#x} (+{len:#x} bytes) leaves its host window",
+                ptr.0
+            )));
+        }
+        Ok(Some((st, off as usize)))
     }
 
     pub fn capacity(&self) -> u64 {
@@ -400,6 +462,10 @@ impl Memory {
     }
 
     pub fn read(&self, ptr: DevicePtr, out: &mut [u8]) -> Result<()> {
+        if let Some((st, off)) = self.in_window(ptr, out.len() as u64)? {
+            st.read(off, out);
+            return Ok(());
+        }
         let mut pos = 0usize;
         for s in self.segments(ptr, out.len() as u64)? {
             let data = &self.phys[&s.phys].data;
@@ -411,6 +477,10 @@ impl Memory {
     }
 
     pub fn write(&mut self, ptr: DevicePtr, data: &[u8]) -> Result<()> {
+        if let Some((st, off)) = self.in_window(ptr, data.len() as u64)? {
+            st.write(off, data);
+            return Ok(());
+        }
         let mut pos = 0usize;
         for s in self.segments(ptr, data.len() as u64)? {
             let n = s.len as usize;
@@ -441,7 +511,9 @@ impl Memory {
     pub fn copy(&mut self, dst: DevicePtr, src: DevicePtr, len: u64) -> Result<()> {
         let n = usize::try_from(len).map_err(|_| invalid("copy size too large"))?;
         // Validate both sides before touching anything.
-        self.segments(dst, len)?;
+        if self.in_window(dst, len)?.is_none() {
+            self.segments(dst, len)?;
+        }
         let mut tmp = vec![0u8; n];
         self.read(src, &mut tmp)?;
         self.write(dst, &tmp)
