@@ -192,9 +192,15 @@ pub struct BindingStats {
     pub captures: u64,
     /// VMM driver calls made while binding (unmap, map, set access).
     pub vmm_calls: u64,
-    /// Copy operations enqueued: one batch per direction per step at most
-    /// (a batch of one copy is a plain copy).
+    /// Copy operations: one batch (or one copy-kernel run with entries)
+    /// per direction per step at most (a batch of one copy is a plain
+    /// copy).
     pub copy_ops: u64,
+    /// How copies run: `"kernel"` (the copy kernel inside the graph, driven
+    /// by a pinned descriptor table: no driver call per step) or `"batch"`
+    /// (one batched copy per direction around the launch); empty before
+    /// the first step.
+    pub copy_path: &'static str,
     #[serde(flatten)]
     pub counters: Stats,
 }
@@ -212,7 +218,7 @@ impl BindingStats {
             "binding: steps={} skips={} remaps={} copies={} bytes_copied={} unmap_errors={} \
              fallbacks={} mode_switches={} copies_elided={} vmm_calls={} copy_ops={} captures={} \
              threshold={} threshold_bytes={} shadow_bytes={} host_us_per_step={:.2} host_us_max={:.1} \
-             copy_slots={} copy_only_slots={}",
+             copy_slots={} copy_only_slots={} copy_path={}",
             c.steps,
             c.skips,
             c.remaps,
@@ -231,27 +237,49 @@ impl BindingStats {
             self.host_us_per_step(),
             c.host_binding_ns_max as f64 / 1e3,
             self.copy_slots,
-            self.copy_only_slots
+            self.copy_only_slots,
+            self.copy_path
         )
     }
 }
 
-static REGISTRY: Mutex<BTreeMap<String, BindingStats>> = Mutex::new(BTreeMap::new());
+/// One executable's published stats: the executable writes its own slot
+/// (uncontended lock, no allocation), readers copy it when asked.
+pub(crate) type StatsSlot = Arc<Mutex<BindingStats>>;
 
-pub(crate) fn publish(key: &str, stats: &BindingStats) {
-    let mut r = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
-    match r.get_mut(key) {
-        Some(s) => s.clone_from(stats),
-        None => {
-            r.insert(key.to_string(), stats.clone());
-        }
-    }
+static REGISTRY: Mutex<BTreeMap<String, StatsSlot>> = Mutex::new(BTreeMap::new());
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Register executable `key`'s stats slot (once, when it is created).
+pub(crate) fn register(key: &str, stats: &BindingStats) -> StatsSlot {
+    let slot = Arc::new(Mutex::new(stats.clone()));
+    lock(&REGISTRY).insert(key.to_string(), slot.clone());
+    slot
+}
+
+/// Copy `stats` into its slot (every step: cheap).
+pub(crate) fn publish(slot: &StatsSlot, stats: &BindingStats) {
+    lock(slot).clone_from(stats);
 }
 
 /// Stats of every executable of this process that ran in VA-stable mode
-/// (kept after the executable is dropped), keyed `name#n`.
+/// (kept after the executable is dropped), keyed `name#n`: the numbers as
+/// of each executable's last step.
 pub fn all_stats() -> BTreeMap<String, BindingStats> {
-    REGISTRY.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    let slots: Vec<(String, StatsSlot)> = lock(&REGISTRY)
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    slots
+        .into_iter()
+        .map(|(k, v)| {
+            let s = lock(&v).clone();
+            (k, s)
+        })
+        .collect()
 }
 
 /// [`all_stats`] as a JSON object.

@@ -21,6 +21,7 @@
 
 pub mod binding;
 pub mod collective;
+pub mod copykernel;
 pub mod dsf;
 pub mod elf;
 pub mod error;

@@ -41,11 +41,23 @@
 //! shadows in its budget; only a slot whose buffer turns unmappable later
 //! goes through the fallback.
 //!
-//! Copies: all copy-ins of a step are one [`Backend::copy_d2d_batch`]
-//! before the launch, all copy-backs one after it (contiguous ranges merged;
-//! on CUDA 13 one `cuMemcpyBatchAsync` each), so `copy_ops` grows by at most
-//! two per step. Within a direction the copies are independent (each slot
-//! has its own shadow and its own buffer), as a batch requires.
+//! Copies, kernel path (CUDA, and the host backend once its copy kernel is
+//! registered; see [`crate::copykernel`]): each reservation's graph starts
+//! and ends with the copy kernel reading a descriptor table in pinned host
+//! memory; the host writes a step's copies there (only when they differ
+//! from what the table holds, after the reservation's `done` event), so a
+//! step makes no driver call for its copies. Batch path (elsewhere, or when
+//! the kernel or zero-copy memory is unavailable): all copy-ins of a step
+//! are one [`Backend::copy_d2d_batch`] before the launch, all copy-backs one
+//! after it (contiguous ranges merged; on CUDA 13 one `cuMemcpyBatchAsync`
+//! each). Either way `copy_ops` grows by at most two per step. Within a
+//! direction the copies are independent (each slot has its own shadow and
+//! its own buffer); copy-backs whose destinations overlap (one buffer bound
+//! to two written parameters) run as ordered single copies after the
+//! launch.
+//!
+//! Steady state (every slot skips, or copies exactly what the tables hold)
+//! makes two driver calls per step: the graph launch and the event record.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -57,7 +69,8 @@ use xla_vmm_policy::{
     Binding, Decision, FailedCall, SlotAction, SlotInfo, SlotTracker, TrackerConfig,
 };
 
-use crate::binding::{publish, BindingConfig, BindingStats, UserBuffer};
+use crate::binding::{publish, register, BindingConfig, BindingStats, StatsSlot, UserBuffer};
+use crate::copykernel::{CopyKernel, CopyTables, IN, OUT};
 use crate::error::{Result, RuntimeError};
 use crate::exec::run_seq;
 use crate::executable::Executable;
@@ -101,7 +114,12 @@ struct Res<B: Backend> {
     graph: Option<(B::Graph, B::GraphExec)>,
     done: Option<B::Event>,
     used: bool,
+    /// Copy tables (kernel path only).
+    tables: Option<CopyTables<B>>,
 }
+
+/// One copy: (dst, src, bytes).
+type CopyOp = (DevicePtr, DevicePtr, u64);
 
 /// Per-executable state of VA-stable mode.
 pub(crate) struct VaStable<B: Backend> {
@@ -118,7 +136,21 @@ pub(crate) struct VaStable<B: Backend> {
     step: u64,
     unmap_failures: u64,
     stats: BindingStats,
+    /// Where `stats` is published (registered at the first step).
+    slot: Option<StatsSlot>,
+    /// The copy kernel (`None`: batched copies).
+    kernel: Option<CopyKernel<B>>,
+    // Per-step scratch, kept to avoid allocating every step.
+    bindings: Vec<Binding>,
+    new_maps: Vec<usize>,
+    ins: Vec<CopyOp>,
+    outs: Vec<CopyOp>,
+    order: Vec<(u64, u64)>,
 }
+
+/// The copy kernel is unavailable: said once per process at info level.
+static KERNEL_FALLBACK_LOGGED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -199,6 +231,13 @@ impl<B: Backend> VaStable<B> {
             step: 0,
             unmap_failures: 0,
             stats,
+            slot: None,
+            kernel: None,
+            bindings: Vec::with_capacity(n),
+            new_maps: Vec::with_capacity(n),
+            ins: Vec::with_capacity(n),
+            outs: Vec::with_capacity(n),
+            order: Vec::with_capacity(n),
         })
     }
 
@@ -254,6 +293,7 @@ impl<B: Backend> VaStable<B> {
                 graph: None,
                 done: None,
                 used: false,
+                tables: None,
             });
             let r_i = self.res.len() - 1;
             let r = &mut self.res[r_i];
@@ -269,8 +309,47 @@ impl<B: Backend> VaStable<B> {
                 r.table.bind(s.allocation, base.offset(s.offset), s.size)?;
             }
         }
+        self.setup_copy_kernel(be);
         self.laid_out = true;
         Ok(())
+    }
+
+    /// Load the copy kernel and give each reservation its tables; on any
+    /// failure use batched copies (said once).
+    fn setup_copy_kernel(&mut self, be: &B) {
+        let n = self.slots.len();
+        let loaded = CopyKernel::load(be).and_then(|k| {
+            let mut tables = Vec::with_capacity(self.res.len());
+            for _ in 0..self.res.len() {
+                match CopyTables::new(be, n) {
+                    Ok(t) => tables.push(t),
+                    Err(e) => {
+                        tables.into_iter().for_each(|t| t.release(be));
+                        k.unload(be);
+                        return Err(e);
+                    }
+                }
+            }
+            Ok((k, tables))
+        });
+        match loaded {
+            Ok((k, tables)) => {
+                for (r, t) in self.res.iter_mut().zip(tables) {
+                    r.tables = Some(t);
+                }
+                self.kernel = Some(k);
+                self.stats.copy_path = "kernel";
+            }
+            Err(e) => {
+                self.stats.copy_path = "batch";
+                if !KERNEL_FALLBACK_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::info!(error = %e, backend = be.info().backend,
+                        "copy kernel unavailable: VA-stable copies are batched driver copies");
+                } else {
+                    tracing::debug!(error = %e, "copy kernel unavailable: batched copies");
+                }
+            }
+        }
     }
 
     /// Bind the step's buffers, launch the graph, copy out.
@@ -283,22 +362,11 @@ impl<B: Backend> VaStable<B> {
         let t0 = Instant::now();
         let be = exe.backend();
         let r = (self.step % RESERVATIONS as u64) as usize;
-        let mut bufs = Vec::with_capacity(self.slots.len());
-        let mut bindings = Vec::with_capacity(self.slots.len());
+        self.bindings.clear();
         for s in &self.slots {
-            let u = users
-                .get(s.param)
-                .and_then(|u| u.as_ref())
-                .ok_or_else(|| RuntimeError::arg(format!("parameter {} is not bound", s.param)))?;
-            if u.bytes < s.size {
-                return Err(RuntimeError::arg(format!(
-                    "parameter {}: {} bytes bound, slot needs {}",
-                    s.param, u.bytes, s.size
-                )));
-            }
+            let u = bound(users, s)?;
             let id = u.id.unwrap_or(RAW_ID_BIT | u.ptr.0);
-            bindings.push(Binding { id, addr: u.ptr.0 });
-            bufs.push(u);
+            self.bindings.push(Binding { id, addr: u.ptr.0 });
         }
         if self.tracker.plan().is_none() {
             // First step: the plan is made now, so tell it which slots
@@ -306,7 +374,7 @@ impl<B: Backend> VaStable<B> {
             let gran = be.info().vmm_granularity.max(1);
             for (i, s) in self.slots.iter().enumerate() {
                 let region = s.size.div_ceil(gran) * gran;
-                let u = bufs[i];
+                let u = bound(users, s)?;
                 let mappable =
                     u.id.is_some() && u.remap.as_ref().is_some_and(|src| src.capacity >= region);
                 if !mappable {
@@ -316,8 +384,10 @@ impl<B: Backend> VaStable<B> {
         }
         let step = self
             .tracker
-            .bind_step(r, &bindings, None)
+            .bind_step(r, &self.bindings, None)
             .map_err(policy_err)?;
+        let (copy_in_bytes, copy_out_bytes) = (step.copy_in_bytes, step.copy_out_bytes);
+        let mut actions = step.actions;
         // Setup (reserving, mapping the owned buffers) is not binding time.
         let mut setup = std::time::Duration::ZERO;
         if !self.laid_out {
@@ -326,16 +396,14 @@ impl<B: Backend> VaStable<B> {
             setup = t.elapsed();
         }
         let mut synced = false;
-        let mut new_maps: Vec<usize> = Vec::new();
-        let mut actions = step.actions.clone();
+        let mut new_maps = std::mem::take(&mut self.new_maps);
+        new_maps.clear();
         // Phase 1: unmap and map.
-        for i in 0..self.slots.len() {
-            let action = actions[i];
-            let u = bufs[i];
+        for (i, slot_action) in actions.iter_mut().enumerate() {
+            let action = *slot_action;
             let want_user = match action {
-                SlotAction::Skip => {
-                    !matches!(self.res[r].held[i], Held::User { id, .. } if id == bindings[i].id)
-                }
+                SlotAction::Skip => !matches!(self.res[r].held[i],
+                    Held::User { id, .. } if id == self.bindings[i].id),
                 SlotAction::Remap { .. } => true,
                 SlotAction::Copy { .. } => false,
             };
@@ -343,61 +411,48 @@ impl<B: Backend> VaStable<B> {
                 if matches!(action, SlotAction::Skip) {
                     tracing::warn!(slot = i, "skip without the allocation mapped; remapping");
                 }
+                let u = bound(users, &self.slots[i])?;
                 match self.map_user(be, r, i, u, &mut synced) {
                     Ok(()) => new_maps.push(i),
                     Err(failed) => {
-                        actions[i] = self.fall_back(r, i, failed)?;
+                        *slot_action = self.fall_back(r, i, failed)?;
                     }
                 }
             }
         }
         // Phase 2: access once per contiguous range of new mappings.
-        for range in contiguous(&new_maps, &self.slots) {
-            let (lo, hi) = (self.slots[range[0]].offset, {
-                let l = &self.slots[*range.last().expect("non-empty")];
-                l.offset + l.region
-            });
-            self.stats.vmm_calls += 1;
-            if be
-                .set_access(self.res[r].va.as_ref().expect("reserved"), lo, hi - lo)
-                .is_ok()
-            {
-                continue;
-            }
-            for &i in &range {
-                let (off, len) = (self.slots[i].offset, self.slots[i].region);
-                self.stats.vmm_calls += 1;
-                let va = self.res[r].va.as_ref().expect("reserved");
-                if be.set_access(va, off, len).is_err() {
-                    // Unmap what the failed call left, serve from a shadow.
-                    self.unmap_slot(be, r, i, &mut synced)?;
-                    actions[i] = self.fall_back(r, i, FailedCall::SetAccess)?;
-                }
+        if !new_maps.is_empty() {
+            for range in contiguous(&new_maps, &self.slots) {
+                self.grant_access(be, r, &range, &mut actions, &mut synced)?;
             }
         }
+        self.new_maps = new_maps;
         // Phase 3: shadows for copy slots, copy lists.
-        let mut ins = Vec::new();
-        let mut outs = Vec::new();
-        for i in 0..self.slots.len() {
+        let mut ins = std::mem::take(&mut self.ins);
+        let mut outs = std::mem::take(&mut self.outs);
+        ins.clear();
+        outs.clear();
+        for (i, &action) in actions.iter().enumerate() {
             if let SlotAction::Copy {
                 copy_in, copy_out, ..
-            } = actions[i]
+            } = action
             {
                 if !matches!(self.res[r].held[i], Held::Shadow) {
                     self.map_shadow(be, r, i, &mut synced)?;
                 }
                 let s = &self.slots[i];
+                let u = bound(users, s)?;
                 let at = self.res[r].base.offset(s.offset);
-                let key = bufs[i].id.map(|id| (id, bufs[i].generation));
+                let key = u.id.map(|id| (id, u.generation));
                 let known = self.immutable && key.is_some() && self.shadow_holds[i] == key;
                 if copy_in && known {
                     self.stats.copies_elided += 1;
                     self.stats.bytes_elided += s.size;
                 } else if copy_in {
-                    ins.push((at, bufs[i].ptr, s.size));
+                    ins.push((at, u.ptr, s.size));
                 }
                 if copy_out {
-                    outs.push((bufs[i].ptr, at, s.size));
+                    outs.push((u.ptr, at, s.size));
                 }
                 // After this step the shadow equals the caller's buffer.
                 self.shadow_holds[i] = key;
@@ -407,30 +462,60 @@ impl<B: Backend> VaStable<B> {
                 self.shadow_holds[i] = None;
             }
         }
-        self.stats.copy_ops += copy_batch(be, &ins, stream)?;
+        // Copies in (kernel path: fill the tables; batch path: enqueue).
+        let mut ordered_outs = false;
+        if self.kernel.is_some() {
+            let tables = self.res[r]
+                .tables
+                .as_ref()
+                .ok_or_else(|| RuntimeError::invalid("copy tables missing"))?;
+            // Entries run concurrently: overlapping copy-backs go in order
+            // after the launch instead (checked when the table changes).
+            ordered_outs = !tables.holds(OUT, &outs) && overlapping(&outs, &mut self.order);
+            let out_entries: &[CopyOp] = if ordered_outs { &[] } else { &outs };
+            if !tables.holds(IN, &ins) || !tables.holds(OUT, out_entries) {
+                // The GPU may still read this reservation's tables.
+                self.wait_idle(be, r, &mut synced)?;
+                let t = self.res[r].tables.as_mut().expect("checked above");
+                t.write(be, IN, &ins)?;
+                t.write(be, OUT, out_entries)?;
+            }
+            self.stats.copy_ops += u64::from(!ins.is_empty()) + u64::from(!out_entries.is_empty());
+        } else {
+            self.stats.copy_ops += copy_batch(be, &ins, stream)?;
+        }
         let t_bind = t0.elapsed();
         // Launch (capture once per reservation).
-        let t_cap = Instant::now();
-        let captured = self.res[r].graph.is_none();
-        if captured {
-            let g = capture(exe, &self.res[r].table, stream)?;
+        if self.res[r].graph.is_none() {
+            let res = &self.res[r];
+            let kernel = match (&self.kernel, &res.tables) {
+                (Some(k), Some(t)) => Some((k, t.dev)),
+                _ => None,
+            };
+            let g = capture(exe, &res.table, kernel, stream)?;
             self.res[r].graph = Some(g);
             self.stats.captures += 1;
         }
-        let cap = if captured {
-            t_cap.elapsed()
-        } else {
-            Default::default()
-        };
         let res = &mut self.res[r];
         let (_, exec) = res.graph.as_ref().expect("captured");
         be.graph_launch(exec, stream)?;
-        let t_out = Instant::now();
-        self.stats.copy_ops += copy_batch(be, &outs, stream)?;
+        let t_after = Instant::now();
+        if self.kernel.is_none() {
+            self.stats.copy_ops += copy_batch(be, &outs, stream)?;
+        } else if ordered_outs {
+            for &(d, s, n) in &outs {
+                be.copy_d2d(d, s, n, stream)?;
+            }
+            self.stats.copy_ops += outs.len() as u64;
+        }
         be.event_record(res.done.as_ref().expect("created"), stream)?;
         res.used = true;
-        let ns = (t_bind + t_out.elapsed()).saturating_sub(setup).as_nanos() as u64;
-        let _ = cap;
+        self.ins = ins;
+        self.outs = outs;
+        // Binding time: everything but setup, capture and the launch call.
+        let ns = (t_bind + t_after.elapsed())
+            .saturating_sub(setup)
+            .as_nanos() as u64;
         self.tracker.record_binding_time(ns);
         self.step += 1;
         self.stats.counters = *self.tracker.stats();
@@ -441,10 +526,47 @@ impl<B: Backend> VaStable<B> {
             .saturating_sub(self.stats.bytes_elided);
         // Every failed unmap call, including those a retry recovered.
         self.stats.counters.unmap_errors = self.unmap_failures;
-        publish(&self.key, &self.stats);
+        let slot = self
+            .slot
+            .get_or_insert_with(|| register(&self.key, &self.stats));
+        publish(slot, &self.stats);
         tracing::debug!(executable = %self.key, reservation = r,
-            copy_in_bytes = step.copy_in_bytes, copy_out_bytes = step.copy_out_bytes,
-            host_ns = ns, "step bound");
+            copy_in_bytes, copy_out_bytes, host_ns = ns, "step bound");
+        Ok(())
+    }
+
+    /// Set access on the contiguous new mappings `range` (one call; per
+    /// slot if that fails, falling back to the shadow where it fails again).
+    fn grant_access(
+        &mut self,
+        be: &B,
+        r: usize,
+        range: &[usize],
+        actions: &mut [SlotAction],
+        synced: &mut bool,
+    ) -> Result<()> {
+        let lo = self.slots[range[0]].offset;
+        let hi = {
+            let l = &self.slots[*range.last().expect("non-empty")];
+            l.offset + l.region
+        };
+        self.stats.vmm_calls += 1;
+        if be
+            .set_access(self.res[r].va.as_ref().expect("reserved"), lo, hi - lo)
+            .is_ok()
+        {
+            return Ok(());
+        }
+        for &i in range {
+            let (off, len) = (self.slots[i].offset, self.slots[i].region);
+            self.stats.vmm_calls += 1;
+            let va = self.res[r].va.as_ref().expect("reserved");
+            if be.set_access(va, off, len).is_err() {
+                // Unmap what the failed call left, serve from a shadow.
+                self.unmap_slot(be, r, i, synced)?;
+                actions[i] = self.fall_back(r, i, FailedCall::SetAccess)?;
+            }
+        }
         Ok(())
     }
 
@@ -551,6 +673,9 @@ impl<B: Backend> VaStable<B> {
             if let Some(e) = r.done.take() {
                 be.event_destroy(e).ok();
             }
+            if let Some(t) = r.tables.take() {
+                t.release(be);
+            }
             if let Some(va) = r.va.take() {
                 for (i, s) in self.slots.iter().enumerate() {
                     if !matches!(r.held[i], Held::Nothing) {
@@ -569,8 +694,44 @@ impl<B: Backend> VaStable<B> {
         for m in self.shadows.drain(..).flatten() {
             be.mem_release(m).ok();
         }
+        if let Some(k) = self.kernel.take() {
+            k.unload(be);
+        }
         self.tracker.log_stats();
     }
+}
+
+/// The buffer bound to slot `s`'s parameter (checked: bound, big enough).
+fn bound<'u, B: Backend>(
+    users: &'u [Option<UserBuffer<B>>],
+    s: &PSlot,
+) -> Result<&'u UserBuffer<B>> {
+    let u = users
+        .get(s.param)
+        .and_then(|u| u.as_ref())
+        .ok_or_else(|| RuntimeError::arg(format!("parameter {} is not bound", s.param)))?;
+    if u.bytes < s.size {
+        return Err(RuntimeError::arg(format!(
+            "parameter {}: {} bytes bound, slot needs {}",
+            s.param, u.bytes, s.size
+        )));
+    }
+    Ok(u)
+}
+
+/// Two of the copies (with bytes) write overlapping memory.
+fn overlapping(list: &[CopyOp], scratch: &mut Vec<(u64, u64)>) -> bool {
+    if list.len() < 2 {
+        return false;
+    }
+    scratch.clear();
+    scratch.extend(
+        list.iter()
+            .filter(|c| c.2 > 0)
+            .map(|c| (c.0 .0, c.0 .0.saturating_add(c.2))),
+    );
+    scratch.sort_unstable();
+    scratch.windows(2).any(|w| w[0].1 > w[1].0)
 }
 
 /// Runs of slot indices (in `idx` order) whose regions touch.
@@ -623,17 +784,27 @@ fn copy_batch<B: Backend>(
     }
 }
 
+/// Capture the step into a graph; with the copy kernel, its first node
+/// copies the IN table's entries and its last the OUT table's.
 fn capture<B: Backend>(
     exe: &Executable<B>,
     table: &SlotTable,
+    kernel: Option<(&CopyKernel<B>, [DevicePtr; 2])>,
     stream: &B::Stream,
 ) -> Result<(B::Graph, B::GraphExec)> {
     let be = exe.backend();
     be.stream_begin_capture(stream)?;
-    let walked = {
+    let walked = (|| {
+        if let Some((k, t)) = kernel {
+            k.launch(be, t[IN], stream)?;
+        }
         let env = exe.env(true);
-        run_seq(&env, exe.ops(), table, stream, &mut Vec::new())
-    };
+        run_seq(&env, exe.ops(), table, stream, &mut Vec::new())?;
+        if let Some((k, t)) = kernel {
+            k.launch(be, t[OUT], stream)?;
+        }
+        Ok::<(), RuntimeError>(())
+    })();
     let captured = be.stream_end_capture(stream);
     walked?;
     let graph = captured?;

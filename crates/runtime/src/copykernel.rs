@@ -1,0 +1,356 @@
+//! The copy kernel of VA-stable mode: the copies of a step run inside the
+//! step's graph, driven by a descriptor table in pinned host memory that
+//! the GPU reads directly (zero-copy), so binding a step makes no driver
+//! call for its copies.
+//!
+//! Table layout (little endian, 8-byte words): `[count, 0]` then `count`
+//! entries `(dst, src, bytes)`, 24 bytes each. Entries with `bytes == 0`
+//! copy nothing. Entries run concurrently: their destinations must not
+//! overlap each other (the caller falls back to ordered copies otherwise).
+//!
+//! Each reservation's graph is captured once with two launches of the
+//! kernel: the first node reads the IN table, the last the OUT table. The
+//! host rewrites a table only after the reservation's previous launch has
+//! finished (its `done` event), and only when its entries change.
+//!
+//! Kernels: CUDA runs [`COPY_KERNEL_PTX`] (JIT-compiled by the driver); the
+//! host backend runs [`host_copy_kernel`], registered under the same name
+//! with [`register_host_copy_kernel`], so tests exercise the very same
+//! table path. Other backends (HIP: no compiler here) keep batched copies.
+
+use std::sync::Arc;
+
+use xla_vmm_device::host::{arg_ptr, HostKernelFn};
+use xla_vmm_device::{Backend, DevicePtr, HostBackend, ImageKind, LaunchConfig};
+
+use crate::error::{Result, RuntimeError};
+
+/// The kernel's name (PTX entry and host kernel).
+pub const COPY_KERNEL_NAME: &str = "xla_vmm_copy_table";
+/// Bytes before the first entry.
+pub const TABLE_HEADER: usize = 16;
+/// Bytes per entry.
+pub const ENTRY_BYTES: usize = 24;
+/// Threads per CTA.
+const BLOCK: u32 = 256;
+/// CTAs per multiprocessor (grid-stride loops cover any size).
+const CTAS_PER_SM: u32 = 4;
+
+/// Bytes of a table with room for `cap` entries.
+pub fn table_bytes(cap: usize) -> usize {
+    TABLE_HEADER + ENTRY_BYTES * cap.max(1)
+}
+
+/// The copy kernel in PTX (sm_52+, 64-bit addresses), one parameter: the
+/// table's device address.
+///
+/// Every CTA loads up to 256 entries at a time into shared memory (one
+/// thread per entry, `ld.global.cv`: the host rewrites the table between
+/// launches), then copies each entry with a grid-stride loop over all
+/// threads of the grid: 16-byte vectors when `dst` and `src` are both
+/// 16-byte aligned, then the remaining bytes (all of them otherwise) one by
+/// one.
+pub const COPY_KERNEL_PTX: &str = r#"
+.version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry xla_vmm_copy_table(
+	.param .u64 p_table
+)
+{
+	.reg .pred 	%p<8>;
+	.reg .b16 	%rs<2>;
+	.reg .b32 	%r<10>;
+	.reg .b64 	%rd<32>;
+	.shared .align 16 .b8 s_ent[6144];
+	.shared .align 8 .b64 s_count;
+
+	ld.param.u64 	%rd1, [p_table];
+	cvta.to.global.u64 	%rd1, %rd1;
+	mov.u32 	%r1, %tid.x;
+	mov.u32 	%r2, %ntid.x;
+	mov.u32 	%r3, %ctaid.x;
+	mov.u32 	%r4, %nctaid.x;
+	cvt.u64.u32 	%rd2, %r1;
+	cvt.u64.u32 	%rd3, %r2;
+	mul.wide.u32 	%rd4, %r3, %r2;
+	add.u64 	%rd4, %rd4, %rd2;
+	mul.wide.u32 	%rd5, %r4, %r2;
+	setp.ne.u32 	%p1, %r1, 0;
+	@%p1 bra 	$L_counted;
+	ld.global.cv.u64 	%rd6, [%rd1];
+	st.shared.u64 	[s_count], %rd6;
+$L_counted:
+	bar.sync 	0;
+	ld.shared.u64 	%rd6, [s_count];
+	mov.u64 	%rd7, 0;
+	mov.u64 	%rd8, s_ent;
+	mov.u64 	%rd30, 256;
+$L_chunk:
+	setp.ge.u64 	%p2, %rd7, %rd6;
+	@%p2 bra 	$L_done;
+	sub.u64 	%rd9, %rd6, %rd7;
+	min.u64 	%rd9, %rd9, %rd30;
+	mov.u64 	%rd10, %rd2;
+$L_load:
+	setp.ge.u64 	%p3, %rd10, %rd9;
+	@%p3 bra 	$L_loaded;
+	add.u64 	%rd11, %rd7, %rd10;
+	mul.lo.u64 	%rd12, %rd11, 24;
+	add.u64 	%rd12, %rd12, %rd1;
+	ld.global.cv.u64 	%rd13, [%rd12+16];
+	ld.global.cv.u64 	%rd14, [%rd12+24];
+	ld.global.cv.u64 	%rd15, [%rd12+32];
+	mul.lo.u64 	%rd16, %rd10, 24;
+	add.u64 	%rd16, %rd16, %rd8;
+	st.shared.u64 	[%rd16], %rd13;
+	st.shared.u64 	[%rd16+8], %rd14;
+	st.shared.u64 	[%rd16+16], %rd15;
+	add.u64 	%rd10, %rd10, %rd3;
+	bra 	$L_load;
+$L_loaded:
+	bar.sync 	0;
+	mov.u64 	%rd17, 0;
+$L_entry:
+	setp.ge.u64 	%p4, %rd17, %rd9;
+	@%p4 bra 	$L_chunk_end;
+	mul.lo.u64 	%rd16, %rd17, 24;
+	add.u64 	%rd16, %rd16, %rd8;
+	ld.shared.u64 	%rd18, [%rd16];
+	ld.shared.u64 	%rd19, [%rd16+8];
+	ld.shared.u64 	%rd20, [%rd16+16];
+	cvta.to.global.u64 	%rd18, %rd18;
+	cvta.to.global.u64 	%rd19, %rd19;
+	or.b64 	%rd21, %rd18, %rd19;
+	and.b64 	%rd21, %rd21, 15;
+	setp.eq.u64 	%p5, %rd21, 0;
+	shr.u64 	%rd22, %rd20, 4;
+	selp.b64 	%rd22, %rd22, 0, %p5;
+	mov.u64 	%rd23, %rd4;
+$L_vec:
+	setp.ge.u64 	%p6, %rd23, %rd22;
+	@%p6 bra 	$L_vec_done;
+	shl.b64 	%rd24, %rd23, 4;
+	add.u64 	%rd25, %rd19, %rd24;
+	add.u64 	%rd26, %rd18, %rd24;
+	ld.global.v4.u32 	{%r5, %r6, %r7, %r8}, [%rd25];
+	st.global.v4.u32 	[%rd26], {%r5, %r6, %r7, %r8};
+	add.u64 	%rd23, %rd23, %rd5;
+	bra 	$L_vec;
+$L_vec_done:
+	shl.b64 	%rd27, %rd22, 4;
+	add.u64 	%rd23, %rd27, %rd4;
+$L_byte:
+	setp.ge.u64 	%p7, %rd23, %rd20;
+	@%p7 bra 	$L_byte_done;
+	add.u64 	%rd25, %rd19, %rd23;
+	add.u64 	%rd26, %rd18, %rd23;
+	ld.global.u8 	%rs1, [%rd25];
+	st.global.u8 	[%rd26], %rs1;
+	add.u64 	%rd23, %rd23, %rd5;
+	bra 	$L_byte;
+$L_byte_done:
+	add.u64 	%rd17, %rd17, 1;
+	bra 	$L_entry;
+$L_chunk_end:
+	bar.sync 	0;
+	add.u64 	%rd7, %rd7, 256;
+	bra 	$L_chunk;
+$L_done:
+	ret;
+}
+"#;
+
+/// The host backend's copy kernel: the same table semantics as the PTX
+/// (entries in order; the table is read through its window).
+pub fn host_copy_kernel() -> HostKernelFn {
+    Arc::new(|ctx, args, _cfg| {
+        let table = arg_ptr(args, 0)?;
+        let mut word = [0u8; 8];
+        ctx.read(table, &mut word)?;
+        let count = u64::from_le_bytes(word);
+        let mut ent = [0u8; ENTRY_BYTES];
+        for i in 0..count {
+            let at = table.offset(TABLE_HEADER as u64 + ENTRY_BYTES as u64 * i);
+            ctx.read(at, &mut ent)?;
+            let w =
+                |k: usize| u64::from_le_bytes(ent[8 * k..8 * k + 8].try_into().expect("8 bytes"));
+            let (dst, src, n) = (DevicePtr(w(0)), DevicePtr(w(1)), w(2));
+            if n > 0 {
+                let len = usize::try_from(n).map_err(|_| {
+                    xla_vmm_device::DeviceError::InvalidArgument("copy too large".into())
+                })?;
+                let data = ctx.read_vec(src, len)?;
+                ctx.write(dst, &data)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Make the copy kernel available on a host backend (the kernel path is
+/// then used by VA-stable executables created afterwards).
+pub fn register_host_copy_kernel(b: &HostBackend) {
+    b.register_kernel(COPY_KERNEL_NAME, host_copy_kernel());
+}
+
+/// The loaded kernel and its launch geometry.
+pub(crate) struct CopyKernel<B: Backend> {
+    module: Option<B::Module>,
+    function: B::Function,
+    config: LaunchConfig,
+}
+
+impl<B: Backend> CopyKernel<B> {
+    /// Load the kernel where the backend runs it: CUDA (PTX) or host (a
+    /// registered host kernel). Unsupported elsewhere.
+    pub(crate) fn load(be: &B) -> Result<Self> {
+        let module = match be.info().backend {
+            "cuda" => be.module_load(COPY_KERNEL_PTX.as_bytes(), ImageKind::Ptx)?,
+            "host" => be.module_load(COPY_KERNEL_NAME.as_bytes(), ImageKind::Host)?,
+            other => {
+                return Err(RuntimeError::invalid(format!(
+                    "no copy kernel for the {other} backend"
+                )))
+            }
+        };
+        let function = match be.module_function(&module, COPY_KERNEL_NAME) {
+            Ok(f) => f,
+            Err(e) => {
+                be.module_unload(module).ok();
+                return Err(e.into());
+            }
+        };
+        let sms = be.info().multiprocessor_count.max(1);
+        let config = LaunchConfig {
+            grid: [sms.saturating_mul(CTAS_PER_SM).clamp(1, 65535), 1, 1],
+            block: [BLOCK, 1, 1],
+            ..Default::default()
+        };
+        Ok(CopyKernel {
+            module: Some(module),
+            function,
+            config,
+        })
+    }
+
+    /// Enqueue (or capture) one run of the kernel over the table at `table`.
+    pub(crate) fn launch(&self, be: &B, table: DevicePtr, stream: &B::Stream) -> Result<()> {
+        be.launch(
+            &self.function,
+            &self.config,
+            &[&table.0.to_le_bytes()],
+            stream,
+        )?;
+        Ok(())
+    }
+
+    pub(crate) fn unload(mut self, be: &B) {
+        if let Some(m) = self.module.take() {
+            be.module_unload(m).ok();
+        }
+    }
+}
+
+/// The IN and OUT tables of one reservation, in one pinned buffer, with
+/// the entries last written (to skip rewriting unchanged tables).
+pub(crate) struct CopyTables<B: Backend> {
+    buf: Option<B::HostBuffer>,
+    cap: usize,
+    /// Device addresses of the IN and OUT tables.
+    pub(crate) dev: [DevicePtr; 2],
+    written: [Vec<(DevicePtr, DevicePtr, u64)>; 2],
+}
+
+/// Table index of the copies in (before the step) and out (after).
+pub(crate) const IN: usize = 0;
+pub(crate) const OUT: usize = 1;
+
+impl<B: Backend> CopyTables<B> {
+    /// Room for `cap` entries per direction; both tables start empty.
+    pub(crate) fn new(be: &B, cap: usize) -> Result<Self> {
+        let one = table_bytes(cap).next_multiple_of(64);
+        let mut buf = be.host_alloc(2 * one)?;
+        be.host_bytes_mut(&mut buf).fill(0);
+        let base = match be.host_device_ptr(&buf) {
+            Ok(p) => p,
+            Err(e) => {
+                be.host_free(buf).ok();
+                return Err(e.into());
+            }
+        };
+        Ok(CopyTables {
+            buf: Some(buf),
+            cap: cap.max(1),
+            dev: [base, base.offset(one as u64)],
+            written: [Vec::with_capacity(cap), Vec::with_capacity(cap)],
+        })
+    }
+
+    /// The table `dir` already holds exactly `entries`.
+    pub(crate) fn holds(&self, dir: usize, entries: &[(DevicePtr, DevicePtr, u64)]) -> bool {
+        self.written[dir] == entries
+    }
+
+    /// Write `entries` into table `dir`. The caller has made sure no launch
+    /// reading it is in flight.
+    pub(crate) fn write(
+        &mut self,
+        be: &B,
+        dir: usize,
+        entries: &[(DevicePtr, DevicePtr, u64)],
+    ) -> Result<()> {
+        if entries.len() > self.cap {
+            return Err(RuntimeError::invalid(format!(
+                "{} copies for a table of {}",
+                entries.len(),
+                self.cap
+            )));
+        }
+        let buf = self.buf.as_mut().expect("live until release");
+        let one = table_bytes(self.cap).next_multiple_of(64);
+        let bytes = &mut be.host_bytes_mut(buf)[dir * one..(dir + 1) * one];
+        for (k, &(d, s, n)) in entries.iter().enumerate() {
+            let at = TABLE_HEADER + ENTRY_BYTES * k;
+            bytes[at..at + 8].copy_from_slice(&d.0.to_le_bytes());
+            bytes[at + 8..at + 16].copy_from_slice(&s.0.to_le_bytes());
+            bytes[at + 16..at + 24].copy_from_slice(&n.to_le_bytes());
+        }
+        bytes[..8].copy_from_slice(&(entries.len() as u64).to_le_bytes());
+        self.written[dir].clear();
+        self.written[dir].extend_from_slice(entries);
+        Ok(())
+    }
+
+    pub(crate) fn release(mut self, be: &B) {
+        if let Some(b) = self.buf.take() {
+            be.host_free(b).ok();
+        }
+    }
+}
+
+/// Run the kernel once, outside any graph, over `entries` (destinations
+/// must not overlap), and wait for it: for tests of the kernel itself.
+pub fn run_copy_kernel<B: Backend>(
+    be: &B,
+    entries: &[(DevicePtr, DevicePtr, u64)],
+    stream: &B::Stream,
+) -> Result<()> {
+    let k = CopyKernel::load(be)?;
+    let t = match CopyTables::new(be, entries.len()) {
+        Ok(t) => t,
+        Err(e) => {
+            k.unload(be);
+            return Err(e);
+        }
+    };
+    let mut t = t;
+    let r = t
+        .write(be, IN, entries)
+        .and_then(|()| k.launch(be, t.dev[IN], stream))
+        .and_then(|()| be.stream_synchronize(stream).map_err(Into::into));
+    t.release(be);
+    k.unload(be);
+    r
+}

@@ -1,0 +1,431 @@
+//! The VA-stable copy kernel (issue 6): its table semantics on every
+//! alignment and size, VA-stable loops on the kernel path (identical bytes
+//! to the batch path, no driver call per step but the launch and the event
+//! record), ordered copy-backs when destinations overlap.
+//!
+//! Host tests run in CI; the `gpu_*` tests need an NVIDIA GPU:
+//! `cargo test -p xla-vmm-runtime --release --test copy_kernel -- --ignored --test-threads=1`.
+
+#[allow(dead_code)]
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::*;
+use xla_vmm::*;
+use xla_vmm_device::{Backend, DevicePtr, HostBackend, VmmAllocator, VmmConfig};
+use xla_vmm_policy::Threshold;
+use xla_vmm_runtime::copykernel::{register_host_copy_kernel, run_copy_kernel};
+use xla_vmm_runtime::slots::DeviceBuffer;
+use xla_vmm_runtime::{BindingConfig, BindingStats, Executable, Mode, UserBuffer};
+
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt) ^ (i >> 8) as u8)
+        .collect()
+}
+
+/// (bytes, dst offset, src offset) of the kernel cases: tiny, odd, one
+/// page + 5, one granule, 64 MiB; aligned and misaligned.
+const CASES: &[(u64, u64, u64)] = &[
+    (1, 0, 0),
+    (1, 5, 3),
+    (3, 0, 0),
+    (3, 1, 2),
+    (4096 + 5, 0, 0),
+    (4096 + 5, 16, 48),
+    (4096 + 5, 3, 7),
+    (2 << 20, 0, 0),
+    (2 << 20, 1, 0),
+    (64 << 20, 0, 0),
+    (64 << 20, 256, 4096),
+];
+
+/// Run the kernel over every case at once (one table), plus a table of
+/// more entries than a CTA loads at a time, and check every byte, the
+/// bytes around each destination included.
+fn check_kernel_cases<B: Backend>(b: &B, s: &B::Stream) {
+    const GUARD: u64 = 64;
+    let mut bufs = Vec::new();
+    let mut entries = Vec::new();
+    let mut expect = Vec::new();
+    for (k, &(n, doff, soff)) in CASES.iter().enumerate() {
+        let src = DeviceBuffer::alloc(b, n + soff).unwrap();
+        let dst = DeviceBuffer::alloc(b, n + doff + GUARD).unwrap();
+        let data = pattern(n as usize, k as u8);
+        b.write_sync(src.ptr().offset(soff), &data, s).unwrap();
+        b.memset_d8(dst.ptr(), 0xEE, n + doff + GUARD, s).unwrap();
+        entries.push((dst.ptr().offset(doff), src.ptr().offset(soff), n));
+        expect.push((dst.ptr(), doff, data));
+        bufs.push(src);
+        bufs.push(dst);
+    }
+    // An empty entry copies nothing.
+    entries.push((DevicePtr(16), DevicePtr(32), 0));
+    b.stream_synchronize(s).unwrap();
+    run_copy_kernel(b, &entries, s).unwrap();
+    for (k, (dst, doff, data)) in expect.iter().enumerate() {
+        let n = data.len();
+        let mut got = vec![0u8; n + *doff as usize + GUARD as usize];
+        b.read_sync(&mut got, *dst, s).unwrap();
+        let what = format!("case {k} {:?}", CASES[k]);
+        assert!(
+            got[..*doff as usize].iter().all(|&x| x == 0xEE),
+            "{what}: before"
+        );
+        let body = &got[*doff as usize..*doff as usize + n];
+        if let Some(i) = body.iter().zip(data).position(|(a, b)| a != b) {
+            panic!("{what}: byte {i} differs: {} != {}", body[i], data[i]);
+        }
+        assert!(
+            got[*doff as usize + n..].iter().all(|&x| x == 0xEE),
+            "{what}: after"
+        );
+    }
+    // 600 entries of 40 bytes each (several chunks of 256 entries).
+    let src = DeviceBuffer::alloc(b, 600 * 40).unwrap();
+    let dst = DeviceBuffer::alloc(b, 600 * 48).unwrap();
+    let data = pattern(600 * 40, 99);
+    b.write_sync(src.ptr(), &data, s).unwrap();
+    b.memset_d8(dst.ptr(), 0, 600 * 48, s).unwrap();
+    let many: Vec<_> = (0..600u64)
+        .map(|i| (dst.ptr().offset(48 * i), src.ptr().offset(40 * i), 40))
+        .collect();
+    run_copy_kernel(b, &many, s).unwrap();
+    let mut got = vec![0u8; 600 * 48];
+    b.read_sync(&mut got, dst.ptr(), s).unwrap();
+    for i in 0..600 {
+        assert_eq!(
+            &got[48 * i..48 * i + 40],
+            &data[40 * i..40 * i + 40],
+            "entry {i}"
+        );
+        assert!(got[48 * i + 40..48 * i + 48].iter().all(|&x| x == 0), "{i}");
+    }
+    for x in bufs.into_iter().chain([src, dst]) {
+        x.free(b).unwrap();
+    }
+}
+
+fn u8s(n: u64) -> Shape {
+    Shape {
+        element_type: ElementType(6),
+        dimensions: vec![n as i64],
+        ..Default::default()
+    }
+}
+
+/// `x` (param 0, read) is copied to `n_written` donated parameters (each
+/// aliased with an output) and to a fresh output: every parameter of a
+/// raw buffer is a copy slot (x in, the others out).
+fn copy_plan(size: u64, n_written: usize) -> Plan {
+    let mut allocs = vec![alloc(0, size, param(0, false))];
+    let mut params = vec![u8s(size)];
+    let mut outputs = Vec::new();
+    let mut thunks = Vec::new();
+    for k in 0..n_written {
+        let a = k + 1;
+        allocs.push(alloc(a, size, param(a as u64, true)));
+        params.push(u8s(size));
+        outputs.push((a, u8s(size)));
+        thunks.push(copy("copy_w", sl(0, 0, size), sl(a, 0, size)));
+    }
+    let z = n_written + 1;
+    allocs.push(alloc(z, size, AllocationRole::Output { outputs: vec![] }));
+    outputs.push((z, u8s(size)));
+    thunks.push(copy("copy_z", sl(0, 0, size), sl(z, 0, size)));
+    let seq = thunk("seq", ThunkKind::Sequential { thunks });
+    plan(allocs, params, outputs, vec![seq])
+}
+
+/// Per step: the bytes of every output, and the backend calls `run` made
+/// (when the backend counts them).
+type StepResult = (Vec<Vec<u8>>, BTreeMap<&'static str, u64>);
+
+/// A VA-stable (or eager) loop over `copy_plan`: raw buffers at the given
+/// offsets (misaligned ones included), new `x` content every step; the
+/// written parameters all share one buffer when `shared_out`.
+#[allow(clippy::too_many_arguments)]
+fn copy_loop<B: Backend>(
+    b: &Arc<B>,
+    calls: &dyn Fn() -> BTreeMap<&'static str, u64>,
+    mode: Mode,
+    size: u64,
+    offsets: (u64, u64),
+    n_written: usize,
+    shared_out: bool,
+    steps: usize,
+) -> (Vec<StepResult>, Option<BindingStats>) {
+    let s = b.stream_create().unwrap();
+    let mut exe = Executable::load(b.clone(), copy_plan(size, n_written), None, &s).unwrap();
+    exe.set_binding_config(BindingConfig {
+        threshold: Threshold::Auto,
+        costs: None,
+        immutable_buffers: false,
+    })
+    .unwrap();
+    let (ox, oy) = offsets;
+    let xb = DeviceBuffer::alloc(&**b, size + ox).unwrap();
+    let ys: Vec<_> = (0..if shared_out { 1 } else { n_written })
+        .map(|_| DeviceBuffer::alloc(&**b, size + oy + 64).unwrap())
+        .collect();
+    exe.bind_parameter(0, xb.ptr().offset(ox), size).unwrap();
+    for k in 0..n_written {
+        let y = &ys[if shared_out { 0 } else { k }];
+        b.memset_d8(y.ptr(), 0xEE, size + oy + 64, &s).unwrap();
+        exe.bind_parameter(k + 1, y.ptr().offset(oy), size).unwrap();
+    }
+    let mut out = Vec::new();
+    for step in 0..steps {
+        let data = pattern(size as usize, step as u8);
+        b.write_sync(xb.ptr().offset(ox), &data, &s).unwrap();
+        b.stream_synchronize(&s).unwrap();
+        let before = calls();
+        let outs = exe.run(&s, mode).unwrap();
+        let after = calls();
+        let diff: BTreeMap<_, _> = after
+            .iter()
+            .map(|(k, v)| (*k, v - before.get(k).copied().unwrap_or(0)))
+            .filter(|(_, v)| *v > 0)
+            .collect();
+        b.stream_synchronize(&s).unwrap();
+        let mut got = Vec::new();
+        for o in &outs {
+            let mut v = vec![0u8; o.bytes as usize];
+            b.read_sync(&mut v, o.ptr, &s).unwrap();
+            assert_eq!(v, data, "step {step}: output {}", o.index);
+            got.push(v);
+        }
+        for y in &ys {
+            let mut v = vec![0u8; (size + oy + 64) as usize];
+            b.read_sync(&mut v, y.ptr(), &s).unwrap();
+            assert!(v[..oy as usize].iter().all(|&x| x == 0xEE), "step {step}");
+            assert!(
+                v[(oy + size) as usize..].iter().all(|&x| x == 0xEE),
+                "step {step}"
+            );
+        }
+        out.push((got, diff));
+    }
+    let stats = exe.stats().cloned();
+    drop(exe);
+    xb.free(&**b).unwrap();
+    for y in ys {
+        y.free(&**b).unwrap();
+    }
+    b.stream_destroy(s).unwrap();
+    (out, stats)
+}
+
+fn host(kernel: bool) -> Arc<HostBackend> {
+    let b = HostBackend::new(xla_vmm_device::HostConfig {
+        capacity: 4 << 30,
+        ..Default::default()
+    })
+    .unwrap();
+    if kernel {
+        register_host_copy_kernel(&b);
+    }
+    Arc::new(b)
+}
+
+#[test]
+fn host_kernel_copies_every_size_and_alignment() {
+    let b = host(true);
+    let s = b.stream_create().unwrap();
+    check_kernel_cases(&*b, &s);
+    b.stream_destroy(s).unwrap();
+    assert_eq!(b.outstanding().host_buffers, 0);
+    assert_eq!(b.outstanding().modules, 0);
+}
+
+#[test]
+fn the_table_is_read_through_its_window_and_freed_with_the_buffer() {
+    let b = host(false);
+    let mut h = b.host_alloc(64).unwrap();
+    b.host_bytes_mut(&mut h)[..4].copy_from_slice(&[1, 2, 3, 4]);
+    let p = b.host_device_ptr(&h).unwrap();
+    assert_eq!(b.host_device_ptr(&h).unwrap(), p, "one window per buffer");
+    assert_eq!(b.peek(p, 4).unwrap(), vec![1, 2, 3, 4]);
+    b.poke(p.offset(8), &[9]).unwrap();
+    assert_eq!(b.host_bytes(&h)[8], 9);
+    assert!(b.peek(p.offset(60), 8).is_err(), "past the buffer's end");
+    b.host_free(h).unwrap();
+    assert!(b.peek(p, 4).is_err(), "window gone with the buffer");
+}
+
+#[test]
+fn va_stable_kernel_path_is_identical_and_makes_no_copy_calls() {
+    for (size, offsets) in [(3u64, (1u64, 5u64)), (4096 + 5, (0, 0)), (3 << 20, (16, 3))] {
+        let what = format!("size {size} offsets {offsets:?}");
+        let bk = host(true);
+        let calls = {
+            let b = bk.clone();
+            move || b.call_counts()
+        };
+        let (got, st) = copy_loop(&bk, &calls, Mode::VaStable, size, offsets, 2, false, 6);
+        let st = st.unwrap();
+        assert_eq!(st.copy_path, "kernel", "{what}");
+        assert_eq!(st.copy_slots, 3, "{what}: {st:?}");
+        // One IN run (x) and one OUT run (two copy-backs) per step.
+        assert_eq!(st.copy_ops, 2 * 6, "{what}: {st:?}");
+        assert_eq!(st.counters.copies, 3 * 6, "{what}: {st:?}");
+        assert_eq!(st.captures, 2, "{what}");
+        for (k, (_, diff)) in got.iter().enumerate() {
+            assert!(
+                !diff.contains_key("copy_d2d_batch"),
+                "{what}: step {k}: {diff:?}"
+            );
+            if k >= 2 {
+                // The tables already hold the step's copies: the launch
+                // and the event record are the only calls.
+                let want: BTreeMap<&str, u64> = [("graph_launch", 1), ("event_record", 1)].into();
+                assert_eq!(diff, &want, "{what}: step {k}");
+            }
+        }
+        // The batch path gives the same bytes (the host backend without
+        // its copy kernel).
+        let bb = host(false);
+        let calls = {
+            let b = bb.clone();
+            move || b.call_counts()
+        };
+        let (reference, st) = copy_loop(&bb, &calls, Mode::VaStable, size, offsets, 2, false, 6);
+        assert_eq!(st.unwrap().copy_path, "batch", "{what}");
+        let bytes = |v: &[StepResult]| v.iter().map(|s| s.0.clone()).collect::<Vec<_>>();
+        assert_eq!(bytes(&got), bytes(&reference), "{what}");
+        assert_eq!(bk.outstanding().host_buffers, 0, "{what}: tables freed");
+        assert_eq!(bk.outstanding().modules, 0, "{what}: kernel unloaded");
+    }
+}
+
+#[test]
+fn overlapping_copy_backs_run_in_order_after_the_launch() {
+    let b = host(true);
+    let calls = {
+        let b = b.clone();
+        move || b.call_counts()
+    };
+    // Two written parameters bound to one buffer: their copy-backs write
+    // the same bytes, so they are not table entries (which run
+    // concurrently) but two ordered copies.
+    let (got, st) = copy_loop(&b, &calls, Mode::VaStable, 64, (0, 8), 2, true, 4);
+    let st = st.unwrap();
+    assert_eq!(st.copy_path, "kernel");
+    for (k, (_, diff)) in got.iter().enumerate().skip(2) {
+        assert_eq!(diff.get("copy_d2d"), Some(&2), "step {k}: {diff:?}");
+    }
+    // Per step: the IN run and two ordered copies.
+    assert_eq!(st.copy_ops, 4 * 3, "{st:?}");
+}
+
+#[test]
+fn steady_state_skips_make_only_the_launch_and_the_event_record() {
+    for kernel in [true, false] {
+        let b = host(kernel);
+        let alloc = VmmAllocator::new(
+            b.clone(),
+            VmmConfig {
+                small_threshold: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let s = b.stream_create().unwrap();
+        let size = 4096u64;
+        let mut exe = Executable::load(b.clone(), copy_plan(size, 2), None, &s).unwrap();
+        exe.set_binding_config(BindingConfig {
+            threshold: Threshold::from(0),
+            costs: None,
+            immutable_buffers: false,
+        })
+        .unwrap();
+        let bufs: Vec<_> = (0..3).map(|_| alloc.alloc(size).unwrap()).collect();
+        for (i, x) in bufs.iter().enumerate() {
+            exe.bind_user_buffer(i, UserBuffer::from_vmm(x)).unwrap();
+        }
+        for step in 0..8 {
+            let before = b.call_counts();
+            exe.run(&s, Mode::VaStable).unwrap();
+            let after = b.call_counts();
+            let diff: BTreeMap<_, _> = after
+                .iter()
+                .map(|(k, v)| (*k, v - before.get(k).copied().unwrap_or(0)))
+                .filter(|(_, v)| *v > 0)
+                .collect();
+            if step >= 2 {
+                let want: BTreeMap<&str, u64> = [("graph_launch", 1), ("event_record", 1)].into();
+                assert_eq!(diff, want, "kernel {kernel}: step {step}");
+            }
+        }
+        let st = exe.stats().cloned().unwrap();
+        assert_eq!(st.counters.skips, 3 * 6, "{st:?}");
+        assert_eq!(st.copy_path, if kernel { "kernel" } else { "batch" });
+        assert_eq!(st.copy_ops, 0);
+        drop(exe);
+        b.stream_synchronize(&s).unwrap();
+        for x in bufs {
+            alloc.free(x, &s).unwrap();
+        }
+    }
+}
+
+#[test]
+fn published_stats_are_current() {
+    let b = host(true);
+    let calls = || BTreeMap::new();
+    let (_, st) = copy_loop(&b, &calls, Mode::VaStable, 100, (0, 0), 1, false, 3);
+    let st = st.unwrap();
+    let all = xla_vmm_runtime::binding::all_stats();
+    assert_eq!(all.get(&st.executable), Some(&st));
+    assert!(xla_vmm_runtime::binding::all_stats_json().contains("\"copy_path\":\"kernel\""));
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::*;
+    use xla_vmm_device::cuda::CudaBackend;
+
+    fn gpu() -> Arc<CudaBackend> {
+        Arc::new(
+            CudaBackend::new(0).expect("a CUDA device (these tests are --ignored without one)"),
+        )
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn gpu_kernel_copies_every_size_and_alignment() {
+        let b = gpu();
+        let s = b.stream_create().unwrap();
+        check_kernel_cases(&*b, &s);
+        b.stream_destroy(s).unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn gpu_va_stable_loop_on_the_kernel_path_matches_eager() {
+        let b = gpu();
+        let none = || BTreeMap::new();
+        for (size, offsets) in [
+            (3u64, (1u64, 5u64)),
+            (4096 + 5, (0, 0)),
+            (4096 + 5, (3, 7)),
+            (2 << 20, (0, 0)),
+            (64 << 20, (256, 16)),
+        ] {
+            let what = format!("size {size} offsets {offsets:?}");
+            let (got, st) = copy_loop(&b, &none, Mode::VaStable, size, offsets, 2, false, 5);
+            let st = st.unwrap();
+            assert_eq!(st.copy_path, "kernel", "{what}: {st:?}");
+            assert_eq!(st.copy_ops, 2 * 5, "{what}: {st:?}");
+            let (eager, _) = copy_loop(&b, &none, Mode::Eager, size, offsets, 2, false, 5);
+            let bytes = |v: &[StepResult]| v.iter().map(|s| s.0.clone()).collect::<Vec<_>>();
+            assert_eq!(bytes(&got), bytes(&eager), "{what}");
+            eprintln!("{what}: {}", st.line());
+        }
+        // Overlapping copy-backs: ordered copies after the launch.
+        let (_, st) = copy_loop(&b, &none, Mode::VaStable, 4096, (0, 8), 2, true, 4);
+        assert_eq!(st.unwrap().copy_path, "kernel");
+    }
+}
