@@ -403,3 +403,27 @@ fn injected_failure_and_shared_backend_are_errors() {
         "{msgs:?}"
     );
 }
+
+#[test]
+fn a_rank_that_faults_fails_the_collective_for_all_at_once() {
+    let t = std::time::Instant::now();
+    let outs = with_ranks(2, |r, c| {
+        let src = if c.rank() == 1 { DevicePtr(8) } else { r.at(0) };
+        let e = c
+            .all_reduce(src, r.at(64), 4, CommType::F32, ReduceOp::Sum, &r.stream)
+            .expect_err("rank 1 reads an unmapped address");
+        // The failed round is consumed: the next collective pairs up.
+        c.all_reduce(
+            r.at(0),
+            r.at(64),
+            4,
+            CommType::F32,
+            ReduceOp::Sum,
+            &r.stream,
+        )
+        .unwrap();
+        e.to_string()
+    });
+    assert!(t.elapsed() < Duration::from_secs(30), "no timeout wait");
+    assert!(outs[0].contains("failed on rank 1"), "{}", outs[0]);
+}

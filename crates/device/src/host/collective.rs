@@ -470,15 +470,14 @@ fn bytes_of(count: usize, ty: CommType) -> Result<usize> {
     })
 }
 
-fn rendezvous(
+/// This rank's input, destination and output length (`None`: p2p).
+fn read_input(
     ctx: &HostKernelCtx<'_>,
-    clique: &Clique,
-    rank: usize,
-    seq: u64,
     coll: &Coll,
-) -> Result<()> {
-    let n = clique.nranks;
-    let (input, dst, out_len) = match *coll {
+    rank: usize,
+    n: usize,
+) -> Result<Option<(Vec<u8>, DevicePtr, usize)>> {
+    Ok(Some(match *coll {
         Coll::AllReduce {
             src,
             dst,
@@ -523,7 +522,43 @@ fn rendezvous(
             };
             (input, dst, b)
         }
-        Coll::Send { .. } | Coll::Recv { .. } => return Ok(()),
+        Coll::Send { .. } | Coll::Recv { .. } => return Ok(None),
+    }))
+}
+
+fn rendezvous(
+    ctx: &HostKernelCtx<'_>,
+    clique: &Clique,
+    rank: usize,
+    seq: u64,
+    coll: &Coll,
+) -> Result<()> {
+    let n = clique.nranks;
+    let (input, dst, out_len) = match read_input(ctx, coll, rank, n) {
+        Ok(Some(x)) => x,
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            // Fail the round for every rank now rather than at the timeout.
+            let mut st = relock(&clique.state);
+            let round = st.rounds.entry(seq).or_insert_with(|| Round {
+                signature: coll.signature(),
+                inputs: vec![None; n],
+                outputs: None,
+                taken: 0,
+            });
+            round.outputs.get_or_insert_with(|| {
+                Err(format!(
+                    "collective #{seq} of {:?} failed on rank {rank}: {e}",
+                    clique.id
+                ))
+            });
+            round.taken += 1;
+            if round.taken == n {
+                st.rounds.remove(&seq);
+            }
+            clique.cv.notify_all();
+            return Err(e);
+        }
     };
     let signature = coll.signature();
     let mut st = relock(&clique.state);
