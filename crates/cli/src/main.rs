@@ -9,6 +9,7 @@ mod inspect;
 mod policy;
 mod probe;
 mod run;
+mod run_multi;
 
 #[derive(Parser)]
 #[command(

@@ -58,6 +58,12 @@ pub struct Args {
     /// Device ordinal.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// Run a multi-device executable on devices 0..N, one thread each
+    /// (inputs `in_<arg>_<dev>`, expected outputs `out_<out>_<dev>`, `<dev>`
+    /// = position in the device assignment: NAME.json's `devices` next to
+    /// the executable, else 1 replica x N partitions with ids 0..N).
+    #[arg(long, default_value_t = 1)]
+    pub devices: usize,
 }
 
 /// `out_i` -> the thunks that write its allocation ("kind 'annotation'"),
@@ -124,6 +130,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             None => Vec::new(),
         },
     };
+    if args.devices > 1 {
+        return crate::run_multi::run(plan, &args, mode, check);
+    }
     run_cuda(plan, &args, mode, &check)
 }
 
@@ -185,66 +194,22 @@ pub fn replay<B: Backend>(
     let t = Instant::now();
     let mut exe = Executable::load(backend.clone(), plan, gemm, &stream)?;
     eprintln!("loaded in {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
-    let mut binding = BindingConfig::resolve(args.threshold)?;
-    // The loop writes a buffer only before binding it (a fresh buffer or a
-    // new generation of a reused block) or through donation.
-    binding.immutable_buffers = true;
-    // Under 0 every parameter buffer is its own remappable allocation (no
-    // sub-allocation), as XLA's own VMM allocator does.
-    let vmm_cfg = if binding.threshold.raw() == 0 {
-        VmmConfig {
-            small_threshold: 0,
-            ..VmmConfig::default()
-        }
-    } else {
-        VmmConfig::default()
-    };
-    exe.set_binding_config(binding)?;
-    let allocator = VmmAllocator::new(backend.clone(), vmm_cfg)?;
+    let allocator = setup_binding(&backend, &mut exe, args)?;
 
     let inputs = npz::read_npz(&args.inputs)?;
-    let shapes = exe.parameter_shapes().to_vec();
-    let mut params: Vec<Buffer<B>> = Vec::with_capacity(shapes.len());
+    let mut params: Vec<Buffer<B>> = Vec::new();
     let result = (|| -> anyhow::Result<()> {
-        for (i, shape) in shapes.iter().enumerate() {
-            let name = format!("in_{i}");
-            let (_, a) = inputs
-                .iter()
-                .find(|(n, _)| *n == name)
-                .ok_or_else(|| anyhow!("{} has no {name}", args.inputs.display()))?;
-            let want = shape
-                .byte_size()
-                .ok_or_else(|| anyhow!("parameter {i}: non-array shape"))?;
-            if a.data.len() as u64 != want {
-                bail!(
-                    "{name}: {} bytes ({:?} {}), parameter {i} needs {want} bytes ({:?} {})",
-                    a.data.len(),
-                    a.shape,
-                    a.descr,
-                    shape.dimensions,
-                    shape.element_type.name().unwrap_or("?")
-                );
-            }
-            let buf = allocator.alloc(want.max(1))?;
-            if want > 0 {
-                be.write_sync(buf.ptr(), &a.data, &stream)?;
-            }
-            exe.bind_buffer(i, &buf)?;
-            params.push(buf);
-        }
-        let extra = inputs
-            .iter()
-            .filter(|(n, _)| n.starts_with("in_"))
-            .count()
-            .saturating_sub(shapes.len());
-        if extra > 0 {
-            bail!(
-                "{} has {extra} more in_* arrays than the {} parameters",
-                args.inputs.display(),
-                shapes.len()
-            );
-        }
-
+        let in_names = |i: usize| format!("in_{i}");
+        bind_inputs(
+            be,
+            &allocator,
+            &mut exe,
+            &stream,
+            &inputs,
+            &in_names,
+            &args.inputs,
+            &mut params,
+        )?;
         let t = Instant::now();
         let outs = exe.run(&stream, mode)?;
         be.stream_synchronize(&stream)?;
@@ -252,24 +217,7 @@ pub fn replay<B: Backend>(
             "first run ({mode:?}) in {:.1} ms",
             t.elapsed().as_secs_f64() * 1e3
         );
-        let mut arrays = Vec::with_capacity(outs.len());
-        for o in &outs {
-            let mut data = vec![0u8; o.bytes as usize];
-            if o.bytes > 0 {
-                be.read_sync(&mut data, o.ptr, &stream)?;
-            }
-            let array = NpyArray {
-                descr: element_descr(&o.shape),
-                shape: o
-                    .shape
-                    .dimensions
-                    .iter()
-                    .map(|&d| d.max(0) as u64)
-                    .collect(),
-                data,
-            };
-            arrays.push((format!("out_{}", o.index), array));
-        }
+        let arrays = read_outputs(be, &outs, &stream)?;
         if let Some(path) = &args.outputs {
             npz::write_npz(path, &arrays)?;
             eprintln!("wrote {} outputs to {}", arrays.len(), path.display());
@@ -313,8 +261,120 @@ pub fn replay<B: Backend>(
     result
 }
 
+/// Binding as the loop needs it (threshold from `--threshold`, immutable
+/// buffers) and the allocator of the parameter buffers.
+pub(crate) fn setup_binding<B: Backend>(
+    backend: &Arc<B>,
+    exe: &mut Executable<B>,
+    args: &Args,
+) -> anyhow::Result<VmmAllocator<B>> {
+    let mut binding = BindingConfig::resolve(args.threshold)?;
+    // The loop writes a buffer only before binding it (a fresh buffer or a
+    // new generation of a reused block) or through donation.
+    binding.immutable_buffers = true;
+    // Under 0 every parameter buffer is its own remappable allocation (no
+    // sub-allocation), as XLA's own VMM allocator does.
+    let vmm_cfg = if binding.threshold.raw() == 0 {
+        VmmConfig {
+            small_threshold: 0,
+            ..VmmConfig::default()
+        }
+    } else {
+        VmmConfig::default()
+    };
+    exe.set_binding_config(binding)?;
+    Ok(VmmAllocator::new(backend.clone(), vmm_cfg)?)
+}
+
+/// Upload input `name_of(i)` of `inputs` for every parameter i and bind it
+/// (buffers pushed to `params`); extra `in_*` arrays are an error.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bind_inputs<B: Backend>(
+    be: &B,
+    allocator: &VmmAllocator<B>,
+    exe: &mut Executable<B>,
+    stream: &B::Stream,
+    inputs: &[(String, NpyArray)],
+    name_of: &dyn Fn(usize) -> String,
+    path: &std::path::Path,
+    params: &mut Vec<Buffer<B>>,
+) -> anyhow::Result<()> {
+    let shapes = exe.parameter_shapes().to_vec();
+    for (i, shape) in shapes.iter().enumerate() {
+        let name = name_of(i);
+        let (_, a) = inputs
+            .iter()
+            .find(|(n, _)| *n == name)
+            .ok_or_else(|| anyhow!("{} has no {name}", path.display()))?;
+        let want = shape
+            .byte_size()
+            .ok_or_else(|| anyhow!("parameter {i}: non-array shape"))?;
+        if a.data.len() as u64 != want {
+            bail!(
+                "{name}: {} bytes ({:?} {}), parameter {i} needs {want} bytes ({:?} {})",
+                a.data.len(),
+                a.shape,
+                a.descr,
+                shape.dimensions,
+                shape.element_type.name().unwrap_or("?")
+            );
+        }
+        let buf = allocator.alloc(want.max(1))?;
+        if want > 0 {
+            be.write_sync(buf.ptr(), &a.data, stream)?;
+        }
+        exe.bind_buffer(i, &buf)?;
+        params.push(buf);
+    }
+    let suffix = name_of(0).strip_prefix("in_0").unwrap_or("").to_string();
+    let extra = inputs
+        .iter()
+        .filter(|(n, _)| {
+            n.strip_prefix("in_")
+                .and_then(|r| r.strip_suffix(suffix.as_str()))
+                .is_some_and(|i| !i.is_empty() && i.bytes().all(|c| c.is_ascii_digit()))
+        })
+        .count()
+        .saturating_sub(shapes.len());
+    if extra > 0 {
+        bail!(
+            "{} has {extra} more in_* arrays than the {} parameters",
+            path.display(),
+            shapes.len()
+        );
+    }
+    Ok(())
+}
+
+/// The outputs as `out_<i>` arrays (synchronize the stream first).
+pub(crate) fn read_outputs<B: Backend>(
+    be: &B,
+    outs: &[xla_vmm_runtime::Output],
+    stream: &B::Stream,
+) -> anyhow::Result<Vec<(String, NpyArray)>> {
+    let mut arrays = Vec::with_capacity(outs.len());
+    for o in outs {
+        let mut data = vec![0u8; o.bytes as usize];
+        if o.bytes > 0 {
+            be.read_sync(&mut data, o.ptr, stream)?;
+        }
+        let array = NpyArray {
+            descr: element_descr(&o.shape),
+            shape: o
+                .shape
+                .dimensions
+                .iter()
+                .map(|&d| d.max(0) as u64)
+                .collect(),
+            data,
+        };
+        arrays.push((format!("out_{}", o.index), array));
+    }
+    Ok(arrays)
+}
+
 /// Print bit-identical / first mismatches per output; true when all match.
-fn compare(
+pub(crate) fn compare(
     got: &[(String, NpyArray)],
     expected: &[(String, NpyArray)],
     path: &std::path::Path,
@@ -502,7 +562,7 @@ fn train_loop<B: Backend>(
     Ok(first_diff.is_none())
 }
 
-fn time_steps<B: Backend>(
+pub(crate) fn time_steps<B: Backend>(
     be: &B,
     exe: &mut Executable<B>,
     stream: &B::Stream,
