@@ -19,7 +19,8 @@
 //! between `group_start` and `group_end` run as one op, sends first, so a
 //! ring of send/recv pairs cannot deadlock.
 //!
-//! Every wait is bounded by the clique's timeout (default 60 s; see
+//! Every wait is bounded by the clique's timeout (default 60 s, or
+//! `$XLA_VMM_HOST_COLLECTIVE_TIMEOUT_MS` when `clique_id` runs; see also
 //! [`HostBackend::clique_id_with_timeout`]). Each communicator call is a
 //! counted backend call (`all_reduce`, `send`, `group_end`, ...), so
 //! [`HostBackend::inject_failure`] can make it fail.
@@ -92,7 +93,11 @@ pub(super) fn clique_id(backend: &HostBackend) -> Result<CliqueId> {
     if let Some(e) = backend.count("clique_id") {
         return Err(e);
     }
-    Ok(backend.clique_id_with_timeout(DEFAULT_COLLECTIVE_TIMEOUT))
+    let timeout = std::env::var("XLA_VMM_HOST_COLLECTIVE_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_COLLECTIVE_TIMEOUT, Duration::from_millis);
+    Ok(backend.clique_id_with_timeout(timeout))
 }
 
 fn timeout_of(id: &CliqueId) -> Result<Duration> {
