@@ -9,12 +9,15 @@ use xla_vmm_device::{Backend, HostBackend, HostConfig};
 use xla_vmm_ffi::pjrt::*;
 
 use crate::cabi::{self, CPtr};
-use crate::device::{Device, Memory};
+use crate::collectives::{self, Exchange};
+use crate::device::{Device, Memory, Place};
 use crate::devmem::{DeviceMemory, VmmMemory};
 use crate::error::{Error, Result};
 use crate::handles::{Handle, Registry};
+use crate::kv::{KvExchange, KvStore};
 use crate::options::{BackendKind, ClientOptions};
-use crate::vendor::{VendorClient, VendorPlugin};
+use crate::remote::RemoteMemory;
+use crate::vendor::{VendorClient, VendorPlugin, VendorTopology};
 use crate::vendor_locate;
 
 pub const PLATFORM_NAME: &str = "cuda";
@@ -27,8 +30,16 @@ pub struct Client {
     /// The vendor client's platform version (e.g. "cuda 13000"), reported
     /// as ours when known.
     vendor_platform_version: OnceLock<String>,
+    /// Every device of the job, by global id (other processes' devices are
+    /// listed, not addressable).
     pub devices: Vec<Arc<Device>>,
+    /// This process's devices, in local order.
+    pub addressable: Vec<Arc<Device>>,
+    /// The `jax.distributed` key-value store (multi-process), passed on to
+    /// the vendor client.
+    kv: Option<KvStore>,
     device_ptrs: Vec<CPtr<PJRT_Device>>,
+    addressable_ptrs: Vec<CPtr<PJRT_Device>>,
     memory_ptrs: Vec<CPtr<PJRT_Memory>>,
 }
 
@@ -49,59 +60,199 @@ impl Client {
         options: ClientOptions,
         backend: Arc<B>,
     ) -> Result<Arc<Client>> {
-        let t = options.tmp_copy_threshold;
-        Self::with_memory(options, Arc::new(VmmMemory::with_threshold(backend, t)?))
+        Self::with_backends(options, vec![backend], None)
     }
 
-    /// A client over prepared device memory (backend + allocator + GEMM).
+    /// A client with one device per backend (in local order); `kv`: the
+    /// key-value store of a multi-process run.
+    pub fn with_backends<B: Backend>(
+        options: ClientOptions,
+        backends: Vec<Arc<B>>,
+        kv: Option<KvStore>,
+    ) -> Result<Arc<Client>> {
+        let t = options.tmp_copy_threshold;
+        let mems = backends
+            .into_iter()
+            .map(|b| VmmMemory::with_threshold(b, t))
+            .collect::<Result<Vec<_>>>()?;
+        Self::with_memories(options, mems, kv)
+    }
+
+    /// A client over prepared device memory (backend + allocator + GEMM),
+    /// one device.
     pub fn with_memory<B: Backend>(
         options: ClientOptions,
         mem: Arc<VmmMemory<B>>,
     ) -> Result<Arc<Client>> {
-        let backend = mem.backend().clone();
-        let mem: Arc<dyn DeviceMemory> = mem;
-        let info = backend.info();
+        let local: Vec<Arc<dyn DeviceMemory>> = vec![mem];
+        Self::assemble(options, local, None)
+    }
+
+    /// A client over prepared device memories (one device each), which
+    /// share one set of collective cliques.
+    pub fn with_memories<B: Backend>(
+        options: ClientOptions,
+        mems: Vec<VmmMemory<B>>,
+        kv: Option<KvStore>,
+    ) -> Result<Arc<Client>> {
+        let exchange = match (&kv, options.num_nodes > 1) {
+            (Some(store), true) => Exchange::Kv(KvExchange::new(*store, options.node_id)),
+            _ => Exchange::Local,
+        };
+        let cliques = collectives::cliques::<B>(exchange.clone());
+        let local: Vec<Arc<dyn DeviceMemory>> = mems
+            .into_iter()
+            .map(|m| Arc::new(m.with_cliques(cliques.clone())) as Arc<dyn DeviceMemory>)
+            .collect();
+        let kv_exchange = match exchange {
+            Exchange::Kv(k) => Some(k),
+            Exchange::Local => None,
+        };
+        Self::assemble_with(options, local, kv, kv_exchange)
+    }
+
+    fn assemble(
+        options: ClientOptions,
+        local: Vec<Arc<dyn DeviceMemory>>,
+        kv: Option<KvStore>,
+    ) -> Result<Arc<Client>> {
+        let exchange = match (&kv, options.num_nodes > 1) {
+            (Some(store), true) => Some(KvExchange::new(*store, options.node_id)),
+            _ => None,
+        };
+        Self::assemble_with(options, local, kv, exchange)
+    }
+
+    /// The devices of the job: every process's local count (through the
+    /// key-value store when there are several processes), global ids in
+    /// process order.
+    fn assemble_with(
+        options: ClientOptions,
+        local: Vec<Arc<dyn DeviceMemory>>,
+        kv: Option<KvStore>,
+        exchange: Option<Arc<KvExchange>>,
+    ) -> Result<Arc<Client>> {
+        let first = local
+            .first()
+            .ok_or_else(|| Error::not_found("no device to create the client on"))?;
+        let info = first.info().clone();
+        let counts = if options.num_nodes > 1 {
+            let ex = exchange.ok_or_else(|| {
+                Error::invalid(format!(
+                    "num_nodes {} needs the key-value store of jax.distributed \
+                     (PJRT_Client_Create kv_get_callback / kv_put_callback); none was given",
+                    options.num_nodes
+                ))
+            })?;
+            ex.topology(
+                options.node_id,
+                options.num_nodes,
+                local.len(),
+                crate::kv::topology_timeout(),
+            )?
+        } else {
+            vec![local.len()]
+        };
         let platform_version = format!(
             "xla-vmm {} ({} backend, {})",
             env!("CARGO_PKG_VERSION"),
             info.backend,
             info.name
         );
-        let devices = vec![Device::create(0, mem)];
-        let device_ptrs = devices.iter().map(|d| CPtr(d.c_ptr())).collect();
-        let memory_ptrs = devices
+        let mut devices = Vec::new();
+        let mut addressable = Vec::new();
+        let mut next_id = 0i32;
+        let mut local_mems = local.iter();
+        for (node, &count) in counts.iter().enumerate() {
+            for j in 0..count {
+                let place = Place {
+                    id: next_id,
+                    local_hardware_id: j as i32,
+                    process_index: node as i32,
+                    addressable: node == options.node_id,
+                };
+                let mem: Arc<dyn DeviceMemory> = if place.addressable {
+                    local_mems
+                        .next()
+                        .cloned()
+                        .ok_or_else(|| Error::internal("fewer local devices than counted"))?
+                } else {
+                    Arc::new(RemoteMemory::new(&info, next_id, node as i32))
+                };
+                let d = Device::create_at(place, mem);
+                if place.addressable {
+                    addressable.push(d.clone());
+                }
+                devices.push(d);
+                next_id += 1;
+            }
+        }
+        let ptrs = |ds: &[Arc<Device>]| ds.iter().map(|d| CPtr(d.c_ptr())).collect::<Vec<_>>();
+        let device_ptrs = ptrs(&devices);
+        let addressable_ptrs = ptrs(&addressable);
+        let memory_ptrs = addressable
             .iter()
             .flat_map(|d| d.memories.get().into_iter().flatten())
             .map(|m| CPtr(m.c_ptr()))
             .collect();
-        tracing::info!(backend = info.backend, device = %info.name, "xla-vmm client created");
+        tracing::info!(backend = info.backend, device = %info.name,
+            local = addressable.len(), global = devices.len(),
+            process = options.node_id, "xla-vmm client created");
         Ok(Arc::new(Client {
             options,
             vendor: Mutex::new(None),
             platform_version,
             vendor_platform_version: OnceLock::new(),
             devices,
+            addressable,
+            kv,
             device_ptrs,
+            addressable_ptrs,
             memory_ptrs,
         }))
     }
 
-    pub fn new(options: ClientOptions) -> Result<Arc<Client>> {
+    /// A client as `PJRT_Client_Create` makes it: every local device of
+    /// the backend (host: `host_devices` emulated ones).
+    pub fn new(options: ClientOptions, kv: Option<KvStore>) -> Result<Arc<Client>> {
         match options.backend {
             BackendKind::Host => {
-                let backend = Arc::new(HostBackend::new(HostConfig::default())?);
-                Self::with_backend(options, backend)
+                let n = options
+                    .max_devices
+                    .map_or(options.host_devices, |m| m.min(options.host_devices));
+                let backends = (0..n)
+                    .map(|_| HostBackend::new(HostConfig::default()).map(Arc::new))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                Self::with_backends(options, backends, kv)
             }
-            BackendKind::Cuda => new_cuda(options),
+            BackendKind::Cuda => new_cuda(options, kv),
         }
     }
 
+    /// The device behind `ptr`, one of this client's.
     pub fn device(&self, ptr: *mut PJRT_Device) -> Result<Arc<Device>> {
         let d = Device::from_c(ptr)?;
         if !self.devices.iter().any(|x| Arc::ptr_eq(x, &d)) {
             return Err(Error::invalid("the device belongs to another client"));
         }
         Ok(d)
+    }
+
+    /// The addressable device with global id `id`.
+    pub fn addressable_device(&self, id: i64) -> Result<Arc<Device>> {
+        if let Some(d) = self.addressable.iter().find(|d| d.id() as i64 == id) {
+            return Ok(d.clone());
+        }
+        match self.devices.iter().find(|d| d.id() as i64 == id) {
+            Some(d) => Err(Error::invalid(format!(
+                "device {id} belongs to process {}, this is process {}",
+                d.description.process_index, self.options.node_id
+            ))),
+            None => Err(Error::invalid(format!(
+                "no device {id} (this client has {} devices)",
+                self.devices.len()
+            ))),
+        }
     }
 
     /// The vendor compiler client (located, loaded and created on first use).
@@ -112,7 +263,12 @@ impl Client {
         }
         let path = vendor_locate::locate(self.options.vendor_plugin_path.as_deref())?;
         let plugin = VendorPlugin::load(&path)?;
-        let client = Arc::new(VendorClient::create(plugin)?);
+        let topology = VendorTopology {
+            node_id: self.options.node_id,
+            num_nodes: self.options.num_nodes,
+            kv: self.kv,
+        };
+        let client = Arc::new(VendorClient::create(plugin, &topology)?);
         *slot = Some(client.clone());
         Ok(client)
     }
@@ -132,34 +288,52 @@ impl Client {
         }
     }
 
-    /// Destroy: wait for the device's queued work, stop the completion
-    /// thread (its pending events complete first), unregister the devices.
+    /// Destroy: wait for the devices' queued work, stop the completion
+    /// threads (their pending events complete first), unregister the devices.
     fn teardown(&self) {
-        for d in &self.devices {
+        for d in &self.addressable {
             d.mem.shutdown();
+        }
+        for d in &self.devices {
             d.unregister();
         }
     }
 }
 
 #[cfg(feature = "cuda")]
-fn new_cuda(options: ClientOptions) -> Result<Arc<Client>> {
+fn new_cuda(options: ClientOptions, kv: Option<KvStore>) -> Result<Arc<Client>> {
     use xla_vmm_device::blas::GemmEngine;
     use xla_vmm_device::cuda::{blaslt::CudaGemm, CudaBackend};
-    let backend = Arc::new(CudaBackend::new(0).map_err(|e| {
+    let first = Arc::new(CudaBackend::new(0).map_err(|e| {
         Error::from(e).context("creating the CUDA backend (set backend=host to run without a GPU)")
     })?);
-    // cuBLASLt is needed only by programs with GEMM thunks; without it those
-    // fail to load with a clear error, everything else works.
-    let gemm: Option<Arc<dyn GemmEngine<CudaBackend>>> = match CudaGemm::new(&backend) {
-        Ok(g) => Some(Arc::new(g)),
-        Err(e) => {
-            tracing::warn!("cuBLASLt not available: {e}");
-            None
+    // Every visible device (the driver applies CUDA_VISIBLE_DEVICES): open
+    // ordinals until one does not exist, up to `max_devices`.
+    let mut backends = vec![first];
+    let cap = options.max_devices.unwrap_or(usize::MAX);
+    while backends.len() < cap {
+        match CudaBackend::new(backends.len()) {
+            Ok(b) => backends.push(Arc::new(b)),
+            Err(e) => {
+                tracing::debug!("no CUDA device {}: {e}", backends.len());
+                break;
+            }
         }
-    };
-    let mem = VmmMemory::with_threshold(backend, options.tmp_copy_threshold)?.with_gemm(gemm);
-    let client = Client::with_memory(options, Arc::new(mem))?;
+    }
+    let mut mems = Vec::with_capacity(backends.len());
+    for backend in backends {
+        // cuBLASLt is needed only by programs with GEMM thunks; without it
+        // those fail to load with a clear error, everything else works.
+        let gemm: Option<Arc<dyn GemmEngine<CudaBackend>>> = match CudaGemm::new(&backend) {
+            Ok(g) => Some(Arc::new(g)),
+            Err(e) => {
+                tracing::warn!("cuBLASLt not available: {e}");
+                None
+            }
+        };
+        mems.push(VmmMemory::with_threshold(backend, options.tmp_copy_threshold)?.with_gemm(gemm));
+    }
+    let client = Client::with_memories(options, mems, kv)?;
     // Create the vendor compiler now: PJRT_Plugin_Attributes (called right
     // after this) reports its versions, and the platform version is its
     // (JAX reads CUDA versions from it). Without it buffers still work;
@@ -177,7 +351,7 @@ fn new_cuda(options: ClientOptions) -> Result<Arc<Client>> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn new_cuda(_options: ClientOptions) -> Result<Arc<Client>> {
+fn new_cuda(_options: ClientOptions, _kv: Option<KvStore>) -> Result<Arc<Client>> {
     Err(Error::unimplemented(
         "this build of the xla-vmm plugin has no CUDA backend (feature `cuda`)",
     ))
@@ -193,7 +367,7 @@ pub fn into_c(client: Arc<Client>) -> *mut PJRT_Client {
 pub fn create(a: &mut PJRT_Client_Create_Args) -> Result<()> {
     let items = cabi::read_named_values(a.create_options, a.num_options)?;
     let options = ClientOptions::parse(&items)?;
-    a.client = Client::new(options)?.into_c();
+    a.client = Client::new(options, KvStore::from_create_args(a))?.into_c();
     Ok(())
 }
 
@@ -211,8 +385,7 @@ pub fn platform_name(a: &mut PJRT_Client_PlatformName_Args) -> Result<()> {
 }
 
 pub fn process_index(a: &mut PJRT_Client_ProcessIndex_Args) -> Result<()> {
-    Client::from_c(a.client)?;
-    a.process_index = 0;
+    a.process_index = Client::from_c(a.client)?.options.node_id as i32;
     Ok(())
 }
 
@@ -237,8 +410,8 @@ pub fn devices(a: &mut PJRT_Client_Devices_Args) -> Result<()> {
 
 pub fn addressable_devices(a: &mut PJRT_Client_AddressableDevices_Args) -> Result<()> {
     let c = Client::from_c(a.client)?;
-    a.addressable_devices = c.device_ptrs.as_ptr().cast();
-    a.num_addressable_devices = c.device_ptrs.len();
+    a.addressable_devices = c.addressable_ptrs.as_ptr().cast();
+    a.num_addressable_devices = c.addressable_ptrs.len();
     Ok(())
 }
 
@@ -256,7 +429,7 @@ pub fn lookup_device(a: &mut PJRT_Client_LookupDevice_Args) -> Result<()> {
 pub fn lookup_addressable_device(a: &mut PJRT_Client_LookupAddressableDevice_Args) -> Result<()> {
     let c = Client::from_c(a.client)?;
     let d = c
-        .devices
+        .addressable
         .iter()
         .find(|d| d.local_hardware_id == a.local_hardware_id)
         .ok_or_else(|| {
@@ -298,11 +471,11 @@ pub fn default_device_assignment(a: &mut PJRT_Client_DefaultDeviceAssignment_Arg
     Ok(())
 }
 
-/// The one memory of `device` (for buffers placed by memory).
+/// The device of `memory` (for buffers placed by memory).
 pub fn memory_device(client: &Client, memory: *mut PJRT_Memory) -> Result<Arc<Device>> {
     let m = Memory::from_c(memory)?;
     client
-        .devices
+        .addressable
         .iter()
         .find(|d| {
             d.memories

@@ -24,9 +24,22 @@ pub struct DeviceDescription {
     pub attributes: NamedValues,
 }
 
+/// Where a device is: its global id, its index among its process's
+/// devices, its process, and whether this process can use it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub id: i32,
+    pub local_hardware_id: i32,
+    pub process_index: i32,
+    pub addressable: bool,
+}
+
 pub struct Device {
     pub description: Arc<DeviceDescription>,
     pub local_hardware_id: i32,
+    /// False for the devices of other processes (their `mem` is a
+    /// `RemoteMemory` that refuses every operation).
+    pub addressable: bool,
     pub mem: Arc<dyn DeviceMemory>,
     /// Set once, right after the memories are created.
     pub memories: OnceLock<Vec<Arc<Memory>>>,
@@ -75,8 +88,24 @@ impl Handle for Memory {
 pub const DEVICE_MEMORY_KIND: &str = "device";
 
 impl Device {
-    /// Create and register device `id` with its one memory space.
+    /// Create and register device `id` (process 0, addressable, its local
+    /// hardware id the backend's ordinal) with its one memory space.
     pub fn create(id: i32, mem: Arc<dyn DeviceMemory>) -> Arc<Device> {
+        let local_hardware_id = mem.info().ordinal as i32;
+        Self::create_at(
+            Place {
+                id,
+                local_hardware_id,
+                process_index: 0,
+                addressable: true,
+            },
+            mem,
+        )
+    }
+
+    /// Create and register the device at `place` with its one memory space.
+    pub fn create_at(place: Place, mem: Arc<dyn DeviceMemory>) -> Arc<Device> {
+        let id = place.id;
         let info = mem.info().clone();
         let (cc_major, cc_minor) = info.compute_capability;
         let kind = if info.name.is_empty() {
@@ -86,7 +115,7 @@ impl Device {
         };
         let description = Arc::new(DeviceDescription {
             id,
-            process_index: 0,
+            process_index: place.process_index,
             // As the vendor GPU plugin names its devices (str(device) in JAX).
             debug_string: format!("cuda:{id}"),
             to_string: format!("CudaDevice(id={id})"),
@@ -111,7 +140,8 @@ impl Device {
         description.clone().into_c();
         let device = Arc::new(Device {
             description,
-            local_hardware_id: info.ordinal as i32,
+            local_hardware_id: place.local_hardware_id,
+            addressable: place.addressable,
             mem,
             memories: OnceLock::new(),
             memory_ptrs: OnceLock::new(),
@@ -224,8 +254,7 @@ pub fn get_description(a: &mut PJRT_Device_GetDescription_Args) -> Result<()> {
     Ok(())
 }
 pub fn is_addressable(a: &mut PJRT_Device_IsAddressable_Args) -> Result<()> {
-    Device::from_c(a.device)?;
-    a.is_addressable = true;
+    a.is_addressable = Device::from_c(a.device)?.addressable;
     Ok(())
 }
 pub fn local_hardware_id(a: &mut PJRT_Device_LocalHardwareId_Args) -> Result<()> {

@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use xla_vmm_device::vmm::{Buffer as VmmBuffer, VmmAllocator, VmmConfig, VmmStats};
 use xla_vmm_device::{Backend, DeviceInfo, DevicePtr};
 
+use crate::assignment::MultiDevice;
+use crate::collectives::Cliques;
 use crate::completion::Completions;
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -132,8 +134,14 @@ pub trait DeviceMemory: Send + Sync {
     /// (free, total) device memory.
     fn mem_info(&self) -> Result<(u64, u64)>;
     fn as_any(&self) -> &dyn Any;
-    /// Load a decoded program on this device (the runtime's `Executable`).
-    fn load_program(&self, plan: xla_vmm::Plan) -> Result<Box<dyn Program>>;
+    /// Load a decoded program on this device (the runtime's `Executable`);
+    /// `multi`: the executable runs on several devices, this is one of them
+    /// (its collectives join the other devices' programs).
+    fn load_program(
+        &self,
+        plan: xla_vmm::Plan,
+        multi: Option<&MultiDevice>,
+    ) -> Result<Box<dyn Program>>;
     /// What VA-stable graph mode needs to map `a` (its physical memory and
     /// allocation id), for [`Program::run_bound`].
     fn remap_handle(&self, _a: &Allocation) -> Option<Box<dyn Any + Send>> {
@@ -150,6 +158,8 @@ pub struct VmmMemory<B: Backend> {
     gemm: Option<Arc<dyn GemmEngine<B>>>,
     /// `xla_vmm_tmp_copy_threshold` of the client (0 / 1 auto / N).
     threshold: u64,
+    /// The client's collective cliques (shared by all its devices).
+    cliques: Option<Arc<Cliques<B>>>,
 }
 
 impl<B: Backend> VmmMemory<B> {
@@ -191,12 +201,20 @@ impl<B: Backend> VmmMemory<B> {
             sync: sync_execute_from_env(),
             gemm: None,
             threshold,
+            cliques: None,
         })
     }
 
     /// Programs with GEMM thunks run them on `gemm` (cuBLASLt on CUDA).
     pub fn with_gemm(mut self, gemm: Option<Arc<dyn GemmEngine<B>>>) -> Self {
         self.gemm = gemm;
+        self
+    }
+
+    /// Multi-device programs find their peers through `cliques` (one per
+    /// client, shared by all its devices).
+    pub fn with_cliques(mut self, cliques: Arc<Cliques<B>>) -> Self {
+        self.cliques = Some(cliques);
         self
     }
 
@@ -338,13 +356,27 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
         self
     }
 
-    fn load_program(&self, plan: xla_vmm::Plan) -> Result<Box<dyn Program>> {
+    fn load_program(
+        &self,
+        plan: xla_vmm::Plan,
+        multi: Option<&MultiDevice>,
+    ) -> Result<Box<dyn Program>> {
+        let collectives = match multi {
+            None => None,
+            Some(m) => Some((
+                m,
+                self.cliques.clone().ok_or_else(|| {
+                    Error::internal("a multi-device program on device memory without cliques")
+                })?,
+            )),
+        };
         let p = RuntimeProgram::load(
             self.allocator.backend().clone(),
             plan,
             self.gemm.clone(),
             self.threshold,
             self.stream.clone(),
+            collectives,
         )?;
         Ok(Box::new(p))
     }

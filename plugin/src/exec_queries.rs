@@ -35,14 +35,12 @@ pub fn loaded_addressable_devices(
 }
 
 pub fn loaded_delete(a: &mut PJRT_LoadedExecutable_Delete_Args) -> Result<()> {
-    let e = loaded(a.executable)?;
-    *e.runner.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    loaded(a.executable)?.unload();
     Ok(())
 }
 
 pub fn loaded_is_deleted(a: &mut PJRT_LoadedExecutable_IsDeleted_Args) -> Result<()> {
-    let e = loaded(a.executable)?;
-    a.is_deleted = e.runner.lock().unwrap_or_else(|p| p.into_inner()).is_none();
+    a.is_deleted = loaded(a.executable)?.is_unloaded();
     Ok(())
 }
 
@@ -54,30 +52,6 @@ pub fn loaded_fingerprint(a: &mut PJRT_LoadedExecutable_Fingerprint_Args) -> Res
 }
 
 extern "C" fn no_device_assignment(_: *mut PJRT_DeviceAssignmentSerialized) {}
-
-fn varint(mut v: u64, out: &mut Vec<u8>) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-/// A serialized `xla.DeviceAssignmentProto` (xla/xla_data.proto) for one
-/// replica and one computation on `device_id`: `replica_count` (1) = 1,
-/// `computation_count` (2) = 1, `computation_devices` (3) =
-/// [{ `replica_device_ids` (1, packed) = [device_id] }].
-pub fn device_assignment_proto(device_id: i64) -> Vec<u8> {
-    let mut ids = Vec::new();
-    varint(device_id as u64, &mut ids);
-    let mut computation = vec![0x0A];
-    varint(ids.len() as u64, &mut computation);
-    computation.extend(ids);
-    let mut out = vec![0x08, 0x01, 0x10, 0x01, 0x1A];
-    varint(computation.len() as u64, &mut out);
-    out.extend(computation);
-    out
-}
 
 pub fn loaded_device_assignment(
     a: &mut PJRT_LoadedExecutable_GetDeviceAssignment_Args,
@@ -115,14 +89,12 @@ pub fn name(a: &mut PJRT_Executable_Name_Args) -> Result<()> {
 }
 
 pub fn num_replicas(a: &mut PJRT_Executable_NumReplicas_Args) -> Result<()> {
-    view(a.executable)?;
-    a.num_replicas = 1;
+    a.num_replicas = view(a.executable)?.assignment.replicas;
     Ok(())
 }
 
 pub fn num_partitions(a: &mut PJRT_Executable_NumPartitions_Args) -> Result<()> {
-    view(a.executable)?;
-    a.num_partitions = 1;
+    a.num_partitions = view(a.executable)?.assignment.partitions;
     Ok(())
 }
 
@@ -222,23 +194,4 @@ pub fn serialize(a: &mut PJRT_Executable_Serialize_Args) -> Result<()> {
     a.serialized_executable = blob.into_c();
     a.serialized_executable_deleter = Some(free_blob);
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::device_assignment_proto;
-
-    #[test]
-    fn device_assignment_bytes_are_the_proto_encoding() {
-        // replica_count 1, computation_count 1, computation_devices [{ids [0]}]
-        assert_eq!(
-            device_assignment_proto(0),
-            vec![0x08, 0x01, 0x10, 0x01, 0x1A, 0x03, 0x0A, 0x01, 0x00]
-        );
-        // a two-byte varint id (300 = 0xAC 0x02)
-        assert_eq!(
-            device_assignment_proto(300),
-            vec![0x08, 0x01, 0x10, 0x01, 0x1A, 0x04, 0x0A, 0x02, 0xAC, 0x02]
-        );
-    }
 }

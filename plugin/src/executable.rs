@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use xla_vmm::{Plan, Shape};
 use xla_vmm_ffi::pjrt::*;
 
+use crate::assignment::{Assignment, MultiDevice};
 use crate::buffer::Buffer;
 use crate::cabi::{self, CPtr, NamedValues};
 use crate::client::Client;
@@ -64,11 +65,25 @@ pub struct ExecInner {
     /// Per entry parameter: does the program write it in place (aliased
     /// with an output: donation)?
     pub(crate) aliased: Vec<bool>,
-    pub(crate) device: Arc<Device>,
+    /// One loaded program per addressable device of the assignment, in the
+    /// order of `Execute`'s argument lists.
+    pub(crate) parts: Vec<Part>,
     pub(crate) device_ptrs: Vec<CPtr<PJRT_Device>>,
-    /// Serialized `DeviceAssignmentProto`: one replica on our device.
+    pub(crate) assignment: Assignment,
+    /// Serialized `DeviceAssignmentProto` of `assignment`.
     pub(crate) device_assignment: Vec<u8>,
+}
+
+/// The program on one device.
+pub(crate) struct Part {
+    pub(crate) device: Arc<Device>,
     pub(crate) runner: Mutex<Option<Runner>>,
+}
+
+impl Part {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Runner>> {
+        self.runner.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Who runs the program.
@@ -132,17 +147,27 @@ fn leaves(shape: &Shape, out: &mut Vec<LeafSpec>) -> Result<()> {
 static KIND: &str = DEVICE_MEMORY_KIND;
 
 impl ExecInner {
-    /// Decode the vendor bytes and load them into our runtime on `device`.
+    /// Decode the vendor bytes and load them into our runtime on every
+    /// addressable device of the program's device assignment (the vendor's,
+    /// or one device: the client's first).
     ///
     /// `vendor` is the same program on the vendor client, when there is one:
-    /// it gives the optimized program (layouts) and, unless `strict`, runs
-    /// the program if our runtime rejects it.
+    /// it gives the assignment, the optimized program (layouts) and, unless
+    /// `strict`, runs a single-device program if our runtime rejects it.
     pub fn load(
-        device: Arc<Device>,
+        client: &Client,
         serialized: Vec<u8>,
         vendor: Option<VendorExecutable>,
         strict: bool,
     ) -> Result<Arc<ExecInner>> {
+        let assignment = match vendor.as_ref().map(|v| v.device_assignment()) {
+            Some(Ok(a)) => Some(a),
+            Some(Err(e)) => {
+                tracing::debug!("vendor device assignment unavailable ({e}); one device");
+                None
+            }
+            None => None,
+        };
         let cost = vendor.as_ref().and_then(|v| match v.cost_analysis() {
             Ok(items) => Some(NamedValues::new(
                 items.iter().map(|(n, v)| (n.as_str(), v.clone())).collect(),
@@ -161,11 +186,15 @@ impl ExecInner {
         });
         let plan: Plan = xla_vmm::decode(&serialized)
             .map_err(|e| Error::invalid(format!("decoding the serialized executable: {e}")))?;
-        Self::from_plan(device, plan, serialized, vendor, strict, cost, optimized)
+        Self::from_plan(
+            client, assignment, plan, serialized, vendor, strict, cost, optimized,
+        )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn from_plan(
-        device: Arc<Device>,
+        client: &Client,
+        assignment: Option<Assignment>,
         plan: Plan,
         serialized: Vec<u8>,
         vendor: Option<VendorExecutable>,
@@ -200,20 +229,58 @@ impl ExecInner {
         }
         let name = plan.module_name.clone();
         let code_size = (plan.kernels.binary.len() + plan.kernels.asm_text.len()) as i64;
-        let runner = match device.mem.load_program(plan) {
-            Ok(p) => Runner::Ours(p),
-            Err(e) => match vendor {
-                Some(v) if !strict => {
-                    tracing::warn!(
-                        "xla-vmm runtime rejected {name} ({}); it runs on the vendor runtime on \
-                         xla-vmm buffers (set strict to make this an error)",
-                        e.message
-                    );
-                    Runner::Vendor(v)
-                }
-                _ => return Err(e),
-            },
+        let assignment = match assignment {
+            Some(a) => a,
+            None => {
+                let first = client
+                    .addressable
+                    .first()
+                    .ok_or_else(|| Error::internal("the client has no addressable device"))?;
+                Assignment::single(first.id() as i64)
+            }
         };
+        // The devices of this process, in assignment order (replica major).
+        let devices = assignment
+            .ids
+            .iter()
+            .filter(|&&id| client.addressable.iter().any(|d| d.id() as i64 == id))
+            .map(|&id| client.addressable_device(id))
+            .collect::<Result<Vec<_>>>()?;
+        if devices.is_empty() {
+            return Err(Error::invalid(format!(
+                "{name}: none of the devices {:?} of its assignment is addressable by process {}",
+                assignment.ids, client.options.node_id
+            )));
+        }
+        let multi = assignment.num_devices() > 1;
+        let mut parts = Vec::with_capacity(devices.len());
+        let mut vendor = vendor;
+        for device in devices {
+            let spec = multi.then(|| MultiDevice {
+                assignment: assignment.clone(),
+                device_id: device.id() as i64,
+            });
+            let runner = match device.mem.load_program(plan.clone(), spec.as_ref()) {
+                Ok(p) => Runner::Ours(p),
+                Err(e) => match vendor.take() {
+                    Some(v) if !strict && !multi => {
+                        tracing::warn!(
+                            "xla-vmm runtime rejected {name} ({}); it runs on the vendor runtime \
+                             on xla-vmm buffers (set strict to make this an error)",
+                            e.message
+                        );
+                        Runner::Vendor(v)
+                    }
+                    _ => {
+                        return Err(e.context(&format!("loading {name} on device {}", device.id())))
+                    }
+                },
+            };
+            parts.push(Part {
+                device,
+                runner: Mutex::new(Some(runner)),
+            });
+        }
         let kind = CPtr(KIND.as_ptr() as *mut std::ffi::c_char);
         tracing::info!(%name, params = params.len(), outputs = outputs.len(), "executable loaded on xla-vmm");
         Ok(Arc::new(ExecInner {
@@ -236,20 +303,15 @@ impl ExecInner {
             outputs,
             code_size,
             aliased,
-            device_ptrs: vec![CPtr(device.c_ptr())],
-            device_assignment: crate::exec_queries::device_assignment_proto(device.id() as i64),
-            device,
-            runner: Mutex::new(Some(runner)),
+            device_ptrs: parts.iter().map(|p| CPtr(p.device.c_ptr())).collect(),
+            device_assignment: assignment.to_proto(),
+            assignment,
+            parts,
         }))
     }
 
-    /// Enqueue one step; the outputs and the event that completes when the
-    /// device has run it.
-    fn execute(
-        &self,
-        args: &[Arc<Buffer>],
-        non_donatable: &[i64],
-    ) -> Result<(Vec<Arc<Buffer>>, Arc<Event>)> {
+    /// Check one device's arguments: count, types and placement.
+    fn check_args(&self, part: &Part, args: &[Arc<Buffer>]) -> Result<()> {
         if args.len() != self.params.len() {
             return Err(Error::invalid(format!(
                 "{} takes {} arguments, {} given",
@@ -269,14 +331,42 @@ impl ExecInner {
                     p.dims
                 )));
             }
-            if !Arc::ptr_eq(&a.device.mem, &self.device.mem) {
-                return Err(Error::invalid(format!("argument {i} is on another device")));
+            if !Arc::ptr_eq(&a.device.mem, &part.device.mem) {
+                return Err(Error::invalid(format!(
+                    "argument {i} is on device {}; {} runs this argument list on device {}",
+                    a.device.id(),
+                    self.name,
+                    part.device.id()
+                )));
             }
         }
-        let mem = &self.device.mem;
+        Ok(())
+    }
+
+    /// Delete: unload every device's program.
+    pub(crate) fn unload(&self) {
+        for p in &self.parts {
+            *p.lock() = None;
+        }
+    }
+
+    pub(crate) fn is_unloaded(&self) -> bool {
+        self.parts.iter().all(|p| p.lock().is_none())
+    }
+
+    /// Enqueue one step; the outputs and the event that completes when the
+    /// device has run it.
+    /// (The arguments were checked with `check_args`.)
+    fn execute(
+        &self,
+        part: &Part,
+        args: &[Arc<Buffer>],
+        non_donatable: &[i64],
+    ) -> Result<(Vec<Arc<Buffer>>, Arc<Event>)> {
+        let mem = &part.device.mem;
         // Bound the work in flight; no lock is held while waiting.
         mem.throttle();
-        let mut guard = self.runner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = part.lock();
         let program = match guard.as_mut() {
             None => {
                 return Err(Error::failed_precondition(format!(
@@ -284,7 +374,7 @@ impl ExecInner {
                     self.name
                 )))
             }
-            Some(Runner::Vendor(v)) => return self.execute_vendor(v, args, non_donatable),
+            Some(Runner::Vendor(v)) => return self.execute_vendor(part, v, args, non_donatable),
             Some(Runner::Ours(p)) => p,
         };
         // A parameter the program writes in place but the caller may not
@@ -337,7 +427,7 @@ impl ExecInner {
                 }
             };
             results.push(Buffer::from_allocation(
-                self.device.clone(),
+                part.device.clone(),
                 spec.dtype,
                 &spec.dims,
                 alloc,
@@ -360,11 +450,12 @@ impl ExecInner {
     /// buffers; a donated argument is then deleted, as JAX expects.
     fn execute_vendor(
         &self,
+        part: &Part,
         v: &VendorExecutable,
         args: &[Arc<Buffer>],
         non_donatable: &[i64],
     ) -> Result<(Vec<Arc<Buffer>>, Arc<Event>)> {
-        let mem = &self.device.mem;
+        let mem = &part.device.mem;
         // The vendor runs on its own stream: our queued work (the arguments'
         // producers) must be done first.
         mem.synchronize()?;
@@ -387,7 +478,7 @@ impl ExecInner {
             let fresh = mem.alloc(o.bytes)?;
             mem.copy(fresh.ptr, o.ptr, o.bytes)?;
             results.push(Buffer::from_allocation(
-                self.device.clone(),
+                part.device.clone(),
                 spec.dtype,
                 &spec.dims,
                 fresh,
@@ -414,13 +505,21 @@ pub fn load_plan(
     plan: Plan,
     serialized: Vec<u8>,
 ) -> Result<*mut PJRT_LoadedExecutable> {
+    load_plan_on(client, plan, serialized, None)
+}
+
+/// [`load_plan`] on the devices of `assignment` (`None`: the client's
+/// first device).
+pub fn load_plan_on(
+    client: *mut PJRT_Client,
+    plan: Plan,
+    serialized: Vec<u8>,
+    assignment: Option<Assignment>,
+) -> Result<*mut PJRT_LoadedExecutable> {
     let client = Client::from_c(client)?;
-    let device = client
-        .devices
-        .first()
-        .cloned()
-        .ok_or_else(|| Error::internal("no device"))?;
-    let exe = ExecInner::from_plan(device, plan, serialized, None, true, None, None)?;
+    let exe = ExecInner::from_plan(
+        &client, assignment, plan, serialized, None, true, None, None,
+    )?;
     Ok(Arc::new(LoadedExecutable(exe)).into_c())
 }
 
@@ -453,12 +552,7 @@ pub fn compile(a: &mut PJRT_Client_Compile_Args) -> Result<()> {
     let vendor = client.vendor()?;
     let compiled = vendor.compile(code, format, options)?;
     let serialized = compiled.serialize()?;
-    let device = client
-        .devices
-        .first()
-        .cloned()
-        .ok_or_else(|| Error::internal("no device"))?;
-    let exe = ExecInner::load(device, serialized, Some(compiled), client.options.strict)
+    let exe = ExecInner::load(&client, serialized, Some(compiled), client.options.strict)
         .map_err(|e| e.context("loading the compiled program into the xla-vmm runtime"))?;
     a.executable = Arc::new(LoadedExecutable(exe)).into_c();
     Ok(())
@@ -472,42 +566,77 @@ pub fn deserialize_and_load(a: &mut PJRT_Executable_DeserializeAndLoad_Args) -> 
         "serialized_executable",
     )?
     .to_vec();
-    let device = client
-        .devices
-        .first()
-        .cloned()
-        .ok_or_else(|| Error::internal("no device"))?;
     // The vendor copy gives the optimized program (layouts) and the
     // fallback; without a vendor plugin (host backend) we load ours only.
     let vendor = match client.vendor_if_available() {
         Some(v) => Some(v.deserialize(&bytes)?),
         None => None,
     };
-    let exe = ExecInner::load(device, bytes, vendor, client.options.strict)?;
+    let exe = ExecInner::load(&client, bytes, vendor, client.options.strict)?;
     a.loaded_executable = Arc::new(LoadedExecutable(exe)).into_c();
     Ok(())
 }
 
+/// One device's step: its outputs and the event completing them.
+type Step = Result<(Vec<Arc<Buffer>>, Arc<Event>)>;
+
+/// Execute on `num_devices` devices: argument list `i` (and output list
+/// `i`, completion event `i`) belongs to the executable's addressable
+/// device `i`. Every list is checked before anything runs; then each
+/// device's step is enqueued on a thread of its own (the devices' programs
+/// meet in their collectives), one device inline.
 pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
     let e = loaded(a.executable)?;
-    if a.num_devices != 1 {
-        return Err(Error::unimplemented(format!(
-            "execution on {} devices (xla-vmm runs single-device programs)",
-            a.num_devices
-        )));
+    let n = a.num_devices;
+    let parts: Vec<&Part> = if !a.execute_device.is_null() {
+        let d = Device::from_c(a.execute_device)?;
+        if n != 1 {
+            return Err(Error::invalid(format!(
+                "execute_device is set with num_devices {n}: it needs exactly one argument list"
+            )));
+        }
+        let part = e
+            .parts
+            .iter()
+            .find(|p| Arc::ptr_eq(&p.device, &d))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "execute_device {} is not one of the devices {:?} {} was loaded on",
+                    d.id(),
+                    e.parts.iter().map(|p| p.device.id()).collect::<Vec<_>>(),
+                    e.name
+                ))
+            })?;
+        vec![part]
+    } else {
+        if n != e.parts.len() {
+            return Err(Error::invalid(format!(
+                "{} runs on {} addressable devices ({} replicas x {} partitions over devices \
+                 {:?}); Execute was given {n} argument lists (num_devices)",
+                e.name,
+                e.parts.len(),
+                e.assignment.replicas,
+                e.assignment.partitions,
+                e.assignment.ids
+            )));
+        }
+        e.parts.iter().collect()
+    };
+    let lists = cabi::slice(a.argument_lists, n, "argument_lists")?;
+    let mut args = Vec::with_capacity(n);
+    for (d, &list) in lists.iter().enumerate() {
+        let ptrs = cabi::slice(list, a.num_args, "argument list")?;
+        let list = ptrs
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                Buffer::from_c(p).map_err(|err| err.context(&format!("device {d} argument {i}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        e.check_args(parts[d], &list)
+            .map_err(|err| err.context(&format!("argument list {d}")))?;
+        args.push(list);
     }
-    if !a.execute_device.is_null() && Device::from_c(a.execute_device)?.id() != e.device.id() {
-        return Err(Error::invalid(
-            "execute_device is not the executable's device",
-        ));
-    }
-    let lists = cabi::slice(a.argument_lists, 1, "argument_lists")?;
-    let arg_ptrs = cabi::slice(lists[0], a.num_args, "argument list")?;
-    let args = arg_ptrs
-        .iter()
-        .enumerate()
-        .map(|(i, &p)| Buffer::from_c(p).map_err(|err| err.context(&format!("argument {i}"))))
-        .collect::<Result<Vec<_>>>()?;
     let non_donatable = match cabi::slice(a.options.cast_const(), 1, "options")?.first() {
         Some(o) => cabi::slice(
             o.non_donatable_input_indices,
@@ -517,13 +646,48 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
         .to_vec(),
         None => Vec::new(),
     };
-    let out_lists = cabi::slice(a.output_lists, 1, "output_lists")?;
-    let (outs, done) = e.execute(&args, &non_donatable)?;
-    let ptrs: Vec<*mut PJRT_Buffer> = outs.into_iter().map(Handle::into_c).collect();
-    cabi::write_slice(out_lists[0], &ptrs, "output list")?;
+    let out_lists = cabi::slice(a.output_lists, n, "output_lists")?;
+    let results: Vec<Step> = if n == 1 {
+        vec![e.execute(parts[0], &args[0], &non_donatable)]
+    } else {
+        let (e, nd) = (&e, &non_donatable);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = parts
+                .iter()
+                .zip(&args)
+                .map(|(&part, list)| s.spawn(move || e.execute(part, list, nd)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::internal("a device's execution thread panicked"))
+                    })
+                })
+                .collect()
+        })
+    };
+    // All or nothing: on any error the other devices' outputs are dropped
+    // (their memory is freed after the queued work).
+    let mut done_all = Vec::with_capacity(n);
+    for (d, r) in results.into_iter().enumerate() {
+        done_all.push(r.map_err(|err| {
+            if n > 1 {
+                err.context(&format!("device {}", parts[d].device.id()))
+            } else {
+                err
+            }
+        })?);
+    }
+    let mut events = Vec::with_capacity(n);
+    for (d, (outs, done)) in done_all.into_iter().enumerate() {
+        let ptrs: Vec<*mut PJRT_Buffer> = outs.into_iter().map(Handle::into_c).collect();
+        cabi::write_slice(out_lists[d], &ptrs, "output list")?;
+        events.push(done);
+    }
     if !a.device_complete_events.is_null() {
-        let ev = [done.into_c()];
-        cabi::write_slice(a.device_complete_events, &ev, "device_complete_events")?;
+        let events: Vec<*mut PJRT_Event> = events.into_iter().map(Handle::into_c).collect();
+        cabi::write_slice(a.device_complete_events, &events, "device_complete_events")?;
     }
     Ok(())
 }

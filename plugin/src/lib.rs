@@ -29,9 +29,11 @@
 #![allow(non_upper_case_globals)]
 
 mod api;
+pub mod assignment;
 pub mod buffer;
 mod cabi;
 pub mod client;
+pub mod collectives;
 pub mod completion;
 pub mod device;
 pub mod devmem;
@@ -42,9 +44,11 @@ pub mod event;
 pub mod exec_queries;
 pub mod executable;
 pub mod handles;
+pub mod kv;
 pub mod options;
 mod plugin;
 pub mod program;
+pub mod remote;
 pub mod stats;
 pub mod vendor;
 pub mod vendor_exec;

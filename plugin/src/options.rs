@@ -6,9 +6,13 @@
 //! | `strict` | bool/int | a program our runtime rejects is an error, not a fallback to the vendor runtime |
 //! | `xla_vmm_tmp_copy_threshold` | int | 0 = remap every slot, 1 = auto (default), N = copy slots ≤ N bytes |
 //! | `vendor_plugin_path` | string | the vendor XLA GPU plugin used as the compiler |
+//! | `host_devices` | int | host backend: number of emulated devices (default 1) |
+//! | `max_devices` | int | use at most this many local devices (default: all visible) |
+//! | `node_id` / `num_nodes` | int | this process and the number of processes (`jax.distributed`) |
 //!
 //! Environment defaults: `XLA_VMM_BACKEND`, `XLA_VMM_STRICT`,
-//! `XLA_VMM_TMP_COPY_THRESHOLD`, `XLA_VMM_VENDOR_PLUGIN`. Options JAX passes
+//! `XLA_VMM_TMP_COPY_THRESHOLD`, `XLA_VMM_VENDOR_PLUGIN`,
+//! `XLA_VMM_HOST_DEVICES`, `XLA_VMM_MAX_DEVICES`. Options JAX passes
 //! to GPU plugins that do not apply to us are accepted and logged; any other
 //! unknown option is an error (a typo must not be silently ignored).
 
@@ -27,14 +31,19 @@ pub struct ClientOptions {
     pub strict: bool,
     pub tmp_copy_threshold: u64,
     pub vendor_plugin_path: Option<String>,
+    /// Host backend: how many devices to emulate.
+    pub host_devices: usize,
+    /// Cap on the local devices used (`None`: every visible one).
+    pub max_devices: Option<usize>,
+    /// This process (`jax.distributed` process id) and the process count.
+    pub node_id: usize,
+    pub num_nodes: usize,
 }
 
 /// Options of the vendor GPU plugin that JAX may pass along; accepted, unused.
 const IGNORED: &[&str] = &[
     "platform_name",
     "visible_devices",
-    "node_id",
-    "num_nodes",
     "preallocate",
     "memory_fraction",
     "allocator",
@@ -71,6 +80,10 @@ impl ClientOptions {
                 .unwrap_or(false),
             tmp_copy_threshold,
             vendor_plugin_path: std::env::var("XLA_VMM_VENDOR_PLUGIN").ok(),
+            host_devices: env_count("XLA_VMM_HOST_DEVICES")?.unwrap_or(1),
+            max_devices: env_count("XLA_VMM_MAX_DEVICES")?,
+            node_id: 0,
+            num_nodes: 1,
         })
     }
 
@@ -93,18 +106,66 @@ impl ClientOptions {
                     })?
                 }
                 ("vendor_plugin_path", Value::Str(s)) => o.vendor_plugin_path = Some(s.clone()),
+                ("host_devices", v) => o.host_devices = count(name, v)?,
+                ("max_devices", v) => o.max_devices = Some(count(name, v)?),
+                ("node_id", v) => o.node_id = int(name, v)?,
+                ("num_nodes", v) => o.num_nodes = int(name, v)?,
                 (n, _) if IGNORED.contains(&n) => {
                     tracing::debug!("client option {n} ignored by xla-vmm")
                 }
                 (n, v) => {
                     return Err(Error::invalid(format!(
                         "unknown or mistyped client option {n} = {v:?} (known: backend, strict, \
-                         xla_vmm_tmp_copy_threshold, vendor_plugin_path)"
+                         xla_vmm_tmp_copy_threshold, vendor_plugin_path, host_devices, \
+                         max_devices, node_id, num_nodes)"
                     )))
                 }
             }
         }
+        if o.num_nodes == 0 || o.node_id >= o.num_nodes {
+            return Err(Error::invalid(format!(
+                "node_id {} with num_nodes {}: need 0 <= node_id < num_nodes",
+                o.node_id, o.num_nodes
+            )));
+        }
         Ok(o)
+    }
+}
+
+/// A non-negative integer option (int, or a string holding one).
+fn int(name: &str, v: &Value) -> Result<usize> {
+    let n = match v {
+        Value::Int(i) => usize::try_from(*i).ok(),
+        Value::Str(s) => s.trim().parse::<usize>().ok(),
+        _ => None,
+    };
+    n.ok_or_else(|| {
+        Error::invalid(format!(
+            "client option {name} = {v:?}: expected an integer >= 0"
+        ))
+    })
+}
+
+/// A positive count option.
+fn count(name: &str, v: &Value) -> Result<usize> {
+    match int(name, v)? {
+        0 => Err(Error::invalid(format!(
+            "client option {name} = 0: expected at least 1"
+        ))),
+        n => Ok(n),
+    }
+}
+
+/// A positive count from the environment variable `var`, if set.
+fn env_count(var: &str) -> Result<Option<usize>> {
+    match std::env::var(var) {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(Error::invalid(format!(
+                "{var}={v:?}: expected an integer >= 1"
+            ))),
+        },
+        Err(_) => Ok(None),
     }
 }
 
@@ -145,5 +206,30 @@ mod tests {
         assert!(e.message.contains("stric"), "{}", e.message);
         let e = ClientOptions::parse(&[("backend".into(), Value::Str("tpu".into()))]).unwrap_err();
         assert!(e.message.contains("tpu"));
+    }
+
+    #[test]
+    fn device_and_process_options() {
+        let o = ClientOptions::parse(&[
+            ("host_devices".into(), Value::Int(2)),
+            ("max_devices".into(), Value::Str("4".into())),
+            ("node_id".into(), Value::Int(1)),
+            ("num_nodes".into(), Value::Int(2)),
+        ])
+        .unwrap();
+        assert_eq!(
+            (o.host_devices, o.max_devices, o.node_id, o.num_nodes),
+            (2, Some(4), 1, 2)
+        );
+        let e = ClientOptions::parse(&[
+            ("node_id".into(), Value::Int(2)),
+            ("num_nodes".into(), Value::Int(2)),
+        ])
+        .unwrap_err();
+        assert!(e.message.contains("node_id 2"), "{}", e.message);
+        let e = ClientOptions::parse(&[("host_devices".into(), Value::Int(0))]).unwrap_err();
+        assert!(e.message.contains("host_devices"), "{}", e.message);
+        let e = ClientOptions::parse(&[("num_nodes".into(), Value::Int(-1))]).unwrap_err();
+        assert!(e.message.contains("num_nodes"), "{}", e.message);
     }
 }

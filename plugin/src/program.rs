@@ -9,6 +9,8 @@ use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::{Backend, DevicePtr};
 use xla_vmm_runtime::{BindingConfig, Executable, Mode, RuntimeError, UserBuffer};
 
+use crate::assignment::MultiDevice;
+use crate::collectives::{self, Cliques};
 use crate::devmem::SharedStream;
 use crate::error::{Error, Result};
 
@@ -81,9 +83,13 @@ impl<B: Backend> RuntimeProgram<B> {
         gemm: Option<Arc<dyn GemmEngine<B>>>,
         threshold: u64,
         stream: Arc<SharedStream<B>>,
+        multi: Option<(&MultiDevice, Arc<Cliques<B>>)>,
     ) -> Result<Self> {
         let exe = stream.with(|s| {
             let mut exe = Executable::load(backend.clone(), plan, gemm, s)?;
+            if let Some((m, cliques)) = multi {
+                collectives::attach(&mut exe, m, cliques)?;
+            }
             // PJRT buffers never change content except through donation.
             let mut cfg = BindingConfig::resolve(Some(threshold))?;
             cfg.immutable_buffers = true;

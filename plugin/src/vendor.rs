@@ -190,18 +190,38 @@ pub struct VendorClient {
     pub(crate) device: CPtr<PJRT_Device>,
 }
 
+/// The job the vendor client is part of: in a multi-process run it gets
+/// the same process id, process count and key-value store as ours, so its
+/// compiler sees the global devices (its keys do not collide with ours:
+/// ours are under `xla_vmm/`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VendorTopology {
+    pub node_id: usize,
+    pub num_nodes: usize,
+    pub kv: Option<crate::kv::KvStore>,
+}
+
 impl VendorClient {
-    pub fn create(plugin: Arc<VendorPlugin>) -> Result<VendorClient> {
-        let options = NamedValues::new(vec![
+    pub fn create(plugin: Arc<VendorPlugin>, topology: &VendorTopology) -> Result<VendorClient> {
+        let mut items = vec![
             ("allocator", Value::Str("platform".into())),
             ("preallocate", Value::Bool(false)),
             ("memory_fraction", Value::Float(0.01)),
-        ]);
+        ];
+        let multi = topology.num_nodes > 1 && topology.kv.is_some();
+        if multi {
+            items.push(("node_id", Value::Int(topology.node_id as i64)));
+            items.push(("num_nodes", Value::Int(topology.num_nodes as i64)));
+        }
+        let options = NamedValues::new(items);
         // SAFETY: all-zero is a valid value for this plain C struct.
         let mut a: PJRT_Client_Create_Args = unsafe { std::mem::zeroed() };
         a.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE as usize;
         a.create_options = options.as_ptr();
         a.num_options = options.len();
+        if let (true, Some(kv)) = (multi, topology.kv.as_ref()) {
+            kv.fill_create_args(&mut a);
+        }
         plugin.call("PJRT_Client_Create", |t| t.PJRT_Client_Create, &mut a)?;
         let mut vc = VendorClient {
             plugin,

@@ -104,6 +104,32 @@ impl VendorExecutable {
         r
     }
 
+    /// The vendor's device assignment of the compiled program
+    /// (`PJRT_LoadedExecutable_GetDeviceAssignment`).
+    pub fn device_assignment(&self) -> Result<crate::assignment::Assignment> {
+        let p = &self.client.plugin;
+        let mut a: PJRT_LoadedExecutable_GetDeviceAssignment_Args = zeroed();
+        a.struct_size = PJRT_LoadedExecutable_GetDeviceAssignment_Args_STRUCT_SIZE as usize;
+        a.executable = self.exe.0;
+        p.call(
+            "PJRT_LoadedExecutable_GetDeviceAssignment",
+            |t| t.PJRT_LoadedExecutable_GetDeviceAssignment,
+            &mut a,
+        )?;
+        let parsed = cabi::slice(
+            a.serialized_bytes.cast::<u8>(),
+            a.serialized_bytes_size,
+            "serialized device assignment",
+        )
+        .and_then(crate::assignment::Assignment::from_proto);
+        if let Some(del) = a.serialized_device_assignment_deleter {
+            // SAFETY: frees the vendor's serialized assignment once, after
+            // it was parsed.
+            unsafe { del(a.serialized_device_assignment) };
+        }
+        parsed
+    }
+
     /// `PJRT_Executable_Serialize` bytes.
     pub fn serialize(&self) -> Result<Vec<u8>> {
         let p = &self.client.plugin;

@@ -201,6 +201,10 @@ pub fn host_options() -> ClientOptions {
         strict: true,
         tmp_copy_threshold: 1,
         vendor_plugin_path: None,
+        host_devices: 1,
+        max_devices: None,
+        node_id: 0,
+        num_nodes: 1,
     }
 }
 

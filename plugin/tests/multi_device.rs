@@ -1,0 +1,568 @@
+//! Several devices through the C API on the host backend: devices and
+//! memories listed, buffers on each device, a program executed on two
+//! devices at once (one argument list per device), the errors of a wrong
+//! `num_devices` or an argument on the wrong device (without leaks), and a
+//! two-process job emulated in one process (two clients, node_id 0 / 1,
+//! over an in-memory key-value store with C callbacks written here).
+#![allow(unsafe_code)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void};
+use std::mem::zeroed;
+use std::ptr::null_mut;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use common::plans::*;
+use common::*;
+use xla_vmm_plugin::assignment::Assignment;
+use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::pjrt::*;
+
+// ---- client options ---------------------------------------------------------
+
+enum Opt {
+    Str(&'static str),
+    Int(i64),
+}
+
+/// Named values for `PJRT_Client_Create` (the strings are 'static).
+fn named(opts: &[(&'static str, Opt)]) -> Vec<PJRT_NamedValue> {
+    opts.iter()
+        .map(|(name, v)| {
+            let mut o: PJRT_NamedValue = unsafe { zeroed() };
+            o.struct_size = PJRT_NamedValue_STRUCT_SIZE as usize;
+            o.name = name.as_ptr().cast();
+            o.name_size = name.len();
+            match v {
+                Opt::Str(s) => {
+                    o.type_ = PJRT_NamedValue_kString;
+                    o.__bindgen_anon_1.string_value = s.as_ptr().cast();
+                    o.value_size = s.len();
+                }
+                Opt::Int(i) => {
+                    o.type_ = PJRT_NamedValue_kInt64;
+                    o.__bindgen_anon_1.int64_value = *i;
+                    o.value_size = 1;
+                }
+            }
+            o
+        })
+        .collect()
+}
+
+fn create(
+    opts: &[(&'static str, Opt)],
+    kv: Option<&'static Kv>,
+) -> Result<*mut PJRT_Client, (u32, String)> {
+    let opts = named(opts);
+    let (err, a) = call!(PJRT_Client_Create, PJRT_Client_Create_Args, |a| {
+        a.create_options = opts.as_ptr();
+        a.num_options = opts.len();
+        if let Some(kv) = kv {
+            let user = kv as *const Kv as *mut c_void;
+            a.kv_get_callback = Some(kv_get);
+            a.kv_get_user_arg = user;
+            a.kv_put_callback = Some(kv_put);
+            a.kv_put_user_arg = user;
+        }
+    });
+    match err {
+        Some(e) => Err(e),
+        None => Ok(a.client),
+    }
+}
+
+fn addressable(client: *mut PJRT_Client) -> Vec<*mut PJRT_Device> {
+    let (err, a) = call!(
+        PJRT_Client_AddressableDevices,
+        PJRT_Client_AddressableDevices_Args,
+        |a| {
+            a.client = client;
+        }
+    );
+    assert_eq!(err, None);
+    unsafe { std::slice::from_raw_parts(a.addressable_devices, a.num_addressable_devices).to_vec() }
+}
+
+fn device_id(d: *mut PJRT_Device) -> i32 {
+    let (err, g) = call!(
+        PJRT_Device_GetDescription,
+        PJRT_Device_GetDescription_Args,
+        |a| {
+            a.device = d;
+        }
+    );
+    assert_eq!(err, None);
+    let (err, i) = call!(
+        PJRT_DeviceDescription_Id,
+        PJRT_DeviceDescription_Id_Args,
+        |a| {
+            a.device_description = g.device_description;
+        }
+    );
+    assert_eq!(err, None);
+    i.id
+}
+
+fn process_of(d: *mut PJRT_Device) -> i32 {
+    let (_, g) = call!(
+        PJRT_Device_GetDescription,
+        PJRT_Device_GetDescription_Args,
+        |a| {
+            a.device = d;
+        }
+    );
+    let (err, p) = call!(
+        PJRT_DeviceDescription_ProcessIndex,
+        PJRT_DeviceDescription_ProcessIndex_Args,
+        |a| {
+            a.device_description = g.device_description;
+        }
+    );
+    assert_eq!(err, None);
+    p.process_index
+}
+
+fn is_addressable(d: *mut PJRT_Device) -> bool {
+    let (err, a) = call!(
+        PJRT_Device_IsAddressable,
+        PJRT_Device_IsAddressable_Args,
+        |a| {
+            a.device = d;
+        }
+    );
+    assert_eq!(err, None);
+    a.is_addressable
+}
+
+fn buffer_device(b: *mut PJRT_Buffer) -> *mut PJRT_Device {
+    let (err, a) = call!(PJRT_Buffer_Device, PJRT_Buffer_Device_Args, |a| {
+        a.buffer = b;
+    });
+    assert_eq!(err, None);
+    a.device
+}
+
+// ---- execute on several devices --------------------------------------------
+
+/// Execute with one argument list per device; (outputs, events) per device.
+fn execute_n(
+    exe: *mut PJRT_LoadedExecutable,
+    lists: &[Vec<*mut PJRT_Buffer>],
+    num_devices: usize,
+) -> Result<Vec<(*mut PJRT_Buffer, *mut PJRT_Event)>, (u32, String)> {
+    let mut opts: PJRT_ExecuteOptions = unsafe { zeroed() };
+    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
+    let arg_lists: Vec<*const *mut PJRT_Buffer> = lists.iter().map(|l| l.as_ptr()).collect();
+    let mut outs = vec![[null_mut::<PJRT_Buffer>(); 1]; lists.len()];
+    let out_lists: Vec<*mut *mut PJRT_Buffer> = outs.iter_mut().map(|o| o.as_mut_ptr()).collect();
+    let mut events = vec![null_mut::<PJRT_Event>(); lists.len()];
+    let (err, _) = call!(
+        PJRT_LoadedExecutable_Execute,
+        PJRT_LoadedExecutable_Execute_Args,
+        |a| {
+            a.executable = exe;
+            a.options = &mut opts;
+            a.argument_lists = arg_lists.as_ptr();
+            a.num_devices = num_devices;
+            a.num_args = lists.first().map_or(0, |l| l.len());
+            a.output_lists = out_lists.as_ptr();
+            a.device_complete_events = events.as_mut_ptr();
+        }
+    );
+    match err {
+        Some(e) => Err(e),
+        None => Ok(outs.iter().zip(events).map(|(o, e)| (o[0], e)).collect()),
+    }
+}
+
+fn two_device_client() -> *mut PJRT_Client {
+    client::into_c(Client::with_backends(host_options(), vec![backend(), backend()], None).unwrap())
+}
+
+#[test]
+fn a_client_with_two_host_devices_lists_both() {
+    let client = create(
+        &[("backend", Opt::Str("host")), ("host_devices", Opt::Int(2))],
+        None,
+    )
+    .unwrap();
+    let all = devices(client);
+    assert_eq!(all.len(), 2);
+    assert_eq!(addressable(client), all);
+    assert_eq!(
+        all.iter().map(|&d| device_id(d)).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    let mut memories = Vec::new();
+    for (i, &d) in all.iter().enumerate() {
+        assert!(is_addressable(d));
+        let (err, h) = call!(
+            PJRT_Device_LocalHardwareId,
+            PJRT_Device_LocalHardwareId_Args,
+            |a| {
+                a.device = d;
+            }
+        );
+        assert_eq!((err, h.local_hardware_id), (None, i as i32));
+        let (err, m) = call!(
+            PJRT_Device_DefaultMemory,
+            PJRT_Device_DefaultMemory_Args,
+            |a| {
+                a.device = d;
+            }
+        );
+        assert_eq!(err, None);
+        memories.push(m.memory);
+        let (err, l) = call!(
+            PJRT_Client_LookupDevice,
+            PJRT_Client_LookupDevice_Args,
+            |a| {
+                a.client = client;
+                a.id = i as i32;
+            }
+        );
+        assert_eq!((err, l.device), (None, d));
+        let (err, l) = call!(
+            PJRT_Client_LookupAddressableDevice,
+            PJRT_Client_LookupAddressableDevice_Args,
+            |a| {
+                a.client = client;
+                a.local_hardware_id = i as i32;
+            }
+        );
+        assert_eq!((err, l.addressable_device), (None, d));
+    }
+    assert_ne!(memories[0], memories[1]);
+    let (err, m) = call!(
+        PJRT_Client_AddressableMemories,
+        PJRT_Client_AddressableMemories_Args,
+        |a| {
+            a.client = client;
+        }
+    );
+    assert_eq!((err, m.num_addressable_memories), (None, 2));
+    let (err, l) = call!(
+        PJRT_Client_LookupDevice,
+        PJRT_Client_LookupDevice_Args,
+        |a| {
+            a.client = client;
+            a.id = 2;
+        }
+    );
+    assert!(err.unwrap().1.contains("no device with id 2"));
+    let _ = l;
+
+    // Buffers live on their device; copies cross devices.
+    let b1 = put_f32(client, all[1], &[1.0, 2.0]);
+    assert_eq!(buffer_device(b1), all[1]);
+    let (err, c) = call!(
+        PJRT_Buffer_CopyToDevice,
+        PJRT_Buffer_CopyToDevice_Args,
+        |a| {
+            a.buffer = b1;
+            a.dst_device = all[0];
+        }
+    );
+    assert_eq!(err, None);
+    assert_eq!(buffer_device(c.dst_buffer), all[0]);
+    assert_eq!(f32_values(&to_host(c.dst_buffer).unwrap()), vec![1.0, 2.0]);
+    destroy_buffer(c.dst_buffer);
+    destroy_buffer(b1);
+    destroy_client(client);
+}
+
+#[test]
+fn a_program_runs_on_two_devices_at_once() {
+    let client = two_device_client();
+    let devs = devices(client);
+    let assignment = Assignment {
+        replicas: 1,
+        partitions: 2,
+        ids: vec![0, 1],
+    };
+    let exe = xla_vmm_plugin::executable::load_plan_on(
+        client,
+        add_one(),
+        b"two".to_vec(),
+        Some(assignment.clone()),
+    )
+    .unwrap();
+
+    // Queries: two partitions, both devices, the assignment's proto.
+    let (err, g) = call!(
+        PJRT_LoadedExecutable_GetExecutable,
+        PJRT_LoadedExecutable_GetExecutable_Args,
+        |a| {
+            a.loaded_executable = exe;
+        }
+    );
+    assert_eq!(err, None);
+    let (err, np) = call!(
+        PJRT_Executable_NumPartitions,
+        PJRT_Executable_NumPartitions_Args,
+        |a| {
+            a.executable = g.executable;
+        }
+    );
+    assert_eq!((err, np.num_partitions), (None, 2));
+    let (err, nr) = call!(
+        PJRT_Executable_NumReplicas,
+        PJRT_Executable_NumReplicas_Args,
+        |a| {
+            a.executable = g.executable;
+        }
+    );
+    assert_eq!((err, nr.num_replicas), (None, 1));
+    let (err, _) = call!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |a| {
+        a.executable = g.executable;
+    });
+    assert_eq!(err, None);
+    let (err, ad) = call!(
+        PJRT_LoadedExecutable_AddressableDevices,
+        PJRT_LoadedExecutable_AddressableDevices_Args,
+        |a| {
+            a.executable = exe;
+        }
+    );
+    assert_eq!(err, None);
+    let ad =
+        unsafe { std::slice::from_raw_parts(ad.addressable_devices, ad.num_addressable_devices) };
+    assert_eq!(ad, &devs[..]);
+    let (err, da) = call!(
+        PJRT_LoadedExecutable_GetDeviceAssignment,
+        PJRT_LoadedExecutable_GetDeviceAssignment_Args,
+        |a| {
+            a.executable = exe;
+        }
+    );
+    assert_eq!(err, None);
+    let bytes = unsafe {
+        std::slice::from_raw_parts(da.serialized_bytes.cast::<u8>(), da.serialized_bytes_size)
+    };
+    assert_eq!(Assignment::from_proto(bytes).unwrap(), assignment);
+
+    // Each device gets its own argument and its own result.
+    let before = xla_vmm_plugin::live_objects();
+    let a0 = put_f32(client, devs[0], &[1.0, 2.0, 3.0, 4.0]);
+    let a1 = put_f32(client, devs[1], &[10.0, 20.0, 30.0, 40.0]);
+    let res = execute_n(exe, &[vec![a0], vec![a1]], 2).unwrap();
+    assert_eq!(res.len(), 2);
+    for (d, &(out, ev)) in res.iter().enumerate() {
+        assert_eq!(await_event(ev), None);
+        destroy_event(ev);
+        assert_eq!(buffer_device(out), devs[d]);
+    }
+    assert_eq!(
+        f32_values(&to_host(res[0].0).unwrap()),
+        vec![2.0, 3.0, 4.0, 5.0]
+    );
+    assert_eq!(
+        f32_values(&to_host(res[1].0).unwrap()),
+        vec![11.0, 21.0, 31.0, 41.0]
+    );
+    for &(out, _) in &res {
+        destroy_buffer(out);
+    }
+
+    // Errors name what is wrong and leave nothing behind.
+    let e = execute_n(exe, &[vec![a0]], 1).unwrap_err();
+    assert_eq!(e.0, PJRT_Error_Code_INVALID_ARGUMENT);
+    assert!(
+        e.1.contains("2 addressable devices") && e.1.contains("num_devices"),
+        "{}",
+        e.1
+    );
+    let e = execute_n(exe, &[vec![a1], vec![a0]], 2).unwrap_err();
+    assert!(e.1.contains("argument 0 is on device 1"), "{}", e.1);
+    let e = execute_n(exe, &[vec![a0, a0], vec![a1, a1]], 2).unwrap_err();
+    assert!(e.1.contains("takes 1 arguments, 2 given"), "{}", e.1);
+
+    // Host cost of a two-device step (threads per step): reported.
+    let mut times = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let res = execute_n(exe, &[vec![a0], vec![a1]], 2).unwrap();
+        times.push(t.elapsed());
+        for (out, ev) in res {
+            assert_eq!(await_event(ev), None);
+            destroy_event(ev);
+            destroy_buffer(out);
+        }
+    }
+    times.sort();
+    eprintln!(
+        "two-device Execute (host backend): median {:?}",
+        times[times.len() / 2]
+    );
+
+    destroy_buffer(a0);
+    destroy_buffer(a1);
+    let after = xla_vmm_plugin::live_objects();
+    assert_eq!(
+        (after.buffers, after.events),
+        (before.buffers, before.events)
+    );
+    destroy_exe(exe);
+    destroy_client(client);
+}
+
+#[test]
+fn a_single_device_program_runs_on_the_device_of_its_assignment() {
+    let client = two_device_client();
+    let devs = devices(client);
+    let exe = xla_vmm_plugin::executable::load_plan_on(
+        client,
+        add_one(),
+        b"one".to_vec(),
+        Some(Assignment::single(1)),
+    )
+    .unwrap();
+    let a1 = put_f32(client, devs[1], &[1.0, 1.0, 1.0, 1.0]);
+    let out = execute(exe, &[a1], &[]).unwrap();
+    assert_eq!(buffer_device(out), devs[1]);
+    assert_eq!(f32_values(&to_host(out).unwrap()), vec![2.0; 4]);
+    let a0 = put_f32(client, devs[0], &[1.0; 4]);
+    let e = execute(exe, &[a0], &[]).unwrap_err();
+    assert!(e.1.contains("argument 0 is on device 0"), "{}", e.1);
+    for b in [a0, a1, out] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
+    destroy_client(client);
+}
+
+// ---- two processes in one ---------------------------------------------------
+
+/// An in-memory key-value store behind the PJRT callbacks.
+#[derive(Default)]
+struct Kv {
+    map: Mutex<HashMap<String, String>>,
+    changed: Condvar,
+}
+
+unsafe fn text(p: *const c_char, n: usize) -> String {
+    String::from_utf8_lossy(std::slice::from_raw_parts(p.cast::<u8>(), n)).into_owned()
+}
+
+unsafe extern "C" fn kv_put(a: *mut PJRT_KeyValuePutCallback_Args) -> *mut PJRT_Error {
+    let a = &mut *a;
+    let kv = &*(a.user_arg as *const Kv);
+    kv.map
+        .lock()
+        .unwrap()
+        .insert(text(a.key, a.key_size), text(a.value, a.value_size));
+    kv.changed.notify_all();
+    null_mut()
+}
+
+unsafe extern "C" fn kv_get(a: *mut PJRT_KeyValueGetCallback_Args) -> *mut PJRT_Error {
+    let a = &mut *a;
+    let kv = &*(a.user_arg as *const Kv);
+    let key = text(a.key, a.key_size);
+    let deadline = Instant::now() + Duration::from_millis(a.timeout_in_ms.max(0) as u64);
+    let mut map = kv.map.lock().unwrap();
+    loop {
+        if let Some(v) = map.get(&key) {
+            // [len: usize][bytes]; the value pointer is past the length.
+            let mut buf = vec![0u8; 8 + v.len()].into_boxed_slice();
+            buf[..8].copy_from_slice(&v.len().to_ne_bytes());
+            buf[8..].copy_from_slice(v.as_bytes());
+            let p = Box::into_raw(buf).cast::<u8>();
+            a.value = p.add(8).cast();
+            a.value_size = v.len();
+            a.value_deleter_callback = Some(free_whole);
+            return null_mut();
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let msg = format!("key {key} not found before the timeout");
+            let f = (*a.callback_error).unwrap();
+            return f(
+                PJRT_Error_Code_DEADLINE_EXCEEDED,
+                msg.as_ptr().cast(),
+                msg.len(),
+            );
+        }
+        map = kv.changed.wait_timeout(map, deadline - now).unwrap().0;
+    }
+}
+
+/// Frees a value from `kv_get` (the allocation starts 8 bytes before it).
+unsafe extern "C" fn free_whole(v: *mut c_char) {
+    let start = v.cast::<u8>().sub(8);
+    let len = *(start.cast::<usize>());
+    drop(Box::<[u8]>::from_raw(std::ptr::slice_from_raw_parts_mut(
+        start,
+        8 + len,
+    )));
+}
+
+#[test]
+fn two_processes_see_each_others_devices() {
+    let kv: &'static Kv = Box::leak(Box::default());
+    let make = move |node: i64| {
+        std::thread::spawn(move || {
+            create(
+                &[
+                    ("backend", Opt::Str("host")),
+                    ("node_id", Opt::Int(node)),
+                    ("num_nodes", Opt::Int(2)),
+                ],
+                Some(kv),
+            )
+            .map(|c| c as usize)
+        })
+    };
+    let (t0, t1) = (make(0), make(1));
+    let clients = [t0.join().unwrap().unwrap(), t1.join().unwrap().unwrap()];
+    for (node, &c) in clients.iter().enumerate() {
+        let c = c as *mut PJRT_Client;
+        let all = devices(c);
+        assert_eq!(all.len(), 2, "process {node}");
+        let local = addressable(c);
+        assert_eq!(local.len(), 1);
+        assert_eq!(device_id(local[0]), node as i32);
+        assert_eq!(process_of(local[0]), node as i32);
+        let (err, p) = call!(
+            PJRT_Client_ProcessIndex,
+            PJRT_Client_ProcessIndex_Args,
+            |a| {
+                a.client = c;
+            }
+        );
+        assert_eq!((err, p.process_index), (None, node as i32));
+        let other = all[1 - node];
+        assert!(!is_addressable(other));
+        assert_eq!(process_of(other), 1 - node as i32);
+        let e = from_host(c, other, PJRT_Buffer_Type_F32, &[1], &[0; 4], None).unwrap_err();
+        assert!(e.1.contains("not addressable"), "{}", e.1);
+        let b = put_f32(c, local[0], &[5.0]);
+        assert_eq!(f32_values(&to_host(b).unwrap()), vec![5.0]);
+        destroy_buffer(b);
+    }
+    // The topology went through the store under the plugin's prefix.
+    let keys: Vec<String> = kv.map.lock().unwrap().keys().cloned().collect();
+    assert!(keys.iter().all(|k| k.starts_with("xla_vmm/")), "{keys:?}");
+    assert_eq!(keys.iter().filter(|k| k.contains("/topology/")).count(), 2);
+    for c in clients {
+        destroy_client(c as *mut PJRT_Client);
+    }
+}
+
+#[test]
+fn several_processes_without_a_store_is_a_clear_error() {
+    let e = create(
+        &[
+            ("backend", Opt::Str("host")),
+            ("node_id", Opt::Int(0)),
+            ("num_nodes", Opt::Int(2)),
+        ],
+        None,
+    )
+    .unwrap_err();
+    assert!(e.1.contains("key-value store"), "{}", e.1);
+}
