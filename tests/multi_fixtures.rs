@@ -149,4 +149,5 @@ fn collective_modes_and_sizes_of_the_small_fixtures() {
     assert_eq!(pairs, vec![(0, 1), (1, 0)]);
     let a2a = only("coll_all_to_all");
     assert_eq!(a2a.group_mode, GroupMode::CrossPartition);
+    assert!(a2a.has_split_dimension);
 }

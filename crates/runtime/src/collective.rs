@@ -132,7 +132,7 @@ impl IdExchange for LocalExchange {
     }
 }
 
-type CommMap<B> = HashMap<(Vec<i64>, usize), Arc<dyn Communicator<B>>>;
+type CommMap<B> = HashMap<(Vec<i64>, usize, usize), Arc<dyn Communicator<B>>>;
 
 /// The communicators of one process, shared by all its devices and executables:
 /// one per (participants in rank order, rank). Key in the exchange: "xla_vmm/clique/<ids comma-joined>".
@@ -164,13 +164,28 @@ impl<B: Backend> Cliques<B> {
         participants: &[i64],
         rank: usize,
     ) -> Result<Arc<dyn Communicator<B>>> {
+        self.communicator_tagged(backend, participants, rank, 0)
+    }
+
+    /// [`Cliques::communicator`] of a separate clique per `tag`: collectives
+    /// on communication stream i use tag i + 1, the others 0 (XLA keys its
+    /// cliques by stream the same way, so that async collectives never wait
+    /// behind synchronous ones on a shared communicator). Exchange key:
+    /// that of tag 0, plus `/stream<tag>` for tag > 0.
+    pub fn communicator_tagged(
+        &self,
+        backend: &B,
+        participants: &[i64],
+        rank: usize,
+        tag: usize,
+    ) -> Result<Arc<dyn Communicator<B>>> {
         if rank >= participants.len() {
             return Err(RuntimeError::arg(format!(
                 "rank {rank} of a {}-device clique",
                 participants.len()
             )));
         }
-        let key = (participants.to_vec(), rank);
+        let key = (participants.to_vec(), rank, tag);
         let lock = || {
             self.comms
                 .lock()
@@ -181,7 +196,10 @@ impl<B: Backend> Cliques<B> {
         }
         // Not under the lock: joining blocks until the other ranks, which
         // need the table too, have joined.
-        let name = clique_key(participants);
+        let mut name = clique_key(participants);
+        if tag > 0 {
+            name.push_str(&format!("/stream{tag}"));
+        }
         let id = if rank == 0 {
             let id = backend.clique_id()?;
             self.exchange.put(&name, &id.to_hex())?;
@@ -353,6 +371,9 @@ pub struct CollOp {
     pub pairs: Vec<(i64, i64)>,
     pub buffers: Vec<CollBuffer>,
     pub index: usize,
+    /// Which communicator set: 0, or i + 1 inside an async start on
+    /// communication stream i (see [`Cliques::communicator_tagged`]).
+    pub stream_tag: usize,
 }
 
 /// The library type and reduction for element type `et` (XLA element
@@ -486,6 +507,7 @@ pub fn load(name: &str, c: &CollectiveThunk, index: usize) -> Result<CollOp> {
         pairs: c.source_target_pairs.clone(),
         buffers,
         index,
+        stream_tag: 0,
     })
 }
 
@@ -558,7 +580,10 @@ fn resolve_one<B: Backend>(
         }
     }
     let comm = if parts.len() > 1 {
-        Some(env.cliques.communicator(backend, &parts, rank)?)
+        Some(
+            env.cliques
+                .communicator_tagged(backend, &parts, rank, op.stream_tag)?,
+        )
     } else {
         None
     };

@@ -138,6 +138,7 @@ impl<B: Backend> Executable<B> {
             async_ids: Vec::new(),
             comm_streams_needed: 0,
             collectives: Vec::new(),
+            comm_tag: 0,
         };
         let built = ctx.build_seq(&plan, &plan.thunks);
         let (modules, streams_needed, async_ids) = (ctx.modules, ctx.streams_needed, ctx.async_ids);

@@ -134,6 +134,9 @@ pub struct LoadCtx<'a, B: Backend> {
     pub async_ids: Vec<u64>,
     /// Every collective loaded, in load order (`CollOp::index`).
     pub collectives: Vec<CollOp>,
+    /// While building inside an async start on `Communication(i)`: i + 1
+    /// (collectives there get their own communicators, as in XLA); else 0.
+    pub comm_tag: usize,
 }
 
 fn what(t: &Thunk) -> String {
@@ -433,10 +436,16 @@ impl<B: Backend> LoadCtx<'_, B> {
                 if !self.async_ids.contains(&a.async_execution_id) {
                     self.async_ids.push(a.async_execution_id);
                 }
+                let outer = self.comm_tag;
+                if let AsyncStream::Comm(i) = stream {
+                    self.comm_tag = i + 1;
+                }
+                let ops = self.build_seq(plan, &a.thunks);
+                self.comm_tag = outer;
                 Op::AsyncStart {
                     id: a.async_execution_id,
                     stream,
-                    ops: self.build_seq(plan, &a.thunks)?,
+                    ops: ops?,
                 }
             }
             ThunkKind::AsyncDone { async_execution_id } => Op::AsyncDone {
@@ -449,8 +458,9 @@ impl<B: Backend> LoadCtx<'_, B> {
                 )))
             }
             ThunkKind::Collective(c) => {
-                let op =
+                let mut op =
                     crate::collective::load(&t.info.profile_annotation, c, self.collectives.len())?;
+                op.stream_tag = self.comm_tag;
                 self.collectives.push(op.clone());
                 Op::Collective(Box::new(op))
             }

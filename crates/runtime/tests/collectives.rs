@@ -208,8 +208,14 @@ fn expected(d: usize) -> Vec<u32> {
 
 /// Run `p` on `n` host devices, each in its own thread, `steps` times in
 /// `mode`; the output bits per device.
-fn run_devices(p: &Plan, n: usize, mode: Mode, steps: usize) -> Vec<Result<Vec<u32>, String>> {
-    let cliques = Cliques::<HostBackend>::new(LocalExchange::new());
+fn run_devices(
+    p: &Plan,
+    n: usize,
+    mode: Mode,
+    steps: usize,
+    exchange: Arc<LocalExchange>,
+) -> Vec<Result<Vec<u32>, String>> {
+    let cliques = Cliques::<HostBackend>::new(exchange);
     let assignment = DeviceAssignment {
         replicas: 1,
         partitions: n,
@@ -257,9 +263,11 @@ fn run_devices(p: &Plan, n: usize, mode: Mode, steps: usize) -> Vec<Result<Vec<u
 }
 
 fn check_two_devices(mode: Mode, steps: usize) {
+    use xla_vmm_runtime::IdExchange;
     let p = multi_plan();
     check_support(&p).unwrap();
-    let got = run_devices(&p, 2, mode, steps);
+    let exchange = LocalExchange::new();
+    let got = run_devices(&p, 2, mode, steps, exchange.clone());
     for (d, r) in got.into_iter().enumerate() {
         let bits = r.unwrap_or_else(|e| panic!("{mode:?} device {d}: {e}"));
         let want = expected(d);
@@ -273,6 +281,10 @@ fn check_two_devices(mode: Mode, steps: usize) {
             );
         }
     }
+    // The all-reduce on communication stream 0 has its own clique.
+    let t = std::time::Duration::from_millis(1);
+    assert!(exchange.get("xla_vmm/clique/0,1", t).is_ok());
+    assert!(exchange.get("xla_vmm/clique/0,1/stream1", t).is_ok());
 }
 
 #[test]
@@ -430,4 +442,23 @@ fn cliques_are_made_once_per_participants_and_rank() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(made, vec![(0, 2), (1, 2)]);
+}
+
+/// Every multi-device fixture (jax 0.11.2 on 2 x H200) passes the
+/// load-time support check: collectives, collective kernels, partition ids
+/// and async starts on communication / computation streams.
+#[test]
+fn multi_device_fixtures_pass_the_support_check() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../integration/multi/fixtures");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_some_and(|x| x == "pjrt") {
+            let plan = decode(&std::fs::read(&path).unwrap()).unwrap();
+            check_support(&plan).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+    }
+    assert_eq!(n, 9);
 }
