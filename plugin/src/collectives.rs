@@ -7,9 +7,13 @@
 //! the executable's device assignment and its own global id.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use xla_vmm_device::Backend;
-use xla_vmm_runtime::Executable;
+pub use xla_vmm_runtime::Cliques;
+use xla_vmm_runtime::{
+    CollectiveEnv, DeviceAssignment, Executable, IdExchange, LocalExchange, RuntimeError,
+};
 
 use crate::assignment::MultiDevice;
 use crate::error::Result;
@@ -24,25 +28,31 @@ pub enum Exchange {
     Kv(Arc<KvExchange>),
 }
 
-/// Placeholder until the runtime's `Cliques` lands: keeps the exchange.
-pub struct Cliques<B: Backend> {
-    _exchange: Exchange,
-    _backend: std::marker::PhantomData<fn() -> B>,
+impl IdExchange for KvExchange {
+    fn put(&self, key: &str, value: &str) -> std::result::Result<(), RuntimeError> {
+        KvExchange::put(self, key, value).map_err(|e| RuntimeError::InvalidArgument(e.message))
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> std::result::Result<String, RuntimeError> {
+        KvExchange::get(self, key, timeout).map_err(|e| RuntimeError::InvalidArgument(e.message))
+    }
 }
 
-/// The cliques of a new client.
+/// The cliques of a new client (shared by all its devices).
 pub fn cliques<B: Backend>(exchange: Exchange) -> Arc<Cliques<B>> {
-    Arc::new(Cliques {
-        _exchange: exchange,
-        _backend: std::marker::PhantomData,
-    })
+    let exchange: Arc<dyn IdExchange> = match exchange {
+        Exchange::Local => LocalExchange::new(),
+        Exchange::Kv(kv) => kv,
+    };
+    Cliques::new(exchange)
 }
 
-/// Give a freshly loaded program its place in the assignment.
+/// Give a freshly loaded program its place in the assignment (before its
+/// first run; its communicators are made at the first run).
 pub fn attach<B: Backend>(
-    _exe: &mut Executable<B>,
+    exe: &mut Executable<B>,
     multi: &MultiDevice,
-    _cliques: Arc<Cliques<B>>,
+    cliques: Arc<Cliques<B>>,
 ) -> Result<()> {
     tracing::debug!(
         device = multi.device_id,
@@ -50,5 +60,15 @@ pub fn attach<B: Backend>(
         partitions = multi.assignment.partitions,
         "multi-device program"
     );
+    let a = &multi.assignment;
+    exe.set_collectives(CollectiveEnv {
+        assignment: DeviceAssignment {
+            replicas: a.replicas,
+            partitions: a.partitions,
+            ids: a.ids.clone(),
+        },
+        device_id: multi.device_id,
+        cliques,
+    })?;
     Ok(())
 }

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::plans::*;
 use common::*;
+use xla_vmm::*;
 use xla_vmm_plugin::assignment::Assignment;
 use xla_vmm_plugin::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
@@ -410,6 +411,117 @@ fn a_program_runs_on_two_devices_at_once() {
     destroy_client(client);
 }
 
+fn slice(allocation: usize, start: u64, len: u64) -> Slice {
+    Slice {
+        allocation,
+        offset: start * 4,
+        size: len * 4,
+    }
+}
+
+/// out (f32[8]) = [all-reduce sum of the f32[4] argument over both
+/// partitions, the partition id (u32 bits), 0, 0, 0].
+fn all_reduce_and_partition_id() -> Plan {
+    let param = AllocationRole::Parameter {
+        number: 0,
+        shape_index: vec![],
+        aliased_with_output: false,
+    };
+    let all_reduce = CollectiveThunk {
+        op: CollectiveOp::AllReduce,
+        replica_groups: vec![vec![0, 1]],
+        group_mode: GroupMode::FlattenedId,
+        operand_element_types: vec![ElementType::F32],
+        use_symmetric_buffer: false,
+        reduction: Some(ReductionKind::Sum),
+        buffers: vec![CollectiveBuffer {
+            element_count: 4,
+            element_type: Some(ElementType::F32),
+            source: ShapedSlice {
+                slice: slice(0, 0, 4),
+                shape: None,
+            },
+            destination: ShapedSlice {
+                slice: slice(1, 0, 4),
+                shape: None,
+            },
+            source_memory_space: 0,
+            destination_memory_space: 0,
+        }],
+        source_target_pairs: vec![],
+        has_split_dimension: false,
+        has_dynamic_root: false,
+        collectives_mode: 0,
+        from_collective_kernel: false,
+    };
+    let mut p = plan(
+        vec![
+            alloc(0, 16, param),
+            alloc(1, 32, AllocationRole::Output { outputs: vec![] }),
+        ],
+        1,
+        vec![
+            thunk(
+                "memset",
+                ThunkKind::Memset32 {
+                    dest: slice(1, 0, 8),
+                    value: 0,
+                },
+            ),
+            thunk("all-reduce.1", ThunkKind::Collective(Box::new(all_reduce))),
+            thunk(
+                "partition-id",
+                ThunkKind::PartitionId {
+                    dest: slice(1, 4, 1),
+                },
+            ),
+        ],
+    );
+    p.program_shape.result = f32s(8);
+    p
+}
+
+#[test]
+fn an_all_reduce_runs_across_two_devices() {
+    let client = two_device_client();
+    let devs = devices(client);
+    let exe = xla_vmm_plugin::executable::load_plan_on(
+        client,
+        all_reduce_and_partition_id(),
+        b"all-reduce".to_vec(),
+        Some(Assignment {
+            replicas: 1,
+            partitions: 2,
+            ids: vec![0, 1],
+        }),
+    )
+    .unwrap();
+    let a0 = put_f32(client, devs[0], &[1.0, 2.0, 3.0, 4.0]);
+    let a1 = put_f32(client, devs[1], &[10.0, 20.0, 30.0, 40.0]);
+    // Several steps: the communicators are made at the first.
+    for _ in 0..3 {
+        let res = execute_n(exe, &[vec![a0], vec![a1]], 2).unwrap();
+        for (d, (out, ev)) in res.into_iter().enumerate() {
+            assert_eq!(await_event(ev), None);
+            destroy_event(ev);
+            let bytes = to_host(out).unwrap();
+            assert_eq!(
+                f32_values(&bytes[..16]),
+                vec![11.0, 22.0, 33.0, 44.0],
+                "device {d}"
+            );
+            let id = u32::from_le_bytes(bytes[16..20].try_into().unwrap());
+            assert_eq!(id, d as u32, "partition id on device {d}");
+            assert_eq!(&bytes[20..], &[0u8; 12][..]);
+            destroy_buffer(out);
+        }
+    }
+    destroy_buffer(a0);
+    destroy_buffer(a1);
+    destroy_exe(exe);
+    destroy_client(client);
+}
+
 #[test]
 fn a_single_device_program_runs_on_the_device_of_its_assignment() {
     let client = two_device_client();
@@ -544,10 +656,58 @@ fn two_processes_see_each_others_devices() {
         assert_eq!(f32_values(&to_host(b).unwrap()), vec![5.0]);
         destroy_buffer(b);
     }
-    // The topology went through the store under the plugin's prefix.
+    // An all-reduce across the two "processes": one device each, the
+    // clique id goes through the store.
+    let runs: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(node, &c)| {
+            std::thread::spawn(move || {
+                let c = c as *mut PJRT_Client;
+                let exe = xla_vmm_plugin::executable::load_plan_on(
+                    c,
+                    all_reduce_and_partition_id(),
+                    b"all-reduce".to_vec(),
+                    Some(Assignment {
+                        replicas: 1,
+                        partitions: 2,
+                        ids: vec![0, 1],
+                    }),
+                )
+                .unwrap();
+                let local = addressable(c);
+                let x = (node as f32 + 1.0) * 10.0;
+                let arg = put_f32(c, local[0], &[x, x, x, x]);
+                let res = execute_n(exe, &[vec![arg]], 1).unwrap();
+                let (out, ev) = res[0];
+                assert_eq!(await_event(ev), None);
+                destroy_event(ev);
+                let bytes = to_host(out).unwrap();
+                destroy_buffer(out);
+                destroy_buffer(arg);
+                destroy_exe(exe);
+                bytes
+            })
+        })
+        .collect();
+    for (node, r) in runs.into_iter().enumerate() {
+        let bytes = r.join().unwrap();
+        assert_eq!(f32_values(&bytes[..16]), vec![30.0; 4], "process {node}");
+        assert_eq!(
+            u32::from_le_bytes(bytes[16..20].try_into().unwrap()),
+            node as u32
+        );
+    }
+    // The topology and the clique id went through the store under the
+    // plugin's prefix.
     let keys: Vec<String> = kv.map.lock().unwrap().keys().cloned().collect();
     assert!(keys.iter().all(|k| k.starts_with("xla_vmm/")), "{keys:?}");
     assert_eq!(keys.iter().filter(|k| k.contains("/topology/")).count(), 2);
+    assert_eq!(
+        keys.iter().filter(|k| k.contains("clique")).count(),
+        1,
+        "{keys:?}"
+    );
     for c in clients {
         destroy_client(c as *mut PJRT_Client);
     }
