@@ -185,11 +185,17 @@ pub(crate) fn replay_multi<B: Backend>(
     let n = assignment.ids.len();
     let inputs = npz::read_npz(&args.inputs)?;
     let cliques = Cliques::<B>::new(LocalExchange::new());
+    let gate = Gate::new(n);
     let results: Vec<anyhow::Result<DeviceRun>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|k| {
-                let (plan, cliques, assignment, inputs) =
-                    (plan.clone(), cliques.clone(), assignment.clone(), &inputs);
+                let (plan, cliques, assignment, inputs, gate) = (
+                    plan.clone(),
+                    cliques.clone(),
+                    assignment.clone(),
+                    &inputs,
+                    &gate,
+                );
                 s.spawn(move || {
                     let device_id = assignment.ids[k];
                     let env = CollectiveEnv {
@@ -197,7 +203,7 @@ pub(crate) fn replay_multi<B: Backend>(
                         device_id,
                         cliques,
                     };
-                    device_run(make, k, plan, env, inputs, args, mode)
+                    device_run(make, k, plan, env, inputs, args, mode, gate)
                         .with_context(|| format!("device {k}"))
                 })
             })
@@ -254,6 +260,49 @@ pub(crate) fn replay_multi<B: Backend>(
     Ok(())
 }
 
+/// Every device arrives once, loaded or failed; nobody runs (and joins
+/// cliques) unless all loaded.
+pub(crate) struct Gate {
+    barrier: std::sync::Barrier,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl Gate {
+    pub(crate) fn new(n: usize) -> Self {
+        Gate {
+            barrier: std::sync::Barrier::new(n),
+            failed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+struct Arrival<'a> {
+    gate: &'a Gate,
+    done: bool,
+}
+
+impl Arrival<'_> {
+    fn arrive(&mut self) -> anyhow::Result<()> {
+        self.done = true;
+        self.gate.barrier.wait();
+        if self.gate.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            bail!("not run: another device failed to load");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Arrival<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.gate
+                .failed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            self.gate.barrier.wait();
+        }
+    }
+}
+
 fn device_run<B: Backend>(
     make: &MakeBackend<'_, B>,
     k: usize,
@@ -262,7 +311,11 @@ fn device_run<B: Backend>(
     inputs: &[(String, NpyArray)],
     args: &Args,
     mode: Mode,
+    gate: &Gate,
 ) -> anyhow::Result<DeviceRun> {
+    // Until the gate, an error still arrives (as a failure), so that no
+    // device waits for a peer that will never join its cliques.
+    let mut arrival = Arrival { gate, done: false };
     let (backend, gemm) = make(k)?;
     let be = &*backend;
     let stream = be.stream_create()?;
@@ -282,6 +335,7 @@ fn device_run<B: Backend>(
             &args.inputs,
             &mut params,
         )?;
+        arrival.arrive()?;
         let t = Instant::now();
         let outs = exe.run(&stream, mode)?;
         be.stream_synchronize(&stream)?;
@@ -489,6 +543,20 @@ mod tests {
                 assert_eq!(g.1.data, arr.data, "{mode:?} {name}");
             }
         }
+        // Device 1 without its input: it fails to load, device 0 does not
+        // run (instead of waiting for its peer forever).
+        npz::write_npz(&dir.join("in.npz"), &inputs[..1]).unwrap();
+        let e = replay_multi(
+            &make,
+            collective_plan(),
+            &args(&dir, true),
+            Mode::Eager,
+            &OutputCheck::default(),
+            a.clone(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("[0, 1]"), "{e}");
+        npz::write_npz(&dir.join("in.npz"), &inputs).unwrap();
         // A wrong expectation on device 1 fails the run.
         want[3].1.data[0] ^= 1;
         npz::write_npz(&dir.join("want.npz"), &want).unwrap();
