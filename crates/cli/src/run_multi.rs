@@ -303,6 +303,7 @@ impl Drop for Arrival<'_> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn device_run<B: Backend>(
     make: &MakeBackend<'_, B>,
     k: usize,
