@@ -4,9 +4,12 @@
 //! call for its copies.
 //!
 //! Table layout (little endian, 8-byte words): `[count, 0]` then `count`
-//! entries `(dst, src, bytes)`, 24 bytes each. Entries with `bytes == 0`
-//! copy nothing. Entries run concurrently: their destinations must not
-//! overlap each other (the caller falls back to ordered copies otherwise).
+//! rows `(dst, src, bytes)`, 24 bytes each; a copy longer than
+//! [`ROW_BYTES`] is split into several rows. Rows with `bytes == 0` copy
+//! nothing. Rows run concurrently (one CTA each): destinations must not
+//! overlap (the caller falls back to ordered copies otherwise). A step
+//! whose copies need more rows than the table has runs that direction as a
+//! batched driver copy instead.
 //!
 //! Each reservation's graph is captured once with two launches of the
 //! kernel: the first node reads the IN table, the last the OUT table. The
@@ -29,27 +32,36 @@ use crate::error::{Result, RuntimeError};
 pub const COPY_KERNEL_NAME: &str = "xla_vmm_copy_table";
 /// Bytes before the first entry.
 pub const TABLE_HEADER: usize = 16;
-/// Bytes per entry.
+/// Bytes per entry (row).
 pub const ENTRY_BYTES: usize = 24;
+/// Copies are split into rows of at most this many bytes (a multiple of
+/// 16, so alignment is kept), one CTA per row.
+pub const ROW_BYTES: u64 = 256 << 10;
 /// Threads per CTA.
 const BLOCK: u32 = 256;
 /// CTAs per multiprocessor (grid-stride loops cover any size).
 const CTAS_PER_SM: u32 = 4;
 
-/// Bytes of a table with room for `cap` entries.
+/// Bytes of a table with room for `cap` rows.
 pub fn table_bytes(cap: usize) -> usize {
     TABLE_HEADER + ENTRY_BYTES * cap.max(1)
+}
+
+/// Rows a copy of `bytes` takes (at least one).
+pub fn rows(bytes: u64) -> usize {
+    bytes.div_ceil(ROW_BYTES).max(1) as usize
 }
 
 /// The copy kernel in PTX (sm_52+, 64-bit addresses), one parameter: the
 /// table's device address.
 ///
-/// Every CTA loads up to 256 entries at a time into shared memory (one
-/// thread per entry, `ld.global.cv`: the host rewrites the table between
-/// launches), then copies each entry with a grid-stride loop over all
-/// threads of the grid: 16-byte vectors when `dst` and `src` are both
-/// 16-byte aligned, then the remaining bytes (all of them otherwise) one by
-/// one.
+/// Rows are spread over the CTAs (row `ctaid`, `ctaid + nctaid`, ...), so
+/// the grid reads the table from host memory once (`ld.global.cv`: the host
+/// rewrites it between launches). Threads 0..2 load a row's three words
+/// into shared memory; the CTA then copies the row with a block-stride
+/// loop: 16-byte vectors when `dst` and `src` are both 16-byte aligned, then
+/// the remaining bytes (all of them otherwise) one by one. The host splits
+/// big copies into rows of [`ROW_BYTES`] so that they spread over the GPU.
 pub const COPY_KERNEL_PTX: &str = r#"
 .version 7.0
 .target sm_52
@@ -62,9 +74,8 @@ pub const COPY_KERNEL_PTX: &str = r#"
 	.reg .pred 	%p<8>;
 	.reg .b16 	%rs<2>;
 	.reg .b32 	%r<10>;
-	.reg .b64 	%rd<32>;
-	.shared .align 16 .b8 s_ent[6144];
-	.shared .align 8 .b64 s_count;
+	.reg .b64 	%rd<24>;
+	.shared .align 8 .b8 s_row[32];
 
 	ld.param.u64 	%rd1, [p_table];
 	cvta.to.global.u64 	%rd1, %rd1;
@@ -74,89 +85,67 @@ pub const COPY_KERNEL_PTX: &str = r#"
 	mov.u32 	%r4, %nctaid.x;
 	cvt.u64.u32 	%rd2, %r1;
 	cvt.u64.u32 	%rd3, %r2;
-	mul.wide.u32 	%rd4, %r3, %r2;
-	add.u64 	%rd4, %rd4, %rd2;
-	mul.wide.u32 	%rd5, %r4, %r2;
+	cvt.u64.u32 	%rd4, %r3;
+	cvt.u64.u32 	%rd5, %r4;
+	mov.u64 	%rd10, s_row;
 	setp.ne.u32 	%p1, %r1, 0;
 	@%p1 bra 	$L_counted;
 	ld.global.cv.u64 	%rd6, [%rd1];
-	st.shared.u64 	[s_count], %rd6;
+	st.shared.u64 	[%rd10+24], %rd6;
 $L_counted:
 	bar.sync 	0;
-	ld.shared.u64 	%rd6, [s_count];
-	mov.u64 	%rd7, 0;
-	mov.u64 	%rd8, s_ent;
-	mov.u64 	%rd30, 256;
-$L_chunk:
-	setp.ge.u64 	%p2, %rd7, %rd6;
+	ld.shared.u64 	%rd6, [%rd10+24];
+$L_row:
+	setp.ge.u64 	%p2, %rd4, %rd6;
 	@%p2 bra 	$L_done;
-	sub.u64 	%rd9, %rd6, %rd7;
-	min.u64 	%rd9, %rd9, %rd30;
-	mov.u64 	%rd10, %rd2;
-$L_load:
-	setp.ge.u64 	%p3, %rd10, %rd9;
+	setp.ge.u32 	%p3, %r1, 3;
 	@%p3 bra 	$L_loaded;
-	add.u64 	%rd11, %rd7, %rd10;
-	mul.lo.u64 	%rd12, %rd11, 24;
-	add.u64 	%rd12, %rd12, %rd1;
-	ld.global.cv.u64 	%rd13, [%rd12+16];
-	ld.global.cv.u64 	%rd14, [%rd12+24];
-	ld.global.cv.u64 	%rd15, [%rd12+32];
-	mul.lo.u64 	%rd16, %rd10, 24;
-	add.u64 	%rd16, %rd16, %rd8;
-	st.shared.u64 	[%rd16], %rd13;
-	st.shared.u64 	[%rd16+8], %rd14;
-	st.shared.u64 	[%rd16+16], %rd15;
-	add.u64 	%rd10, %rd10, %rd3;
-	bra 	$L_load;
+	mul.lo.u64 	%rd7, %rd4, 24;
+	add.u64 	%rd7, %rd7, %rd1;
+	shl.b64 	%rd8, %rd2, 3;
+	add.u64 	%rd7, %rd7, %rd8;
+	ld.global.cv.u64 	%rd9, [%rd7+16];
+	add.u64 	%rd8, %rd8, %rd10;
+	st.shared.u64 	[%rd8], %rd9;
 $L_loaded:
 	bar.sync 	0;
-	mov.u64 	%rd17, 0;
-$L_entry:
-	setp.ge.u64 	%p4, %rd17, %rd9;
-	@%p4 bra 	$L_chunk_end;
-	mul.lo.u64 	%rd16, %rd17, 24;
-	add.u64 	%rd16, %rd16, %rd8;
-	ld.shared.u64 	%rd18, [%rd16];
-	ld.shared.u64 	%rd19, [%rd16+8];
-	ld.shared.u64 	%rd20, [%rd16+16];
-	cvta.to.global.u64 	%rd18, %rd18;
-	cvta.to.global.u64 	%rd19, %rd19;
-	or.b64 	%rd21, %rd18, %rd19;
-	and.b64 	%rd21, %rd21, 15;
-	setp.eq.u64 	%p5, %rd21, 0;
-	shr.u64 	%rd22, %rd20, 4;
-	selp.b64 	%rd22, %rd22, 0, %p5;
-	mov.u64 	%rd23, %rd4;
+	ld.shared.u64 	%rd11, [%rd10];
+	ld.shared.u64 	%rd12, [%rd10+8];
+	ld.shared.u64 	%rd13, [%rd10+16];
+	bar.sync 	0;
+	cvta.to.global.u64 	%rd11, %rd11;
+	cvta.to.global.u64 	%rd12, %rd12;
+	or.b64 	%rd14, %rd11, %rd12;
+	and.b64 	%rd14, %rd14, 15;
+	setp.eq.u64 	%p4, %rd14, 0;
+	shr.u64 	%rd15, %rd13, 4;
+	selp.b64 	%rd15, %rd15, 0, %p4;
+	mov.u64 	%rd16, %rd2;
 $L_vec:
-	setp.ge.u64 	%p6, %rd23, %rd22;
-	@%p6 bra 	$L_vec_done;
-	shl.b64 	%rd24, %rd23, 4;
-	add.u64 	%rd25, %rd19, %rd24;
-	add.u64 	%rd26, %rd18, %rd24;
-	ld.global.v4.u32 	{%r5, %r6, %r7, %r8}, [%rd25];
-	st.global.v4.u32 	[%rd26], {%r5, %r6, %r7, %r8};
-	add.u64 	%rd23, %rd23, %rd5;
+	setp.ge.u64 	%p5, %rd16, %rd15;
+	@%p5 bra 	$L_vec_done;
+	shl.b64 	%rd17, %rd16, 4;
+	add.u64 	%rd18, %rd12, %rd17;
+	add.u64 	%rd19, %rd11, %rd17;
+	ld.global.v4.u32 	{%r5, %r6, %r7, %r8}, [%rd18];
+	st.global.v4.u32 	[%rd19], {%r5, %r6, %r7, %r8};
+	add.u64 	%rd16, %rd16, %rd3;
 	bra 	$L_vec;
 $L_vec_done:
-	shl.b64 	%rd27, %rd22, 4;
-	add.u64 	%rd23, %rd27, %rd4;
+	shl.b64 	%rd20, %rd15, 4;
+	add.u64 	%rd16, %rd20, %rd2;
 $L_byte:
-	setp.ge.u64 	%p7, %rd23, %rd20;
-	@%p7 bra 	$L_byte_done;
-	add.u64 	%rd25, %rd19, %rd23;
-	add.u64 	%rd26, %rd18, %rd23;
-	ld.global.u8 	%rs1, [%rd25];
-	st.global.u8 	[%rd26], %rs1;
-	add.u64 	%rd23, %rd23, %rd5;
+	setp.ge.u64 	%p6, %rd16, %rd13;
+	@%p6 bra 	$L_byte_done;
+	add.u64 	%rd18, %rd12, %rd16;
+	add.u64 	%rd19, %rd11, %rd16;
+	ld.global.u8 	%rs1, [%rd18];
+	st.global.u8 	[%rd19], %rs1;
+	add.u64 	%rd16, %rd16, %rd3;
 	bra 	$L_byte;
 $L_byte_done:
-	add.u64 	%rd17, %rd17, 1;
-	bra 	$L_entry;
-$L_chunk_end:
-	bar.sync 	0;
-	add.u64 	%rd7, %rd7, 256;
-	bra 	$L_chunk;
+	add.u64 	%rd4, %rd4, %rd5;
+	bra 	$L_row;
 $L_done:
 	ret;
 }
@@ -254,13 +243,17 @@ impl<B: Backend> CopyKernel<B> {
 }
 
 /// The IN and OUT tables of one reservation, in one pinned buffer, with
-/// the entries last written (to skip rewriting unchanged tables).
+/// the copies last written (to skip rewriting unchanged tables).
 pub(crate) struct CopyTables<B: Backend> {
     buf: Option<B::HostBuffer>,
+    /// Rows per table.
     cap: usize,
     /// Device addresses of the IN and OUT tables.
     pub(crate) dev: [DevicePtr; 2],
     written: [Vec<(DevicePtr, DevicePtr, u64)>; 2],
+    /// The copies last written did not fit: the table is empty and they
+    /// go through a batched copy every step.
+    overflow: [bool; 2],
 }
 
 /// Table index of the copies in (before the step) and out (after).
@@ -268,8 +261,9 @@ pub(crate) const IN: usize = 0;
 pub(crate) const OUT: usize = 1;
 
 impl<B: Backend> CopyTables<B> {
-    /// Room for `cap` entries per direction; both tables start empty.
+    /// Room for `cap` rows per direction; both tables start empty.
     pub(crate) fn new(be: &B, cap: usize) -> Result<Self> {
+        let cap = cap.max(1);
         let one = table_bytes(cap).next_multiple_of(64);
         let mut buf = be.host_alloc(2 * one)?;
         be.host_bytes_mut(&mut buf).fill(0);
@@ -282,45 +276,54 @@ impl<B: Backend> CopyTables<B> {
         };
         Ok(CopyTables {
             buf: Some(buf),
-            cap: cap.max(1),
+            cap,
             dev: [base, base.offset(one as u64)],
-            written: [Vec::with_capacity(cap), Vec::with_capacity(cap)],
+            written: [Vec::new(), Vec::new()],
+            overflow: [false; 2],
         })
     }
 
-    /// The table `dir` already holds exactly `entries`.
-    pub(crate) fn holds(&self, dir: usize, entries: &[(DevicePtr, DevicePtr, u64)]) -> bool {
-        self.written[dir] == entries
+    /// The table `dir` was last written with exactly `copies`.
+    pub(crate) fn holds(&self, dir: usize, copies: &[(DevicePtr, DevicePtr, u64)]) -> bool {
+        self.written[dir] == copies
     }
 
-    /// Write `entries` into table `dir`. The caller has made sure no launch
-    /// reading it is in flight.
-    pub(crate) fn write(
-        &mut self,
-        be: &B,
-        dir: usize,
-        entries: &[(DevicePtr, DevicePtr, u64)],
-    ) -> Result<()> {
-        if entries.len() > self.cap {
-            return Err(RuntimeError::invalid(format!(
-                "{} copies for a table of {}",
-                entries.len(),
-                self.cap
-            )));
-        }
+    /// The copies of table `dir` did not fit: run them as a batch.
+    pub(crate) fn overflowed(&self, dir: usize) -> bool {
+        self.overflow[dir]
+    }
+
+    /// Write `copies` (split into rows) into table `dir`, or leave it empty
+    /// and mark it overflowed when they need more rows than it has. The
+    /// caller has made sure no launch reading it is in flight.
+    pub(crate) fn write(&mut self, be: &B, dir: usize, copies: &[(DevicePtr, DevicePtr, u64)]) {
+        let need: usize = copies.iter().map(|c| rows(c.2)).sum();
+        let fits = need <= self.cap;
         let buf = self.buf.as_mut().expect("live until release");
         let one = table_bytes(self.cap).next_multiple_of(64);
         let bytes = &mut be.host_bytes_mut(buf)[dir * one..(dir + 1) * one];
-        for (k, &(d, s, n)) in entries.iter().enumerate() {
-            let at = TABLE_HEADER + ENTRY_BYTES * k;
-            bytes[at..at + 8].copy_from_slice(&d.0.to_le_bytes());
-            bytes[at + 8..at + 16].copy_from_slice(&s.0.to_le_bytes());
-            bytes[at + 16..at + 24].copy_from_slice(&n.to_le_bytes());
+        let mut k = 0usize;
+        if fits {
+            for &(d, s, n) in copies {
+                let mut done = 0u64;
+                loop {
+                    let len = (n - done).min(ROW_BYTES);
+                    let at = TABLE_HEADER + ENTRY_BYTES * k;
+                    bytes[at..at + 8].copy_from_slice(&d.offset(done).0.to_le_bytes());
+                    bytes[at + 8..at + 16].copy_from_slice(&s.offset(done).0.to_le_bytes());
+                    bytes[at + 16..at + 24].copy_from_slice(&len.to_le_bytes());
+                    k += 1;
+                    done += len;
+                    if done >= n {
+                        break;
+                    }
+                }
+            }
         }
-        bytes[..8].copy_from_slice(&(entries.len() as u64).to_le_bytes());
+        bytes[..8].copy_from_slice(&(k as u64).to_le_bytes());
+        self.overflow[dir] = !fits;
         self.written[dir].clear();
-        self.written[dir].extend_from_slice(entries);
-        Ok(())
+        self.written[dir].extend_from_slice(copies);
     }
 
     pub(crate) fn release(mut self, be: &B) {
@@ -338,7 +341,8 @@ pub fn run_copy_kernel<B: Backend>(
     stream: &B::Stream,
 ) -> Result<()> {
     let k = CopyKernel::load(be)?;
-    let t = match CopyTables::new(be, entries.len()) {
+    let cap = entries.iter().map(|c| rows(c.2)).sum();
+    let t = match CopyTables::new(be, cap) {
         Ok(t) => t,
         Err(e) => {
             k.unload(be);
@@ -346,9 +350,9 @@ pub fn run_copy_kernel<B: Backend>(
         }
     };
     let mut t = t;
-    let r = t
-        .write(be, IN, entries)
-        .and_then(|()| k.launch(be, t.dev[IN], stream))
+    t.write(be, IN, entries);
+    let r = k
+        .launch(be, t.dev[IN], stream)
         .and_then(|()| be.stream_synchronize(stream).map_err(Into::into));
     t.release(be);
     k.unload(be);

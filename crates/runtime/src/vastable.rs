@@ -70,7 +70,7 @@ use xla_vmm_policy::{
 };
 
 use crate::binding::{publish, register, BindingConfig, BindingStats, StatsSlot, UserBuffer};
-use crate::copykernel::{CopyKernel, CopyTables, IN, OUT};
+use crate::copykernel::{rows, CopyKernel, CopyTables, IN, OUT};
 use crate::error::{Result, RuntimeError};
 use crate::exec::run_seq;
 use crate::executable::Executable;
@@ -317,7 +317,21 @@ impl<B: Backend> VaStable<B> {
     /// Load the copy kernel and give each reservation its tables; on any
     /// failure use batched copies (said once).
     fn setup_copy_kernel(&mut self, be: &B) {
-        let n = self.slots.len();
+        // Rows for the planned copy slots, and one each for any slot that
+        // turns to copy later (a bigger fallback overflows to a batch).
+        let planned: usize = self
+            .tracker
+            .plan()
+            .map(|p| {
+                p.decisions
+                    .iter()
+                    .zip(&self.slots)
+                    .filter(|(d, _)| **d == Decision::Copy)
+                    .map(|(_, s)| rows(s.size))
+                    .sum()
+            })
+            .unwrap_or(0);
+        let n = planned + self.slots.len();
         let loaded = CopyKernel::load(be).and_then(|k| {
             let mut tables = Vec::with_capacity(self.res.len());
             for _ in 0..self.res.len() {
@@ -464,6 +478,8 @@ impl<B: Backend> VaStable<B> {
         }
         // Copies in (kernel path: fill the tables; batch path: enqueue).
         let mut ordered_outs = false;
+        // Kernel path: copies that did not fit the table run as batches.
+        let mut batch_out = false;
         if self.kernel.is_some() {
             let tables = self.res[r]
                 .tables
@@ -477,10 +493,17 @@ impl<B: Backend> VaStable<B> {
                 // The GPU may still read this reservation's tables.
                 self.wait_idle(be, r, &mut synced)?;
                 let t = self.res[r].tables.as_mut().expect("checked above");
-                t.write(be, IN, &ins)?;
-                t.write(be, OUT, out_entries)?;
+                t.write(be, IN, &ins);
+                t.write(be, OUT, out_entries);
             }
-            self.stats.copy_ops += u64::from(!ins.is_empty()) + u64::from(!out_entries.is_empty());
+            let t = self.res[r].tables.as_ref().expect("checked above");
+            batch_out = t.overflowed(OUT);
+            if t.overflowed(IN) {
+                self.stats.copy_ops += copy_batch(be, &ins, stream)?;
+            } else {
+                self.stats.copy_ops += u64::from(!ins.is_empty());
+            }
+            self.stats.copy_ops += u64::from(!out_entries.is_empty() && !batch_out);
         } else {
             self.stats.copy_ops += copy_batch(be, &ins, stream)?;
         }
@@ -500,7 +523,7 @@ impl<B: Backend> VaStable<B> {
         let (_, exec) = res.graph.as_ref().expect("captured");
         be.graph_launch(exec, stream)?;
         let t_after = Instant::now();
-        if self.kernel.is_none() {
+        if self.kernel.is_none() || batch_out {
             self.stats.copy_ops += copy_batch(be, &outs, stream)?;
         } else if ordered_outs {
             for &(d, s, n) in &outs {

@@ -372,6 +372,64 @@ fn steady_state_skips_make_only_the_launch_and_the_event_record() {
 }
 
 #[test]
+fn a_fallback_too_big_for_the_table_runs_as_a_batch_with_data_intact() {
+    let b = host(true);
+    let alloc = VmmAllocator::new(
+        b.clone(),
+        VmmConfig {
+            small_threshold: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let s = b.stream_create().unwrap();
+    // 3 MiB slots: 12 rows each; threshold 0 plans no copies, so the
+    // tables have one row per slot (2): a slot whose map fails falls back
+    // to a copy that does not fit.
+    let size = 3u64 << 20;
+    let mut exe = Executable::load(b.clone(), copy_plan(size, 1), None, &s).unwrap();
+    exe.set_binding_config(BindingConfig {
+        threshold: Threshold::from(0),
+        costs: None,
+        immutable_buffers: false,
+    })
+    .unwrap();
+    let x = alloc.alloc(size).unwrap();
+    let y = alloc.alloc(size).unwrap();
+    exe.bind_user_buffer(0, UserBuffer::from_vmm(&x)).unwrap();
+    exe.bind_user_buffer(1, UserBuffer::from_vmm(&y)).unwrap();
+    for step in 0..5u8 {
+        if step == 1 {
+            // Reservation 1's first map (slot x) fails.
+            b.inject_failure("map", 1);
+        }
+        let data = pattern(size as usize, step);
+        b.write_sync(x.ptr(), &data, &s).unwrap();
+        let before = b.call_count("copy_d2d");
+        let outs = exe.run(&s, Mode::VaStable).unwrap();
+        if step >= 2 {
+            // Captured already: the only copy call is the overflow's.
+            assert_eq!(b.call_count("copy_d2d") - before, 1, "step {step}");
+        }
+        b.stream_synchronize(&s).unwrap();
+        for o in &outs {
+            let mut v = vec![0u8; o.bytes as usize];
+            b.read_sync(&mut v, o.ptr, &s).unwrap();
+            assert!(v == data, "step {step}: output {}", o.index);
+        }
+    }
+    let st = exe.stats().cloned().unwrap();
+    assert_eq!(st.copy_path, "kernel");
+    assert_eq!(st.counters.fallbacks, 1, "{st:?}");
+    // The fallen-back slot (x, read) copies in every step from step 1 on,
+    // as a batch of one plain copy: one copy op per step.
+    assert_eq!(st.copy_ops, 4, "{st:?}");
+    drop(exe);
+    alloc.free(x, &s).unwrap();
+    alloc.free(y, &s).unwrap();
+}
+
+#[test]
 fn published_stats_are_current() {
     let b = host(true);
     let calls = || BTreeMap::new();
