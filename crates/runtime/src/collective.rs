@@ -297,8 +297,8 @@ pub fn participants(
 }
 
 /// The global device of collective-permute id `id` seen from `device_id`
-/// (ids are replica ids in cross-replica mode, partition ids in
-/// cross-partition mode, flattened ids otherwise).
+/// (ids are replica ids in cross-replica mode, partition ids in every
+/// other mode, as in XLA's collective permute).
 pub fn permute_device(
     a: &DeviceAssignment,
     device_id: i64,
@@ -311,11 +311,7 @@ pub fn permute_device(
     let id = usize::try_from(id).map_err(|_| RuntimeError::invalid(format!("id {id}")))?;
     Ok(match mode {
         GroupMode::CrossReplica => a.at(id_range(id, a.replicas, "replica")?, p),
-        GroupMode::CrossPartition => a.at(r, id_range(id, a.partitions, "partition")?),
-        _ => {
-            let f = id_range(id, a.ids.len(), "flattened id")?;
-            a.ids[f]
-        }
+        _ => a.at(r, id_range(id, a.partitions, "partition")?),
     })
 }
 
@@ -324,8 +320,7 @@ fn permute_id(a: &DeviceAssignment, device_id: i64, mode: GroupMode) -> Option<i
     let (r, p) = a.logical(device_id)?;
     Some(match mode {
         GroupMode::CrossReplica => r as i64,
-        GroupMode::CrossPartition => p as i64,
-        _ => (r * a.partitions + p) as i64,
+        _ => p as i64,
     })
 }
 
@@ -392,12 +387,16 @@ mod tests {
             permute_device(&d, 14, GroupMode::CrossReplica, 0).unwrap(),
             11
         );
+        // Every mode but cross-replica names partitions (XLA's
+        // GetCollectiveCurrentId / RemapSourceTargetToCliqueRanks).
         assert_eq!(
-            permute_device(&d, 14, GroupMode::FlattenedId, 5).unwrap(),
+            permute_device(&d, 14, GroupMode::FlattenedId, 2).unwrap(),
             15
         );
+        assert!(permute_device(&d, 14, GroupMode::FlattenedId, 5).is_err());
         assert_eq!(permute_id(&d, 14, GroupMode::CrossPartition), Some(1));
-        assert_eq!(permute_id(&d, 14, GroupMode::FlattenedId), Some(4));
+        assert_eq!(permute_id(&d, 14, GroupMode::FlattenedId), Some(1));
+        assert_eq!(permute_id(&d, 14, GroupMode::CrossReplica), Some(1));
     }
 
     #[test]
