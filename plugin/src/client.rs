@@ -292,6 +292,7 @@ impl Client {
     /// threads (their pending events complete first), unregister the devices.
     fn teardown(&self) {
         for d in &self.addressable {
+            d.worker.shutdown();
             d.mem.shutdown();
         }
         for d in &self.devices {

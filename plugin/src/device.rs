@@ -14,6 +14,7 @@ use crate::cabi::{CPtr, NamedValues, Value};
 use crate::devmem::DeviceMemory;
 use crate::error::{Error, Result};
 use crate::handles::{Handle, Registry};
+use crate::worker::Worker;
 
 pub struct DeviceDescription {
     pub id: i32,
@@ -43,6 +44,8 @@ pub struct Device {
     pub mem: Arc<dyn DeviceMemory>,
     /// Set once, right after the memories are created.
     pub memories: OnceLock<Vec<Arc<Memory>>>,
+    /// Enqueues this device's steps of multi-device executions.
+    pub worker: Worker,
     memory_ptrs: OnceLock<Vec<CPtr<PJRT_Memory>>>,
 }
 
@@ -145,6 +148,7 @@ impl Device {
             mem,
             memories: OnceLock::new(),
             memory_ptrs: OnceLock::new(),
+            worker: Worker::default(),
         });
         let device_ptr = device.clone().into_c();
         let memory = Arc::new(Memory {

@@ -580,15 +580,57 @@ pub fn deserialize_and_load(a: &mut PJRT_Executable_DeserializeAndLoad_Args) -> 
 /// One device's step: its outputs and the event completing them.
 type Step = Result<(Vec<Arc<Buffer>>, Arc<Event>)>;
 
+/// Each device's step on that device's worker thread, all at once; the
+/// results in argument-list order.
+fn run_on_workers(
+    e: &Arc<ExecInner>,
+    parts: &[usize],
+    args: Vec<Vec<Arc<Buffer>>>,
+    non_donatable: &[i64],
+) -> Result<Vec<Step>> {
+    let n = parts.len();
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Step)>();
+    {
+        let _order = crate::worker::submission();
+        for (d, (&idx, list)) in parts.iter().zip(args).enumerate() {
+            let (exe, nd, tx) = (e.clone(), non_donatable.to_vec(), tx.clone());
+            let device = &e.parts[idx].device;
+            let job = Box::new(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    exe.execute(&exe.parts[idx], &list, &nd)
+                }))
+                .unwrap_or_else(|_| Err(Error::internal("a device's execution panicked")));
+                let _ = tx.send((d, r));
+            });
+            device
+                .worker
+                .submit(&format!("xla-vmm-device-{}", device.id()), job)?;
+        }
+    }
+    drop(tx);
+    let mut results: Vec<Option<Step>> = (0..n).map(|_| None).collect();
+    for _ in 0..n {
+        let (d, r) = rx
+            .recv()
+            .map_err(|_| Error::internal("a device's execution ended without a result"))?;
+        results[d] = Some(r);
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::internal("no result"))))
+        .collect())
+}
+
 /// Execute on `num_devices` devices: argument list `i` (and output list
 /// `i`, completion event `i`) belongs to the executable's addressable
 /// device `i`. Every list is checked before anything runs; then each
-/// device's step is enqueued on a thread of its own (the devices' programs
-/// meet in their collectives), one device inline.
+/// device's step is enqueued on its device's worker thread (`worker.rs`:
+/// the devices' programs meet in their collectives), one device inline.
 pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
     let e = loaded(a.executable)?;
     let n = a.num_devices;
-    let parts: Vec<&Part> = if !a.execute_device.is_null() {
+    // Indices into `e.parts`, one per argument list.
+    let parts: Vec<usize> = if !a.execute_device.is_null() {
         let d = Device::from_c(a.execute_device)?;
         if n != 1 {
             return Err(Error::invalid(format!(
@@ -598,7 +640,7 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
         let part = e
             .parts
             .iter()
-            .find(|p| Arc::ptr_eq(&p.device, &d))
+            .position(|p| Arc::ptr_eq(&p.device, &d))
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "execute_device {} is not one of the devices {:?} {} was loaded on",
@@ -620,7 +662,7 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
                 e.assignment.ids
             )));
         }
-        e.parts.iter().collect()
+        (0..n).collect()
     };
     let lists = cabi::slice(a.argument_lists, n, "argument_lists")?;
     let mut args = Vec::with_capacity(n);
@@ -633,7 +675,7 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
                 Buffer::from_c(p).map_err(|err| err.context(&format!("device {d} argument {i}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        e.check_args(parts[d], &list)
+        e.check_args(&e.parts[parts[d]], &list)
             .map_err(|err| err.context(&format!("argument list {d}")))?;
         args.push(list);
     }
@@ -648,24 +690,9 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
     };
     let out_lists = cabi::slice(a.output_lists, n, "output_lists")?;
     let results: Vec<Step> = if n == 1 {
-        vec![e.execute(parts[0], &args[0], &non_donatable)]
+        vec![e.execute(&e.parts[parts[0]], &args[0], &non_donatable)]
     } else {
-        let (e, nd) = (&e, &non_donatable);
-        std::thread::scope(|s| {
-            let handles: Vec<_> = parts
-                .iter()
-                .zip(&args)
-                .map(|(&part, list)| s.spawn(move || e.execute(part, list, nd)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::internal("a device's execution thread panicked"))
-                    })
-                })
-                .collect()
-        })
+        run_on_workers(&e, &parts, args, &non_donatable)?
     };
     // All or nothing: on any error the other devices' outputs are dropped
     // (their memory is freed after the queued work).
@@ -673,7 +700,7 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
     for (d, r) in results.into_iter().enumerate() {
         done_all.push(r.map_err(|err| {
             if n > 1 {
-                err.context(&format!("device {}", parts[d].device.id()))
+                err.context(&format!("device {}", e.parts[parts[d]].device.id()))
             } else {
                 err
             }

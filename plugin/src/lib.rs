@@ -53,6 +53,7 @@ pub mod stats;
 pub mod vendor;
 pub mod vendor_exec;
 pub mod vendor_locate;
+pub mod worker;
 
 pub use api::ENTRIES;
 pub use xla_vmm_ffi::pjrt;
