@@ -78,6 +78,9 @@ pub struct ExecInner {
 pub(crate) struct Part {
     pub(crate) device: Arc<Device>,
     pub(crate) runner: Mutex<Option<Runner>>,
+    /// Set once the program has binding stats (`stats.rs` tags them with
+    /// the device).
+    stats_key: std::sync::OnceLock<String>,
 }
 
 impl Part {
@@ -279,6 +282,7 @@ impl ExecInner {
             parts.push(Part {
                 device,
                 runner: Mutex::new(Some(runner)),
+                stats_key: std::sync::OnceLock::new(),
             });
         }
         let kind = CPtr(KIND.as_ptr() as *mut std::ffi::c_char);
@@ -400,6 +404,12 @@ impl ExecInner {
         // The outputs live in the executable's memory until its next run:
         // keep the lock until their copies out are enqueued.
         let outs = program.run_bound(&bound, handles)?;
+        if part.stats_key.get().is_none() {
+            if let Some(key) = program.stats_key() {
+                crate::stats::record_device(&key, part.device.id());
+                let _ = part.stats_key.set(key);
+            }
+        }
         if outs.len() != self.outputs.len() {
             return Err(Error::internal(format!(
                 "{}: {} outputs produced, {} declared",

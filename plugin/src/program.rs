@@ -39,6 +39,12 @@ pub trait Program: Send {
     ) -> Result<Vec<RunOutput>> {
         self.run(args)
     }
+
+    /// The key of this program's binding stats in the runtime's registry
+    /// (`name#n`), once it has some (after its first VA-stable run).
+    fn stats_key(&self) -> Option<String> {
+        None
+    }
 }
 
 impl From<RuntimeError> for Error {
@@ -109,6 +115,10 @@ impl<B: Backend> RuntimeProgram<B> {
 impl<B: Backend> Program for RuntimeProgram<B> {
     fn run(&mut self, args: &[(DevicePtr, u64)]) -> Result<Vec<RunOutput>> {
         self.run_bound(args, Vec::new())
+    }
+
+    fn stats_key(&self) -> Option<String> {
+        Some(self.exe.as_ref()?.stats()?.executable.clone())
     }
 
     fn run_bound(

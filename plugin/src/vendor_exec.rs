@@ -202,10 +202,40 @@ impl VendorExecutable {
         })
     }
 
-    /// Run on the vendor runtime with views of `args`; wait for completion.
+    /// The vendor device the program runs on (its first addressable
+    /// device; the client's first device if it does not say).
+    fn run_device(&self) -> *mut PJRT_Device {
+        let mut a: PJRT_LoadedExecutable_AddressableDevices_Args = zeroed();
+        a.struct_size = PJRT_LoadedExecutable_AddressableDevices_Args_STRUCT_SIZE as usize;
+        a.executable = self.exe.0;
+        let first = self
+            .client
+            .plugin
+            .call(
+                "PJRT_LoadedExecutable_AddressableDevices",
+                |t| t.PJRT_LoadedExecutable_AddressableDevices,
+                &mut a,
+            )
+            .and_then(|()| {
+                cabi::slice(
+                    a.addressable_devices,
+                    a.num_addressable_devices,
+                    "vendor executable devices",
+                )
+                .map(|d| d.first().copied())
+            });
+        match first {
+            Ok(Some(d)) => d,
+            _ => self.client.device.0,
+        }
+    }
+
+    /// Run on the vendor runtime with views of `args` (on the device the
+    /// program was compiled for); wait for completion.
     pub fn execute(&self, args: &[ViewArg<'_>], num_outputs: usize) -> Result<VendorOutputs<'_>> {
         let c = &*self.client;
         let p = &c.plugin;
+        let device = self.run_device();
         let mut views = VendorOutputs {
             client: c,
             buffers: Vec::new(),
@@ -219,7 +249,7 @@ impl VendorExecutable {
             v.dims = a.dims.as_ptr();
             v.num_dims = a.dims.len();
             v.element_type = a.dtype;
-            v.device = c.device.0;
+            v.device = device;
             p.call(
                 "PJRT_Client_CreateViewOfDeviceBuffer",
                 |t| t.PJRT_Client_CreateViewOfDeviceBuffer,

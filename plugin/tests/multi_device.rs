@@ -750,3 +750,56 @@ fn several_processes_without_a_store_is_a_clear_error() {
     .unwrap_err();
     assert!(e.1.contains("key-value store"), "{}", e.1);
 }
+
+#[test]
+fn binding_stats_name_their_device() {
+    // VA-stable graph mode (the only mode with binding stats); programs of
+    // other tests loaded meanwhile run in it too, which they support.
+    std::env::set_var("XLA_VMM_EXEC_MODE", "graph");
+    let client = two_device_client();
+    let devs = devices(client);
+    let mut p = add_one();
+    p.module_name = "jit_stats_per_device".into();
+    let exe = xla_vmm_plugin::executable::load_plan_on(
+        client,
+        p,
+        b"stats".to_vec(),
+        Some(Assignment {
+            replicas: 1,
+            partitions: 2,
+            ids: vec![0, 1],
+        }),
+    )
+    .unwrap();
+    std::env::remove_var("XLA_VMM_EXEC_MODE");
+    let a0 = put_f32(client, devs[0], &[1.0; 4]);
+    let a1 = put_f32(client, devs[1], &[2.0; 4]);
+    for _ in 0..3 {
+        for (d, (out, ev)) in execute_n(exe, &[vec![a0], vec![a1]], 2)
+            .unwrap()
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(await_event(ev), None);
+            destroy_event(ev);
+            assert_eq!(f32_values(&to_host(out).unwrap()), vec![d as f32 + 2.0; 4]);
+            destroy_buffer(out);
+        }
+    }
+    let json = xla_vmm_plugin::stats::stats_json();
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&json).unwrap();
+    let mut seen = Vec::new();
+    for (key, entry) in &map {
+        if key.starts_with("jit_stats_per_device#") {
+            assert_eq!(entry["steps"], 3, "{key}: {entry}");
+            seen.push(entry["device"].as_i64().expect("entry without a device"));
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, vec![0, 1], "{json}");
+    for b in [a0, a1] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
+    destroy_client(client);
+}
