@@ -68,9 +68,10 @@ pub fn loaded_device_assignment(
 pub fn loaded_logical_ids(
     a: &mut PJRT_LoadedExecutable_AddressableDeviceLogicalIds_Args,
 ) -> Result<()> {
-    loaded(a.executable)?;
-    a.addressable_device_logical_ids = std::ptr::null_mut();
-    a.num_addressable_device_logical_ids = 0;
+    let e = loaded(a.executable)?;
+    // Owned by the executable, in `AddressableDevices` order.
+    a.addressable_device_logical_ids = e.logical_ids.as_ptr().cast_mut();
+    a.num_addressable_device_logical_ids = e.logical_ids.len();
     Ok(())
 }
 

@@ -67,9 +67,15 @@ pub struct ExecInner {
     pub(crate) aliased: Vec<bool>,
     /// One loaded program per addressable device of the assignment, in the
     /// order of `Execute`'s argument lists.
-    pub(crate) parts: Vec<Part>,
+    pub(crate) parts: Vec<Arc<Part>>,
+    /// A program compiled without a device assignment (portable): its plan,
+    /// and its programs on other devices, loaded when `Execute` first asks
+    /// for one of them (`execute_device`).
+    portable: Option<(Plan, Mutex<Vec<Arc<Part>>>)>,
     pub(crate) device_ptrs: Vec<CPtr<PJRT_Device>>,
     pub(crate) assignment: Assignment,
+    /// (replica, partition) of each addressable device, in `parts` order.
+    pub(crate) logical_ids: Vec<PJRT_LogicalDeviceIds>,
     /// Serialized `DeviceAssignmentProto` of `assignment`.
     pub(crate) device_assignment: Vec<u8>,
 }
@@ -84,6 +90,14 @@ pub(crate) struct Part {
 }
 
 impl Part {
+    fn new(device: Arc<Device>, runner: Runner) -> Part {
+        Part {
+            device,
+            runner: Mutex::new(Some(runner)),
+            stats_key: std::sync::OnceLock::new(),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Runner>> {
         self.runner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -232,6 +246,7 @@ impl ExecInner {
         }
         let name = plan.module_name.clone();
         let code_size = (plan.kernels.binary.len() + plan.kernels.asm_text.len()) as i64;
+        let portable = assignment.is_none();
         let assignment = match assignment {
             Some(a) => a,
             None => {
@@ -279,11 +294,7 @@ impl ExecInner {
                     }
                 },
             };
-            parts.push(Part {
-                device,
-                runner: Mutex::new(Some(runner)),
-                stats_key: std::sync::OnceLock::new(),
-            });
+            parts.push(Arc::new(Part::new(device, runner)));
         }
         let kind = CPtr(KIND.as_ptr() as *mut std::ffi::c_char);
         tracing::info!(%name, params = params.len(), outputs = outputs.len(), "executable loaded on xla-vmm");
@@ -308,7 +319,23 @@ impl ExecInner {
             code_size,
             aliased,
             device_ptrs: parts.iter().map(|p| CPtr(p.device.c_ptr())).collect(),
+            portable: (portable && matches!(parts[0].lock().as_ref(), Some(Runner::Ours(_))))
+                .then(|| (plan, Mutex::new(Vec::new()))),
             device_assignment: assignment.to_proto(),
+            logical_ids: parts
+                .iter()
+                .map(|p| {
+                    let i = assignment
+                        .ids
+                        .iter()
+                        .position(|&id| id == p.device.id() as i64)
+                        .unwrap_or(0);
+                    PJRT_LogicalDeviceIds {
+                        replica: (i / assignment.partitions) as i32,
+                        partition: (i % assignment.partitions) as i32,
+                    }
+                })
+                .collect(),
             assignment,
             parts,
         }))
@@ -352,10 +379,51 @@ impl ExecInner {
         for p in &self.parts {
             *p.lock() = None;
         }
+        if let Some((_, loaded)) = &self.portable {
+            loaded.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
     }
 
     pub(crate) fn is_unloaded(&self) -> bool {
         self.parts.iter().all(|p| p.lock().is_none())
+    }
+
+    /// The program on `device`: one of `parts`, or, for a portable
+    /// executable, its program loaded on `device` (at the first use).
+    fn part_on(&self, device: &Arc<Device>) -> Result<Arc<Part>> {
+        if let Some(p) = self.parts.iter().find(|p| Arc::ptr_eq(&p.device, device)) {
+            return Ok(p.clone());
+        }
+        let not_ours = || {
+            Error::invalid(format!(
+                "execute_device {} is not one of the devices {:?} {} was loaded on",
+                device.id(),
+                self.parts.iter().map(|p| p.device.id()).collect::<Vec<_>>(),
+                self.name
+            ))
+        };
+        let (plan, loaded) = self.portable.as_ref().ok_or_else(not_ours)?;
+        if !device.addressable {
+            return Err(not_ours().context("not addressable by this process"));
+        }
+        let mut loaded = loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = loaded.iter().find(|p| Arc::ptr_eq(&p.device, device)) {
+            return Ok(p.clone());
+        }
+        if self.is_unloaded() {
+            return Err(Error::failed_precondition(format!(
+                "executable {} was deleted",
+                self.name
+            )));
+        }
+        let program = device
+            .mem
+            .load_program(plan.clone(), None)
+            .map_err(|e| e.context(&format!("loading {} on device {}", self.name, device.id())))?;
+        tracing::info!(name = %self.name, device = device.id(), "portable executable loaded");
+        let part = Arc::new(Part::new(device.clone(), Runner::Ours(program)));
+        loaded.push(part.clone());
+        Ok(part)
     }
 
     /// Enqueue one step; the outputs and the event that completes when the
@@ -594,7 +662,7 @@ type Step = Result<(Vec<Arc<Buffer>>, Arc<Event>)>;
 /// results in argument-list order.
 fn run_on_workers(
     e: &Arc<ExecInner>,
-    parts: &[usize],
+    parts: &[Arc<Part>],
     args: Vec<Vec<Arc<Buffer>>>,
     non_donatable: &[i64],
 ) -> Result<Vec<Step>> {
@@ -602,12 +670,13 @@ fn run_on_workers(
     let (tx, rx) = std::sync::mpsc::channel::<(usize, Step)>();
     {
         let _order = crate::worker::submission();
-        for (d, (&idx, list)) in parts.iter().zip(args).enumerate() {
+        for (d, (part, list)) in parts.iter().zip(args).enumerate() {
             let (exe, nd, tx) = (e.clone(), non_donatable.to_vec(), tx.clone());
-            let device = &e.parts[idx].device;
+            let device = part.device.clone();
+            let part = part.clone();
             let job = Box::new(move || {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    exe.execute(&exe.parts[idx], &list, &nd)
+                    exe.execute(&part, &list, &nd)
                 }))
                 .unwrap_or_else(|_| Err(Error::internal("a device's execution panicked")));
                 let _ = tx.send((d, r));
@@ -639,27 +708,15 @@ fn run_on_workers(
 pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
     let e = loaded(a.executable)?;
     let n = a.num_devices;
-    // Indices into `e.parts`, one per argument list.
-    let parts: Vec<usize> = if !a.execute_device.is_null() {
+    // The program of each argument list's device.
+    let parts: Vec<Arc<Part>> = if !a.execute_device.is_null() {
         let d = Device::from_c(a.execute_device)?;
         if n != 1 {
             return Err(Error::invalid(format!(
                 "execute_device is set with num_devices {n}: it needs exactly one argument list"
             )));
         }
-        let part = e
-            .parts
-            .iter()
-            .position(|p| Arc::ptr_eq(&p.device, &d))
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "execute_device {} is not one of the devices {:?} {} was loaded on",
-                    d.id(),
-                    e.parts.iter().map(|p| p.device.id()).collect::<Vec<_>>(),
-                    e.name
-                ))
-            })?;
-        vec![part]
+        vec![e.part_on(&d)?]
     } else {
         if n != e.parts.len() {
             return Err(Error::invalid(format!(
@@ -672,7 +729,7 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
                 e.assignment.ids
             )));
         }
-        (0..n).collect()
+        e.parts.clone()
     };
     let lists = cabi::slice(a.argument_lists, n, "argument_lists")?;
     let mut args = Vec::with_capacity(n);
@@ -685,7 +742,7 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
                 Buffer::from_c(p).map_err(|err| err.context(&format!("device {d} argument {i}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        e.check_args(&e.parts[parts[d]], &list)
+        e.check_args(&parts[d], &list)
             .map_err(|err| err.context(&format!("argument list {d}")))?;
         args.push(list);
     }
@@ -700,7 +757,7 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
     };
     let out_lists = cabi::slice(a.output_lists, n, "output_lists")?;
     let results: Vec<Step> = if n == 1 {
-        vec![e.execute(&e.parts[parts[0]], &args[0], &non_donatable)]
+        vec![e.execute(&parts[0], &args[0], &non_donatable)]
     } else {
         run_on_workers(&e, &parts, args, &non_donatable)?
     };
@@ -710,7 +767,7 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
     for (d, r) in results.into_iter().enumerate() {
         done_all.push(r.map_err(|err| {
             if n > 1 {
-                err.context(&format!("device {}", e.parts[parts[d]].device.id()))
+                err.context(&format!("device {}", parts[d].device.id()))
             } else {
                 err
             }

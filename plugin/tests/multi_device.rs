@@ -347,6 +347,22 @@ fn a_program_runs_on_two_devices_at_once() {
         std::slice::from_raw_parts(da.serialized_bytes.cast::<u8>(), da.serialized_bytes_size)
     };
     assert_eq!(Assignment::from_proto(bytes).unwrap(), assignment);
+    let (err, li) = call!(
+        PJRT_LoadedExecutable_AddressableDeviceLogicalIds,
+        PJRT_LoadedExecutable_AddressableDeviceLogicalIds_Args,
+        |a| {
+            a.executable = exe;
+        }
+    );
+    assert_eq!(err, None);
+    let li = unsafe {
+        std::slice::from_raw_parts(
+            li.addressable_device_logical_ids,
+            li.num_addressable_device_logical_ids,
+        )
+    };
+    let li: Vec<(i32, i32)> = li.iter().map(|l| (l.replica, l.partition)).collect();
+    assert_eq!(li, vec![(0, 0), (0, 1)]);
 
     // Each device gets its own argument and its own result.
     let a0 = put_f32(client, devs[0], &[1.0, 2.0, 3.0, 4.0]);
@@ -749,6 +765,76 @@ fn several_processes_without_a_store_is_a_clear_error() {
     )
     .unwrap_err();
     assert!(e.1.contains("key-value store"), "{}", e.1);
+}
+
+/// Execute on one device (`execute_device`); (output, event).
+fn execute_on(
+    exe: *mut PJRT_LoadedExecutable,
+    device: *mut PJRT_Device,
+    args: &[*mut PJRT_Buffer],
+) -> Result<*mut PJRT_Buffer, (u32, String)> {
+    let mut opts: PJRT_ExecuteOptions = unsafe { zeroed() };
+    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
+    let list: *const *mut PJRT_Buffer = args.as_ptr();
+    let mut out = [null_mut::<PJRT_Buffer>(); 1];
+    let out_list: *mut *mut PJRT_Buffer = out.as_mut_ptr();
+    let mut ev = null_mut::<PJRT_Event>();
+    let (err, _) = call!(
+        PJRT_LoadedExecutable_Execute,
+        PJRT_LoadedExecutable_Execute_Args,
+        |a| {
+            a.executable = exe;
+            a.options = &mut opts;
+            a.argument_lists = &list;
+            a.num_devices = 1;
+            a.num_args = args.len();
+            a.output_lists = &out_list;
+            a.device_complete_events = &mut ev;
+            a.execute_device = device;
+        }
+    );
+    if let Some(e) = err {
+        return Err(e);
+    }
+    assert_eq!(await_event(ev), None);
+    destroy_event(ev);
+    Ok(out[0])
+}
+
+#[test]
+fn a_portable_program_runs_on_the_device_it_is_asked_to() {
+    let client = two_device_client();
+    let devs = devices(client);
+    // No assignment: loaded on the first device, loaded on others on demand.
+    let exe =
+        xla_vmm_plugin::executable::load_plan_on(client, add_one(), b"p".to_vec(), None).unwrap();
+    let a1 = put_f32(client, devs[1], &[3.0; 4]);
+    for _ in 0..2 {
+        let out = execute_on(exe, devs[1], &[a1]).unwrap();
+        assert_eq!(buffer_device(out), devs[1]);
+        assert_eq!(f32_values(&to_host(out).unwrap()), vec![4.0; 4]);
+        destroy_buffer(out);
+    }
+    let e = execute_on(exe, devs[0], &[a1]).unwrap_err();
+    assert!(e.1.contains("argument 0 is on device 1"), "{}", e.1);
+    // A program with an assignment runs only there.
+    let fixed = xla_vmm_plugin::executable::load_plan_on(
+        client,
+        add_one(),
+        b"f".to_vec(),
+        Some(Assignment::single(0)),
+    )
+    .unwrap();
+    let e = execute_on(fixed, devs[1], &[a1]).unwrap_err();
+    assert!(
+        e.1.contains("execute_device 1 is not one of the devices [0]"),
+        "{}",
+        e.1
+    );
+    destroy_buffer(a1);
+    destroy_exe(fixed);
+    destroy_exe(exe);
+    destroy_client(client);
 }
 
 #[test]
