@@ -1,13 +1,21 @@
 //! Executables: compile (through the vendor compiler), load into our
 //! runtime, answer JAX's queries, serialize / deserialize, execute.
 //!
-//! One [`Program`] per executable; `PJRT_LoadedExecutable` and every
-//! `PJRT_Executable` view handed out by `GetExecutable` share it.
+//! One [`Program`] per addressable device of the executable's device
+//! assignment (the vendor compiler's; one device when it has none: such a
+//! *portable* executable is loaded on other devices when `Execute` asks for
+//! them); `PJRT_LoadedExecutable` and every `PJRT_Executable` view handed
+//! out by `GetExecutable` share them. Multi-device programs get the
+//! assignment, their device's global id and the client's cliques
+//! (`collectives.rs`).
 //!
-//! Execution (single device, asynchronous): everything is enqueued on the
-//! client's stream and `Execute` returns; a device event recorded after the
-//! step completes the outputs' ready events and the `device_complete_events`
-//! (see `devmem.rs`; `XLA_VMM_SYNC_EXECUTE=1` waits for the step instead).
+//! Execution (asynchronous): everything is enqueued on the device's stream
+//! and `Execute` returns; a device event recorded after the step completes
+//! the outputs' ready events and the `device_complete_events` (see
+//! `devmem.rs`; `XLA_VMM_SYNC_EXECUTE=1` waits for the step instead). With
+//! several devices, argument list `i` belongs to addressable device `i`;
+//! every list is checked first, then each device's step is enqueued on that
+//! device's worker thread (`worker.rs`), all at once. Per device:
 //! 1. arguments are checked against the entry parameter shapes (dtype and
 //!    dims) and must be live (their producers need not have run: the stream
 //!    orders them);
@@ -370,6 +378,10 @@ impl ExecInner {
                     part.device.id()
                 )));
             }
+            // Checked here too, before any device starts: a device that
+            // failed later would leave its peers waiting in a collective.
+            a.with_live(|_| Ok(()))
+                .map_err(|e| e.context(&format!("argument {i}")))?;
         }
         Ok(())
     }

@@ -14,6 +14,11 @@
 //! - `client.rs`, `device.rs`, `buffer.rs`, `event.rs`: the objects.
 //! - `executable.rs` (compile, load, execute) and `exec_queries.rs` (what
 //!   JAX asks of an executable); `program.rs`: the runtime behind a trait.
+//! - Several devices and processes: `assignment.rs` (device assignments),
+//!   `worker.rs` (a thread per device for multi-device steps),
+//!   `collectives.rs` (the runtime's cliques), `kv.rs` (the
+//!   `jax.distributed` key-value store: topology and clique ids),
+//!   `remote.rs` (other processes' devices).
 //! - `devmem.rs`: device memory, from the project's `VmmAllocator`.
 //! - `vendor_locate.rs`, `vendor.rs`: finding and driving the vendor XLA GPU
 //!   plugin as a compiler only (compile → `PJRT_Executable_Serialize` bytes).

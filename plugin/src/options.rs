@@ -12,7 +12,10 @@
 //!
 //! Environment defaults: `XLA_VMM_BACKEND`, `XLA_VMM_STRICT`,
 //! `XLA_VMM_TMP_COPY_THRESHOLD`, `XLA_VMM_VENDOR_PLUGIN`,
-//! `XLA_VMM_HOST_DEVICES`, `XLA_VMM_MAX_DEVICES`. Options JAX passes
+//! `XLA_VMM_HOST_DEVICES`, `XLA_VMM_MAX_DEVICES`. `node_id` / `num_nodes`
+//! come from `jax.distributed` (with the key-value store through which the
+//! processes exchange their device counts; `XLA_VMM_TOPOLOGY_TIMEOUT_S`,
+//! default 300, bounds the wait for the other processes). Options JAX passes
 //! to GPU plugins that do not apply to us are accepted and logged; any other
 //! unknown option is an error (a typo must not be silently ignored).
 

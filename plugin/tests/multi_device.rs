@@ -396,6 +396,19 @@ fn a_program_runs_on_two_devices_at_once() {
     );
     let e = execute_n(exe, &[vec![a1], vec![a0]], 2).unwrap_err();
     assert!(e.1.contains("argument 0 is on device 1"), "{}", e.1);
+    // A deleted argument on one device: nothing runs anywhere.
+    let gone = put_f32(client, devs[1], &[0.0; 4]);
+    let (err, _) = call!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |a| {
+        a.buffer = gone;
+    });
+    assert_eq!(err, None);
+    let e = execute_n(exe, &[vec![a0], vec![gone]], 2).unwrap_err();
+    assert!(
+        e.1.contains("argument list 1") && e.1.contains("deleted"),
+        "{}",
+        e.1
+    );
+    destroy_buffer(gone);
     let e = execute_n(exe, &[vec![a0, a0], vec![a1, a1]], 2).unwrap_err();
     assert!(e.1.contains("takes 1 arguments, 2 given"), "{}", e.1);
 
