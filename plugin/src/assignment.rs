@@ -108,7 +108,8 @@ impl Assignment {
                 "{replicas} replicas x {partitions} partitions"
             )));
         }
-        let mut ids = vec![0i64; replicas * partitions];
+        // Every count is checked against the ids actually present before
+        // anything is sized from it.
         for (p, c) in computations.iter().enumerate() {
             if c.len() != replicas {
                 return Err(bad(&format!(
@@ -116,6 +117,9 @@ impl Assignment {
                     c.len()
                 )));
             }
+        }
+        let mut ids = vec![0i64; replicas * partitions];
+        for (p, c) in computations.iter().enumerate() {
             for (r, &id) in c.iter().enumerate() {
                 ids[r * partitions + p] = id;
             }
