@@ -539,6 +539,77 @@ pub fn probe<B: Backend>(b: &B, cfg: &ProbeConfig) -> Result<DeviceCosts> {
     })
 }
 
+/// What [`probe_quick`] measures: the inputs of the auto threshold, in a
+/// few milliseconds.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct QuickCosts {
+    /// Median unmap + map + set-access of one granule, µs.
+    pub remap_us: f64,
+    /// Bandwidth of one large D2D copy (device events where the backend
+    /// has them), bytes/s.
+    pub copy_bw_bytes_per_s: f64,
+    /// Host cost per tiny D2D copy, enqueue to completion (launch bound), µs.
+    pub copy_launch_us: f64,
+    /// Bytes of the large copy (smaller than asked when memory is short).
+    pub copy_bytes: u64,
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+    pub vmm_granularity: u64,
+    /// Wall time the probe took, µs.
+    pub elapsed_us: f64,
+}
+
+/// Remaps of one granule taken by [`probe_quick`].
+pub const QUICK_REMAPS: usize = 3;
+/// Tiny copies timed by [`probe_quick`].
+pub const QUICK_TINY_COPIES: usize = 8;
+
+/// A light probe for the runtime's first VA-stable step: [`QUICK_REMAPS`]
+/// remaps of one granule on a scratch reservation, one D2D copy of
+/// `copy_bytes` (at most an eighth of free memory, whole granules; after a
+/// warm-up copy of one granule) timed with events, and [`QUICK_TINY_COPIES`]
+/// 4-byte copies. Everything it creates is released on every path.
+pub fn probe_quick<B: Backend>(b: &B, copy_bytes: u64) -> Result<QuickCosts> {
+    let t0 = Instant::now();
+    let info = b.info().clone();
+    if !info.vmm_supported {
+        return Err(DeviceError::Unsupported(format!("VMM on {}", info.name)));
+    }
+    let g = info.vmm_granularity.max(1);
+    let (free_bytes, total_bytes) = b.mem_info()?;
+    let remap = probe_remap(b, g, QUICK_REMAPS)?;
+    let bytes = round_up(copy_bytes.min(free_bytes / 8).max(1), g);
+    let s = b.stream_create()?;
+    let measured = with_mapping(b, bytes, |src_va| {
+        with_mapping(b, bytes, |dst_va| {
+            let (src, dst) = (b.va_base(src_va), b.va_base(dst_va));
+            b.copy_d2d(dst, src, g.min(bytes), &s)?; // warm-up
+            b.stream_synchronize(&s)?;
+            let secs = timed_on_stream(b, &s, || b.copy_d2d(dst, src, bytes, &s))?;
+            let bw = bytes as f64 / secs.max(1e-12);
+            let t = Instant::now();
+            for i in 0..QUICK_TINY_COPIES as u64 {
+                b.copy_d2d(dst.offset(4 * i), src.offset(4 * i), 4, &s)?;
+            }
+            b.stream_synchronize(&s)?;
+            Ok((bw, us_since(t) / QUICK_TINY_COPIES as f64))
+        })
+    });
+    let destroyed = b.stream_destroy(s);
+    let (copy_bw_bytes_per_s, copy_launch_us) = measured?;
+    destroyed?;
+    Ok(QuickCosts {
+        remap_us: remap.total_us,
+        copy_bw_bytes_per_s,
+        copy_launch_us,
+        copy_bytes: bytes,
+        free_bytes,
+        total_bytes,
+        vmm_granularity: info.vmm_granularity,
+        elapsed_us: us_since(t0),
+    })
+}
+
 impl DeviceCosts {
     /// A readable multi-line table.
     pub fn to_table(&self) -> String {
@@ -647,6 +718,24 @@ mod tests {
         assert_eq!((back.remap.len(), back.free_bytes), (2, c.free_bytes));
         assert!((back.copy_bw_bytes_per_s / c.copy_bw_bytes_per_s - 1.0).abs() < 1e-9);
         assert!(c.to_table().contains("remap"));
+    }
+
+    #[test]
+    fn quick_probe_on_the_host_backend_releases_everything() {
+        let b = crate::host::HostBackend::new(crate::host::HostConfig::default()).unwrap();
+        let q = probe_quick(&b, 64 * MIB).unwrap();
+        assert!(q.remap_us > 0.0 && q.copy_bw_bytes_per_s > 0.0 && q.copy_launch_us > 0.0);
+        assert_eq!(q.copy_bytes, 64 * MIB);
+        assert_eq!(q.vmm_granularity, 2 * MIB);
+        let (free, total) = b.mem_info().unwrap();
+        assert_eq!(free, total);
+        // Short of memory: the copy shrinks to an eighth of free memory.
+        let small = crate::host::HostBackend::new(crate::host::HostConfig {
+            capacity: 32 * MIB,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(probe_quick(&small, 64 * MIB).unwrap().copy_bytes, 4 * MIB);
     }
 
     #[test]

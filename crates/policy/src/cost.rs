@@ -73,12 +73,32 @@ impl StepCost {
         }
     }
 
+    /// [`StepCost::all_remap`] plus the memory of the shadows already
+    /// allocated ([`SlotInfo::has_shadow`]): held whatever is decided.
+    pub fn all_remap_held(
+        costs: &DeviceCosts,
+        knobs: &Knobs,
+        slots: &[SlotInfo],
+        churn: &[f64],
+    ) -> Self {
+        let mut c = Self::all_remap(costs, churn);
+        c.shadow_bytes = slots
+            .iter()
+            .filter(|s| s.has_shadow)
+            .map(|s| knobs.shadow_bytes_for(s.size, costs.granularity_bytes))
+            .fold(0u64, u64::saturating_add);
+        c
+    }
+
     /// Moves `slot` (churn `p`) from the remap set into the copy set.
     pub fn move_to_copy(&mut self, costs: &DeviceCosts, knobs: &Knobs, slot: &SlotInfo, p: f64) {
         self.remap_us = (self.remap_us - p * costs.remap_us).max(0.0);
-        self.shadow_bytes = self
-            .shadow_bytes
-            .saturating_add(knobs.shadow_bytes_for(slot.size, costs.granularity_bytes));
+        // A slot that already holds a shadow was counted by `all_remap_held`.
+        if !slot.has_shadow {
+            self.shadow_bytes = self
+                .shadow_bytes
+                .saturating_add(knobs.shadow_bytes_for(slot.size, costs.granularity_bytes));
+        }
         if slot.read {
             self.copy_in_bytes = self.copy_in_bytes.saturating_add(slot.size);
             self.copy_in_slots += 1;

@@ -74,7 +74,8 @@ impl<'a> Ctx<'a> {
     /// The cost of copying exactly the slots marked in `set`.
     fn cost_of(&self, set: &[bool]) -> StepCost {
         let dev = &self.input.device;
-        let mut c = StepCost::all_remap(dev, &self.churn);
+        let mut c =
+            StepCost::all_remap_held(dev, &self.input.knobs, &self.input.slots, &self.churn);
         for (i, _) in set.iter().enumerate().filter(|(_, &c)| c) {
             c.move_to_copy(dev, &self.input.knobs, &self.input.slots[i], self.churn[i]);
         }
@@ -103,10 +104,14 @@ impl<'a> Ctx<'a> {
             .iter()
             .filter(|&&i| self.input.slots[i].size <= n)
         {
-            let sb = knobs.shadow_bytes_for(
-                self.input.slots[i].size,
-                self.input.device.granularity_bytes,
-            );
+            let sb = if self.input.slots[i].has_shadow {
+                0
+            } else {
+                knobs.shadow_bytes_for(
+                    self.input.slots[i].size,
+                    self.input.device.granularity_bytes,
+                )
+            };
             if !full && shadow.saturating_add(sb) <= self.cap {
                 shadow += sb;
                 set[i] = true;
@@ -164,8 +169,17 @@ impl<'a> Ctx<'a> {
             if !cost::better(open(&trial), open(&acc)) {
                 continue;
             }
-            if trial.shadow_bytes > self.cap {
-                // Sizes only grow from here, so no later slot fits either.
+            // Only new shadow memory is checked (a held shadow costs none).
+            if trial.shadow_bytes > acc.shadow_bytes && trial.shadow_bytes > self.cap {
+                // Sizes only grow from here, so no later slot without a
+                // shadow fits either (one that holds a shadow still may).
+                if candidates[pos + 1..]
+                    .iter()
+                    .any(|&j| self.input.slots[j].has_shadow)
+                {
+                    limited += 1;
+                    continue;
+                }
                 limited += 1 + candidates[pos + 1..]
                     .iter()
                     .filter(|&&j| self.pays_alone(j))

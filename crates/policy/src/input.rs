@@ -145,6 +145,18 @@ pub struct SlotInfo {
     /// before any other slot is admitted. Default `true`.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub remappable: bool,
+    /// A shadow is already allocated for the slot (a re-plan after warm-up,
+    /// see [`crate::tracker`]): its memory counts against the shadow cap
+    /// whether the slot is copied or not, and copying the slot needs no new
+    /// memory. Default `false` (first plans, older JSON inputs).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub has_shadow: bool,
+}
+
+// serde's skip_serializing_if passes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 fn yes() -> bool {
@@ -167,6 +179,7 @@ impl SlotInfo {
             churn,
             history: None,
             remappable: true,
+            has_shadow: false,
         }
     }
 

@@ -10,11 +10,27 @@
 //! * **Mapping state is per reservation.** A skip needs the id to equal the
 //!   one mapped *in the reservation this step uses*; with two reservations
 //!   used alternately a ping-pong of two buffers is all skips.
-//! * **The decision is frozen at the first step.** The first `bind_step` runs
-//!   [`crate::decide`] on the slots' churn priors and the costs, logs it once
-//!   at info level and fixes which slots own a shadow (so the shadow memory is
-//!   bounded once and never grows, except by fallbacks). It never re-runs:
-//!   the reservations' layout and the graph's addresses depend on it.
+//! * **The decision is made at the first step, re-made once after a short
+//!   warm-up under auto, then frozen.** The first `bind_step` runs
+//!   [`crate::decide`] on the slots' churn priors and the costs and logs it
+//!   at info level. Under [`Threshold::Auto`] with
+//!   [`TrackerConfig::replan_after_steps`] set (the runtime sets it), the
+//!   first `bind_step` after that many steps that is given [`StepTimes`]
+//!   (or, without them, [`REPLAN_GRACE_STEPS`] steps later) runs it once more
+//!   with what the warm-up measured: each slot's observed churn
+//!   (changes / observations per reservation; a slot that never changed is
+//!   churn 0, hence skip) and the step's host and GPU time (so the rule knows
+//!   which side bounds the step). It is logged once at info level with its
+//!   inputs and never re-runs. The re-plan only changes which slots are
+//!   served from a shadow, never addresses: every slot has its own region in
+//!   the reservations from the start, and a shadow is a separate physical
+//!   allocation mapped at the slot's region, so the graphs are not
+//!   re-captured. Shadows already allocated stay allocated (the runtime
+//!   frees none while the executable lives) and are counted against the cap
+//!   as held ([`SlotInfo::has_shadow`]); new ones are admitted only within
+//!   what the cap has left, so the cap holds across the re-plan. A slot the
+//!   re-plan takes off copying maps its user allocation (one remap); one it
+//!   puts on copying maps its shadow instead (the change it needed anyway).
 //! * **Within the frozen envelope, churn history adapts** (when
 //!   [`TrackerConfig::adaptive`]; it needs the runtime to back a copy slot by
 //!   its shadow mapped at the slot's own address, so switching costs one
@@ -24,10 +40,24 @@
 //!   hindsight), its allocation is mapped directly and later steps skip. A
 //!   directly mapped slot that owns a shadow and changes again goes back to
 //!   copying when its churn estimate says copying is cheaper (the switch
-//!   costs the remap that the change needed anyway). Slots without a shadow
-//!   never start copying: that would take memory the plan did not budget.
+//!   costs the remap that the change needed anyway). Only slots the plan in
+//!   force chose to copy go back to copying: a slot the re-plan took off
+//!   copying keeps its shadow's memory but stays directly mapped (the re-plan
+//!   knew the step's bound; the per-slot rule does not).
+//!
+//! `bind_step` allocates nothing per step: the actions live in a buffer the
+//! tracker reuses ([`SlotTracker::bind_step`]) or the caller's
+//! ([`SlotTracker::bind_step_into`]).
 
 use tracing::{info, warn};
+
+/// Steps of warm-up after which auto re-plans once with measured inputs
+/// (what the runtime uses; [`TrackerConfig::new`] leaves re-planning off).
+pub const DEFAULT_REPLAN_AFTER_STEPS: u64 = 4;
+
+/// Steps past `replan_after_steps` after which auto re-plans without step
+/// times (churn history only) if the runtime could not measure them.
+pub const REPLAN_GRACE_STEPS: u64 = 8;
 
 use crate::error::{PolicyError, Result};
 use crate::input::{DeviceCosts, Knobs, PolicyInput, SlotInfo, StepTimes, Threshold};
@@ -98,7 +128,7 @@ pub struct Fallback {
 }
 
 /// The actions of one step.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StepActions {
     /// One per slot, in slot order.
     pub actions: Vec<SlotAction>,
@@ -162,6 +192,10 @@ pub struct TrackerConfig {
     /// Let churn history move slots between shadow and direct mapping within
     /// the frozen plan (see the module docs).
     pub adaptive: bool,
+    /// Auto only: re-plan once after this many steps with the observed churn
+    /// and the measured step times (see the module docs); `None` (the
+    /// default of [`TrackerConfig::new`]) freezes the first step's plan.
+    pub replan_after_steps: Option<u64>,
 }
 
 impl TrackerConfig {
@@ -174,6 +208,7 @@ impl TrackerConfig {
             reservations: 2,
             shared_shadows: false,
             adaptive: true,
+            replan_after_steps: None,
         }
     }
 }
@@ -190,6 +225,9 @@ struct SlotState {
     /// Served from the shadow (true) or by mapping the user allocation.
     shadow_mode: bool,
     has_shadow: bool,
+    /// The plan in force copies the slot (the adaptive rule may move it back
+    /// to its shadow after a spell of direct mapping).
+    planned_copy: bool,
     /// Fell back to copy after a driver failure: stays on copy.
     pinned: bool,
     /// Churn estimate (weighted average of "changed" observations).
@@ -228,6 +266,11 @@ pub struct SlotTracker {
     plan: Option<Plan>,
     stats: Stats,
     extra_shadow_bytes: u64,
+    /// The one re-plan after warm-up has run (with these step times).
+    replanned: bool,
+    plan_step: Option<StepTimes>,
+    /// Reused by [`SlotTracker::bind_step`].
+    scratch: StepActions,
 }
 
 impl SlotTracker {
@@ -256,6 +299,7 @@ impl SlotTracker {
             .map(|s| SlotState {
                 shadow_mode: false,
                 has_shadow: false,
+                planned_copy: false,
                 pinned: false,
                 churn: s.effective_churn(config.knobs.churn_ewma_alpha),
                 observations: 0,
@@ -274,12 +318,45 @@ impl SlotTracker {
             plan: None,
             stats: Stats::default(),
             extra_shadow_bytes: 0,
+            replanned: false,
+            plan_step: None,
+            scratch: StepActions::default(),
         })
     }
 
     /// The frozen plan (after the first step).
     pub fn plan(&self) -> Option<&Plan> {
         self.plan.as_ref()
+    }
+
+    /// The auto re-plan after warm-up has run (the plan is final).
+    pub fn replanned(&self) -> bool {
+        self.replanned
+    }
+
+    /// The step times the plan in force was made with (`None`: bound
+    /// unknown, costs added).
+    pub fn plan_step_times(&self) -> Option<StepTimes> {
+        self.plan_step
+    }
+
+    /// The device costs the decision uses.
+    pub fn device_costs(&self) -> &DeviceCosts {
+        &self.config.device
+    }
+
+    /// Replaces the device costs (e.g. with the runtime's probe) before the
+    /// first step; an error after it (the plan is made) or on bad numbers.
+    pub fn set_device_costs(&mut self, costs: DeviceCosts) -> Result<()> {
+        if self.plan.is_some() {
+            return Err(PolicyError::InvalidSlot {
+                index: 0,
+                reason: "device costs can only be set before the first step".into(),
+            });
+        }
+        costs.validate()?;
+        self.config.device = costs;
+        Ok(())
     }
 
     /// Counters so far.
@@ -349,6 +426,7 @@ impl SlotTracker {
         let plan = decide::decide(&input)?;
         for ((st, d), slot) in self.state.iter_mut().zip(&plan.decisions).zip(&self.slots) {
             st.has_shadow = *d == Decision::Copy;
+            st.planned_copy = st.has_shadow;
             st.shadow_mode = st.has_shadow;
             // A copy-only slot never moves to direct mapping.
             st.pinned = !slot.remappable;
@@ -378,9 +456,100 @@ impl SlotTracker {
             host_us = step.map(|s| s.host_us),
             gpu_us = step.map(|s| s.gpu_us),
             adaptive = self.config.adaptive,
+            replan_after_steps = self.config.replan_after_steps,
             "slot binding decision frozen"
         );
         self.plan = Some(plan);
+        self.plan_step = step;
+        Ok(())
+    }
+
+    /// Auto's one re-plan after warm-up, when due (see the module docs).
+    fn maybe_replan(&mut self, step: Option<StepTimes>) -> Result<()> {
+        let Some(after) = self.config.replan_after_steps else {
+            return Ok(());
+        };
+        let n = self.stats.steps;
+        if self.replanned
+            || self.config.threshold != Threshold::Auto
+            || n < after
+            || (step.is_none() && n < after.saturating_add(REPLAN_GRACE_STEPS))
+        {
+            return Ok(());
+        }
+        self.replanned = true;
+        let slots: Vec<SlotInfo> = self
+            .slots
+            .iter()
+            .zip(&self.state)
+            .map(|(s, st)| {
+                let mut s = s.clone();
+                if st.observations > 0 {
+                    s.churn = (st.changes as f64 / st.observations as f64).clamp(0.0, 1.0);
+                    s.history = None;
+                }
+                // A fallback slot stays on copy: plan it as copy-only.
+                s.remappable &= !st.pinned;
+                s.has_shadow = st.has_shadow;
+                s
+            })
+            .collect();
+        let input = PolicyInput {
+            device: self.config.device.clone(),
+            threshold: self.config.threshold,
+            slots,
+            step,
+            knobs: self.config.knobs.clone(),
+        };
+        let plan = decide::decide(&input)?;
+        let (mut added, mut dropped) = (0usize, 0usize);
+        for (st, d) in self.state.iter_mut().zip(&plan.decisions) {
+            st.planned_copy = *d == Decision::Copy;
+            if st.pinned {
+                continue;
+            }
+            if st.planned_copy {
+                added += usize::from(!st.has_shadow);
+                st.has_shadow = true;
+                if !st.shadow_mode {
+                    st.shadow_mode = true;
+                    self.stats.mode_switches += 1;
+                }
+                st.stable_copy_us = 0.0;
+            } else if st.shadow_mode {
+                st.shadow_mode = false;
+                dropped += 1;
+                self.stats.mode_switches += 1;
+            }
+        }
+        // Fallback shadows are held shadows of the new plan now.
+        self.extra_shadow_bytes = 0;
+        let d = &self.config.device;
+        info!(
+            target: "xla_vmm::policy",
+            executable = %self.name,
+            after_steps = n,
+            rule = ?plan.rule,
+            threshold_bytes = plan.threshold_bytes,
+            skip = plan.counts.skip,
+            remap = plan.counts.remap,
+            copy = plan.counts.copy,
+            new_shadows = added,
+            off_copy = dropped,
+            shadow_bytes = plan.shadow_bytes,
+            shadow_cap_bytes = plan.shadow_cap_bytes,
+            copy_us_per_step = plan.copy_us_per_step,
+            remap_us_per_step = plan.remap_us_per_step,
+            step_us = plan.step_us,
+            remap_us = d.remap_us,
+            copy_bw_bytes_per_s = d.copy_bw_bytes_per_s,
+            copy_launch_us = d.copy_launch_us,
+            host_us = step.map(|s| s.host_us),
+            gpu_us = step.map(|s| s.gpu_us),
+            "slot binding decision re-planned after warm-up (final)"
+        );
+        self.plan = Some(plan);
+        self.plan_step = step;
         Ok(())
     }
 
@@ -402,14 +571,32 @@ impl SlotTracker {
 
     /// Binds one step on reservation `reservation`: one action per slot.
     ///
-    /// `step` (host/GPU time without binding) is only used by the first
-    /// call, which freezes the decision.
+    /// `step` (host/GPU time without binding) is used by the call that makes
+    /// the plan: the first, and under auto the one re-plan after warm-up
+    /// (see the module docs); other calls ignore it. The actions live in a
+    /// buffer the tracker reuses (no allocation per step): valid until the
+    /// next call.
     pub fn bind_step(
         &mut self,
         reservation: usize,
         bindings: &[Binding],
         step: Option<StepTimes>,
-    ) -> Result<StepActions> {
+    ) -> Result<&StepActions> {
+        let mut out = std::mem::take(&mut self.scratch);
+        let r = self.bind_step_into(reservation, bindings, step, &mut out);
+        self.scratch = out;
+        r.map(|()| &self.scratch)
+    }
+
+    /// [`SlotTracker::bind_step`] into the caller's `out` (overwritten; its
+    /// vector's capacity is reused).
+    pub fn bind_step_into(
+        &mut self,
+        reservation: usize,
+        bindings: &[Binding],
+        step: Option<StepTimes>,
+        out: &mut StepActions,
+    ) -> Result<()> {
         let nres = self.config.reservations;
         if reservation >= nres {
             return Err(PolicyError::NoSuchReservation {
@@ -425,6 +612,8 @@ impl SlotTracker {
         }
         if self.plan.is_none() {
             self.freeze(step)?;
+        } else {
+            self.maybe_replan(step)?;
         }
         let (alpha, remap_us, adaptive) = (
             self.config.knobs.churn_ewma_alpha,
@@ -443,11 +632,9 @@ impl SlotTracker {
             .zip(&self.slots)
             .filter(|(st, s)| st.shadow_mode && s.written)
             .count();
-        let mut out = StepActions {
-            actions: Vec::with_capacity(bindings.len()),
-            copy_in_bytes: 0,
-            copy_out_bytes: 0,
-        };
+        out.actions.clear();
+        out.copy_in_bytes = 0;
+        out.copy_out_bytes = 0;
         for (i, b) in bindings.iter().enumerate() {
             let share_now = self.copy_share_us(i, n_in, n_out, 0);
             let share_added = self.copy_share_us(i, n_in, n_out, 1);
@@ -500,7 +687,7 @@ impl SlotTracker {
                     }
                     _ if adaptive
                         && changed
-                        && st.has_shadow
+                        && st.planned_copy
                         && seen.is_some()
                         && st.churn * remap_us > share_added =>
                     {
@@ -543,7 +730,7 @@ impl SlotTracker {
             .bytes_copied
             .saturating_add(out.copy_in_bytes.saturating_add(out.copy_out_bytes));
         self.stats.steps += 1;
-        Ok(out)
+        Ok(())
     }
 
     /// A driver call failed while remapping slot `index` on `reservation`

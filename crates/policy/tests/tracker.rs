@@ -386,7 +386,7 @@ fn simulated_binding_loses_no_data_at_any_threshold_with_failures() {
             }
             let binds: Vec<Binding> = held.iter().map(|&id| b(id, id * 0x10000)).collect();
             let expect_in: Vec<Vec<u8>> = held.iter().map(|id| user[id].clone()).collect();
-            let acts = t.bind_step(r, &binds, None).unwrap();
+            let acts = t.bind_step(r, &binds, None).unwrap().clone();
             for (i, &a) in acts.actions.iter().enumerate() {
                 let mut a = a;
                 if let SlotAction::Remap { unmap_old } = a {
