@@ -112,6 +112,12 @@ impl VendorPlugin {
         crate::cabi::read_named_values(a.attributes, a.num_attributes)
     }
 
+    /// Does the vendor's table reach the slot at byte `offset` of
+    /// `PJRT_Api` (older plugins have shorter tables)?
+    pub fn has_slot(&self, offset: usize) -> bool {
+        offset + std::mem::size_of::<usize>() <= self.api().struct_size
+    }
+
     fn api(&self) -> &PJRT_Api {
         // SAFETY: the table is static in the plugin, which `_lib` keeps loaded.
         unsafe { &*self.api.0 }

@@ -108,6 +108,15 @@ impl VendorExecutable {
     /// (`PJRT_LoadedExecutable_GetDeviceAssignment`).
     pub fn device_assignment(&self) -> Result<crate::assignment::Assignment> {
         let p = &self.client.plugin;
+        if !p.has_slot(std::mem::offset_of!(
+            PJRT_Api,
+            PJRT_LoadedExecutable_GetDeviceAssignment
+        )) {
+            return Err(Error::unimplemented(format!(
+                "vendor plugin {} predates PJRT_LoadedExecutable_GetDeviceAssignment",
+                p.path
+            )));
+        }
         let mut a: PJRT_LoadedExecutable_GetDeviceAssignment_Args = zeroed();
         a.struct_size = PJRT_LoadedExecutable_GetDeviceAssignment_Args_STRUCT_SIZE as usize;
         a.executable = self.exe.0;
