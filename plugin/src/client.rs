@@ -96,7 +96,9 @@ impl Client {
         kv: Option<KvStore>,
     ) -> Result<Arc<Client>> {
         let exchange = match (&kv, options.num_nodes > 1) {
-            (Some(store), true) => Exchange::Kv(KvExchange::new(*store, options.node_id)),
+            (Some(store), true) => {
+                Exchange::Kv(KvExchange::new(*store, options.node_id, options.num_nodes))
+            }
             _ => Exchange::Local,
         };
         let cliques = collectives::cliques::<B>(exchange.clone());
@@ -117,7 +119,9 @@ impl Client {
         kv: Option<KvStore>,
     ) -> Result<Arc<Client>> {
         let exchange = match (&kv, options.num_nodes > 1) {
-            (Some(store), true) => Some(KvExchange::new(*store, options.node_id)),
+            (Some(store), true) => {
+                Some(KvExchange::new(*store, options.node_id, options.num_nodes))
+            }
             _ => None,
         };
         Self::assemble_with(options, local, kv, exchange)

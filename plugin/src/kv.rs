@@ -4,7 +4,8 @@
 //!
 //! [`KvStore`] wraps the callbacks; [`KvExchange`] is the store seen under
 //! this client's key prefix `xla_vmm/<incarnation>/`: the incarnation counts
-//! the clients this process created before for the same `node_id`, so a
+//! the clients this process created before for the same `node_id` (and
+//! `num_nodes`), so a
 //! second client in the same processes (created in the same order
 //! everywhere) never reads the ids of the first (and two "processes"
 //! emulated in one, as tests do, still agree). It carries the topology (each process's local
@@ -172,8 +173,9 @@ impl KvStore {
     }
 }
 
-/// Clients created with a key-value store in this process so far, by node id.
-static INCARNATIONS: Mutex<Option<HashMap<usize, u64>>> = Mutex::new(None);
+/// Clients created with a key-value store in this process so far, by
+/// (node id, node count).
+static INCARNATIONS: Mutex<Option<HashMap<(usize, usize), u64>>> = Mutex::new(None);
 
 /// The store under this client's prefix `xla_vmm/<incarnation>/`.
 #[derive(Debug)]
@@ -183,13 +185,14 @@ pub struct KvExchange {
 }
 
 impl KvExchange {
-    /// A new client's view (the next incarnation of `node_id`).
-    pub fn new(store: KvStore, node_id: usize) -> Arc<KvExchange> {
+    /// A new client's view (the next incarnation of `node_id` of
+    /// `num_nodes`).
+    pub fn new(store: KvStore, node_id: usize, num_nodes: usize) -> Arc<KvExchange> {
         let n = {
             let mut m = INCARNATIONS.lock().unwrap_or_else(|p| p.into_inner());
             let c = m
                 .get_or_insert_with(HashMap::new)
-                .entry(node_id)
+                .entry((node_id, num_nodes))
                 .or_insert(0);
             *c += 1;
             *c - 1

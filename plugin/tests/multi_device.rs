@@ -767,6 +767,44 @@ fn two_processes_see_each_others_devices() {
 }
 
 #[test]
+fn a_bad_topology_entry_is_a_clear_error() {
+    // (3 processes: the plugin counts clients per node id and node count,
+    // so this test does not shift the 2-process test's keys.)
+    let kv: &'static Kv = Box::leak(Box::default());
+    kv.map
+        .lock()
+        .unwrap()
+        .insert("xla_vmm/0/topology/0".into(), "many".into());
+    kv.map
+        .lock()
+        .unwrap()
+        .insert("xla_vmm/0/topology/2".into(), "1".into());
+    let e = create(
+        &[
+            ("backend", Opt::Str("host")),
+            ("node_id", Opt::Int(1)),
+            ("num_nodes", Opt::Int(3)),
+        ],
+        Some(kv),
+    )
+    .unwrap_err();
+    assert!(
+        e.1.contains("process 0 published \"many\" as its device count"),
+        "{}",
+        e.1
+    );
+    // What this process published is there for the others.
+    assert_eq!(
+        kv.map
+            .lock()
+            .unwrap()
+            .get("xla_vmm/0/topology/1")
+            .map(String::as_str),
+        Some("1")
+    );
+}
+
+#[test]
 fn several_processes_without_a_store_is_a_clear_error() {
     let e = create(
         &[
