@@ -768,6 +768,9 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
         None => Vec::new(),
     };
     let out_lists = cabi::slice(a.output_lists, n, "output_lists")?;
+    if let Some(d) = out_lists.iter().position(|l| l.is_null()) {
+        return Err(Error::invalid(format!("output list {d} is null")));
+    }
     let results: Vec<Step> = if n == 1 {
         vec![e.execute(&parts[0], &args[0], &non_donatable)]
     } else {
