@@ -269,6 +269,9 @@ pub struct SlotTracker {
     /// The one re-plan after warm-up has run (with these step times).
     replanned: bool,
     plan_step: Option<StepTimes>,
+    /// The runtime's warm-up measurement, when it has one (`Some(None)`:
+    /// measured, and the step is serial: costs add).
+    measured: Option<Option<StepTimes>>,
     /// Reused by [`SlotTracker::bind_step`].
     scratch: StepActions,
 }
@@ -320,6 +323,7 @@ impl SlotTracker {
             extra_shadow_bytes: 0,
             replanned: false,
             plan_step: None,
+            measured: None,
             scratch: StepActions::default(),
         })
     }
@@ -338,6 +342,19 @@ impl SlotTracker {
     /// unknown, costs added).
     pub fn plan_step_times(&self) -> Option<StepTimes> {
         self.plan_step
+    }
+
+    /// The runtime's warm-up measurement for the re-plan: `Some(times)` when
+    /// remaps and copies overlap as [`StepTimes`] describes (binding of the
+    /// next step runs while the GPU runs this one), `None` when they do not
+    /// (the GPU was idle whenever the host came back, e.g. the caller waits
+    /// for every step: costs add). The re-plan then runs at the next
+    /// `bind_step` once the warm-up steps are done, without waiting for the
+    /// grace steps. Ignored after the re-plan.
+    pub fn set_warmup_measurement(&mut self, times: Option<StepTimes>) {
+        if !self.replanned {
+            self.measured = Some(times);
+        }
     }
 
     /// The device costs the decision uses.
@@ -470,10 +487,13 @@ impl SlotTracker {
             return Ok(());
         };
         let n = self.stats.steps;
+        let step = step.or(self.measured.flatten());
         if self.replanned
             || self.config.threshold != Threshold::Auto
             || n < after
-            || (step.is_none() && n < after.saturating_add(REPLAN_GRACE_STEPS))
+            || (step.is_none()
+                && self.measured.is_none()
+                && n < after.saturating_add(REPLAN_GRACE_STEPS))
         {
             return Ok(());
         }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
+use xla_vmm_device::probe::{probe_quick, QuickCosts};
 use xla_vmm_device::vmm::{Buffer, Phys};
 use xla_vmm_device::{Backend, DevicePtr};
 use xla_vmm_policy::{DeviceCosts, Stats, Threshold};
@@ -106,11 +107,14 @@ impl<B: Backend> UserBuffer<B> {
 pub struct BindingConfig {
     /// `0` remap all, `1` auto, `N` copy slots of at most N bytes.
     pub threshold: Threshold,
-    /// Measured costs for auto. `None`: the H200 figures of DESIGN §4
-    /// (remap 46 µs, copy 2.4 TB/s, 4 µs per copy launch) with the device's
-    /// free/total memory read at the first step. Either way the runtime sets
-    /// `granularity_bytes` to its backend's VMM granularity (what each
-    /// shadow is rounded up to when allocated).
+    /// Costs for auto, used as given. `None`: measured at the first
+    /// VA-stable step by the in-process probe ([`measured_costs`]: once per
+    /// device per process, see [`PROBE_ENV`]), else the H200 figures of
+    /// DESIGN §4 (remap 46 µs, copy 2.4 TB/s, 4 µs per copy launch); free and
+    /// total memory are read at the first step, and with the copy kernel the
+    /// per-direction launch is [`KERNEL_COPY_DIRECTION_US`]. Either way the
+    /// runtime sets `granularity_bytes` to its backend's VMM granularity
+    /// (what each shadow is rounded up to when allocated).
     pub costs: Option<DeviceCosts>,
     /// Buffers bound by allocation id never change content while bound,
     /// except when this executable writes them (PJRT buffer semantics). Then
@@ -135,6 +139,90 @@ pub const DEFAULT_REMAP_US: f64 = 46.0;
 pub const DEFAULT_COPY_BW: f64 = 2.4e12;
 pub const DEFAULT_COPY_LAUNCH_US: f64 = 4.0;
 
+/// GPU cost of one direction of copies on the copy-kernel path, µs: the
+/// kernel is a node of the step's graph (no launch call, no host work per
+/// copy; the host rewrites the descriptor table only when it changes), so a
+/// direction costs one small kernel node: about a kernel node's
+/// launch-to-start inside a graph.
+pub const KERNEL_COPY_DIRECTION_US: f64 = 2.0;
+
+/// `XLA_VMM_PROBE`: `0` = never probe (DESIGN §4 constants), `1` = probe on
+/// every backend (including the host backend, whose costs are its
+/// emulation's), unset or anything else = probe on GPU backends (CUDA, HIP)
+/// only.
+pub const PROBE_ENV: &str = "XLA_VMM_PROBE";
+
+/// Bytes of the probe's large copy (bandwidth).
+pub const PROBE_COPY_BYTES: u64 = 64 << 20;
+
+/// Where the costs auto uses came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CostSource {
+    /// [`BindingConfig::costs`].
+    Given,
+    /// The in-process probe.
+    Probe,
+    /// DESIGN §4 constants (probe off or failed).
+    Default,
+}
+
+impl CostSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CostSource::Given => "given",
+            CostSource::Probe => "probe",
+            CostSource::Default => "default",
+        }
+    }
+}
+
+type ProbeKey = (&'static str, usize, String);
+
+/// Probe results per device of this process (`None`: it failed; not retried).
+static PROBES: Mutex<BTreeMap<ProbeKey, Option<QuickCosts>>> = Mutex::new(BTreeMap::new());
+
+fn probe_enabled(backend: &str) -> bool {
+    match std::env::var(PROBE_ENV).ok().as_deref().map(str::trim) {
+        Some("0") => false,
+        Some("1") => true,
+        _ => backend != "host",
+    }
+}
+
+/// The in-process probe's result for `backend`'s device: measured once per
+/// device per process ([`probe_quick`]: three remaps of one granule, one
+/// copy of [`PROBE_COPY_BYTES`], eight tiny copies; a few ms) and cached;
+/// `None` when [`PROBE_ENV`] disables it or it failed (said once at info
+/// level either way, with the values when it worked).
+pub fn measured_costs<B: Backend>(backend: &B) -> Option<QuickCosts> {
+    let info = backend.info();
+    if !probe_enabled(info.backend) {
+        return None;
+    }
+    let key = (info.backend, info.ordinal, info.name.clone());
+    let mut probes = lock(&PROBES);
+    if let Some(c) = probes.get(&key) {
+        return c.clone();
+    }
+    let got = match probe_quick(backend, PROBE_COPY_BYTES) {
+        Ok(q) => {
+            tracing::info!(backend = info.backend, device = %info.name, ordinal = info.ordinal,
+                remap_us = q.remap_us, copy_bw_bytes_per_s = q.copy_bw_bytes_per_s,
+                copy_launch_us = q.copy_launch_us, copy_bytes = q.copy_bytes,
+                free_bytes = q.free_bytes, total_bytes = q.total_bytes,
+                probe_us = q.elapsed_us, "binding cost probe");
+            Some(q)
+        }
+        Err(e) => {
+            tracing::info!(backend = info.backend, device = %info.name, error = %e,
+                "binding cost probe failed: DESIGN §4 constants used");
+            None
+        }
+    };
+    probes.insert(key, got.clone());
+    got
+}
+
 impl BindingConfig {
     /// The threshold from `option` (wins) or `XLA_VMM_TMP_COPY_THRESHOLD`.
     pub fn resolve(option: Option<u64>) -> Result<Self> {
@@ -149,7 +237,9 @@ impl BindingConfig {
         })
     }
 
-    pub(crate) fn costs_for<B: Backend>(&self, backend: &B) -> Result<DeviceCosts> {
+    /// The given costs, else the DESIGN §4 constants with the device's
+    /// memory read now (no probe).
+    pub(crate) fn costs_without_probe<B: Backend>(&self, backend: &B) -> Result<DeviceCosts> {
         if let Some(c) = &self.costs {
             return Ok(c.clone());
         }
@@ -162,6 +252,36 @@ impl BindingConfig {
             total_bytes,
             granularity_bytes: backend.info().vmm_granularity.max(1),
         })
+    }
+
+    /// The costs auto plans with: given, else probed, else the constants;
+    /// with `kernel_path` (copies run by the copy kernel inside the graph)
+    /// the per-direction launch is [`KERNEL_COPY_DIRECTION_US`] unless the
+    /// costs were given.
+    pub(crate) fn costs_for<B: Backend>(
+        &self,
+        backend: &B,
+        kernel_path: bool,
+    ) -> Result<(DeviceCosts, CostSource)> {
+        if let Some(c) = &self.costs {
+            return Ok((c.clone(), CostSource::Given));
+        }
+        let mut costs = self.costs_without_probe(backend)?;
+        let mut source = CostSource::Default;
+        // Only measured numbers the policy accepts replace the constants.
+        if let Some(q) = measured_costs(backend) {
+            let ok = |v: f64| v.is_finite() && v > 0.0;
+            if ok(q.remap_us) && ok(q.copy_bw_bytes_per_s) && q.copy_launch_us.is_finite() {
+                costs.remap_us = q.remap_us;
+                costs.copy_bw_bytes_per_s = q.copy_bw_bytes_per_s;
+                costs.copy_launch_us = q.copy_launch_us.max(0.0);
+                source = CostSource::Probe;
+            }
+        }
+        if kernel_path {
+            costs.copy_launch_us = KERNEL_COPY_DIRECTION_US;
+        }
+        Ok((costs, source))
     }
 }
 
@@ -201,6 +321,30 @@ pub struct BindingStats {
     /// (one batched copy per direction around the launch); empty before
     /// the first step.
     pub copy_path: &'static str,
+    /// Where auto's costs came from: `"probe"`, `"given"` or `"default"`
+    /// (DESIGN §4 constants); empty before the first step.
+    pub costs_source: &'static str,
+    /// The costs the plan was made with: remap µs, copy bandwidth (GB/s),
+    /// per-direction copy launch µs.
+    pub remap_us: f64,
+    pub copy_gbps: f64,
+    pub copy_launch_us: f64,
+    /// What bounds the step, as measured during auto's warm-up: `"gpu"`
+    /// (the GPU was still busy when the host came back: remaps overlap it),
+    /// `"host"` (the GPU was idle: binding is on the critical path, costs
+    /// add) or `"unknown"` (not measured: fixed thresholds, or before the
+    /// re-plan).
+    pub bound: &'static str,
+    /// Warm-up medians: host time between steps and GPU time of a step
+    /// (binding copies excluded), µs; 0 when not measured.
+    pub step_host_us: f64,
+    pub step_gpu_us: f64,
+    /// Auto re-planned after warm-up (the plan in force is final).
+    pub replanned: bool,
+    /// Decisions of the plan in force (copy-only slots counted in `plan_copy`).
+    pub plan_skip: usize,
+    pub plan_remap: usize,
+    pub plan_copy: usize,
     #[serde(flatten)]
     pub counters: Stats,
 }
@@ -218,7 +362,9 @@ impl BindingStats {
             "binding: steps={} skips={} remaps={} copies={} bytes_copied={} unmap_errors={} \
              fallbacks={} mode_switches={} copies_elided={} vmm_calls={} copy_ops={} captures={} \
              threshold={} threshold_bytes={} shadow_bytes={} host_us_per_step={:.2} host_us_max={:.1} \
-             copy_slots={} copy_only_slots={} copy_path={}",
+             copy_slots={} copy_only_slots={} copy_path={} plan=skip:{}/remap:{}/copy:{} \
+             bound={} replanned={} step_host_us={:.1} step_gpu_us={:.1} costs={} remap_us={:.1} \
+             copy_gbps={:.1} copy_launch_us={:.2}",
             c.steps,
             c.skips,
             c.remaps,
@@ -238,7 +384,18 @@ impl BindingStats {
             c.host_binding_ns_max as f64 / 1e3,
             self.copy_slots,
             self.copy_only_slots,
-            self.copy_path
+            self.copy_path,
+            self.plan_skip,
+            self.plan_remap,
+            self.plan_copy,
+            self.bound,
+            self.replanned,
+            self.step_host_us,
+            self.step_gpu_us,
+            self.costs_source,
+            self.remap_us,
+            self.copy_gbps,
+            self.copy_launch_us
         )
     }
 }

@@ -58,15 +58,35 @@
 //!
 //! Steady state (every slot skips, or copies exactly what the tables hold)
 //! makes two driver calls per step: the graph launch and the event record.
+//!
+//! Auto (threshold 1) plans with measured inputs: at the first step the
+//! costs come from the in-process probe ([`crate::binding::measured_costs`],
+//! once per device per process; the copy kernel's per-direction cost when
+//! copies run inside the graph), and the tracker re-plans once after
+//! [`DEFAULT_REPLAN_AFTER_STEPS`] warm-up steps with each slot's observed
+//! churn and what bounds the step, measured here during the warm-up only:
+//! whether the previous step's `done` event was still pending when `run` was
+//! called again (the GPU is behind: GPU-bound, remaps overlap it) or already
+//! complete (binding is on the critical path: costs add), the host time
+//! between `run` calls, and the GPU time of a step (an event recorded before
+//! the graph launch, read with `event_query` once the reservation's `done`
+//! event has completed: never waited for; the modelled copy time is
+//! subtracted). The re-plan only moves slots between their shadow and direct
+//! mapping: every slot has its own region from the first step, shadows are
+//! created when first mapped, so nothing is re-captured (see the policy's
+//! tracker docs for the shadow cap across the re-plan).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use xla_vmm::AllocationRole;
 use xla_vmm_device::vmm::Phys;
+use xla_vmm_device::EventStatus;
 use xla_vmm_device::{merge_copies, Backend, DevicePtr};
+use xla_vmm_policy::tracker::DEFAULT_REPLAN_AFTER_STEPS;
 use xla_vmm_policy::{
-    Binding, Decision, FailedCall, SlotAction, SlotInfo, SlotTracker, TrackerConfig,
+    Binding, Decision, FailedCall, SlotAction, SlotInfo, SlotTracker, StepActions, StepTimes,
+    Threshold, TrackerConfig,
 };
 
 use crate::binding::{publish, register, BindingConfig, BindingStats, StatsSlot, UserBuffer};
@@ -116,6 +136,69 @@ struct Res<B: Backend> {
     used: bool,
     /// Copy tables (kernel path only).
     tables: Option<CopyTables<B>>,
+    /// Recorded before the graph launch during auto's warm-up.
+    start: Option<B::Event>,
+    /// A timed step is in flight on this reservation: its modelled copy µs.
+    timed: Option<f64>,
+}
+
+/// Most samples kept per warm-up series.
+const WARMUP_SAMPLES: usize = 32;
+
+/// What auto's warm-up measures (see the module docs).
+#[derive(Default)]
+struct Warmup {
+    /// Host µs between the end of a `run` and the start of the next.
+    gaps: Vec<f64>,
+    /// Host µs of the graph launch call.
+    launches: Vec<f64>,
+    /// GPU µs of a step, binding copies excluded.
+    gpu: Vec<f64>,
+    /// The previous step's `done` was pending / complete at `run`.
+    pending: u32,
+    complete: u32,
+    last_end: Option<Instant>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut w = v.to_vec();
+    w.sort_by(f64::total_cmp);
+    match w.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => w[n / 2],
+        n => (w[n / 2 - 1] + w[n / 2]) / 2.0,
+    }
+}
+
+fn push_sample(v: &mut Vec<f64>, x: f64) {
+    if v.len() < WARMUP_SAMPLES && x.is_finite() {
+        v.push(x.max(0.0));
+    }
+}
+
+impl Warmup {
+    fn bound(&self) -> &'static str {
+        match (self.pending, self.complete) {
+            (0, 0) => "unknown",
+            (p, c) if p > c => "gpu",
+            _ => "host",
+        }
+    }
+
+    /// The measurement for the re-plan, once there is one: GPU-bound steps
+    /// give their times (remaps overlap the GPU); host-bound ones `None`
+    /// (serial: the runtime cannot tell a host-bound loop from a caller
+    /// that waits for every step, so it does not assume copies hide).
+    fn measurement(&self) -> Option<Option<StepTimes>> {
+        match self.bound() {
+            "gpu" if !self.gpu.is_empty() && !self.gaps.is_empty() => Some(Some(StepTimes {
+                host_us: median(&self.gaps) + median(&self.launches),
+                gpu_us: median(&self.gpu),
+            })),
+            "host" => Some(None),
+            _ => None,
+        }
+    }
 }
 
 /// One copy: (dst, src, bytes).
@@ -140,6 +223,14 @@ pub(crate) struct VaStable<B: Backend> {
     slot: Option<StatsSlot>,
     /// The copy kernel (`None`: batched copies).
     kernel: Option<CopyKernel<B>>,
+    /// Why the copy kernel could not be loaded (logged at lay-out).
+    kernel_error: Option<String>,
+    cfg: BindingConfig,
+    /// Auto re-plans after warm-up (measures while it has not).
+    replan: bool,
+    warm: Warmup,
+    /// The tracker's actions, reused every step.
+    step_actions: StepActions,
     // Per-step scratch, kept to avoid allocating every step.
     bindings: Vec<Binding>,
     new_maps: Vec<usize>,
@@ -200,15 +291,23 @@ impl<B: Backend> VaStable<B> {
                 ));
             }
         }
-        let mut costs = cfg.costs_for(exe.backend())?;
+        // Placeholder costs (memory read now, no probe): the real ones are
+        // set at the first step (`prepare_costs`), once the copy path is known.
+        let mut costs = BindingConfig {
+            costs: None,
+            ..cfg.clone()
+        }
+        .costs_without_probe(exe.backend())?;
         // Shadows are whole granules, one per copy slot shared by the
         // reservations (see `map_shadow`): the policy counts them so, and
         // its shadow bytes are what is allocated.
         costs.granularity_bytes = exe.backend().info().vmm_granularity.max(1);
+        let replan = cfg.threshold == Threshold::Auto;
         let mut tc = TrackerConfig::new(costs, cfg.threshold);
         tc.reservations = RESERVATIONS;
         tc.shared_shadows = true;
         tc.adaptive = true;
+        tc.replan_after_steps = replan.then_some(DEFAULT_REPLAN_AFTER_STEPS);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key = format!("{}#{n}", plan.module_name);
         let tracker = SlotTracker::new(key.clone(), infos, tc).map_err(policy_err)?;
@@ -233,6 +332,19 @@ impl<B: Backend> VaStable<B> {
             stats,
             slot: None,
             kernel: None,
+            kernel_error: None,
+            cfg: cfg.clone(),
+            replan,
+            warm: Warmup {
+                gaps: Vec::with_capacity(WARMUP_SAMPLES),
+                launches: Vec::with_capacity(WARMUP_SAMPLES),
+                gpu: Vec::with_capacity(WARMUP_SAMPLES),
+                ..Default::default()
+            },
+            step_actions: StepActions {
+                actions: Vec::with_capacity(n),
+                ..Default::default()
+            },
             bindings: Vec::with_capacity(n),
             new_maps: Vec::with_capacity(n),
             ins: Vec::with_capacity(n),
@@ -251,15 +363,15 @@ impl<B: Backend> VaStable<B> {
         &self.stats
     }
 
-    /// Reserve and map both reservations once the plan is frozen.
+    /// Reserve and map both reservations once the first plan is made (one
+    /// region per parameter slot whatever the plan: a re-plan changes what
+    /// is mapped there, never the layout).
     fn lay_out(&mut self, exe: &Executable<B>) -> Result<()> {
         let be = exe.backend();
         let gran = be.info().vmm_granularity.max(1);
-        let plan = self
-            .tracker
-            .plan()
-            .ok_or_else(|| RuntimeError::invalid("binding plan not frozen"))?
-            .clone();
+        if self.tracker.plan().is_none() {
+            return Err(RuntimeError::invalid("binding plan not made"));
+        }
         let mut off = 0u64;
         for s in self.slots.iter_mut() {
             s.region = s.size.div_ceil(gran) * gran;
@@ -272,14 +384,6 @@ impl<B: Backend> VaStable<B> {
             off += buf.mapped();
         }
         let total = off.max(gran);
-        self.stats.copy_slots = plan
-            .decisions
-            .iter()
-            .filter(|d| **d == Decision::Copy)
-            .count();
-        self.stats.copy_only_slots = plan.counts.copy_only;
-        self.stats.threshold_bytes = plan.threshold_bytes;
-        self.stats.shadow_cap_bytes = plan.shadow_cap_bytes;
         for _ in 0..RESERVATIONS {
             let va = be.va_reserve(total, 0)?;
             let base = be.va_base(&va);
@@ -294,10 +398,15 @@ impl<B: Backend> VaStable<B> {
                 done: None,
                 used: false,
                 tables: None,
+                start: None,
+                timed: None,
             });
             let r_i = self.res.len() - 1;
             let r = &mut self.res[r_i];
             r.done = Some(be.event_create()?);
+            if self.replan {
+                r.start = Some(be.event_create()?);
+            }
             let va = r.va.as_ref().expect("just reserved");
             for (idx, o, buf) in &owned {
                 be.map(va, *o, buf.raw_mem(), 0, buf.mapped())?;
@@ -314,25 +423,38 @@ impl<B: Backend> VaStable<B> {
         Ok(())
     }
 
-    /// Load the copy kernel and give each reservation its tables; on any
-    /// failure use batched copies (said once).
+    /// Give each reservation its copy tables (the kernel was loaded by
+    /// `prepare_costs`); on any failure use batched copies (said once).
     fn setup_copy_kernel(&mut self, be: &B) {
-        // Rows for the planned copy slots, and one each for any slot that
-        // turns to copy later (a bigger fallback overflows to a batch).
-        let planned: usize = self
+        // Rows for the planned copy slots, one each for any slot that turns
+        // to copy later, and what auto's re-plan can add within the shadow
+        // cap (copies that do not fit overflow to a batch: still correct).
+        let (planned, cap) = self
             .tracker
             .plan()
             .map(|p| {
-                p.decisions
+                let planned = p
+                    .decisions
                     .iter()
                     .zip(&self.slots)
                     .filter(|(d, _)| **d == Decision::Copy)
                     .map(|(_, s)| rows(s.size))
-                    .sum()
+                    .sum();
+                (planned, p.shadow_cap_bytes)
             })
-            .unwrap_or(0);
-        let n = planned + self.slots.len();
-        let loaded = CopyKernel::load(be).and_then(|k| {
+            .unwrap_or((0, 0));
+        let cap_rows = if self.replan {
+            rows(cap).min(self.slots.iter().map(|s| rows(s.size)).sum())
+        } else {
+            0
+        };
+        let n = planned + self.slots.len() + cap_rows;
+        let preloaded = match (self.kernel.take(), self.kernel_error.take()) {
+            (Some(k), _) => Ok(k),
+            (None, Some(e)) => Err(RuntimeError::invalid(e)),
+            (None, None) => CopyKernel::load(be),
+        };
+        let loaded = preloaded.and_then(|k| {
             let mut tables = Vec::with_capacity(self.res.len());
             for _ in 0..self.res.len() {
                 match CopyTables::new(be, n) {
@@ -376,6 +498,10 @@ impl<B: Backend> VaStable<B> {
         let t0 = Instant::now();
         let be = exe.backend();
         let r = (self.step % RESERVATIONS as u64) as usize;
+        let warming = self.replan && !self.tracker.replanned();
+        if warming {
+            self.observe(be, t0);
+        }
         self.bindings.clear();
         for s in &self.slots {
             let u = bound(users, s)?;
@@ -386,6 +512,7 @@ impl<B: Backend> VaStable<B> {
             // First step: the plan is made now, so tell it which slots
             // cannot be mapped (their buffers are copy-only).
             let gran = be.info().vmm_granularity.max(1);
+            let mut any_mappable = false;
             for (i, s) in self.slots.iter().enumerate() {
                 let region = s.size.div_ceil(gran) * gran;
                 let u = bound(users, s)?;
@@ -394,14 +521,29 @@ impl<B: Backend> VaStable<B> {
                 if !mappable {
                     self.tracker.set_remappable(i, false).map_err(policy_err)?;
                 }
+                any_mappable |= mappable;
+            }
+            // Copy-only slots are copied whatever is measured: no warm-up
+            // (and no timing calls) when no slot could be anything else.
+            self.replan &= any_mappable;
+            self.prepare_costs(be)?;
+        }
+        let warming = warming && self.replan;
+        if warming && self.tracker.stats().steps >= DEFAULT_REPLAN_AFTER_STEPS {
+            if let Some(m) = self.warm.measurement() {
+                self.tracker.set_warmup_measurement(m);
             }
         }
-        let step = self
-            .tracker
-            .bind_step(r, &self.bindings, None)
+        let first = self.tracker.plan().is_none();
+        let mut step = std::mem::take(&mut self.step_actions);
+        self.tracker
+            .bind_step_into(r, &self.bindings, None, &mut step)
             .map_err(policy_err)?;
+        if first || (warming && self.tracker.replanned()) {
+            self.refresh_plan_stats();
+        }
         let (copy_in_bytes, copy_out_bytes) = (step.copy_in_bytes, step.copy_out_bytes);
-        let mut actions = step.actions;
+        let mut actions = std::mem::take(&mut step.actions);
         // Setup (reserving, mapping the owned buffers) is not binding time.
         let mut setup = std::time::Duration::ZERO;
         if !self.laid_out {
@@ -521,8 +663,40 @@ impl<B: Backend> VaStable<B> {
         }
         let res = &mut self.res[r];
         let (_, exec) = res.graph.as_ref().expect("captured");
+        // Warm-up: time the step on the GPU (read later, never waited for).
+        let mut timed = false;
+        if warming && res.timed.is_none() {
+            if let Some(e) = res.start.as_ref() {
+                be.event_record(e, stream)?;
+                timed = true;
+            }
+        }
+        let t_launch = Instant::now();
         be.graph_launch(exec, stream)?;
         let t_after = Instant::now();
+        if warming {
+            push_sample(
+                &mut self.warm.launches,
+                (t_after - t_launch).as_secs_f64() * 1e6,
+            );
+        }
+        if timed {
+            // What of the timed span is binding copies (the model's figure):
+            // both directions in the graph on the kernel path, the copy-back
+            // batch otherwise.
+            let d = self.tracker.device_costs();
+            let bytes = copy_out_bytes
+                + if self.kernel.is_some() {
+                    copy_in_bytes
+                } else {
+                    0
+                };
+            let launches = u32::from(copy_out_bytes > 0)
+                + u32::from(self.kernel.is_some() && copy_in_bytes > 0);
+            res.timed = Some(
+                bytes as f64 / d.copy_bw_bytes_per_s * 1e6 + f64::from(launches) * d.copy_launch_us,
+            );
+        }
         if self.kernel.is_none() || batch_out {
             self.stats.copy_ops += copy_batch(be, &outs, stream)?;
         } else if ordered_outs {
@@ -535,6 +709,8 @@ impl<B: Backend> VaStable<B> {
         res.used = true;
         self.ins = ins;
         self.outs = outs;
+        step.actions = actions;
+        self.step_actions = step;
         // Binding time: everything but setup, capture and the launch call.
         let ns = (t_bind + t_after.elapsed())
             .saturating_sub(setup)
@@ -555,7 +731,88 @@ impl<B: Backend> VaStable<B> {
         publish(slot, &self.stats);
         tracing::debug!(executable = %self.key, reservation = r,
             copy_in_bytes, copy_out_bytes, host_ns = ns, "step bound");
+        if warming {
+            self.warm.last_end = Some(Instant::now());
+        }
         Ok(())
+    }
+
+    /// First step, before the plan: load the copy kernel (its path changes
+    /// what a copy costs) and give the tracker the costs (given, probed or
+    /// the constants).
+    fn prepare_costs(&mut self, be: &B) -> Result<()> {
+        if self.kernel.is_none() && self.kernel_error.is_none() {
+            match CopyKernel::load(be) {
+                Ok(k) => self.kernel = Some(k),
+                Err(e) => self.kernel_error = Some(e.to_string()),
+            }
+        }
+        let (mut costs, source) = self.cfg.costs_for(be, self.kernel.is_some())?;
+        costs.granularity_bytes = be.info().vmm_granularity.max(1);
+        self.stats.costs_source = source.as_str();
+        self.stats.remap_us = costs.remap_us;
+        self.stats.copy_gbps = costs.copy_bw_bytes_per_s / 1e9;
+        self.stats.copy_launch_us = costs.copy_launch_us;
+        self.tracker.set_device_costs(costs).map_err(policy_err)
+    }
+
+    /// Warm-up samples at the start of a step (no waiting: event queries).
+    fn observe(&mut self, be: &B, now: Instant) {
+        if let Some(end) = self.warm.last_end {
+            push_sample(
+                &mut self.warm.gaps,
+                now.saturating_duration_since(end).as_secs_f64() * 1e6,
+            );
+        }
+        if self.step > 0 {
+            let prev = ((self.step - 1) % RESERVATIONS as u64) as usize;
+            if let Some(done) = self.res.get(prev).and_then(|r| r.done.as_ref()) {
+                match be.event_query(done) {
+                    Ok(EventStatus::Complete) => self.warm.complete += 1,
+                    Ok(_) => self.warm.pending += 1,
+                    Err(_) => {}
+                }
+            }
+        }
+        for res in &mut self.res {
+            let (Some(model), Some(start), Some(done)) =
+                (res.timed, res.start.as_ref(), res.done.as_ref())
+            else {
+                continue;
+            };
+            if !matches!(be.event_query(done), Ok(EventStatus::Complete)) {
+                continue;
+            }
+            res.timed = None;
+            if let Ok(ms) = be.event_elapsed_ms(start, done) {
+                push_sample(&mut self.warm.gpu, f64::from(ms) * 1e3 - model);
+            }
+        }
+        self.stats.bound = self.warm.bound();
+        self.stats.step_host_us = median(&self.warm.gaps) + median(&self.warm.launches);
+        self.stats.step_gpu_us = median(&self.warm.gpu);
+    }
+
+    /// The plan's figures in the stats (first step, and auto's re-plan).
+    fn refresh_plan_stats(&mut self) {
+        let Some(plan) = self.tracker.plan() else {
+            return;
+        };
+        let count = |d: Decision| plan.decisions.iter().filter(|x| **x == d).count();
+        self.stats.copy_slots = count(Decision::Copy);
+        self.stats.plan_skip = count(Decision::Skip);
+        self.stats.plan_remap = count(Decision::Remap);
+        self.stats.plan_copy = self.stats.copy_slots;
+        self.stats.copy_only_slots = plan.counts.copy_only;
+        self.stats.threshold_bytes = plan.threshold_bytes;
+        self.stats.shadow_cap_bytes = plan.shadow_cap_bytes;
+        self.stats.replanned = self.tracker.replanned();
+        if self.stats.bound.is_empty() || self.tracker.plan_step_times().is_none() {
+            // Bound as the plan saw it: measured, or not (yet).
+            if !self.stats.replanned {
+                self.stats.bound = "unknown";
+            }
+        }
     }
 
     /// Set access on the contiguous new mappings `range` (one call; per
@@ -694,6 +951,9 @@ impl<B: Backend> VaStable<B> {
                 be.graph_destroy(g).ok();
             }
             if let Some(e) = r.done.take() {
+                be.event_destroy(e).ok();
+            }
+            if let Some(e) = r.start.take() {
                 be.event_destroy(e).ok();
             }
             if let Some(t) = r.tables.take() {
