@@ -680,7 +680,10 @@ impl<B: Backend> VaStable<B> {
                 (t_after - t_launch).as_secs_f64() * 1e6,
             );
         }
-        if timed {
+        if !timed {
+            // A pair still unread is stale once `done` is recorded again.
+            res.timed = None;
+        } else {
             // What of the timed span is binding copies (the model's figure):
             // both directions in the graph on the kernel path, the copy-back
             // batch otherwise.
@@ -807,11 +810,8 @@ impl<B: Backend> VaStable<B> {
         self.stats.threshold_bytes = plan.threshold_bytes;
         self.stats.shadow_cap_bytes = plan.shadow_cap_bytes;
         self.stats.replanned = self.tracker.replanned();
-        if self.stats.bound.is_empty() || self.tracker.plan_step_times().is_none() {
-            // Bound as the plan saw it: measured, or not (yet).
-            if !self.stats.replanned {
-                self.stats.bound = "unknown";
-            }
+        if self.stats.bound.is_empty() {
+            self.stats.bound = "unknown";
         }
     }
 
