@@ -63,7 +63,7 @@ pjrt_entries! {
     PJRT_LoadedExecutable_AddressableDevices(PJRT_LoadedExecutable_AddressableDevices_Args, PJRT_LoadedExecutable_AddressableDevices_Args_STRUCT_SIZE) => exec_queries::loaded_addressable_devices;
     PJRT_LoadedExecutable_Delete(PJRT_LoadedExecutable_Delete_Args, PJRT_LoadedExecutable_Delete_Args_STRUCT_SIZE) => exec_queries::loaded_delete;
     PJRT_LoadedExecutable_IsDeleted(PJRT_LoadedExecutable_IsDeleted_Args, PJRT_LoadedExecutable_IsDeleted_Args_STRUCT_SIZE) => exec_queries::loaded_is_deleted;
-    PJRT_LoadedExecutable_Execute(PJRT_LoadedExecutable_Execute_Args, PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE) => executable::execute;
+    PJRT_LoadedExecutable_Execute(PJRT_LoadedExecutable_Execute_Args, PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE) => execute::execute;
     PJRT_Executable_DeserializeAndLoad(PJRT_Executable_DeserializeAndLoad_Args, PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE) => executable::deserialize_and_load;
     PJRT_LoadedExecutable_Fingerprint(PJRT_LoadedExecutable_Fingerprint_Args, PJRT_LoadedExecutable_Fingerprint_Args_STRUCT_SIZE) => exec_queries::loaded_fingerprint;
     PJRT_Buffer_Destroy(PJRT_Buffer_Destroy_Args, PJRT_Buffer_Destroy_Args_STRUCT_SIZE) => buffer::destroy;

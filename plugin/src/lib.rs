@@ -48,6 +48,7 @@ pub mod error;
 pub mod event;
 pub mod exec_queries;
 pub mod executable;
+pub mod execute;
 pub mod handles;
 pub mod kv;
 pub mod options;

@@ -10,6 +10,7 @@ use std::ptr::null_mut;
 use xla_vmm_plugin::options::{BackendKind, ClientOptions};
 use xla_vmm_plugin::pjrt::*;
 
+pub mod multi;
 pub mod plans;
 
 pub fn api() -> &'static PJRT_Api {
