@@ -12,8 +12,9 @@
 //!   looked up before any dereference).
 //! - `cabi.rs`: the only module that reads or writes caller memory.
 //! - `client.rs`, `device.rs`, `buffer.rs`, `event.rs`: the objects.
-//! - `executable.rs` (compile, load, execute) and `exec_queries.rs` (what
-//!   JAX asks of an executable); `program.rs`: the runtime behind a trait.
+//! - `executable.rs` (compile, load, run one device's step), `execute.rs`
+//!   (the `Execute` entry) and `exec_queries.rs` (what JAX asks of an
+//!   executable); `program.rs`: the runtime behind a trait.
 //! - Several devices and processes: `assignment.rs` (device assignments),
 //!   `worker.rs` (a thread per device for multi-device steps),
 //!   `collectives.rs` (the runtime's cliques), `kv.rs` (the

@@ -15,6 +15,7 @@ use common::plans::*;
 use common::*;
 use xla_vmm_plugin::assignment::Assignment;
 use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::devmem::VmmMemory;
 use xla_vmm_plugin::pjrt::*;
 
 fn two_device_client() -> *mut PJRT_Client {
@@ -338,6 +339,45 @@ fn an_all_reduce_runs_across_two_devices() {
     }
     destroy_buffer(a0);
     destroy_buffer(a1);
+    destroy_exe(exe);
+    destroy_client(client);
+}
+
+#[test]
+fn synchronous_mode_runs_both_devices_too() {
+    let mems = vec![
+        VmmMemory::new(backend()).unwrap().with_sync(true),
+        VmmMemory::new(backend()).unwrap().with_sync(true),
+    ];
+    let client = client::into_c(Client::with_memories(host_options(), mems, None).unwrap());
+    let devs = devices(client);
+    let exe = xla_vmm_plugin::executable::load_plan_on(
+        client,
+        all_reduce_and_partition_id(),
+        b"sync".to_vec(),
+        Some(Assignment {
+            replicas: 1,
+            partitions: 2,
+            ids: vec![0, 1],
+        }),
+    )
+    .unwrap();
+    let a0 = put_f32(client, devs[0], &[1.0; 4]);
+    let a1 = put_f32(client, devs[1], &[2.0; 4]);
+    for (d, (out, ev)) in execute_n(exe, &[vec![a0], vec![a1]], 2)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(await_event(ev), None);
+        destroy_event(ev);
+        let bytes = to_host(out).unwrap();
+        assert_eq!(f32_values(&bytes[..16]), vec![3.0; 4], "device {d}");
+        destroy_buffer(out);
+    }
+    for b in [a0, a1] {
+        destroy_buffer(b);
+    }
     destroy_exe(exe);
     destroy_client(client);
 }
