@@ -62,7 +62,11 @@ def test_platform_and_device():
     # The client reports platform "cuda" (JAX applies GPU lowering); JAX shows it as "gpu".
     assert VMM.client.platform in ("cuda", "gpu")
     assert VMM.platform in ("cuda", "gpu")
-    assert jax.devices("vmm") == [VMM]
+    devs = jax.devices("vmm")
+    assert devs[0] == VMM
+    # One device per visible GPU, numbered 0..n-1, all in this process.
+    assert [d.id for d in devs] == list(range(len(devs)))
+    assert all(d.process_index == 0 for d in devs)
 
 
 @pytest.mark.parametrize(
