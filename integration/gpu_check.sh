@@ -166,7 +166,7 @@ printf '%s\n' "${SUMMARY[@]}"
 echo "$pass passed, $fail failed"
 [ -f "$WORK/logs/bench.log" ] && { echo; grep -A20 '^| program' "$WORK/logs/bench.log"; }
 [ -f "$WORK/ab/ab.md" ] && { echo; cat "$WORK/ab/ab.md"; }
-[ -f "$WORK/multi/multi.md" ] && { echo; cat "$WORK/multi/multi.md"; }
+[ -f "$WORK/multi/compare.md" ] && { echo; cat "$WORK/multi/compare.md"; }
 for l in "$WORK"/logs/loop*:graph*.log; do
   [ -f "$l" ] && echo "$(basename "$l" .log): $(grep -h '^LOSSES' "$l") | $(grep -h '^binding:' "$l")"
 done
