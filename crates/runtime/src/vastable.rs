@@ -508,6 +508,7 @@ impl<B: Backend> VaStable<B> {
             let id = u.id.unwrap_or(RAW_ID_BIT | u.ptr.0);
             self.bindings.push(Binding { id, addr: u.ptr.0 });
         }
+        let mut probe_time = std::time::Duration::ZERO;
         if self.tracker.plan().is_none() {
             // First step: the plan is made now, so tell it which slots
             // cannot be mapped (their buffers are copy-only).
@@ -526,7 +527,10 @@ impl<B: Backend> VaStable<B> {
             // Copy-only slots are copied whatever is measured: no warm-up
             // (and no timing calls) when no slot could be anything else.
             self.replan &= any_mappable;
+            // The probe (first step on a device) is setup, not binding.
+            let t = Instant::now();
             self.prepare_costs(be)?;
+            probe_time = t.elapsed();
         }
         let warming = warming && self.replan;
         if warming && self.tracker.stats().steps >= DEFAULT_REPLAN_AFTER_STEPS {
@@ -545,11 +549,11 @@ impl<B: Backend> VaStable<B> {
         let (copy_in_bytes, copy_out_bytes) = (step.copy_in_bytes, step.copy_out_bytes);
         let mut actions = std::mem::take(&mut step.actions);
         // Setup (reserving, mapping the owned buffers) is not binding time.
-        let mut setup = std::time::Duration::ZERO;
+        let mut setup = probe_time;
         if !self.laid_out {
             let t = Instant::now();
             self.lay_out(exe)?;
-            setup = t.elapsed();
+            setup += t.elapsed();
         }
         let mut synced = false;
         let mut new_maps = std::mem::take(&mut self.new_maps);
