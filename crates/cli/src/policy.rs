@@ -8,7 +8,9 @@
 //! shadows are counted in whole granules of it), optionally `"step":
 //! {"host_us", "gpu_us"}`, per-slot `"history": [bool]` and `"remappable": false` (a
 //! copy-only slot, e.g. sub-allocated buffers: copied under every
-//! threshold), and `"knobs"`.
+//! threshold), `"has_shadow": true` (a re-plan: the slot's shadow is already
+//! allocated, counted against the cap whatever is decided), and `"knobs"`.
+//! Older inputs without the optional fields parse unchanged.
 
 use std::io::Read;
 use std::path::PathBuf;

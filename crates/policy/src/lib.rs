@@ -53,6 +53,8 @@
 //!
 //! ## Our rule (threshold 1)
 //!
+//! (Its inputs are measured, not assumed: see "What auto measures" below.)
+//!
 //! Cost model ([`cost`]): a remap slot costs `p·R` µs of host time per step,
 //! where `p` is its **churn** (fraction of steps its allocation changes; a
 //! history, if known, is averaged with more weight on recent steps). A copy
@@ -99,18 +101,61 @@
 //!
 //! The cutoff reported (`threshold_bytes`) is the largest copied slot.
 //!
-//! ## Freezing, and what adapts after
+//! ## What auto measures, when it freezes, and why
 //!
-//! [`SlotTracker`] runs the decision at the executable's first step with the
-//! slots' churn priors (1 unless the runtime knows better), logs it once at
-//! info level with its inputs and freezes it: which slots own shadows is
-//! fixed, so shadow memory is allocated once and stays under the cap (a
-//! failed driver call can add a shadow: see
-//! [`SlotTracker::fallback_to_copy`]). Within that, churn observed per slot
-//! moves a copy slot whose allocation stopped changing back to direct
-//! mapping once its copies cost one remap, and a shadow-owning slot that
-//! starts changing again back to copying (see [`tracker`]).
+//! Inputs, all measured in the process that runs the executable (the
+//! runtime, `crates/runtime`):
 //!
+//! * **Costs** ([`DeviceCosts`]), at the executable's first VA-stable step,
+//!   by a light probe run once per device per process and cached (three
+//!   remaps of one granule on a scratch reservation, one 64 MiB device copy
+//!   timed with events, eight tiny copies; a few ms on a GPU): `R`, `B` and
+//!   the per-copy launch `L`. Free and total memory are read at each
+//!   executable's first step. When copies run inside the step's graph (the
+//!   runtime's copy kernel reading a descriptor table), a direction costs one
+//!   kernel node, not a launch call, so `L` is a small constant (~2 µs) and a
+//!   copy slot costs no host time. Without a probe (disabled, failed, or a
+//!   backend without real costs) DESIGN §4's H200 figures are used.
+//! * **Churn per slot**, observed per reservation over the warm-up (a
+//!   change is an allocation id different from what that reservation had).
+//! * **The step's bound**, over the warm-up: whether the previous step's
+//!   completion event was still pending when the host came back to bind the
+//!   next one (GPU-bound: host work, remaps included, overlaps the GPU), the
+//!   host time between steps and the GPU time of a step (events around the
+//!   graph launch, read only once complete, never waited for).
+//!
+//! When: the first step decides with the costs and the churn priors
+//! (unknown bound: remap and copy time add) so that nothing waits for a
+//! measurement. After a short warm-up (`tracker::DEFAULT_REPLAN_AFTER_STEPS`
+//! steps) auto decides **once more** with the observed churn and the
+//! measured bound, logs that decision at info level with its inputs, and
+//! freezes it for good. Why once and early: every re-decision can move
+//! slots between shadow and direct mapping (a remap each, and new shadow
+//! memory), so deciding repeatedly on noisy step times would cost more than
+//! it could save; a few steps are enough to see which slots keep their
+//! buffers (donated state, ping-pong buffers: churn 0, skip: a slot that
+//! stopped churning costs nothing either way) and which side bounds the
+//! step. A GPU-bound step takes `max(H + remap, G + copy)`: remaps hide, so
+//! fewer (large-ish) slots are copied; when the GPU was found idle the
+//! runtime cannot tell a host-bound loop from a caller that waits for each
+//! step, so it plans with costs added (copies are not assumed to hide).
+//! Fixed thresholds (`0`, `N`) are decided at the first step only.
+//!
+//! Safety of the re-plan: it never changes addresses. Every slot has its
+//! own region in the reservations from the first step and a shadow is a
+//! separate allocation mapped at that region, so the recorded graphs stay
+//! valid (never re-captured). Shadows already allocated stay allocated and
+//! are counted against the cap ([`SlotInfo::has_shadow`]); new shadows are
+//! admitted only within what the cap has left. A slot taken off copying maps
+//! its allocation (one remap, after the reservation's event); one put on
+//! copying maps its shadow at its next step on each reservation.
+//!
+//! Within the final plan, churn observed per slot still moves a copy slot
+//! whose allocation stopped changing back to direct mapping once its copies
+//! cost one remap, and a slot the plan copies that starts changing again
+//! back to its shadow (see [`tracker`]); a failed driver call can add a
+//! shadow ([`SlotTracker::fallback_to_copy`]).
+
 //! ## Example
 //!
 //! ```
