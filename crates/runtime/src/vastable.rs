@@ -81,20 +81,24 @@ use std::time::Instant;
 
 use xla_vmm::AllocationRole;
 use xla_vmm_device::vmm::Phys;
-use xla_vmm_device::EventStatus;
-use xla_vmm_device::{merge_copies, Backend, DevicePtr};
+use xla_vmm_device::{Backend, DevicePtr};
 use xla_vmm_policy::tracker::DEFAULT_REPLAN_AFTER_STEPS;
 use xla_vmm_policy::{
-    Binding, Decision, FailedCall, SlotAction, SlotInfo, SlotTracker, StepActions, StepTimes,
-    Threshold, TrackerConfig,
+    Binding, Decision, FailedCall, SlotAction, SlotInfo, SlotTracker, StepActions, Threshold,
+    TrackerConfig,
 };
 
 use crate::binding::{publish, register, BindingConfig, BindingStats, StatsSlot, UserBuffer};
 use crate::copykernel::{rows, CopyKernel, CopyTables, IN, OUT};
 use crate::error::{Result, RuntimeError};
-use crate::exec::run_seq;
 use crate::executable::Executable;
 use crate::slots::SlotTable;
+
+mod helpers;
+mod warmup;
+
+use helpers::{bound, capture, contiguous, copy_batch, overlapping};
+use warmup::{push_sample, Warmup};
 
 const RESERVATIONS: usize = 2;
 /// Ids given to raw (id-less) bindings: never equal to an allocator id.
@@ -140,65 +144,6 @@ struct Res<B: Backend> {
     start: Option<B::Event>,
     /// A timed step is in flight on this reservation: its modelled copy µs.
     timed: Option<f64>,
-}
-
-/// Most samples kept per warm-up series.
-const WARMUP_SAMPLES: usize = 32;
-
-/// What auto's warm-up measures (see the module docs).
-#[derive(Default)]
-struct Warmup {
-    /// Host µs between the end of a `run` and the start of the next.
-    gaps: Vec<f64>,
-    /// Host µs of the graph launch call.
-    launches: Vec<f64>,
-    /// GPU µs of a step, binding copies excluded.
-    gpu: Vec<f64>,
-    /// The previous step's `done` was pending / complete at `run`.
-    pending: u32,
-    complete: u32,
-    last_end: Option<Instant>,
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut w = v.to_vec();
-    w.sort_by(f64::total_cmp);
-    match w.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => w[n / 2],
-        n => (w[n / 2 - 1] + w[n / 2]) / 2.0,
-    }
-}
-
-fn push_sample(v: &mut Vec<f64>, x: f64) {
-    if v.len() < WARMUP_SAMPLES && x.is_finite() {
-        v.push(x.max(0.0));
-    }
-}
-
-impl Warmup {
-    fn bound(&self) -> &'static str {
-        match (self.pending, self.complete) {
-            (0, 0) => "unknown",
-            (p, c) if p > c => "gpu",
-            _ => "host",
-        }
-    }
-
-    /// The measurement for the re-plan, once there is one: GPU-bound steps
-    /// give their times (remaps overlap the GPU); host-bound ones `None`
-    /// (serial: the runtime cannot tell a host-bound loop from a caller
-    /// that waits for every step, so it does not assume copies hide).
-    fn measurement(&self) -> Option<Option<StepTimes>> {
-        match self.bound() {
-            "gpu" if !self.gpu.is_empty() && !self.gaps.is_empty() => Some(Some(StepTimes {
-                host_us: median(&self.gaps) + median(&self.launches),
-                gpu_us: median(&self.gpu),
-            })),
-            "host" => Some(None),
-            _ => None,
-        }
-    }
 }
 
 /// One copy: (dst, src, bytes).
@@ -335,12 +280,7 @@ impl<B: Backend> VaStable<B> {
             kernel_error: None,
             cfg: cfg.clone(),
             replan,
-            warm: Warmup {
-                gaps: Vec::with_capacity(WARMUP_SAMPLES),
-                launches: Vec::with_capacity(WARMUP_SAMPLES),
-                gpu: Vec::with_capacity(WARMUP_SAMPLES),
-                ..Default::default()
-            },
+            warm: Warmup::new(),
             step_actions: StepActions {
                 actions: Vec::with_capacity(n),
                 ..Default::default()
@@ -500,7 +440,10 @@ impl<B: Backend> VaStable<B> {
         let r = (self.step % RESERVATIONS as u64) as usize;
         let warming = self.replan && !self.tracker.replanned();
         if warming {
-            self.observe(be, t0);
+            self.warm.observe(be, self.step, &mut self.res, t0);
+            self.stats.bound = self.warm.bound();
+            self.stats.step_host_us = self.warm.host_us();
+            self.stats.step_gpu_us = self.warm.gpu_us();
         }
         self.bindings.clear();
         for s in &self.slots {
@@ -763,43 +706,6 @@ impl<B: Backend> VaStable<B> {
         self.tracker.set_device_costs(costs).map_err(policy_err)
     }
 
-    /// Warm-up samples at the start of a step (no waiting: event queries).
-    fn observe(&mut self, be: &B, now: Instant) {
-        if let Some(end) = self.warm.last_end {
-            push_sample(
-                &mut self.warm.gaps,
-                now.saturating_duration_since(end).as_secs_f64() * 1e6,
-            );
-        }
-        if self.step > 0 {
-            let prev = ((self.step - 1) % RESERVATIONS as u64) as usize;
-            if let Some(done) = self.res.get(prev).and_then(|r| r.done.as_ref()) {
-                match be.event_query(done) {
-                    Ok(EventStatus::Complete) => self.warm.complete += 1,
-                    Ok(_) => self.warm.pending += 1,
-                    Err(_) => {}
-                }
-            }
-        }
-        for res in &mut self.res {
-            let (Some(model), Some(start), Some(done)) =
-                (res.timed, res.start.as_ref(), res.done.as_ref())
-            else {
-                continue;
-            };
-            if !matches!(be.event_query(done), Ok(EventStatus::Complete)) {
-                continue;
-            }
-            res.timed = None;
-            if let Ok(ms) = be.event_elapsed_ms(start, done) {
-                push_sample(&mut self.warm.gpu, f64::from(ms) * 1e3 - model);
-            }
-        }
-        self.stats.bound = self.warm.bound();
-        self.stats.step_host_us = median(&self.warm.gaps) + median(&self.warm.launches);
-        self.stats.step_gpu_us = median(&self.warm.gpu);
-    }
-
     /// The plan's figures in the stats (first step, and auto's re-plan).
     fn refresh_plan_stats(&mut self) {
         let Some(plan) = self.tracker.plan() else {
@@ -985,121 +891,5 @@ impl<B: Backend> VaStable<B> {
             k.unload(be);
         }
         self.tracker.log_stats();
-    }
-}
-
-/// The buffer bound to slot `s`'s parameter (checked: bound, big enough).
-fn bound<'u, B: Backend>(
-    users: &'u [Option<UserBuffer<B>>],
-    s: &PSlot,
-) -> Result<&'u UserBuffer<B>> {
-    let u = users
-        .get(s.param)
-        .and_then(|u| u.as_ref())
-        .ok_or_else(|| RuntimeError::arg(format!("parameter {} is not bound", s.param)))?;
-    if u.bytes < s.size {
-        return Err(RuntimeError::arg(format!(
-            "parameter {}: {} bytes bound, slot needs {}",
-            s.param, u.bytes, s.size
-        )));
-    }
-    Ok(u)
-}
-
-/// Two of the copies (with bytes) write overlapping memory.
-fn overlapping(list: &[CopyOp], scratch: &mut Vec<(u64, u64)>) -> bool {
-    if list.len() < 2 {
-        return false;
-    }
-    scratch.clear();
-    scratch.extend(
-        list.iter()
-            .filter(|c| c.2 > 0)
-            .map(|c| (c.0 .0, c.0 .0.saturating_add(c.2))),
-    );
-    scratch.sort_unstable();
-    scratch.windows(2).any(|w| w[0].1 > w[1].0)
-}
-
-/// Runs of slot indices (in `idx` order) whose regions touch.
-fn contiguous(idx: &[usize], slots: &[PSlot]) -> Vec<Vec<usize>> {
-    let mut sorted = idx.to_vec();
-    sorted.sort_by_key(|&i| slots[i].offset);
-    let mut out: Vec<Vec<usize>> = Vec::new();
-    for i in sorted {
-        match out.last_mut() {
-            Some(run)
-                if {
-                    let l = &slots[*run.last().expect("non-empty")];
-                    l.offset + l.region == slots[i].offset
-                } =>
-            {
-                run.push(i)
-            }
-            _ => out.push(vec![i]),
-        }
-    }
-    out
-}
-
-/// Enqueue one direction's `(dst, src, bytes)` copies as one batch
-/// (contiguous ranges merged); returns the operations enqueued (0 or 1).
-fn copy_batch<B: Backend>(
-    be: &B,
-    list: &[(DevicePtr, DevicePtr, u64)],
-    stream: &B::Stream,
-) -> Result<u64> {
-    let merged = merge_copies(list);
-    // Copies in a batch are unordered: if two write overlapping memory (one
-    // buffer bound to two written parameters), keep them in slot order.
-    if merged.windows(2).any(|w| w[0].0.offset(w[0].2) > w[1].0) {
-        for &(d, s, n) in list {
-            be.copy_d2d(d, s, n, stream)?;
-        }
-        return Ok(list.len() as u64);
-    }
-    match merged.as_slice() {
-        [] => Ok(0),
-        [(d, s, n)] => {
-            be.copy_d2d(*d, *s, *n, stream)?;
-            Ok(1)
-        }
-        _ => {
-            be.copy_d2d_batch(&merged, stream)?;
-            Ok(1)
-        }
-    }
-}
-
-/// Capture the step into a graph; with the copy kernel, its first node
-/// copies the IN table's entries and its last the OUT table's.
-fn capture<B: Backend>(
-    exe: &Executable<B>,
-    table: &SlotTable,
-    kernel: Option<(&CopyKernel<B>, [DevicePtr; 2])>,
-    stream: &B::Stream,
-) -> Result<(B::Graph, B::GraphExec)> {
-    let be = exe.backend();
-    be.stream_begin_capture(stream)?;
-    let walked = (|| {
-        if let Some((k, t)) = kernel {
-            k.launch(be, t[IN], stream)?;
-        }
-        let env = exe.env(true);
-        run_seq(&env, exe.ops(), table, stream, &mut Vec::new())?;
-        if let Some((k, t)) = kernel {
-            k.launch(be, t[OUT], stream)?;
-        }
-        Ok::<(), RuntimeError>(())
-    })();
-    let captured = be.stream_end_capture(stream);
-    walked?;
-    let graph = captured?;
-    match be.graph_instantiate(&graph) {
-        Ok(exec) => Ok((graph, exec)),
-        Err(e) => {
-            be.graph_destroy(graph).ok();
-            Err(e.into())
-        }
     }
 }

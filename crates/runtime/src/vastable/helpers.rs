@@ -1,0 +1,128 @@
+//! Free helpers of VA-stable mode: parameter lookup, copy lists and
+//! batches, contiguous ranges, graph capture.
+
+use xla_vmm_device::{merge_copies, Backend, DevicePtr};
+
+use super::{CopyOp, PSlot, IN, OUT};
+use crate::binding::UserBuffer;
+use crate::copykernel::CopyKernel;
+use crate::error::{Result, RuntimeError};
+use crate::exec::run_seq;
+use crate::executable::Executable;
+use crate::slots::SlotTable;
+
+/// The buffer bound to slot `s`'s parameter (checked: bound, big enough).
+pub(super) fn bound<'u, B: Backend>(
+    users: &'u [Option<UserBuffer<B>>],
+    s: &PSlot,
+) -> Result<&'u UserBuffer<B>> {
+    let u = users
+        .get(s.param)
+        .and_then(|u| u.as_ref())
+        .ok_or_else(|| RuntimeError::arg(format!("parameter {} is not bound", s.param)))?;
+    if u.bytes < s.size {
+        return Err(RuntimeError::arg(format!(
+            "parameter {}: {} bytes bound, slot needs {}",
+            s.param, u.bytes, s.size
+        )));
+    }
+    Ok(u)
+}
+
+/// Two of the copies (with bytes) write overlapping memory.
+pub(super) fn overlapping(list: &[CopyOp], scratch: &mut Vec<(u64, u64)>) -> bool {
+    if list.len() < 2 {
+        return false;
+    }
+    scratch.clear();
+    scratch.extend(
+        list.iter()
+            .filter(|c| c.2 > 0)
+            .map(|c| (c.0 .0, c.0 .0.saturating_add(c.2))),
+    );
+    scratch.sort_unstable();
+    scratch.windows(2).any(|w| w[0].1 > w[1].0)
+}
+
+/// Runs of slot indices (in `idx` order) whose regions touch.
+pub(super) fn contiguous(idx: &[usize], slots: &[PSlot]) -> Vec<Vec<usize>> {
+    let mut sorted = idx.to_vec();
+    sorted.sort_by_key(|&i| slots[i].offset);
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for i in sorted {
+        match out.last_mut() {
+            Some(run)
+                if {
+                    let l = &slots[*run.last().expect("non-empty")];
+                    l.offset + l.region == slots[i].offset
+                } =>
+            {
+                run.push(i)
+            }
+            _ => out.push(vec![i]),
+        }
+    }
+    out
+}
+
+/// Enqueue one direction's `(dst, src, bytes)` copies as one batch
+/// (contiguous ranges merged); returns the operations enqueued (0 or 1).
+pub(super) fn copy_batch<B: Backend>(
+    be: &B,
+    list: &[(DevicePtr, DevicePtr, u64)],
+    stream: &B::Stream,
+) -> Result<u64> {
+    let merged = merge_copies(list);
+    // Copies in a batch are unordered: if two write overlapping memory (one
+    // buffer bound to two written parameters), keep them in slot order.
+    if merged.windows(2).any(|w| w[0].0.offset(w[0].2) > w[1].0) {
+        for &(d, s, n) in list {
+            be.copy_d2d(d, s, n, stream)?;
+        }
+        return Ok(list.len() as u64);
+    }
+    match merged.as_slice() {
+        [] => Ok(0),
+        [(d, s, n)] => {
+            be.copy_d2d(*d, *s, *n, stream)?;
+            Ok(1)
+        }
+        _ => {
+            be.copy_d2d_batch(&merged, stream)?;
+            Ok(1)
+        }
+    }
+}
+
+/// Capture the step into a graph; with the copy kernel, its first node
+/// copies the IN table's entries and its last the OUT table's.
+pub(super) fn capture<B: Backend>(
+    exe: &Executable<B>,
+    table: &SlotTable,
+    kernel: Option<(&CopyKernel<B>, [DevicePtr; 2])>,
+    stream: &B::Stream,
+) -> Result<(B::Graph, B::GraphExec)> {
+    let be = exe.backend();
+    be.stream_begin_capture(stream)?;
+    let walked = (|| {
+        if let Some((k, t)) = kernel {
+            k.launch(be, t[IN], stream)?;
+        }
+        let env = exe.env(true);
+        run_seq(&env, exe.ops(), table, stream, &mut Vec::new())?;
+        if let Some((k, t)) = kernel {
+            k.launch(be, t[OUT], stream)?;
+        }
+        Ok::<(), RuntimeError>(())
+    })();
+    let captured = be.stream_end_capture(stream);
+    walked?;
+    let graph = captured?;
+    match be.graph_instantiate(&graph) {
+        Ok(exec) => Ok((graph, exec)),
+        Err(e) => {
+            be.graph_destroy(graph).ok();
+            Err(e.into())
+        }
+    }
+}
