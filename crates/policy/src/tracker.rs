@@ -521,7 +521,16 @@ impl SlotTracker {
             step,
             knobs: self.config.knobs.clone(),
         };
-        let plan = decide::decide(&input)?;
+        let plan = match decide::decide(&input) {
+            Ok(p) => p,
+            Err(e) => {
+                // The plan in force stays (it was valid): a bad measurement
+                // must not stop the executable.
+                warn!(target: "xla_vmm::policy", executable = %self.name, error = %e,
+                      "re-plan after warm-up failed; the first plan stays");
+                return Ok(());
+            }
+        };
         let (mut added, mut dropped) = (0usize, 0usize);
         for (st, d) in self.state.iter_mut().zip(&plan.decisions) {
             st.planned_copy = *d == Decision::Copy;

@@ -232,3 +232,20 @@ fn old_slot_json_parses_and_has_shadow_round_trips() {
     let back: SlotInfo = serde_json::from_str(&serde_json::to_string(&held).unwrap()).unwrap();
     assert!(back.has_shadow);
 }
+
+#[test]
+fn a_bad_measurement_keeps_the_first_plan() {
+    let mut t = tracker(h200(), vec![rw(4), rw(16)]);
+    for step in 0..=WARM {
+        if step == WARM {
+            t.set_warmup_measurement(Some(StepTimes {
+                host_us: f64::NAN,
+                gpu_us: 1.0,
+            }));
+        }
+        t.bind_step((step % 2) as usize, &bindings(2, step, |_| true), None)
+            .unwrap();
+    }
+    assert!(t.replanned(), "tried once, not again");
+    assert_eq!(t.plan().unwrap().decisions, vec![Decision::Copy; 2]);
+}
