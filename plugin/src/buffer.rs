@@ -331,14 +331,19 @@ pub fn copy_to_device(a: &mut PJRT_Buffer_CopyToDevice_Args) -> Result<()> {
 pub fn copy_to_memory(a: &mut PJRT_Buffer_CopyToMemory_Args) -> Result<()> {
     let b = Buffer::from_c(a.buffer)?;
     let m = Memory::from_c(a.dst_memory)?;
-    let same = b.memory.id == m.id && Arc::ptr_eq(&b.memory, &m);
-    if !same {
+    if m.kind != b.memory.kind {
         return Err(Error::unimplemented(format!(
             "copy to memory kind {:?} (only device memory exists)",
             m.kind
         )));
     }
-    a.dst_buffer = copy_to(&b, b.device.clone())?.into_c();
+    // Device memory of some device: a copy to that device (jax's sharded
+    // device_put copies each shard to its device's memory this way).
+    let device = match m.first_device() {
+        Some(d) => Device::from_c(d)?,
+        None => b.device.clone(),
+    };
+    a.dst_buffer = copy_to(&b, device)?.into_c();
     Ok(())
 }
 

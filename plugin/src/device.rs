@@ -61,6 +61,13 @@ pub struct Memory {
     devices: Vec<CPtr<PJRT_Device>>,
 }
 
+impl Memory {
+    /// The first device that can address this memory (its owner).
+    pub fn first_device(&self) -> Option<*mut PJRT_Device> {
+        self.devices.first().map(|d| d.0)
+    }
+}
+
 static DESCRIPTIONS: Registry<DeviceDescription> = Registry::new();
 static DEVICES: Registry<Device> = Registry::new();
 static MEMORIES: Registry<Memory> = Registry::new();

@@ -278,6 +278,8 @@ impl ExecInner {
                 assignment.ids, client.options.node_id
             )));
         }
+        tracing::info!(%name, ids = ?assignment.ids, local = devices.len(), portable,
+            "device assignment");
         let multi = assignment.num_devices() > 1;
         let mut parts = Vec::with_capacity(devices.len());
         let mut vendor = vendor;
@@ -658,8 +660,19 @@ pub fn deserialize_and_load(a: &mut PJRT_Executable_DeserializeAndLoad_Args) -> 
     .to_vec();
     // The vendor copy gives the optimized program (layouts) and the
     // fallback; without a vendor plugin (host backend) we load ours only.
+    let overridden = if a.overridden_serialized_compile_options.is_null()
+        || a.overridden_serialized_compile_options_size == 0
+    {
+        None
+    } else {
+        Some(cabi::slice(
+            a.overridden_serialized_compile_options.cast::<u8>(),
+            a.overridden_serialized_compile_options_size,
+            "overridden_serialized_compile_options",
+        )?)
+    };
     let vendor = match client.vendor_if_available() {
-        Some(v) => Some(v.deserialize(&bytes)?),
+        Some(v) => Some(v.deserialize(&bytes, overridden)?),
         None => None,
     };
     let exe = ExecInner::load(&client, bytes, vendor, client.options.strict)?;

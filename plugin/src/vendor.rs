@@ -307,13 +307,25 @@ impl VendorClient {
     }
 
     /// Load `PJRT_Executable_Serialize` bytes on the vendor client.
-    pub fn deserialize(self: &Arc<Self>, bytes: &[u8]) -> Result<VendorExecutable> {
+    /// Load serialized executable bytes on the vendor client.
+    /// `overridden_options`: the caller's serialized `CompileOptionsProto`
+    /// that replaces the one stored in the bytes (jax passes the device
+    /// assignment it wants this way).
+    pub fn deserialize(
+        self: &Arc<Self>,
+        bytes: &[u8],
+        overridden_options: Option<&[u8]>,
+    ) -> Result<VendorExecutable> {
         // SAFETY: all-zero is a valid value for this plain C struct.
         let mut a: PJRT_Executable_DeserializeAndLoad_Args = unsafe { std::mem::zeroed() };
         a.struct_size = PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE as usize;
         a.client = self.client.0;
         a.serialized_executable = bytes.as_ptr().cast();
         a.serialized_executable_size = bytes.len();
+        if let Some(o) = overridden_options {
+            a.overridden_serialized_compile_options = o.as_ptr().cast();
+            a.overridden_serialized_compile_options_size = o.len();
+        }
         self.plugin.call(
             "PJRT_Executable_DeserializeAndLoad",
             |t| t.PJRT_Executable_DeserializeAndLoad,
