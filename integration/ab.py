@@ -101,7 +101,10 @@ def child_vmm(name, d, steps):
     dev = jax.devices("vmm")[0]
     with open(os.path.join(d, name + ".exe.pkl"), "rb") as fh:
         payload, in_tree, out_tree = pickle.load(fh)
-    compiled = deserialize_and_load(payload, in_tree, out_tree, backend="vmm")
+    import inspect
+    # On a machine with several GPUs jax would otherwise deserialize onto all of the backend's devices.
+    kw = {"execution_devices": [dev]} if "execution_devices" in inspect.signature(deserialize_and_load).parameters else {}
+    compiled = deserialize_and_load(payload, in_tree, out_tree, backend="vmm", **kw)
     with open(os.path.join(d, name + ".args.pkl"), "rb") as fh:
         args = pickle.load(fh)
     bits, times = _loop(compiled, args, steps, dev)

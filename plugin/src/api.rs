@@ -121,7 +121,7 @@ pjrt_entries! {
     PJRT_Client_DmaMap(PJRT_Client_DmaMap_Args, PJRT_Client_DmaMap_Args_STRUCT_SIZE) => none;
     PJRT_Client_DmaUnmap(PJRT_Client_DmaUnmap_Args, PJRT_Client_DmaUnmap_Args_STRUCT_SIZE) => none;
     PJRT_Client_CreateUninitializedBuffer(PJRT_Client_CreateUninitializedBuffer_Args, PJRT_Client_CreateUninitializedBuffer_Args_STRUCT_SIZE) => none;
-    PJRT_Client_UpdateGlobalProcessInfo(PJRT_Client_UpdateGlobalProcessInfo_Args, PJRT_Client_UpdateGlobalProcessInfo_Args_STRUCT_SIZE) => none;
+    PJRT_Client_UpdateGlobalProcessInfo(PJRT_Client_UpdateGlobalProcessInfo_Args, PJRT_Client_UpdateGlobalProcessInfo_Args_STRUCT_SIZE) => client::update_global_process_info;
     PJRT_TopologyDescription_Deserialize(PJRT_TopologyDescription_Deserialize_Args, PJRT_TopologyDescription_Deserialize_Args_STRUCT_SIZE) => none;
     PJRT_Client_CreateAliasBuffer(PJRT_Client_CreateAliasBuffer_Args, PJRT_Client_CreateAliasBuffer_Args_STRUCT_SIZE) => none;
     PJRT_Client_FulfillAliasBuffer(PJRT_Client_FulfillAliasBuffer_Args, PJRT_Client_FulfillAliasBuffer_Args_STRUCT_SIZE) => none;

@@ -413,6 +413,37 @@ pub fn devices(a: &mut PJRT_Client_Devices_Args) -> Result<()> {
     Ok(())
 }
 
+/// jax.distributed tells every client the state of every process (task)
+/// when it changes. Our collectives need nothing from it (a failed peer
+/// surfaces as a communicator error); the states are checked and logged.
+pub fn update_global_process_info(a: &mut PJRT_Client_UpdateGlobalProcessInfo_Args) -> Result<()> {
+    let c = Client::from_c(a.client)?;
+    let infos = cabi::slice(
+        a.process_infos.cast_const(),
+        a.num_process_infos,
+        "process_infos",
+    )?;
+    for p in infos {
+        let message = if p.error_message.is_null() || p.error_message_size == 0 {
+            String::new()
+        } else {
+            String::from_utf8_lossy(cabi::slice(
+                p.error_message.cast::<u8>(),
+                p.error_message_size,
+                "error_message",
+            )?)
+            .into_owned()
+        };
+        tracing::debug!(node = c.options.node_id, task = p.task_id, incarnation = p.incarnation_id,
+            state = p.state as i64, error_code = p.error_code, %message, "global process info");
+        if p.error_code != 0 {
+            tracing::warn!(task = p.task_id, error_code = p.error_code, %message,
+                "jax.distributed reports a failed process");
+        }
+    }
+    Ok(())
+}
+
 pub fn addressable_devices(a: &mut PJRT_Client_AddressableDevices_Args) -> Result<()> {
     let c = Client::from_c(a.client)?;
     a.addressable_devices = c.addressable_ptrs.as_ptr().cast();
