@@ -61,14 +61,20 @@ impl From<RuntimeError> for Error {
     }
 }
 
-/// How programs run: `XLA_VMM_EXEC_MODE=graph` records each program once
-/// per VA reservation (VA-stable graph mode), `graph-recapture` captures one
-/// graph re-captured on address changes; the default is eager.
+/// How programs run (`XLA_VMM_EXEC_MODE`): `graph` (the default) records
+/// each program once per VA reservation (VA-stable graph mode; programs
+/// that cannot be captured, e.g. with a conditional, run eager), `eager`
+/// runs thunk by thunk (the reference), `graph-recapture` captures one
+/// graph re-captured on address changes.
 pub fn exec_mode() -> Mode {
     match std::env::var("XLA_VMM_EXEC_MODE").as_deref() {
-        Ok("graph") => Mode::VaStable,
+        Ok("eager") => Mode::Eager,
         Ok("graph-recapture") => Mode::Graph,
-        _ => Mode::Eager,
+        Ok("graph") | Ok("") | Err(_) => Mode::VaStable,
+        Ok(other) => {
+            tracing::warn!(value = other, "unknown XLA_VMM_EXEC_MODE (graph | eager | graph-recapture); using graph");
+            Mode::VaStable
+        }
     }
 }
 

@@ -333,6 +333,42 @@ fn run_while<B: Backend>(
     }
 }
 
+/// Why `ops` cannot be captured into a graph (`None`: it can): a
+/// conditional picks its branch on the host, and a while loop without a
+/// trip count needs conditional graph nodes and an iteration-free body.
+pub(crate) fn capture_blocker<B: Backend>(ops: &[Op<B>], conditional_nodes: bool) -> Option<String> {
+    ops.iter().find_map(|op| match op {
+        Op::Conditional { name, .. } => Some(format!(
+            "conditional {name} reads its branch index on the host"
+        )),
+        Op::While {
+            name,
+            condition,
+            body,
+            trip_count,
+            ..
+        } => {
+            if trip_count.is_none() {
+                if !conditional_nodes {
+                    return Some(format!(
+                        "while {name} has no known trip count and this device has no conditional graph nodes"
+                    ));
+                }
+                if depends_on_iteration(condition) || depends_on_iteration(body) {
+                    return Some(format!(
+                        "while {name} has no known trip count and its body depends on the iteration number"
+                    ));
+                }
+            }
+            capture_blocker(condition, conditional_nodes)
+                .or_else(|| capture_blocker(body, conditional_nodes))
+        }
+        Op::Sequential(ops) | Op::AsyncStart { ops, .. } => capture_blocker(ops, conditional_nodes),
+        Op::DynamicSlice { embedded, .. } => capture_blocker(embedded, conditional_nodes),
+        _ => None,
+    })
+}
+
 /// Does anything in `ops` depend on the iteration number of an enclosing
 /// loop (a dynamic-slice window with a non-zero stride)?
 fn depends_on_iteration<B: Backend>(ops: &[Op<B>]) -> bool {

@@ -76,6 +76,9 @@ pub struct Executable<B: Backend> {
     aux_streams: Vec<B::Stream>,
     events: HashMap<u64, (B::Event, B::Event)>,
     graph: Option<GraphCache<B>>,
+    /// Why this executable cannot be captured (graph modes then run eager).
+    capture_blocker: Option<String>,
+    warned_eager: bool,
     /// Collectives: communication streams, loaded ops, the environment
     /// (see [`Executable::set_collectives`]) and, after the first run,
     /// each op's communicator.
@@ -169,12 +172,16 @@ impl<B: Backend> Executable<B> {
             aux_streams: Vec::new(),
             events: HashMap::new(),
             graph: None,
+            capture_blocker: None,
+            warned_eager: false,
             comm_streams: Vec::new(),
             collectives,
             coll_env: None,
             resolved: Vec::new(),
             logical: (0, 0),
         };
+        exe.capture_blocker =
+            crate::exec::capture_blocker(&exe.ops, backend.info().conditional_nodes);
         // From here on `Drop` releases whatever was made.
         for _ in 0..streams_needed {
             exe.aux_streams.push(backend.stream_create()?);
@@ -366,6 +373,17 @@ impl<B: Backend> Executable<B> {
                 va.forget_shadow_contents();
             }
         }
+        let mode = match (mode, &self.capture_blocker) {
+            (Mode::Graph | Mode::VaStable, Some(why)) => {
+                if !self.warned_eager {
+                    self.warned_eager = true;
+                    tracing::warn!(executable = %self.plan.module_name, reason = %why,
+                        "cannot be captured into a graph; it runs eager (thunk by thunk)");
+                }
+                Mode::Eager
+            }
+            (m, _) => m,
+        };
         match mode {
             Mode::Eager => {
                 let env = self.env(false);
