@@ -72,7 +72,10 @@ pub fn exec_mode() -> Mode {
         Ok("graph-recapture") => Mode::Graph,
         Ok("graph") | Ok("") | Err(_) => Mode::VaStable,
         Ok(other) => {
-            tracing::warn!(value = other, "unknown XLA_VMM_EXEC_MODE (graph | eager | graph-recapture); using graph");
+            tracing::warn!(
+                value = other,
+                "unknown XLA_VMM_EXEC_MODE (graph | eager | graph-recapture); using graph"
+            );
             Mode::VaStable
         }
     }

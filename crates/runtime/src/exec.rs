@@ -336,7 +336,10 @@ fn run_while<B: Backend>(
 /// Why `ops` cannot be captured into a graph (`None`: it can): a
 /// conditional picks its branch on the host, and a while loop without a
 /// trip count needs conditional graph nodes and an iteration-free body.
-pub(crate) fn capture_blocker<B: Backend>(ops: &[Op<B>], conditional_nodes: bool) -> Option<String> {
+pub(crate) fn capture_blocker<B: Backend>(
+    ops: &[Op<B>],
+    conditional_nodes: bool,
+) -> Option<String> {
     ops.iter().find_map(|op| match op {
         Op::Conditional { name, .. } => Some(format!(
             "conditional {name} reads its branch index on the host"
