@@ -649,3 +649,54 @@ fn binding_stats_name_their_device() {
     destroy_exe(exe);
     destroy_client(client);
 }
+
+/// jax.distributed reports every process's state through
+/// `PJRT_Client_UpdateGlobalProcessInfo` (and aborts the process if the call
+/// fails): accepted, including an error state; a null list with a count is
+/// an error naming the argument.
+#[test]
+fn global_process_info_updates_are_accepted() {
+    let client = create_client("host").unwrap();
+    let msg = "peer went away";
+    let mut infos: Vec<PJRT_ProcessInfo> = (0..2)
+        .map(|i| {
+            let mut p: PJRT_ProcessInfo = unsafe { std::mem::zeroed() };
+            p.struct_size = PJRT_ProcessInfo_STRUCT_SIZE as usize;
+            p.task_id = i;
+            p.incarnation_id = 7 + i as u64;
+            p.state = if i == 0 {
+                PJRT_ProcessState_kConnected
+            } else {
+                PJRT_ProcessState_kError
+            };
+            if i == 1 {
+                p.error_code = 14;
+                p.error_message = msg.as_ptr().cast();
+                p.error_message_size = msg.len();
+            }
+            p
+        })
+        .collect();
+    let (err, _) = call!(
+        PJRT_Client_UpdateGlobalProcessInfo,
+        PJRT_Client_UpdateGlobalProcessInfo_Args,
+        |a| {
+            a.client = client;
+            a.process_infos = infos.as_mut_ptr();
+            a.num_process_infos = infos.len();
+        }
+    );
+    assert_eq!(err, None);
+    let (err, _) = call!(
+        PJRT_Client_UpdateGlobalProcessInfo,
+        PJRT_Client_UpdateGlobalProcessInfo_Args,
+        |a| {
+            a.client = client;
+            a.process_infos = std::ptr::null_mut();
+            a.num_process_infos = 2;
+        }
+    );
+    let (_, message) = err.expect("a null list with a count must fail");
+    assert!(message.contains("process_infos"), "{message}");
+    destroy_client(client);
+}
