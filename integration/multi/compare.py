@@ -38,6 +38,12 @@ def run_one(mode, platform, args, threshold=None):
         print("   timeout after %ds" % args.timeout, flush=True)
         return None, "timeout after %ds" % args.timeout
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if mode == "dist" and p.returncode == 3 and lines:
+        # dist.py: the steps ran (losses in the summary) but a process hung at exit: keep the losses,
+        # report the hang as a problem of its own.
+        r = json.loads(lines[-1])
+        print("   exit hang: %s" % "; ".join(r.get("exit_hang", [])), flush=True)
+        return r, None
     if p.returncode != 0 or not lines:
         tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
         print("   failed (rc %d):\n     %s" % (p.returncode, "\n     ".join(tail)), flush=True)
@@ -86,6 +92,9 @@ def main():
                 problems.append("%s threshold %d: %s" % (mode, t, err))
                 rows.append((args.config, mode, str(t), None, None, None, "failed"))
                 continue
+            if r.get("exit_hang"):
+                problems.append("%s threshold %d: ran every step, then hung at exit (%s)"
+                                % (mode, t, "; ".join(r["exit_hang"])))
             if not stock_deterministic:
                 same = "not compared (stock nondeterministic)"
             elif r["loss_bits"] == s1["loss_bits"]:

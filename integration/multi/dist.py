@@ -4,7 +4,9 @@
 
 `--launch` starts both processes (process i sees GPU i: CUDA_VISIBLE_DEVICES=i), waits for them,
 prints their output prefixed `[pI]`, checks that both saw the same losses, and prints as its last line
-the JSON summary of process 0 (with `per_process` median step times). Without `--launch` this is one
+the JSON summary of process 0 (with `per_process` median step times). Exit status 3: every step ran and
+the summary is printed, but a process did not exit within --exit-grace seconds after its last step
+(`exit_hang` in the summary says which). Without `--launch` this is one
 of the processes: `--process-id I [--port P]`.
 """
 import json
@@ -25,6 +27,8 @@ def extra(ap):
     ap.add_argument("--process-id", type=int, default=None)
     ap.add_argument("--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--timeout", type=int, default=1800, help="--launch: seconds before the processes are killed")
+    ap.add_argument("--exit-grace", type=int, default=20,
+                    help="--launch: seconds a process may take to exit after every process printed its summary")
 
 
 def free_port():
@@ -59,15 +63,35 @@ def launch(args):
     pumps = [threading.Thread(target=pump, args=(i,), daemon=True) for i in range(NUM_PROCESSES)]
     for t in pumps:
         t.start()
-    failed = []
+    # Wait for both; once every process has printed its summary, give them --exit-grace seconds to exit:
+    # a process that finished its steps but does not exit is an "exit hang", reported on its own.
+    import time
+    failed, hung = [], []
+    deadline = time.monotonic() + args.timeout
+    done_at = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if done_at is None and all(any(ln.startswith("{") for ln in out) for out in outputs):
+            done_at = now
+        crashed = done_at is None and any(p.poll() not in (None, 0) for p in procs)
+        if crashed:
+            # One process died before the end: its peer would wait in a collective until the deadline.
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            break
+        if now > deadline or (done_at is not None and now - done_at > args.exit_grace):
+            for i, p in enumerate(procs):
+                if p.poll() is None:
+                    (hung if done_at is not None else failed).append(
+                        "process %d: %s" % (i, "no exit %ds after its last step" % args.exit_grace
+                                            if done_at is not None else "timeout after %ds" % args.timeout))
+                    p.kill()
+            break
+        time.sleep(0.2)
     for i, p in enumerate(procs):
-        try:
-            rc = p.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            rc = "timeout after %ds" % args.timeout
-        if rc != 0:
+        rc = p.wait()
+        if rc != 0 and not any(h.startswith("process %d:" % i) for h in hung + failed):
             failed.append("process %d: rc %s" % (i, rc))
     for t in pumps:
         t.join(timeout=10)
@@ -86,7 +110,12 @@ def launch(args):
             sys.exit("dist.py: the processes disagree on the losses: %s vs %s" % (first["loss_bits"], s["loss_bits"]))
     first["per_process_median_ms"] = [s["median_ms"] for s in summaries]
     first["median_ms"] = max(s["median_ms"] for s in summaries)
+    first["exit_hang"] = hung
     print(json.dumps(first), flush=True)
+    if hung:
+        # The steps ran and the losses are in the summary above, but a process did not exit.
+        print("dist.py: exit hang: " + "; ".join(hung), file=sys.stderr, flush=True)
+        sys.exit(3)
     return first
 
 
