@@ -95,6 +95,7 @@ use crate::executable::Executable;
 use crate::slots::SlotTable;
 
 mod helpers;
+mod mapping;
 mod warmup;
 
 use helpers::{bound, capture, contiguous, copy_batch, overlapping};
@@ -723,133 +724,6 @@ impl<B: Backend> VaStable<B> {
         if self.stats.bound.is_empty() {
             self.stats.bound = "unknown";
         }
-    }
-
-    /// Set access on the contiguous new mappings `range` (one call; per
-    /// slot if that fails, falling back to the shadow where it fails again).
-    fn grant_access(
-        &mut self,
-        be: &B,
-        r: usize,
-        range: &[usize],
-        actions: &mut [SlotAction],
-        synced: &mut bool,
-    ) -> Result<()> {
-        let lo = self.slots[range[0]].offset;
-        let hi = {
-            let l = &self.slots[*range.last().expect("non-empty")];
-            l.offset + l.region
-        };
-        self.stats.vmm_calls += 1;
-        if be
-            .set_access(self.res[r].va.as_ref().expect("reserved"), lo, hi - lo)
-            .is_ok()
-        {
-            return Ok(());
-        }
-        for &i in range {
-            let (off, len) = (self.slots[i].offset, self.slots[i].region);
-            self.stats.vmm_calls += 1;
-            let va = self.res[r].va.as_ref().expect("reserved");
-            if be.set_access(va, off, len).is_err() {
-                // Unmap what the failed call left, serve from a shadow.
-                self.unmap_slot(be, r, i, synced)?;
-                actions[i] = self.fall_back(r, i, FailedCall::SetAccess)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn wait_idle(&self, be: &B, r: usize, synced: &mut bool) -> Result<()> {
-        let res = &self.res[r];
-        if res.used && !*synced {
-            be.event_synchronize(res.done.as_ref().expect("created"))?;
-        }
-        *synced = true;
-        Ok(())
-    }
-
-    /// Unmap whatever is mapped at slot `i`'s region (one retry).
-    fn unmap_slot(&mut self, be: &B, r: usize, i: usize, synced: &mut bool) -> Result<()> {
-        if matches!(self.res[r].held[i], Held::Nothing) {
-            return Ok(());
-        }
-        self.wait_idle(be, r, synced)?;
-        let s = &self.slots[i];
-        let va = self.res[r].va.as_ref().expect("reserved");
-        if s.region == 0 {
-            return Err(RuntimeError::invalid(format!("slot {i} has no region")));
-        }
-        self.stats.vmm_calls += 1;
-        if let Err(first) = be.unmap(va, s.offset, s.region) {
-            self.unmap_failures += 1;
-            tracing::warn!(slot = i, %first, "unmap failed; retrying once");
-            self.stats.vmm_calls += 1;
-            be.unmap(va, s.offset, s.region)?;
-        }
-        self.res[r].held[i] = Held::Nothing;
-        Ok(())
-    }
-
-    /// Map the caller's allocation at slot `i` (no access yet).
-    fn map_user(
-        &mut self,
-        be: &B,
-        r: usize,
-        i: usize,
-        u: &UserBuffer<B>,
-        synced: &mut bool,
-    ) -> std::result::Result<(), FailedCall> {
-        let s = self.slots[i].clone();
-        let (Some(src), Some(id)) = (u.remap.as_ref(), u.id) else {
-            return Err(FailedCall::Map);
-        };
-        if src.capacity < s.region {
-            return Err(FailedCall::Map);
-        }
-        if self.unmap_slot(be, r, i, synced).is_err() {
-            return Err(FailedCall::Unmap);
-        }
-        let va = self.res[r].va.as_ref().expect("reserved");
-        self.stats.vmm_calls += 1;
-        if let Err(e) = be.map(va, s.offset, src.phys.raw(), src.offset, s.region) {
-            tracing::warn!(slot = i, %e, "map failed");
-            return Err(FailedCall::Map);
-        }
-        self.res[r].held[i] = Held::User {
-            id,
-            _phys: src.phys.clone(),
-        };
-        Ok(())
-    }
-
-    /// The tracker's fallback for slot `i` (it then stays on copy).
-    fn fall_back(&mut self, r: usize, i: usize, failed: FailedCall) -> Result<SlotAction> {
-        let fb = self
-            .tracker
-            .fallback_to_copy(r, i, failed)
-            .map_err(policy_err)?;
-        Ok(fb.action)
-    }
-
-    /// Map slot `i`'s shadow (created on first use) at its region in `r`.
-    fn map_shadow(&mut self, be: &B, r: usize, i: usize, synced: &mut bool) -> Result<()> {
-        self.unmap_slot(be, r, i, synced)?;
-        let (off, region) = (self.slots[i].offset, self.slots[i].region);
-        if self.shadows[i].is_none() {
-            self.shadows[i] = Some(be.mem_create(region)?);
-            self.stats.shadow_bytes += region;
-            // A new shadow holds nothing yet.
-            self.shadow_holds[i] = None;
-        }
-        let res = &mut self.res[r];
-        let va = res.va.as_ref().expect("reserved");
-        let mem = self.shadows[i].as_ref().expect("created");
-        self.stats.vmm_calls += 2;
-        be.map(va, off, mem, 0, region)?;
-        res.held[i] = Held::Shadow;
-        be.set_access(va, off, region)?;
-        Ok(())
     }
 
     /// Unmap everything, free ranges, shadows, graphs, events. The caller
