@@ -4,6 +4,7 @@
 //! JAX applies its GPU lowering rules to programs for this client.
 
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use xla_vmm_device::{Backend, HostBackend, HostConfig};
 use xla_vmm_ffi::pjrt::*;
@@ -295,10 +296,20 @@ impl Client {
     /// Destroy: wait for the devices' queued work, stop the completion
     /// threads (their pending events complete first), unregister the devices.
     fn teardown(&self) {
+        // Waiting for a device's stream can block forever if a collective
+        // there waits for a peer process that is gone; a watchdog says
+        // which step teardown is waiting in, every 10 s, so such a hang is
+        // named in the log instead of being silent.
+        let watch = crate::watchdog::Watchdog::start("client teardown", Duration::from_secs(10));
         for d in &self.addressable {
+            watch.stage(format!("device {}: worker thread", d.id()));
             d.worker.shutdown();
+            watch.stage(format!("device {}: stream and completions", d.id()));
             d.mem.shutdown();
         }
+        watch.stage("vendor client".into());
+        let vendor = self.vendor.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(vendor);
         for d in &self.devices {
             d.unregister();
         }

@@ -60,6 +60,7 @@ pub mod stats;
 pub mod vendor;
 pub mod vendor_exec;
 pub mod vendor_locate;
+mod watchdog;
 pub mod worker;
 
 pub use api::ENTRIES;
