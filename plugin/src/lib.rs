@@ -92,15 +92,15 @@ pub fn live_objects() -> LiveObjects {
 }
 
 /// Install a `tracing` subscriber reading `XLA_VMM_LOG` (e.g. `info`,
-/// `xla_vmm_plugin=debug`), once, unless the host process installed one.
+/// `xla_vmm_plugin=debug`; default `warn`, so fallbacks and hangs are
+/// reported), once, unless the host process installed one.
 pub fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if let Ok(filter) = std::env::var("XLA_VMM_LOG") {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-                .with_writer(std::io::stderr)
-                .try_init();
-        }
+        let filter = std::env::var("XLA_VMM_LOG").unwrap_or_else(|_| "warn".into());
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
     });
 }
