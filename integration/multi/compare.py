@@ -1,7 +1,8 @@
 """Stock XLA vs xla-vmm on FSDP llama over 2 GPUs: same loss bits, step times.
 
 Runs fsdp.py (one process, 2 devices) and dist.py --launch (2 processes, 1 GPU each): stock twice
-(`--platform cuda`), then xla-vmm at each threshold (default 0, 1, 4096; XLA_VMM_EXEC_MODE=graph).
+(`--platform cuda`) and once with XLA's command buffers off, then xla-vmm at each threshold (default 0, 1,
+4096, 65536, 1 MiB, as the single-GPU A/B; XLA_VMM_EXEC_MODE=graph). A plot goes to compare.png.
 Per mode, every xla-vmm run must give the loss bits of stock, unless stock's own two runs differ
 (then stock is nondeterministic there: reported, not a failure). Writes compare.md (config, mode,
 threshold, median step ms, final loss, speedup vs stock) and compare.json to --out.
@@ -21,19 +22,26 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_one(mode, platform, args, threshold=None):
+CMDBUF_OFF = "--xla_gpu_enable_command_buffer="
+
+
+def run_one(mode, platform, args, threshold=None, cmdbuf_off=False):
     script = "fsdp.py" if mode == "single" else "dist.py"
+    env = dict(os.environ)
+    if cmdbuf_off:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + CMDBUF_OFF).strip()
     argv = [sys.executable, os.path.join(HERE, script), "--platform", platform, "--steps", str(args.steps),
             "--config", args.config]
     if mode == "dist":
         argv.append("--launch")
     if threshold is not None:
         argv += ["--threshold", str(threshold)]
-    label = "%s %s%s" % (mode, platform, "" if threshold is None else " threshold %d" % threshold)
+    label = "%s %s%s%s" % (mode, platform, "" if threshold is None else " threshold %d" % threshold,
+                           " (command buffers off)" if cmdbuf_off else "")
     print("== %s: %s" % (label, " ".join(argv[1:])), flush=True)
     t = time.perf_counter()
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
         print("   timeout after %ds" % args.timeout, flush=True)
         return None, "timeout after %ds" % args.timeout
@@ -59,7 +67,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--config", default="llama_small_f32")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--thresholds", default="0,1,4096")
+    ap.add_argument("--thresholds", default="0,1,4096,65536,1048576")
     ap.add_argument("--modes", default="single,dist")
     ap.add_argument("--timeout", type=int, default=1800)
     args = ap.parse_args()
@@ -83,8 +91,19 @@ def main():
             diverge = next(i for i, (a, b) in enumerate(zip(s1["loss_bits"], s2["loss_bits"])) if a != b)
             notes.append("%s: stock is nondeterministic (its two runs differ from step %d: %s vs %s); "
                          "loss bits not compared" % (mode, diverge, s1["loss_bits"][diverge], s2["loss_bits"][diverge]))
+        # Stock with XLA's command buffers off too: the speedup column is against the better of the two.
+        off, off_err = run_one(mode, "cuda", args, cmdbuf_off=True)
+        results[mode]["stock_cmdbuf_off"] = off if off is not None else {"error": off_err}
         stock_ms = min(s1["median_ms"], s2["median_ms"])
-        rows.append((args.config, mode, "stock", stock_ms, s1["final_loss"], 1.0, "reference"))
+        best_ms = min(stock_ms, off["median_ms"]) if off is not None else stock_ms
+        rows.append((args.config, mode, "stock", stock_ms, s1["final_loss"], best_ms / stock_ms, "reference"))
+        if off is None:
+            problems.append("%s: stock with command buffers off failed: %s" % (mode, off_err))
+        else:
+            rows.append((args.config, mode, "stock, cmd buffers off", off["median_ms"], off["final_loss"],
+                         best_ms / off["median_ms"],
+                         "identical" if off["loss_bits"] == s1["loss_bits"] else "differs"))
+        stock_ms = best_ms
         for t in thresholds:
             r, err = run_one(mode, "vmm", args, threshold=t)
             results[mode]["vmm"][str(t)] = r if r is not None else {"error": err}
@@ -106,12 +125,13 @@ def main():
                 problems.append("%s threshold %d: loss bits differ from stock from step %d (%s vs %s)"
                                 % (mode, t, i, r["loss_bits"][i] if i < len(r["loss_bits"]) else "-",
                                    s1["loss_bits"][i] if i < len(s1["loss_bits"]) else "-"))
-            rows.append((args.config, mode, str(t), r["median_ms"], r["final_loss"], stock_ms / r["median_ms"], same))
+            label = "1 (auto)" if t == 1 else str(t)
+            rows.append((args.config, mode, label, r["median_ms"], r["final_loss"], stock_ms / r["median_ms"], same))
 
     md = ["# FSDP llama on 2 GPUs: stock XLA vs xla-vmm", "",
           "%d steps, median step time over steps 1..%d; xla-vmm in XLA_VMM_EXEC_MODE=graph." % (args.steps, args.steps - 1),
           "single: one process, 2 devices; dist: jax.distributed, 2 processes x 1 GPU.", "",
-          "| config | mode | threshold | median step ms | final loss | speedup vs stock | loss bits vs stock |",
+          "| config | mode | threshold | median step ms | final loss | speedup vs best stock | loss bits vs stock |",
           "|---|---|---|---|---|---|---|"]
     for cfg, mode, thr, ms, loss, speedup, same in rows:
         md.append("| %s | %s | %s | %s | %s | %s | %s |" % (
@@ -128,7 +148,34 @@ def main():
         json.dump({"config": args.config, "steps": args.steps, "results": results, "notes": notes,
                    "problems": problems}, fh, indent=1)
     print(text)
+    plot(rows, os.path.join(args.out, "compare.png"), args)
     sys.exit(1 if problems else 0)
+
+
+def plot(rows, path, args):
+    """Step time per configuration, one group of bars per mode (single process, jax.distributed)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(no matplotlib: no plot)")
+        return
+    modes = sorted({r[1] for r in rows}, key=["single", "dist"].index)
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        mine = [r for r in rows if r[1] == mode and r[3] is not None]
+        labels = [r[2] if not r[2].isdigit() else ("t=%s" % r[2] if r[2] != "1" else "auto") for r in mine]
+        colors = ["#888888" if r[2].startswith("stock") else "#2b6cb0" for r in mine]
+        ax.bar(range(len(mine)), [r[3] for r in mine], color=colors)
+        ax.set_xticks(range(len(mine)))
+        ax.set_xticklabels(labels, rotation=30, ha="right")
+        ax.set_ylabel("median step ms")
+        ax.set_title("%s, %s (%d steps)" % (args.config, {"single": "1 process, 2 GPUs",
+                                                          "dist": "2 processes x 1 GPU"}[mode], args.steps))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print("plot:", path)
 
 
 if __name__ == "__main__":
