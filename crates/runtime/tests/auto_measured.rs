@@ -68,56 +68,6 @@ fn mix_plan() -> Plan {
     p
 }
 
-fn kernel(name: &str, args: Vec<(Slice, bool)>, n: Option<u32>, grid: u64) -> Thunk {
-    let arity = args.len() as u32 + u32::from(n.is_some());
-    let packing = n.map(|n| {
-        let mut p: Vec<KernelParam> = (0..args.len())
-            .map(|i| KernelParam::ArgAddress {
-                arg_index: i as u32,
-            })
-            .collect();
-        p.push(KernelParam::Bytes {
-            data: Blob(n.to_le_bytes().to_vec()),
-        });
-        p
-    });
-    thunk(
-        name,
-        ThunkKind::CustomKernel(CustomKernelThunk {
-            name: name.into(),
-            spec: KernelSpec {
-                code: KernelCode::Cubin {
-                    data: Blob(format!("{name}\n").into_bytes()),
-                },
-                kernel_name: name.into(),
-                arity,
-                packing,
-            },
-            args: args
-                .into_iter()
-                .map(|(slice, written)| KernelArg {
-                    slice,
-                    shape: None,
-                    written,
-                    tma: None,
-                })
-                .collect(),
-            launch: LaunchDims {
-                blocks: Dim3 {
-                    x: grid,
-                    y: 1,
-                    z: 1,
-                },
-                threads: Dim3 { x: 1, y: 1, z: 1 },
-                cluster: None,
-                shared_memory_bytes: 0,
-            },
-            use_pdl: false,
-            zeroed_output_buffer_indices: vec![],
-        }),
-    )
-}
-
 fn floats(d: &[u8]) -> Vec<f32> {
     d.chunks(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

@@ -132,3 +132,56 @@ pub fn backend() -> Arc<HostBackend> {
 pub fn bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
+
+/// A custom kernel thunk `name` over `args` (slice, written), packed as
+/// XLA does: one address per argument, then `n` (u32) when given.
+#[allow(dead_code)] // used by the binding tests only
+pub fn kernel(name: &str, args: Vec<(Slice, bool)>, n: Option<u32>, grid: u64) -> Thunk {
+    let arity = args.len() as u32 + u32::from(n.is_some());
+    let packing = n.map(|n| {
+        let mut p: Vec<KernelParam> = (0..args.len())
+            .map(|i| KernelParam::ArgAddress {
+                arg_index: i as u32,
+            })
+            .collect();
+        p.push(KernelParam::Bytes {
+            data: Blob(n.to_le_bytes().to_vec()),
+        });
+        p
+    });
+    thunk(
+        name,
+        ThunkKind::CustomKernel(CustomKernelThunk {
+            name: name.into(),
+            spec: KernelSpec {
+                code: KernelCode::Cubin {
+                    data: Blob(format!("{name}\n").into_bytes()),
+                },
+                kernel_name: name.into(),
+                arity,
+                packing,
+            },
+            args: args
+                .into_iter()
+                .map(|(slice, written)| KernelArg {
+                    slice,
+                    shape: None,
+                    written,
+                    tma: None,
+                })
+                .collect(),
+            launch: LaunchDims {
+                blocks: Dim3 {
+                    x: grid,
+                    y: 1,
+                    z: 1,
+                },
+                threads: Dim3 { x: 1, y: 1, z: 1 },
+                cluster: None,
+                shared_memory_bytes: 0,
+            },
+            use_pdl: false,
+            zeroed_output_buffer_indices: vec![],
+        }),
+    )
+}
