@@ -4,14 +4,17 @@
 # repo root, on artifacts staged by integration/stage_gpu.sh:
 #     bash integration/gpu_check.sh .dev/gpu [SECTION...]
 # SECTION: device stock runtime plugin bench memcheck (default, in that order; runtime and bench need
-# stock's reference data in $WORK). Opt-in, only when named: `sanitize` (compute-sanitizer memcheck on a
+# stock's reference data in $WORK; `multi` too when the machine has 2+ GPUs). Opt-in, only when named: `sanitize` (compute-sanitizer memcheck on a
 # 200-step VA-stable loop at thresholds 0 / 1 / 4096), `multi` (2+ GPUs: collectives, FSDP llama through
 # the runtime and the plugin, jax.distributed), `ab` (integration/ab.py).
 # Artifacts (logs, reference data, probe JSON) go to $XLA_VMM_GPU_WORK (default /tmp/xla-vmm-gpu).
 set -u
 S=${1:-.dev/gpu}
 shift || true
-SECTIONS=" ${*:-device stock runtime plugin bench memcheck} "
+DEFAULT="device stock runtime plugin bench memcheck"
+# With two or more GPUs the multi-device checks are part of the default run.
+[ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && DEFAULT="$DEFAULT multi"
+SECTIONS=" ${*:-$DEFAULT} "
 want() { [[ "$SECTIONS" == *" $1 "* ]]; }
 BIN=$S/bin
 FX=$S/fixtures
