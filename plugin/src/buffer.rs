@@ -62,6 +62,14 @@ pub fn live_buffers() -> usize {
 /// Sanity limit on a host array's byte extent (guards against garbage strides).
 const MAX_HOST_EXTENT: i64 = 1 << 46;
 
+/// Dense bytes of a `dtype` array of shape `dims` (an error if it overflows).
+fn byte_size(dtype: PJRT_Buffer_Type, dims: &[i64]) -> Result<u64> {
+    let elem = dtype::element_size(dtype)?;
+    dtype::num_elements(dims)?
+        .checked_mul(elem as u64)
+        .ok_or_else(|| Error::invalid(format!("shape {dims:?} overflows")))
+}
+
 impl Buffer {
     /// A new buffer of `dtype[dims]` on `device`, uninitialized.
     pub fn alloc(
@@ -69,22 +77,8 @@ impl Buffer {
         dtype: PJRT_Buffer_Type,
         dims: &[i64],
     ) -> Result<Arc<Buffer>> {
-        let elem = dtype::element_size(dtype)?;
-        let bytes = dtype::num_elements(dims)?
-            .checked_mul(elem as u64)
-            .ok_or_else(|| Error::invalid(format!("shape {dims:?} overflows")))?;
-        let allocation = device.mem.alloc(bytes)?;
-        let memory = device.default_memory()?;
-        Ok(Arc::new(Buffer {
-            device,
-            memory,
-            dtype,
-            dims: dims.to_vec(),
-            minor_to_major: (0..dims.len() as i64).rev().collect(),
-            bytes,
-            state: Mutex::new(State::Live(allocation)),
-            ready: Mutex::new(Event::ready(Ok(()))),
-        }))
+        let allocation = device.mem.alloc(byte_size(dtype, dims)?)?;
+        Self::from_allocation(device, dtype, dims, allocation, Event::ready(Ok(())))
     }
 
     /// A buffer over an existing allocation (an execution's output), ready
@@ -96,8 +90,7 @@ impl Buffer {
         allocation: Allocation,
         ready: Arc<Event>,
     ) -> Result<Arc<Buffer>> {
-        let elem = dtype::element_size(dtype)?;
-        let bytes = dtype::num_elements(dims)? * elem as u64;
+        let bytes = byte_size(dtype, dims)?;
         let memory = device.default_memory()?;
         Ok(Arc::new(Buffer {
             device,
