@@ -27,6 +27,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "tests"))
+from llama_ab import deserialize_on, loop, program  # noqa: E402  (the pytest A/B's programs and loop)
 
 MODELS = ["llama_small_f32", "llama_110m_bf16", "maxtext_tiny_bf16"]
 THRESHOLDS = [0, 1, 4096, 65536, 1048576]
@@ -38,34 +40,6 @@ def median_from(times, first=3):
     return t[len(t) // 2] if t else float("nan")
 
 
-def _program(name):
-    import jax
-    from models import llama
-
-    make_state, train_step, batch, seq, vocab = llama.build(name)
-    x = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, vocab)
-    return train_step, (make_state(jax.random.PRNGKey(0)), x), (0,)
-
-
-def _loop(compiled, args, steps, device):
-    """State = every output but the last (the loss); returns (loss bits, step ms)."""
-    import jax
-    import numpy as np
-
-    cur = jax.device_put(args, device)
-    treedef = jax.tree.structure(cur)
-    bits, times = [], []
-    for _ in range(steps):
-        t = time.perf_counter()
-        leaves = jax.tree.leaves(compiled(*cur))
-        loss = leaves[-1].block_until_ready()
-        times.append((time.perf_counter() - t) * 1e3)
-        bits.append(int(np.asarray(loss, dtype=np.float32).view(np.uint32)))
-        n = len(leaves) - 1
-        cur = jax.tree.unflatten(treedef, leaves[:n] + jax.tree.leaves(cur)[n:])
-    return bits, times
-
-
 def child_stock(name, d, steps, save):
     """Compile on stock XLA (flags from the environment), optionally save the executable."""
     import jax
@@ -73,7 +47,7 @@ def child_stock(name, d, steps, save):
     from jax.experimental.serialize_executable import serialize
     import stock_ref
 
-    f, args, donate = _program(name)
+    f, args, donate = program(name)
     t = time.perf_counter()
     compiled = jax.jit(f, donate_argnums=donate).lower(*args).compile()
     compile_s = time.perf_counter() - t
@@ -88,26 +62,22 @@ def child_stock(name, d, steps, save):
             fh.write(stock_ref.pjrt_bytes(compiled.runtime_executable().serialize()))
         np.savez(os.path.join(d, name + ".npz"),
                  **{"in_%d" % i: np.asarray(a) for i, a in enumerate(jax.tree.leaves(args))})
-    bits, times = _loop(compiled, jax.tree.map(np.asarray, args), steps, jax.devices()[0])
+    bits, times = loop(compiled, jax.tree.map(np.asarray, args), steps, jax.devices()[0])
     return {"loss_bits": bits, "step_ms": times, "compile_s": compile_s}
 
 
 def child_vmm(name, d, steps):
     import jax
-    from jax.experimental.serialize_executable import deserialize_and_load
     from jax_plugins import xla_vmm
 
     xla_vmm.initialize()
     dev = jax.devices("vmm")[0]
     with open(os.path.join(d, name + ".exe.pkl"), "rb") as fh:
         payload, in_tree, out_tree = pickle.load(fh)
-    import inspect
-    # On a machine with several GPUs jax would otherwise deserialize onto all of the backend's devices.
-    kw = {"execution_devices": [dev]} if "execution_devices" in inspect.signature(deserialize_and_load).parameters else {}
-    compiled = deserialize_and_load(payload, in_tree, out_tree, backend="vmm", **kw)
+    compiled = deserialize_on(payload, in_tree, out_tree, dev)
     with open(os.path.join(d, name + ".args.pkl"), "rb") as fh:
         args = pickle.load(fh)
-    bits, times = _loop(compiled, args, steps, dev)
+    bits, times = loop(compiled, args, steps, dev)
     st = xla_vmm.stats()
     best = max(st.values(), key=lambda s: s.get("steps", 0)) if st else {}
     return {"loss_bits": bits, "step_ms": times, "stats": best}

@@ -19,6 +19,7 @@ except ImportError:  # older jax
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from models.llama import CONFIGS, make_llama  # noqa: E402
+from stock_ref import pjrt_bytes  # noqa: E402  (strips jax's IFRT header)
 
 jax.config.update("jax_hlo_source_file_canonicalization_regex", r".*/")
 out = sys.argv[1]
@@ -26,16 +27,6 @@ os.makedirs(out, exist_ok=True)
 devs = jax.devices()
 assert len(devs) >= 2, "needs 2 GPUs, found %d" % len(devs)
 mesh = Mesh(np.array(devs[:2]), ("d",))
-
-
-def pjrt_bytes(blob):
-    n, shift, p = 0, 0, 0
-    while True:
-        b = blob[p]; n |= (b & 0x7F) << shift; p += 1; shift += 7
-        if b < 0x80:
-            break
-    assert blob[p + n:p + n + 4] == bytes([0x83, 0xAF, 0x70, 0xD1]), "no riegeli signature after the IFRT header"
-    return blob[p + n:]
 
 
 def shards(a):

@@ -60,6 +60,16 @@ def loop(compiled, args, steps, device):
     return bits, times
 
 
+def deserialize_on(payload, in_tree, out_tree, dev):
+    """jax's deserialize_and_load onto the vmm device `dev` only: on a machine with several GPUs jax would
+    otherwise deserialize onto all of the backend's devices."""
+    import inspect
+
+    from jax.experimental.serialize_executable import deserialize_and_load
+
+    kw = {"execution_devices": [dev]} if "execution_devices" in inspect.signature(deserialize_and_load).parameters else {}
+    return deserialize_and_load(payload, in_tree, out_tree, backend="vmm", **kw)
+
 def stock(d, name, steps):
     import jax
     import numpy as np
@@ -89,17 +99,13 @@ def stock(d, name, steps):
 
 def vmm(d, name, steps):
     import jax
-    from jax.experimental.serialize_executable import deserialize_and_load
     from jax_plugins import xla_vmm
 
     xla_vmm.initialize()
     dev = jax.devices("vmm")[0]
     with open(os.path.join(d, name + ".exe.pkl"), "rb") as fh:
         payload, in_tree, out_tree = pickle.load(fh)
-    import inspect
-    # On a machine with several GPUs jax would otherwise deserialize onto all of the backend's devices.
-    kw = {"execution_devices": [dev]} if "execution_devices" in inspect.signature(deserialize_and_load).parameters else {}
-    compiled = deserialize_and_load(payload, in_tree, out_tree, backend="vmm", **kw)
+    compiled = deserialize_on(payload, in_tree, out_tree, dev)
     with open(os.path.join(d, name + ".args.pkl"), "rb") as fh:
         args = pickle.load(fh)
     ref = json.load(open(os.path.join(d, name + ".stock.json")))
