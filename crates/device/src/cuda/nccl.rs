@@ -17,7 +17,7 @@ use xla_vmm_ffi::nccl::{self as ffi, ncclComm_t, NcclLib};
 use super::result::check;
 use super::{CudaBackend, CudaStream};
 use crate::backend::DevicePtr;
-use crate::collective::{CliqueId, CommType, Communicator, ReduceOp};
+use crate::collective::{destroy_timeout, CliqueId, CommType, Communicator, Reaper, ReduceOp};
 use crate::error::{DeviceError, Result};
 
 /// The process' NCCL, or [`DeviceError::NotAvailable`].
@@ -251,17 +251,30 @@ impl NcclComm {
 }
 
 impl Drop for NcclComm {
+    /// Destroyed on a thread of its own, waited for a bounded time: the
+    /// destroy waits for the peer processes (see [`Reaper`]). The thread
+    /// holds the context, so it stays alive until the destroy returns.
     fn drop(&mut self) {
-        if let Err(e) = self.ctx.bind_to_thread() {
-            tracing::warn!(error = ?e, "ncclCommDestroy: could not make the context current");
-        }
-        let comm = self.comm.get_mut().unwrap_or_else(|e| e.into_inner()).0;
-        // SAFETY: `comm` is live and destroyed exactly once, here.
-        let code = unsafe { (self.lib.comm_destroy)(comm) };
-        if code != ffi::ncclSuccess {
-            tracing::error!(code, message = %self.lib.error_string(code), rank = self.rank,
-                "ncclCommDestroy failed");
-        }
+        let comm = std::mem::replace(
+            &mut self.comm.get_mut().unwrap_or_else(|e| e.into_inner()).0,
+            std::ptr::null_mut(),
+        );
+        let raw = RawComm(comm);
+        let (lib, ctx, rank, size) = (self.lib, self.ctx.clone(), self.rank, self.size);
+        let what = format!("NCCL rank {rank} of {size}");
+        Reaper::process().destroy(&what, destroy_timeout(), move || {
+            let raw = raw;
+            if let Err(e) = ctx.bind_to_thread() {
+                tracing::warn!(error = ?e, "ncclCommDestroy: could not make the context current");
+            }
+            // SAFETY: `raw.0` is live and destroyed exactly once, here (the
+            // communicator's own field was nulled above).
+            let code = unsafe { (lib.comm_destroy)(raw.0) };
+            if code != ffi::ncclSuccess {
+                tracing::error!(code, message = %lib.error_string(code), rank,
+                    "ncclCommDestroy failed");
+            }
+        });
     }
 }
 

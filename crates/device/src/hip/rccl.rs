@@ -14,7 +14,7 @@ use xla_vmm_ffi::nccl::{self as ffi, ncclComm_t, NcclLib};
 use super::result::check;
 use super::{HipBackend, HipStream};
 use crate::backend::DevicePtr;
-use crate::collective::{CliqueId, CommType, Communicator, ReduceOp};
+use crate::collective::{destroy_timeout, CliqueId, CommType, Communicator, Reaper, ReduceOp};
 use crate::error::{DeviceError, Result};
 
 /// The process' RCCL, or [`DeviceError::NotAvailable`].
@@ -209,17 +209,30 @@ impl RcclComm {
 }
 
 impl Drop for RcclComm {
+    /// As the NCCL communicator: destroyed on a thread of its own, waited
+    /// for a bounded time (see [`Reaper`]).
     fn drop(&mut self) {
-        if let Err(e) = self.select_device() {
-            tracing::warn!(error = %e, "ncclCommDestroy (RCCL): could not select the device");
-        }
-        let comm = self.comm.get_mut().unwrap_or_else(|e| e.into_inner()).0;
-        // SAFETY: `comm` is live and destroyed exactly once, here.
-        let code = unsafe { (self.lib.comm_destroy)(comm) };
-        if code != ffi::ncclSuccess {
-            tracing::error!(code, message = %self.lib.error_string(code), rank = self.rank,
-                "ncclCommDestroy (RCCL) failed");
-        }
+        let comm = std::mem::replace(
+            &mut self.comm.get_mut().unwrap_or_else(|e| e.into_inner()).0,
+            std::ptr::null_mut(),
+        );
+        let raw = RawComm(comm);
+        let (lib, ordinal, rank, size) = (self.lib, self.ordinal, self.rank, self.size);
+        let what = format!("RCCL rank {rank} of {size}");
+        Reaper::process().destroy(&what, destroy_timeout(), move || {
+            let raw = raw;
+            // SAFETY: `ordinal` was validated when the backend was created.
+            if let Err(e) = unsafe { super::result::device::set(ordinal) } {
+                tracing::warn!(error = %e, "ncclCommDestroy (RCCL): could not select the device");
+            }
+            // SAFETY: `raw.0` is live and destroyed exactly once, here (the
+            // communicator's own field was nulled above).
+            let code = unsafe { (lib.comm_destroy)(raw.0) };
+            if code != ffi::ncclSuccess {
+                tracing::error!(code, message = %lib.error_string(code), rank,
+                    "ncclCommDestroy (RCCL) failed");
+            }
+        });
     }
 }
 

@@ -16,6 +16,9 @@
 use crate::backend::{Backend, DevicePtr};
 use crate::error::Result;
 
+mod teardown;
+pub use teardown::{destroy_timeout, Destroyed, Reaper};
+
 /// The opaque id every rank of a clique needs to join it (`ncclUniqueId`:
 /// 128 bytes).
 #[derive(Clone, PartialEq, Eq, Hash)]
