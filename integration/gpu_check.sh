@@ -4,16 +4,21 @@
 # repo root, on artifacts staged by integration/stage_gpu.sh:
 #     bash integration/gpu_check.sh .dev/gpu [SECTION...]
 # SECTION: device stock runtime plugin bench memcheck (default, in that order; runtime and bench need
-# stock's reference data in $WORK; `multi` too when the machine has 2+ GPUs). Opt-in, only when named: `sanitize` (compute-sanitizer memcheck on a
-# 200-step VA-stable loop at thresholds 0 / 1 / 4096), `multi` (2+ GPUs: collectives, FSDP llama through
-# the runtime and the plugin, jax.distributed), `ab` (integration/ab.py).
+# stock's reference data in $WORK; `multi compare` too when the machine has 2+ GPUs). Opt-in, only when
+# named: `sanitize` (compute-sanitizer memcheck on a 200-step VA-stable loop at thresholds 0 / 1 / 4096),
+# `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
+# `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
+# against stock: integration/multi/compare.py), `ab` (integration/ab.py).
+# GPU_CHECK_BUDGET_S: start no check after that many seconds (later ones are listed as SKIP), so that a
+# run under a time limit still ends with its summary (exit 2 when any was skipped). A TERM (a timeout) also
+# prints and saves the summary.
 # Artifacts (logs, reference data, probe JSON) go to $XLA_VMM_GPU_WORK (default /tmp/xla-vmm-gpu).
 set -u
 S=${1:-.dev/gpu}
 shift || true
 DEFAULT="device stock runtime plugin bench memcheck"
 # With two or more GPUs the multi-device checks are part of the default run.
-[ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && DEFAULT="$DEFAULT multi"
+[ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && DEFAULT="$DEFAULT multi compare"
 SECTIONS=" ${*:-$DEFAULT} "
 want() { [[ "$SECTIONS" == *" $1 "* ]]; }
 BIN=$S/bin
@@ -31,22 +36,67 @@ NCCL_SO=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.ncc
 [ -n "$NCCL_SO" ] && [ -f "$NCCL_SO" ] && export XLA_VMM_NCCL_LIBRARY="$NCCL_SO"
 
 declare -a SUMMARY=()
-pass=0; fail=0
+pass=0; fail=0; skipped=0
+START_NS=$(date +%s%N)
 secs() { local d=$(( ($(date +%s%N) - $1) / 100000000 )); printf '%d.%d' $((d / 10)) $((d % 10)); }
-# check NAME CMD...: run CMD, log to $WORK/logs/NAME.log, record PASS/FAIL with the last line.
+# check NAME CMD...: run CMD, log to $WORK/logs/NAME.log, record PASS/FAIL with the last line
+# (SKIP, without running it, once GPU_CHECK_BUDGET_S has passed).
 check() {
   local name=$1; shift
   local log="$WORK/logs/$name.log"
   local t0=$(date +%s%N)
-  if "$@" >"$log" 2>&1; then
+  if [ -n "${GPU_CHECK_BUDGET_S:-}" ] && [ $(( (t0 - START_NS) / 1000000000 )) -ge "$GPU_CHECK_BUDGET_S" ]; then
+    SUMMARY+=("SKIP  $name  (GPU_CHECK_BUDGET_S=$GPU_CHECK_BUDGET_S s spent)")
+    skipped=$((skipped + 1))
+    echo "== $name: SKIP"
+    return 0
+  fi
+  # In the background and waited for, so that a TERM reaches the trap below at once.
+  CURRENT=$name
+  "$@" >"$log" 2>&1 </dev/null &
+  CHILD=$!
+  local rc=0
+  wait "$CHILD" || rc=$?
+  CHILD=
+  if [ "$rc" -eq 0 ]; then
     SUMMARY+=("PASS  $name  ($(secs "$t0") s)  $(tail -n 1 "$log" | cut -c1-110)")
     pass=$((pass + 1))
   else
-    SUMMARY+=("FAIL  $name  (rc $?)  $(tail -n 3 "$log" | tr '\n' ' ' | cut -c1-200)")
+    SUMMARY+=("FAIL  $name  (rc $rc)  $(tail -n 3 "$log" | tr '\n' ' ' | cut -c1-200)")
     fail=$((fail + 1))
   fi
   echo "== $name: ${SUMMARY[-1]%%  *}"
 }
+# The summary table (and $SAVE_TO/summary.txt + logs.tar.gz), at the end or on a TERM.
+summary() {
+echo
+echo "================ xla-vmm GPU check summary ================"
+printf '%s\n' "${SUMMARY[@]}"
+echo "$pass passed, $fail failed, $skipped skipped"
+[ -f "$WORK/logs/bench.log" ] && { echo; grep -A20 '^| program' "$WORK/logs/bench.log"; }
+[ -f "$WORK/ab/ab.md" ] && { echo; cat "$WORK/ab/ab.md"; }
+[ -f "$WORK/multi/compare.md" ] && { echo; cat "$WORK/multi/compare.md"; }
+for l in "$WORK"/logs/loop*:graph*.log; do
+  [ -f "$l" ] && echo "$(basename "$l" .log): $(grep -h '^LOSSES' "$l") | $(grep -h '^binding:' "$l")"
+done
+# Keep the logs next to the summary (a tarball in $SAVE_TO, when set).
+if [ -n "${SAVE_TO:-}" ]; then
+  mkdir -p "$SAVE_TO"
+  printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed, $skipped skipped" >"$SAVE_TO/summary.txt"
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json 2>/dev/null)
+fi
+}
+CHILD=; CURRENT=
+# A timeout (TERM) or ^C: stop the running check, then print and save the summary as far as it got.
+on_term() {
+  trap - TERM INT
+  [ -n "$CHILD" ] && kill -TERM "$CHILD" 2>/dev/null
+  SUMMARY+=("STOP  ${CURRENT:-?}  (terminated after $(secs "$START_NS") s; later checks not run)")
+  fail=$((fail + 1))
+  summary
+  exit 124
+}
+trap on_term TERM INT
 
 echo "== device"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
@@ -155,9 +205,19 @@ if [[ "$SECTIONS" == *" multi "* ]]; then
         --devices 2 --mode "$mode"
     done
   done
-  # Deterministic ops: with the embedding gradient's atomics stock XLA does not reproduce its own losses.
+  fi
+
+# 6d. The 2-GPU A/B (section `compare`, on by default with 2+ GPUs): FSDP llama through the plugin, one
+#     process and jax.distributed, every threshold, against stock twice and stock without command buffers.
+#     Deterministic ops: with the embedding gradient's atomics stock XLA does not reproduce its own losses.
+#     COMPARE_BUDGET_S: start no run after that many seconds (the rest is listed as pending in compare.json);
+#     COMPARE_RESUME=path/compare.json: keep the runs an earlier call finished, make only the others.
+if want compare; then
+  resume=(); [ -n "${COMPARE_RESUME:-}" ] && resume=(--resume "$COMPARE_RESUME")
+  budget=(); [ -n "${COMPARE_BUDGET_S:-}" ] && budget=(--budget-s "$COMPARE_BUDGET_S")
   check "multi:compare" env XLA_FLAGS=--xla_gpu_deterministic_ops=true \
-    python3 integration/multi/compare.py --out "$WORK/multi" --steps "${MULTI_STEPS:-20}" --timeout 120
+    python3 integration/multi/compare.py --out "$WORK/multi" --steps "${MULTI_STEPS:-20}" --timeout 120 \
+    "${budget[@]}" "${resume[@]}"
 fi
 
 # 7. A/B harness (not a test, opt in: section `ab`): llama training through the plugin at thresholds
@@ -167,20 +227,7 @@ want_ab && check "ab" python3 integration/ab.py --out "$WORK/ab" --vmm "$VMM" --
   --models "${AB_MODELS:-llama_small_f32,llama_110m_bf16,maxtext_tiny_bf16}"
 want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab/ab.json" >/dev/null 2>&1
 
-echo
-echo "================ xla-vmm GPU check summary ================"
-printf '%s\n' "${SUMMARY[@]}"
-echo "$pass passed, $fail failed"
-[ -f "$WORK/logs/bench.log" ] && { echo; grep -A20 '^| program' "$WORK/logs/bench.log"; }
-[ -f "$WORK/ab/ab.md" ] && { echo; cat "$WORK/ab/ab.md"; }
-[ -f "$WORK/multi/compare.md" ] && { echo; cat "$WORK/multi/compare.md"; }
-for l in "$WORK"/logs/loop*:graph*.log; do
-  [ -f "$l" ] && echo "$(basename "$l" .log): $(grep -h '^LOSSES' "$l") | $(grep -h '^binding:' "$l")"
-done
-# Keep the logs next to the summary (a tarball in $SAVE_TO, when set).
-if [ -n "${SAVE_TO:-}" ]; then
-  mkdir -p "$SAVE_TO"
-  printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json 2>/dev/null)
-fi
-[ "$fail" -eq 0 ]
+summary
+[ "$fail" -eq 0 ] || exit 1
+# Skipped checks are not a pass.
+[ "$skipped" -eq 0 ] || exit 2

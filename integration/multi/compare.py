@@ -8,9 +8,12 @@ Per mode, every xla-vmm run must give the loss bits of stock, unless stock's own
 threshold, median step ms, final loss, speedup vs stock) and compare.json to --out.
 
     XLA_VMM_LIBRARY=.../libxla_vmm_plugin.so python3 compare.py --out results/multi \\
-        [--config llama_small_f32] [--steps 20] [--thresholds 0,1,4096] [--modes single,dist]
+        [--config llama_small_f32] [--steps 20] [--thresholds 0,1,4096] [--modes single,dist] \\
+        [--budget-s 500] [--resume results/multi/compare.json]
 
-Exit status 1 if any xla-vmm run fails or its loss bits differ from (deterministic) stock.
+Exit status 1 if any run fails or xla-vmm's loss bits differ from (deterministic) stock; 2 if runs were
+left for later by --budget-s (compare.json lists them as pending; --resume THAT_FILE makes only those).
+compare.json and compare.md are rewritten after every run, so a call cut short keeps what it measured.
 """
 import argparse
 import json
@@ -62,54 +65,55 @@ def run_one(mode, platform, args, threshold=None, cmdbuf_off=False):
     return r, None
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--config", default="llama_small_f32")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--thresholds", default="0,1,4096,65536,1048576")
-    ap.add_argument("--modes", default="single,dist")
-    ap.add_argument("--timeout", type=int, default=1800)
-    args = ap.parse_args()
-    thresholds = [int(t) for t in args.thresholds.split(",") if t.strip()]
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for m in modes:
-        if m not in ("single", "dist"):
-            sys.exit("unknown mode %r (single, dist)" % m)
-    os.makedirs(args.out, exist_ok=True)
-
-    rows, problems, notes, results = [], [], [], {}
+def planned_runs(modes, thresholds):
+    """Every run of the comparison, in order, keyed by a stable label (the key in compare.json)."""
+    runs = []
     for mode in modes:
-        stock = [run_one(mode, "cuda", args) for _ in range(2)]
-        s1, s2 = stock[0][0], stock[1][0]
-        results[mode] = {"stock": [s for s, _ in stock], "vmm": {}}
-        if s1 is None or s2 is None:
-            problems.append("%s: stock failed: %s" % (mode, stock[0][1] or stock[1][1]))
+        runs += [("%s/stock/1" % mode, mode, "cuda", None, False), ("%s/stock/2" % mode, mode, "cuda", None, False),
+                 ("%s/stock/cmdbuf_off" % mode, mode, "cuda", None, True)]
+        runs += [("%s/vmm/%d" % (mode, t), mode, "vmm", t, False) for t in thresholds]
+    return runs
+
+
+def table(modes, thresholds, done, config):
+    """Rows (config, mode, threshold label, median ms, final loss, speedup vs best stock, loss bits) and
+    the problems and notes, from the finished runs in `done` (label -> summary or {"error": ...})."""
+    rows, problems, notes = [], [], []
+    ok = lambda label: label in done and "error" not in done[label]
+    for mode in modes:
+        for label in ("%s/stock/1" % mode, "%s/stock/2" % mode, "%s/stock/cmdbuf_off" % mode):
+            if label in done and "error" in done[label]:
+                problems.append("%s: %s" % (label, done[label]["error"]))
+        if not (ok("%s/stock/1" % mode) and ok("%s/stock/2" % mode)):
+            for t in thresholds:
+                if ok("%s/vmm/%d" % (mode, t)):
+                    notes.append("%s threshold %d ran, but stock's two runs are missing: not compared" % (mode, t))
             continue
+        s1, s2 = done["%s/stock/1" % mode], done["%s/stock/2" % mode]
         stock_deterministic = s1["loss_bits"] == s2["loss_bits"]
         if not stock_deterministic:
             diverge = next(i for i, (a, b) in enumerate(zip(s1["loss_bits"], s2["loss_bits"])) if a != b)
             notes.append("%s: stock is nondeterministic (its two runs differ from step %d: %s vs %s); "
                          "loss bits not compared" % (mode, diverge, s1["loss_bits"][diverge], s2["loss_bits"][diverge]))
-        # Stock with XLA's command buffers off too: the speedup column is against the better of the two.
-        off, off_err = run_one(mode, "cuda", args, cmdbuf_off=True)
-        results[mode]["stock_cmdbuf_off"] = off if off is not None else {"error": off_err}
         stock_ms = min(s1["median_ms"], s2["median_ms"])
+        off = done.get("%s/stock/cmdbuf_off" % mode) if ok("%s/stock/cmdbuf_off" % mode) else None
+        # The speedup column is against the better of stock with and without XLA's command buffers.
         best_ms = min(stock_ms, off["median_ms"]) if off is not None else stock_ms
-        rows.append((args.config, mode, "stock", stock_ms, s1["final_loss"], best_ms / stock_ms, "reference"))
-        if off is None:
-            problems.append("%s: stock with command buffers off failed: %s" % (mode, off_err))
-        else:
-            rows.append((args.config, mode, "stock, cmd buffers off", off["median_ms"], off["final_loss"],
+        rows.append((config, mode, "stock", stock_ms, s1["final_loss"], best_ms / stock_ms, "reference"))
+        if off is not None:
+            rows.append((config, mode, "stock, cmd buffers off", off["median_ms"], off["final_loss"],
                          best_ms / off["median_ms"],
                          "identical" if off["loss_bits"] == s1["loss_bits"] else "differs"))
-        stock_ms = best_ms
         for t in thresholds:
-            r, err = run_one(mode, "vmm", args, threshold=t)
-            results[mode]["vmm"][str(t)] = r if r is not None else {"error": err}
-            if r is None:
-                problems.append("%s threshold %d: %s" % (mode, t, err))
-                rows.append((args.config, mode, str(t), None, None, None, "failed"))
+            label = "%s/vmm/%d" % (mode, t)
+            shown = "1 (auto)" if t == 1 else str(t)
+            if label not in done:
+                rows.append((config, mode, shown, None, None, None, "not run"))
+                continue
+            r = done[label]
+            if "error" in r:
+                problems.append("%s threshold %d: %s" % (mode, t, r["error"]))
+                rows.append((config, mode, shown, None, None, None, "failed"))
                 continue
             if r.get("exit_hang"):
                 problems.append("%s threshold %d: ran every step, then hung at exit (%s)"
@@ -125,9 +129,16 @@ def main():
                 problems.append("%s threshold %d: loss bits differ from stock from step %d (%s vs %s)"
                                 % (mode, t, i, r["loss_bits"][i] if i < len(r["loss_bits"]) else "-",
                                    s1["loss_bits"][i] if i < len(s1["loss_bits"]) else "-"))
-            label = "1 (auto)" if t == 1 else str(t)
-            rows.append((args.config, mode, label, r["median_ms"], r["final_loss"], stock_ms / r["median_ms"], same))
+            rows.append((config, mode, shown, r["median_ms"], r["final_loss"], best_ms / r["median_ms"], same))
+    return rows, problems, notes
 
+
+def write(args, modes, thresholds, done, pending):
+    """compare.json (every finished run: what --resume reads) and compare.md, after every run."""
+    rows, problems, notes = table(modes, thresholds, done, args.config)
+    if pending:
+        notes.append("%d run(s) not made (time budget): %s; rerun with --resume %s"
+                     % (len(pending), ", ".join(pending), os.path.join(args.out, "compare.json")))
     md = ["# FSDP llama on 2 GPUs: stock XLA vs xla-vmm", "",
           "%d steps, median step time over steps 1..%d; xla-vmm in XLA_VMM_EXEC_MODE=graph." % (args.steps, args.steps - 1),
           "single: one process, 2 devices; dist: jax.distributed, 2 processes x 1 GPU.", "",
@@ -145,11 +156,58 @@ def main():
     with open(os.path.join(args.out, "compare.md"), "w") as fh:
         fh.write(text)
     with open(os.path.join(args.out, "compare.json"), "w") as fh:
-        json.dump({"config": args.config, "steps": args.steps, "results": results, "notes": notes,
-                   "problems": problems}, fh, indent=1)
+        json.dump({"config": args.config, "steps": args.steps, "runs": done, "pending": pending,
+                   "notes": notes, "problems": problems}, fh, indent=1)
+    return rows, problems, text
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--config", default="llama_small_f32")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--thresholds", default="0,1,4096,65536,1048576")
+    ap.add_argument("--modes", default="single,dist")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per run")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no run after this many seconds; the rest is listed as pending")
+    ap.add_argument("--resume", default=None,
+                    help="a compare.json of an earlier, unfinished call (same config and steps): its runs are kept")
+    args = ap.parse_args()
+    thresholds = [int(t) for t in args.thresholds.split(",") if t.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in ("single", "dist"):
+            sys.exit("unknown mode %r (single, dist)" % m)
+    os.makedirs(args.out, exist_ok=True)
+
+    done = {}
+    if args.resume:
+        with open(args.resume) as fh:
+            old = json.load(fh)
+        if old.get("config") != args.config or old.get("steps") != args.steps:
+            sys.exit("--resume %s is for config %s, %s steps (this call: %s, %d)"
+                     % (args.resume, old.get("config"), old.get("steps"), args.config, args.steps))
+        # Failed runs are made again; finished ones are kept.
+        done = {k: v for k, v in old.get("runs", {}).items() if "error" not in v}
+        print("resuming: %d run(s) kept from %s" % (len(done), args.resume), flush=True)
+
+    t0 = time.perf_counter()
+    runs = planned_runs(modes, thresholds)
+    pending = []
+    for label, mode, platform, threshold, cmdbuf_off in runs:
+        if label in done:
+            continue
+        if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
+            pending.append(label)
+            continue
+        r, err = run_one(mode, platform, args, threshold=threshold, cmdbuf_off=cmdbuf_off)
+        done[label] = r if r is not None else {"error": err}
+        write(args, modes, thresholds, done, [])
+    rows, problems, text = write(args, modes, thresholds, done, pending)
     print(text)
     plot(rows, os.path.join(args.out, "compare.png"), args)
-    sys.exit(1 if problems else 0)
+    sys.exit(1 if problems else (2 if pending else 0))
 
 
 def plot(rows, path, args):
