@@ -10,7 +10,8 @@
 //!   sub-allocation of small buffers), generic over the backend.
 //! - [`conformance`]: one suite of backend checks, run on every backend.
 //!
-//! Unsafe code and raw driver calls live only in the backend modules.
+//! Unsafe code and raw driver calls live only in the backend modules (`cuda`,
+//! `hip`, and `nccl_common`: the NCCL/RCCL communicator both share).
 
 pub mod backend;
 pub mod blas;
@@ -24,6 +25,9 @@ pub mod error;
 #[allow(unsafe_code)]
 pub mod hip;
 pub mod host;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+#[allow(unsafe_code)]
+mod nccl_common;
 pub mod probe;
 pub mod vmm;
 
