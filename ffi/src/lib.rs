@@ -12,6 +12,8 @@
 //!   `libamdhip64` (Debian: `libamdhip64-dev`).
 //! - `nccl` (feature `cuda` or `hip`): NCCL / RCCL loaded at run time with
 //!   `libloading` (hand-written: a few entry points, see the module).
+//! - `hiprtc` (feature `hip`): HIP's run-time compiler, loaded the same
+//!   way, for the HIP backend's own kernels.
 //! - [`pjrt`] (always): the PJRT C API (`xla/pjrt/c/pjrt_c_api.h`), generated
 //!   by bindgen into `src/pjrt_c_api.rs` (checked in; `generate_pjrt.sh`
 //!   regenerates it). Types only: the plugin crate implements the entries.
@@ -27,6 +29,10 @@ pub mod hip {
     pub use hip_runtime_sys as runtime;
 }
 
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod dynload;
+#[cfg(feature = "hip")]
+pub mod hiprtc;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod nccl;
 

@@ -18,11 +18,13 @@
 //! [`NcclLib::rccl`]); a missing symbol is an error naming it.
 #![allow(non_camel_case_types, non_upper_case_globals)]
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use libloading::Library;
+
+use crate::dynload::{cstr, mapped_paths, symbol};
 
 /// `ncclComm_t`: an opaque communicator handle.
 pub type ncclComm_t = *mut c_void;
@@ -187,20 +189,6 @@ impl std::fmt::Debug for NcclLib {
     }
 }
 
-/// Resolve `name` in `lib` as a value of type `T` (a fn pointer type).
-///
-/// # Safety
-/// `T` must be the symbol's true type.
-unsafe fn symbol<T: Copy>(lib: &Library, name: &str) -> Result<T, String> {
-    let mut z = name.as_bytes().to_vec();
-    z.push(0);
-    // SAFETY: forwarded to the caller (T is the symbol's type).
-    match unsafe { lib.get::<T>(&z) } {
-        Ok(s) => Ok(*s),
-        Err(e) => Err(format!("symbol {name} missing: {e}")),
-    }
-}
-
 impl NcclLib {
     /// The process-wide NCCL (loaded at the first call).
     pub fn nccl() -> Result<&'static NcclLib, NcclLoadError> {
@@ -281,35 +269,6 @@ impl NcclLib {
         let s = unsafe { cstr(f(comm)) };
         (!s.is_empty()).then_some(s)
     }
-}
-
-/// # Safety
-/// `p` is null or a NUL-terminated string.
-unsafe fn cstr(p: *const c_char) -> String {
-    if p.is_null() {
-        return String::new();
-    }
-    // SAFETY: forwarded to the caller.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
-
-/// Paths of files mapped into this process whose path contains `needle`.
-fn mapped_paths(needle: &str) -> Vec<PathBuf> {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return Vec::new();
-    };
-    let mut out: Vec<PathBuf> = Vec::new();
-    for line in maps.lines() {
-        let Some(i) = line.find('/') else { continue };
-        let path = line[i..].trim_end();
-        if path.contains(needle) && !path.ends_with(" (deleted)") {
-            let p = PathBuf::from(path);
-            if !out.contains(&p) {
-                out.push(p);
-            }
-        }
-    }
-    out
 }
 
 /// Python `site-packages` directories we can find without running Python.

@@ -91,6 +91,9 @@ pub enum ImageKind {
     Ptx,
     /// ROCm code object.
     Hsaco,
+    /// HIP C++ source of our own kernels, compiled by the HIP backend for
+    /// the device it runs on (hiprtc), as the CUDA driver compiles PTX.
+    HipSource,
     /// A module of the host backend: a list of registered host kernel names.
     Host,
 }

@@ -16,10 +16,13 @@
 //! host rewrites a table only after the reservation's previous launch has
 //! finished (its `done` event), and only when its entries change.
 //!
-//! Kernels: CUDA runs [`COPY_KERNEL_PTX`] (JIT-compiled by the driver); the
-//! host backend runs [`host_copy_kernel`], registered under the same name
-//! with [`register_host_copy_kernel`], so tests exercise the very same
-//! table path. Other backends (HIP: no compiler here) keep batched copies.
+//! Kernels: CUDA runs [`COPY_KERNEL_PTX`] (JIT-compiled by the driver); HIP
+//! runs [`COPY_KERNEL_HIP`] (compiled for the device by hiprtc at first use;
+//! **unverified on AMD hardware**, compiled for several gfx targets in CI);
+//! the host backend runs [`host_copy_kernel`], registered under the same
+//! name with [`register_host_copy_kernel`], so tests exercise the very same
+//! table path. Where the kernel cannot be loaded (no hiprtc, say), the
+//! copies stay batched driver copies.
 
 use std::sync::Arc;
 
@@ -151,6 +154,13 @@ $L_done:
 }
 "#;
 
+/// The copy kernel as HIP C++ (`copykernel.hip`): the same table and
+/// semantics as [`COPY_KERNEL_PTX`] (row `blockIdx`, `+ gridDim`, ...;
+/// 16-byte vectors when both ends are 16-byte aligned, then bytes), written
+/// with clang's AMDGPU builtins only, and reading the host-written table
+/// with system-scope loads.
+pub const COPY_KERNEL_HIP: &str = include_str!("copykernel.hip");
+
 /// The host backend's copy kernel: the same table semantics as the PTX
 /// (entries in order; the table is read through its window).
 pub fn host_copy_kernel() -> HostKernelFn {
@@ -192,11 +202,12 @@ pub(crate) struct CopyKernel<B: Backend> {
 }
 
 impl<B: Backend> CopyKernel<B> {
-    /// Load the kernel where the backend runs it: CUDA (PTX) or host (a
-    /// registered host kernel). Unsupported elsewhere.
+    /// Load the kernel where the backend runs it: CUDA (PTX), HIP (source
+    /// for hiprtc) or host (a registered host kernel).
     pub(crate) fn load(be: &B) -> Result<Self> {
         let module = match be.info().backend {
             "cuda" => be.module_load(COPY_KERNEL_PTX.as_bytes(), ImageKind::Ptx)?,
+            "hip" => be.module_load(COPY_KERNEL_HIP.as_bytes(), ImageKind::HipSource)?,
             "host" => be.module_load(COPY_KERNEL_NAME.as_bytes(), ImageKind::Host)?,
             other => {
                 return Err(RuntimeError::invalid(format!(

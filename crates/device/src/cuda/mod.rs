@@ -654,7 +654,7 @@ impl Backend for CudaBackend {
         // a NUL-terminated string: give it a NUL-terminated copy either way.
         let mut bytes = match kind {
             ImageKind::Cubin | ImageKind::Ptx => image.to_vec(),
-            ImageKind::Hsaco | ImageKind::Host => {
+            ImageKind::Hsaco | ImageKind::HipSource | ImageKind::Host => {
                 return Err(DeviceError::Unsupported(format!("{kind:?} images on CUDA")))
             }
         };

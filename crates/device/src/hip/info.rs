@@ -38,10 +38,13 @@ pub(super) fn read(ord: i32) -> Result<DeviceInfo> {
             attr(A::hipDeviceAttributeComputeCapabilityMajor)?.max(0) as u32,
             attr(A::hipDeviceAttributeComputeCapabilityMinor)?.max(0) as u32,
         ),
-        arch_name: if gcn > 0 {
-            format!("gfx{gcn}")
-        } else {
-            String::new()
+        // The ISA name without its feature suffix ("gfx90a"); the numeric
+        // attribute ("gfx910" for gfx90a) only when the name is unreadable.
+        // SAFETY: `ord` is a valid device.
+        arch_name: match unsafe { result::device::gcn_arch_name(ord) } {
+            Some(n) => n.split(':').next().unwrap_or_default().to_string(),
+            None if gcn > 0 => format!("gfx{gcn}"),
+            None => String::new(),
         },
         multiprocessor_count: attr(A::hipDeviceAttributeMultiprocessorCount)?.max(0) as u32,
         total_memory,

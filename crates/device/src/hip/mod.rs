@@ -31,8 +31,9 @@ mod info;
 pub mod rccl;
 pub mod result;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
 use crate::error::{DeviceError, Result};
@@ -82,6 +83,40 @@ impl HipBackend {
     fn bind(&self) -> Result<()> {
         // SAFETY: `ordinal` was validated at creation.
         unsafe { result::device::set(self.ordinal) }
+    }
+
+    /// Compile HIP C++ source (our own kernels, `ImageKind::HipSource`) for
+    /// this device with hiprtc: for its ISA when the device reports it,
+    /// else hiprtc's default (the current device, selected here).
+    fn compile_source(&self, source: &[u8]) -> Result<Vec<u8>> {
+        let source = std::str::from_utf8(source)
+            .map_err(|_| DeviceError::InvalidArgument("HIP source is not UTF-8".into()))?;
+        let rtc = xla_vmm_ffi::hiprtc::Hiprtc::get().map_err(DeviceError::NotAvailable)?;
+        self.bind()?;
+        let mut options = vec!["-O3".to_string()];
+        // SAFETY: `ordinal` was validated at creation.
+        if let Some(arch) = unsafe { result::device::gcn_arch_name(self.ordinal) } {
+            options.push(format!("--offload-arch={arch}"));
+        }
+        // One compile per (source, options) and process: every executable
+        // loads the same kernels, and hiprtc takes a while. Failures are
+        // remembered too.
+        type Cache = HashMap<(String, Vec<String>), std::result::Result<Arc<Vec<u8>>, String>>;
+        static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+        let key = (source.to_string(), options.clone());
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = cache
+            .get_or_insert_with(HashMap::new)
+            .entry(key)
+            .or_insert_with(|| {
+                rtc.compile("xla_vmm_kernel.hip", source, &options)
+                    .map(Arc::new)
+                    .map_err(|e| format!("hiprtc ({}): {e}", rtc.path.display()))
+            });
+        match entry {
+            Ok(code) => Ok(code.to_vec()),
+            Err(e) => Err(DeviceError::Unsupported(e.clone())),
+        }
     }
 
     fn own<T: Owned>(&self, h: &T, what: &str) -> Result<()> {
@@ -536,9 +571,17 @@ impl Backend for HipBackend {
 
     // ---- modules and kernels ----------------------------------------------------------
     fn module_load(&self, image: &[u8], kind: ImageKind) -> Result<HipModule> {
-        if kind != ImageKind::Hsaco {
-            return Err(DeviceError::Unsupported(format!("{kind:?} images on HIP")));
-        }
+        let compiled;
+        let image = match kind {
+            ImageKind::Hsaco => image,
+            ImageKind::HipSource => {
+                compiled = self.compile_source(image)?;
+                &compiled[..]
+            }
+            ImageKind::Cubin | ImageKind::Ptx | ImageKind::Host => {
+                return Err(DeviceError::Unsupported(format!("{kind:?} images on HIP")))
+            }
+        };
         if image.is_empty() {
             return Err(DeviceError::InvalidArgument("empty code object".into()));
         }

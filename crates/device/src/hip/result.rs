@@ -121,6 +121,38 @@ pub mod device {
         Ok(CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned())
     }
 
+    /// The device's `gcnArchName` (e.g. `gfx90a:sramecc+:xnack-`), if it
+    /// reads as one.
+    ///
+    /// `hipDeviceProp_t` changed layout in ROCm 6 (`hipGetDeviceProperties`
+    /// there may be the new `R0600` struct, larger than the ROCm 5 one our
+    /// bindings describe). So the call writes into a buffer far larger than
+    /// either, and the name read at the ROCm 5 offset is only returned if it
+    /// looks like an ISA name (`gfx` + hex digits); otherwise `None`.
+    ///
+    /// # Safety
+    /// `ordinal` is a valid device.
+    pub unsafe fn gcn_arch_name(ordinal: i32) -> Option<String> {
+        #[repr(C, align(16))]
+        struct Props([u8; 16384]);
+        let mut props = Box::new(Props([0; 16384]));
+        let off = std::mem::offset_of!(sys::hipDeviceProp_t, gcnArchName);
+        let len = std::mem::size_of::<[std::ffi::c_char; 256]>();
+        if sys::hipGetDeviceProperties(props.0.as_mut_ptr().cast(), ordinal)
+            != sys::hipError_t::hipSuccess
+        {
+            return None;
+        }
+        let field = props.0.get(off..off + len)?;
+        let end = field.iter().position(|&b| b == 0)?;
+        let name = std::str::from_utf8(&field[..end]).ok()?;
+        let isa = name.split(':').next()?;
+        let ok = isa.len() > 3
+            && isa.starts_with("gfx")
+            && isa[3..].chars().all(|c| c.is_ascii_hexdigit());
+        ok.then(|| name.to_string())
+    }
+
     /// See [hipDeviceTotalMem](https://rocm.docs.amd.com/projects/HIP/en/latest/doxygen/html/group___device.html)
     ///
     /// # Safety
