@@ -300,7 +300,7 @@ struct GraphCosts {
 }
 
 /// A one-thread kernel `xla_vmm_probe_store(u32* p, u32 v) { *p = v; }`,
-/// for the graph-of-kernels measurement on CUDA.
+/// for the graph-of-kernels measurement.
 const STORE_KERNEL_PTX: &str = r#"
 .version 8.0
 .target sm_50
@@ -321,6 +321,10 @@ const STORE_KERNEL_PTX: &str = r#"
 	ret;
 }
 "#;
+
+/// The same kernel as HIP C++, compiled for the device by hiprtc
+/// (`ImageKind::HipSource`; unverified on AMD hardware).
+const STORE_KERNEL_HIP: &str = include_str!("probe_store.hip");
 
 /// The node of the graph probe: word `i` of the buffer gets `salt + i`.
 enum TinyOp<'a, B: Backend> {
@@ -344,13 +348,16 @@ impl<B: Backend> TinyOp<'_, B> {
     }
 }
 
-/// The built-in store kernel, where the backend runs PTX.
+/// The built-in store kernel: PTX on CUDA, HIP source on ROCm.
 fn load_store_kernel<B: Backend>(b: &B) -> Option<(B::Module, B::Function)> {
-    if b.info().backend != "cuda" {
-        return None;
-    }
+    use crate::backend::ImageKind;
+    let (image, kind) = match b.info().backend {
+        "cuda" => (STORE_KERNEL_PTX, ImageKind::Ptx),
+        "hip" => (STORE_KERNEL_HIP, ImageKind::HipSource),
+        _ => return None,
+    };
     let module = b
-        .module_load(STORE_KERNEL_PTX.as_bytes(), crate::backend::ImageKind::Ptx)
+        .module_load(image.as_bytes(), kind)
         .map_err(|e| tracing::info!(error = %e, "probe kernel not loaded: memset graph only"))
         .ok()?;
     match b.module_function(&module, "xla_vmm_probe_store") {

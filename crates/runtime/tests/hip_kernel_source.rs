@@ -1,17 +1,21 @@
-//! The HIP copy kernel (`src/copykernel.hip`, loaded through hiprtc on AMD
-//! GPUs) compiles for real AMD targets. No AMD GPU exists here, so this is
-//! the check it gets: clang's HIP front end (what hiprtc is), device code
-//! only, without HIP headers or device libraries (the source needs
+//! Our HIP kernels (the copy kernel `src/copykernel.hip` and the probe's
+//! `crates/device/src/probe_store.hip`, both compiled by hiprtc on AMD GPUs)
+//! compile for real AMD targets. No AMD GPU exists here, so this is the
+//! check they get: clang's HIP front end (what hiprtc is), device code
+//! only, without HIP headers or device libraries (the sources need
 //! neither), for CDNA (MI100, MI200, MI300) and RDNA targets; the assembly
-//! must hold the kernel with its 16-byte copies and system-scope table
-//! loads.
+//! must hold the kernels, the copy kernel with its 16-byte copies, barriers
+//! and system-scope table loads.
 //!
-//! clang: `$XLA_VMM_CLANG`, else `clang-15`.. `clang-19`, else `clang`. CI
+//! clang: `$XLA_VMM_CLANG`, else `clang-19`.. `clang-15`, else `clang`. CI
 //! installs clang-15 and sets `XLA_VMM_REQUIRE_CLANG=1`, so there a missing
 //! compiler fails the test instead of skipping it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// CDNA 1/2/3 (MI100, MI200, MI300) and RDNA 2/3.
+const TARGETS: [&str; 5] = ["gfx908", "gfx90a", "gfx940", "gfx1030", "gfx1100"];
 
 fn clang() -> Option<PathBuf> {
     let mut names: Vec<String> = std::env::var("XLA_VMM_CLANG").ok().into_iter().collect();
@@ -25,47 +29,67 @@ fn clang() -> Option<PathBuf> {
     })
 }
 
+/// Device-only assembly of `src` for `arch`.
+fn compile(cc: &Path, src: &Path, arch: &str, out_dir: &Path) -> String {
+    let stem = src.file_stem().unwrap().to_string_lossy();
+    let asm = out_dir.join(format!("{stem}-{arch}.s"));
+    let o = Command::new(cc)
+        .args([
+            "-x",
+            "hip",
+            "--cuda-device-only",
+            "-nogpulib",
+            "-nogpuinc",
+            "-O3",
+            "-S",
+        ])
+        .arg(format!("--offload-arch={arch}"))
+        .arg("-o")
+        .arg(&asm)
+        .arg(src)
+        .output()
+        .expect("running clang");
+    assert!(
+        o.status.success(),
+        "{} failed on {} for {arch}:\n{}",
+        cc.display(),
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::fs::read_to_string(&asm).unwrap()
+}
+
 #[test]
-fn the_hip_copy_kernel_compiles_for_amd_targets() {
+fn the_hip_kernels_compile_for_amd_targets() {
     let Some(cc) = clang() else {
         assert!(
             std::env::var("XLA_VMM_REQUIRE_CLANG").as_deref() != Ok("1"),
             "XLA_VMM_REQUIRE_CLANG=1 but no clang found (install clang-15 or set XLA_VMM_CLANG)"
         );
-        eprintln!("SKIP: no clang to compile src/copykernel.hip (set XLA_VMM_CLANG)");
+        eprintln!("SKIP: no clang to compile the HIP kernels (set XLA_VMM_CLANG)");
         return;
     };
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/copykernel.hip");
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let out_dir = std::env::temp_dir().join(format!("xla-vmm-hip-{}", std::process::id()));
     std::fs::create_dir_all(&out_dir).unwrap();
-    for arch in ["gfx908", "gfx90a", "gfx940", "gfx1030", "gfx1100"] {
-        let asm = out_dir.join(format!("copykernel-{arch}.s"));
-        let o = Command::new(&cc)
-            .args([
-                "-x",
-                "hip",
-                "--cuda-device-only",
-                "-nogpulib",
-                "-nogpuinc",
-                "-O3",
-                "-S",
-            ])
-            .arg(format!("--offload-arch={arch}"))
-            .arg("-o")
-            .arg(&asm)
-            .arg(&src)
-            .output()
-            .expect("running clang");
-        assert!(
-            o.status.success(),
-            "{} failed for {arch}:\n{}",
-            cc.display(),
-            String::from_utf8_lossy(&o.stderr)
+    let globl = |text: &str, name: &str| {
+        text.contains(&format!(".globl\t{name}")) || text.contains(&format!(".globl {name}"))
+    };
+    for arch in TARGETS {
+        let probe = compile(
+            &cc,
+            &here.join("../device/src/probe_store.hip"),
+            arch,
+            &out_dir,
         );
-        let text = std::fs::read_to_string(&asm).unwrap();
         assert!(
-            text.contains(".globl\txla_vmm_copy_table")
-                || text.contains(".globl xla_vmm_copy_table"),
+            globl(&probe, "xla_vmm_probe_store") && probe.contains("global_store"),
+            "{arch}: probe_store.hip has no store kernel"
+        );
+
+        let text = compile(&cc, &here.join("src/copykernel.hip"), arch, &out_dir);
+        assert!(
+            globl(&text, "xla_vmm_copy_table"),
             "{arch}: no kernel symbol xla_vmm_copy_table"
         );
         assert!(
@@ -77,7 +101,7 @@ fn the_hip_copy_kernel_compiles_for_amd_targets() {
         // gfx9 / gfx10 / gfx11, sc0 sc1 on gfx940.
         assert!(
             text.lines().any(|l| l.contains("global_load")
-                && (l.contains(" glc") || l.contains("sc0 sc1") || l.contains(" sc1"))),
+                && (l.contains(" glc") || l.contains("sc0 sc1"))),
             "{arch}: the table loads are not system scope"
         );
     }
