@@ -15,6 +15,13 @@ Every row runs in its own process. Writes DIR/ab.md (Markdown table) and DIR/ab.
 integration/plot_ab.py makes the PNG.
 
     python3 integration/ab.py --out DIR [--steps 20] [--models llama_small_f32,...] [--vmm BIN]
+        [--budget-s 480] [--merge DIR_OF_AN_EARLIER_CALL/ab.json]
+
+ab.md / ab.json are rewritten after every model, so a call cut short keeps the models it finished;
+--budget-s starts no model after that many seconds (exit 2, the rest listed as not run), and --merge
+keeps an earlier call's rows of the other models, so the A/B can be split over several device calls.
+Columns: median step time, the ratio against the best stock configuration (command buffers on or off)
+measured in the same run, the speedup against threshold 0, loss bits against threshold 0, binding stats.
 """
 import argparse
 import json
@@ -142,21 +149,44 @@ def row(model, config, path, r, base_ms):
     }
 
 
+def best_stock_ms(rows, model):
+    """The faster of stock XLA with command buffers on and off, for `model` (None if neither ran)."""
+    ms = [r["median_ms"] for r in rows if r["model"] == model and r["config"].startswith("stock")
+          and isinstance(r["median_ms"], (int, float)) and r["median_ms"] > 0]
+    return min(ms) if ms else None
+
+
 def markdown(rows, steps):
-    out = ["| model | config | path | median ms (steps>=3 of %d) | speedup vs t=0 | final loss | "
+    out = ["| model | config | path | median ms (steps>=3 of %d) | vs best stock | speedup vs t=0 | final loss | "
            "losses = t0 | remaps/step | copies/step | host µs/step |" % steps,
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     t0 = {r["model"]: r["loss_bits"] for r in rows if r["config"] == "vmm t=0"}
     f = lambda v, fmt: (fmt % v) if isinstance(v, (int, float)) else "-"  # noqa: E731
     for r in rows:
         same = t0.get(r["model"])
         eq = "-" if same is None else ("yes" if r["loss_bits"] == same else "NO")
-        out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["model"], r["config"], r["path"], f(r["median_ms"], "%.3f"),
+        best = best_stock_ms(rows, r["model"])
+        vs = best / r["median_ms"] if best and isinstance(r["median_ms"], (int, float)) and r["median_ms"] > 0 else None
+        out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["model"], r["config"], r["path"], f(r["median_ms"], "%.3f"), f(vs, "%.2fx"),
             f(r["speedup_vs_t0"], "%.2fx"), f(r["final_loss"], "%.6f"), eq,
             f(r["remaps_per_step"], "%.2f"), f(r["copies_per_step"], "%.2f"),
             f(r["host_us_per_step"], "%.1f")))
     return "\n".join(out)
+
+
+def write(d, steps, rows, errors, pending):
+    """ab.md and ab.json as far as the run got (rewritten after every model)."""
+    table = markdown(rows, steps)
+    with open(os.path.join(d, "ab.md"), "w") as fh:
+        fh.write(table + "\n")
+        if errors:
+            fh.write("\nErrors:\n" + "\n".join("- " + e for e in errors) + "\n")
+        if pending:
+            fh.write("\nNot run (time budget): %s\n" % ", ".join(pending))
+    with open(os.path.join(d, "ab.json"), "w") as fh:
+        json.dump({"steps": steps, "rows": rows, "errors": errors, "pending": pending}, fh, indent=1)
+    return table
 
 
 def main():
@@ -169,6 +199,10 @@ def main():
                     help="xla-vmm CLI for the fallback path")
     ap.add_argument("--timeout", type=int, default=300, help="per row, seconds")
     ap.add_argument("--no-fallback", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no model after this many seconds (the rest is listed as not run)")
+    ap.add_argument("--merge", default=None,
+                    help="an ab.json of an earlier call (same --steps): its rows of models not run here are kept")
     # internal: child processes
     ap.add_argument("--child", choices=["stock", "vmm"])
     ap.add_argument("--name")
@@ -183,9 +217,22 @@ def main():
         print(json.dumps(child_vmm(a.name, d, a.steps)))
         return 0
 
-    rows, errors = [], []
+    rows, errors, pending = [], [], []
+    models = [m for m in a.models.split(",") if m]
+    if a.merge:
+        with open(a.merge) as fh:
+            old = json.load(fh)
+        if old.get("steps") != a.steps:
+            sys.exit("--merge %s has %s steps, this call %d" % (a.merge, old.get("steps"), a.steps))
+        rows = [r for r in old.get("rows", []) if r["model"] not in models]
+        errors = [e for e in old.get("errors", []) if e.split(" ")[0] not in models]
+        print("merging %d row(s) of %s" % (len(rows), a.merge), flush=True)
     flags = os.environ.get("XLA_FLAGS", "")
-    for model in [m for m in a.models.split(",") if m]:
+    t_start = time.perf_counter()
+    for model in models:
+        if a.budget_s is not None and time.perf_counter() - t_start > a.budget_s:
+            pending.append(model)
+            continue
         base = dict(os.environ, JAX_PLATFORMS="cuda")
         base.pop("XLA_VMM_TMP_COPY_THRESHOLD", None)
         results = []
@@ -229,16 +276,14 @@ def main():
             rows.append(row(model, config, path, r, base_ms))
         for config, path, r in vrows:
             rows.append(row(model, config.replace(" (auto)", ""), path, r, base_ms))
-    table = markdown(rows, a.steps)
-    with open(os.path.join(d, "ab.md"), "w") as fh:
-        fh.write(table + "\n")
-        if errors:
-            fh.write("\nErrors:\n" + "\n".join("- " + e for e in errors) + "\n")
-    json.dump({"steps": a.steps, "rows": rows, "errors": errors}, open(os.path.join(d, "ab.json"), "w"), indent=1)
+        write(d, a.steps, rows, errors, [])
+    table = write(d, a.steps, rows, errors, pending)
     print(table)
     for e in errors:
         print("ERROR", e)
-    return 1 if errors else 0
+    if pending:
+        print("NOT RUN (time budget):", ", ".join(pending))
+    return 1 if errors else (2 if pending else 0)
 
 
 if __name__ == "__main__":

@@ -221,10 +221,15 @@ if want compare; then
 fi
 
 # 7. A/B harness (not a test, opt in: section `ab`): llama training through the plugin at thresholds
-#    0/1/4096/65536/1M vs stock XLA with command buffers on/off. AB_MODELS / AB_STEPS override.
+#    0/1/4096/65536/1M vs stock XLA with command buffers on/off. AB_MODELS / AB_STEPS override;
+#    AB_BUDGET_S: start no model after that many seconds; AB_MERGE=path/ab.json keeps an earlier call's
+#    rows of the other models (the A/B split over several device calls).
 want_ab() { [[ "$SECTIONS" == *" ab "* ]]; }
+ab_extra=()
+[ -n "${AB_BUDGET_S:-}" ] && ab_extra+=(--budget-s "$AB_BUDGET_S")
+[ -n "${AB_MERGE:-}" ] && ab_extra+=(--merge "$AB_MERGE")
 want_ab && check "ab" python3 integration/ab.py --out "$WORK/ab" --vmm "$VMM" --steps "${AB_STEPS:-20}" \
-  --models "${AB_MODELS:-llama_small_f32,llama_110m_bf16,maxtext_tiny_bf16}"
+  --models "${AB_MODELS:-llama_small_f32,llama_110m_bf16,maxtext_tiny_bf16}" "${ab_extra[@]}"
 want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab/ab.json" >/dev/null 2>&1
 
 summary
