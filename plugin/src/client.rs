@@ -309,7 +309,13 @@ impl Client {
         }
         watch.stage("vendor client".into());
         let vendor = self.vendor.lock().unwrap_or_else(|p| p.into_inner()).take();
-        drop(vendor);
+        if let Some(v) = vendor {
+            // Under jax.distributed the vendor's client is a multi-process
+            // one too: its destroy gets the same bound as a communicator's
+            // (nothing of ours depends on it finishing).
+            use xla_vmm_device::collective::{destroy_timeout, Reaper};
+            Reaper::process().destroy("the vendor PJRT client", destroy_timeout(), move || drop(v));
+        }
         for d in &self.devices {
             d.unregister();
         }
