@@ -5,9 +5,11 @@
 //! (`PJRT_Buffer_Destroy` only drops the handle). Device layout is always
 //! dense major-to-minor; host layouts may be strided or permuted.
 //!
-//! Each buffer has a *ready* event: complete at once for uploads (they
-//! finish inside `BufferFromHostBuffer`), completed by the client's
-//! completion thread for outputs of executions and device copies. Reads and
+//! Each buffer has a *ready* event, completed by the client's completion
+//! thread: for an upload when its copy has landed (`BufferFromHostBuffer`
+//! stages the bytes in pinned memory and enqueues the copy behind the work
+//! already queued, without waiting for it: `staging.rs`), for outputs of
+//! executions and device copies when the device has made them. Reads and
 //! writes need not wait for it: they are all ordered on the client's
 //! stream (`devmem.rs`), and deleting a buffer frees its memory after the
 //! work already queued.
@@ -256,16 +258,22 @@ pub fn from_host(a: &mut PJRT_Client_BufferFromHostBuffer_Args) -> Result<()> {
         let start = a.data.cast::<u8>().wrapping_offset(lo as isize);
         let src = cabi::slice(start, (hi - lo) as usize, "data")?;
         let dense_strides = dtype::dense_strides(&dims, elem);
-        buffer.with_live(|alloc| {
+        // Staged and enqueued behind the work on the stream (not waiting for
+        // it); the buffer is ready when the copy has landed.
+        let landed = buffer.with_live(|alloc| {
             if strides == dense_strides {
-                buffer.device.mem.upload(alloc.ptr, src)
+                buffer.device.mem.upload_async(alloc.ptr, src)
             } else {
                 let dense = dtype::gather(src, -lo, &dims, &strides, elem);
-                buffer.device.mem.upload(alloc.ptr, &dense)
+                buffer.device.mem.upload_async(alloc.ptr, &dense)
             }
         })?;
+        if let Some(e) = landed {
+            buffer.set_ready(e);
+        }
     }
-    // The copy is complete: the host data may be freed at once.
+    // The host data was copied (to the device, or to staging memory) before
+    // this returns: it may be freed at once.
     a.done_with_host_buffer = Event::ready(Ok(())).into_c();
     a.buffer = buffer.into_c();
     Ok(())

@@ -28,6 +28,7 @@ use crate::completion::Completions;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::program::{Program, RuntimeProgram};
+use crate::staging::StagingPool;
 use xla_vmm_device::blas::GemmEngine;
 
 /// At most this many executions (device events) in flight per client:
@@ -113,6 +114,14 @@ pub trait DeviceMemory: Send + Sync {
     /// Host → device copy, after the work queued on the stream; `data` is
     /// no longer needed on return.
     fn upload(&self, dst: DevicePtr, data: &[u8]) -> Result<()>;
+    /// Host → device copy that does not wait for the stream: `data` is no
+    /// longer needed on return (it was copied into pinned staging memory),
+    /// the device copy is enqueued behind the work already queued, and the
+    /// returned event completes when it has landed. `None`: the copy was
+    /// made synchronously, as [`DeviceMemory::upload`] (the default).
+    fn upload_async(&self, dst: DevicePtr, data: &[u8]) -> Result<Option<Arc<Event>>> {
+        self.upload(dst, data).map(|()| None)
+    }
     /// Device → host copy, after the work queued on the stream (blocks
     /// until the data has landed).
     fn download(&self, out: &mut [u8], src: DevicePtr) -> Result<()>;
@@ -160,6 +169,8 @@ pub struct VmmMemory<B: Backend> {
     threshold: u64,
     /// The client's collective cliques (shared by all its devices).
     cliques: Option<Arc<Cliques<B>>>,
+    /// Pinned buffers of asynchronous uploads.
+    staging: Arc<StagingPool<B>>,
 }
 
 impl<B: Backend> VmmMemory<B> {
@@ -195,6 +206,7 @@ impl<B: Backend> VmmMemory<B> {
             }
         };
         Ok(VmmMemory {
+            staging: StagingPool::new(backend.clone()),
             allocator,
             stream: Arc::new(SharedStream(Mutex::new(Some(stream)))),
             completions,
@@ -273,6 +285,36 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
             return Ok(());
         }
         self.with_stream(|b, s| Ok(b.write_sync(dst, data, s)?))
+    }
+
+    fn upload_async(&self, dst: DevicePtr, data: &[u8]) -> Result<Option<Arc<Event>>> {
+        if data.is_empty() {
+            return Ok(None);
+        }
+        let staged = if self.sync {
+            None
+        } else {
+            self.staging.stage(data).unwrap_or_else(|e| {
+                tracing::debug!("no staging buffer ({e}); uploading synchronously");
+                None
+            })
+        };
+        let Some(buf) = staged else {
+            return self.upload(dst, data).map(|()| None);
+        };
+        let len = data.len();
+        if let Err(e) = self.with_stream(|b, s| Ok(b.copy_h2d(dst, &buf, 0, len, s)?)) {
+            // Not enqueued: nothing reads the buffer.
+            self.staging.give_back(buf);
+            return Err(e);
+        }
+        let done = Event::pending();
+        let pool = self.staging.clone();
+        // Back to the pool once the copy has landed (or the device failed:
+        // then nothing reads it either).
+        done.then(Box::new(move |_| pool.give_back(buf)));
+        self.complete_after(done.clone());
+        Ok(Some(done))
     }
 
     fn download(&self, out: &mut [u8], src: DevicePtr) -> Result<()> {
@@ -390,6 +432,9 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
 impl<B: Backend> Drop for VmmMemory<B> {
     fn drop(&mut self) {
         self.shutdown();
+        // Every upload has completed (shutdown waited for the stream and the
+        // completion thread ran their callbacks).
+        self.staging.clear();
         let stream = self.stream.lock().take();
         if let Some(s) = stream {
             if let Err(e) = self.allocator.backend().stream_destroy(s) {

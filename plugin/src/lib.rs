@@ -56,6 +56,7 @@ pub mod options;
 mod plugin;
 pub mod program;
 pub mod remote;
+pub mod staging;
 pub mod stats;
 pub mod vendor;
 pub mod vendor_exec;

@@ -447,6 +447,9 @@ fn events_complete_and_call_back() {
         a.buffer = buf;
     });
     assert_eq!(err, None);
+    // The upload is asynchronous (staged, then copied on the stream): ready
+    // once awaited, and then a callback runs at once.
+    assert_eq!(await_event(e.event), None);
     let (err, r) = call!(PJRT_Event_IsReady, PJRT_Event_IsReady_Args, |a| {
         a.event = e.event;
     });

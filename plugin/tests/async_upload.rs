@@ -1,0 +1,169 @@
+//! `BufferFromHostBuffer` does not wait for the work queued on the client's
+//! stream (a training step in flight): the bytes are staged in pinned
+//! memory, the device copy is enqueued behind the step, and the buffer is
+//! ready when it lands. On the host backend with the stream held: the call
+//! returns while nothing can run, the caller may overwrite its array at
+//! once, two uploads in flight get their own staging buffers, staging
+//! memory is reused once copies land, executions see the uploaded data,
+//! and nothing leaks.
+#![allow(unsafe_code)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::plans::*;
+use common::*;
+use xla_vmm_device::HostBackend;
+use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::devmem::VmmMemory;
+use xla_vmm_plugin::pjrt::*;
+
+fn hold(mem: &VmmMemory<HostBackend>, on: bool) {
+    mem.with_stream(|b, s| {
+        if on {
+            b.hold_stream(s)?;
+        } else {
+            b.release_stream(s)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+fn is_ready(b: *mut PJRT_Buffer) -> bool {
+    let (err, e) = call!(PJRT_Buffer_ReadyEvent, PJRT_Buffer_ReadyEvent_Args, |a| {
+        a.buffer = b;
+    });
+    assert_eq!(err, None);
+    let (err, r) = call!(PJRT_Event_IsReady, PJRT_Event_IsReady_Args, |a| {
+        a.event = e.event;
+    });
+    assert_eq!(err, None);
+    destroy_event(e.event);
+    r.is_ready
+}
+
+/// Wait for `b`'s ready event.
+fn await_ready(b: *mut PJRT_Buffer) {
+    let (err, e) = call!(PJRT_Buffer_ReadyEvent, PJRT_Buffer_ReadyEvent_Args, |a| {
+        a.buffer = b;
+    });
+    assert_eq!(err, None);
+    assert_eq!(await_event(e.event), None);
+    destroy_event(e.event);
+}
+
+fn f32_put(client: *mut PJRT_Client, device: *mut PJRT_Device, data: &[u8]) -> *mut PJRT_Buffer {
+    from_host(
+        client,
+        device,
+        PJRT_Buffer_Type_F32,
+        &[(data.len() / 4) as i64],
+        data,
+        None,
+    )
+    .unwrap()
+}
+
+#[test]
+fn uploads_do_not_wait_for_queued_work_and_keep_their_data() {
+    let be = backend();
+    let mem = Arc::new(VmmMemory::with_threshold(be.clone(), 1).unwrap());
+    let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
+    let device = devices(client)[0];
+    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"up".to_vec()).unwrap();
+    let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
+
+    // A step in flight that cannot finish (held stream): uploads still return.
+    hold(&mem, true);
+    let (out, done) = execute_async(exe, &[a], &[]).unwrap();
+    let mut host1 = f32_bytes(&[10.0, 20.0, 30.0, 40.0]);
+    let mut host2 = f32_bytes(&[5.0, 6.0, 7.0, 8.0]);
+    let b1 = f32_put(client, device, &host1);
+    let b2 = f32_put(client, device, &host2);
+    // The arrays are the caller's again: overwrite them.
+    host1.iter_mut().for_each(|x| *x = 0xee);
+    host2.iter_mut().for_each(|x| *x = 0xdd);
+    assert!(
+        !is_ready(b1) && !is_ready(b2),
+        "an upload completed under a held stream"
+    );
+    let staged = be.call_count("host_alloc");
+    assert!(
+        staged >= 2,
+        "two uploads in flight need two staging buffers"
+    );
+    // The next step reads an upload still in flight: stream order.
+    let (out2, done2) = execute_async(exe, &[b1], &[]).unwrap();
+    hold(&mem, false);
+
+    assert_eq!(await_event(done), None);
+    assert_eq!(await_event(done2), None);
+    assert_eq!(
+        f32_values(&to_host(b1).unwrap()),
+        vec![10.0, 20.0, 30.0, 40.0]
+    );
+    assert_eq!(f32_values(&to_host(b2).unwrap()), vec![5.0, 6.0, 7.0, 8.0]);
+    assert_eq!(f32_values(&to_host(out).unwrap()), vec![2.0, 3.0, 4.0, 5.0]);
+    assert_eq!(
+        f32_values(&to_host(out2).unwrap()),
+        vec![11.0, 21.0, 31.0, 41.0]
+    );
+
+    // Once a copy has landed its staging buffer is reused: a loop of
+    // uploads, each awaited (its ready event completes after the buffer went
+    // back to the pool), allocates no more pinned memory.
+    for b in [b1, b2] {
+        await_ready(b);
+    }
+    let before = be.call_count("host_alloc");
+    for i in 0..20 {
+        let v = [i as f32; 4];
+        let b = put_f32(client, device, &v);
+        await_ready(b);
+        assert_eq!(f32_values(&to_host(b).unwrap()), v.to_vec());
+        destroy_buffer(b);
+    }
+    assert!(
+        be.call_count("host_alloc") <= before + 1,
+        "staging memory not reused: {} host_alloc calls for 20 uploads",
+        be.call_count("host_alloc") - before
+    );
+
+    for e in [done, done2] {
+        destroy_event(e);
+    }
+    for b in [a, b1, b2, out, out2] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
+    destroy_client(client);
+    drop(mem);
+    // Staging buffers are freed with the client's memory.
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
+#[test]
+fn synchronous_mode_uploads_synchronously() {
+    let be = backend();
+    let mem = Arc::new(
+        VmmMemory::with_threshold(be.clone(), 1)
+            .unwrap()
+            .with_sync(true),
+    );
+    let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
+    let device = devices(client)[0];
+    let b = put_f32(client, device, &[1.5, 2.5]);
+    assert!(is_ready(b));
+    assert_eq!(
+        be.call_count("host_alloc"),
+        0,
+        "no staging in synchronous mode"
+    );
+    assert_eq!(f32_values(&to_host(b).unwrap()), vec![1.5, 2.5]);
+    destroy_buffer(b);
+    destroy_client(client);
+    drop(mem);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
