@@ -8,7 +8,8 @@
 # named: `sanitize` (compute-sanitizer memcheck on a 200-step VA-stable loop at thresholds 0 / 1 / 4096),
 # `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
-# against stock: integration/multi/compare.py), `ab` (integration/ab.py).
+# against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
+# a loop fed a fresh batch per step, steps/s against stock).
 # GPU_CHECK_BUDGET_S: start no check after that many seconds (later ones are listed as SKIP), so that a
 # run under a time limit still ends with its summary (exit 2 when any was skipped). A TERM (a timeout) also
 # prints and saves the summary.
@@ -76,6 +77,7 @@ echo "$pass passed, $fail failed, $skipped skipped"
 [ -f "$WORK/logs/bench.log" ] && { echo; grep -A20 '^| program' "$WORK/logs/bench.log"; }
 [ -f "$WORK/ab/ab.md" ] && { echo; cat "$WORK/ab/ab.md"; }
 [ -f "$WORK/multi/compare.md" ] && { echo; cat "$WORK/multi/compare.md"; }
+[ -f "$WORK/feed/feed.md" ] && { echo; cat "$WORK/feed/feed.md"; }
 for l in "$WORK"/logs/loop*:graph*.log; do
   [ -f "$l" ] && echo "$(basename "$l" .log): $(grep -h '^LOSSES' "$l") | $(grep -h '^binding:' "$l")"
 done
@@ -83,7 +85,7 @@ done
 if [ -n "${SAVE_TO:-}" ]; then
   mkdir -p "$SAVE_TO"
   printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed, $skipped skipped" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json 2>/dev/null)
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* 2>/dev/null)
 fi
 }
 CHILD=; CURRENT=
@@ -231,6 +233,11 @@ ab_extra=()
 want_ab && check "ab" python3 integration/ab.py --out "$WORK/ab" --vmm "$VMM" --steps "${AB_STEPS:-20}" \
   --models "${AB_MODELS:-llama_small_f32,llama_110m_bf16,maxtext_tiny_bf16}" "${ab_extra[@]}"
 want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab/ab.json" >/dev/null 2>&1
+
+# 8. A training loop fed a fresh batch per step, not blocking on each step (opt in: section `feed`):
+#    steps/s of stock XLA vs xla-vmm (auto, 0) in one run: asynchronous Execute and device_put.
+[[ "$SECTIONS" == *" feed "* ]] && check "feed" python3 integration/feed_bench.py --out "$WORK/feed" \
+  --model "${FEED_MODEL:-llama_small_f32}" --steps "${FEED_STEPS:-200}"
 
 summary
 [ "$fail" -eq 0 ] || exit 1
