@@ -165,15 +165,15 @@ impl Buffer {
         !matches!(*self.lock(), State::Live(_))
     }
 
-    /// Dense major-to-minor bytes of the whole buffer (after its producer:
-    /// the download is ordered on the stream; a failed producer's error).
+    /// Dense major-to-minor bytes of the whole buffer, once its producer has
+    /// completed (a failed producer's error). Not behind the work queued
+    /// since (the next step in flight): a live buffer is immutable, and the
+    /// state lock held during the copy keeps it from being deleted or
+    /// donated meanwhile.
     pub fn read_all(&self) -> Result<Vec<u8>> {
-        let ready = self.ready();
-        if ready.is_ready() {
-            ready.wait()?;
-        }
+        self.ready().wait()?;
         let mut out = vec![0u8; self.bytes as usize];
-        self.with_live(|a| self.device.mem.download(&mut out, a.ptr))?;
+        self.with_live(|a| self.device.mem.download_ready(&mut out, a.ptr))?;
         Ok(out)
     }
 }

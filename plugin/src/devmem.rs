@@ -125,6 +125,13 @@ pub trait DeviceMemory: Send + Sync {
     /// Device → host copy, after the work queued on the stream (blocks
     /// until the data has landed).
     fn download(&self, out: &mut [u8], src: DevicePtr) -> Result<()>;
+    /// Device → host copy of memory whose producer has completed (the
+    /// buffer's ready event) and which nothing queued writes: it need not
+    /// wait for the work queued since (the next step in flight). Default:
+    /// [`DeviceMemory::download`].
+    fn download_ready(&self, out: &mut [u8], src: DevicePtr) -> Result<()> {
+        self.download(out, src)
+    }
     /// Device → device copy, enqueued on the stream (asynchronous).
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()>;
     /// Complete `done` once the device has finished everything queued on
@@ -171,6 +178,8 @@ pub struct VmmMemory<B: Backend> {
     cliques: Option<Arc<Cliques<B>>>,
     /// Pinned buffers of asynchronous uploads.
     staging: Arc<StagingPool<B>>,
+    /// Downloads of completed buffers (not behind the queued steps).
+    transfer: SharedStream<B>,
 }
 
 impl<B: Backend> VmmMemory<B> {
@@ -183,6 +192,13 @@ impl<B: Backend> VmmMemory<B> {
     /// its own remappable allocation, as XLA's own VMM allocator does.
     pub fn with_threshold(backend: Arc<B>, threshold: u64) -> Result<Self> {
         let stream = backend.stream_create()?;
+        let transfer = match backend.stream_create() {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = backend.stream_destroy(stream);
+                return Err(e.into());
+            }
+        };
         let cfg = if threshold == 0 {
             VmmConfig {
                 small_threshold: 0,
@@ -195,6 +211,7 @@ impl<B: Backend> VmmMemory<B> {
             Ok(c) => c,
             Err(e) => {
                 let _ = backend.stream_destroy(stream);
+                let _ = backend.stream_destroy(transfer);
                 return Err(e);
             }
         };
@@ -202,11 +219,13 @@ impl<B: Backend> VmmMemory<B> {
             Ok(a) => a,
             Err(e) => {
                 let _ = backend.stream_destroy(stream);
+                let _ = backend.stream_destroy(transfer);
                 return Err(e.into());
             }
         };
         Ok(VmmMemory {
             staging: StagingPool::new(backend.clone()),
+            transfer: SharedStream(Mutex::new(Some(transfer))),
             allocator,
             stream: Arc::new(SharedStream(Mutex::new(Some(stream)))),
             completions,
@@ -324,6 +343,17 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
         self.with_stream(|b, s| Ok(b.read_sync(out, src, s)?))
     }
 
+    fn download_ready(&self, out: &mut [u8], src: DevicePtr) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        if self.sync {
+            return self.download(out, src);
+        }
+        let be = self.allocator.backend();
+        self.transfer.with(|t| Ok(be.read_sync(out, src, t)?))
+    }
+
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -435,10 +465,12 @@ impl<B: Backend> Drop for VmmMemory<B> {
         // Every upload has completed (shutdown waited for the stream and the
         // completion thread ran their callbacks).
         self.staging.clear();
-        let stream = self.stream.lock().take();
-        if let Some(s) = stream {
-            if let Err(e) = self.allocator.backend().stream_destroy(s) {
-                tracing::warn!("stream_destroy at shutdown: {e}");
+        for shared in [&*self.stream, &self.transfer] {
+            let stream = shared.lock().take();
+            if let Some(s) = stream {
+                if let Err(e) = self.allocator.backend().stream_destroy(s) {
+                    tracing::warn!("stream_destroy at shutdown: {e}");
+                }
             }
         }
         if let Err(e) = self.allocator.trim() {

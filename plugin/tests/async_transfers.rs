@@ -1,11 +1,16 @@
-//! `BufferFromHostBuffer` does not wait for the work queued on the client's
-//! stream (a training step in flight): the bytes are staged in pinned
-//! memory, the device copy is enqueued behind the step, and the buffer is
-//! ready when it lands. On the host backend with the stream held: the call
-//! returns while nothing can run, the caller may overwrite its array at
-//! once, two uploads in flight get their own staging buffers, staging
-//! memory is reused once copies land, executions see the uploaded data,
-//! and nothing leaks.
+//! Transfers do not wait for the work queued on the client's stream (a
+//! training step in flight).
+//! - `BufferFromHostBuffer`: the bytes are staged in pinned memory, the
+//!   device copy is enqueued behind the step, and the buffer is ready when
+//!   it lands. On the host backend with the stream held: the call returns
+//!   while nothing can run, the caller may overwrite its array at once, two
+//!   uploads in flight get their own staging buffers, staging memory is
+//!   reused once copies land, executions see the uploaded data, and nothing
+//!   leaks.
+//! - `ToHostBuffer` of a buffer whose producer has completed (the loss of
+//!   step i while step i+1 runs) reads it on a transfer stream, without
+//!   waiting for the queued step; one whose producer is still queued waits
+//!   for it.
 #![allow(unsafe_code)]
 
 mod common;
@@ -163,6 +168,48 @@ fn synchronous_mode_uploads_synchronously() {
     );
     assert_eq!(f32_values(&to_host(b).unwrap()), vec![1.5, 2.5]);
     destroy_buffer(b);
+    destroy_client(client);
+    drop(mem);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
+#[test]
+fn reading_a_finished_output_does_not_wait_for_the_next_step() {
+    let be = backend();
+    let mem = Arc::new(VmmMemory::with_threshold(be.clone(), 1).unwrap());
+    let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
+    let device = devices(client)[0];
+    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"rd".to_vec()).unwrap();
+    let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
+    let (out1, done1) = execute_async(exe, &[a], &[]).unwrap();
+    assert_eq!(await_event(done1), None);
+    // Step 2 queued behind a held stream; step 1's output is read meanwhile.
+    hold(&mem, true);
+    let (out2, done2) = execute_async(exe, &[out1], &[]).unwrap();
+    assert_eq!(
+        f32_values(&to_host(out1).unwrap()),
+        vec![2.0, 3.0, 4.0, 5.0]
+    );
+    // Its producer still queued: a read of step 2's output waits for it
+    // (on another thread, released below).
+    let handle = out2 as usize;
+    let reader =
+        std::thread::spawn(move || f32_values(&to_host(handle as *mut PJRT_Buffer).unwrap()));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(
+        !reader.is_finished(),
+        "read an output whose step had not run"
+    );
+    hold(&mem, false);
+    assert_eq!(reader.join().unwrap(), vec![3.0, 4.0, 5.0, 6.0]);
+    assert_eq!(await_event(done2), None);
+    for e in [done1, done2] {
+        destroy_event(e);
+    }
+    for b in [a, out1, out2] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
     destroy_client(client);
     drop(mem);
     assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
