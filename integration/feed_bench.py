@@ -7,8 +7,9 @@ xla-vmm in the same run, one process each:
 
     steps/s = STEPS / (time from the first timed dispatch until the last loss is ready)
 
-with `jax.device_put(numpy batch)` + `step(state, batch)` per step (state donated), a loss read every
---log-every steps. Prints a Markdown table and writes DIR/feed.json.
+with `jax.device_put(numpy batch)` + `step(state, batch)` per step (state donated), a loss read on the host
+every --log-every steps (50, and 1 as naive loops do: then each read should wait for its own step only, not
+for the next one already queued). Prints a Markdown table and writes DIR/feed.json.
 
     python3 integration/feed_bench.py --out DIR [--model llama_small_f32] [--steps 200] [--thresholds 1,0]
 """
@@ -58,12 +59,12 @@ def child(model, steps, log_every):
             "losses": losses}
 
 
-def run(platform, threshold, a):
+def run(platform, threshold, log_every, a):
     env = dict(os.environ, JAX_PLATFORMS=platform)
     if platform == "vmm":
         env["XLA_VMM_TMP_COPY_THRESHOLD"] = str(threshold)
     argv = [sys.executable, os.path.abspath(__file__), "--child", "--model", a.model, "--steps", str(a.steps),
-            "--log-every", str(a.log_every), "--out", a.out]
+            "--log-every", str(log_every), "--out", a.out]
     try:
         p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=a.timeout)
     except subprocess.TimeoutExpired:
@@ -79,32 +80,36 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="llama_small_f32")
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--log-every", default="50,1",
+                    help="read the loss on the host every N steps; a list runs each (1 = every step, as naive loops do)")
     ap.add_argument("--thresholds", default="1,0")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(a.model, a.steps, a.log_every)), flush=True)
+        print(json.dumps(child(a.model, a.steps, int(a.log_every))), flush=True)
         return 0
     os.makedirs(a.out, exist_ok=True)
     rows, errors = [], []
     configs = [("stock XLA", "cuda", None)] + [("xla-vmm t=%s" % t, "vmm", int(t))
                                                 for t in a.thresholds.split(",") if t.strip()]
-    for label, platform, t in configs:
-        print("[%s] %s ..." % (a.model, label), flush=True)
-        r, err = run(platform, t, a)
-        if r is None:
-            errors.append("%s: %s" % (label, err))
-            print("  failed: %s" % err, flush=True)
-            continue
-        print("  %.3f ms/step (%.1f steps/s)" % (r["ms_per_step"], r["steps_per_s"]), flush=True)
-        rows.append(dict(r, config=label))
-    stock = next((r for r in rows if r["config"] == "stock XLA"), None)
-    md = ["| model | config | ms/step (fed, not blocking) | steps/s | vs stock |", "|---|---|---|---|---|"]
+    for every in [int(x) for x in a.log_every.split(",") if x.strip()]:
+        for label, platform, t in configs:
+            print("[%s, loss read every %d] %s ..." % (a.model, every, label), flush=True)
+            r, err = run(platform, t, every, a)
+            if r is None:
+                errors.append("%s (every %d): %s" % (label, every, err))
+                print("  failed: %s" % err, flush=True)
+                continue
+            print("  %.3f ms/step (%.1f steps/s)" % (r["ms_per_step"], r["steps_per_s"]), flush=True)
+            rows.append(dict(r, config=label, log_every=every))
+    md = ["| model | loss read every | config | ms/step (fed, not blocking) | steps/s | vs stock |",
+          "|---|---|---|---|---|---|"]
     for r in rows:
+        stock = next((s for s in rows if s["config"] == "stock XLA" and s["log_every"] == r["log_every"]), None)
         vs = "%.2fx" % (stock["ms_per_step"] / r["ms_per_step"]) if stock else "-"
-        md.append("| %s | %s | %.3f | %.1f | %s |" % (a.model, r["config"], r["ms_per_step"], r["steps_per_s"], vs))
+        md.append("| %s | %d | %s | %.3f | %.1f | %s |" % (a.model, r["log_every"], r["config"], r["ms_per_step"],
+                                                          r["steps_per_s"], vs))
     md += ["- ERROR " + e for e in errors]
     text = "\n".join(md)
     print(text)
