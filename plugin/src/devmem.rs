@@ -7,8 +7,12 @@
 //! allocation id (the runtime binds slots by id, not by address).
 //!
 //! Ordering: one stream per client (per device) carries everything that
-//! touches buffers: executions, device copies, uploads and downloads. Work
-//! on it is asynchronous; [`DeviceMemory::complete_after`] records a device
+//! writes buffers: executions, device copies, uploads (staged in pinned
+//! memory, `staging.rs`, so they need not wait for it). Reads to the host
+//! of a buffer whose producer has completed go on a second, transfer
+//! stream, so that they do not wait for the steps queued since (a live
+//! buffer is immutable; its state lock keeps it alive during the copy).
+//! Work on the stream is asynchronous; [`DeviceMemory::complete_after`] records a device
 //! event after what was enqueued so far and the completion thread
 //! (`completion.rs`) completes the PJRT event when the device has done it.
 //! Freeing an allocation is stream ordered (`vmm::Buffer::free_on`): its
