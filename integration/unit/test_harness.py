@@ -1,0 +1,151 @@
+"""The GPU harness scripts' own logic, without a GPU (CI runs this with the standard library's unittest):
+the runs themselves are replaced by fakes, the tables, budgets, resume and merge are real.
+
+    python3 -m unittest discover -s integration/unit -v
+"""
+import importlib.util
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+import unittest
+from contextlib import redirect_stdout
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INTEGRATION = os.path.dirname(HERE)
+
+
+def load(name, path):
+    sys.path.insert(0, os.path.dirname(path))
+    sys.path.insert(0, os.path.join(INTEGRATION, "tests"))
+    spec = importlib.util.spec_from_file_location(name, path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def read_json(path):
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def quiet(f, argv):
+    """Run main() with `argv`; (exit code, stdout)."""
+    out = io.StringIO()
+    old = sys.argv
+    sys.argv = argv
+    try:
+        with redirect_stdout(out):
+            try:
+                code = f()
+            except SystemExit as e:
+                code = e.code
+    finally:
+        sys.argv = old
+    return code, out.getvalue()
+
+
+class Compare(unittest.TestCase):
+    def setUp(self):
+        self.m = load("compare", os.path.join(INTEGRATION, "multi", "compare.py"))
+        self.calls = []
+
+        def fake(mode, platform, args, threshold=None, cmdbuf_off=False):
+            self.calls.append((mode, platform, threshold, cmdbuf_off))
+            time.sleep(0.05)
+            if (mode, platform, threshold) == ("dist", "vmm", 1):
+                return None, "rc 1: boom"
+            bits = ["a", "b"] if platform == "cuda" or threshold != 4096 else ["a", "c"]
+            return {"median_ms": 5.0 if platform == "cuda" else 4.0, "loss_bits": bits, "final_loss": 1.5}, None
+
+        self.m.run_one = fake
+
+    def test_budget_leaves_runs_pending_and_resume_makes_only_those(self):
+        with tempfile.TemporaryDirectory() as d:
+            code, _ = quiet(self.m.main, ["compare.py", "--out", d, "--steps", "5", "--thresholds", "0,4096",
+                                          "--budget-s", "0.12"])
+            self.assertEqual(code, 2, "pending runs: exit 2")
+            first = read_json(os.path.join(d, "compare.json"))
+            self.assertTrue(first["pending"])
+            made = len(self.calls)
+            self.assertEqual(made + len(first["pending"]), 10)  # 2 modes x (3 stock + 2 thresholds)
+            self.calls.clear()
+            code, text = quiet(self.m.main, ["compare.py", "--out", d, "--steps", "5", "--thresholds", "0,4096",
+                                             "--resume", os.path.join(d, "compare.json")])
+            self.assertEqual(len(self.calls), len(first["pending"]), "resume remade finished runs")
+            self.assertEqual(code, 1, "threshold 4096's loss bits differ: a problem")
+            self.assertIn("DIFFERS from step 1", text)
+            self.assertIn("| single | 0 | 4.000 | 1.5 | 1.25x | identical |", text.replace("llama_small_f32 ", ""))
+
+    def test_a_failed_run_is_a_problem_and_is_remade_on_resume(self):
+        with tempfile.TemporaryDirectory() as d:
+            code, text = quiet(self.m.main, ["compare.py", "--out", d, "--steps", "5", "--thresholds", "1"])
+            self.assertEqual(code, 1)
+            self.assertIn("PROBLEM: dist threshold 1: rc 1: boom", text)
+            self.calls.clear()
+            quiet(self.m.main, ["compare.py", "--out", d, "--steps", "5", "--thresholds", "1",
+                                "--resume", os.path.join(d, "compare.json")])
+            self.assertEqual(self.calls, [("dist", "vmm", 1, False)])
+
+    def test_resume_of_another_config_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            quiet(self.m.main, ["compare.py", "--out", d, "--steps", "5", "--thresholds", "0"])
+            code, _ = quiet(self.m.main, ["compare.py", "--out", d, "--steps", "7", "--thresholds", "0",
+                                          "--resume", os.path.join(d, "compare.json")])
+            self.assertIn("--resume", str(code))
+
+
+class AB(unittest.TestCase):
+    def setUp(self):
+        self.m = load("ab", os.path.join(INTEGRATION, "ab.py"))
+
+        def fake(argv, env, timeout):
+            name, d = argv[argv.index("--name") + 1], argv[argv.index("--out") + 1]
+            if "--save" in argv:
+                with open(os.path.join(d, name + ".exe.pkl"), "w") as fh:
+                    fh.write("x")
+            time.sleep(0.05)
+            stock = env.get("JAX_PLATFORMS") == "cuda"
+            ms = 5.0 if stock else 4.0
+            return {"step_ms": [9, 9, 9, ms, ms], "loss_bits": [1065353216],
+                    "stats": {"steps": 5, "remaps": 5, "copies": 0, "skips": 10}}, None
+
+        self.m.run_child = fake
+
+    def test_budget_then_merge_gives_the_whole_table_with_ratios_against_best_stock(self):
+        with tempfile.TemporaryDirectory() as d:
+            code, _ = quiet(self.m.main, ["ab.py", "--out", d, "--steps", "5", "--models", "a,b",
+                                          "--thresholds", "0,1", "--budget-s", "0.1"])
+            self.assertEqual(code, 2)
+            first = read_json(os.path.join(d, "ab.json"))
+            self.assertEqual(first["pending"], ["b"])
+            self.assertEqual({r["model"] for r in first["rows"]}, {"a"})
+            code, text = quiet(self.m.main, ["ab.py", "--out", d, "--steps", "5", "--models", "b",
+                                             "--thresholds", "0,1", "--merge", os.path.join(d, "ab.json")])
+            self.assertEqual(code, 0)
+            rows = read_json(os.path.join(d, "ab.json"))["rows"]
+            self.assertEqual(sorted({r["model"] for r in rows}), ["a", "b"])
+            self.assertIn("| b | vmm t=0 | plugin | 4.000 | 1.25x | 1.00x |", text)
+
+
+class Feed(unittest.TestCase):
+    def test_rows_per_read_interval_against_stock_of_the_same_interval(self):
+        m = load("feed_bench", os.path.join(INTEGRATION, "feed_bench.py"))
+
+        def fake(platform, t, every, a):
+            ms = (3.0 if platform == "cuda" else 2.5) + (0.5 if every == 1 else 0.0)
+            return {"steps": 10, "seconds": ms / 100, "steps_per_s": 1000 / ms, "ms_per_step": ms,
+                    "losses": []}, None
+
+        m.run = fake
+        with tempfile.TemporaryDirectory() as d:
+            code, text = quiet(m.main, ["feed_bench.py", "--out", d, "--thresholds", "1"])
+            self.assertEqual(code, 0)
+            self.assertIn("| llama_small_f32 | 50 | xla-vmm t=1 | 2.500 | 400.0 | 1.20x |", text)
+            self.assertIn("| llama_small_f32 | 1 | xla-vmm t=1 | 3.000 | 333.3 | 1.17x |", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
