@@ -173,7 +173,7 @@ impl Buffer {
     pub fn read_all(&self) -> Result<Vec<u8>> {
         self.ready().wait()?;
         let mut out = vec![0u8; self.bytes as usize];
-        self.with_live(|a| self.device.mem.download_ready(&mut out, a.ptr))?;
+        self.with_live(|a| self.device.mem.download(&mut out, a.ptr))?;
         Ok(out)
     }
 }
@@ -262,10 +262,10 @@ pub fn from_host(a: &mut PJRT_Client_BufferFromHostBuffer_Args) -> Result<()> {
         // it); the buffer is ready when the copy has landed.
         let landed = buffer.with_live(|alloc| {
             if strides == dense_strides {
-                buffer.device.mem.upload_async(alloc.ptr, src)
+                buffer.device.mem.upload(alloc.ptr, src)
             } else {
                 let dense = dtype::gather(src, -lo, &dims, &strides, elem);
-                buffer.device.mem.upload_async(alloc.ptr, &dense)
+                buffer.device.mem.upload(alloc.ptr, &dense)
             }
         })?;
         if let Some(e) = landed {
@@ -317,7 +317,9 @@ fn copy_to(b: &Buffer, device: Arc<Device>) -> Result<Arc<Buffer>> {
         b.device.mem.complete_after(done);
     } else {
         let data = b.read_all()?;
-        out.with_live(|dst| out.device.mem.upload(dst.ptr, &data))?;
+        if let Some(landed) = out.with_live(|dst| out.device.mem.upload(dst.ptr, &data))? {
+            out.set_ready(landed);
+        }
     }
     Ok(out)
 }

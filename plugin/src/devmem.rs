@@ -115,27 +115,17 @@ impl std::fmt::Debug for Allocation {
 pub trait DeviceMemory: Send + Sync {
     fn info(&self) -> &DeviceInfo;
     fn alloc(&self, bytes: u64) -> Result<Allocation>;
-    /// Host → device copy, after the work queued on the stream; `data` is
-    /// no longer needed on return.
-    fn upload(&self, dst: DevicePtr, data: &[u8]) -> Result<()>;
-    /// Host → device copy that does not wait for the stream: `data` is no
-    /// longer needed on return (it was copied into pinned staging memory),
-    /// the device copy is enqueued behind the work already queued, and the
-    /// returned event completes when it has landed. `None`: the copy was
-    /// made synchronously, as [`DeviceMemory::upload`] (the default).
-    fn upload_async(&self, dst: DevicePtr, data: &[u8]) -> Result<Option<Arc<Event>>> {
-        self.upload(dst, data).map(|()| None)
-    }
-    /// Device → host copy, after the work queued on the stream (blocks
-    /// until the data has landed).
-    fn download(&self, out: &mut [u8], src: DevicePtr) -> Result<()>;
+    /// Host → device copy behind the work already queued on the stream,
+    /// without waiting for it: `data` is no longer needed on return (it was
+    /// copied into pinned staging memory), and the returned event completes
+    /// when the copy has landed. `None`: the copy was made synchronously
+    /// (synchronous mode, or an upload too big to stage).
+    fn upload(&self, dst: DevicePtr, data: &[u8]) -> Result<Option<Arc<Event>>>;
     /// Device → host copy of memory whose producer has completed (the
-    /// buffer's ready event) and which nothing queued writes: it need not
-    /// wait for the work queued since (the next step in flight). Default:
-    /// [`DeviceMemory::download`].
-    fn download_ready(&self, out: &mut [u8], src: DevicePtr) -> Result<()> {
-        self.download(out, src)
-    }
+    /// caller waited for the buffer's ready event) and which nothing queued
+    /// writes: it does not wait for the work queued since (the next step in
+    /// flight). Blocks until the data has landed.
+    fn download(&self, out: &mut [u8], src: DevicePtr) -> Result<()>;
     /// Device → device copy, enqueued on the stream (asynchronous).
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()>;
     /// Complete `done` once the device has finished everything queued on
@@ -303,14 +293,7 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
         })
     }
 
-    fn upload(&self, dst: DevicePtr, data: &[u8]) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.with_stream(|b, s| Ok(b.write_sync(dst, data, s)?))
-    }
-
-    fn upload_async(&self, dst: DevicePtr, data: &[u8]) -> Result<Option<Arc<Event>>> {
+    fn upload(&self, dst: DevicePtr, data: &[u8]) -> Result<Option<Arc<Event>>> {
         if data.is_empty() {
             return Ok(None);
         }
@@ -323,7 +306,8 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
             })
         };
         let Some(buf) = staged else {
-            return self.upload(dst, data).map(|()| None);
+            self.with_stream(|b, s| Ok(b.write_sync(dst, data, s)?))?;
+            return Ok(None);
         };
         let len = data.len();
         if let Err(e) = self.with_stream(|b, s| Ok(b.copy_h2d(dst, &buf, 0, len, s)?)) {
@@ -344,15 +328,8 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
         if out.is_empty() {
             return Ok(());
         }
-        self.with_stream(|b, s| Ok(b.read_sync(out, src, s)?))
-    }
-
-    fn download_ready(&self, out: &mut [u8], src: DevicePtr) -> Result<()> {
-        if out.is_empty() {
-            return Ok(());
-        }
         if self.sync {
-            return self.download(out, src);
+            return self.with_stream(|b, s| Ok(b.read_sync(out, src, s)?));
         }
         let be = self.allocator.backend();
         self.transfer.with(|t| Ok(be.read_sync(out, src, t)?))

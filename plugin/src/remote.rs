@@ -47,7 +47,7 @@ impl DeviceMemory for RemoteMemory {
     fn alloc(&self, _bytes: u64) -> Result<Allocation> {
         Err(self.refuse())
     }
-    fn upload(&self, _dst: DevicePtr, _data: &[u8]) -> Result<()> {
+    fn upload(&self, _dst: DevicePtr, _data: &[u8]) -> Result<Option<Arc<Event>>> {
         Err(self.refuse())
     }
     fn download(&self, _out: &mut [u8], _src: DevicePtr) -> Result<()> {

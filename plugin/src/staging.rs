@@ -29,9 +29,12 @@ pub const MAX_IDLE: usize = 256 << 20;
 /// Smallest buffer allocated (sizes are rounded up to a power of two).
 const MIN_BUFFER: usize = 64 << 10;
 
+/// Idle buffers with their sizes, and the sum of those sizes.
+type Idle<H> = (Vec<(usize, H)>, usize);
+
 pub struct StagingPool<B: Backend> {
     backend: Arc<B>,
-    idle: Mutex<Vec<B::HostBuffer>>,
+    idle: Mutex<Idle<B::HostBuffer>>,
     /// Bytes of every staging buffer alive (idle or in flight).
     in_use: AtomicUsize,
 }
@@ -40,7 +43,7 @@ impl<B: Backend> StagingPool<B> {
     pub fn new(backend: Arc<B>) -> Arc<Self> {
         Arc::new(StagingPool {
             backend,
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new((Vec::new(), 0)),
             in_use: AtomicUsize::new(0),
         })
     }
@@ -61,12 +64,17 @@ impl<B: Backend> StagingPool<B> {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
             // The smallest idle buffer that fits.
             let best = idle
+                .0
                 .iter()
                 .enumerate()
-                .filter(|(_, b)| self.len_of(b) >= len)
-                .min_by_key(|(_, b)| self.len_of(b))
+                .filter(|(_, (size, _))| *size >= len)
+                .min_by_key(|(_, (size, _))| *size)
                 .map(|(i, _)| i);
-            best.map(|i| idle.swap_remove(i))
+            best.map(|i| {
+                let (size, b) = idle.0.swap_remove(i);
+                idle.1 -= size;
+                b
+            })
         };
         let mut buf = match reused {
             Some(b) => b,
@@ -94,9 +102,9 @@ impl<B: Backend> StagingPool<B> {
     pub fn give_back(&self, buf: B::HostBuffer) {
         let size = self.len_of(&buf);
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let idle_bytes: usize = idle.iter().map(|b| self.len_of(b)).sum();
-        if idle_bytes + size <= MAX_IDLE {
-            idle.push(buf);
+        if idle.1 + size <= MAX_IDLE {
+            idle.0.push((size, buf));
+            idle.1 += size;
             return;
         }
         drop(idle);
@@ -112,9 +120,8 @@ impl<B: Backend> StagingPool<B> {
 
     /// Free the idle buffers (client teardown, after the stream is done).
     pub fn clear(&self) {
-        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
-        for b in idle {
-            let size = self.len_of(&b);
+        let (idle, _) = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
+        for (size, b) in idle {
             self.free(b, size);
         }
     }
