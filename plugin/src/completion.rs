@@ -130,10 +130,11 @@ impl<B: Backend> Completions<B> {
         let thread = std::thread::Builder::new()
             .name("xla-vmm-events".into())
             .spawn(move || {
-                if !plain_backoff_from_env() {
+                let plain = plain_backoff_from_env();
+                if !plain {
                     tighten_timer_slack();
                 }
-                poll_loop(&s)
+                poll_loop(&s, plain)
             })
             .map_err(|e| Error::internal(format!("starting the completion thread: {e}")))?;
         Ok(Completions {
@@ -208,9 +209,9 @@ fn plain_backoff_from_env() -> bool {
     std::env::var("XLA_VMM_COMPLETION_POLL").as_deref() == Ok("backoff")
 }
 
-fn poll_loop<B: Backend>(shared: &Shared<B>) {
+fn poll_loop<B: Backend>(shared: &Shared<B>, plain_backoff: bool) {
     let mut pacer = Pacer {
-        plain_backoff: plain_backoff_from_env(),
+        plain_backoff,
         ..Pacer::default()
     };
     // When the current oldest event became the oldest (or was pushed).
