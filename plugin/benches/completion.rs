@@ -30,12 +30,12 @@ fn latency(steps: usize) -> (f64, f64) {
     let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
     let mut lats = Vec::with_capacity(steps);
     for _ in 0..steps {
-        mem.with_stream(|b, s| Ok(b.hold_stream(s)?)).unwrap();
+        hold(&mem, true);
         let (out, done) = execute_async(exe, &[a], &[]).unwrap();
         let m = mem.clone();
         let releaser = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(2));
-            m.with_stream(|b, s| Ok(b.release_stream(s)?)).unwrap();
+            hold(&m, false);
             Instant::now()
         });
         assert_eq!(await_event(done), None);

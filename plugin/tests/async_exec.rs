@@ -20,22 +20,6 @@ use xla_vmm_plugin::client::{self, Client};
 use xla_vmm_plugin::devmem::{DeviceMemory, VmmMemory};
 use xla_vmm_plugin::pjrt::*;
 
-fn is_ready(e: *mut PJRT_Event) -> bool {
-    let (err, r) = call!(PJRT_Event_IsReady, PJRT_Event_IsReady_Args, |a| {
-        a.event = e;
-    });
-    assert_eq!(err, None);
-    r.is_ready
-}
-
-fn ready_event(b: *mut PJRT_Buffer) -> *mut PJRT_Event {
-    let (err, e) = call!(PJRT_Buffer_ReadyEvent, PJRT_Buffer_ReadyEvent_Args, |a| {
-        a.buffer = b;
-    });
-    assert_eq!(err, None);
-    e.event
-}
-
 /// Callbacks seen (successes in the low 16 bits, errors above).
 static CALLS: AtomicUsize = AtomicUsize::new(0);
 static CALLBACK_THREAD_IS_TEST: AtomicUsize = AtomicUsize::new(0);
@@ -72,18 +56,6 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
         assert!(t.elapsed() < Duration::from_secs(10), "timed out: {what}");
         std::thread::sleep(Duration::from_millis(1));
     }
-}
-
-fn hold(mem: &VmmMemory<HostBackend>, on: bool) {
-    mem.with_stream(|b, s| {
-        if on {
-            b.hold_stream(s)?;
-        } else {
-            b.release_stream(s)?;
-        }
-        Ok(())
-    })
-    .unwrap();
 }
 
 /// A client on `be` whose memory runs synchronously or not.

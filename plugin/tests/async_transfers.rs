@@ -19,44 +19,23 @@ use std::sync::Arc;
 
 use common::plans::*;
 use common::*;
-use xla_vmm_device::HostBackend;
 use xla_vmm_plugin::client::{self, Client};
 use xla_vmm_plugin::devmem::VmmMemory;
 use xla_vmm_plugin::pjrt::*;
 
-fn hold(mem: &VmmMemory<HostBackend>, on: bool) {
-    mem.with_stream(|b, s| {
-        if on {
-            b.hold_stream(s)?;
-        } else {
-            b.release_stream(s)?;
-        }
-        Ok(())
-    })
-    .unwrap();
-}
-
-fn is_ready(b: *mut PJRT_Buffer) -> bool {
-    let (err, e) = call!(PJRT_Buffer_ReadyEvent, PJRT_Buffer_ReadyEvent_Args, |a| {
-        a.buffer = b;
-    });
-    assert_eq!(err, None);
-    let (err, r) = call!(PJRT_Event_IsReady, PJRT_Event_IsReady_Args, |a| {
-        a.event = e.event;
-    });
-    assert_eq!(err, None);
-    destroy_event(e.event);
-    r.is_ready
+/// Is `b`'s ready event complete?
+fn buffer_ready(b: *mut PJRT_Buffer) -> bool {
+    let e = ready_event(b);
+    let r = is_ready(e);
+    destroy_event(e);
+    r
 }
 
 /// Wait for `b`'s ready event.
 fn await_ready(b: *mut PJRT_Buffer) {
-    let (err, e) = call!(PJRT_Buffer_ReadyEvent, PJRT_Buffer_ReadyEvent_Args, |a| {
-        a.buffer = b;
-    });
-    assert_eq!(err, None);
-    assert_eq!(await_event(e.event), None);
-    destroy_event(e.event);
+    let e = ready_event(b);
+    assert_eq!(await_event(e), None);
+    destroy_event(e);
 }
 
 fn f32_put(client: *mut PJRT_Client, device: *mut PJRT_Device, data: &[u8]) -> *mut PJRT_Buffer {
@@ -91,7 +70,7 @@ fn uploads_do_not_wait_for_queued_work_and_keep_their_data() {
     host1.iter_mut().for_each(|x| *x = 0xee);
     host2.iter_mut().for_each(|x| *x = 0xdd);
     assert!(
-        !is_ready(b1) && !is_ready(b2),
+        !buffer_ready(b1) && !buffer_ready(b2),
         "an upload completed under a held stream"
     );
     let staged = be.call_count("host_alloc");
@@ -160,7 +139,7 @@ fn synchronous_mode_uploads_synchronously() {
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
     let b = put_f32(client, device, &[1.5, 2.5]);
-    assert!(is_ready(b));
+    assert!(buffer_ready(b));
     assert_eq!(
         be.call_count("host_alloc"),
         0,

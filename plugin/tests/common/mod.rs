@@ -7,6 +7,8 @@ use std::ffi::c_void;
 use std::mem::zeroed;
 use std::ptr::null_mut;
 
+use xla_vmm_device::HostBackend;
+use xla_vmm_plugin::devmem::VmmMemory;
 use xla_vmm_plugin::options::{BackendKind, ClientOptions};
 use xla_vmm_plugin::pjrt::*;
 
@@ -276,4 +278,35 @@ pub fn destroy_exe(exe: *mut PJRT_LoadedExecutable) {
         }
     );
     assert_eq!(err, None);
+}
+
+pub fn is_ready(e: *mut PJRT_Event) -> bool {
+    let (err, r) = call!(PJRT_Event_IsReady, PJRT_Event_IsReady_Args, |a| {
+        a.event = e;
+    });
+    assert_eq!(err, None);
+    r.is_ready
+}
+
+/// A new handle of `b`'s ready event (the caller destroys it).
+pub fn ready_event(b: *mut PJRT_Buffer) -> *mut PJRT_Event {
+    let (err, e) = call!(PJRT_Buffer_ReadyEvent, PJRT_Buffer_ReadyEvent_Args, |a| {
+        a.buffer = b;
+    });
+    assert_eq!(err, None);
+    e.event
+}
+
+/// Hold (`true`) or release the client's stream on the host backend: held,
+/// the work enqueued on it stays pending.
+pub fn hold(mem: &VmmMemory<HostBackend>, on: bool) {
+    mem.with_stream(|b, s| {
+        if on {
+            b.hold_stream(s)?;
+        } else {
+            b.release_stream(s)?;
+        }
+        Ok(())
+    })
+    .unwrap();
 }
