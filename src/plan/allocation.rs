@@ -86,6 +86,31 @@ pub enum AllocationRole {
     Temp,
 }
 
+impl BufferAllocation {
+    /// An allocation of `size` bytes in device memory (color 0, not a tuple,
+    /// not thread-local), live out when it is an output or a donated
+    /// parameter, as XLA marks them. For plans built in code (tests, tools).
+    pub fn new(index: AllocationIndex, size: u64, role: AllocationRole) -> Self {
+        let maybe_live_out = matches!(
+            role,
+            AllocationRole::Output { .. }
+                | AllocationRole::Parameter {
+                    aliased_with_output: true,
+                    ..
+                }
+        );
+        BufferAllocation {
+            index,
+            size,
+            role,
+            maybe_live_out,
+            is_tuple: false,
+            is_thread_local: false,
+            color: 0,
+        }
+    }
+}
+
 impl AllocationRole {
     /// Lower-case role name as used in `inspect --json`: `parameter`,
     /// `constant`, `output` or `temp`.

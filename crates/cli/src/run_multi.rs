@@ -387,15 +387,7 @@ mod tests {
             dimensions: vec![n],
             ..Default::default()
         };
-        let alloc = |index: usize, size: u64, role: AllocationRole| BufferAllocation {
-            index,
-            size,
-            maybe_live_out: matches!(role, AllocationRole::Output { .. }),
-            role,
-            is_tuple: false,
-            is_thread_local: false,
-            color: 0,
-        };
+        let alloc = BufferAllocation::new;
         let sl = |allocation, size| ShapedSlice {
             slice: Slice {
                 allocation,

@@ -34,15 +34,7 @@ fn u8s(n: u64) -> Shape {
 }
 
 fn allocation(index: usize, size: u64, role: AllocationRole) -> BufferAllocation {
-    BufferAllocation {
-        index,
-        size,
-        maybe_live_out: matches!(role, AllocationRole::Output { .. }),
-        role,
-        is_tuple: false,
-        is_thread_local: false,
-        color: 0,
-    }
+    BufferAllocation::new(index, size, role)
 }
 
 /// `n` parameters; one thunk copies parameter 0 to the output.

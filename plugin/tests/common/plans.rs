@@ -17,15 +17,7 @@ pub fn f32s(n: usize) -> Shape {
 }
 
 pub fn alloc(index: usize, size: u64, role: AllocationRole) -> BufferAllocation {
-    BufferAllocation {
-        index,
-        size,
-        maybe_live_out: !matches!(role, AllocationRole::Temp),
-        role,
-        is_tuple: false,
-        is_thread_local: false,
-        color: 0,
-    }
+    BufferAllocation::new(index, size, role)
 }
 
 pub fn sl(allocation: usize, size: u64) -> Slice {

@@ -16,15 +16,7 @@ pub fn f32s(n: usize) -> Shape {
 }
 
 pub fn alloc(index: usize, size: u64, role: AllocationRole) -> BufferAllocation {
-    BufferAllocation {
-        index,
-        size,
-        maybe_live_out: matches!(role, AllocationRole::Output { .. }),
-        role,
-        is_tuple: false,
-        is_thread_local: false,
-        color: 0,
-    }
+    BufferAllocation::new(index, size, role)
 }
 
 pub fn param(number: u64, aliased: bool) -> AllocationRole {
