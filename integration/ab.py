@@ -26,7 +26,6 @@ measured in the same run, the speedup against threshold 0, loss bits against thr
 import argparse
 import json
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -35,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "tests"))
-from llama_ab import deserialize_on, loop, program  # noqa: E402  (the pytest A/B's programs and loop)
+from llama_ab import load_on_vmm, loop, program, save_exe  # noqa: E402  (the pytest A/B's programs and loop)
 
 MODELS = ["llama_small_f32", "llama_110m_bf16", "maxtext_tiny_bf16"]
 THRESHOLDS = [0, 1, 4096, 65536, 1048576]
@@ -51,7 +50,6 @@ def child_stock(name, d, steps, save):
     """Compile on stock XLA (flags from the environment), optionally save the executable."""
     import jax
     import numpy as np
-    from jax.experimental.serialize_executable import serialize
     import stock_ref
 
     f, args, donate = program(name)
@@ -59,11 +57,7 @@ def child_stock(name, d, steps, save):
     compiled = jax.jit(f, donate_argnums=donate).lower(*args).compile()
     compile_s = time.perf_counter() - t
     if save:
-        payload, in_tree, out_tree = serialize(compiled)
-        with open(os.path.join(d, name + ".exe.pkl"), "wb") as fh:
-            pickle.dump((payload, in_tree, out_tree), fh)
-        with open(os.path.join(d, name + ".args.pkl"), "wb") as fh:
-            pickle.dump(jax.tree.map(np.asarray, args), fh)
+        save_exe(d, name, compiled, args)
         # The same bytes for the CLI fallback (stock_ref.py's format).
         with open(os.path.join(d, name + ".pjrt"), "wb") as fh:
             fh.write(stock_ref.pjrt_bytes(compiled.runtime_executable().serialize()))
@@ -74,16 +68,9 @@ def child_stock(name, d, steps, save):
 
 
 def child_vmm(name, d, steps):
-    import jax
     from jax_plugins import xla_vmm
 
-    xla_vmm.initialize()
-    dev = jax.devices("vmm")[0]
-    with open(os.path.join(d, name + ".exe.pkl"), "rb") as fh:
-        payload, in_tree, out_tree = pickle.load(fh)
-    compiled = deserialize_on(payload, in_tree, out_tree, dev)
-    with open(os.path.join(d, name + ".args.pkl"), "rb") as fh:
-        args = pickle.load(fh)
+    compiled, args, dev = load_on_vmm(d, name)
     bits, times = loop(compiled, args, steps, dev)
     st = xla_vmm.stats()
     best = max(st.values(), key=lambda s: s.get("steps", 0)) if st else {}

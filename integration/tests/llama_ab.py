@@ -70,18 +70,44 @@ def deserialize_on(payload, in_tree, out_tree, dev):
     kw = {"execution_devices": [dev]} if "execution_devices" in inspect.signature(deserialize_and_load).parameters else {}
     return deserialize_and_load(payload, in_tree, out_tree, backend="vmm", **kw)
 
-def stock(d, name, steps):
+
+def save_exe(d, name, compiled, args):
+    """DIR/NAME.exe.pkl (jax's serialized executable) and DIR/NAME.args.pkl (the inputs, on the host):
+    what `load_on_vmm` reads."""
     import jax
     import numpy as np
     from jax.experimental.serialize_executable import serialize
 
-    f, args, donate = program(name)
-    compiled = jax.jit(f, donate_argnums=donate).lower(*args).compile()
     payload, in_tree, out_tree = serialize(compiled)
     with open(os.path.join(d, name + ".exe.pkl"), "wb") as fh:
         pickle.dump((payload, in_tree, out_tree), fh)
     with open(os.path.join(d, name + ".args.pkl"), "wb") as fh:
         pickle.dump(jax.tree.map(np.asarray, args), fh)
+
+
+def load_on_vmm(d, name):
+    """The executable and inputs `save_exe` wrote, loaded through the xla-vmm plugin (no recompilation):
+    (compiled, args, device)."""
+    import jax
+    from jax_plugins import xla_vmm
+
+    xla_vmm.initialize()
+    dev = jax.devices("vmm")[0]
+    with open(os.path.join(d, name + ".exe.pkl"), "rb") as fh:
+        payload, in_tree, out_tree = pickle.load(fh)
+    compiled = deserialize_on(payload, in_tree, out_tree, dev)
+    with open(os.path.join(d, name + ".args.pkl"), "rb") as fh:
+        args = pickle.load(fh)
+    return compiled, args, dev
+
+
+def stock(d, name, steps):
+    import jax
+    import numpy as np
+
+    f, args, donate = program(name)
+    compiled = jax.jit(f, donate_argnums=donate).lower(*args).compile()
+    save_exe(d, name, compiled, args)
     # Host copies: device_put of an array already on the device is the same array, which the
     # first loop's donation would delete before the second loop.
     args = jax.tree.map(np.asarray, args)
@@ -98,16 +124,7 @@ def stock(d, name, steps):
 
 
 def vmm(d, name, steps):
-    import jax
-    from jax_plugins import xla_vmm
-
-    xla_vmm.initialize()
-    dev = jax.devices("vmm")[0]
-    with open(os.path.join(d, name + ".exe.pkl"), "rb") as fh:
-        payload, in_tree, out_tree = pickle.load(fh)
-    compiled = deserialize_on(payload, in_tree, out_tree, dev)
-    with open(os.path.join(d, name + ".args.pkl"), "rb") as fh:
-        args = pickle.load(fh)
+    compiled, args, dev = load_on_vmm(d, name)
     ref = json.load(open(os.path.join(d, name + ".stock.json")))
     if ref.get("stock_differs_at"):
         print("stock XLA does not reproduce its own losses (first difference at step %d): "
