@@ -2,13 +2,14 @@
 copy thresholds, on the same serialized executable.
 
 Per model:
-  * stock XLA, XLA command buffers on (default flags) and off (--xla_gpu_enable_command_buffer=),
-    both with --xla_gpu_deterministic_ops=true so losses are comparable bit for bit; the "on"
-    compile is serialized and reused by every xla-vmm row (no recompilation: autotuning cannot
-    differ between rows);
+  * stock XLA in every configuration of stock_configs.py (command buffers on = default flags, off,
+    SKIP_TEMP, SKIP_PROFILED; --stock-configs onoff for the first two only), each with
+    --xla_gpu_deterministic_ops=true so losses are comparable bit for bit; the "on" compile is
+    serialized and reused by every xla-vmm row (no recompilation: autotuning cannot differ between rows);
   * xla-vmm through the PJRT plugin (JAX_PLATFORMS=vmm, jax_plugins.xla_vmm, XLA_VMM_EXEC_MODE=graph)
     at XLA_VMM_TMP_COPY_THRESHOLD = 0, 1 (auto), 4096, 65536, 1048576, binding stats from
-    jax_plugins.xla_vmm.stats();
+    jax_plugins.xla_vmm.stats(); then our other modes (--modes, default eager and graph-recapture:
+    XLA_VMM_EXEC_MODE), which the default mode must not be slower than;
   * if the plugin path fails for a row, the fallback `xla-vmm run EXE.pjrt --mode graph
     --threshold N --loop-steps STEPS` on the same executable (column `path` says which).
 Every row runs in its own process. Writes DIR/ab.md (Markdown table) and DIR/ab.json;
@@ -35,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "tests"))
 from llama_ab import load_on_vmm, loop, program, save_exe  # noqa: E402  (the pytest A/B's programs and loop)
+from stock_configs import STOCK_CONFIGS  # noqa: E402
 
 MODELS = ["llama_small_f32", "llama_110m_bf16", "maxtext_tiny_bf16"]
 THRESHOLDS = [0, 1, 4096, 65536, 1048576]
@@ -137,7 +139,7 @@ def row(model, config, path, r, base_ms):
 
 
 def best_stock_ms(rows, model):
-    """The faster of stock XLA with command buffers on and off, for `model` (None if neither ran)."""
+    """The fastest stock XLA configuration measured for `model` (None if none ran)."""
     ms = [r["median_ms"] for r in rows if r["model"] == model and r["config"].startswith("stock")
           and isinstance(r["median_ms"], (int, float)) and r["median_ms"] > 0]
     return min(ms) if ms else None
@@ -182,6 +184,9 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
+    ap.add_argument("--modes", default="eager,graph-recapture",
+                    help="our other execution modes (XLA_VMM_EXEC_MODE), one row each; empty for none")
+    ap.add_argument("--stock-configs", default="all", choices=["all", "onoff"])
     ap.add_argument("--vmm", default=os.path.join(HERE, "..", ".dev", "gpu", "bin", "xla-vmm"),
                     help="xla-vmm CLI for the fallback path")
     ap.add_argument("--timeout", type=int, default=300, help="per row, seconds")
@@ -223,8 +228,9 @@ def main():
         base = dict(os.environ, JAX_PLATFORMS="cuda")
         base.pop("XLA_VMM_TMP_COPY_THRESHOLD", None)
         results = []
-        for config, extra, save in [("stock cmdbuf on", DET, True),
-                                    ("stock cmdbuf off", DET + " --xla_gpu_enable_command_buffer=", False)]:
+        stock = STOCK_CONFIGS if a.stock_configs == "all" else STOCK_CONFIGS[:2]
+        for i, (config, extra, _) in enumerate(stock):
+            extra, save = (DET + " " + extra).strip(), i == 0
             env = dict(base, XLA_FLAGS=(flags + " " + extra).strip())
             print("[%s] %s ..." % (model, config), flush=True)
             r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "stock", "--name", model]
@@ -240,15 +246,18 @@ def main():
         if not os.path.exists(os.path.join(d, model + ".exe.pkl")):
             continue
         vrows = []
-        for t in [int(x) for x in a.thresholds.split(",") if x]:
-            config = "vmm t=%d%s" % (t, " (auto)" if t == 1 else "")
+        runs = [("vmm t=%d%s" % (t, " (auto)" if t == 1 else ""), "graph", t)
+                for t in [int(x) for x in a.thresholds.split(",") if x]]
+        runs += [("vmm %s" % m, m, None) for m in a.modes.split(",") if m]
+        for config, mode, t in runs:
             print("[%s] %s ..." % (model, config), flush=True)
-            env = dict(os.environ, JAX_PLATFORMS="vmm", XLA_VMM_EXEC_MODE="graph",
-                       XLA_VMM_TMP_COPY_THRESHOLD=str(t), XLA_FLAGS=flags)
+            env = dict(os.environ, JAX_PLATFORMS="vmm", XLA_VMM_EXEC_MODE=mode, XLA_FLAGS=flags)
+            if t is not None:
+                env["XLA_VMM_TMP_COPY_THRESHOLD"] = str(t)
             r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "vmm", "--name", model],
                                env, a.timeout)
             path = "plugin"
-            if r is None and not a.no_fallback and os.path.exists(a.vmm):
+            if r is None and t is not None and not a.no_fallback and os.path.exists(a.vmm):
                 print("  plugin failed (%s); falling back to xla-vmm run" % err, flush=True)
                 r, err = run_cli(a.vmm, d, model, t, a.steps, a.timeout)
                 path = "cli"

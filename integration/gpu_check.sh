@@ -3,9 +3,13 @@
 # Run on a machine with an NVIDIA GPU and jax (CUDA plugin) installed, from the
 # repo root, on artifacts staged by integration/stage_gpu.sh:
 #     bash integration/gpu_check.sh .dev/gpu [SECTION...]
-# SECTION: device stock runtime plugin bench memcheck (default, in that order; runtime and bench need
-# stock's reference data in $WORK; `multi compare` too when the machine has 2+ GPUs). Opt-in, only when
-# named: `sanitize` (compute-sanitizer memcheck on a 200-step VA-stable loop at thresholds 0 / 1 / 4096),
+# SECTION: device stock runtime plugin perf memcheck (default, in that order; runtime and perf need
+# stock's reference data in $WORK, made by `stock` or by perf itself; `multi compare` too when the machine
+# has 2+ GPUs). `perf` is the perf gate: bench.py (every stock configuration vs every mode of ours), a short
+# A/B through the plugin (ab.py), the copy-path diagnostic, and real MaxText tiny and 1B when its folder is
+# staged ($S/mt: stage_gpu.sh --perf); it FAILs when the default mode is slower than the best stock
+# configuration or than our eager or graph-recapture mode on any row (perf_gate.py). `perf-bench` and
+# `perf-mt` are its halves, for two device calls. Opt-in, only when named: `bench` (bench.py alone), `sanitize` (compute-sanitizer memcheck on a 200-step VA-stable loop at thresholds 0 / 1 / 4096),
 # `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
@@ -17,7 +21,7 @@
 set -u
 S=${1:-.dev/gpu}
 shift || true
-DEFAULT="device stock runtime plugin bench memcheck"
+DEFAULT="device stock runtime plugin perf memcheck"
 # With two or more GPUs the multi-device checks are part of the default run.
 [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && DEFAULT="$DEFAULT multi compare"
 SECTIONS=" ${*:-$DEFAULT} "
@@ -75,6 +79,8 @@ echo "================ xla-vmm GPU check summary ================"
 printf '%s\n' "${SUMMARY[@]}"
 echo "$pass passed, $fail failed, $skipped skipped"
 [ -f "$WORK/logs/bench.log" ] && { echo; grep -A20 '^| program' "$WORK/logs/bench.log"; }
+for g in "$WORK"/perf/gate*.md; do [ -f "$g" ] && { echo; cat "$g"; }; done
+[ -f "$WORK/perf/copy_paths.md" ] && { echo; cat "$WORK/perf/copy_paths.md"; }
 [ -f "$WORK/ab/ab.md" ] && { echo; cat "$WORK/ab/ab.md"; }
 [ -f "$WORK/multi/compare.md" ] && { echo; cat "$WORK/multi/compare.md"; }
 [ -f "$WORK/feed/feed.md" ] && { echo; cat "$WORK/feed/feed.md"; }
@@ -85,7 +91,7 @@ done
 if [ -n "${SAVE_TO:-}" ]; then
   mkdir -p "$SAVE_TO"
   printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed, $skipped skipped" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* 2>/dev/null)
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* 2>/dev/null)
 fi
 }
 CHILD=; CURRENT=
@@ -160,8 +166,43 @@ fi
 export XLA_VMM_LIBRARY="$S/lib/libxla_vmm_plugin.so"
 want plugin && check "plugin:pytest" python3 -m pytest -q -rs -p no:cacheprovider integration/tests
 
-# 5. Benchmark (not a test): stock XLA vs our eager and graph modes, same executable, one run.
+# 5. Benchmark (not a test, opt in: section `bench`): every stock configuration vs our modes, same executable.
 want bench && check "bench" python3 integration/bench.py --vmm "$VMM" --ref "$WORK/ref" llama_sgd_f32 llama_scan_bf16
+
+# 5b. The perf gate (section `perf`, default; or its halves `perf-bench`, `perf-mt`): benchmarks whose
+#     default-mode rows must not be slower than the best stock configuration or our eager / recapture modes.
+#     PERF_BENCH_ENV: extra bench rows ('NAME:K=V,K=V;NAME2:...'); MT_CONFIGS / MT_VARIANTS / MT_STEPS /
+#     MT_BUDGET_S: the MaxText part (integration/maxtext/run.py); PERF_AB_MODELS / PERF_AB_STEPS: the A/B.
+PERF=$WORK/perf
+if want perf || want perf-bench; then
+  mkdir -p "$PERF"
+  [ -f "$WORK/ref/llama_scan_bf16.loop.json" ] && [ -f "$WORK/ref/llama_sgd_f32.loop.json" ] || \
+    check "perf:stock-ref" python3 integration/stock_ref.py --out "$WORK/ref" --steps 30 llama_sgd_f32 llama_scan_bf16
+  check "perf:copy-paths" bash integration/diag/copy_paths.sh "$S" "$PERF"
+  benv=()
+  IFS=';' read -r -a _rows <<<"${PERF_BENCH_ENV:-}"
+  for r in "${_rows[@]}"; do [ -n "$r" ] && benv+=(--vmm-env "$r"); done
+  check "perf:bench" python3 integration/bench.py --vmm "$VMM" --ref "$WORK/ref" --steps 30 \
+    --json "$PERF/bench.json" "${benv[@]}" llama_sgd_f32 llama_scan_bf16
+  check "perf:ab" python3 integration/ab.py --out "$PERF/ab" --vmm "$VMM" --steps "${PERF_AB_STEPS:-20}" \
+    --models "${PERF_AB_MODELS:-llama_small_f32,maxtext_tiny_bf16}" --thresholds 0,1 --modes eager,graph-recapture
+  check "perf:gate-bench" python3 integration/perf_gate.py --bench "$PERF/bench.json" --ab "$PERF/ab/ab.json" \
+    --out "$PERF/gate_bench.md" --title "perf gate (bench + A/B), $(cat "$S/COMMIT" 2>/dev/null || echo '?')"
+fi
+if want perf || want perf-mt; then
+  MT=${PERF_MT:-$S/mt}
+  if [ -d "$MT/.mt" ]; then
+    mkdir -p "$PERF/mt"
+    wheel=$(ls "$S"/wheel/*.whl 2>/dev/null | head -1)
+    check "perf:maxtext" python3 integration/maxtext/run.py --mt "$MT" --out "$PERF/mt" ${wheel:+--wheel "$wheel"} \
+      --configs "${MT_CONFIGS:-tiny,1B}" --variants "${MT_VARIANTS:-cuda,cuda_skip_temp,vmm_t1,vmm_eager}" \
+      --steps "${MT_STEPS:-15}" --budget-s "${MT_BUDGET_S:-420}"
+    check "perf:gate-maxtext" python3 integration/perf_gate.py --mt "$PERF/mt/mt.json" \
+      --out "$PERF/gate_maxtext.md" --title "perf gate (MaxText), $(cat "$S/COMMIT" 2>/dev/null || echo '?')"
+  else
+    check "perf:maxtext" sh -c "echo 'no MaxText folder at $MT (integration/maxtext/prepare.sh, then stage_gpu.sh --perf)'; exit 1"
+  fi
+fi
 
 # 6. compute-sanitizer memcheck on the fixture suite.
 if want memcheck && command -v compute-sanitizer >/dev/null; then

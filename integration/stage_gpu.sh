@@ -1,35 +1,57 @@
 #!/usr/bin/env bash
-# Build everything the GPU check needs (here, where cargo is) and stage it in
-# .dev/gpu/ for the device machine: release binaries, GPU test binaries and the
-# fixtures. Then, on the GPU machine, from the repo root:
-#     bash integration/gpu_check.sh .dev/gpu
+# Build everything the GPU check needs (here, where cargo is) and stage it for the device machine.
+#     bash integration/stage_gpu.sh          -> .dev/gpu: release binaries, GPU test binaries, fixtures
+#     bash integration/stage_gpu.sh --perf   -> .dev/perf: what the `perf` section needs only (the CLI,
+#                                               the plugin and its wheel, the copy-path diagnostic, and
+#                                               MaxText from .dev/mt when prepared: ~35 MB)
+# Then, on the GPU machine, from the repo root:
+#     bash integration/gpu_check.sh .dev/gpu            (or .dev/perf perf)
 # With the device tool: run(command="bash integration/gpu_check.sh .dev/gpu", carry=[".dev/gpu"]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+perf=0
+[ "${1:-}" = --perf ] && perf=1
 stage=.dev/gpu
-rm -rf "$stage"; mkdir -p "$stage/bin" "$stage/fixtures"
+[ $perf = 1 ] && stage=.dev/perf
+rm -rf "$stage"; mkdir -p "$stage/bin" "$stage/lib" "$stage/fixtures"
 cargo build --release -p xla-vmm-cli -p xla-vmm-plugin
 cp target/release/xla-vmm "$stage/bin/"
-mkdir -p "$stage/lib"
 cp target/release/libxla_vmm_plugin.so "$stage/lib/"
-# Test binaries whose #[ignore] tests need a GPU.
-for pkg in xla-vmm-device xla-vmm-runtime; do
-  cargo test --release -p "$pkg" --no-run --message-format=json 2>/dev/null \
-    | python3 -c '
+if [ $perf = 1 ]; then
+  bash integration/build_wheel.sh "$PWD/$stage/wheel" >/dev/null
+  # The copy-path diagnostic, where nvcc is (else gpu_check builds it there).
+  # NVCC / NVCC_FLAGS: a compiler elsewhere (e.g. pip's nvidia-cuda-nvcc, with -I/-L for its headers).
+  if command -v "${NVCC:-nvcc}" >/dev/null; then
+    mkdir -p "$stage/diag"
+    # shellcheck disable=SC2086
+    "${NVCC:-nvcc}" ${NVCC_FLAGS:-} -O2 -arch=sm_90 -o "$stage/diag/copy_paths" integration/diag/copy_paths.cu -lcuda
+  fi
+  if [ -d .dev/mt/.mt ]; then
+    mkdir -p "$stage/mt"
+    cp -r .dev/mt/.mt .dev/mt/.wheels "$stage/mt/"
+  fi
+else
+  # Test binaries whose #[ignore] tests need a GPU.
+  for pkg in xla-vmm-device xla-vmm-runtime; do
+    cargo test --release -p "$pkg" --no-run --message-format=json 2>/dev/null \
+      | python3 -c '
 import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] != ["bin"]:
         print(m["target"]["name"], m["executable"])' \
-    | while read -r name exe; do
-        # Host-only checks (the HIP kernels' clang compile) need no GPU: not carried.
-        [ "$name" = hip_kernel_source ] && continue
-        cp "$exe" "$stage/bin/test-$pkg-$name"
-      done
-done
-strip "$stage"/bin/* "$stage"/lib/* 2>/dev/null || true
-fx=../shared/fixtures
-for f in small loop mlp_adam_donated llama_scan_bf16; do cp "$fx/$f.pjrt" "$fx/$f.npz" "$stage/fixtures/"; done
-cp "$fx/llama_sgd_f32.pjrt" "$stage/fixtures/"
+      | while read -r name exe; do
+          # Host-only checks (the HIP kernels' clang compile) need no GPU: not carried.
+          [ "$name" = hip_kernel_source ] && continue
+          cp "$exe" "$stage/bin/test-$pkg-$name"
+        done
+  done
+  fx=../shared/fixtures
+  for f in small loop mlp_adam_donated llama_scan_bf16; do cp "$fx/$f.pjrt" "$fx/$f.npz" "$stage/fixtures/"; done
+  cp "$fx/llama_sgd_f32.pjrt" "$stage/fixtures/"
+fi
+# What was built: the commit, "+dirty" when the tree had changes.
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!integration/results' || echo +dirty)" >"$stage/COMMIT"
+strip "$stage"/bin/* "$stage"/lib/* "$stage"/diag/* 2>/dev/null || true
 du -sh "$stage"; ls -la "$stage/bin"

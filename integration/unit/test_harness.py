@@ -147,5 +147,91 @@ class Feed(unittest.TestCase):
             self.assertIn("| llama_small_f32 | 1 | xla-vmm t=1 | 3.000 | 333.3 | 1.17x |", text)
 
 
+class PerfGate(unittest.TestCase):
+    def setUp(self):
+        self.m = load("perf_gate", os.path.join(INTEGRATION, "perf_gate.py"))
+
+    def run_gate(self, **suites):
+        with tempfile.TemporaryDirectory() as d:
+            argv = ["perf_gate.py", "--out", os.path.join(d, "gate.md")]
+            for suite, data in suites.items():
+                path = os.path.join(d, suite + ".json")
+                with open(path, "w") as fh:
+                    json.dump(data, fh)
+                argv += ["--" + suite, path]
+            code, text = quiet(self.m.main, argv)
+            with open(os.path.join(d, "gate.md")) as fh:
+                self.assertEqual(fh.read().strip(), text.strip())
+            return code, text
+
+    def test_default_must_beat_best_stock_and_our_other_modes(self):
+        bench = {"rows": [
+            {"program": "p", "config": "stock cmdbuf on", "ms": 2.0},
+            {"program": "p", "config": "stock SKIP_TEMP", "ms": 1.5},
+            {"program": "p", "config": "vmm eager", "ms": 3.0},
+            {"program": "p", "config": "vmm graph-recapture", "ms": 1.2},
+            {"program": "p", "config": "vmm graph (default)", "ms": 1.0},
+            {"program": "q", "config": "stock cmdbuf on", "ms": 2.0},
+            {"program": "q", "config": "vmm eager", "ms": 1.0},
+            {"program": "q", "config": "vmm graph (default)", "ms": 1.5}]}
+        code, text = self.run_gate(bench=bench)
+        self.assertEqual(code, 1)
+        self.assertIn("| bench | p | 1.500 (stock SKIP_TEMP) | 3.000 | 1.200 | 1.000 | 1.50x | 3.00x | - | PASS |", text)
+        self.assertIn("| bench | q | 2.000 (stock cmdbuf on) | 1.000 | - | 1.500 | 1.33x | 0.67x | - | FAIL; "
+                      "slower than eager (1.500 > 1.000 ms) |", text)
+
+    def test_within_tolerance_passes_and_a_missing_default_fails(self):
+        ab = {"rows": [{"model": "m", "config": "stock cmdbuf off", "median_ms": 1.0},
+                       {"model": "m", "config": "vmm t=0", "median_ms": 0.9},
+                       {"model": "m", "config": "vmm t=1", "median_ms": 1.015}]}
+        mt = {"rows": [{"config": "tiny", "variant": "cuda", "median_ms": 12.0},
+                       {"config": "tiny", "variant": "vmm_t1", "median_ms": None}]}
+        code, text = self.run_gate(ab=ab, mt=mt)
+        self.assertEqual(code, 1)
+        self.assertIn("| ab | m | 1.000 (stock cmdbuf off) | - | - | 1.015 | 0.99x | - | vmm t=0 0.900 | PASS |", text)
+        self.assertIn("| maxtext | maxtext tiny | 12.000 (cuda) | - | - | - | - | - | - | FAIL; default did not run |",
+                      text)
+
+    def test_no_input_is_not_a_pass(self):
+        code, _ = quiet(self.m.main, ["perf_gate.py", "--bench", "/nonexistent.json"])
+        self.assertEqual(code, 3)
+
+
+class MaxText(unittest.TestCase):
+    def setUp(self):
+        self.m = load("mt_run", os.path.join(INTEGRATION, "maxtext", "run.py"))
+
+    def test_step_time_from_tokens_per_second_and_variants(self):
+        lines = ["I1201 completed step: 3, seconds: 0.003, TFLOP/s/device: 1.234, Tokens/s/device: 40000.000, "
+                 "total_weights: 128, loss: 10.123, lm_loss: 10.123",
+                 "\x1b[0mcompleted step: 4, seconds: 0.004, TFLOP/s/device: 1.0, Tokens/s/device: 32000.000, "
+                 "total_weights: 128, loss: 9.5, lm_loss: 9.5"]
+        st = self.m.parse_log(lines, 128)
+        self.assertAlmostEqual(st[3][0], 3.2)
+        self.assertAlmostEqual(st[4][0], 4.0)
+        self.assertEqual(st[4][1], 9.5)
+        env = self.m.variant_env("cuda_skip_temp")
+        self.assertEqual(env["JAX_PLATFORMS"], "cuda")
+        self.assertIn("--xla_gpu_command_buffer_update_mode=SKIP_TEMP", env["XLA_FLAGS"])
+        env = self.m.variant_env("vmm_t4096@XLA_VMM_COPY_PATH=batch")
+        self.assertEqual((env["JAX_PLATFORMS"], env["XLA_VMM_TMP_COPY_THRESHOLD"], env["XLA_VMM_COPY_PATH"]),
+                         ("vmm", "4096", "batch"))
+        self.assertEqual(self.m.variant_env("vmm_eager")["XLA_VMM_EXEC_MODE"], "eager")
+        self.assertIsNone(self.m.variant_env("nonsense"))
+
+
+class Bench(unittest.TestCase):
+    def test_table_has_every_config_and_the_default_against_best_stock(self):
+        m = load("bench", os.path.join(INTEGRATION, "bench.py"))
+        rows = [{"program": "p", "config": "stock cmdbuf on", "ms": 2.0, "gpu_ms": None},
+                {"program": "p", "config": "stock cmdbuf off", "ms": 1.6, "gpu_ms": None},
+                {"program": "p", "config": "vmm graph (default)", "ms": 0.8, "gpu_ms": 0.5}]
+        text = m.markdown(rows)
+        self.assertIn("| program | stock cmdbuf on ms | stock cmdbuf off ms | vmm graph (default) ms |", text)
+        self.assertIn("| p | 2.000 | 1.600 | 0.800 | 2.00x | 0.500 | 3.20x |", text)
+        self.assertEqual(m.parse_env_rows(["graph copy=batch:XLA_VMM_COPY_PATH=batch,A=b"]),
+                         [("vmm graph copy=batch", {"XLA_VMM_COPY_PATH": "batch", "A": "b"})])
+
+
 if __name__ == "__main__":
     unittest.main()

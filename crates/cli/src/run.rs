@@ -239,6 +239,7 @@ pub fn replay<B: Backend>(
         }
         if let Some(st) = exe.stats() {
             println!("{}", st.line());
+            println!("{}", st.phases_line());
         }
         if failed {
             bail!(

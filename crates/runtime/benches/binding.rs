@@ -162,6 +162,7 @@ fn measure(n: usize, scenario: &str, steps: usize) -> (f64, f64, &'static str) {
         threshold: Threshold::from(if vmm { 0 } else { 1 }),
         costs: None,
         immutable_buffers: false,
+        ..Default::default()
     })
     .expect("config");
     let sets: Vec<Bufs> = (0..sets)

@@ -122,6 +122,8 @@ pub struct BindingConfig {
     /// shadow's last content skips the copy in. Off by default: a raw API
     /// caller may write its buffers between steps.
     pub immutable_buffers: bool,
+    /// How a step's copies run (`XLA_VMM_COPY_PATH`).
+    pub copy_path: CopyPath,
 }
 
 impl Default for BindingConfig {
@@ -130,7 +132,55 @@ impl Default for BindingConfig {
             threshold: Threshold::Auto,
             costs: None,
             immutable_buffers: false,
+            copy_path: CopyPath::Auto,
         }
+    }
+}
+
+/// How VA-stable mode runs a step's copies (`XLA_VMM_COPY_PATH`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CopyPath {
+    /// The runtime's choice (`auto`, the default).
+    #[default]
+    Auto,
+    /// The copy kernel inside the step's graph (`kernel`), where the
+    /// backend can load it; batched driver copies elsewhere.
+    Kernel,
+    /// Batched driver copies before and after the graph launch (`batch`).
+    Batch,
+}
+
+/// The environment variable [`CopyPath::from_env`] reads.
+pub const COPY_PATH_ENV: &str = "XLA_VMM_COPY_PATH";
+
+impl CopyPath {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim() {
+            "" | "auto" => Ok(CopyPath::Auto),
+            "kernel" => Ok(CopyPath::Kernel),
+            "batch" => Ok(CopyPath::Batch),
+            other => Err(RuntimeError::arg(format!(
+                "{COPY_PATH_ENV}={other:?}: expected auto, kernel or batch"
+            ))),
+        }
+    }
+
+    /// `XLA_VMM_COPY_PATH`, [`CopyPath::Auto`] when unset.
+    pub fn from_env() -> Result<Self> {
+        std::env::var(COPY_PATH_ENV).map_or(Ok(CopyPath::Auto), |v| Self::parse(&v))
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CopyPath::Auto => "auto",
+            CopyPath::Kernel => "kernel",
+            CopyPath::Batch => "batch",
+        }
+    }
+
+    /// Whether the copy kernel is tried.
+    pub fn wants_kernel(self) -> bool {
+        !matches!(self, CopyPath::Batch)
     }
 }
 
@@ -224,7 +274,8 @@ pub fn measured_costs<B: Backend>(backend: &B) -> Option<QuickCosts> {
 }
 
 impl BindingConfig {
-    /// The threshold from `option` (wins) or `XLA_VMM_TMP_COPY_THRESHOLD`.
+    /// The threshold from `option` (wins) or `XLA_VMM_TMP_COPY_THRESHOLD`,
+    /// the copy path from `XLA_VMM_COPY_PATH`.
     pub fn resolve(option: Option<u64>) -> Result<Self> {
         let threshold = match option {
             Some(n) => Threshold::from(n),
@@ -234,6 +285,7 @@ impl BindingConfig {
             threshold,
             costs: None,
             immutable_buffers: false,
+            copy_path: CopyPath::from_env()?,
         })
     }
 
@@ -345,11 +397,82 @@ pub struct BindingStats {
     pub plan_skip: usize,
     pub plan_remap: usize,
     pub plan_copy: usize,
+    /// Host time of the steps by phase (setup and captures excluded).
+    pub phases: PhaseNs,
     #[serde(flatten)]
     pub counters: Stats,
 }
 
+/// Host time of VA-stable steps by phase, cumulative ns: where a step's
+/// binding time goes (setup, the probe and graph captures are left out).
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct PhaseNs {
+    /// The policy: the bindings, the tracker's actions, shadows and copy
+    /// lists (auto's warm-up measurement included).
+    pub plan: u64,
+    /// Unmap, map and set-access calls (waits excluded).
+    pub vmm: u64,
+    /// Waiting for a reservation's previous step (before an unmap or a
+    /// rewrite of its copy tables).
+    pub wait: u64,
+    /// Copy tables rewritten (kernel path).
+    pub tables: u64,
+    /// Batched copies enqueued, both directions.
+    pub copies: u64,
+    /// The graph launch call.
+    pub launch: u64,
+    /// The step's event record and the stats.
+    pub record: u64,
+}
+
+impl PhaseNs {
+    pub fn total(&self) -> u64 {
+        self.plan + self.vmm + self.wait + self.tables + self.copies + self.launch + self.record
+    }
+}
+
+/// Adds the time since the last lap to a phase.
+pub(crate) struct Lap(std::time::Instant);
+
+impl Lap {
+    pub(crate) fn start() -> Self {
+        Lap(std::time::Instant::now())
+    }
+
+    /// Add the time since the last lap, less `excluded` ns (counted
+    /// elsewhere), to `phase`.
+    pub(crate) fn to(&mut self, phase: &mut u64, excluded: u64) {
+        let now = std::time::Instant::now();
+        *phase += ((now - self.0).as_nanos() as u64).saturating_sub(excluded);
+        self.0 = now;
+    }
+
+    /// Count the time since the last lap nowhere (setup).
+    pub(crate) fn skip(&mut self) {
+        self.0 = std::time::Instant::now();
+    }
+}
+
 impl BindingStats {
+    /// One line: `phases: us/step plan=.. vmm=.. ...` (means per step).
+    pub fn phases_line(&self) -> String {
+        let p = &self.phases;
+        let n = self.counters.steps.max(1) as f64 * 1e3;
+        format!(
+            "phases: us/step plan={:.2} vmm={:.2} wait={:.2} tables={:.2} copies={:.2} \
+             launch={:.2} record={:.2} total={:.2} (steps={})",
+            p.plan as f64 / n,
+            p.vmm as f64 / n,
+            p.wait as f64 / n,
+            p.tables as f64 / n,
+            p.copies as f64 / n,
+            p.launch as f64 / n,
+            p.record as f64 / n,
+            p.total() as f64 / n,
+            self.counters.steps
+        )
+    }
+
     /// Mean host binding time per step, µs.
     pub fn host_us_per_step(&self) -> f64 {
         self.counters.host_binding_ns_mean() as f64 / 1e3

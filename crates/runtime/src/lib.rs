@@ -33,7 +33,7 @@ pub mod ops;
 pub mod slots;
 pub mod vastable;
 
-pub use binding::{BindingConfig, BindingStats, RemapSource, UserBuffer};
+pub use binding::{BindingConfig, BindingStats, CopyPath, RemapSource, UserBuffer};
 pub use collective::{Cliques, CollectiveEnv, DeviceAssignment, IdExchange, LocalExchange};
 pub use error::{Result, RuntimeError};
 pub use executable::{Executable, Mode, Output};

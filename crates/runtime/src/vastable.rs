@@ -88,7 +88,9 @@ use xla_vmm_policy::{
     TrackerConfig,
 };
 
-use crate::binding::{publish, register, BindingConfig, BindingStats, StatsSlot, UserBuffer};
+use crate::binding::{
+    publish, register, BindingConfig, BindingStats, Lap, StatsSlot, UserBuffer, COPY_PATH_ENV,
+};
 use crate::copykernel::{rows, CopyKernel, CopyTables, IN, OUT};
 use crate::error::{Result, RuntimeError};
 use crate::executable::Executable;
@@ -183,6 +185,9 @@ pub(crate) struct VaStable<B: Backend> {
     ins: Vec<CopyOp>,
     outs: Vec<CopyOp>,
     order: Vec<(u64, u64)>,
+    /// Waited for reservations since the last phase lap, ns (counted in
+    /// the `wait` phase, not in the phase around it).
+    waited_ns: u64,
 }
 
 /// The copy kernel is unavailable: said once per process at info level.
@@ -291,6 +296,7 @@ impl<B: Backend> VaStable<B> {
             ins: Vec::with_capacity(n),
             outs: Vec::with_capacity(n),
             order: Vec::with_capacity(n),
+            waited_ns: 0,
         })
     }
 
@@ -437,6 +443,8 @@ impl<B: Backend> VaStable<B> {
         stream: &B::Stream,
     ) -> Result<()> {
         let t0 = Instant::now();
+        let mut lap = Lap::start();
+        self.waited_ns = 0;
         let be = exe.backend();
         let r = (self.step % RESERVATIONS as u64) as usize;
         let warming = self.replan && !self.tracker.replanned();
@@ -499,6 +507,11 @@ impl<B: Backend> VaStable<B> {
             self.lay_out(exe)?;
             setup += t.elapsed();
         }
+        if setup.is_zero() {
+            lap.to(&mut self.stats.phases.plan, 0);
+        } else {
+            lap.skip();
+        }
         let mut synced = false;
         let mut new_maps = std::mem::take(&mut self.new_maps);
         new_maps.clear();
@@ -531,6 +544,10 @@ impl<B: Backend> VaStable<B> {
             }
         }
         self.new_maps = new_maps;
+        lap.to(
+            &mut self.stats.phases.vmm,
+            std::mem::take(&mut self.waited_ns),
+        );
         // Phase 3: shadows for copy slots, copy lists.
         let mut ins = std::mem::take(&mut self.ins);
         let mut outs = std::mem::take(&mut self.outs);
@@ -566,6 +583,10 @@ impl<B: Backend> VaStable<B> {
                 self.shadow_holds[i] = None;
             }
         }
+        lap.to(
+            &mut self.stats.phases.plan,
+            std::mem::take(&mut self.waited_ns),
+        );
         // Copies in (kernel path: fill the tables; batch path: enqueue).
         let mut ordered_outs = false;
         // Kernel path: copies that did not fit the table run as batches.
@@ -586,6 +607,10 @@ impl<B: Backend> VaStable<B> {
                 t.write(be, IN, &ins);
                 t.write(be, OUT, out_entries);
             }
+            lap.to(
+                &mut self.stats.phases.tables,
+                std::mem::take(&mut self.waited_ns),
+            );
             let t = self.res[r].tables.as_ref().expect("checked above");
             batch_out = t.overflowed(OUT);
             if t.overflowed(IN) {
@@ -597,6 +622,7 @@ impl<B: Backend> VaStable<B> {
         } else {
             self.stats.copy_ops += copy_batch(be, &ins, stream)?;
         }
+        lap.to(&mut self.stats.phases.copies, 0);
         let t_bind = t0.elapsed();
         // Launch (capture once per reservation).
         if self.res[r].graph.is_none() {
@@ -608,6 +634,7 @@ impl<B: Backend> VaStable<B> {
             let g = capture(exe, &res.table, kernel, stream)?;
             self.res[r].graph = Some(g);
             self.stats.captures += 1;
+            lap.skip();
         }
         let res = &mut self.res[r];
         let (_, exec) = res.graph.as_ref().expect("captured");
@@ -622,6 +649,7 @@ impl<B: Backend> VaStable<B> {
         let t_launch = Instant::now();
         be.graph_launch(exec, stream)?;
         let t_after = Instant::now();
+        lap.to(&mut self.stats.phases.launch, 0);
         if warming {
             push_sample(
                 &mut self.warm.launches,
@@ -656,6 +684,7 @@ impl<B: Backend> VaStable<B> {
             }
             self.stats.copy_ops += outs.len() as u64;
         }
+        lap.to(&mut self.stats.phases.copies, 0);
         be.event_record(res.done.as_ref().expect("created"), stream)?;
         res.used = true;
         self.ins = ins;
@@ -676,6 +705,7 @@ impl<B: Backend> VaStable<B> {
             .saturating_sub(self.stats.bytes_elided);
         // Every failed unmap call, including those a retry recovered.
         self.stats.counters.unmap_errors = self.unmap_failures;
+        lap.to(&mut self.stats.phases.record, 0);
         let slot = self
             .slot
             .get_or_insert_with(|| register(&self.key, &self.stats));
@@ -692,6 +722,9 @@ impl<B: Backend> VaStable<B> {
     /// what a copy costs) and give the tracker the costs (given, probed or
     /// the constants).
     fn prepare_costs(&mut self, be: &B) -> Result<()> {
+        if !self.cfg.copy_path.wants_kernel() && self.kernel_error.is_none() {
+            self.kernel_error = Some(format!("{COPY_PATH_ENV}=batch"));
+        }
         if self.kernel.is_none() && self.kernel_error.is_none() {
             match CopyKernel::load(be) {
                 Ok(k) => self.kernel = Some(k),

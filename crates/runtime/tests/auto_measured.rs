@@ -95,6 +95,7 @@ fn run_loop(b: &Arc<HostBackend>, mode: Mode, threshold: Option<u64>, steps: usi
             threshold: Threshold::from(t),
             costs: None,
             immutable_buffers: false,
+            ..Default::default()
         })
         .unwrap();
     }

@@ -119,6 +119,7 @@ impl Loop {
                 threshold: Threshold::from(t),
                 costs: Some(costs(1 << 30)),
                 immutable_buffers: immutable,
+                ..Default::default()
             })
             .unwrap();
         }
@@ -372,6 +373,7 @@ fn shadow_budget_is_never_exceeded() {
         threshold: Threshold::Bytes(1 << 20),
         costs: Some(costs(free)),
         immutable_buffers: false,
+        ..Default::default()
     })
     .unwrap();
     let alloc = VmmAllocator::new(
@@ -575,6 +577,7 @@ fn train2_loop(
         threshold: Threshold::from(threshold),
         costs: Some(costs(1 << 30)),
         immutable_buffers: immutable,
+        ..Default::default()
     })
     .unwrap();
     let ws: Vec<_> = (0..2)

@@ -163,6 +163,7 @@ fn copy_loop<B: Backend>(
         threshold: Threshold::Auto,
         costs: None,
         immutable_buffers: false,
+        ..Default::default()
     })
     .unwrap();
     let (ox, oy) = offsets;
@@ -339,6 +340,7 @@ fn steady_state_skips_make_only_the_launch_and_the_event_record() {
             threshold: Threshold::from(0),
             costs: None,
             immutable_buffers: false,
+            ..Default::default()
         })
         .unwrap();
         let bufs: Vec<_> = (0..3).map(|_| alloc.alloc(size).unwrap()).collect();
@@ -392,6 +394,7 @@ fn a_fallback_too_big_for_the_table_runs_as_a_batch_with_data_intact() {
         threshold: Threshold::from(0),
         costs: None,
         immutable_buffers: false,
+        ..Default::default()
     })
     .unwrap();
     let x = alloc.alloc(size).unwrap();
@@ -462,6 +465,7 @@ fn binding_time<B: Backend>(b: &Arc<B>, steps: usize, bound: Option<f64>) {
                 threshold: Threshold::from(if copy { 1 } else { 0 }),
                 costs: None,
                 immutable_buffers: false,
+                ..Default::default()
             })
             .unwrap();
             let vmm: Vec<_> = (0..n).map(|_| alloc.alloc(size).unwrap()).collect();

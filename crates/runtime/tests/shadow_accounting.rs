@@ -96,6 +96,7 @@ fn run(threshold: Threshold, free: u64) -> BindingStats {
         // backend's.
         costs: Some(costs(free, 0)),
         immutable_buffers: false,
+        ..Default::default()
     })
     .unwrap();
     let w = alloc.alloc(DONATED).unwrap();

@@ -42,10 +42,15 @@ impl<B: Backend> VaStable<B> {
         Ok(())
     }
 
-    pub(super) fn wait_idle(&self, be: &B, r: usize, synced: &mut bool) -> Result<()> {
-        let res = &self.res[r];
-        if res.used && !*synced {
-            be.event_synchronize(res.done.as_ref().expect("created"))?;
+    /// Wait until reservation `r`'s previous step is done (once per step;
+    /// the time goes to the `wait` phase).
+    pub(super) fn wait_idle(&mut self, be: &B, r: usize, synced: &mut bool) -> Result<()> {
+        if self.res[r].used && !*synced {
+            let t = Instant::now();
+            be.event_synchronize(self.res[r].done.as_ref().expect("created"))?;
+            let ns = t.elapsed().as_nanos() as u64;
+            self.stats.phases.wait += ns;
+            self.waited_ns += ns;
         }
         *synced = true;
         Ok(())

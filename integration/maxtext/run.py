@@ -1,0 +1,213 @@
+"""MaxText synthetic llama training on the GPU machine: stock XLA in every configuration vs xla-vmm in
+every mode, one process per run, then a table (benchmark, not a test).
+
+    python3 integration/maxtext/run.py --mt DIR [--out OUT] [--configs tiny,1B] [--variants ...]
+
+DIR holds `.mt` (MaxText's source) and `.wheels` (what MaxText needs that the GPU machine lacks), made by
+integration/maxtext/prepare.sh; the xla-vmm wheel is --wheel (default integration/dist/*.whl or
+DIR/*.whl). Variants: the stock configurations of stock_configs.py by key (`cuda` = command buffers on,
+`cuda_nocb`, `cuda_skip_temp`, `cuda_skip_profiled`; stock runs see the vmm package but not its library),
+and `vmm_t1` (the default: VA-stable graphs, auto), `vmm_t0`, `vmm_tN`, `vmm_eager`, `vmm_recapture`; any
+variant may carry extra environment after `@`: `vmm_t1@XLA_VMM_COPY_PATH=batch`.
+
+Step time: MaxText prints `seconds:` with 3 decimals, too coarse for the tiny config, and
+`Tokens/s/device:` with 3 decimals of tokens/s, which is exact enough: ms/step = tokens per step /
+(tokens/s). Median over steps >= 3. Losses (3 decimals, as MaxText prints them) are compared per step
+against the same config's `cuda` run. Writes OUT/mt.json and OUT/mt.md after every run (a call cut short
+keeps what it finished), and every run's log into OUT/mt_logs.tar.gz. --budget-s: no run starts once
+that many seconds have passed, and a run's timeout is cut to what is left.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from stock_configs import STOCK_CONFIGS, with_flags  # noqa: E402
+
+CONFIGS = {
+    # (MaxText args, tokens per step at per_device_batch_size=1)
+    "tiny": ("base_num_decoder_layers=2 base_emb_dim=256 base_mlp_dim=512 base_num_query_heads=4 "
+             "base_num_kv_heads=4 head_dim=64 max_target_length=128", 128),
+    "1B": ("base_num_decoder_layers=4 max_target_length=2048", 2048),  # llama2-7b widths, ~1B params
+}
+STEP_RE = re.compile(r"completed step: (\d+), seconds: ([0-9.]+).*?Tokens/s/device: ([0-9.]+).*?loss: ([0-9.eE+-]+|nan|inf)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+VMM_LINE = re.compile(r"\b(WARN|ERROR)\b\s+(xla_vmm\S*)")
+DEFAULT_VARIANTS = "cuda,cuda_nocb,cuda_skip_temp,cuda_skip_profiled,vmm_t1,vmm_t0,vmm_eager,vmm_recapture"
+
+
+def variant_env(variant):
+    """The environment of `variant` (None when unknown)."""
+    base, _, extra = variant.partition("@")
+    env = dict(x.split("=", 1) for x in extra.split(",") if "=" in x)
+    stock = {short: flags for _, flags, short in STOCK_CONFIGS}
+    if base in stock:
+        return dict(env, JAX_PLATFORMS="cuda", XLA_VMM_LIBRARY="/nonexistent",
+                    XLA_FLAGS=with_flags(os.environ.get("XLA_FLAGS", ""), stock[base]))
+    modes = {"vmm_eager": {"XLA_VMM_EXEC_MODE": "eager"}, "vmm_recapture": {"XLA_VMM_EXEC_MODE": "graph-recapture"}}
+    # The plugin's binding stats and decisions go to the log (info) unless XLA_VMM_LOG says otherwise.
+    vmm = {"JAX_PLATFORMS": "vmm", "XLA_VMM_LOG": os.environ.get("XLA_VMM_LOG", "info")}
+    if base in modes:
+        return {**vmm, **modes[base], **env}
+    m = re.fullmatch(r"vmm_t(\d+)", base)
+    if m:
+        return {**vmm, "XLA_VMM_EXEC_MODE": "graph", "XLA_VMM_TMP_COPY_THRESHOLD": m.group(1), **env}
+    return None
+
+
+def parse_log(lines, tokens):
+    """{step: (ms, loss)} from a MaxText log."""
+    steps = {}
+    for line in lines:
+        m = STEP_RE.search(ANSI.sub("", line))
+        if m:
+            tps = float(m.group(3))
+            ms = tokens / tps * 1e3 if tps > 0 else float(m.group(2)) * 1e3
+            steps[int(m.group(1))] = (ms, float(m.group(4)))
+    return steps
+
+
+def first_error(lines, rc):
+    for line in lines:
+        if re.search(r"\bERROR\b\s+xla_vmm", line) or "panicked at" in line:
+            return line.strip()
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last)"):
+            for m in lines[i + 1:]:
+                if m.strip() and not m[0].isspace():
+                    return m.strip()
+    for line in lines:
+        if re.search(r"Fatal Python error|Segmentation fault|core dumped|Check failed|F\d{4} ", line):
+            return line.strip()
+    if rc in (124, 137, -9, -15):
+        return "timeout (killed)"
+    if rc not in (0, None):
+        tail = [x.strip() for x in lines if x.strip()]
+        return tail[-1] if tail else "no output"
+    return ""
+
+
+def summarize(rows):
+    """Markdown: per run the median ms/step, the ratio against the best stock of its config, loss drift."""
+    out = ["| config | variant | rc | steps | median ms/step (steps >= 3) | vs best stock | max abs dloss vs cuda "
+           "| vmm WARN/ERROR lines | first error |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        stock = [x["median_ms"] for x in rows if x["config"] == r["config"] and x["variant"].startswith("cuda")
+                 and x["median_ms"]]
+        best = min(stock) if stock else None
+        vs = "%.2fx" % (best / r["median_ms"]) if best and r["median_ms"] else "-"
+        f = lambda v, p: ("%%.%df" % p) % v if isinstance(v, (int, float)) else "-"  # noqa: E731
+        err = (r["error"] or "").replace("|", "\\|")[:200]
+        out.append("| %s | %s | %s | %d | %s | %s | %s | %d | %s |" % (
+            r["config"], r["variant"], r["rc"], r["steps_done"], f(r["median_ms"], 3), vs, f(r["max_dloss"], 3),
+            r["vmm_lines"], err))
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mt", required=True, help="folder with .mt and .wheels (prepare.sh)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mt_ab"))
+    ap.add_argument("--configs", default="tiny,1B")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--timeout", type=int, default=150, help="per run, seconds")
+    ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--wheel", default=None)
+    ap.add_argument("--site", default="/tmp/mt_site")
+    ap.add_argument("--extra", default="", help="more MaxText key=value args for every run")
+    a = ap.parse_args()
+    t0 = time.time()
+    os.makedirs(a.out, exist_ok=True)
+    logd = "/tmp/mt_ab_logs"
+    os.makedirs(logd, exist_ok=True)
+    say = lambda msg: print("[mt %4ds] %s" % (time.time() - t0, msg), flush=True)  # noqa: E731
+    src = os.path.join(a.mt, ".mt", "src")
+    if not os.path.isdir(os.path.join(src, "maxtext")):
+        sys.exit("no %s/maxtext (run integration/maxtext/prepare.sh, carry its folder)" % src)
+    wheels = glob.glob(os.path.join(a.mt, ".wheels", "*.whl"))
+    vmm = a.wheel or next(iter(sorted(glob.glob(os.path.join(HERE, "..", "dist", "*.whl")) +
+                                      glob.glob(os.path.join(a.mt, "*.whl")))), None)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+           "--upgrade", "--target", a.site]
+    if subprocess.run(pip + wheels + ([vmm] if vmm else [])).returncode != 0:
+        sys.exit("pip install of %s/.wheels%s failed" % (a.mt, " and " + vmm if vmm else ""))
+    have_vmm = os.path.isfile(os.path.join(a.site, "jax_plugins", "xla_vmm", "xla_vmm_plugin.so"))
+    say("wheels installed into %s; xla-vmm wheel %s" % (a.site, vmm if have_vmm else "MISSING"))
+    env0 = dict(os.environ, PYTHONPATH=":".join([a.site, src, os.path.join(a.mt, ".mt", "stubs")]),
+                DECOUPLE_GCLOUD="TRUE", PYTHONUNBUFFERED="1", NO_COLOR="1")
+    rows = []
+
+    def save():
+        with open(os.path.join(a.out, "mt.json"), "w") as fh:
+            json.dump({"steps": a.steps, "rows": rows}, fh, indent=1)
+        with open(os.path.join(a.out, "mt.md"), "w") as fh:
+            fh.write(summarize(rows) + "\n")
+        with tarfile.open(os.path.join(a.out, "mt_logs.tar.gz"), "w:gz") as tf:
+            tf.add(logd, arcname="mt_logs")
+
+    for cfg in [c for c in a.configs.split(",") if c]:
+        args, tokens = CONFIGS[cfg]
+        for var in [v for v in a.variants.split(",") if v]:
+            env = variant_env(var)
+            row = {"config": cfg, "variant": var, "rc": "skip", "steps_done": 0, "median_ms": None,
+                   "max_dloss": None, "vmm_lines": 0, "error": "", "ms": {}, "losses": {}}
+            left = a.budget_s - (time.time() - t0) - 15
+            if env is None:
+                row["error"] = "unknown variant"
+            elif env["JAX_PLATFORMS"] == "vmm" and not have_vmm:
+                row["error"] = "no xla-vmm wheel"
+            elif left < 40:
+                row["error"] = "budget spent (--budget-s %g)" % a.budget_s
+            if row["error"]:
+                say("%s %s: skipped (%s)" % (cfg, var, row["error"]))
+                rows.append(row)
+                save()
+                continue
+            work = "/tmp/mt_ab_work/%s_%s" % (cfg, re.sub(r"[^A-Za-z0-9_]", "_", var))
+            os.makedirs(work + "/cache", exist_ok=True)
+            cmd = [sys.executable, "-m", "maxtext.trainers.pre_train.train",
+                   os.path.join(src, "maxtext", "configs", "base.yml"), "run_name=mt_%s_%s" % (cfg, var.split("@")[0]),
+                   "base_output_directory=" + work + "/out", "jax_cache_dir=" + work + "/cache",
+                   "model_name=llama2-7b", "override_model_config=true", "per_device_batch_size=1",
+                   "dataset_type=synthetic", "enable_checkpointing=false", "hardware=gpu", "attention=dot_product",
+                   "steps=%d" % a.steps] + args.split() + a.extra.split()
+            tmo = int(min(a.timeout, left))
+            say("%s %s: start (%s, timeout %ds)" % (cfg, var, " ".join("%s=%s" % kv for kv in env.items()
+                                                                        if kv[0] != "XLA_FLAGS" or kv[1]), tmo))
+            log = os.path.join(logd, "mt_%s_%s.log" % (cfg, re.sub(r"[^A-Za-z0-9_=.-]", "_", var)))
+            t1 = time.time()
+            with open(log, "w") as fh:
+                try:
+                    rc = subprocess.run(cmd, env=dict(env0, **env), stdout=fh, stderr=subprocess.STDOUT,
+                                        timeout=tmo).returncode
+                except subprocess.TimeoutExpired:
+                    rc = 124
+            lines = open(log, errors="replace").read().splitlines()
+            st = parse_log(lines, tokens)
+            later = [v[0] for k, v in st.items() if k >= 3]
+            base = next((r for r in rows if r["config"] == cfg and r["variant"] == "cuda"), None)
+            common = sorted(set(st) & set(int(k) for k in base["losses"])) if base and var != "cuda" else []
+            row.update(rc=rc, steps_done=len(st), wall_s=round(time.time() - t1, 1),
+                       median_ms=statistics.median(later) if later else None,
+                       ms={k: v[0] for k, v in st.items()}, losses={k: v[1] for k, v in st.items()},
+                       max_dloss=max(abs(st[k][1] - base["losses"][k]) for k in common) if common else None,
+                       vmm_lines=sum(1 for x in lines if VMM_LINE.search(x)), error=first_error(lines, rc))
+            rows.append(row)
+            save()
+            say("%s %s: rc=%s in %.0fs, %d steps, median %s ms/step" % (
+                cfg, var, rc, row["wall_s"], len(st), "%.3f" % row["median_ms"] if row["median_ms"] else "-"))
+    print(summarize(rows))
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The perf gate's verdict: xla-vmm's default mode against the best stock configuration and against our own
+eager and graph-recapture modes, on every row of every benchmark that ran (bench.py, ab.py, MaxText).
+
+    python3 integration/perf_gate.py [--bench bench.json] [--ab ab.json] [--mt mt.json] [--out gate.md]
+        [--tolerance 0.02] [--title TEXT]
+
+A row FAILs when the default mode's step time is more than --tolerance (a fraction: run-to-run noise)
+above the best stock configuration measured in the same run, or above our eager or graph-recapture mode
+(where they ran), or when the default did not run. Prints one Markdown table (also to --out); exit 1 on
+any FAIL, 3 when no input had rows.
+"""
+import argparse
+import json
+import sys
+
+# suite -> (the default mode's row, our eager row, our graph-recapture row), as each benchmark names them
+SUITES = {
+    "bench": ("vmm graph (default)", "vmm eager", "vmm graph-recapture"),
+    "ab": ("vmm t=1", "vmm eager", "vmm graph-recapture"),
+    "maxtext": ("vmm_t1", "vmm_eager", "vmm_recapture"),
+}
+
+
+def rows_of(suite, data):
+    """[(workload, config, ms)] of one benchmark's JSON."""
+    out = []
+    for r in data.get("rows", []):
+        if suite == "bench":
+            out.append((r["program"], r["config"], r.get("ms")))
+        elif suite == "ab":
+            out.append((r["model"], r["config"], r.get("median_ms")))
+        else:
+            out.append(("maxtext " + r["config"], r["variant"], r.get("median_ms")))
+    return out
+
+
+def is_stock(suite, config):
+    return config.startswith("cuda") if suite == "maxtext" else config.startswith("stock")
+
+
+def num(v):
+    return v if isinstance(v, (int, float)) and v == v and v > 0 else None
+
+
+def verdicts(suite, rows, tol):
+    """One dict per workload of `rows`."""
+    default, eager, recap = SUITES[suite]
+    out = []
+    for w in dict.fromkeys(r[0] for r in rows):
+        by = {c: num(ms) for wl, c, ms in rows if wl == w}
+        stock = {c: ms for c, ms in by.items() if is_stock(suite, c) and ms}
+        best_c = min(stock, key=stock.get) if stock else None
+        d = by.get(default)
+        problems = []
+        if d is None:
+            problems.append("default did not run")
+        else:
+            for label, ref in (("best stock", stock.get(best_c)), ("eager", by.get(eager)),
+                               ("graph-recapture", by.get(recap))):
+                if ref and d > ref * (1 + tol):
+                    problems.append("slower than %s (%.3f > %.3f ms)" % (label, d, ref))
+        others = {c: ms for c, ms in by.items() if ms and not is_stock(suite, c) and c not in (default, eager, recap)}
+        out.append({"suite": suite, "workload": w, "best_stock": best_c, "best_stock_ms": stock.get(best_c),
+                    "eager_ms": by.get(eager), "recapture_ms": by.get(recap), "default_ms": d,
+                    "vs_best_stock": (stock[best_c] / d) if d and best_c else None,
+                    "vs_eager": (by[eager] / d) if d and by.get(eager) else None,
+                    "others": others, "verdict": "FAIL" if problems else "PASS", "problems": problems})
+    return out
+
+
+def markdown(vs, tol, title):
+    f = lambda v, fmt="%.3f": (fmt % v) if isinstance(v, (int, float)) else "-"  # noqa: E731
+    out = ([title, ""] if title else []) + [
+        "| suite | workload | best stock (config) ms | vmm eager ms | vmm graph-recapture ms | vmm default ms "
+        "| default vs best stock | default vs eager | other vmm rows ms | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
+    for v in vs:
+        others = ", ".join("%s %.3f" % kv for kv in v["others"].items()) or "-"
+        out.append("| %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s | %s |" % (
+            v["suite"], v["workload"], f(v["best_stock_ms"]), v["best_stock"] or "-", f(v["eager_ms"]),
+            f(v["recapture_ms"]), f(v["default_ms"]), f(v["vs_best_stock"], "%.2fx"), f(v["vs_eager"], "%.2fx"),
+            others, v["verdict"] + ("".join("; " + p for p in v["problems"]))))
+    n_fail = sum(v["verdict"] == "FAIL" for v in vs)
+    out += ["", "%d rows, %d FAIL (tolerance %.0f%%: a default step more than that above a reference fails)" % (
+        len(vs), n_fail, tol * 100)]
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", action="append", default=[])
+    ap.add_argument("--ab", action="append", default=[])
+    ap.add_argument("--mt", action="append", default=[])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--tolerance", type=float, default=0.02)
+    ap.add_argument("--title", default="")
+    a = ap.parse_args()
+    vs = []
+    for suite, paths in (("bench", a.bench), ("ab", a.ab), ("maxtext", a.mt)):
+        for p in paths:
+            try:
+                with open(p) as fh:
+                    data = json.load(fh)
+            except (OSError, ValueError) as e:
+                print("perf gate: %s: %s" % (p, e), file=sys.stderr)
+                continue
+            vs += verdicts(suite, rows_of(suite, data), a.tolerance)
+    text = markdown(vs, a.tolerance, a.title)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as fh:
+            fh.write(text + "\n")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(vs, fh, indent=1)
+    if not vs:
+        return 3
+    return 1 if any(v["verdict"] == "FAIL" for v in vs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
