@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build everything the GPU check needs (here, where cargo is) and stage it for the device machine.
 #     bash integration/stage_gpu.sh          -> .dev/gpu: release binaries, GPU test binaries, fixtures
-#     bash integration/stage_gpu.sh --perf   -> .dev/perf: what the `perf` section needs only (the CLI,
-#                                               the plugin and its wheel, the copy-path diagnostic, and
-#                                               MaxText from .dev/mt when prepared: ~35 MB)
+#     bash integration/stage_gpu.sh --perf   -> .dev/perf: what the `perf` section needs (the CLI, the
+#                                               plugin and its wheel, the copy-path diagnostic, MaxText
+#                                               from .dev/mt when prepared) and the fixtures that
+#                                               `stock runtime plugin` compare with, no test binaries: ~50 MB
 # Then, on the GPU machine, from the repo root:
 #     bash integration/gpu_check.sh .dev/gpu            (or .dev/perf perf)
 # With the device tool: run(command="bash integration/gpu_check.sh .dev/gpu", carry=[".dev/gpu"]).
@@ -26,6 +27,9 @@ if [ $perf = 1 ]; then
     # shellcheck disable=SC2086
     "${NVCC:-nvcc}" ${NVCC_FLAGS:-} -O2 -arch=sm_90 -o "$stage/diag/copy_paths" integration/diag/copy_paths.cu -lcuda
   fi
+  # The fixtures the `runtime` section compares against (16 MB).
+  fx=../shared/fixtures
+  for f in small loop mlp_adam_donated llama_scan_bf16; do cp "$fx/$f.pjrt" "$fx/$f.npz" "$stage/fixtures/"; done
   if [ -d .dev/mt/.mt ]; then
     mkdir -p "$stage/mt"
     cp -r .dev/mt/.mt .dev/mt/.wheels "$stage/mt/"

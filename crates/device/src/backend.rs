@@ -158,6 +158,9 @@ pub trait Backend: Send + Sync + 'static {
     type Graph: Send + std::fmt::Debug;
     /// An instantiated, launchable graph.
     type GraphExec: Send + std::fmt::Debug;
+    /// A node of a captured graph: names the same node in every graph
+    /// instantiated from it (see [`Backend::graph_exec_kernel_update`]).
+    type GraphNode: Send + Sync + Clone + std::fmt::Debug;
 
     // ---- device facts ----------------------------------------------------
     fn info(&self) -> &DeviceInfo;
@@ -310,6 +313,38 @@ pub trait Backend: Send + Sync + 'static {
     fn graph_exec_update(&self, exec: &Self::GraphExec, graph: &Self::Graph) -> Result<bool>;
     fn graph_destroy(&self, graph: Self::Graph) -> Result<()>;
     fn graph_exec_destroy(&self, exec: Self::GraphExec) -> Result<()>;
+
+    /// The kernel nodes of `graph` that launch `function` (in no particular
+    /// order), including those inside its conditional bodies where the
+    /// backend can see them.
+    fn graph_kernel_nodes(
+        &self,
+        _graph: &Self::Graph,
+        _function: &Self::Function,
+    ) -> Result<Vec<Self::GraphNode>> {
+        Err(DeviceError::Unsupported(
+            "updating graph kernel nodes on this backend".into(),
+        ))
+    }
+
+    /// Give kernel node `node` of `exec` (a node of the graph `exec` was
+    /// instantiated from, launching `function`) new arguments and grid for
+    /// the following launches of `exec`. Launches already enqueued keep
+    /// what they were launched with, so this never waits for the device.
+    /// `config` may change the grid and block only (no cluster, no PDL, the
+    /// same shared memory).
+    fn graph_exec_kernel_update(
+        &self,
+        _exec: &Self::GraphExec,
+        _node: &Self::GraphNode,
+        _function: &Self::Function,
+        _config: &LaunchConfig,
+        _args: &[&[u8]],
+    ) -> Result<()> {
+        Err(DeviceError::Unsupported(
+            "updating graph kernel nodes on this backend".into(),
+        ))
+    }
 
     /// Encode a 128-byte TMA descriptor (`CUtensorMap`) for the tensor at
     /// `base`: the bytes passed as the kernel parameter. Host-side only (not

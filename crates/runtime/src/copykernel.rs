@@ -1,51 +1,73 @@
-//! The copy kernel of VA-stable mode: the copies of a step run inside the
-//! step's graph, driven by a descriptor table in pinned host memory that
-//! the GPU reads directly (zero-copy), so binding a step makes no driver
-//! call for its copies.
+//! The copy kernel of VA-stable mode: a step's copies run inside the
+//! step's graph, as two kernel nodes (copies in first, copies out last),
+//! each finding its copies in its own kernel parameter: a table passed by
+//! value. When a reservation's copies change, the host rewrites that node's
+//! parameter in the instantiated graph ([`Backend::graph_exec_kernel_update`]):
+//! the GPU never reads memory the host writes, the host never waits for the
+//! GPU (launches already enqueued keep their parameters), and a step whose
+//! copies did not change makes no call for them at all.
 //!
-//! Table layout (little endian, 8-byte words): `[count, 0]` then `count`
-//! rows `(dst, src, bytes)`, 24 bytes each; a copy longer than
-//! [`ROW_BYTES`] is split into several rows. Rows with `bytes == 0` copy
-//! nothing. Rows run concurrently (one CTA each): destinations must not
-//! overlap (the caller falls back to ordered copies otherwise). A step
-//! whose copies need more rows than the table has runs that direction as a
-//! batched driver copy instead.
+//! Why not a table in pinned host memory, read by the kernel (the design
+//! before): every CTA then read it over PCIe, and on the H200 VM those
+//! reads are serialized: ~1.15 ms for the two launches of a step against
+//! ~2 µs with the table in the parameter
+//! (`integration/results/perf_baseline_a14eaf4.md`, `integration/diag/`).
 //!
-//! Each reservation's graph is captured once with two launches of the
-//! kernel: the first node reads the IN table, the last the OUT table. The
-//! host rewrites a table only after the reservation's previous launch has
-//! finished (its `done` event), and only when its entries change.
+//! Table (little-endian u64 words): `[count, 0]`, then `cap` rows
+//! `(dst, src, bytes)`; a copy longer than [`ROW_BYTES`] takes several rows.
+//! Rows run concurrently, one CTA each (row `ctaid`, `ctaid + nctaid`, ...):
+//! destinations must not overlap (the caller orders those copies itself).
+//! The CTA copies a row with 16-byte vectors when both ends are 16-byte
+//! aligned, then byte by byte. A direction whose copies need more rows than
+//! the table has runs as a batched driver copy instead.
 //!
-//! Kernels: CUDA runs [`COPY_KERNEL_PTX`] (JIT-compiled by the driver); HIP
-//! runs [`COPY_KERNEL_HIP`] (compiled for the device by hiprtc at first use;
-//! **unverified on AMD hardware**, compiled for several gfx targets in CI);
-//! the host backend runs [`host_copy_kernel`], registered under the same
-//! name with [`register_host_copy_kernel`], so tests exercise the very same
-//! table path. Where the kernel cannot be loaded (no hiprtc, say), the
-//! copies stay batched driver copies.
+//! Capacity: [`ROWS_SMALL`] rows (a 4 KiB parameter, every backend), or
+//! [`ROWS_LARGE`] (32 KiB: CUDA's large kernel parameters, Volta and later,
+//! CUDA 12.1 drivers; the host backend too) when an executable needs more.
+//!
+//! Kernels: CUDA runs [`ptx`] (JIT-compiled by the driver); HIP runs
+//! [`hip_source`] (compiled for the device by hiprtc at first use;
+//! **unverified on AMD hardware**); the host backend runs
+//! [`host_copy_kernel`], registered under both names with
+//! [`register_host_copy_kernel`], so tests go through the same table path.
+//! Where the kernel or node updates are unavailable the copies stay batched
+//! driver copies.
 
 use std::sync::Arc;
 
-use xla_vmm_device::host::{arg_ptr, HostKernelFn};
+use xla_vmm_device::host::HostKernelFn;
 use xla_vmm_device::{Backend, DevicePtr, HostBackend, ImageKind, LaunchConfig};
 
 use crate::error::{Result, RuntimeError};
 
-/// The kernel's name (PTX entry and host kernel).
-pub const COPY_KERNEL_NAME: &str = "xla_vmm_copy_table";
-/// Bytes before the first entry.
+/// The kernels' names: one per direction, so that each node is found by
+/// the function it launches.
+pub const COPY_IN_NAME: &str = "xla_vmm_copy_in";
+pub const COPY_OUT_NAME: &str = "xla_vmm_copy_out";
+/// Bytes before the first row.
 pub const TABLE_HEADER: usize = 16;
-/// Bytes per entry (row).
+/// Bytes per row.
 pub const ENTRY_BYTES: usize = 24;
 /// Copies are split into rows of at most this many bytes (a multiple of
 /// 16, so alignment is kept), one CTA per row.
-pub const ROW_BYTES: u64 = 256 << 10;
+pub const ROW_BYTES: u64 = 128 << 10;
+/// Rows of a 4 KiB parameter (every backend).
+pub const ROWS_SMALL: usize = (4096 - TABLE_HEADER) / ENTRY_BYTES;
+/// Rows of a 32 KiB parameter (CUDA's limit is 32764 bytes).
+pub const ROWS_LARGE: usize = (32764 - TABLE_HEADER) / ENTRY_BYTES;
 /// Threads per CTA.
 const BLOCK: u32 = 256;
-/// CTAs per multiprocessor (grid-stride loops cover any size).
+/// At most this many CTAs per multiprocessor.
 const CTAS_PER_SM: u32 = 4;
 
-/// Bytes of a table with room for `cap` rows.
+/// Copies in (before the step's work) and out (after it).
+pub(crate) const IN: usize = 0;
+pub(crate) const OUT: usize = 1;
+
+/// One copy: (dst, src, bytes).
+pub type Copy = (DevicePtr, DevicePtr, u64);
+
+/// Bytes of a table of `cap` rows (the kernel parameter's size).
 pub fn table_bytes(cap: usize) -> usize {
     TABLE_HEADER + ENTRY_BYTES * cap.max(1)
 }
@@ -55,131 +77,130 @@ pub fn rows(bytes: u64) -> usize {
     bytes.div_ceil(ROW_BYTES).max(1) as usize
 }
 
-/// The copy kernel in PTX (sm_52+, 64-bit addresses), one parameter: the
-/// table's device address.
-///
-/// Rows are spread over the CTAs (row `ctaid`, `ctaid + nctaid`, ...), so
-/// the grid reads the table from host memory once (`ld.global.cv`: the host
-/// rewrites it between launches). Threads 0..2 load a row's three words
-/// into shared memory; the CTA then copies the row with a block-stride
-/// loop: 16-byte vectors when `dst` and `src` are both 16-byte aligned, then
-/// the remaining bytes (all of them otherwise) one by one. The host splits
-/// big copies into rows of [`ROW_BYTES`] so that they spread over the GPU.
-pub const COPY_KERNEL_PTX: &str = r#"
-.version 7.0
-.target sm_52
-.address_size 64
+/// The copy kernels in PTX with a table of `cap` rows: entries
+/// [`COPY_IN_NAME`] and [`COPY_OUT_NAME`], one parameter each (the table,
+/// by value). PTX ISA 7.0 / sm_52 when the table fits in 4 KiB; larger
+/// tables need ISA 8.1 / sm_70 (large kernel parameters).
+pub fn ptx(cap: usize) -> String {
+    let bytes = table_bytes(cap);
+    let (version, target) = if bytes <= 4096 {
+        ("7.0", "sm_52")
+    } else {
+        ("8.1", "sm_70")
+    };
+    let mut s = format!(".version {version}\n.target {target}\n.address_size 64\n");
+    for name in [COPY_IN_NAME, COPY_OUT_NAME] {
+        s.push_str(
+            &PTX_ENTRY
+                .replace("NAME", name)
+                .replace("BYTES", &bytes.to_string()),
+        );
+    }
+    s
+}
 
-.visible .entry xla_vmm_copy_table(
-	.param .u64 p_table
+/// One entry: the table's address in parameter space is taken once, rows
+/// are read from it with `ld.param` (constant bank: no memory traffic).
+const PTX_ENTRY: &str = r#"
+.visible .entry NAME(
+	.param .align 8 .b8 p_table[BYTES]
 )
+.maxntid 256, 1, 1
 {
-	.reg .pred 	%p<8>;
+	.reg .pred 	%p<6>;
 	.reg .b16 	%rs<2>;
-	.reg .b32 	%r<10>;
-	.reg .b64 	%rd<24>;
-	.shared .align 8 .b8 s_row[32];
+	.reg .b32 	%r<9>;
+	.reg .b64 	%rd<17>;
 
-	ld.param.u64 	%rd1, [p_table];
-	cvta.to.global.u64 	%rd1, %rd1;
-	mov.u32 	%r1, %tid.x;
-	mov.u32 	%r2, %ntid.x;
-	mov.u32 	%r3, %ctaid.x;
+	mov.b64 	%rd1, p_table;
+	ld.param.u64 	%rd2, [p_table];
+	mov.u32 	%r1, %ctaid.x;
+	cvt.u64.u32 	%rd3, %r1;
+	setp.ge.u64 	%p1, %rd3, %rd2;
+	@%p1 bra 	$L_done;
+	mov.u32 	%r2, %tid.x;
+	cvt.u64.u32 	%rd4, %r2;
+	mov.u32 	%r3, %ntid.x;
+	cvt.u64.u32 	%rd5, %r3;
 	mov.u32 	%r4, %nctaid.x;
-	cvt.u64.u32 	%rd2, %r1;
-	cvt.u64.u32 	%rd3, %r2;
-	cvt.u64.u32 	%rd4, %r3;
-	cvt.u64.u32 	%rd5, %r4;
-	mov.u64 	%rd10, s_row;
-	setp.ne.u32 	%p1, %r1, 0;
-	@%p1 bra 	$L_counted;
-	ld.global.cv.u64 	%rd6, [%rd1];
-	st.shared.u64 	[%rd10+24], %rd6;
-$L_counted:
-	bar.sync 	0;
-	ld.shared.u64 	%rd6, [%rd10+24];
+	cvt.u64.u32 	%rd6, %r4;
 $L_row:
-	setp.ge.u64 	%p2, %rd4, %rd6;
-	@%p2 bra 	$L_done;
-	setp.ge.u32 	%p3, %r1, 3;
-	@%p3 bra 	$L_loaded;
-	mul.lo.u64 	%rd7, %rd4, 24;
+	mul.lo.u64 	%rd7, %rd3, 24;
 	add.u64 	%rd7, %rd7, %rd1;
-	shl.b64 	%rd8, %rd2, 3;
-	add.u64 	%rd7, %rd7, %rd8;
-	ld.global.cv.u64 	%rd9, [%rd7+16];
-	add.u64 	%rd8, %rd8, %rd10;
-	st.shared.u64 	[%rd8], %rd9;
-$L_loaded:
-	bar.sync 	0;
-	ld.shared.u64 	%rd11, [%rd10];
-	ld.shared.u64 	%rd12, [%rd10+8];
-	ld.shared.u64 	%rd13, [%rd10+16];
-	bar.sync 	0;
-	cvta.to.global.u64 	%rd11, %rd11;
-	cvta.to.global.u64 	%rd12, %rd12;
-	or.b64 	%rd14, %rd11, %rd12;
-	and.b64 	%rd14, %rd14, 15;
-	setp.eq.u64 	%p4, %rd14, 0;
-	shr.u64 	%rd15, %rd13, 4;
-	selp.b64 	%rd15, %rd15, 0, %p4;
-	mov.u64 	%rd16, %rd2;
+	ld.param.u64 	%rd8, [%rd7+16];
+	ld.param.u64 	%rd9, [%rd7+24];
+	ld.param.u64 	%rd10, [%rd7+32];
+	cvta.to.global.u64 	%rd8, %rd8;
+	cvta.to.global.u64 	%rd9, %rd9;
+	or.b64 	%rd11, %rd8, %rd9;
+	and.b64 	%rd11, %rd11, 15;
+	setp.eq.u64 	%p2, %rd11, 0;
+	shr.u64 	%rd12, %rd10, 4;
+	selp.b64 	%rd12, %rd12, 0, %p2;
+	mov.u64 	%rd13, %rd4;
 $L_vec:
-	setp.ge.u64 	%p5, %rd16, %rd15;
-	@%p5 bra 	$L_vec_done;
-	shl.b64 	%rd17, %rd16, 4;
-	add.u64 	%rd18, %rd12, %rd17;
-	add.u64 	%rd19, %rd11, %rd17;
-	ld.global.v4.u32 	{%r5, %r6, %r7, %r8}, [%rd18];
-	st.global.v4.u32 	[%rd19], {%r5, %r6, %r7, %r8};
-	add.u64 	%rd16, %rd16, %rd3;
+	setp.ge.u64 	%p3, %rd13, %rd12;
+	@%p3 bra 	$L_vec_done;
+	shl.b64 	%rd14, %rd13, 4;
+	add.u64 	%rd15, %rd9, %rd14;
+	add.u64 	%rd16, %rd8, %rd14;
+	ld.global.v4.u32 	{%r5, %r6, %r7, %r8}, [%rd15];
+	st.global.v4.u32 	[%rd16], {%r5, %r6, %r7, %r8};
+	add.u64 	%rd13, %rd13, %rd5;
 	bra 	$L_vec;
 $L_vec_done:
-	shl.b64 	%rd20, %rd15, 4;
-	add.u64 	%rd16, %rd20, %rd2;
+	shl.b64 	%rd13, %rd12, 4;
+	add.u64 	%rd13, %rd13, %rd4;
 $L_byte:
-	setp.ge.u64 	%p6, %rd16, %rd13;
-	@%p6 bra 	$L_byte_done;
-	add.u64 	%rd18, %rd12, %rd16;
-	add.u64 	%rd19, %rd11, %rd16;
-	ld.global.u8 	%rs1, [%rd18];
-	st.global.u8 	[%rd19], %rs1;
-	add.u64 	%rd16, %rd16, %rd3;
+	setp.ge.u64 	%p4, %rd13, %rd10;
+	@%p4 bra 	$L_byte_done;
+	add.u64 	%rd15, %rd9, %rd13;
+	add.u64 	%rd16, %rd8, %rd13;
+	ld.global.u8 	%rs1, [%rd15];
+	st.global.u8 	[%rd16], %rs1;
+	add.u64 	%rd13, %rd13, %rd5;
 	bra 	$L_byte;
 $L_byte_done:
-	add.u64 	%rd4, %rd4, %rd5;
-	bra 	$L_row;
+	add.u64 	%rd3, %rd3, %rd6;
+	setp.lt.u64 	%p5, %rd3, %rd2;
+	@%p5 bra 	$L_row;
 $L_done:
 	ret;
 }
 "#;
 
-/// The copy kernel as HIP C++ (`copykernel.hip`): the same table and
-/// semantics as [`COPY_KERNEL_PTX`] (row `blockIdx`, `+ gridDim`, ...;
-/// 16-byte vectors when both ends are 16-byte aligned, then bytes), written
-/// with clang's AMDGPU builtins only, and reading the host-written table
-/// with system-scope loads.
+/// The copy kernels as HIP C++ (`copykernel.hip`, the same table and
+/// semantics as [`ptx`]) with a table of `cap` rows.
+pub fn hip_source(cap: usize) -> String {
+    format!("#define XLA_VMM_ROWS {cap}\n{COPY_KERNEL_HIP}")
+}
+
+/// `copykernel.hip` (needs `XLA_VMM_ROWS` defined: [`hip_source`]).
 pub const COPY_KERNEL_HIP: &str = include_str!("copykernel.hip");
 
-/// The host backend's copy kernel: the same table semantics as the PTX
-/// (entries in order; the table is read through its window).
+/// The host backend's copy kernel: the same table semantics (rows in order).
 pub fn host_copy_kernel() -> HostKernelFn {
     Arc::new(|ctx, args, _cfg| {
-        let table = arg_ptr(args, 0)?;
-        let mut word = [0u8; 8];
-        ctx.read(table, &mut word)?;
-        let count = u64::from_le_bytes(word);
-        let mut ent = [0u8; ENTRY_BYTES];
+        let invalid = |m: &str| xla_vmm_device::DeviceError::InvalidArgument(m.into());
+        let table = args
+            .first()
+            .ok_or_else(|| invalid("copy kernel: no table"))?;
+        let word = |at: usize| -> xla_vmm_device::Result<u64> {
+            let b = table
+                .get(at..at + 8)
+                .ok_or_else(|| invalid("copy kernel: table too short"))?;
+            Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        };
+        let count = word(0)? as usize;
         for i in 0..count {
-            let at = table.offset(TABLE_HEADER as u64 + ENTRY_BYTES as u64 * i);
-            ctx.read(at, &mut ent)?;
-            let w =
-                |k: usize| u64::from_le_bytes(ent[8 * k..8 * k + 8].try_into().expect("8 bytes"));
-            let (dst, src, n) = (DevicePtr(w(0)), DevicePtr(w(1)), w(2));
+            let at = TABLE_HEADER + ENTRY_BYTES * i;
+            let (dst, src, n) = (
+                DevicePtr(word(at)?),
+                DevicePtr(word(at + 8)?),
+                word(at + 16)?,
+            );
             if n > 0 {
-                let len = usize::try_from(n).map_err(|_| {
-                    xla_vmm_device::DeviceError::InvalidArgument("copy too large".into())
-                })?;
+                let len = usize::try_from(n).map_err(|_| invalid("copy too large"))?;
                 let data = ctx.read_vec(src, len)?;
                 ctx.write(dst, &data)?;
             }
@@ -188,34 +209,58 @@ pub fn host_copy_kernel() -> HostKernelFn {
     })
 }
 
-/// Make the copy kernel available on a host backend (the kernel path is
+/// Make the copy kernels available on a host backend (the kernel path is
 /// then used by VA-stable executables created afterwards).
 pub fn register_host_copy_kernel(b: &HostBackend) {
-    b.register_kernel(COPY_KERNEL_NAME, host_copy_kernel());
+    b.register_kernel(COPY_IN_NAME, host_copy_kernel());
+    b.register_kernel(COPY_OUT_NAME, host_copy_kernel());
 }
 
-/// The loaded kernel and its launch geometry.
+/// The loaded kernels (one per direction) and their table capacity.
 pub(crate) struct CopyKernel<B: Backend> {
     module: Option<B::Module>,
-    function: B::Function,
-    config: LaunchConfig,
+    functions: [B::Function; 2],
+    cap: usize,
+    max_grid: u32,
 }
 
 impl<B: Backend> CopyKernel<B> {
-    /// Load the kernel where the backend runs it: CUDA (PTX), HIP (source
-    /// for hiprtc) or host (a registered host kernel).
-    pub(crate) fn load(be: &B) -> Result<Self> {
+    /// Load the kernels with room for `rows` rows per direction where the
+    /// backend allows it (CUDA and host: up to [`ROWS_LARGE`]; HIP:
+    /// [`ROWS_SMALL`]); a large table that fails to load falls back to the
+    /// small one.
+    pub(crate) fn load(be: &B, rows: usize) -> Result<Self> {
+        let backend = be.info().backend;
+        let large = rows > ROWS_SMALL && matches!(backend, "cuda" | "host");
+        if large {
+            match Self::load_cap(be, ROWS_LARGE) {
+                Ok(k) => return Ok(k),
+                Err(e) => {
+                    tracing::info!(error = %e, "copy kernel with a 32 KiB table unavailable; 4 KiB");
+                }
+            }
+        }
+        Self::load_cap(be, ROWS_SMALL)
+    }
+
+    fn load_cap(be: &B, cap: usize) -> Result<Self> {
         let module = match be.info().backend {
-            "cuda" => be.module_load(COPY_KERNEL_PTX.as_bytes(), ImageKind::Ptx)?,
-            "hip" => be.module_load(COPY_KERNEL_HIP.as_bytes(), ImageKind::HipSource)?,
-            "host" => be.module_load(COPY_KERNEL_NAME.as_bytes(), ImageKind::Host)?,
+            "cuda" => be.module_load(ptx(cap).as_bytes(), ImageKind::Ptx)?,
+            "hip" => be.module_load(hip_source(cap).as_bytes(), ImageKind::HipSource)?,
+            "host" => be.module_load(
+                format!("{COPY_IN_NAME}\n{COPY_OUT_NAME}").as_bytes(),
+                ImageKind::Host,
+            )?,
             other => {
                 return Err(RuntimeError::invalid(format!(
                     "no copy kernel for the {other} backend"
                 )))
             }
         };
-        let function = match be.module_function(&module, COPY_KERNEL_NAME) {
+        let functions = be
+            .module_function(&module, COPY_IN_NAME)
+            .and_then(|i| Ok([i, be.module_function(&module, COPY_OUT_NAME)?]));
+        let functions = match functions {
             Ok(f) => f,
             Err(e) => {
                 be.module_unload(module).ok();
@@ -223,25 +268,64 @@ impl<B: Backend> CopyKernel<B> {
             }
         };
         let sms = be.info().multiprocessor_count.max(1);
-        let config = LaunchConfig {
-            grid: [sms.saturating_mul(CTAS_PER_SM).clamp(1, 65535), 1, 1],
-            block: [BLOCK, 1, 1],
-            ..Default::default()
-        };
         Ok(CopyKernel {
             module: Some(module),
-            function,
-            config,
+            functions,
+            cap,
+            max_grid: sms.saturating_mul(CTAS_PER_SM).clamp(1, 65535),
         })
     }
 
-    /// Enqueue (or capture) one run of the kernel over the table at `table`.
-    pub(crate) fn launch(&self, be: &B, table: DevicePtr, stream: &B::Stream) -> Result<()> {
+    /// Rows per direction.
+    pub(crate) fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    pub(crate) fn function(&self, dir: usize) -> &B::Function {
+        &self.functions[dir]
+    }
+
+    /// One CTA per row, at most [`CTAS_PER_SM`] per multiprocessor.
+    pub(crate) fn config(&self, table: &Table) -> LaunchConfig {
+        LaunchConfig {
+            grid: [(table.rows as u32).clamp(1, self.max_grid), 1, 1],
+            block: [BLOCK, 1, 1],
+            ..Default::default()
+        }
+    }
+
+    /// Enqueue (or capture) one run of direction `dir` over `table`.
+    pub(crate) fn launch(
+        &self,
+        be: &B,
+        dir: usize,
+        table: &Table,
+        stream: &B::Stream,
+    ) -> Result<()> {
         be.launch(
-            &self.function,
-            &self.config,
-            &[&table.0.to_le_bytes()],
+            &self.functions[dir],
+            &self.config(table),
+            &[&table.bytes],
             stream,
+        )?;
+        Ok(())
+    }
+
+    /// Rewrite direction `dir`'s node `node` of `exec` with `table`.
+    pub(crate) fn update(
+        &self,
+        be: &B,
+        exec: &B::GraphExec,
+        node: &B::GraphNode,
+        dir: usize,
+        table: &Table,
+    ) -> Result<()> {
+        be.graph_exec_kernel_update(
+            exec,
+            node,
+            &self.functions[dir],
+            &self.config(table),
+            &[&table.bytes],
         )?;
         Ok(())
     }
@@ -253,77 +337,39 @@ impl<B: Backend> CopyKernel<B> {
     }
 }
 
-/// The IN and OUT tables of one reservation, in one pinned buffer, with
-/// the copies last written (to skip rewriting unchanged tables).
-pub(crate) struct CopyTables<B: Backend> {
-    buf: Option<B::HostBuffer>,
-    /// Rows per table.
-    cap: usize,
-    /// Device addresses of the IN and OUT tables.
-    pub(crate) dev: [DevicePtr; 2],
-    written: [Vec<(DevicePtr, DevicePtr, u64)>; 2],
-    /// The copies last written did not fit: the table is empty and they
-    /// go through a batched copy every step.
-    overflow: [bool; 2],
+/// A direction's table: the kernel parameter's bytes.
+#[derive(Clone, Debug)]
+pub(crate) struct Table {
+    bytes: Vec<u8>,
+    rows: usize,
 }
 
-/// Table index of the copies in (before the step) and out (after).
-pub(crate) const IN: usize = 0;
-pub(crate) const OUT: usize = 1;
-
-impl<B: Backend> CopyTables<B> {
-    /// Room for `cap` rows per direction; both tables start empty.
-    pub(crate) fn new(be: &B, cap: usize) -> Result<Self> {
-        let cap = cap.max(1);
-        let one = table_bytes(cap).next_multiple_of(64);
-        let mut buf = be.host_alloc(2 * one)?;
-        be.host_bytes_mut(&mut buf).fill(0);
-        let base = match be.host_device_ptr(&buf) {
-            Ok(p) => p,
-            Err(e) => {
-                be.host_free(buf).ok();
-                return Err(e.into());
-            }
-        };
-        Ok(CopyTables {
-            buf: Some(buf),
-            cap,
-            dev: [base, base.offset(one as u64)],
-            written: [Vec::new(), Vec::new()],
-            overflow: [false; 2],
-        })
+impl Table {
+    /// An empty table of `cap` rows.
+    pub(crate) fn empty(cap: usize) -> Self {
+        Table {
+            bytes: vec![0; table_bytes(cap)],
+            rows: 0,
+        }
     }
 
-    /// The table `dir` was last written with exactly `copies`.
-    pub(crate) fn holds(&self, dir: usize, copies: &[(DevicePtr, DevicePtr, u64)]) -> bool {
-        self.written[dir] == copies
-    }
-
-    /// The copies of table `dir` did not fit: run them as a batch.
-    pub(crate) fn overflowed(&self, dir: usize) -> bool {
-        self.overflow[dir]
-    }
-
-    /// Write `copies` (split into rows) into table `dir`, or leave it empty
-    /// and mark it overflowed when they need more rows than it has. The
-    /// caller has made sure no launch reading it is in flight.
-    pub(crate) fn write(&mut self, be: &B, dir: usize, copies: &[(DevicePtr, DevicePtr, u64)]) {
+    /// Fill with `copies` split into rows; `false` (and empty) when they
+    /// need more rows than the table has.
+    pub(crate) fn fill(&mut self, copies: &[Copy]) -> bool {
+        let cap = (self.bytes.len() - TABLE_HEADER) / ENTRY_BYTES;
         let need: usize = copies.iter().map(|c| rows(c.2)).sum();
-        let fits = need <= self.cap;
-        let buf = self.buf.as_mut().expect("live until release");
-        let one = table_bytes(self.cap).next_multiple_of(64);
-        let bytes = &mut be.host_bytes_mut(buf)[dir * one..(dir + 1) * one];
-        let mut k = 0usize;
-        if fits {
+        self.rows = 0;
+        if need <= cap {
             for &(d, s, n) in copies {
                 let mut done = 0u64;
                 loop {
                     let len = (n - done).min(ROW_BYTES);
-                    let at = TABLE_HEADER + ENTRY_BYTES * k;
-                    bytes[at..at + 8].copy_from_slice(&d.offset(done).0.to_le_bytes());
-                    bytes[at + 8..at + 16].copy_from_slice(&s.offset(done).0.to_le_bytes());
-                    bytes[at + 16..at + 24].copy_from_slice(&len.to_le_bytes());
-                    k += 1;
+                    let at = TABLE_HEADER + ENTRY_BYTES * self.rows;
+                    let row = &mut self.bytes[at..at + ENTRY_BYTES];
+                    row[..8].copy_from_slice(&d.offset(done).0.to_le_bytes());
+                    row[8..16].copy_from_slice(&s.offset(done).0.to_le_bytes());
+                    row[16..].copy_from_slice(&len.to_le_bytes());
+                    self.rows += 1;
                     done += len;
                     if done >= n {
                         break;
@@ -331,41 +377,44 @@ impl<B: Backend> CopyTables<B> {
                 }
             }
         }
-        bytes[..8].copy_from_slice(&(k as u64).to_le_bytes());
-        self.overflow[dir] = !fits;
-        self.written[dir].clear();
-        self.written[dir].extend_from_slice(copies);
-    }
-
-    pub(crate) fn release(mut self, be: &B) {
-        if let Some(b) = self.buf.take() {
-            be.host_free(b).ok();
-        }
+        self.bytes[..8].copy_from_slice(&(self.rows as u64).to_le_bytes());
+        need <= cap
     }
 }
 
-/// Run the kernel once, outside any graph, over `entries` (destinations
-/// must not overlap), and wait for it: for tests of the kernel itself.
-pub fn run_copy_kernel<B: Backend>(
-    be: &B,
-    entries: &[(DevicePtr, DevicePtr, u64)],
-    stream: &B::Stream,
-) -> Result<()> {
-    let k = CopyKernel::load(be)?;
-    let cap = entries.iter().map(|c| rows(c.2)).sum();
-    let t = match CopyTables::new(be, cap) {
-        Ok(t) => t,
-        Err(e) => {
-            k.unload(be);
-            return Err(e);
+/// Run the kernel outside any graph over `entries` (destinations must not
+/// overlap), as many launches as the table needs, and wait for it: for
+/// tests of the kernel itself.
+pub fn run_copy_kernel<B: Backend>(be: &B, entries: &[Copy], stream: &B::Stream) -> Result<()> {
+    let need = entries.iter().map(|c| rows(c.2)).sum();
+    let k = CopyKernel::load(be, need)?;
+    // No piece bigger than a whole table.
+    let most = ROW_BYTES * k.capacity() as u64;
+    let mut pieces = Vec::new();
+    for &(d, s, n) in entries {
+        let mut done = 0;
+        while done < n || (n == 0 && done == 0) {
+            let len = (n - done).min(most);
+            pieces.push((d.offset(done), s.offset(done), len));
+            done += len.max(1);
         }
-    };
-    let mut t = t;
-    t.write(be, IN, entries);
-    let r = k
-        .launch(be, t.dev[IN], stream)
-        .and_then(|()| be.stream_synchronize(stream).map_err(Into::into));
-    t.release(be);
+    }
+    let mut table = Table::empty(k.capacity());
+    let r = (|| {
+        let mut rest = &pieces[..];
+        while !rest.is_empty() {
+            let (mut n, mut used) = (0, 0);
+            while n < rest.len() && used + rows(rest[n].2) <= k.capacity() {
+                used += rows(rest[n].2);
+                n += 1;
+            }
+            table.fill(&rest[..n]);
+            k.launch(be, IN, &table, stream)?;
+            rest = &rest[n..];
+        }
+        be.stream_synchronize(stream)?;
+        Ok(())
+    })();
     k.unload(be);
     r
 }

@@ -41,13 +41,15 @@
 //! shadows in its budget; only a slot whose buffer turns unmappable later
 //! goes through the fallback.
 //!
-//! Copies, kernel path (CUDA, and the host backend once its copy kernel is
-//! registered; see [`crate::copykernel`]): each reservation's graph starts
-//! and ends with the copy kernel reading a descriptor table in pinned host
-//! memory; the host writes a step's copies there (only when they differ
-//! from what the table holds, after the reservation's `done` event), so a
-//! step makes no driver call for its copies. Batch path (elsewhere, or when
-//! the kernel or zero-copy memory is unavailable): all copy-ins of a step
+//! Copies, kernel path (CUDA, HIP, and the host backend once its copy
+//! kernel is registered; see [`crate::copykernel`]): each reservation's
+//! graph starts and ends with a copy kernel node whose table of copies is
+//! its by-value parameter; when a step's copies differ from what a node
+//! holds, the host rewrites that node in the reservation's graph exec (no
+//! wait: launches already enqueued keep theirs), so a step whose copies are
+//! unchanged makes no call for them. Batch path (elsewhere, with
+//! `XLA_VMM_COPY_PATH=batch`, or when the kernel or node updates are
+//! unavailable): all copy-ins of a step
 //! are one [`Backend::copy_d2d_batch`] before the launch, all copy-backs one
 //! after it (contiguous ranges merged; on CUDA 13 one `cuMemcpyBatchAsync`
 //! each). Either way `copy_ops` grows by at most two per step. Within a
@@ -91,7 +93,7 @@ use xla_vmm_policy::{
 use crate::binding::{
     publish, register, BindingConfig, BindingStats, Lap, StatsSlot, UserBuffer, COPY_PATH_ENV,
 };
-use crate::copykernel::{rows, CopyKernel, CopyTables, IN, OUT};
+use crate::copykernel::{CopyKernel, Table, IN, OUT};
 use crate::error::{Result, RuntimeError};
 use crate::executable::Executable;
 use crate::slots::SlotTable;
@@ -141,8 +143,12 @@ struct Res<B: Backend> {
     graph: Option<(B::Graph, B::GraphExec)>,
     done: Option<B::Event>,
     used: bool,
-    /// Copy tables (kernel path only).
-    tables: Option<CopyTables<B>>,
+    /// Kernel path: the graph's copy nodes (IN, OUT), the copies each holds
+    /// now, and whether that direction's copies overflowed its table (then
+    /// they run as a batch and the node holds none).
+    nodes: Option<[B::GraphNode; 2]>,
+    node_copies: [Vec<CopyOp>; 2],
+    overflow: [bool; 2],
     /// Recorded before the graph launch during auto's warm-up.
     start: Option<B::Event>,
     /// A timed step is in flight on this reservation: its modelled copy µs.
@@ -173,6 +179,8 @@ pub(crate) struct VaStable<B: Backend> {
     kernel: Option<CopyKernel<B>>,
     /// Why the copy kernel could not be loaded (logged at lay-out).
     kernel_error: Option<String>,
+    /// Scratch for the copy nodes' tables.
+    table: Table,
     cfg: BindingConfig,
     /// Auto re-plans after warm-up (measures while it has not).
     replan: bool,
@@ -284,6 +292,7 @@ impl<B: Backend> VaStable<B> {
             slot: None,
             kernel: None,
             kernel_error: None,
+            table: Table::empty(1),
             cfg: cfg.clone(),
             replan,
             warm: Warmup::new(),
@@ -344,7 +353,9 @@ impl<B: Backend> VaStable<B> {
                 graph: None,
                 done: None,
                 used: false,
-                tables: None,
+                nodes: None,
+                node_copies: [Vec::new(), Vec::new()],
+                overflow: [false; 2],
                 start: None,
                 timed: None,
             });
@@ -370,69 +381,60 @@ impl<B: Backend> VaStable<B> {
         Ok(())
     }
 
-    /// Give each reservation its copy tables (the kernel was loaded by
-    /// `prepare_costs`); on any failure use batched copies (said once).
+    /// Say which copy path this executable takes (the kernel was loaded,
+    /// or failed to, at the first step by `prepare_costs`).
     fn setup_copy_kernel(&mut self, be: &B) {
-        // Rows for the planned copy slots, one each for any slot that turns
-        // to copy later, and what auto's re-plan can add within the shadow
-        // cap (copies that do not fit overflow to a batch: still correct).
-        let (planned, cap) = self
-            .tracker
-            .plan()
-            .map(|p| {
-                let planned = p
-                    .decisions
-                    .iter()
-                    .zip(&self.slots)
-                    .filter(|(d, _)| **d == Decision::Copy)
-                    .map(|(_, s)| rows(s.size))
-                    .sum();
-                (planned, p.shadow_cap_bytes)
-            })
-            .unwrap_or((0, 0));
-        let cap_rows = if self.replan {
-            rows(cap).min(self.slots.iter().map(|s| rows(s.size)).sum())
-        } else {
-            0
-        };
-        let n = planned + self.slots.len() + cap_rows;
-        let preloaded = match (self.kernel.take(), self.kernel_error.take()) {
-            (Some(k), _) => Ok(k),
-            (None, Some(e)) => Err(RuntimeError::invalid(e)),
-            (None, None) => CopyKernel::load(be),
-        };
-        let loaded = preloaded.and_then(|k| {
-            let mut tables = Vec::with_capacity(self.res.len());
-            for _ in 0..self.res.len() {
-                match CopyTables::new(be, n) {
-                    Ok(t) => tables.push(t),
-                    Err(e) => {
-                        tables.into_iter().for_each(|t| t.release(be));
-                        k.unload(be);
-                        return Err(e);
-                    }
-                }
-            }
-            Ok((k, tables))
-        });
-        match loaded {
-            Ok((k, tables)) => {
-                for (r, t) in self.res.iter_mut().zip(tables) {
-                    r.tables = Some(t);
-                }
-                self.kernel = Some(k);
+        match (&self.kernel, self.kernel_error.take()) {
+            (Some(k), _) => {
                 self.stats.copy_path = "kernel";
+                self.table = Table::empty(k.capacity());
             }
-            Err(e) => {
-                self.stats.copy_path = "batch";
-                if !KERNEL_FALLBACK_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                    tracing::info!(error = %e, backend = be.info().backend,
-                        "copy kernel unavailable: VA-stable copies are batched driver copies");
-                } else {
-                    tracing::debug!(error = %e, "copy kernel unavailable: batched copies");
-                }
+            (None, e) => {
+                let e = e.unwrap_or_else(|| "not loaded".into());
+                self.kernel_unavailable(be, &e);
             }
         }
+    }
+
+    /// The batch path from now on, said once per process at info level.
+    fn kernel_unavailable(&mut self, be: &B, why: &str) {
+        if let Some(k) = self.kernel.take() {
+            k.unload(be);
+        }
+        self.stats.copy_path = "batch";
+        if !KERNEL_FALLBACK_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::info!(reason = %why, backend = be.info().backend,
+                "VA-stable copies are batched driver copies (no copy kernel)");
+        } else {
+            tracing::debug!(reason = %why, "VA-stable copies are batched driver copies");
+        }
+    }
+
+    /// Capture reservation `r`'s graph. On the kernel path its copy nodes
+    /// are found in it; if that fails at the first capture, the kernel is
+    /// dropped and the step captured without it (batched copies).
+    fn capture_reservation(
+        &mut self,
+        exe: &Executable<B>,
+        r: usize,
+        stream: &B::Stream,
+    ) -> Result<()> {
+        let be = exe.backend();
+        let first = self.res.iter().all(|x| x.graph.is_none());
+        let got = capture(exe, &self.res[r].table, self.kernel.as_ref(), stream);
+        let (graph, exec, nodes) = match got {
+            Ok(c) => c,
+            Err(e) if self.kernel.is_some() && first => {
+                self.kernel_unavailable(be, &format!("capturing the copy nodes: {e}"));
+                capture(exe, &self.res[r].table, None, stream)?
+            }
+            Err(e) => return Err(e),
+        };
+        let res = &mut self.res[r];
+        res.graph = Some((graph, exec));
+        res.nodes = nodes;
+        self.stats.captures += 1;
+        Ok(())
     }
 
     /// Bind the step's buffers, launch the graph, copy out.
@@ -587,33 +589,39 @@ impl<B: Backend> VaStable<B> {
             &mut self.stats.phases.plan,
             std::mem::take(&mut self.waited_ns),
         );
-        // Copies in (kernel path: fill the tables; batch path: enqueue).
+        // Capture once per reservation (with its copy nodes on the kernel
+        // path): setup, not binding.
+        if self.res[r].graph.is_none() {
+            let t = Instant::now();
+            self.capture_reservation(exe, r, stream)?;
+            setup += t.elapsed();
+            lap.skip();
+        }
+        // Copies in (kernel path: the copy nodes; batch path: enqueue).
         let mut ordered_outs = false;
-        // Kernel path: copies that did not fit the table run as batches.
+        // Kernel path: copies that did not fit a table run as batches.
         let mut batch_out = false;
-        if self.kernel.is_some() {
-            let tables = self.res[r]
-                .tables
-                .as_ref()
-                .ok_or_else(|| RuntimeError::invalid("copy tables missing"))?;
-            // Entries run concurrently: overlapping copy-backs go in order
-            // after the launch instead (checked when the table changes).
-            ordered_outs = !tables.holds(OUT, &outs) && overlapping(&outs, &mut self.order);
+        if let Some(k) = self.kernel.as_ref() {
+            let res = &mut self.res[r];
+            // Rows run concurrently: overlapping copy-backs go in order
+            // after the launch instead (checked when the copies change).
+            ordered_outs = res.node_copies[OUT] != outs && overlapping(&outs, &mut self.order);
             let out_entries: &[CopyOp] = if ordered_outs { &[] } else { &outs };
-            if !tables.holds(IN, &ins) || !tables.holds(OUT, out_entries) {
-                // The GPU may still read this reservation's tables.
-                self.wait_idle(be, r, &mut synced)?;
-                let t = self.res[r].tables.as_mut().expect("checked above");
-                t.write(be, IN, &ins);
-                t.write(be, OUT, out_entries);
+            let (Some(nodes), Some((_, exec))) = (&res.nodes, &res.graph) else {
+                return Err(RuntimeError::invalid("copy nodes missing"));
+            };
+            for (dir, want) in [(IN, &ins[..]), (OUT, out_entries)] {
+                if res.node_copies[dir] != want {
+                    let fits = self.table.fill(want);
+                    k.update(be, exec, &nodes[dir], dir, &self.table)?;
+                    res.node_copies[dir].clear();
+                    res.node_copies[dir].extend_from_slice(want);
+                    res.overflow[dir] = !fits;
+                }
             }
-            lap.to(
-                &mut self.stats.phases.tables,
-                std::mem::take(&mut self.waited_ns),
-            );
-            let t = self.res[r].tables.as_ref().expect("checked above");
-            batch_out = t.overflowed(OUT);
-            if t.overflowed(IN) {
+            lap.to(&mut self.stats.phases.tables, 0);
+            batch_out = res.overflow[OUT];
+            if res.overflow[IN] {
                 self.stats.copy_ops += copy_batch(be, &ins, stream)?;
             } else {
                 self.stats.copy_ops += u64::from(!ins.is_empty());
@@ -624,18 +632,6 @@ impl<B: Backend> VaStable<B> {
         }
         lap.to(&mut self.stats.phases.copies, 0);
         let t_bind = t0.elapsed();
-        // Launch (capture once per reservation).
-        if self.res[r].graph.is_none() {
-            let res = &self.res[r];
-            let kernel = match (&self.kernel, &res.tables) {
-                (Some(k), Some(t)) => Some((k, t.dev)),
-                _ => None,
-            };
-            let g = capture(exe, &res.table, kernel, stream)?;
-            self.res[r].graph = Some(g);
-            self.stats.captures += 1;
-            lap.skip();
-        }
         let res = &mut self.res[r];
         let (_, exec) = res.graph.as_ref().expect("captured");
         // Warm-up: time the step on the GPU (read later, never waited for).
@@ -726,7 +722,14 @@ impl<B: Backend> VaStable<B> {
             self.kernel_error = Some(format!("{COPY_PATH_ENV}=batch"));
         }
         if self.kernel.is_none() && self.kernel_error.is_none() {
-            match CopyKernel::load(be) {
+            // Room for every slot as a copy (any slot may turn to copies
+            // later), up to what the backend's tables hold.
+            let rows = self
+                .slots
+                .iter()
+                .map(|s| crate::copykernel::rows(s.size))
+                .sum();
+            match CopyKernel::load(be, rows) {
                 Ok(k) => self.kernel = Some(k),
                 Err(e) => self.kernel_error = Some(e.to_string()),
             }
@@ -772,9 +775,6 @@ impl<B: Backend> VaStable<B> {
             }
             if let Some(e) = r.start.take() {
                 be.event_destroy(e).ok();
-            }
-            if let Some(t) = r.tables.take() {
-                t.release(be);
             }
             if let Some(va) = r.va.take() {
                 for (i, s) in self.slots.iter().enumerate() {

@@ -16,7 +16,7 @@ use common::*;
 use xla_vmm::*;
 use xla_vmm_device::{Backend, DevicePtr, HostBackend, VmmAllocator, VmmConfig};
 use xla_vmm_policy::Threshold;
-use xla_vmm_runtime::copykernel::{register_host_copy_kernel, run_copy_kernel};
+use xla_vmm_runtime::copykernel::{self, register_host_copy_kernel, run_copy_kernel};
 use xla_vmm_runtime::slots::DeviceBuffer;
 use xla_vmm_runtime::{BindingConfig, BindingStats, Executable, Mode, UserBuffer};
 
@@ -385,10 +385,9 @@ fn a_fallback_too_big_for_the_table_runs_as_a_batch_with_data_intact() {
     )
     .unwrap();
     let s = b.stream_create().unwrap();
-    // 3 MiB slots: 12 rows each; threshold 0 plans no copies, so the
-    // tables have one row per slot (2): a slot whose map fails falls back
-    // to a copy that does not fit.
-    let size = 3u64 << 20;
+    // Slots bigger than a whole table (at 128 KiB rows): a slot whose map
+    // fails falls back to a copy that does not fit.
+    let size = (copykernel::ROWS_LARGE as u64 + 1) * copykernel::ROW_BYTES;
     let mut exe = Executable::load(b.clone(), copy_plan(size, 1), None, &s).unwrap();
     exe.set_binding_config(BindingConfig {
         threshold: Threshold::from(0),

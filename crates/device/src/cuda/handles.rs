@@ -144,6 +144,20 @@ pub struct CudaGraphExec {
 // SAFETY: as `CudaGraph`.
 unsafe impl Send for CudaGraphExec {}
 
+/// A node of a captured graph (`cuGraphGetNodes`): a name for the same node
+/// in the graphs instantiated from it.
+#[derive(Clone, Debug)]
+pub struct CudaGraphNode {
+    pub(super) owner: u64,
+    pub(super) node: sys::CUgraphNode,
+}
+
+// SAFETY: only used as an identifier passed back to the driver together
+// with its graph exec; never dereferenced by us.
+unsafe impl Send for CudaGraphNode {}
+// SAFETY: see `Send`.
+unsafe impl Sync for CudaGraphNode {}
+
 /// Anything that remembers which backend made it.
 pub(super) trait Owned {
     fn owner(&self) -> u64;
@@ -161,5 +175,6 @@ owned!(
     CudaModule,
     CudaFunction,
     CudaGraph,
-    CudaGraphExec
+    CudaGraphExec,
+    CudaGraphNode
 );

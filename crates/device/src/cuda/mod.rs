@@ -33,8 +33,8 @@ use crate::backend::{
 };
 use crate::error::{DeviceError, Result};
 pub use handles::{
-    CudaEvent, CudaFunction, CudaGraph, CudaGraphExec, CudaHostBuffer, CudaModule, CudaPhysMem,
-    CudaStream, CudaVaRange,
+    CudaEvent, CudaFunction, CudaGraph, CudaGraphExec, CudaGraphNode, CudaHostBuffer, CudaModule,
+    CudaPhysMem, CudaStream, CudaVaRange,
 };
 use handles::{ModuleInner, Owned};
 use result::from_cudarc;
@@ -165,6 +165,35 @@ impl CudaBackend {
     }
 }
 
+/// Every kernel argument in 8-byte aligned storage of exactly its
+/// parameter's size (checked against `function`'s parameter sizes), so the
+/// driver reads only bytes we own.
+fn param_storage(function: &CudaFunction, args: &[&[u8]]) -> Result<Vec<Vec<u64>>> {
+    if args.len() != function.params.len() {
+        return Err(DeviceError::InvalidArgument(format!(
+            "kernel takes {} parameters, {} given",
+            function.params.len(),
+            args.len()
+        )));
+    }
+    let mut storage: Vec<Vec<u64>> = Vec::with_capacity(args.len());
+    for (i, (arg, &size)) in args.iter().zip(function.params.iter()).enumerate() {
+        if arg.len() != size {
+            return Err(DeviceError::InvalidArgument(format!(
+                "kernel parameter {i} is {size} bytes, {} given",
+                arg.len()
+            )));
+        }
+        let mut words = vec![0u64; size.div_ceil(8).max(1)];
+        // SAFETY: `words` has at least `size` bytes; u64 has no invalid bit
+        // patterns, so viewing it as bytes is sound.
+        let dst = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), size) };
+        dst.copy_from_slice(arg);
+        storage.push(words);
+    }
+    Ok(storage)
+}
+
 impl Backend for CudaBackend {
     type PhysMem = CudaPhysMem;
     type VaRange = CudaVaRange;
@@ -175,6 +204,7 @@ impl Backend for CudaBackend {
     type Function = CudaFunction;
     type Graph = CudaGraph;
     type GraphExec = CudaGraphExec;
+    type GraphNode = CudaGraphNode;
 
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -722,31 +752,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.own(function, "function")?;
         self.own(stream, "stream")?;
-        if args.len() != function.params.len() {
-            return Err(DeviceError::InvalidArgument(format!(
-                "kernel takes {} parameters, {} given",
-                function.params.len(),
-                args.len()
-            )));
-        }
-        // Copy every argument into 8-byte aligned storage of exactly the
-        // parameter's size, so the driver reads only bytes we own.
-        let mut storage: Vec<Vec<u64>> = Vec::with_capacity(args.len());
-        for (i, (arg, &size)) in args.iter().zip(function.params.iter()).enumerate() {
-            if arg.len() != size {
-                return Err(DeviceError::InvalidArgument(format!(
-                    "kernel parameter {i} is {size} bytes, {} given",
-                    arg.len()
-                )));
-            }
-            let mut words = vec![0u64; size.div_ceil(8).max(1)];
-            // SAFETY: `words` has at least `size` bytes; u64 has no invalid
-            // bit patterns, so viewing it as bytes is sound.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), size) };
-            dst.copy_from_slice(arg);
-            storage.push(words);
-        }
+        let mut storage = param_storage(function, args)?;
         let mut ptrs: Vec<*mut std::ffi::c_void> =
             storage.iter_mut().map(|w| w.as_mut_ptr().cast()).collect();
         self.bind()?;
@@ -838,6 +844,80 @@ impl Backend for CudaBackend {
         self.bind()?;
         // SAFETY: ours, consumed here; the driver keeps launched work valid.
         unsafe { result::graph::exec_destroy(exec.exec) }
+    }
+
+    fn graph_kernel_nodes(
+        &self,
+        graph: &CudaGraph,
+        function: &CudaFunction,
+    ) -> Result<Vec<CudaGraphNode>> {
+        self.own(graph, "graph")?;
+        self.own(function, "function")?;
+        if !self.symbols.kernel_node_update {
+            return Err(DeviceError::Unsupported(
+                "updating graph kernel nodes needs cuGraphExecKernelNodeSetParams_v2 (CUDA 12+)"
+                    .into(),
+            ));
+        }
+        self.bind()?;
+        let mut found = Vec::new();
+        // SAFETY: the graph is live and ours (the trait's `&` receiver and
+        // the `!Sync` handle keep it from being mutated meanwhile); every
+        // node comes from it.
+        unsafe {
+            for node in result::graph::nodes(graph.graph)? {
+                if result::graph::kernel_node_function(node)? == Some(function.func) {
+                    found.push(CudaGraphNode {
+                        owner: self.id,
+                        node,
+                    });
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    fn graph_exec_kernel_update(
+        &self,
+        exec: &CudaGraphExec,
+        node: &CudaGraphNode,
+        function: &CudaFunction,
+        config: &LaunchConfig,
+        args: &[&[u8]],
+    ) -> Result<()> {
+        self.own(exec, "graph exec")?;
+        self.own(node, "graph node")?;
+        self.own(function, "function")?;
+        if config.cluster.is_some() || config.pdl {
+            return Err(DeviceError::Unsupported(
+                "kernel node updates with cluster or PDL attributes".into(),
+            ));
+        }
+        if config.grid.contains(&0) || config.block.contains(&0) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "kernel node update: grid {:?} / block {:?} has a zero dimension",
+                config.grid, config.block
+            )));
+        }
+        let mut storage = param_storage(function, args)?;
+        let mut ptrs: Vec<*mut std::ffi::c_void> =
+            storage.iter_mut().map(|w| w.as_mut_ptr().cast()).collect();
+        self.bind()?;
+        // SAFETY: exec, node and function are live and ours; the caller
+        // names a kernel node of the graph `exec` came from that launches
+        // `function` (the driver rejects anything else); `ptrs[i]` points to
+        // `params[i]` readable bytes that outlive the call.
+        unsafe {
+            result::graph::exec_kernel_node_set(
+                exec.exec,
+                node.node,
+                function.func,
+                config.grid,
+                config.block,
+                config.shared_mem_bytes,
+                &mut ptrs,
+            )
+        }
     }
 
     fn capture_while(

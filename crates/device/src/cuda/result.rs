@@ -548,6 +548,85 @@ pub mod graph {
         Ok(true)
     }
 
+    /// Every node of `graph`.
+    ///
+    /// See [cuGraphGetNodes](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html)
+    ///
+    /// # Safety
+    /// `graph` is live and not mutated concurrently.
+    pub unsafe fn nodes(graph: sys::CUgraph) -> Result<Vec<sys::CUgraphNode>> {
+        let mut n = 0usize;
+        check(
+            "cuGraphGetNodes",
+            sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n),
+        )?;
+        let mut nodes = vec![std::ptr::null_mut(); n];
+        if n > 0 {
+            check(
+                "cuGraphGetNodes",
+                sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n),
+            )?;
+        }
+        nodes.truncate(n);
+        Ok(nodes)
+    }
+
+    /// The function a node launches, `None` when it is not a kernel node.
+    ///
+    /// See [cuGraphKernelNodeGetParams](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html)
+    ///
+    /// # Safety
+    /// `node` is a live node of a live graph.
+    pub unsafe fn kernel_node_function(node: sys::CUgraphNode) -> Result<Option<sys::CUfunction>> {
+        let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        check("cuGraphNodeGetType", sys::cuGraphNodeGetType(node, &mut ty))?;
+        if ty != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+            return Ok(None);
+        }
+        // SAFETY (of the zeroed value): plain C struct the driver fills.
+        let mut p: sys::CUDA_KERNEL_NODE_PARAMS = std::mem::zeroed();
+        check(
+            "cuGraphKernelNodeGetParams",
+            sys::cuGraphKernelNodeGetParams_v2(node, &mut p),
+        )?;
+        Ok(Some(p.func))
+    }
+
+    /// New grid, block and parameters for kernel node `node` of `exec`, for
+    /// the launches that follow (enqueued ones are not affected).
+    ///
+    /// See [cuGraphExecKernelNodeSetParams](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html)
+    ///
+    /// # Safety
+    /// `exec` is live, `node` a kernel node of the graph it was instantiated
+    /// from launching `func`; `params[i]` points to as many readable bytes
+    /// as parameter `i` of `func` has (the driver copies them).
+    pub unsafe fn exec_kernel_node_set(
+        exec: sys::CUgraphExec,
+        node: sys::CUgraphNode,
+        func: sys::CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        // SAFETY (of the zeroed value): plain C struct, the fields used set below.
+        let mut p: sys::CUDA_KERNEL_NODE_PARAMS = std::mem::zeroed();
+        p.func = func;
+        [p.gridDimX, p.gridDimY, p.gridDimZ] = grid;
+        [p.blockDimX, p.blockDimY, p.blockDimZ] = block;
+        p.sharedMemBytes = shared_mem_bytes;
+        p.kernelParams = if params.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            params.as_mut_ptr()
+        };
+        check(
+            "cuGraphExecKernelNodeSetParams",
+            sys::cuGraphExecKernelNodeSetParams_v2(exec, node, &p),
+        )
+    }
+
     /// See [cuGraphLaunch](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html#group__CUDA__GRAPH_1g6b2dceb3901e71a390d2bd8b0491e471)
     ///
     /// # Safety

@@ -91,10 +91,22 @@ pub const CONDITIONAL: &[&str] = &[
 /// is not used: the bindings are generated for CUDA 13.)
 pub const MEMCPY_BATCH: &[&str] = &["cuMemcpyBatchAsync_v2"];
 
+/// Finding and updating kernel nodes of graphs (CUDA 12.0+ names).
+/// Without them `graph_kernel_nodes` / `graph_exec_kernel_update` return
+/// `Unsupported` (VA-stable copies are then batched driver copies).
+pub const KERNEL_NODE_UPDATE: &[&str] = &[
+    "cuGraphGetNodes",
+    "cuGraphNodeGetType",
+    "cuGraphKernelNodeGetParams_v2",
+    "cuGraphExecKernelNodeSetParams_v2",
+];
+
 /// What [`load`] found.
 #[derive(Clone, Debug)]
 pub struct Symbols {
     pub param_info: bool,
+    /// [`KERNEL_NODE_UPDATE`] is present.
+    pub kernel_node_update: bool,
     pub conditional: bool,
     /// [`MEMCPY_BATCH`] is present.
     pub memcpy_batch: bool,
@@ -134,6 +146,7 @@ pub fn load() -> Result<Symbols> {
     }
     Ok(Symbols {
         param_info: PARAM_INFO.iter().all(|s| has(s)),
+        kernel_node_update: KERNEL_NODE_UPDATE.iter().all(|s| has(s)),
         conditional: CONDITIONAL.iter().all(|s| has(s)),
         memcpy_batch: MEMCPY_BATCH.iter().all(|s| has(s)),
     })

@@ -105,6 +105,14 @@ pub struct HipGraphExec {
     pub(super) exec: sys::hipGraphExec_t,
 }
 
+/// A node of a captured graph (`hipGraphGetNodes`): a name for the same
+/// node in the graphs instantiated from it.
+#[derive(Clone, Debug)]
+pub struct HipGraphNode {
+    pub(super) owner: u64,
+    pub(super) node: sys::hipGraphNode_t,
+}
+
 // SAFETY (all impls below): these wrap HIP runtime handles, which the
 // runtime allows to be used from any thread (the backend selects the device
 // on the calling thread first). Host buffers are plain memory owned by the
@@ -129,6 +137,10 @@ unsafe impl Sync for HipHostBuffer {}
 unsafe impl Send for ModuleInner {}
 // SAFETY: see the note above these impls.
 unsafe impl Sync for ModuleInner {}
+// SAFETY: only an identifier passed back to the runtime with its graph exec.
+unsafe impl Send for HipGraphNode {}
+// SAFETY: as `Send`.
+unsafe impl Sync for HipGraphNode {}
 // SAFETY: see the note above these impls.
 unsafe impl Send for HipFunction {}
 // SAFETY: see the note above these impls.
@@ -155,5 +167,6 @@ owned!(
     HipModule,
     HipFunction,
     HipGraph,
-    HipGraphExec
+    HipGraphExec,
+    HipGraphNode
 );

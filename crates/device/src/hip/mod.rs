@@ -38,8 +38,8 @@ use std::sync::{Arc, Mutex};
 use crate::backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
 use crate::error::{DeviceError, Result};
 pub use handles::{
-    HipEvent, HipFunction, HipGraph, HipGraphExec, HipHostBuffer, HipModule, HipPhysMem, HipStream,
-    HipVaRange,
+    HipEvent, HipFunction, HipGraph, HipGraphExec, HipGraphNode, HipHostBuffer, HipModule,
+    HipPhysMem, HipStream, HipVaRange,
 };
 use handles::{ModuleInner, Owned};
 
@@ -198,6 +198,7 @@ impl Backend for HipBackend {
     type Function = HipFunction;
     type Graph = HipGraph;
     type GraphExec = HipGraphExec;
+    type GraphNode = HipGraphNode;
 
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -693,6 +694,83 @@ impl Backend for HipBackend {
         self.bind()?;
         // SAFETY: both live and ours.
         unsafe { result::graph::launch(exec.exec, stream.raw) }
+    }
+
+    fn graph_kernel_nodes(
+        &self,
+        graph: &HipGraph,
+        function: &HipFunction,
+    ) -> Result<Vec<HipGraphNode>> {
+        self.own(graph, "graph")?;
+        self.own(function, "function")?;
+        self.bind()?;
+        let mut found = Vec::new();
+        // SAFETY: the graph is live and ours and not mutated meanwhile (the
+        // handle is !Sync); every node comes from it.
+        unsafe {
+            for node in result::graph::nodes(graph.graph)? {
+                if result::graph::kernel_node_function(node)? == Some(function.func.cast()) {
+                    found.push(HipGraphNode {
+                        owner: self.id,
+                        node,
+                    });
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    fn graph_exec_kernel_update(
+        &self,
+        exec: &HipGraphExec,
+        node: &HipGraphNode,
+        function: &HipFunction,
+        config: &LaunchConfig,
+        args: &[&[u8]],
+    ) -> Result<()> {
+        self.own(exec, "graph exec")?;
+        self.own(node, "graph node")?;
+        self.own(function, "function")?;
+        if config.cluster.is_some() || config.pdl {
+            return Err(DeviceError::Unsupported(
+                "kernel node updates with cluster or PDL attributes".into(),
+            ));
+        }
+        if config.grid.contains(&0) || config.block.contains(&0) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "kernel node update: grid {:?} / block {:?} has a zero dimension",
+                config.grid, config.block
+            )));
+        }
+        // Each argument in 8-byte aligned storage of its own; the runtime
+        // copies them by the kernel's argument sizes.
+        let mut storage: Vec<Vec<u64>> = args
+            .iter()
+            .map(|a| {
+                let mut w = vec![0u64; a.len().div_ceil(8).max(1)];
+                // SAFETY: `w` holds at least `a.len()` bytes; u64 has no
+                // invalid bit patterns.
+                unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast::<u8>(), a.len()) }
+                    .copy_from_slice(a);
+                w
+            })
+            .collect();
+        let mut ptrs: Vec<*mut std::ffi::c_void> =
+            storage.iter_mut().map(|w| w.as_mut_ptr().cast()).collect();
+        self.bind()?;
+        // SAFETY: exec, node and function live and ours; the runtime rejects
+        // a node that is not a kernel node of this exec; `ptrs` outlive the call.
+        unsafe {
+            result::graph::exec_kernel_node_set(
+                exec.exec,
+                node.node,
+                function.func,
+                config.grid,
+                config.block,
+                config.shared_mem_bytes,
+                &mut ptrs,
+            )
+        }
     }
 
     fn graph_exec_update(&self, exec: &HipGraphExec, graph: &HipGraph) -> Result<bool> {

@@ -589,6 +589,90 @@ pub mod module {
 pub mod graph {
     use super::*;
 
+    /// Every node of `g`.
+    ///
+    /// # Safety
+    /// `g` is live and not mutated concurrently.
+    pub unsafe fn nodes(g: sys::hipGraph_t) -> Result<Vec<sys::hipGraphNode_t>> {
+        let mut n = 0usize;
+        check(
+            "hipGraphGetNodes",
+            sys::hipGraphGetNodes(g, std::ptr::null_mut(), &mut n),
+        )?;
+        let mut nodes = vec![std::ptr::null_mut(); n];
+        if n > 0 {
+            check(
+                "hipGraphGetNodes",
+                sys::hipGraphGetNodes(g, nodes.as_mut_ptr(), &mut n),
+            )?;
+        }
+        nodes.truncate(n);
+        Ok(nodes)
+    }
+
+    /// The function a node launches, `None` when it is not a kernel node.
+    ///
+    /// # Safety
+    /// `node` is a live node of a live graph.
+    pub unsafe fn kernel_node_function(node: sys::hipGraphNode_t) -> Result<Option<*mut c_void>> {
+        // Read back as a plain integer: the runtime may report a node type
+        // the bindings' enum does not list.
+        let mut ty: u32 = u32::MAX;
+        check(
+            "hipGraphNodeGetType",
+            sys::hipGraphNodeGetType(node, (&mut ty as *mut u32).cast()),
+        )?;
+        if ty != sys::hipGraphNodeType::hipGraphNodeTypeKernel as u32 {
+            return Ok(None);
+        }
+        // SAFETY (of the zeroed value): plain C struct the runtime fills.
+        let mut p: sys::hipKernelNodeParams = std::mem::zeroed();
+        check(
+            "hipGraphKernelNodeGetParams",
+            sys::hipGraphKernelNodeGetParams(node, &mut p),
+        )?;
+        Ok(Some(p.func))
+    }
+
+    /// New grid, block and arguments of kernel node `node` of `e` for the
+    /// launches that follow.
+    ///
+    /// # Safety
+    /// `e` is live, `node` a kernel node of the graph it came from launching
+    /// `func`; `params[i]` points to kernel argument `i`'s bytes, which
+    /// outlive the call.
+    pub unsafe fn exec_kernel_node_set(
+        e: sys::hipGraphExec_t,
+        node: sys::hipGraphNode_t,
+        func: sys::hipFunction_t,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let dim = |d: [u32; 3]| sys::dim3 {
+            x: d[0],
+            y: d[1],
+            z: d[2],
+        };
+        let p = sys::hipKernelNodeParams {
+            blockDim: dim(block),
+            extra: std::ptr::null_mut(),
+            func: func.cast(),
+            gridDim: dim(grid),
+            kernelParams: if params.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                params.as_mut_ptr()
+            },
+            sharedMemBytes: shared_mem_bytes,
+        };
+        check(
+            "hipGraphExecKernelNodeSetParams",
+            sys::hipGraphExecKernelNodeSetParams(e, node, &p),
+        )
+    }
+
     /// # Safety
     /// `s` is live and not capturing.
     pub unsafe fn begin_capture(s: sys::hipStream_t) -> Result<()> {

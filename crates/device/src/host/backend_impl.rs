@@ -6,8 +6,8 @@ use super::exec::{Capture, EventEntry, Op, StreamEntry};
 use super::kernel::parse_image;
 use super::pinned::PinnedStorage;
 use super::{
-    stale, HostBackend, HostEvent, HostFunction, HostGraph, HostGraphExec, HostModule, HostPhys,
-    HostPinned, HostStream, HostVa,
+    stale, HostBackend, HostEvent, HostFunction, HostGraph, HostGraphExec, HostGraphNode,
+    HostModule, HostPhys, HostPinned, HostStream, HostVa,
 };
 use crate::backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
 use crate::error::{DeviceError, Result};
@@ -50,6 +50,7 @@ impl Backend for HostBackend {
     type Function = HostFunction;
     type Graph = HostGraph;
     type GraphExec = HostGraphExec;
+    type GraphNode = HostGraphNode;
 
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -640,6 +641,84 @@ impl Backend for HostBackend {
             .ok_or_else(|| stale("graph exec"))?
             .clone();
         st.submit(stream.id, Op::Graph(ops))
+    }
+
+    fn graph_kernel_nodes(
+        &self,
+        graph: &HostGraph,
+        function: &HostFunction,
+    ) -> Result<Vec<HostGraphNode>> {
+        self.check(graph.backend)?;
+        self.check(function.backend)?;
+        let st = self.enter("graph_kernel_nodes")?;
+        let ops = st.graphs.get(&graph.id).ok_or_else(|| stale("graph"))?;
+        let mut paths = Vec::new();
+        Op::find_launches(
+            ops,
+            function.module,
+            &function.name,
+            &mut Vec::new(),
+            &mut paths,
+        );
+        Ok(paths
+            .into_iter()
+            .map(|path| HostGraphNode {
+                backend: self.id,
+                path,
+            })
+            .collect())
+    }
+
+    fn graph_exec_kernel_update(
+        &self,
+        exec: &HostGraphExec,
+        node: &HostGraphNode,
+        function: &HostFunction,
+        config: &LaunchConfig,
+        args: &[&[u8]],
+    ) -> Result<()> {
+        self.check(exec.backend)?;
+        self.check(node.backend)?;
+        self.check(function.backend)?;
+        if config.cluster.is_some() || config.pdl {
+            return Err(DeviceError::Unsupported(
+                "kernel node updates with cluster or PDL attributes".into(),
+            ));
+        }
+        if config.grid.contains(&0) || config.block.contains(&0) {
+            return Err(invalid(format!(
+                "kernel node update: grid {:?} / block {:?} has a zero dimension",
+                config.grid, config.block
+            )));
+        }
+        let mut st = self.enter("graph_exec_kernel_update")?;
+        let ops = st
+            .execs
+            .get_mut(&exec.id)
+            .ok_or_else(|| stale("graph exec"))?;
+        // Copy on write: launches already submitted hold the old ops.
+        let op = Op::at_path_mut(Arc::make_mut(ops).as_mut_slice(), &node.path)
+            .ok_or_else(|| invalid("kernel node update: no such node in this graph exec"))?;
+        match op {
+            Op::Launch {
+                module,
+                name,
+                config: c,
+                args: a,
+                ..
+            } if *module == function.module && **name == *function.name => {
+                if c.shared_mem_bytes != config.shared_mem_bytes {
+                    return Err(invalid("kernel node update: shared memory cannot change"));
+                }
+                *c = *config;
+                *a = args.iter().map(|x| x.to_vec()).collect();
+                Ok(())
+            }
+            _ => Err(invalid(format!(
+                "kernel node update: the node does not launch {}",
+                function.name
+            ))),
+        }
     }
 
     fn graph_exec_update(&self, exec: &HostGraphExec, graph: &HostGraph) -> Result<bool> {

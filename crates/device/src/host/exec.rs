@@ -75,6 +75,46 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// Paths (indices through nested graphs and WHILE bodies) of the
+    /// launches of kernel `name` of module `module` in `ops`.
+    pub fn find_launches(
+        ops: &[Op],
+        module: u64,
+        name: &str,
+        prefix: &mut Vec<usize>,
+        out: &mut Vec<Vec<usize>>,
+    ) {
+        for (i, op) in ops.iter().enumerate() {
+            prefix.push(i);
+            match op {
+                Op::Launch {
+                    module: m, name: n, ..
+                } if *m == module && &**n == name => out.push(prefix.clone()),
+                Op::Graph(body) | Op::While { body, .. } => {
+                    Self::find_launches(body, module, name, prefix, out)
+                }
+                _ => {}
+            }
+            prefix.pop();
+        }
+    }
+
+    /// The op at `path` (see [`Op::find_launches`]), made unique (copied on
+    /// write) along the way.
+    pub fn at_path_mut<'a>(ops: &'a mut [Op], path: &[usize]) -> Option<&'a mut Op> {
+        let (&first, rest) = path.split_first()?;
+        let op = ops.get_mut(first)?;
+        if rest.is_empty() {
+            return Some(op);
+        }
+        match op {
+            Op::Graph(body) | Op::While { body, .. } => {
+                Self::at_path_mut(Arc::make_mut(body).as_mut_slice(), rest)
+            }
+            _ => None,
+        }
+    }
+
     /// Shape used by `graph_exec_update`: kinds, kernels and nesting must
     /// match; addresses, sizes and arguments may differ.
     pub fn same_topology(a: &[Op], b: &[Op]) -> bool {

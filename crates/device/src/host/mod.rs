@@ -213,6 +213,14 @@ pub struct HostGraphExec {
     id: u64,
 }
 
+/// A kernel node of a host graph: its position in the graph's op tree
+/// (indices into nested graph / WHILE bodies), the same in every exec.
+#[derive(Clone, Debug)]
+pub struct HostGraphNode {
+    backend: u64,
+    path: Vec<usize>,
+}
+
 impl HostBackend {
     pub fn new(config: HostConfig) -> Result<Self> {
         if !config.granularity.is_power_of_two() {

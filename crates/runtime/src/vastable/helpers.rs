@@ -5,7 +5,7 @@ use xla_vmm_device::{merge_copies, Backend, DevicePtr};
 
 use super::{CopyOp, PSlot, IN, OUT};
 use crate::binding::UserBuffer;
-use crate::copykernel::CopyKernel;
+use crate::copykernel::{CopyKernel, Table};
 use crate::error::{Result, RuntimeError};
 use crate::exec::run_seq;
 use crate::executable::Executable;
@@ -94,35 +94,70 @@ pub(super) fn copy_batch<B: Backend>(
     }
 }
 
+/// A captured step: the graph, its exec and, with the copy kernel, its
+/// two copy nodes (IN, OUT).
+pub(super) type Captured<B> = (
+    <B as Backend>::Graph,
+    <B as Backend>::GraphExec,
+    Option<[<B as Backend>::GraphNode; 2]>,
+);
+
 /// Capture the step into a graph; with the copy kernel, its first node
-/// copies the IN table's entries and its last the OUT table's.
+/// runs the IN copies and its last the OUT copies, both captured with an
+/// empty table and found again in the graph to be rewritten per step.
 pub(super) fn capture<B: Backend>(
     exe: &Executable<B>,
     table: &SlotTable,
-    kernel: Option<(&CopyKernel<B>, [DevicePtr; 2])>,
+    kernel: Option<&CopyKernel<B>>,
     stream: &B::Stream,
-) -> Result<(B::Graph, B::GraphExec)> {
+) -> Result<Captured<B>> {
     let be = exe.backend();
+    let empty = kernel.map(|k| Table::empty(k.capacity()));
     be.stream_begin_capture(stream)?;
     let walked = (|| {
-        if let Some((k, t)) = kernel {
-            k.launch(be, t[IN], stream)?;
+        if let (Some(k), Some(t)) = (kernel, &empty) {
+            k.launch(be, IN, t, stream)?;
         }
         let env = exe.env(true);
         run_seq(&env, exe.ops(), table, stream, &mut Vec::new())?;
-        if let Some((k, t)) = kernel {
-            k.launch(be, t[OUT], stream)?;
+        if let (Some(k), Some(t)) = (kernel, &empty) {
+            k.launch(be, OUT, t, stream)?;
         }
         Ok::<(), RuntimeError>(())
     })();
     let captured = be.stream_end_capture(stream);
     walked?;
     let graph = captured?;
+    let nodes = match kernel.map(|k| copy_nodes(be, &graph, k)).transpose() {
+        Ok(n) => n,
+        Err(e) => {
+            be.graph_destroy(graph).ok();
+            return Err(e);
+        }
+    };
     match be.graph_instantiate(&graph) {
-        Ok(exec) => Ok((graph, exec)),
+        Ok(exec) => Ok((graph, exec, nodes)),
         Err(e) => {
             be.graph_destroy(graph).ok();
             Err(e.into())
         }
     }
+}
+
+/// The one IN and the one OUT copy node of `graph`.
+fn copy_nodes<B: Backend>(
+    be: &B,
+    graph: &B::Graph,
+    k: &CopyKernel<B>,
+) -> Result<[B::GraphNode; 2]> {
+    let one = |dir: usize| -> Result<B::GraphNode> {
+        let mut found = be.graph_kernel_nodes(graph, k.function(dir))?;
+        match found.len() {
+            1 => Ok(found.remove(0)),
+            n => Err(RuntimeError::invalid(format!(
+                "the captured step has {n} copy nodes of direction {dir}, not one"
+            ))),
+        }
+    };
+    Ok([one(IN)?, one(OUT)?])
 }
