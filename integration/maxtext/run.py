@@ -8,7 +8,8 @@ integration/maxtext/prepare.sh; the xla-vmm wheel is --wheel (default integratio
 DIR/*.whl). Variants: the stock configurations of stock_configs.py by key (`cuda` = command buffers on,
 `cuda_nocb`, `cuda_skip_temp`, `cuda_skip_profiled`; stock runs see the vmm package but not its library),
 and `vmm_t1` (the default: VA-stable graphs, auto), `vmm_t0`, `vmm_tN`, `vmm_eager`, `vmm_recapture`; any
-variant may carry extra environment after `@`: `vmm_t1@XLA_VMM_COPY_PATH=batch`.
+variant may carry extra environment after `@`: `vmm_t1@XLA_VMM_COPY_PATH=batch`, and a `CONFIG:` prefix
+to run for that config only (`tiny:cuda_skip_profiled`).
 
 Step time: MaxText prints `seconds:` with 3 decimals, too coarse for the tiny config, and
 `Tokens/s/device:` with 3 decimals of tokens/s, which is exact enough: ms/step = tokens per step /
@@ -61,6 +62,18 @@ def variant_env(variant):
     if m:
         return {**vmm, "XLA_VMM_EXEC_MODE": "graph", "XLA_VMM_TMP_COPY_THRESHOLD": m.group(1), **env}
     return None
+
+
+def variants_of(spec, cfg):
+    """The variants of a comma list that apply to config `cfg`: plain entries apply to every config,
+    `CONFIG:VARIANT` entries to that config only."""
+    out = []
+    for v in (x.strip() for x in spec.split(",")):
+        c, sep, rest = v.partition(":")
+        if not v or (sep and c != cfg):
+            continue
+        out.append(rest if sep else v)
+    return out
 
 
 def parse_log(lines, tokens):
@@ -156,7 +169,7 @@ def main():
 
     for cfg in [c for c in a.configs.split(",") if c]:
         args, tokens = CONFIGS[cfg]
-        for var in [v for v in a.variants.split(",") if v]:
+        for var in variants_of(a.variants, cfg):
             env = variant_env(var)
             row = {"config": cfg, "variant": var, "rc": "skip", "steps_done": 0, "median_ms": None,
                    "max_dloss": None, "vmm_lines": 0, "error": "", "ms": {}, "losses": {}}

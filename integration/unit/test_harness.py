@@ -218,6 +218,9 @@ class MaxText(unittest.TestCase):
                          ("vmm", "4096", "batch"))
         self.assertEqual(self.m.variant_env("vmm_eager")["XLA_VMM_EXEC_MODE"], "eager")
         self.assertIsNone(self.m.variant_env("nonsense"))
+        spec = "cuda,tiny:cuda_skip_profiled,vmm_t1,1B:vmm_t0@XLA_VMM_COPY_PATH=batch"
+        self.assertEqual(self.m.variants_of(spec, "tiny"), ["cuda", "cuda_skip_profiled", "vmm_t1"])
+        self.assertEqual(self.m.variants_of(spec, "1B"), ["cuda", "vmm_t1", "vmm_t0@XLA_VMM_COPY_PATH=batch"])
 
 
 class Bench(unittest.TestCase):

@@ -570,6 +570,7 @@ pub(crate) fn time_steps<B: Backend>(
     mode: Mode,
     steps: usize,
 ) -> anyhow::Result<()> {
+    let before = exe.stats().map(|s| (s.phases, s.counters.steps));
     let (start, end) = (be.event_create()?, be.event_create()?);
     let mut gpu = Vec::with_capacity(steps);
     let mut wall = Vec::with_capacity(steps);
@@ -595,5 +596,13 @@ pub(crate) fn time_steps<B: Backend>(
         "steps={steps} mode={mode:?} wall ms: median {m:.3} min {mn:.3} p90 {p90:.3} | \
          stream ms: median {gm:.3} min {gmn:.3} p90 {gp90:.3}"
     );
+    // Host time per phase of the timed steps only (setup and warm-up of the
+    // first run left out).
+    if let (Some(st), Some((p0, n0))) = (exe.stats(), before) {
+        let mut timed = st.clone();
+        timed.phases = st.phases.minus(&p0);
+        timed.counters.steps = st.counters.steps - n0;
+        println!("timed {}", timed.phases_line());
+    }
     Ok(())
 }

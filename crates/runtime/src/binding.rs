@@ -397,11 +397,19 @@ pub struct BindingStats {
     pub plan_skip: usize,
     pub plan_remap: usize,
     pub plan_copy: usize,
+    /// The slots whose caller's memory was mapped (remapped) at some step:
+    /// (entry parameter, slot bytes, maps), most mapped first, at most
+    /// [`REMAPPED_LISTED`]. Two maps per slot are the first binding of each
+    /// reservation; more mean the caller's buffer keeps changing.
+    pub remapped: Vec<(usize, u64, u64)>,
     /// Host time of the steps by phase (setup and captures excluded).
     pub phases: PhaseNs,
     #[serde(flatten)]
     pub counters: Stats,
 }
+
+/// Slots listed in [`BindingStats::remapped`].
+pub const REMAPPED_LISTED: usize = 8;
 
 /// Host time of VA-stable steps by phase, cumulative ns: where a step's
 /// binding time goes (setup, the probe and graph captures are left out).
@@ -426,6 +434,19 @@ pub struct PhaseNs {
 }
 
 impl PhaseNs {
+    /// What was added since `earlier` (a copy taken before).
+    pub fn minus(&self, earlier: &PhaseNs) -> PhaseNs {
+        PhaseNs {
+            plan: self.plan.saturating_sub(earlier.plan),
+            vmm: self.vmm.saturating_sub(earlier.vmm),
+            wait: self.wait.saturating_sub(earlier.wait),
+            tables: self.tables.saturating_sub(earlier.tables),
+            copies: self.copies.saturating_sub(earlier.copies),
+            launch: self.launch.saturating_sub(earlier.launch),
+            record: self.record.saturating_sub(earlier.record),
+        }
+    }
+
     pub fn total(&self) -> u64 {
         self.plan + self.vmm + self.wait + self.tables + self.copies + self.launch + self.record
     }

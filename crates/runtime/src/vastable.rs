@@ -196,6 +196,8 @@ pub(crate) struct VaStable<B: Backend> {
     /// Waited for reservations since the last phase lap, ns (counted in
     /// the `wait` phase, not in the phase around it).
     waited_ns: u64,
+    /// Per slot: how often the caller's memory was mapped there.
+    maps: Vec<u64>,
 }
 
 /// The copy kernel is unavailable: said once per process at info level.
@@ -306,6 +308,7 @@ impl<B: Backend> VaStable<B> {
             outs: Vec::with_capacity(n),
             order: Vec::with_capacity(n),
             waited_ns: 0,
+            maps: vec![0; n],
         })
     }
 
@@ -532,7 +535,10 @@ impl<B: Backend> VaStable<B> {
                 }
                 let u = bound(users, &self.slots[i])?;
                 match self.map_user(be, r, i, u, &mut synced) {
-                    Ok(()) => new_maps.push(i),
+                    Ok(()) => {
+                        new_maps.push(i);
+                        self.maps[i] += 1;
+                    }
                     Err(failed) => {
                         *slot_action = self.fall_back(r, i, failed)?;
                     }
@@ -544,6 +550,9 @@ impl<B: Backend> VaStable<B> {
             for range in contiguous(&new_maps, &self.slots) {
                 self.grant_access(be, r, &range, &mut actions, &mut synced)?;
             }
+        }
+        if !new_maps.is_empty() {
+            self.list_remapped();
         }
         self.new_maps = new_maps;
         lap.to(
@@ -741,6 +750,20 @@ impl<B: Backend> VaStable<B> {
         self.stats.copy_gbps = costs.copy_bw_bytes_per_s / 1e9;
         self.stats.copy_launch_us = costs.copy_launch_us;
         self.tracker.set_device_costs(costs).map_err(policy_err)
+    }
+
+    /// `stats.remapped` from `maps` (only when a step mapped something).
+    fn list_remapped(&mut self) {
+        let mut list: Vec<(usize, u64, u64)> = self
+            .slots
+            .iter()
+            .zip(&self.maps)
+            .filter(|(_, &n)| n > 0)
+            .map(|(s, &n)| (s.param, s.size, n))
+            .collect();
+        list.sort_by_key(|&(p, _, n)| (std::cmp::Reverse(n), p));
+        list.truncate(crate::binding::REMAPPED_LISTED);
+        self.stats.remapped = list;
     }
 
     /// The plan's figures in the stats (first step, and auto's re-plan).
