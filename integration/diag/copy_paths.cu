@@ -1,16 +1,18 @@
 // Where does the VA-stable copy path's time go? A diagnostic (not a test), built with nvcc on the GPU
 // machine by integration/diag/copy_paths.sh:
-//     nvcc -O2 -o copy_paths copy_paths.cu -lcuda && ./copy_paths COPY_KERNEL.ptx
-// COPY_KERNEL.ptx is the runtime's own copy kernel (crates/runtime/src/copykernel.rs, COPY_KERNEL_PTX,
-// extracted by the script). Every variant is a graph of N_WORK tiny store kernels (a stand-in for a
-// step's kernels), alone or with a copy stage before and after it, replayed:
+//     nvcc -O2 -arch=sm_90 -o copy_paths copy_paths.cu -lcuda && ./copy_paths
+// Its first run (integration/results/perf_baseline_a14eaf4.md) timed the runtime's copy kernel of then,
+// which read its table from pinned host memory; `table_kernel` below is that kernel's algorithm in CUDA C
+// (the PTX itself was replaced since by the parameter-table kernel, which `copy_param` mirrors), so this
+// file no longer reads the runtime's source. Every variant is a graph of N_WORK tiny store kernels (a
+// stand-in for a step's kernels), alone or with a copy stage before and after it, replayed:
 //   * "sync": launch + wait for each replay (what a blocking step pays), median over REPS;
 //   * "pipelined": REPS replays back to back between two events, per replay (what an async loop pays).
 // Copy stages compared:
-//   host-table   our PTX kernel reading its descriptor table from pinned, mapped host memory (zero copy)
+//   host-table   the zero-copy design: a kernel reading its descriptor table from pinned, mapped host memory
 //   dev-table    the same kernel reading the table from device memory
 //   param-table  a kernel whose table is its by-value parameter (4 KiB), updated per replay with
-//                cuGraphExecKernelNodeSetParams (no memory read to find the rows)
+//                cuGraphExecKernelNodeSetParams (no memory read to find the rows): the runtime's design now
 //   batch        cuMemcpyBatchAsync before and after the graph launch (the batched driver copies)
 // Each with 0 rows and with ROWS small copies (256 B each), and the host-table kernel at grid 1.
 // Prints one Markdown table; every number is microseconds.
@@ -56,6 +58,24 @@ struct ParamTable {
 
 __global__ void store(unsigned* p, unsigned v) { p[threadIdx.x] = v; }
 
+// The zero-copy table kernel: thread 0 reads the row count (volatile: the host rewrites the table), rows
+// spread over the CTAs, each row copied by its CTA. Table: [count, 0] then rows (dst, src, bytes).
+__global__ void table_kernel(const unsigned long long* table) {
+  __shared__ unsigned long long row[4];
+  if (threadIdx.x == 0) row[3] = *(const volatile unsigned long long*)table;
+  __syncthreads();
+  const unsigned long long count = row[3];
+  for (unsigned long long r = blockIdx.x; r < count; r += gridDim.x) {
+    if (threadIdx.x < 3) row[threadIdx.x] = ((const volatile unsigned long long*)table)[2 + 3 * r + threadIdx.x];
+    __syncthreads();
+    unsigned char* dst = (unsigned char*)row[0];
+    const unsigned char* src = (const unsigned char*)row[1];
+    unsigned long long n = row[2];
+    __syncthreads();
+    for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
 __global__ void copy_param(ParamTable t) {
   __shared__ unsigned long long row[3];
   for (unsigned long long r = blockIdx.x; r < t.count; r += gridDim.x) {
@@ -80,7 +100,6 @@ static double median(std::vector<double> v) {
 
 struct Ctx {
   cudaStream_t s;
-  CUfunction table_fn;
   unsigned* work;
   unsigned char *src, *dst;
   unsigned long long *host_table, *host_table_dev, *dev_table;
@@ -99,8 +118,7 @@ static void fill(unsigned long long* t, const Ctx& c, int rows) {
 }
 
 static void launch_table(const Ctx& c, unsigned long long* table, unsigned grid) {
-  void* args[] = {&table};
-  CD(cuLaunchKernel(c.table_fn, grid, 1, 1, 256, 1, 1, 0, c.s, args, nullptr));
+  table_kernel<<<grid, 256, 0, c.s>>>(table);
 }
 
 enum Stage { NONE, HOST_TABLE, HOST_TABLE_GRID1, DEV_TABLE, PARAM_TABLE, BATCH };
@@ -240,24 +258,10 @@ static Result time_variant(Ctx& c, Stage st, int rows) {
   return {median(sync), ms * 1e3 / REPS, median(host)};
 }
 
-int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: copy_paths COPY_KERNEL.ptx\n");
-    return 2;
-  }
-  FILE* f = std::fopen(argv[1], "rb");
-  if (!f) { std::perror(argv[1]); return 2; }
-  std::string ptx;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) ptx.append(buf, n);
-  std::fclose(f);
+int main() {
   Ctx c{};
   CK(cudaSetDevice(0));
   CK(cudaFree(nullptr));
-  CUmodule mod;
-  CD(cuModuleLoadData(&mod, ptx.c_str()));
-  CD(cuModuleGetFunction(&c.table_fn, mod, "xla_vmm_copy_table"));
   CK(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, 0));
   CK(cudaStreamCreateWithFlags(&c.s, cudaStreamNonBlocking));
   CK(cudaMalloc(&c.work, 4096));

@@ -420,6 +420,82 @@ fn host_kernels_launch_and_replay_in_graphs() {
     assert_eq!(b.outstanding().total(), 0);
 }
 
+/// Kernel nodes are found in a captured graph (also inside a WHILE body) by
+/// the function they launch, and updating one in an exec changes the
+/// launches that follow only: one already submitted (on a held stream) runs
+/// with its old arguments.
+#[test]
+fn kernel_nodes_are_found_and_updated_for_later_launches_only() {
+    let b = backend();
+    b.register_kernel("saxpy", saxpy());
+    b.register_kernel("dec", dec());
+    let m = b.module_load(b"saxpy\ndec\n", ImageKind::Host).unwrap();
+    let f = b.module_function(&m, "saxpy").unwrap();
+    let d = b.module_function(&m, "dec").unwrap();
+    let s = b.stream_create().unwrap();
+    let (p, v, base) = mapped(&b, 1);
+    let (x, y) = (base, base.offset(1024));
+    let xs: Vec<u8> = (0..8).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    b.write_sync(x, &xs, &s).unwrap();
+    b.write_sync(y, &[0; 32], &s).unwrap();
+    let n = 8u32.to_le_bytes();
+    let (xa, ya) = (x.0.to_le_bytes(), y.0.to_le_bytes());
+    let with_a = |a: f32| a.to_bits().to_le_bytes();
+    let a1 = with_a(1.0);
+    let pred = base.offset(4096);
+    let pa = pred.0.to_le_bytes();
+    b.stream_begin_capture(&s).unwrap();
+    b.launch(&f, &cfg(), &[&n, &a1, &xa, &ya], &s).unwrap();
+    b.capture_while(&s, pred, &mut |st| b.launch(&d, &cfg(), &[&pa], st))
+        .unwrap();
+    let g = b.stream_end_capture(&s).unwrap();
+    let nodes = b.graph_kernel_nodes(&g, &f).unwrap();
+    assert_eq!(nodes.len(), 1, "one saxpy node");
+    assert_eq!(
+        b.graph_kernel_nodes(&g, &d).unwrap().len(),
+        1,
+        "dec inside the WHILE body"
+    );
+    let exec = b.graph_instantiate(&g).unwrap();
+    let y1 = |b: &HostBackend| {
+        let mut out = [0u8; 8];
+        b.read_sync(&mut out, y, &s).unwrap();
+        f32::from_le_bytes(out[4..8].try_into().unwrap())
+    };
+    // Submitted while the stream is held: it keeps a = 1 although the node
+    // is updated to a = 10 before it runs.
+    b.hold_stream(&s).unwrap();
+    b.graph_launch(&exec, &s).unwrap();
+    let a10 = with_a(10.0);
+    b.graph_exec_kernel_update(&exec, &nodes[0], &f, &cfg(), &[&n, &a10, &xa, &ya])
+        .unwrap();
+    b.release_stream(&s).unwrap();
+    assert_eq!(y1(&b), 1.0, "the launch already submitted ran with a = 1");
+    b.graph_launch(&exec, &s).unwrap();
+    assert_eq!(y1(&b), 11.0, "the next launch runs with a = 10");
+    // The node must launch the function named; zero grids are refused.
+    assert!(is_invalid(b.graph_exec_kernel_update(
+        &exec,
+        &nodes[0],
+        &d,
+        &cfg(),
+        &[&pa]
+    )));
+    assert!(is_invalid(b.graph_exec_kernel_update(
+        &exec,
+        &nodes[0],
+        &f,
+        &LaunchConfig::default(),
+        &[&n, &a10, &xa, &ya]
+    )));
+    b.graph_exec_destroy(exec).unwrap();
+    b.graph_destroy(g).unwrap();
+    b.module_unload(m).unwrap();
+    teardown(&b, p, v);
+    b.stream_destroy(s).unwrap();
+    assert_eq!(b.outstanding().total(), 0);
+}
+
 #[test]
 fn capture_forks_and_joins_through_events() {
     let b = backend();

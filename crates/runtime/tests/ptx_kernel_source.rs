@@ -1,0 +1,99 @@
+//! Our PTX (the VA-stable copy kernels of `src/copykernel.rs`, at both table
+//! sizes) assembles for real NVIDIA targets. The driver JIT-compiles it on
+//! the GPU, so a syntax or ISA error would otherwise show on a GPU only:
+//! here `ptxas` (from pip's `nvidia-cuda-nvcc`, no GPU needed) assembles it
+//! for Turing (the oldest target CUDA 13's ptxas knows; the 4 KiB table's
+//! text declares sm_52, the 32 KiB one sm_70) and for Hopper, and the
+//! kernels must keep their table in the parameter space.
+//!
+//! ptxas: `$XLA_VMM_PTXAS`, else `ptxas` on the PATH, else the one of
+//! python3's `nvidia-cuda-nvcc` package. CI installs that package and sets
+//! `XLA_VMM_REQUIRE_PTXAS=1`, so there a missing assembler fails the test.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use xla_vmm_runtime::copykernel::{ptx, ROWS_LARGE, ROWS_SMALL};
+
+fn runs(p: &PathBuf) -> bool {
+    Command::new(p)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn ptxas() -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::env::var("XLA_VMM_PTXAS")
+        .ok()
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    found.push("ptxas".into());
+    // python3 -c 'import nvidia, os; ...' finds pip's CUDA 13 layout.
+    if let Ok(o) = Command::new("python3")
+        .args([
+            "-c",
+            "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'bin', 'ptxas'))",
+        ])
+        .output()
+    {
+        if o.status.success() {
+            found.push(String::from_utf8_lossy(&o.stdout).trim().into());
+        }
+    }
+    found.into_iter().find(runs)
+}
+
+#[test]
+fn the_copy_kernels_assemble_for_nvidia_targets() {
+    let Some(ptxas) = ptxas() else {
+        assert!(
+            std::env::var("XLA_VMM_REQUIRE_PTXAS").as_deref() != Ok("1"),
+            "XLA_VMM_REQUIRE_PTXAS=1 but no ptxas found (pip install nvidia-cuda-nvcc, or set XLA_VMM_PTXAS)"
+        );
+        eprintln!("SKIP: no ptxas to assemble the PTX kernels (set XLA_VMM_PTXAS)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("xla-vmm-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // (rows, the target the text declares)
+    for (rows, oldest) in [(ROWS_SMALL, "sm_52"), (ROWS_LARGE, "sm_70")] {
+        let text = ptx(rows);
+        assert!(
+            text.contains(&format!(".target {oldest}")),
+            "{rows} rows: target"
+        );
+        for entry in ["xla_vmm_copy_in", "xla_vmm_copy_out"] {
+            assert!(
+                text.contains(&format!(".entry {entry}(")),
+                "{rows} rows: {entry}"
+            );
+        }
+        // The rows are read from the kernel parameter, never from memory.
+        assert!(
+            text.contains("ld.param.u64"),
+            "{rows} rows: no parameter loads"
+        );
+        assert!(
+            !text.contains(".cv"),
+            "{rows} rows: volatile (host memory) loads"
+        );
+        let src = dir.join(format!("copy_{rows}.ptx"));
+        std::fs::write(&src, &text).unwrap();
+        for arch in ["sm_75", "sm_90"] {
+            let o = Command::new(&ptxas)
+                .arg(format!("-arch={arch}"))
+                .arg("-o")
+                .arg(dir.join(format!("copy_{rows}_{arch}.cubin")))
+                .arg(&src)
+                .output()
+                .expect("running ptxas");
+            assert!(
+                o.status.success(),
+                "ptxas -arch={arch} failed on the {rows}-row copy kernels:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
