@@ -110,6 +110,26 @@ pub struct LaunchConfig {
     pub pdl: bool,
 }
 
+impl LaunchConfig {
+    /// What [`Backend::graph_exec_kernel_update`] accepts: a non-zero grid
+    /// and block, no cluster, no programmatic dependent launch (node
+    /// parameters cannot carry launch attributes).
+    pub fn check_node_update(&self) -> Result<()> {
+        if self.cluster.is_some() || self.pdl {
+            return Err(DeviceError::Unsupported(
+                "kernel node updates with cluster or PDL attributes".into(),
+            ));
+        }
+        if self.grid.contains(&0) || self.block.contains(&0) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "kernel node update: grid {:?} / block {:?} has a zero dimension",
+                self.grid, self.block
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Parameters of a tiled TMA descriptor (`cuTensorMapEncodeTiled`), as XLA's
 /// `TmaDescriptorProto` gives them. Enum fields use the proto numbers, which
 /// equal CUDA's enum values.

@@ -188,6 +188,18 @@ impl HipBackend {
     }
 }
 
+/// `arg`'s bytes in 8-byte aligned storage of at least one word, so that a
+/// driver reading a kernel argument reads only memory we own.
+fn aligned_words(arg: &[u8]) -> Vec<u64> {
+    let mut words = vec![0u64; arg.len().div_ceil(8).max(1)];
+    for (w, chunk) in words.iter_mut().zip(arg.chunks(8)) {
+        let mut b = [0u8; 8];
+        b[..chunk.len()].copy_from_slice(chunk);
+        *w = u64::from_ne_bytes(b);
+    }
+    words
+}
+
 impl Backend for HipBackend {
     type PhysMem = HipPhysMem;
     type VaRange = HipVaRange;
@@ -731,30 +743,10 @@ impl Backend for HipBackend {
         self.own(exec, "graph exec")?;
         self.own(node, "graph node")?;
         self.own(function, "function")?;
-        if config.cluster.is_some() || config.pdl {
-            return Err(DeviceError::Unsupported(
-                "kernel node updates with cluster or PDL attributes".into(),
-            ));
-        }
-        if config.grid.contains(&0) || config.block.contains(&0) {
-            return Err(DeviceError::InvalidArgument(format!(
-                "kernel node update: grid {:?} / block {:?} has a zero dimension",
-                config.grid, config.block
-            )));
-        }
+        config.check_node_update()?;
         // Each argument in 8-byte aligned storage of its own; the runtime
         // copies them by the kernel's argument sizes.
-        let mut storage: Vec<Vec<u64>> = args
-            .iter()
-            .map(|a| {
-                let mut w = vec![0u64; a.len().div_ceil(8).max(1)];
-                // SAFETY: `w` holds at least `a.len()` bytes; u64 has no
-                // invalid bit patterns.
-                unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast::<u8>(), a.len()) }
-                    .copy_from_slice(a);
-                w
-            })
-            .collect();
+        let mut storage: Vec<Vec<u64>> = args.iter().map(|a| aligned_words(a)).collect();
         let mut ptrs: Vec<*mut std::ffi::c_void> =
             storage.iter_mut().map(|w| w.as_mut_ptr().cast()).collect();
         self.bind()?;

@@ -680,17 +680,7 @@ impl Backend for HostBackend {
         self.check(exec.backend)?;
         self.check(node.backend)?;
         self.check(function.backend)?;
-        if config.cluster.is_some() || config.pdl {
-            return Err(DeviceError::Unsupported(
-                "kernel node updates with cluster or PDL attributes".into(),
-            ));
-        }
-        if config.grid.contains(&0) || config.block.contains(&0) {
-            return Err(invalid(format!(
-                "kernel node update: grid {:?} / block {:?} has a zero dimension",
-                config.grid, config.block
-            )));
-        }
+        config.check_node_update()?;
         let mut st = self.enter("graph_exec_kernel_update")?;
         let ops = st
             .execs
