@@ -191,9 +191,10 @@ pub const DEFAULT_COPY_LAUNCH_US: f64 = 4.0;
 
 /// GPU cost of one direction of copies on the copy-kernel path, µs: the
 /// kernel is a node of the step's graph (no launch call, no host work per
-/// copy; the host rewrites the descriptor table only when it changes), so a
+/// copy; the host rewrites the node's table only when it changes), so a
 /// direction costs one small kernel node: about a kernel node's
-/// launch-to-start inside a graph.
+/// launch-to-start inside a graph (the copy-path diagnostic measured ~1 µs
+/// per node on the H200, `integration/results/perf_baseline_a14eaf4.md`).
 pub const KERNEL_COPY_DIRECTION_US: f64 = 2.0;
 
 /// `XLA_VMM_PROBE`: `0` = never probe (DESIGN §4 constants), `1` = probe on
@@ -368,8 +369,8 @@ pub struct BindingStats {
     /// per direction per step at most (a batch of one copy is a plain
     /// copy).
     pub copy_ops: u64,
-    /// How copies run: `"kernel"` (the copy kernel inside the graph, driven
-    /// by a pinned descriptor table: no driver call per step) or `"batch"`
+    /// How copies run: `"kernel"` (copy-kernel nodes inside the graph, their
+    /// tables rewritten only when the copies change) or `"batch"`
     /// (one batched copy per direction around the launch); empty before
     /// the first step.
     pub copy_path: &'static str,
