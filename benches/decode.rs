@@ -3,11 +3,10 @@
 //! minimum and median wall time per decode. No external harness: the numbers
 //! are plain `Instant` measurements after one warm-up decode.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 fn main() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures");
+    let dir = xla_vmm::testdata::require_fixtures_dir();
     let mut names: Vec<_> = match std::fs::read_dir(&dir) {
         Ok(rd) => rd
             .filter_map(|e| e.ok().map(|e| e.path()))

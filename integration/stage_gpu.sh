@@ -15,6 +15,16 @@ perf=0
 stage=.dev/gpu
 [ $perf = 1 ] && stage=.dev/perf
 rm -rf "$stage"; mkdir -p "$stage/bin" "$stage/lib" "$stage/fixtures"
+# The repository's fixtures (integration/fixtures; llama_scan_bf16.npz only where it was regenerated:
+# gpu_check uses the stock reference of its `stock` section instead).
+stage_fixtures() {
+  local fx=integration/fixtures f
+  for f in small loop mlp_adam_donated llama_scan_bf16 llama_sgd_f32; do
+    cp "$fx/$f.pjrt" "$stage/fixtures/"
+    [ -f "$fx/$f.npz" ] && cp "$fx/$f.npz" "$stage/fixtures/"
+  done
+  return 0
+}
 cargo build --release -p xla-vmm-cli -p xla-vmm-plugin
 cp target/release/xla-vmm "$stage/bin/"
 cp target/release/libxla_vmm_plugin.so "$stage/lib/"
@@ -27,9 +37,8 @@ if [ $perf = 1 ]; then
     # shellcheck disable=SC2086
     "${NVCC:-nvcc}" ${NVCC_FLAGS:-} -O2 -arch=sm_90 -o "$stage/diag/copy_paths" integration/diag/copy_paths.cu -lcuda
   fi
-  # The fixtures the `runtime` section compares against (16 MB).
-  fx=../shared/fixtures
-  for f in small loop mlp_adam_donated llama_scan_bf16; do cp "$fx/$f.pjrt" "$fx/$f.npz" "$stage/fixtures/"; done
+  # The fixtures the `runtime` section compares against.
+  stage_fixtures
   if [ -d .dev/mt/.mt ]; then
     mkdir -p "$stage/mt"
     cp -r .dev/mt/.mt .dev/mt/.wheels "$stage/mt/"
@@ -51,9 +60,7 @@ for line in sys.stdin:
           cp "$exe" "$stage/bin/test-$pkg-$name"
         done
   done
-  fx=../shared/fixtures
-  for f in small loop mlp_adam_donated llama_scan_bf16; do cp "$fx/$f.pjrt" "$fx/$f.npz" "$stage/fixtures/"; done
-  cp "$fx/llama_sgd_f32.pjrt" "$stage/fixtures/"
+  stage_fixtures
 fi
 # What was built: the commit, "+dirty" when the tree had changes.
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!integration/results' || echo +dirty)" >"$stage/COMMIT"

@@ -17,6 +17,7 @@ pub mod decode;
 pub mod plan;
 #[doc(hidden)]
 pub mod proto;
+pub mod testdata;
 
 pub use decode::{decode, DecodeError};
 pub use plan::*;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use xla_vmm::{decode, CollectiveOp, ExecutionStream, GroupMode, Plan, ReductionKind, ThunkKind};
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("integration/multi/fixtures")
+    xla_vmm::testdata::multi_fixtures_dir().expect("integration/multi/fixtures")
 }
 
 fn load(name: &str) -> Plan {

@@ -18,7 +18,7 @@ pub const FIXTURES: [&str; 5] = [
 ];
 
 pub fn fixtures_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
+    xla_vmm::testdata::require_fixtures_dir()
 }
 
 pub fn fixture(name: &str) -> Vec<u8> {
@@ -26,7 +26,7 @@ pub fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
 }
 
-/// One row of the counts table in ../shared/fixtures/README.md.
+/// One row of the counts table in integration/fixtures/README.md.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Expected {
     pub allocations: usize,

@@ -1,12 +1,12 @@
 //! Runs the built `xla-vmm inspect --json` on the fixtures and checks the
-//! counts against the table in ../shared/fixtures/README.md.
+//! counts against the table in integration/fixtures/README.md.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+    xla_vmm::testdata::require_fixtures_dir()
 }
 
 /// (allocations, [param, const, output, temp], top-level, kinds).

@@ -290,16 +290,8 @@ mod tests {
     }
 
     #[test]
-    fn fixture_npz_files_parse_when_present() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures");
-        let path = dir.join("loop.npz");
-        if !path.exists() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI runs with ../shared/fixtures beside the clone: it is missing"
-            );
-            return;
-        }
+    fn fixture_npz_files_parse() {
+        let path = xla_vmm::testdata::require_fixtures_dir().join("loop.npz");
         let arrays = read_npz(&path).unwrap();
         let names: Vec<&str> = arrays.iter().map(|(n, _)| n.as_str()).collect();
         assert!(

@@ -449,8 +449,7 @@ fn cliques_are_made_once_per_participants_and_rank() {
 /// and async starts on communication / computation streams.
 #[test]
 fn multi_device_fixtures_pass_the_support_check() {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../integration/multi/fixtures");
+    let dir = xla_vmm::testdata::multi_fixtures_dir().expect("integration/multi/fixtures");
     let mut n = 0;
     for e in std::fs::read_dir(&dir).unwrap() {
         let path = e.unwrap().path();

@@ -1,22 +1,8 @@
 //! Every fixture decodes and passes the load-time support check.
 
-use std::path::PathBuf;
-
-fn fixtures() -> Option<PathBuf> {
-    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures");
-    d.join("small.pjrt").exists().then_some(d)
-}
-
 #[test]
 fn all_fixtures_decode_and_are_supported() {
-    let Some(dir) = fixtures() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs with ../shared/fixtures beside the clone: it is missing"
-        );
-        eprintln!("no ../shared/fixtures: skipped");
-        return;
-    };
+    let dir = xla_vmm::testdata::require_fixtures_dir();
     for name in [
         "small",
         "loop",

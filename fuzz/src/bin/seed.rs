@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let fixtures = root.join("../../shared/fixtures");
+    let fixtures = xla_vmm::testdata::fixtures_dir().ok_or("no integration/fixtures in this checkout")?;
     let whole = root.join("corpus/decode");
     let message = root.join("corpus/decode_message");
     std::fs::create_dir_all(&whole)?;
