@@ -11,6 +11,18 @@ mod probe;
 mod run;
 mod run_multi;
 
+/// Which device backend a command runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// NVIDIA (feature `cuda`).
+    Cuda,
+    /// AMD (feature `hip`; unverified on hardware).
+    Hip,
+    /// The host emulation backend, no GPU: host memory with emulated VMM; it runs
+    /// no GPU kernel, so a real executable stops at load, saying which thunk.
+    Host,
+}
+
 #[derive(Parser)]
 #[command(
     name = "xla-vmm",

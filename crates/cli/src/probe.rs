@@ -5,15 +5,7 @@ use anyhow::Context;
 use xla_vmm_device::probe::{probe, DeviceCosts, ProbeConfig};
 use xla_vmm_device::Backend;
 
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum BackendKind {
-    /// NVIDIA (feature `cuda`).
-    Cuda,
-    /// AMD (feature `hip`; unverified on hardware).
-    Hip,
-    /// The host emulation backend (numbers describe this machine's memcpy, not a GPU).
-    Host,
-}
+use crate::BackendKind;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -58,6 +58,11 @@ pub struct Args {
     /// Device ordinal.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// Device backend: `host` needs no GPU (inputs are read and checked and
+    /// the program loaded; GPU kernels do not run there, so a real
+    /// executable stops at load with the thunk it cannot run).
+    #[arg(long, value_enum, default_value = "cuda")]
+    pub backend: crate::BackendKind,
     /// Run a multi-device executable on devices 0..N, one thread each
     /// (inputs `in_<arg>_<dev>`, expected outputs `out_<out>_<dev>`, `<dev>`
     /// = position in the device assignment: NAME.json's `devices` next to
@@ -130,15 +135,51 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             None => Vec::new(),
         },
     };
-    if args.devices > 1 {
-        return crate::run_multi::run(plan, &args, mode, check);
+    // Inputs are read and checked before a device is opened (multi-device
+    // runs name them per device and check them when binding).
+    let inputs = if args.devices > 1 {
+        Vec::new()
+    } else {
+        let inputs = npz::read_npz(&args.inputs)?;
+        check_inputs(
+            &plan.program_shape.parameters,
+            &inputs,
+            &|i| format!("in_{i}"),
+            &args.inputs,
+        )?;
+        inputs
+    };
+    match args.backend {
+        crate::BackendKind::Cuda if args.devices > 1 => {
+            crate::run_multi::run(plan, &args, mode, check)
+        }
+        crate::BackendKind::Cuda => run_cuda(plan, inputs, &args, mode, &check),
+        _ if args.devices > 1 => bail!("--devices {} needs --backend cuda", args.devices),
+        crate::BackendKind::Host => run_host(plan, inputs, &args, mode, &check),
+        crate::BackendKind::Hip => {
+            bail!("run has no HIP backend yet (no hipBLASLt engine; see the README's HIP section)")
+        }
     }
-    run_cuda(plan, &args, mode, &check)
+}
+
+/// The host backend (no GPU): every input checked and uploaded, the program
+/// loaded; it runs copies, memsets and the runtime's own copy kernels.
+fn run_host(
+    plan: xla_vmm::Plan,
+    inputs: Vec<(String, NpyArray)>,
+    args: &Args,
+    mode: Mode,
+    check: &OutputCheck,
+) -> anyhow::Result<()> {
+    let b = xla_vmm_device::HostBackend::new(xla_vmm_device::HostConfig::default())?;
+    xla_vmm_runtime::copykernel::register_host_copy_kernel(&b);
+    replay(Arc::new(b), plan, None, inputs, args, mode, check)
 }
 
 #[cfg(feature = "cuda")]
 fn run_cuda(
     plan: xla_vmm::Plan,
+    inputs: Vec<(String, NpyArray)>,
     args: &Args,
     mode: Mode,
     check: &OutputCheck,
@@ -153,7 +194,7 @@ fn run_cuda(
     } else {
         None
     };
-    replay(backend, plan, gemm, args, mode, check)
+    replay(backend, plan, gemm, inputs, args, mode, check)
 }
 
 /// What `--compare` needs besides the arrays.
@@ -168,6 +209,7 @@ pub struct OutputCheck {
 #[cfg(not(feature = "cuda"))]
 fn run_cuda(
     _plan: xla_vmm::Plan,
+    _inputs: Vec<(String, NpyArray)>,
     _args: &Args,
     _mode: Mode,
     _check: &OutputCheck,
@@ -185,6 +227,7 @@ pub fn replay<B: Backend>(
     backend: Arc<B>,
     plan: xla_vmm::Plan,
     gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<B>>>,
+    inputs: Vec<(String, NpyArray)>,
     args: &Args,
     mode: Mode,
     check: &OutputCheck,
@@ -196,7 +239,6 @@ pub fn replay<B: Backend>(
     eprintln!("loaded in {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     let allocator = setup_binding(&backend, &mut exe, args)?;
 
-    let inputs = npz::read_npz(&args.inputs)?;
     let mut params: Vec<Buffer<B>> = Vec::new();
     let result = (|| -> anyhow::Result<()> {
         let in_names = |i: usize| format!("in_{i}");
@@ -287,45 +329,55 @@ pub(crate) fn setup_binding<B: Backend>(
     Ok(VmmAllocator::new(backend.clone(), vmm_cfg)?)
 }
 
-/// Upload input `name_of(i)` of `inputs` for every parameter i and bind it
-/// (buffers pushed to `params`); extra `in_*` arrays are an error.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn bind_inputs<B: Backend>(
-    be: &B,
-    allocator: &VmmAllocator<B>,
-    exe: &mut Executable<B>,
-    stream: &B::Stream,
+/// Why array `a` cannot be parameter `shape`: its dtype, byte order or
+/// dims differ (`None` when it fits). bf16 and the other types numpy lacks
+/// are void types (`<V2`) of the element's width.
+fn input_mismatch(a: &NpyArray, shape: &xla_vmm::Shape) -> Option<String> {
+    let want = element_descr(shape);
+    let body = |d: &str| d.trim_start_matches(['<', '|', '=']).to_string();
+    if a.descr.starts_with('>') && a.item_size().is_some_and(|n| n > 1) {
+        return Some(format!(
+            "big-endian {} (the runtime takes little-endian data)",
+            a.descr
+        ));
+    }
+    if body(&a.descr) != body(&want) {
+        return Some(format!("dtype {} where the parameter is {want}", a.descr));
+    }
+    let dims: Vec<u64> = shape.dimensions.iter().map(|&d| d.max(0) as u64).collect();
+    if a.shape != dims {
+        return Some(format!(
+            "shape {:?} where the parameter is {dims:?}",
+            a.shape
+        ));
+    }
+    None
+}
+
+/// Every parameter i has its input `name_of(i)` in `inputs`, of the
+/// parameter's dtype, byte order and shape, and there are no extra `in_*`
+/// arrays: checked before any device is opened.
+pub(crate) fn check_inputs(
+    shapes: &[xla_vmm::Shape],
     inputs: &[(String, NpyArray)],
     name_of: &dyn Fn(usize) -> String,
     path: &std::path::Path,
-    params: &mut Vec<Buffer<B>>,
 ) -> anyhow::Result<()> {
-    let shapes = exe.parameter_shapes().to_vec();
     for (i, shape) in shapes.iter().enumerate() {
         let name = name_of(i);
         let (_, a) = inputs
             .iter()
             .find(|(n, _)| *n == name)
-            .ok_or_else(|| anyhow!("{} has no {name}", path.display()))?;
-        let want = shape
+            .ok_or_else(|| anyhow!("{} has no {name} (parameter {i})", path.display()))?;
+        shape
             .byte_size()
             .ok_or_else(|| anyhow!("parameter {i}: non-array shape"))?;
-        if a.data.len() as u64 != want {
+        if let Some(why) = input_mismatch(a, shape) {
             bail!(
-                "{name}: {} bytes ({:?} {}), parameter {i} needs {want} bytes ({:?} {})",
-                a.data.len(),
-                a.shape,
-                a.descr,
-                shape.dimensions,
-                shape.element_type.name().unwrap_or("?")
+                "{}: {name} does not fit parameter {i}: {why}",
+                path.display()
             );
         }
-        let buf = allocator.alloc(want.max(1))?;
-        if want > 0 {
-            be.write_sync(buf.ptr(), &a.data, stream)?;
-        }
-        exe.bind_buffer(i, &buf)?;
-        params.push(buf);
     }
     let suffix = name_of(0).strip_prefix("in_0").unwrap_or("").to_string();
     let extra = inputs
@@ -343,6 +395,46 @@ pub(crate) fn bind_inputs<B: Backend>(
             path.display(),
             shapes.len()
         );
+    }
+    Ok(())
+}
+
+/// Upload input `name_of(i)` of `inputs` for every parameter i and bind it
+/// (buffers pushed to `params`), after [`check_inputs`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bind_inputs<B: Backend>(
+    be: &B,
+    allocator: &VmmAllocator<B>,
+    exe: &mut Executable<B>,
+    stream: &B::Stream,
+    inputs: &[(String, NpyArray)],
+    name_of: &dyn Fn(usize) -> String,
+    path: &std::path::Path,
+    params: &mut Vec<Buffer<B>>,
+) -> anyhow::Result<()> {
+    let shapes = exe.parameter_shapes().to_vec();
+    check_inputs(&shapes, inputs, name_of, path)?;
+    for (i, shape) in shapes.iter().enumerate() {
+        let name = name_of(i);
+        let (_, a) = inputs
+            .iter()
+            .find(|(n, _)| *n == name)
+            .ok_or_else(|| anyhow!("{} has no {name}", path.display()))?;
+        let want = shape
+            .byte_size()
+            .ok_or_else(|| anyhow!("parameter {i}: non-array shape"))?;
+        if a.data.len() as u64 != want {
+            bail!(
+                "{name}: {} bytes, parameter {i} needs {want} bytes",
+                a.data.len()
+            );
+        }
+        let buf = allocator.alloc(want.max(1))?;
+        if want > 0 {
+            be.write_sync(buf.ptr(), &a.data, stream)?;
+        }
+        exe.bind_buffer(i, &buf)?;
+        params.push(buf);
     }
     Ok(())
 }

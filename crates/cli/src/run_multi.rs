@@ -490,6 +490,7 @@ mod tests {
             nondeterministic: None,
             device: 0,
             devices: 2,
+            backend: crate::BackendKind::Host,
         }
     }
 

@@ -94,6 +94,11 @@ pub fn arg_u32(args: &[&[u8]], i: usize) -> Result<u32> {
 /// Parse a host module image: kernel names, one per line (blank lines and
 /// `#` comments ignored).
 pub(crate) fn parse_image(image: &[u8]) -> Result<Vec<String>> {
+    if image.starts_with(b"\x7fELF") {
+        return Err(DeviceError::Unsupported(
+            "the host backend runs no GPU code, and this module is a GPU code object (ELF)".into(),
+        ));
+    }
     let text = std::str::from_utf8(image)
         .map_err(|_| DeviceError::InvalidArgument("host module image is not UTF-8 text".into()))?;
     let names: Vec<String> = text
