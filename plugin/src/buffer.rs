@@ -44,6 +44,8 @@ pub struct Buffer {
     state: Mutex<State>,
     /// Completes when the buffer's producer has run on the device.
     ready: Mutex<Arc<Event>>,
+    /// `IncreaseExternalReferenceCount` calls not yet matched by a decrease.
+    external_refs: std::sync::atomic::AtomicU64,
 }
 
 static BUFFERS: Registry<Buffer> = Registry::new();
@@ -103,6 +105,7 @@ impl Buffer {
             bytes,
             state: Mutex::new(State::Live(allocation)),
             ready: Mutex::new(ready),
+            external_refs: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -228,7 +231,16 @@ pub fn from_host(a: &mut PJRT_Client_BufferFromHostBuffer_Args) -> Result<()> {
     } else {
         client.device(a.device)?
     };
-    let dims = cabi::slice(a.dims, a.num_dims, "dims")?.to_vec();
+    if !(PJRT_HostBufferSemantics_kImmutableOnlyDuringCall
+        ..=PJRT_HostBufferSemantics_kMutableZeroCopy)
+        .contains(&a.host_buffer_semantics)
+    {
+        return Err(Error::invalid(format!(
+            "host_buffer_semantics = {}: not a PJRT_HostBufferSemantics",
+            a.host_buffer_semantics
+        )));
+    }
+    let dims = cabi::vec_at_most(a.dims, a.num_dims, cabi::MAX_RANK, "dims")?;
     let elem = dtype::element_size(a.type_)?;
     if !a.device_layout.is_null() {
         let strides = host_strides(a.device_layout, &dims, elem)?;
@@ -453,12 +465,27 @@ pub fn opaque_device_pointer(a: &mut PJRT_Buffer_OpaqueDeviceMemoryDataPointer_A
 pub fn increase_external_ref(
     a: &mut PJRT_Buffer_IncreaseExternalReferenceCount_Args,
 ) -> Result<()> {
-    Buffer::from_c(a.buffer)?.with_live(|_| Ok(()))
+    let b = Buffer::from_c(a.buffer)?;
+    b.with_live(|_| Ok(()))?;
+    b.external_refs
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    Ok(())
 }
 
 pub fn decrease_external_ref(
     a: &mut PJRT_Buffer_DecreaseExternalReferenceCount_Args,
 ) -> Result<()> {
-    Buffer::from_c(a.buffer)?;
+    let b = Buffer::from_c(a.buffer)?;
+    b.external_refs
+        .fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |n| n.checked_sub(1),
+        )
+        .map_err(|_| {
+            Error::failed_precondition(
+                "DecreaseExternalReferenceCount without a matching increase (the count is 0)",
+            )
+        })?;
     Ok(())
 }

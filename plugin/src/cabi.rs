@@ -13,13 +13,24 @@ use xla_vmm_ffi::pjrt::PJRT_NamedValue;
 
 use crate::error::{Error, Result};
 
-/// `ptr[..len]` as a slice; a null `ptr` is an error unless `len == 0`.
+/// Most dimensions an array of the C API may have (XLA's shapes stay far
+/// below): a larger count is an absurd length, not an allocation.
+pub const MAX_RANK: usize = 64;
+
+/// `ptr[..len]` as a slice; a null `ptr` is an error unless `len == 0`, and
+/// so is a length no array in this address space can have.
 pub fn slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Result<&'a [T]> {
     if len == 0 {
         return Ok(&[]);
     }
     if ptr.is_null() {
         return Err(Error::invalid(format!("{what} is null (length {len})")));
+    }
+    if len
+        .checked_mul(std::mem::size_of::<T>().max(1))
+        .is_none_or(|b| b > isize::MAX as usize)
+    {
+        return Err(Error::invalid(format!("{what}: absurd length {len}")));
     }
     if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return Err(Error::invalid(format!("{what} is misaligned")));
@@ -30,6 +41,27 @@ pub fn slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Result<&'a [T]> {
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
+/// `ptr[..len]` copied into a vector of at most `max` elements: a longer
+/// caller-supplied length is an error naming it, and the copy's allocation
+/// is fallible (an error, not an abort, when memory runs out).
+pub fn vec_at_most<T: Copy>(ptr: *const T, len: usize, max: usize, what: &str) -> Result<Vec<T>> {
+    if len > max {
+        return Err(Error::invalid(format!(
+            "{what}: {len} elements, at most {max} allowed"
+        )));
+    }
+    let s = slice(ptr, len, what)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        Error::new(
+            xla_vmm_ffi::pjrt::PJRT_Error_Code_RESOURCE_EXHAUSTED,
+            format!("{what}: no host memory for {len} elements"),
+        )
+    })?;
+    v.extend_from_slice(s);
+    Ok(v)
+}
+
 /// `ptr[..len]` as a mutable byte slice (a destination the caller owns).
 pub fn slice_mut<'a>(ptr: *mut u8, len: usize, what: &str) -> Result<&'a mut [u8]> {
     if len == 0 {
@@ -37,6 +69,9 @@ pub fn slice_mut<'a>(ptr: *mut u8, len: usize, what: &str) -> Result<&'a mut [u8
     }
     if ptr.is_null() {
         return Err(Error::invalid(format!("{what} is null (length {len})")));
+    }
+    if len > isize::MAX as usize {
+        return Err(Error::invalid(format!("{what}: absurd length {len}")));
     }
     // SAFETY: non-null; the C API contract makes `ptr` valid for `len` byte
     // writes during this call and not aliased by anything we hold.

@@ -504,7 +504,13 @@ pub fn addressable_memories(a: &mut PJRT_Client_AddressableMemories_Args) -> Res
 
 pub fn default_device_assignment(a: &mut PJRT_Client_DefaultDeviceAssignment_Args) -> Result<()> {
     let c = Client::from_c(a.client)?;
-    let n = (a.num_replicas.max(0) as usize) * (a.num_partitions.max(0) as usize);
+    if a.num_replicas < 1 || a.num_partitions < 1 {
+        return Err(Error::invalid(format!(
+            "{} replicas x {} partitions: both must be at least 1",
+            a.num_replicas, a.num_partitions
+        )));
+    }
+    let n = (a.num_replicas as usize).saturating_mul(a.num_partitions as usize);
     if n > c.devices.len() {
         return Err(Error::invalid(format!(
             "{} replicas x {} partitions need {n} devices; this client has {}",

@@ -48,6 +48,9 @@ struct State {
 pub struct Event {
     state: Mutex<State>,
     cv: Condvar,
+    /// Made by `PJRT_Event_Create`: the caller's to set. The plugin's own
+    /// events (buffers ready, executions done) are set by the plugin only.
+    user: bool,
 }
 
 static EVENTS: Registry<Event> = Registry::new();
@@ -65,6 +68,7 @@ impl Event {
         Arc::new(Event {
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
+            user: false,
         })
     }
 
@@ -176,12 +180,22 @@ pub fn on_ready(args: &mut PJRT_Event_OnReady_Args) -> Result<()> {
 }
 
 pub fn create(args: &mut PJRT_Event_Create_Args) -> Result<()> {
-    args.event = Event::pending().into_c();
+    args.event = Arc::new(Event {
+        state: Mutex::new(State::default()),
+        cv: Condvar::new(),
+        user: true,
+    })
+    .into_c();
     Ok(())
 }
 
 pub fn set(args: &mut PJRT_Event_Set_Args) -> Result<()> {
     let event = Event::from_c(args.event)?;
+    if !event.user {
+        return Err(Error::invalid(
+            "PJRT_Event_Set on an event the plugin made (only PJRT_Event_Create's events may be set)",
+        ));
+    }
     let result = if args.error_code == PJRT_Error_Code_OK {
         Ok(())
     } else {

@@ -92,6 +92,16 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
         }
         e.parts.clone()
     };
+    // Counts checked before any list is read (a wrong one would read past
+    // the caller's arrays).
+    if a.num_args != e.params.len() {
+        return Err(Error::invalid(format!(
+            "{} takes {} arguments, {} given (num_args)",
+            e.name,
+            e.params.len(),
+            a.num_args
+        )));
+    }
     let lists = cabi::slice(a.argument_lists, n, "argument_lists")?;
     let mut args = Vec::with_capacity(n);
     for (d, &list) in lists.iter().enumerate() {
@@ -108,12 +118,21 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
         args.push(list);
     }
     let non_donatable = match cabi::slice(a.options.cast_const(), 1, "options")?.first() {
-        Some(o) => cabi::slice(
-            o.non_donatable_input_indices,
-            o.num_non_donatable_input_indices,
-            "non_donatable_input_indices",
-        )?
-        .to_vec(),
+        Some(o) => {
+            let idx = cabi::vec_at_most(
+                o.non_donatable_input_indices,
+                o.num_non_donatable_input_indices,
+                a.num_args,
+                "non_donatable_input_indices",
+            )?;
+            if let Some(bad) = idx.iter().find(|&&i| i < 0 || i as usize >= a.num_args) {
+                return Err(Error::invalid(format!(
+                    "non_donatable_input_indices: {bad} is not an argument index (0..{})",
+                    a.num_args
+                )));
+            }
+            idx
+        }
         None => Vec::new(),
     };
     let out_lists = cabi::slice(a.output_lists, n, "output_lists")?;

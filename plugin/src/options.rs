@@ -83,7 +83,10 @@ impl ClientOptions {
                 .unwrap_or(false),
             tmp_copy_threshold,
             vendor_plugin_path: std::env::var("XLA_VMM_VENDOR_PLUGIN").ok(),
-            host_devices: env_count("XLA_VMM_HOST_DEVICES")?.unwrap_or(1),
+            host_devices: host_devices(
+                "XLA_VMM_HOST_DEVICES",
+                env_count("XLA_VMM_HOST_DEVICES")?.unwrap_or(1),
+            )?,
             max_devices: env_count("XLA_VMM_MAX_DEVICES")?,
             node_id: 0,
             num_nodes: 1,
@@ -109,7 +112,7 @@ impl ClientOptions {
                     })?
                 }
                 ("vendor_plugin_path", Value::Str(s)) => o.vendor_plugin_path = Some(s.clone()),
-                ("host_devices", v) => o.host_devices = count(name, v)?,
+                ("host_devices", v) => o.host_devices = host_devices(name, count(name, v)?)?,
                 ("max_devices", v) => o.max_devices = Some(count(name, v)?),
                 ("node_id", v) => o.node_id = int(name, v)?,
                 ("num_nodes", v) => o.num_nodes = int(name, v)?,
@@ -150,6 +153,19 @@ fn int(name: &str, v: &Value) -> Result<usize> {
 }
 
 /// A positive count option.
+/// Most devices the host backend emulates (each is a thread, a stream and
+/// an allocator: far more is a mistake, answered at once).
+pub const MAX_HOST_DEVICES: usize = 256;
+
+fn host_devices(name: &str, n: usize) -> Result<usize> {
+    if n > MAX_HOST_DEVICES {
+        return Err(Error::invalid(format!(
+            "{name} = {n}: the host backend emulates at most {MAX_HOST_DEVICES} devices"
+        )));
+    }
+    Ok(n)
+}
+
 fn count(name: &str, v: &Value) -> Result<usize> {
     match int(name, v)? {
         0 => Err(Error::invalid(format!(

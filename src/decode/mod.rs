@@ -77,9 +77,10 @@ pub fn decode_executable_and_options(
     if bytes.is_empty() {
         return Err(DecodeError::Empty);
     }
-    let message = match strip_ifrt_header(bytes) {
-        Some(riegeli) => read_split_proto(riegeli, OUTER_TYPE)?,
-        None => bytes.to_vec(),
+    // The plain (legacy) form is decoded in place: no copy of the input.
+    let message: std::borrow::Cow<'_, [u8]> = match strip_ifrt_header(bytes) {
+        Some(riegeli) => std::borrow::Cow::Owned(read_split_proto(riegeli, OUTER_TYPE)?),
+        None => std::borrow::Cow::Borrowed(bytes),
     };
     let outer = ExecutableAndOptionsProto::decode(&message[..]).map_err(|source| {
         if is_riegeli(bytes) || strip_ifrt_header(bytes).is_some() {

@@ -25,8 +25,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let bytes =
-        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let bytes = crate::read_executable(&args.file)?;
     let start = Instant::now();
     let plan =
         xla_vmm::decode(&bytes).with_context(|| format!("decoding {}", args.file.display()))?;

@@ -11,6 +11,26 @@ mod probe;
 mod run;
 mod run_multi;
 
+/// Largest executable file the commands read (real ones are megabytes).
+pub const MAX_EXECUTABLE_BYTES: u64 = 8 << 30;
+
+/// Read an executable file once, refusing one larger than
+/// [`MAX_EXECUTABLE_BYTES`] before reading it.
+pub fn read_executable(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context;
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .len();
+    if len > MAX_EXECUTABLE_BYTES {
+        anyhow::bail!(
+            "{} is {len} bytes: executables above {} GiB are refused",
+            path.display(),
+            MAX_EXECUTABLE_BYTES >> 30
+        );
+    }
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
+
 /// Which device backend a command runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {

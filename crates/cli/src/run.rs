@@ -66,10 +66,14 @@ pub struct Args {
     /// Run a multi-device executable on devices 0..N, one thread each
     /// (inputs `in_<arg>_<dev>`, expected outputs `out_<out>_<dev>`, `<dev>`
     /// = position in the device assignment: NAME.json's `devices` next to
-    /// the executable, else 1 replica x N partitions with ids 0..N).
+    /// the executable, else 1 replica x N partitions with ids 0..N); checked
+    /// against the visible devices before anything starts.
     #[arg(long, default_value_t = 1)]
     pub devices: usize,
 }
+
+/// Most devices `--devices` takes (more is a typo, answered at once).
+pub const MAX_DEVICES: usize = 1024;
 
 /// `out_i` -> the thunks that write its allocation ("kind 'annotation'"),
 /// so a mismatch names where the bytes came from.
@@ -122,8 +126,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "graph-recapture" => Mode::Graph,
         m => bail!("--mode must be eager, graph or graph-recapture, not {m:?}"),
     };
-    let bytes =
-        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let bytes = crate::read_executable(&args.file)?;
     // Constants XLA serialized without content take their value from the
     // HLO module in the decoder, as XLA's own deserialization does.
     let plan = xla_vmm::decode::decode(&bytes)
@@ -135,6 +138,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             None => Vec::new(),
         },
     };
+    if args.devices == 0 || args.devices > MAX_DEVICES {
+        bail!("--devices {}: expected 1 to {MAX_DEVICES}", args.devices);
+    }
     // Inputs are read and checked before a device is opened (multi-device
     // runs name them per device and check them when binding).
     let inputs = if args.devices > 1 {

@@ -141,6 +141,14 @@ fn run_backend(
     assignment: DeviceAssignment,
 ) -> anyhow::Result<()> {
     use xla_vmm_device::cuda::{blaslt::CudaGemm, CudaBackend};
+    // Before any thread starts or any device opens.
+    let visible = CudaBackend::device_count()?;
+    if assignment.ids.len() > visible {
+        bail!(
+            "--devices {}: this machine has {visible} CUDA device(s)",
+            assignment.ids.len()
+        );
+    }
     let needs_gemm = plan.kind_counts().contains_key("cublas_lt_matmul");
     let make = move |k: usize| -> anyhow::Result<(Arc<CudaBackend>, Gemm<CudaBackend>)> {
         let b = Arc::new(CudaBackend::new(k)?);

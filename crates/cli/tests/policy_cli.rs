@@ -186,6 +186,11 @@ fn bad_inputs_fail_cleanly() {
         ("negative.json", format!(r#"{{{dev}, "threshold": -3, "slots": []}}"#), "parsing"),
         ("no_slots.json", format!(r#"{{{dev}, "threshold": 1}}"#), "slots"),
         (
+            "huge_slot.json",
+            format!(r#"{{{dev}, "threshold": 1, "slots": [{{"size": 18446744073709551615, "read": true, "written": true, "churn": 1}}]}}"#),
+            "exceeds the device's total memory",
+        ),
+        (
             "free.json",
             r#"{"device": {"remap_us": 46.0, "copy_bw_bytes_per_s": 2.4e12, "copy_launch_us": 4.0, "free_bytes": 300, "total_bytes": 200}, "slots": []}"#.to_owned(),
             "free_bytes",

@@ -107,6 +107,25 @@ fn bad_inputs_are_named_before_a_device_opens() {
 }
 
 #[test]
+fn an_absurd_device_count_is_answered_at_once() {
+    let npz = fixtures().join("small.npz");
+    let t = std::time::Instant::now();
+    let o = run(&[
+        &pjrt("small"),
+        "--inputs",
+        npz.to_str().unwrap(),
+        "--devices",
+        "1000000",
+    ]);
+    assert!(
+        stderr(&o).contains("--devices 1000000: expected 1 to 1024"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(1));
+}
+
+#[test]
 fn several_devices_need_the_cuda_backend() {
     let npz = fixtures().join("small.npz");
     let o = run(&[

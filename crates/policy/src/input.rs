@@ -438,6 +438,17 @@ impl PolicyInput {
         }
         for (i, s) in self.slots.iter().enumerate() {
             s.validate(i)?;
+            // A slot is one buffer on this device: it cannot be larger than
+            // the device's memory.
+            if self.device.total_bytes > 0 && s.size > self.device.total_bytes {
+                return Err(PolicyError::InvalidSlot {
+                    index: i,
+                    reason: format!(
+                        "size {} bytes exceeds the device's total memory ({} bytes)",
+                        s.size, self.device.total_bytes
+                    ),
+                });
+            }
         }
         Ok(())
     }

@@ -94,6 +94,15 @@ impl CudaBackend {
         })
     }
 
+    /// How many CUDA devices this process sees (an error when the driver is
+    /// missing or too old, never a panic).
+    pub fn device_count() -> Result<usize> {
+        symbols::load()?;
+        let n = CudaContext::device_count()
+            .map_err(|e| DeviceError::NotAvailable(format!("counting CUDA devices: {e}")))?;
+        Ok(n.max(0) as usize)
+    }
+
     /// The cudarc context (for other modules of this crate, e.g. cuBLASLt).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
