@@ -1,7 +1,7 @@
 """A llama-style decoder (RMSNorm, RoPE, SwiGLU, GQA), optional `lax.scan` over layers, adamw.
 
-The same model `../shared/fixtures/make_fixtures.py` uses for the `llama_scan_bf16` fixture and the
-stock-XLA timings, made importable (no side effects at import)."""
+The model `integration/fixtures/make_fixtures.py` makes the `llama_scan_bf16` fixture and the stock-XLA
+timings with, importable (no side effects at import)."""
 import jax
 import jax.numpy as jnp
 import optax

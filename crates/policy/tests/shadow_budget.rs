@@ -35,7 +35,9 @@ fn random_input(rng: &mut Rng) -> PolicyInput {
             } else {
                 rng.f64()
             };
-            let mut s = SlotInfo::new(rng.log_u64(1, 4 << 30), rng.bool(0.7), rng.bool(0.5), churn);
+            // A slot is one buffer of this device: at most its memory.
+            let size = rng.log_u64(1, (4u64 << 30).min(total));
+            let mut s = SlotInfo::new(size, rng.bool(0.7), rng.bool(0.5), churn);
             if rng.bool(0.1) {
                 s.history = Some((0..(rng.next_u64() % 20)).map(|_| rng.bool(0.5)).collect());
             }
