@@ -65,10 +65,15 @@ impl Handle for Event {
 
 impl Event {
     pub fn pending() -> Arc<Event> {
+        Self::new(false)
+    }
+
+    /// A pending event; `user`: made for the caller (`PJRT_Event_Create`).
+    fn new(user: bool) -> Arc<Event> {
         Arc::new(Event {
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
-            user: false,
+            user,
         })
     }
 
@@ -180,12 +185,7 @@ pub fn on_ready(args: &mut PJRT_Event_OnReady_Args) -> Result<()> {
 }
 
 pub fn create(args: &mut PJRT_Event_Create_Args) -> Result<()> {
-    args.event = Arc::new(Event {
-        state: Mutex::new(State::default()),
-        cv: Condvar::new(),
-        user: true,
-    })
-    .into_c();
+    args.event = Event::new(true).into_c();
     Ok(())
 }
 

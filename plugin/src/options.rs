@@ -152,7 +152,6 @@ fn int(name: &str, v: &Value) -> Result<usize> {
     })
 }
 
-/// A positive count option.
 /// Most devices the host backend emulates (each is a thread, a stream and
 /// an allocator: far more is a mistake, answered at once).
 pub const MAX_HOST_DEVICES: usize = 256;
@@ -166,6 +165,7 @@ fn host_devices(name: &str, n: usize) -> Result<usize> {
     Ok(n)
 }
 
+/// A positive count option.
 fn count(name: &str, v: &Value) -> Result<usize> {
     match int(name, v)? {
         0 => Err(Error::invalid(format!(

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
 use common::plans::*;
@@ -189,23 +188,7 @@ fn execute_checks_its_counts_before_reading_the_lists() {
     let x = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
     let args = [x];
     // A huge num_args over a one-element list: refused before it is read.
-    let arg_list: *const *mut PJRT_Buffer = args.as_ptr();
-    let mut out: [*mut PJRT_Buffer; 1] = [null_mut()];
-    let out_list: *mut *mut PJRT_Buffer = out.as_mut_ptr();
-    let mut opts: PJRT_ExecuteOptions = unsafe { std::mem::zeroed() };
-    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
-    let (err, _) = call!(
-        PJRT_LoadedExecutable_Execute,
-        PJRT_LoadedExecutable_Execute_Args,
-        |a| {
-            a.executable = exe;
-            a.options = &mut opts;
-            a.argument_lists = &arg_list;
-            a.num_devices = 1;
-            a.num_args = 1 << 40;
-            a.output_lists = &out_list;
-        }
-    );
+    let err = execute_async_claiming(exe, &args, &[], 1 << 40).err();
     code_and(err, "takes 1 arguments, 1099511627776 given (num_args)");
     // Non-donatable indices outside the argument list.
     for bad in [&[5i64][..], &[-1][..]] {

@@ -406,7 +406,8 @@ pub(crate) fn check_inputs(
 }
 
 /// Upload input `name_of(i)` of `inputs` for every parameter i and bind it
-/// (buffers pushed to `params`), after [`check_inputs`].
+/// (buffers pushed to `params`); the caller ran [`check_inputs`] before
+/// opening the device.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn bind_inputs<B: Backend>(
     be: &B,
@@ -419,7 +420,6 @@ pub(crate) fn bind_inputs<B: Backend>(
     params: &mut Vec<Buffer<B>>,
 ) -> anyhow::Result<()> {
     let shapes = exe.parameter_shapes().to_vec();
-    check_inputs(&shapes, inputs, name_of, path)?;
     for (i, shape) in shapes.iter().enumerate() {
         let name = name_of(i);
         let (_, a) = inputs

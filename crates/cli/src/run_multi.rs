@@ -192,6 +192,7 @@ pub(crate) fn replay_multi<B: Backend>(
 ) -> anyhow::Result<()> {
     let n = assignment.ids.len();
     let inputs = npz::read_npz(&args.inputs)?;
+
     let cliques = Cliques::<B>::new(LocalExchange::new());
     let gate = Gate::new(n);
     let results: Vec<anyhow::Result<DeviceRun>> = std::thread::scope(|s| {
@@ -334,6 +335,9 @@ fn device_run<B: Backend>(
     let mut params: Vec<Buffer<B>> = Vec::new();
     let result = (|| -> anyhow::Result<DeviceRun> {
         let names = |i: usize| format!("in_{i}_{k}");
+        // Per device, in its thread: a device whose inputs are wrong fails
+        // without leaving its peers waiting (the gate).
+        crate::run::check_inputs(exe.parameter_shapes(), inputs, &names, &args.inputs)?;
         crate::run::bind_inputs(
             be,
             &allocator,

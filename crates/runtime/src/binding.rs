@@ -170,14 +170,6 @@ impl CopyPath {
         std::env::var(COPY_PATH_ENV).map_or(Ok(CopyPath::Auto), |v| Self::parse(&v))
     }
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CopyPath::Auto => "auto",
-            CopyPath::Kernel => "kernel",
-            CopyPath::Batch => "batch",
-        }
-    }
-
     /// Whether the copy kernel is tried.
     pub fn wants_kernel(self) -> bool {
         !matches!(self, CopyPath::Batch)
@@ -421,10 +413,9 @@ pub struct PhaseNs {
     pub plan: u64,
     /// Unmap, map and set-access calls (waits excluded).
     pub vmm: u64,
-    /// Waiting for a reservation's previous step (before an unmap or a
-    /// rewrite of its copy tables).
+    /// Waiting for a reservation's previous step (before an unmap).
     pub wait: u64,
-    /// Copy tables rewritten (kernel path).
+    /// Copy nodes rewritten in the graph exec (kernel path).
     pub tables: u64,
     /// Batched copies enqueued, both directions.
     pub copies: u64,

@@ -65,7 +65,7 @@ pub(crate) const IN: usize = 0;
 pub(crate) const OUT: usize = 1;
 
 /// One copy: (dst, src, bytes).
-pub type Copy = (DevicePtr, DevicePtr, u64);
+pub type CopyOp = (DevicePtr, DevicePtr, u64);
 
 /// Bytes of a table of `cap` rows (the kernel parameter's size).
 pub fn table_bytes(cap: usize) -> usize {
@@ -355,7 +355,7 @@ impl Table {
 
     /// Fill with `copies` split into rows; `false` (and empty) when they
     /// need more rows than the table has.
-    pub(crate) fn fill(&mut self, copies: &[Copy]) -> bool {
+    pub(crate) fn fill(&mut self, copies: &[CopyOp]) -> bool {
         let cap = (self.bytes.len() - TABLE_HEADER) / ENTRY_BYTES;
         let need: usize = copies.iter().map(|c| rows(c.2)).sum();
         self.rows = 0;
@@ -385,18 +385,21 @@ impl Table {
 /// Run the kernel outside any graph over `entries` (destinations must not
 /// overlap), as many launches as the table needs, and wait for it: for
 /// tests of the kernel itself.
-pub fn run_copy_kernel<B: Backend>(be: &B, entries: &[Copy], stream: &B::Stream) -> Result<()> {
+pub fn run_copy_kernel<B: Backend>(be: &B, entries: &[CopyOp], stream: &B::Stream) -> Result<()> {
     let need = entries.iter().map(|c| rows(c.2)).sum();
     let k = CopyKernel::load(be, need)?;
     // No piece bigger than a whole table.
     let most = ROW_BYTES * k.capacity() as u64;
     let mut pieces = Vec::new();
     for &(d, s, n) in entries {
+        if n == 0 {
+            pieces.push((d, s, 0));
+        }
         let mut done = 0;
-        while done < n || (n == 0 && done == 0) {
+        while done < n {
             let len = (n - done).min(most);
             pieces.push((d.offset(done), s.offset(done), len));
-            done += len.max(1);
+            done += len;
         }
     }
     let mut table = Table::empty(k.capacity());

@@ -93,7 +93,7 @@ use xla_vmm_policy::{
 use crate::binding::{
     publish, register, BindingConfig, BindingStats, Lap, StatsSlot, UserBuffer, COPY_PATH_ENV,
 };
-use crate::copykernel::{CopyKernel, Table, IN, OUT};
+use crate::copykernel::{CopyKernel, CopyOp, Table, IN, OUT};
 use crate::error::{Result, RuntimeError};
 use crate::executable::Executable;
 use crate::slots::SlotTable;
@@ -154,9 +154,6 @@ struct Res<B: Backend> {
     /// A timed step is in flight on this reservation: its modelled copy µs.
     timed: Option<f64>,
 }
-
-/// One copy: (dst, src, bytes).
-type CopyOp = (DevicePtr, DevicePtr, u64);
 
 /// Per-executable state of VA-stable mode.
 pub(crate) struct VaStable<B: Backend> {

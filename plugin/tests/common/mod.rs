@@ -230,6 +230,17 @@ pub fn execute_async(
     args: &[*mut PJRT_Buffer],
     non_donatable: &[i64],
 ) -> Result<(*mut PJRT_Buffer, *mut PJRT_Event), (u32, String)> {
+    execute_async_claiming(exe, args, non_donatable, args.len())
+}
+
+/// [`execute_async`] with `num_args` as given (a careless caller's count,
+/// whatever `args` holds).
+pub fn execute_async_claiming(
+    exe: *mut PJRT_LoadedExecutable,
+    args: &[*mut PJRT_Buffer],
+    non_donatable: &[i64],
+    num_args: usize,
+) -> Result<(*mut PJRT_Buffer, *mut PJRT_Event), (u32, String)> {
     let mut opts: PJRT_ExecuteOptions = unsafe { zeroed() };
     opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
     opts.non_donatable_input_indices = non_donatable.as_ptr();
@@ -246,7 +257,7 @@ pub fn execute_async(
             a.options = &mut opts;
             a.argument_lists = &arg_list;
             a.num_devices = 1;
-            a.num_args = args.len();
+            a.num_args = num_args;
             a.output_lists = &out_list;
             a.device_complete_events = &mut done;
         }

@@ -897,17 +897,7 @@ impl Backend for CudaBackend {
         self.own(exec, "graph exec")?;
         self.own(node, "graph node")?;
         self.own(function, "function")?;
-        if config.cluster.is_some() || config.pdl {
-            return Err(DeviceError::Unsupported(
-                "kernel node updates with cluster or PDL attributes".into(),
-            ));
-        }
-        if config.grid.contains(&0) || config.block.contains(&0) {
-            return Err(DeviceError::InvalidArgument(format!(
-                "kernel node update: grid {:?} / block {:?} has a zero dimension",
-                config.grid, config.block
-            )));
-        }
+        config.check_node_update()?;
         let mut storage = param_storage(function, args)?;
         let mut ptrs: Vec<*mut std::ffi::c_void> =
             storage.iter_mut().map(|w| w.as_mut_ptr().cast()).collect();

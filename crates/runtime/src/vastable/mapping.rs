@@ -42,8 +42,8 @@ impl<B: Backend> VaStable<B> {
         Ok(())
     }
 
-    /// Wait until reservation `r`'s previous step is done (once per step;
-    /// the time goes to the `wait` phase).
+    /// Wait until reservation `r`'s previous step is done, before an unmap
+    /// there (once per step; the time goes to the `wait` phase).
     pub(super) fn wait_idle(&mut self, be: &B, r: usize, synced: &mut bool) -> Result<()> {
         if self.res[r].used && !*synced {
             let t = Instant::now();
