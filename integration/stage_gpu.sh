@@ -39,6 +39,12 @@ if [ $perf = 1 ]; then
   fi
   # The fixtures the `runtime` section compares against.
   stage_fixtures
+  # JAX's own tests for integration/jax_tests.py (JAX_SRC: a jax-ml/jax git directory, e.g. the
+  # `fetch github:jax-ml/jax` mirror; the commit of the installed jax's release).
+  if [ -n "${JAX_SRC:-}" ]; then
+    mkdir -p "$stage/jaxtests"
+    git --git-dir="$JAX_SRC" archive "${JAX_COMMIT:-HEAD}" tests | tar -x -C "$stage/jaxtests" --strip-components=1
+  fi
   if [ -d .dev/mt/.mt ]; then
     mkdir -p "$stage/mt"
     cp -r .dev/mt/.mt .dev/mt/.wheels "$stage/mt/"

@@ -42,6 +42,8 @@ pub struct Client {
     device_ptrs: Vec<CPtr<PJRT_Device>>,
     addressable_ptrs: Vec<CPtr<PJRT_Device>>,
     memory_ptrs: Vec<CPtr<PJRT_Memory>>,
+    /// The job's topology (owned here; `PJRT_Client_TopologyDescription`).
+    pub topology: Arc<crate::topology::Topology>,
 }
 
 static CLIENTS: Registry<Client> = Registry::new();
@@ -203,9 +205,11 @@ impl Client {
         tracing::info!(backend = info.backend, device = %info.name,
             local = addressable.len(), global = devices.len(),
             process = options.node_id, "xla-vmm client created");
+        let topology = crate::topology::Topology::register(&platform_version, &devices);
         Ok(Arc::new(Client {
             options,
             vendor: Mutex::new(None),
+            topology,
             platform_version,
             vendor_platform_version: OnceLock::new(),
             devices,
@@ -319,6 +323,7 @@ impl Client {
         for d in &self.devices {
             d.unregister();
         }
+        self.topology.unregister();
     }
 }
 

@@ -6,7 +6,7 @@ use xla_vmm_ffi::pjrt::*;
 
 use crate::error::{Error, Result};
 
-/// Bytes per element; sub-byte and token types are not supported.
+/// Bytes per element (0 for a token); sub-byte types are not supported.
 pub fn element_size(t: PJRT_Buffer_Type) -> Result<usize> {
     Ok(match t {
         PJRT_Buffer_Type_PRED | PJRT_Buffer_Type_S8 | PJRT_Buffer_Type_U8 => 1,
@@ -24,6 +24,9 @@ pub fn element_size(t: PJRT_Buffer_Type) -> Result<usize> {
         PJRT_Buffer_Type_S64 | PJRT_Buffer_Type_U64 | PJRT_Buffer_Type_F64 => 8,
         PJRT_Buffer_Type_C64 => 8,
         PJRT_Buffer_Type_C128 => 16,
+        // A token orders side effects and holds no data (XLA's
+        // `ShapeUtil::ByteSizeOf` of a token is 0): a buffer of no bytes.
+        PJRT_Buffer_Type_TOKEN => 0,
         other => {
             return Err(Error::unimplemented(format!(
                 "element type {other} ({}) is not supported by xla-vmm buffers",

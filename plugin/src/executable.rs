@@ -352,7 +352,12 @@ impl ExecInner {
     }
 
     /// Check one device's arguments: count, types and placement.
-    pub(crate) fn check_args(&self, part: &Part, args: &[Arc<Buffer>]) -> Result<()> {
+    pub(crate) fn check_args(
+        &self,
+        part: &Part,
+        args: &[Arc<Buffer>],
+        non_donatable: &[i64],
+    ) -> Result<()> {
         if args.len() != self.params.len() {
             return Err(Error::invalid(format!(
                 "{} takes {} arguments, {} given",
@@ -384,6 +389,17 @@ impl ExecInner {
             // failed later would leave its peers waiting in a collective.
             a.with_live(|_| Ok(()))
                 .map_err(|e| e.context(&format!("argument {i}")))?;
+            // A donated buffer is consumed by this call: it may not also be
+            // another of its arguments (as XLA's PJRT clients refuse).
+            if self.aliased[i] && !non_donatable.contains(&(i as i64)) {
+                if let Some(j) = (0..args.len()).find(|&j| j != i && Arc::ptr_eq(&args[j], a)) {
+                    return Err(Error::invalid(format!(
+                        "argument {i} is donated to {} and is also argument {j}: a buffer \
+                         cannot be donated and used by the same call",
+                        self.name
+                    )));
+                }
+            }
         }
         Ok(())
     }

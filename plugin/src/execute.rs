@@ -102,21 +102,6 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
             a.num_args
         )));
     }
-    let lists = cabi::slice(a.argument_lists, n, "argument_lists")?;
-    let mut args = Vec::with_capacity(n);
-    for (d, &list) in lists.iter().enumerate() {
-        let ptrs = cabi::slice(list, a.num_args, "argument list")?;
-        let list = ptrs
-            .iter()
-            .enumerate()
-            .map(|(i, &p)| {
-                Buffer::from_c(p).map_err(|err| err.context(&format!("device {d} argument {i}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        e.check_args(&parts[d], &list)
-            .map_err(|err| err.context(&format!("argument list {d}")))?;
-        args.push(list);
-    }
     let non_donatable = match cabi::slice(a.options.cast_const(), 1, "options")?.first() {
         Some(o) => {
             let idx = cabi::vec_at_most(
@@ -135,9 +120,28 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
         }
         None => Vec::new(),
     };
+    let lists = cabi::slice(a.argument_lists, n, "argument_lists")?;
+    let mut args = Vec::with_capacity(n);
+    for (d, &list) in lists.iter().enumerate() {
+        let ptrs = cabi::slice(list, a.num_args, "argument list")?;
+        let list = ptrs
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                Buffer::from_c(p).map_err(|err| err.context(&format!("device {d} argument {i}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        e.check_args(&parts[d], &list, &non_donatable)
+            .map_err(|err| err.context(&format!("argument list {d}")))?;
+        args.push(list);
+    }
     let out_lists = cabi::slice(a.output_lists, n, "output_lists")?;
-    if let Some(d) = out_lists.iter().position(|l| l.is_null()) {
-        return Err(Error::invalid(format!("output list {d} is null")));
+    // A program without outputs gets empty lists, which callers may pass as
+    // null (jaxlib does: an empty vector's data).
+    if !e.outputs.is_empty() {
+        if let Some(d) = out_lists.iter().position(|l| l.is_null()) {
+            return Err(Error::invalid(format!("output list {d} is null")));
+        }
     }
     let results: Vec<Step> = if n == 1 {
         vec![e.execute(&parts[0], &args[0], &non_donatable)]

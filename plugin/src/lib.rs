@@ -58,6 +58,7 @@ pub mod program;
 pub mod remote;
 pub mod staging;
 pub mod stats;
+pub mod topology;
 pub mod vendor;
 pub mod vendor_exec;
 pub mod vendor_locate;

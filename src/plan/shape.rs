@@ -55,6 +55,7 @@ impl ElementType {
     pub const F32: Self = Self(11);
     pub const BF16: Self = Self(16);
     pub const TUPLE: Self = Self(13);
+    pub const TOKEN: Self = Self(17);
 
     /// XLA's upper-case name (`"F32"`, `"BF16"`, `"TUPLE"`), or `None` for a
     /// number this build does not know.

@@ -109,7 +109,31 @@ def initialize():
     xla_bridge.register_plugin(
         PLUGIN_NAME, priority=300, library_path=path, options=_client_options
     )
+    if os.environ.get("XLA_VMM_GPU_ALIAS", "1").strip() != "0":
+        _alias_as_gpu(xla_bridge)
     _registered = True
+
+
+def _alias_as_gpu(xla_bridge):
+    """Make ``vmm`` answer where JAX names the GPU backend: ``jax.devices("gpu")``,
+    ``jit(backend="gpu")``, ``JAX_PLATFORMS=gpu``, ``default_device("gpu")``.
+
+    JAX resolves "gpu" to the first of its GPU platforms ("cuda", "rocm", ...) that has a
+    backend; ``vmm`` goes first in that list, so with both this plugin and the stock CUDA
+    plugin initialized "gpu" is ours, and with ``JAX_PLATFORMS=vmm`` it is ours alone. The
+    tables are JAX's private ones (``xla_bridge._platform_aliases``): if a JAX release
+    renames them the alias is skipped with a warning, nothing else changes.
+    XLA_VMM_GPU_ALIAS=0 turns it off.
+    """
+    aliases = getattr(xla_bridge, "_platform_aliases", None)
+    platforms = getattr(xla_bridge, "_alias_to_platforms", None)
+    if not isinstance(aliases, dict) or not isinstance(platforms, dict):
+        logger.warning("xla-vmm: this JAX has no platform alias table; 'gpu' does not name vmm")
+        return
+    aliases[PLUGIN_NAME] = "gpu"
+    gpu = platforms.setdefault("gpu", [])
+    if PLUGIN_NAME not in gpu:
+        gpu.insert(0, PLUGIN_NAME)
 
 
 from ._stats import stats  # noqa: E402,F401  (jax_plugins.xla_vmm.stats())

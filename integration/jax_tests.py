@@ -1,0 +1,299 @@
+"""A slice of JAX's own test suite on stock XLA and on xla-vmm, side by side (GPU machine).
+
+    python3 integration/jax_tests.py --tests DIR [--files api_test,lax_test] [--platforms cuda,vmm]
+        [--out OUT] [--jobs 6] [--budget-s 400] [--file-timeout-s 300] [-k EXPR]
+
+DIR holds JAX's `tests/*.py` of the installed jax's version (`JAX_SRC=<jax git dir> stage_gpu.sh
+--perf` exports them). Every (platform, file) pair runs in its own pytest process: `cuda` is stock
+(JAX_PLATFORMS=cuda,cpu), `vmm` is the plugin (JAX_PLATFORMS=vmm,cpu, --vmm-lib); JAX's generated
+test cases at JAX_NUM_GENERATED_CASES (default 2 here, 10 in JAX). A test that kills its
+process (a signal, an abort) or hangs past the file's time is recorded as `died` with the process's
+last words, and pytest starts again on the tests not yet run (integration/jaxslice/plugin.py logs
+each test's start and outcome), so one crash costs one test, not the rest of the file.
+
+Writes OUT/jax_tests.json (every test's outcome per platform, deaths, fallback warnings) and
+OUT/jax_tests.md: per file, stock vs vmm counts, deaths, and the tests that pass on stock but not on
+vmm grouped by their error. --budget-s: no process starts once that many seconds have passed (a file
+cut short says so). Exit status 0 when the table was written, whatever the tests did.
+"""
+import argparse
+import collections
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_FILES = ("api_test,lax_control_flow_test,lax_test,lax_autodiff_test,lax_numpy_test,random_test,"
+                 "nn_test,array_test,memories_test,python_callback_test,buffer_callback_test,"
+                 "debugging_primitives_test,pjit_test")
+# Lines of the plugin's log that say a program left our runtime (counted per file).
+FALLBACK_RE = re.compile(r"vendor runtime|falls back to the vendor|on the vendor fallback", re.I)
+MAX_RESTARTS = 40
+
+
+def platform_env(platform, base, vmm_lib):
+    """The environment of one platform's processes: the GPU backend plus `cpu` (which JAX's tests and
+    host callbacks use), as JAX's own CI runs them."""
+    env = dict(base)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    env.setdefault("JAX_NUM_GENERATED_CASES", "2")
+    # A dying process says where: Python's stack on SIGSEGV / SIGABRT, Rust's on a panic.
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    env.setdefault("RUST_BACKTRACE", "1")
+    env["JAX_PLATFORMS"] = platform + ",cpu"
+    paths = [os.path.join(HERE, "jaxslice")]
+    if platform == "vmm":
+        env["XLA_VMM_LIBRARY"] = vmm_lib
+        paths.append(HERE)  # jax_plugins/xla_vmm
+    else:
+        env["XLA_VMM_LIBRARY"] = "/nonexistent"
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [base.get("PYTHONPATH")] if p])
+    return env
+
+
+def read_log(path):
+    """(outcomes: id -> (outcome, msg), started ids in order) from a plugin log."""
+    outcomes, started = {}, []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by the process's death
+                if "start" in rec:
+                    started.append(rec["start"])
+                elif "id" in rec:
+                    outcomes[rec["id"]] = (rec["outcome"], rec.get("msg", ""))
+    return outcomes, started
+
+
+def last_words(text, n=6):
+    """The lines of a dead process's output that say why (abort messages, signals), at most n."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    keys = [ln for ln in lines if re.search(r"abort|panick|Fatal|fatal|SIGSEGV|Segmentation|core dumped|"
+                                             r"Check failed|terminate|error:", ln)]
+    return (keys[-n:] if keys else lines[-n:])
+
+
+def died_reason(rc, hung):
+    if hung:
+        return "hung (killed at the file's time limit)"
+    if rc < 0:
+        try:
+            return "killed by " + signal.Signals(-rc).name
+        except ValueError:
+            return "killed by signal %d" % -rc
+    return "process exited with status %d" % rc
+
+
+def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr, progress):
+    """Runs one test file on one platform to the end, restarting after each death."""
+    log = os.path.join(work, "%s.%s.jsonl" % (name, platform))
+    skip = os.path.join(work, "%s.%s.skip" % (name, platform))
+    for p in (log, skip):
+        if os.path.exists(p):
+            os.remove(p)
+    deaths, fallbacks, restarts, cut = [], 0, 0, False
+    file_deadline = time.time() + file_timeout
+    while True:
+        left = min(deadline, file_deadline) - time.time()
+        if left <= 5:
+            cut = True
+            break
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "plugin",
+               os.path.join(tests_dir, name + ".py")]
+        if kexpr:
+            cmd += ["-k", kexpr]
+        penv = dict(env, JAXSLICE_LOG=log, JAXSLICE_SKIP=skip)
+        with tempfile.TemporaryFile("w+") as out:
+            proc = subprocess.Popen(cmd, env=penv, stdout=out, stderr=subprocess.STDOUT, cwd=tests_dir,
+                                    start_new_session=True)
+            hung = False
+            try:
+                rc = proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                rc = proc.wait()
+                # Past the file's own limit it hung; past the call's budget it was only cut short.
+                hung = time.time() < deadline - 1
+                if not hung:
+                    cut = True
+                    break
+            out.seek(0)
+            text = out.read()
+        fallbacks += sum(1 for ln in text.splitlines() if FALLBACK_RE.search(ln))
+        outcomes, started = read_log(log)
+        running = [t for t in started if t not in outcomes]
+        normal = not hung and rc in (0, 1, 5)  # all passed / some failed / none collected
+        if normal:
+            if rc == 5 and not outcomes:
+                deaths.append({"id": None, "why": "no tests collected", "words": last_words(text)})
+            elif not outcomes and rc != 0:
+                deaths.append({"id": None, "why": "collection failed", "words": last_words(text, 12)})
+            break
+        dead = running[-1] if running else None
+        if hung and dead is None:
+            cut = True
+            break
+        deaths.append({"id": dead, "why": died_reason(rc, hung), "words": last_words(text)})
+        progress("%s/%s: %s in %s" % (platform, name, deaths[-1]["why"], dead))
+        restarts += 1
+        if dead is None or restarts > MAX_RESTARTS:
+            break
+        with open(skip, "w", encoding="utf-8") as f:
+            f.write("\n".join(list(outcomes) + [d["id"] for d in deaths if d["id"]]) + "\n")
+    outcomes, _ = read_log(log)
+    for d in deaths:
+        if d["id"]:
+            outcomes[d["id"]] = ("died", d["why"])
+    return {"outcomes": outcomes, "deaths": deaths, "fallback_lines": fallbacks, "cut": cut}
+
+
+def normalize(msg):
+    """An error message without its numbers, shapes and addresses, for grouping."""
+    msg = re.sub(r"0x[0-9a-fA-F]+", "0x_", msg)
+    msg = re.sub(r"\d+", "N", msg)
+    return msg[:160]
+
+
+def compare(results, files, ref, dut):
+    """Per-file rows and the regressions (pass on `ref`, not on `dut`) grouped by message."""
+    rows, groups = [], collections.defaultdict(list)
+    for name in files:
+        r, d = results.get((name, ref)), results.get((name, dut))
+        if r is None or d is None:
+            continue
+        ro, do = r["outcomes"], d["outcomes"]
+        count = lambda o, k: sum(1 for v in o.values() if v[0] == k)  # noqa: E731
+        passed_ref = {t for t, v in ro.items() if v[0] == "passed"}
+        lost = sorted(t for t in passed_ref if do.get(t, ("not run", ""))[0] != "passed")
+        for t in lost:
+            outcome, msg = do.get(t, ("not run", ""))
+            groups[(outcome, normalize(msg))].append(t)
+        rows.append({
+            "file": name,
+            ref: {k: count(ro, k) for k in ("passed", "failed", "skipped", "died")},
+            dut: {k: count(do, k) for k in ("passed", "failed", "skipped", "died")},
+            "ref_pass_dut_not": len(lost),
+            "ref_pass_dut_pass": len(passed_ref) - len(lost),
+            "dut_fallback_lines": d["fallback_lines"],
+            "cut": r["cut"] or d["cut"],
+        })
+    return rows, groups
+
+
+def markdown(rows, groups, results, ref, dut, title):
+    out = ["# " + title, "",
+           "| file | %s pass / fail / skip / died | %s pass / fail / skip / died | pass on %s, not on %s | "
+           "of %s's passes | fallback warnings | cut short |" % (ref, dut, ref, dut, ref),
+           "|---|---|---|---|---|---|---|"]
+    tot = collections.Counter()
+    for r in rows:
+        a, b = r[ref], r[dut]
+        kept = r["ref_pass_dut_pass"] + r["ref_pass_dut_not"]
+        pct = "%.1f%%" % (100.0 * r["ref_pass_dut_pass"] / kept) if kept else "-"
+        out.append("| %s | %d / %d / %d / %d | %d / %d / %d / %d | %d | %s | %d | %s |" % (
+            r["file"], a["passed"], a["failed"], a["skipped"], a["died"], b["passed"], b["failed"],
+            b["skipped"], b["died"], r["ref_pass_dut_not"], pct, r["dut_fallback_lines"],
+            "yes" if r["cut"] else ""))
+        tot.update({"kept": kept, "same": r["ref_pass_dut_pass"], "died_ref": a["died"], "died_dut": b["died"]})
+    if tot["kept"]:
+        out += ["", "Of %d tests that pass on %s, %d (%.2f%%) pass on %s; deaths: %s %d, %s %d." % (
+            tot["kept"], ref, tot["same"], 100.0 * tot["same"] / tot["kept"], dut, ref, tot["died_ref"],
+            dut, tot["died_dut"])]
+    if groups:
+        out += ["", "## Pass on %s, not on %s, by error" % (ref, dut), "",
+                "| tests | %s outcome | message | examples |" % dut, "|---|---|---|---|"]
+        for (outcome, msg), ids in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            ex = ", ".join("`%s`" % i.split("::")[-1][:60] for i in ids[:3])
+            out.append("| %d | %s | %s | %s |" % (len(ids), outcome, msg.replace("|", "\\|"), ex))
+    deaths = [(k, d) for k, res in sorted(results.items()) for d in res["deaths"]]
+    if deaths:
+        out += ["", "## Process deaths", ""]
+        for (name, plat), d in deaths:
+            out.append("- %s %s `%s`: %s" % (plat, name, d["id"], d["why"]))
+            out += ["    " + w[:300] for w in d["words"]]
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tests", required=True, help="folder of JAX's tests/*.py")
+    ap.add_argument("--files", default=DEFAULT_FILES)
+    ap.add_argument("--platforms", default="cuda,vmm", help="reference first, then the platform under test")
+    ap.add_argument("--out", default="jax_tests")
+    ap.add_argument("--jobs", type=int, default=6)
+    ap.add_argument("--budget-s", type=float, default=1e9)
+    ap.add_argument("--file-timeout-s", type=float, default=600)
+    ap.add_argument("-k", dest="kexpr", default=None, help="pytest -k for every file")
+    ap.add_argument("--vmm-lib", default=os.environ.get("XLA_VMM_LIBRARY"),
+                    help="the plugin library (default XLA_VMM_LIBRARY)")
+    ap.add_argument("--ref-from", help="an earlier jax_tests.json whose reference-platform results are reused "
+                    "(the reference is not run again)")
+    args = ap.parse_args()
+    files = [f.strip().removesuffix(".py") for f in args.files.split(",") if f.strip()]
+    platforms = [p.strip() for p in args.platforms.split(",") if p.strip()]
+    if len(platforms) != 2:
+        ap.error("--platforms: a reference and a platform under test")
+    missing = [f for f in files if not os.path.isfile(os.path.join(args.tests, f + ".py"))]
+    if missing:
+        ap.error("not in %s: %s" % (args.tests, ", ".join(missing)))
+    if "vmm" in platforms and not (args.vmm_lib and os.path.isfile(args.vmm_lib)):
+        ap.error("--vmm-lib / XLA_VMM_LIBRARY: no plugin library at %r" % args.vmm_lib)
+    vmm_lib = os.path.abspath(args.vmm_lib) if args.vmm_lib else None
+    os.makedirs(args.out, exist_ok=True)
+    work = os.path.join(args.out, "logs")
+    os.makedirs(work, exist_ok=True)
+    deadline = time.time() + args.budget_s
+    lock = threading.Lock()
+
+    def progress(msg):
+        with lock:
+            print(msg, flush=True)
+
+    results = {}
+    if args.ref_from:
+        with open(args.ref_from) as fh:
+            earlier = json.load(fh)["results"]
+        for f in files:
+            if "%s:%s" % (f, platforms[0]) in earlier:
+                results[(f, platforms[0])] = earlier["%s:%s" % (f, platforms[0])]
+    # The longest files first, so that the pool ends together.
+    size = lambda f: os.path.getsize(os.path.join(args.tests, f + ".py"))  # noqa: E731
+    jobs = [(f, p) for f in sorted(files, key=size, reverse=True) for p in platforms if (f, p) not in results]
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futs = {pool.submit(run_file, os.path.abspath(args.tests), f, p, work, platform_env(p, os.environ, vmm_lib),
+                            deadline, args.file_timeout_s, args.kexpr, progress): (f, p) for f, p in jobs}
+        for fut in concurrent.futures.as_completed(futs):
+            f, p = futs[fut]
+            res = results[(f, p)] = fut.result()
+            c = collections.Counter(v[0] for v in res["outcomes"].values())
+            progress("done %s on %s: %s%s" % (f, p, dict(c), " (cut short)" if res["cut"] else ""))
+    ref, dut = platforms
+    rows, groups = compare(results, files, ref, dut)
+    title = "JAX tests, %s vs %s" % (ref, dut)
+    with open(os.path.join(args.out, "jax_tests.json"), "w") as fh:
+        json.dump({"rows": rows, "results": {"%s:%s" % k: v for k, v in results.items()}}, fh, indent=1)
+    # The per-test logs as one archive (the device tool brings back few files).
+    with tarfile.open(os.path.join(args.out, "logs.tar.gz"), "w:gz") as tar:
+        tar.add(work, arcname="logs")
+    shutil.rmtree(work)
+    md = markdown(rows, groups, results, ref, dut, title)
+    with open(os.path.join(args.out, "jax_tests.md"), "w") as fh:
+        fh.write(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""pytest plugin of the JAX test slice (integration/jax_tests.py): one JSON line per test event.
+
+Loaded with `-p plugin` (this folder on PYTHONPATH). JAXSLICE_LOG is the file the lines go to:
+`{"start": id}` before a test runs (flushed and synced, so that a test that kills the process is
+known), then `{"id": id, "outcome": "passed" | "failed" | "skipped", "msg": first line}` once its
+outcome is known. JAXSLICE_SKIP names a file of test ids (one per line) left out of the run: those a
+previous process already ran, or died in.
+"""
+import json
+import os
+
+_log = None
+_failed = set()
+
+
+def _write(rec):
+    global _log
+    if _log is None:
+        _log = open(os.environ["JAXSLICE_LOG"], "a", encoding="utf-8")
+    _log.write(json.dumps(rec) + "\n")
+    _log.flush()
+    os.fsync(_log.fileno())
+
+
+def _message(report):
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        text = crash.message
+    elif isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
+        text = str(report.longrepr[2])
+    else:
+        text = str(report.longrepr or "")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0][:400] if lines else ""
+
+
+def pytest_collection_modifyitems(session, config, items):
+    path = os.environ.get("JAXSLICE_SKIP")
+    if not path or not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        skip = {ln.strip() for ln in f if ln.strip()}
+    keep = [it for it in items if it.nodeid not in skip]
+    gone = [it for it in items if it.nodeid in skip]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = keep
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _write({"start": nodeid})
+
+
+def pytest_runtest_logreport(report):
+    nodeid = report.nodeid
+    if report.when == "setup" and report.outcome != "passed":
+        _failed.add(nodeid)
+        _write({"id": nodeid, "outcome": report.outcome, "msg": _message(report)})
+    elif report.when == "call" and nodeid not in _failed:
+        outcome = "skipped" if hasattr(report, "wasxfail") else report.outcome
+        if outcome != "passed":
+            _failed.add(nodeid)
+        _write({"id": nodeid, "outcome": outcome, "msg": _message(report) if outcome != "passed" else ""})
+    elif report.when == "teardown" and report.outcome == "failed" and nodeid not in _failed:
+        _write({"id": nodeid, "outcome": "failed", "msg": "teardown: " + _message(report)})

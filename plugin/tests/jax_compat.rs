@@ -1,0 +1,296 @@
+//! What JAX's own tests ask of a PJRT plugin, on the host backend: a program
+//! without outputs (jaxlib passes a null output list), a buffer donated and
+//! passed again in the same call, tokens, and the client's topology (JAX's
+//! compilation-cache key).
+#![allow(unsafe_code)]
+
+mod common;
+
+use std::ptr::null_mut;
+
+use common::plans::*;
+use common::*;
+use xla_vmm::*;
+use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::pjrt::*;
+
+/// A program of `params` f32[4] parameters (the first donated when
+/// `donate`) that increments parameter 0 in place and returns `result`.
+fn program(params: usize, donate: bool, result: Shape, outputs: Vec<usize>) -> Plan {
+    let allocs = (0..params)
+        .map(|i| {
+            alloc(
+                i,
+                16,
+                AllocationRole::Parameter {
+                    number: i as u64,
+                    shape_index: vec![],
+                    aliased_with_output: donate && i == 0,
+                },
+            )
+        })
+        .collect();
+    let mut p = plan(allocs, 0, vec![inc(sl(0, 16), 4)]);
+    p.program_shape.parameters = vec![f32s(4); params];
+    p.program_shape.result = result;
+    p.outputs = outputs
+        .into_iter()
+        .map(|a| OutputInfo {
+            shape_index: vec![],
+            allocation: a,
+            passthrough: false,
+            alias: None,
+        })
+        .collect();
+    p
+}
+
+fn executable_of(exe: *mut PJRT_LoadedExecutable) -> *mut PJRT_Executable {
+    let (err, a) = call!(
+        PJRT_LoadedExecutable_GetExecutable,
+        PJRT_LoadedExecutable_GetExecutable_Args,
+        |a| {
+            a.loaded_executable = exe;
+        }
+    );
+    assert_eq!(err, None);
+    a.executable
+}
+
+fn load(client: *mut PJRT_Client, p: Plan) -> *mut PJRT_LoadedExecutable {
+    xla_vmm_plugin::executable::load_plan(client, p, vec![]).unwrap()
+}
+
+#[test]
+fn a_program_without_outputs_takes_a_null_output_list() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let no_outputs = Shape {
+        element_type: ElementType::TUPLE,
+        tuple_shapes: vec![],
+        ..Default::default()
+    };
+    let exe = load(client, program(1, false, no_outputs, vec![]));
+    let x = put_f32(client, device, &[1.0; 4]);
+    let arg_list: *const *mut PJRT_Buffer = &x;
+    let mut opts: PJRT_ExecuteOptions = unsafe { std::mem::zeroed() };
+    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
+    let out_list: *mut *mut PJRT_Buffer = null_mut();
+    let mut done: *mut PJRT_Event = null_mut();
+    let (err, _) = call!(
+        PJRT_LoadedExecutable_Execute,
+        PJRT_LoadedExecutable_Execute_Args,
+        |a| {
+            a.executable = exe;
+            a.options = &mut opts;
+            a.argument_lists = &arg_list;
+            a.num_devices = 1;
+            a.num_args = 1;
+            a.output_lists = &out_list;
+            a.device_complete_events = &mut done;
+        }
+    );
+    assert_eq!(err, None);
+    assert_eq!(await_event(done), None);
+    destroy_event(done);
+    // A program with outputs still refuses a null list.
+    let exe2 = load(client, add_one());
+    let (err, _) = call!(
+        PJRT_LoadedExecutable_Execute,
+        PJRT_LoadedExecutable_Execute_Args,
+        |a| {
+            a.executable = exe2;
+            a.options = &mut opts;
+            a.argument_lists = &arg_list;
+            a.num_devices = 1;
+            a.num_args = 1;
+            a.output_lists = &out_list;
+        }
+    );
+    let (code, msg) = err.expect("a null output list for a program with an output");
+    assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
+    assert!(msg.contains("output list 0 is null"), "{msg}");
+    destroy_buffer(x);
+    destroy_exe(exe);
+    destroy_exe(exe2);
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
+#[test]
+fn a_donated_buffer_may_not_be_another_argument_of_the_same_call() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let exe = load(client, program(2, true, f32s(4), vec![0]));
+    let x = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
+    let y = put_f32(client, device, &[0.0; 4]);
+    let (code, msg) = execute(exe, &[x, x], &[]).unwrap_err();
+    assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
+    assert!(
+        msg.contains("argument 0 is donated") && msg.contains("also argument 1"),
+        "{msg}"
+    );
+    // Nothing ran and nothing was consumed: x is intact.
+    assert_eq!(f32_values(&to_host(x).unwrap()), vec![1.0, 2.0, 3.0, 4.0]);
+    // Not donated (non_donatable), the same buffer twice is fine.
+    let out = execute(exe, &[x, x], &[0]).unwrap();
+    assert_eq!(f32_values(&to_host(out).unwrap()), vec![2.0, 3.0, 4.0, 5.0]);
+    // Distinct buffers: donation as usual.
+    let out2 = execute(exe, &[x, y], &[]).unwrap();
+    assert_eq!(
+        f32_values(&to_host(out2).unwrap()),
+        vec![2.0, 3.0, 4.0, 5.0]
+    );
+    for b in [x, y, out, out2] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
+#[test]
+fn a_token_output_is_a_buffer_of_no_bytes() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let token = Shape {
+        element_type: ElementType::TOKEN,
+        ..Default::default()
+    };
+    let mut p = program(1, false, token, vec![1]);
+    p.allocations
+        .push(alloc(1, 0, AllocationRole::Output { outputs: vec![] }));
+    let exe = load(client, p);
+    let view = executable_of(exe);
+    let (err, types) = call!(
+        PJRT_Executable_OutputElementTypes,
+        PJRT_Executable_OutputElementTypes_Args,
+        |a| {
+            a.executable = view;
+        }
+    );
+    assert_eq!(err, None);
+    assert_eq!(types.num_output_types, 1);
+    assert_eq!(unsafe { *types.output_types }, PJRT_Buffer_Type_TOKEN);
+    let (err, _) = call!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |a| {
+        a.executable = view;
+    });
+    assert_eq!(err, None);
+    let x = put_f32(client, device, &[1.0; 4]);
+    let tok = execute(exe, &[x], &[]).unwrap();
+    let (err, t) = call!(PJRT_Buffer_ElementType, PJRT_Buffer_ElementType_Args, |a| {
+        a.buffer = tok;
+    });
+    assert_eq!((err, t.type_), (None, PJRT_Buffer_Type_TOKEN));
+    assert_eq!(to_host(tok).unwrap(), Vec::<u8>::new());
+    // A token passed back in, as JAX does with effect tokens.
+    let (err, size) = call!(
+        PJRT_Buffer_OnDeviceSizeInBytes,
+        PJRT_Buffer_OnDeviceSizeInBytes_Args,
+        |a| {
+            a.buffer = tok;
+        }
+    );
+    assert_eq!((err, size.on_device_size_in_bytes), (None, 0));
+    for b in [x, tok] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
+fn topology(client: *mut PJRT_Client) -> *mut PJRT_TopologyDescription {
+    let (err, a) = call!(
+        PJRT_Client_TopologyDescription,
+        PJRT_Client_TopologyDescription_Args,
+        |a| {
+            a.client = client;
+        }
+    );
+    assert_eq!(err, None);
+    assert!(!a.topology.is_null());
+    a.topology
+}
+
+fn fingerprint(t: *mut PJRT_TopologyDescription) -> u64 {
+    let (err, f) = call!(
+        PJRT_TopologyDescription_Fingerprint,
+        PJRT_TopologyDescription_Fingerprint_Args,
+        |a| {
+            a.topology = t;
+        }
+    );
+    assert_eq!(err, None);
+    f.fingerprint
+}
+
+#[test]
+fn the_client_has_a_topology_with_a_stable_fingerprint() {
+    let mut opts = host_options();
+    opts.host_devices = 2;
+    let c1 = client::into_c(Client::new(opts.clone(), None).unwrap());
+    let t = topology(c1);
+    assert_eq!(topology(c1), t, "one topology per client");
+    let (err, name) = call!(
+        PJRT_TopologyDescription_PlatformName,
+        PJRT_TopologyDescription_PlatformName_Args,
+        |a| {
+            a.topology = t;
+        }
+    );
+    assert_eq!(err, None);
+    let name = unsafe {
+        std::slice::from_raw_parts(name.platform_name.cast::<u8>(), name.platform_name_size)
+    };
+    assert_eq!(name, b"cuda");
+    let (err, d) = call!(
+        PJRT_TopologyDescription_GetDeviceDescriptions,
+        PJRT_TopologyDescription_GetDeviceDescriptions_Args,
+        |a| {
+            a.topology = t;
+        }
+    );
+    assert_eq!((err, d.num_descriptions), (None, 2));
+    // The descriptions are the devices' own.
+    let first = unsafe { *d.descriptions };
+    let (err, desc) = call!(
+        PJRT_Device_GetDescription,
+        PJRT_Device_GetDescription_Args,
+        |a| {
+            a.device = devices(c1)[0];
+        }
+    );
+    assert_eq!((err, desc.device_description), (None, first));
+    let (err, attrs) = call!(
+        PJRT_TopologyDescription_Attributes,
+        PJRT_TopologyDescription_Attributes_Args,
+        |a| {
+            a.topology = t;
+        }
+    );
+    assert_eq!((err, attrs.num_attributes), (None, 2));
+    // Same job, same fingerprint (it keys an on-disk cache); another
+    // device count, another one.
+    let f1 = fingerprint(t);
+    let c2 = client::into_c(Client::new(opts.clone(), None).unwrap());
+    assert_eq!(fingerprint(topology(c2)), f1);
+    opts.host_devices = 3;
+    let c3 = client::into_c(Client::new(opts, None).unwrap());
+    assert_ne!(fingerprint(topology(c3)), f1);
+    for c in [c1, c2, c3] {
+        destroy_client(c);
+    }
+    // Gone with its client.
+    let (err, _) = call!(
+        PJRT_TopologyDescription_Fingerprint,
+        PJRT_TopologyDescription_Fingerprint_Args,
+        |a| {
+            a.topology = t;
+        }
+    );
+    assert!(err.is_some(), "a destroyed client's topology answered");
+}
