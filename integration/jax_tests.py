@@ -110,7 +110,9 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
         if left <= 5:
             cut = True
             break
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "plugin",
+        # -s: no capture, so that the plugin's warnings (fallbacks) and a dying process's last
+        # words (an abort message, a C++ check) reach this log.
+        cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "plugin",
                os.path.join(tests_dir, name + ".py")]
         if kexpr:
             cmd += ["-k", kexpr]

@@ -46,4 +46,5 @@ pub mod nccl;
 )]
 pub mod pjrt {
     include!("pjrt_c_api.rs");
+    include!("pjrt_ffi_extension.rs");
 }

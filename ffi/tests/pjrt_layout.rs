@@ -58,3 +58,31 @@ fn objects_the_caller_reads_start_with_a_vtable() {
     assert_eq!(size_of::<PJRT_Memory>(), size_of::<usize>());
     assert_eq!(size_of::<PJRT_Error>(), size_of::<usize>());
 }
+
+#[test]
+fn ffi_extension_structs_match_header() {
+    // offsetof(last field) + sizeof(last field), as PJRT_DEFINE_STRUCT_TRAITS.
+    let end = |off: usize, size: usize| off + size;
+    assert_eq!(
+        end(offset_of!(PJRT_FFI_TypeID_Register_Args, type_id), 8),
+        PJRT_FFI_TypeID_Register_Args_STRUCT_SIZE
+    );
+    assert_eq!(size_of::<PJRT_FFI_UserData>(), 24);
+    assert_eq!(
+        end(offset_of!(PJRT_FFI_UserData_Add_Args, user_data), 24),
+        PJRT_FFI_UserData_Add_Args_STRUCT_SIZE
+    );
+    assert_eq!(offset_of!(PJRT_FFI_Register_Handler_Args, handler), 32);
+    assert_eq!(
+        end(offset_of!(PJRT_FFI_Register_Handler_Args, traits), 4),
+        PJRT_FFI_Register_Handler_Args_STRUCT_SIZE
+    );
+    assert_eq!(
+        end(offset_of!(PJRT_FFI_Extension, register_handler), 8),
+        PJRT_FFI_Extension_STRUCT_SIZE
+    );
+    assert_eq!(
+        size_of::<PJRT_FFI_Extension>(),
+        PJRT_FFI_Extension_STRUCT_SIZE
+    );
+}

@@ -106,8 +106,8 @@ pjrt_entries! {
     PJRT_Client_TopologyDescription(PJRT_Client_TopologyDescription_Args, PJRT_Client_TopologyDescription_Args_STRUCT_SIZE) => topology::client_topology;
     PJRT_Executable_GetCompiledMemoryStats(PJRT_Executable_GetCompiledMemoryStats_Args, PJRT_Executable_GetCompiledMemoryStats_Args_STRUCT_SIZE) => none;
     PJRT_Memory_Kind_Id(PJRT_Memory_Kind_Id_Args, PJRT_Memory_Kind_Id_Args_STRUCT_SIZE) => device::memory_kind_id;
-    PJRT_ExecuteContext_Create(PJRT_ExecuteContext_Create_Args, PJRT_ExecuteContext_Create_Args_STRUCT_SIZE) => none;
-    PJRT_ExecuteContext_Destroy(PJRT_ExecuteContext_Destroy_Args, PJRT_ExecuteContext_Destroy_Args_STRUCT_SIZE) => none;
+    PJRT_ExecuteContext_Create(PJRT_ExecuteContext_Create_Args, PJRT_ExecuteContext_Create_Args_STRUCT_SIZE) => execute_context::create;
+    PJRT_ExecuteContext_Destroy(PJRT_ExecuteContext_Destroy_Args, PJRT_ExecuteContext_Destroy_Args_STRUCT_SIZE) => execute_context::destroy;
     PJRT_Buffer_CopyRawToHost(PJRT_Buffer_CopyRawToHost_Args, PJRT_Buffer_CopyRawToHost_Args_STRUCT_SIZE) => none;
     PJRT_AsyncHostToDeviceTransferManager_Destroy(PJRT_AsyncHostToDeviceTransferManager_Destroy_Args, PJRT_AsyncHostToDeviceTransferManager_Destroy_Args_STRUCT_SIZE) => none;
     PJRT_AsyncHostToDeviceTransferManager_TransferData(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args, PJRT_AsyncHostToDeviceTransferManager_TransferData_Args_STRUCT_SIZE) => none;

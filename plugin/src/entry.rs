@@ -127,7 +127,10 @@ macro_rules! pjrt_entries {
         /// The table `GetPjrtApi` returns. Immutable; every slot is set.
         pub static API: SyncApi = SyncApi(xla_vmm_ffi::pjrt::PJRT_Api {
             struct_size: xla_vmm_ffi::pjrt::PJRT_Api_STRUCT_SIZE as usize,
-            extension_start: std::ptr::null_mut(),
+            // One extension: FFI (execute-context user data, handlers).
+            extension_start: &$crate::execute_context::FFI_EXTENSION.0.base
+                as *const xla_vmm_ffi::pjrt::PJRT_Extension_Base
+                as *mut xla_vmm_ffi::pjrt::PJRT_Extension_Base,
             pjrt_api_version: xla_vmm_ffi::pjrt::PJRT_Api_Version {
                 struct_size: xla_vmm_ffi::pjrt::PJRT_Api_Version_STRUCT_SIZE as usize,
                 extension_start: std::ptr::null_mut(),
@@ -172,6 +175,7 @@ pub(crate) use pjrt_entries;
 pub struct SyncApi(pub xla_vmm_ffi::pjrt::PJRT_Api);
 
 // SAFETY: the table is immutable after construction; its only data pointer
-// (`extension_start`) is null and the rest are function pointers.
+// (`extension_start`) points to an immutable static, and the rest are
+// function pointers.
 #[allow(unsafe_code)]
 unsafe impl Sync for SyncApi {}

@@ -41,6 +41,7 @@ use crate::device::{Device, DEVICE_MEMORY_KIND};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::event::Event;
+use crate::execute_context::ExecuteContext;
 use crate::handles::{Handle, Registry};
 use crate::program::Program;
 use crate::vendor_exec::{VendorExecutable, ViewArg};
@@ -367,7 +368,10 @@ impl ExecInner {
             )));
         }
         for (i, (a, p)) in args.iter().zip(&self.params).enumerate() {
-            if a.dtype != p.dtype || a.dims != p.dims {
+            // JAX passes an effect token as a bool[0] array (its stand-in for
+            // tokens at a program's boundary): any buffer of no bytes is one.
+            let token = p.dtype == PJRT_Buffer_Type_TOKEN && a.bytes == 0;
+            if !token && (a.dtype != p.dtype || a.dims != p.dims) {
                 return Err(Error::invalid(format!(
                     "argument {i}: {}{:?} given, {} expects {}{:?}",
                     dtype::type_name(a.dtype),
@@ -389,16 +393,31 @@ impl ExecInner {
             // failed later would leave its peers waiting in a collective.
             a.with_live(|_| Ok(()))
                 .map_err(|e| e.context(&format!("argument {i}")))?;
-            // A donated buffer is consumed by this call: it may not also be
-            // another of its arguments (as XLA's PJRT clients refuse).
-            if self.aliased[i] && !non_donatable.contains(&(i as i64)) {
-                if let Some(j) = (0..args.len()).find(|&j| j != i && Arc::ptr_eq(&args[j], a)) {
-                    return Err(Error::invalid(format!(
-                        "argument {i} is donated to {} and is also argument {j}: a buffer \
-                         cannot be donated and used by the same call",
-                        self.name
-                    )));
-                }
+        }
+        self.check_no_double_donation(args, non_donatable)
+    }
+
+    /// A donated buffer is consumed by the call: it may not also be another
+    /// of its arguments (XLA's PJRT clients refuse it too). One sort of the
+    /// argument addresses (a few µs for hundreds of arguments); the pairs are
+    /// only looked at when some buffer is passed twice.
+    fn check_no_double_donation(&self, args: &[Arc<Buffer>], non_donatable: &[i64]) -> Result<()> {
+        let mut by_addr: Vec<(usize, usize)> = args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (Arc::as_ptr(a) as usize, i))
+            .collect();
+        by_addr.sort_unstable();
+        let donated = |i: usize| self.aliased[i] && !non_donatable.contains(&(i as i64));
+        for w in by_addr.windows(2) {
+            let ((pa, i), (pb, j)) = (w[0], w[1]);
+            if pa == pb && (donated(i) || donated(j)) {
+                let (d, other) = if donated(i) { (i, j) } else { (j, i) };
+                return Err(Error::invalid(format!(
+                    "argument {d} is donated to {} and is also argument {other}: a buffer \
+                     cannot be donated and used by the same call",
+                    self.name
+                )));
             }
         }
         Ok(())
@@ -464,6 +483,7 @@ impl ExecInner {
         part: &Part,
         args: &[Arc<Buffer>],
         non_donatable: &[i64],
+        context: Option<&Arc<ExecuteContext>>,
     ) -> Result<(Vec<Arc<Buffer>>, Arc<Event>)> {
         let mem = &part.device.mem;
         // Bound the work in flight; no lock is held while waiting.
@@ -476,7 +496,9 @@ impl ExecInner {
                     self.name
                 )))
             }
-            Some(Runner::Vendor(v)) => return self.execute_vendor(part, v, args, non_donatable),
+            Some(Runner::Vendor(v)) => {
+                return self.execute_vendor(part, v, args, non_donatable, context)
+            }
             Some(Runner::Ours(p)) => p,
         };
         // A parameter the program writes in place but the caller may not
@@ -562,6 +584,7 @@ impl ExecInner {
         v: &VendorExecutable,
         args: &[Arc<Buffer>],
         non_donatable: &[i64],
+        context: Option<&Arc<ExecuteContext>>,
     ) -> Result<(Vec<Arc<Buffer>>, Arc<Event>)> {
         let mem = &part.device.mem;
         // The vendor runs on its own stream: our queued work (the arguments'
@@ -580,7 +603,7 @@ impl ExecInner {
                 dims: &a.dims,
             })
             .collect();
-        let run = v.execute(&view_args, self.outputs.len())?;
+        let run = v.execute(&view_args, self.outputs.len(), context)?;
         let mut results = Vec::with_capacity(self.outputs.len());
         for (o, spec) in run.outputs.iter().zip(&self.outputs) {
             let fresh = mem.alloc(o.bytes)?;

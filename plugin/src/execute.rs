@@ -14,6 +14,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::executable::{loaded, ExecInner, Part};
+use crate::execute_context::ExecuteContext;
 use crate::handles::Handle;
 
 /// One device's step: its outputs and the event completing them.
@@ -26,6 +27,7 @@ fn run_on_workers(
     parts: &[Arc<Part>],
     args: Vec<Vec<Arc<Buffer>>>,
     non_donatable: &[i64],
+    context: Option<&Arc<ExecuteContext>>,
 ) -> Result<Vec<Step>> {
     let n = parts.len();
     let (tx, rx) = std::sync::mpsc::channel::<(usize, Step)>();
@@ -33,11 +35,12 @@ fn run_on_workers(
         let _order = crate::worker::submission();
         for (d, (part, list)) in parts.iter().zip(args).enumerate() {
             let (exe, nd, tx) = (e.clone(), non_donatable.to_vec(), tx.clone());
+            let ctx = context.cloned();
             let device = part.device.clone();
             let part = part.clone();
             let job = Box::new(move || {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    exe.execute(&part, &list, &nd)
+                    exe.execute(&part, &list, &nd, ctx.as_ref())
                 }))
                 .unwrap_or_else(|_| Err(Error::internal("a device's execution panicked")));
                 let _ = tx.send((d, r));
@@ -102,7 +105,14 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
             a.num_args
         )));
     }
-    let non_donatable = match cabi::slice(a.options.cast_const(), 1, "options")?.first() {
+    let options = cabi::slice(a.options.cast_const(), 1, "options")?.first();
+    // The FFI user data of this call (host callbacks), for a program that
+    // runs on the vendor runtime.
+    let context = match options.map(|o| o.context) {
+        Some(c) if !c.is_null() => Some(ExecuteContext::from_c(c)?),
+        _ => None,
+    };
+    let non_donatable = match options {
         Some(o) => {
             let idx = cabi::vec_at_most(
                 o.non_donatable_input_indices,
@@ -144,9 +154,9 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
         }
     }
     let results: Vec<Step> = if n == 1 {
-        vec![e.execute(&parts[0], &args[0], &non_donatable)]
+        vec![e.execute(&parts[0], &args[0], &non_donatable, context.as_ref())]
     } else {
-        run_on_workers(&e, &parts, args, &non_donatable)?
+        run_on_workers(&e, &parts, args, &non_donatable, context.as_ref())?
     };
     // All or nothing: on any error the other devices' outputs are dropped
     // (their memory is freed after the queued work).

@@ -50,6 +50,7 @@ pub mod event;
 pub mod exec_queries;
 pub mod executable;
 pub mod execute;
+pub mod execute_context;
 pub mod handles;
 pub mod kv;
 pub mod options;

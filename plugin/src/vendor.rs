@@ -86,6 +86,12 @@ impl VendorPlugin {
         )?;
         tracing::info!(path = %plugin.path, major, minor, "vendor PJRT plugin loaded");
         *slot = Some(plugin.clone());
+        // FFI handlers registered with us before the vendor was here.
+        for r in crate::execute_context::take_pending() {
+            if let Err(e) = plugin.register(&r) {
+                tracing::debug!("replaying an FFI registration: {}", e.message);
+            }
+        }
         Ok(plugin)
     }
 
@@ -94,6 +100,129 @@ impl VendorPlugin {
         VENDOR
             .get()
             .and_then(|m| m.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    /// The vendor's PJRT FFI extension, if its table has one.
+    fn ffi_extension(&self) -> Option<&PJRT_FFI_Extension> {
+        let mut ext = self.api().extension_start;
+        while !ext.is_null() {
+            // SAFETY: the vendor's extension chain: static structs, each
+            // starting with a `PJRT_Extension_Base`, linked by `next`.
+            let base = unsafe { &*ext };
+            if base.type_ == PJRT_Extension_Type_FFI
+                && base.struct_size >= PJRT_FFI_Extension_STRUCT_SIZE
+            {
+                // SAFETY: type FFI and large enough: a `PJRT_FFI_Extension`.
+                return Some(unsafe { &*ext.cast::<PJRT_FFI_Extension>() });
+            }
+            ext = base.next;
+        }
+        None
+    }
+
+    fn ffi(&self, what: &str) -> Result<&PJRT_FFI_Extension> {
+        self.ffi_extension().ok_or_else(|| {
+            Error::unimplemented(format!(
+                "vendor plugin {} has no FFI extension ({what})",
+                self.path
+            ))
+        })
+    }
+
+    /// Register an FFI handler with the vendor (jaxlib's registrations made
+    /// through our extension). A repeat of one jaxlib made directly through
+    /// the vendor's table is an error there: logged, not passed on.
+    pub fn register(&self, r: &crate::execute_context::Registration) -> Result<()> {
+        let crate::execute_context::Registration::Handler {
+            target,
+            platform,
+            api_version,
+            handler,
+            traits,
+        } = r;
+        let f = self
+            .ffi("register_handler")?
+            .register_handler
+            .ok_or_else(|| Error::unimplemented("vendor FFI extension: no register_handler"))?;
+        let mut a = PJRT_FFI_Register_Handler_Args {
+            struct_size: PJRT_FFI_Register_Handler_Args_STRUCT_SIZE,
+            target_name: target.as_ptr().cast(),
+            target_name_size: target.len(),
+            api_version: *api_version,
+            handler: *handler as *mut std::ffi::c_void,
+            platform_name: platform.as_ptr().cast(),
+            platform_name_size: platform.len(),
+            traits: *traits,
+        };
+        // SAFETY: a complete args struct whose strings outlive the call.
+        let err = unsafe { f(&mut a) };
+        if let Err(e) = self.take_error(err) {
+            tracing::debug!(
+                target = %String::from_utf8_lossy(target),
+                "vendor FFI handler registration: {}",
+                e.message
+            );
+        }
+        Ok(())
+    }
+
+    /// Register (or check) an FFI type id in the vendor's registry.
+    pub fn register_type_id(&self, name: &str, id: i64) -> Result<i64> {
+        let f = self
+            .ffi("type_id_register")?
+            .type_id_register
+            .ok_or_else(|| Error::unimplemented("vendor FFI extension: no type_id_register"))?;
+        let mut a = PJRT_FFI_TypeID_Register_Args {
+            struct_size: PJRT_FFI_TypeID_Register_Args_STRUCT_SIZE,
+            extension_start: std::ptr::null_mut(),
+            type_name: name.as_ptr().cast(),
+            type_name_size: name.len(),
+            type_id: id,
+        };
+        // SAFETY: a complete args struct whose string outlives the call.
+        let err = unsafe { f(&mut a) };
+        self.take_error(err)
+            .map_err(|e| e.context("vendor PJRT_FFI_TypeID_Register"))?;
+        Ok(a.type_id)
+    }
+
+    /// A vendor execute context holding `user_data` (borrowed: our context
+    /// owns it and outlives the run); destroyed with the returned guard.
+    pub fn execute_context(
+        self: &Arc<Self>,
+        user_data: &[crate::execute_context::UserData],
+    ) -> Result<VendorContext> {
+        let add = self
+            .ffi("user data")?
+            .user_data_add
+            .ok_or_else(|| Error::unimplemented("vendor FFI extension: no user_data_add"))?;
+        let mut c = PJRT_ExecuteContext_Create_Args {
+            struct_size: PJRT_ExecuteContext_Create_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            context: std::ptr::null_mut(),
+        };
+        self.call(
+            "PJRT_ExecuteContext_Create",
+            |t| t.PJRT_ExecuteContext_Create,
+            &mut c,
+        )?;
+        let ctx = VendorContext {
+            plugin: self.clone(),
+            context: CPtr(c.context),
+        };
+        for u in user_data {
+            let mut a = PJRT_FFI_UserData_Add_Args {
+                struct_size: PJRT_FFI_UserData_Add_Args_STRUCT_SIZE,
+                extension_start: std::ptr::null_mut(),
+                context: c.context,
+                user_data: u.borrowed(),
+            };
+            // SAFETY: a complete args struct for the context just created.
+            let err = unsafe { add(&mut a) };
+            self.take_error(err)
+                .map_err(|e| e.context("vendor PJRT_FFI_UserData_Add"))?;
+        }
+        Ok(ctx)
     }
 
     /// The vendor's `PJRT_Plugin_Attributes` (e.g. its StableHLO versions).
@@ -347,6 +476,29 @@ impl Drop for VendorClient {
             .call("PJRT_Client_Destroy", |t| t.PJRT_Client_Destroy, &mut a)
         {
             tracing::warn!("destroying the vendor client: {e}");
+        }
+    }
+}
+
+/// A vendor `PJRT_ExecuteContext`, destroyed on drop.
+pub struct VendorContext {
+    plugin: Arc<VendorPlugin>,
+    pub context: CPtr<PJRT_ExecuteContext>,
+}
+
+impl Drop for VendorContext {
+    fn drop(&mut self) {
+        let mut d = PJRT_ExecuteContext_Destroy_Args {
+            struct_size: PJRT_ExecuteContext_Destroy_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            context: self.context.0,
+        };
+        if let Err(e) = self.plugin.call(
+            "PJRT_ExecuteContext_Destroy",
+            |t| t.PJRT_ExecuteContext_Destroy,
+            &mut d,
+        ) {
+            tracing::warn!("{}", e.message);
         }
     }
 }

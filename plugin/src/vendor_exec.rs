@@ -73,6 +73,14 @@ impl Drop for VendorOutputs<'_> {
     }
 }
 
+/// `on_delete_callback` of a vendor view of our memory: nothing to free
+/// (the memory is ours and outlives the view).
+unsafe extern "C" fn view_released(
+    _device_buffer: *mut std::ffi::c_void,
+    _arg: *mut std::ffi::c_void,
+) {
+}
+
 impl VendorExecutable {
     pub(crate) fn new(client: Arc<VendorClient>, exe: *mut PJRT_LoadedExecutable) -> Self {
         VendorExecutable {
@@ -241,7 +249,12 @@ impl VendorExecutable {
 
     /// Run on the vendor runtime with views of `args` (on the device the
     /// program was compiled for); wait for completion.
-    pub fn execute(&self, args: &[ViewArg<'_>], num_outputs: usize) -> Result<VendorOutputs<'_>> {
+    pub fn execute(
+        &self,
+        args: &[ViewArg<'_>],
+        num_outputs: usize,
+        context: Option<&Arc<crate::execute_context::ExecuteContext>>,
+    ) -> Result<VendorOutputs<'_>> {
         let c = &*self.client;
         let p = &c.plugin;
         let device = self.run_device();
@@ -259,6 +272,10 @@ impl VendorExecutable {
             v.num_dims = a.dims.len();
             v.element_type = a.dtype;
             v.device = device;
+            // The vendor calls this when the view goes; a null one is an
+            // empty std::function there, and calling it aborts the process
+            // (std::bad_function_call). Our memory outlives the view.
+            v.on_delete_callback = Some(view_released);
             p.call(
                 "PJRT_Client_CreateViewOfDeviceBuffer",
                 |t| t.PJRT_Client_CreateViewOfDeviceBuffer,
@@ -271,6 +288,17 @@ impl VendorExecutable {
         options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
         options.non_donatable_input_indices = non_donatable.as_ptr();
         options.num_non_donatable_input_indices = non_donatable.len();
+        // The caller's FFI user data (host callbacks' callables) in a vendor
+        // context of this run; dropped after the run has completed.
+        let user_data = context.map(|c| c.user_data()).unwrap_or_default();
+        let vendor_context = if user_data.is_empty() {
+            None
+        } else {
+            Some(p.execute_context(&user_data)?)
+        };
+        if let Some(vc) = &vendor_context {
+            options.context = vc.context.0;
+        }
         let arg_list: *const *mut PJRT_Buffer = views.buffers.as_ptr();
         let mut outs: Vec<*mut PJRT_Buffer> = vec![std::ptr::null_mut(); num_outputs];
         let out_list: *mut *mut PJRT_Buffer = outs.as_mut_ptr();
@@ -308,6 +336,7 @@ impl VendorExecutable {
         for b in view_buffers {
             destroy_buffer(c, b);
         }
+        drop(vendor_context);
         waited?;
         if views.buffers.len() != num_outputs {
             return Err(Error::internal(format!(

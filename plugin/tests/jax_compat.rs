@@ -294,3 +294,83 @@ fn the_client_has_a_topology_with_a_stable_fingerprint() {
     );
     assert!(err.is_some(), "a destroyed client's topology answered");
 }
+
+static DELETED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+unsafe extern "C" fn count_delete(_: *mut std::ffi::c_void) {
+    DELETED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+unsafe extern "C" fn some_handler() {}
+
+/// The FFI extension of our table (jaxlib walks `extension_start`).
+fn ffi_extension() -> &'static PJRT_FFI_Extension {
+    let mut ext = api().extension_start;
+    while !ext.is_null() {
+        let base = unsafe { &*ext };
+        if base.type_ == PJRT_Extension_Type_FFI {
+            return unsafe { &*ext.cast::<PJRT_FFI_Extension>() };
+        }
+        ext = base.next;
+    }
+    panic!("no FFI extension in the plugin's table");
+}
+
+#[test]
+fn execute_contexts_keep_ffi_user_data_until_destroyed() {
+    let ext = ffi_extension();
+    assert_eq!(ext.base.struct_size, PJRT_FFI_Extension_STRUCT_SIZE);
+    let (err, c) = call!(
+        PJRT_ExecuteContext_Create,
+        PJRT_ExecuteContext_Create_Args,
+        |a| {}
+    );
+    assert_eq!(err, None);
+    let value = Box::into_raw(Box::new(42u32));
+    let add = |type_id: i64| {
+        let mut a: PJRT_FFI_UserData_Add_Args = unsafe { std::mem::zeroed() };
+        a.struct_size = PJRT_FFI_UserData_Add_Args_STRUCT_SIZE;
+        a.context = c.context;
+        a.user_data = PJRT_FFI_UserData {
+            type_id,
+            data: value.cast(),
+            deleter: Some(count_delete),
+        };
+        take_error(unsafe { ext.user_data_add.unwrap()(&mut a) })
+    };
+    let before = DELETED.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(add(7), None);
+    assert_eq!(add(8), None);
+    let (code, msg) = add(7).expect("the same type id twice");
+    assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
+    assert!(msg.contains("type id 7"), "{msg}");
+    let (err, _) = call!(
+        PJRT_ExecuteContext_Destroy,
+        PJRT_ExecuteContext_Destroy_Args,
+        |a| {
+            a.context = c.context;
+        }
+    );
+    assert_eq!(err, None);
+    // Both deleters ran (the refused entry's did not).
+    assert_eq!(
+        DELETED.load(std::sync::atomic::Ordering::SeqCst) - before,
+        2
+    );
+    // A destroyed context is refused, not dereferenced.
+    assert!(add(9).is_some());
+    drop(unsafe { Box::from_raw(value) });
+    // A handler registration without a vendor plugin is kept for it.
+    let mut r: PJRT_FFI_Register_Handler_Args = unsafe { std::mem::zeroed() };
+    r.struct_size = PJRT_FFI_Register_Handler_Args_STRUCT_SIZE;
+    r.target_name = c"my_target".as_ptr();
+    r.target_name_size = 9;
+    r.platform_name = c"CUDA".as_ptr();
+    r.platform_name_size = 4;
+    r.api_version = 1;
+    r.handler = some_handler as *mut std::ffi::c_void;
+    assert_eq!(
+        take_error(unsafe { ext.register_handler.unwrap()(&mut r) }),
+        None
+    );
+    r.handler = null_mut();
+    assert!(take_error(unsafe { ext.register_handler.unwrap()(&mut r) }).is_some());
+}

@@ -514,6 +514,8 @@ fn every_entry_survives_zeroed_args() {
                 "PJRT_Plugin_Attributes",
                 "PJRT_Event_Create",
                 "PJRT_AsyncTrackingEvent_Destroy",
+                // Makes an empty context (never destroyed here: one leaked handle).
+                "PJRT_ExecuteContext_Create",
             ]
             .contains(name),
             "{name} succeeded on zeroed args"

@@ -474,3 +474,46 @@ fn conditional_runs_the_indexed_branch_and_graph_modes_fall_back_to_eager() {
         }
     }
 }
+
+// ---- constant allocations without a content or a global (XLA inlined the
+// literal into its kernels): zeros when no thunk reads them, an error naming
+// the allocation when one does.
+
+fn with_constant_and(thunks: Vec<Thunk>) -> Plan {
+    let allocations = vec![
+        alloc(
+            0,
+            4,
+            AllocationRole::Constant {
+                bytes: Default::default(),
+                symbol_name: String::new(),
+            },
+        ),
+        alloc(1, 4, AllocationRole::Output { outputs: vec![] }),
+    ];
+    plan(allocations, vec![], vec![(1, f32s(1))], thunks)
+}
+
+#[test]
+fn an_unread_constant_without_content_is_zeros() {
+    let p = with_constant_and(vec![thunk(
+        "fill",
+        ThunkKind::Memset32 {
+            dest: sl(1, 0, 4),
+            value: 7,
+        },
+    )]);
+    assert_eq!(
+        xla_vmm_runtime::ops::constant_bytes(&p, 0).unwrap(),
+        vec![0; 4]
+    );
+}
+
+#[test]
+fn a_read_constant_without_content_is_refused() {
+    let p = with_constant_and(vec![copy("copy", sl(0, 0, 4), sl(1, 0, 4))]);
+    let err = xla_vmm_runtime::ops::constant_bytes(&p, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("constant allocation 0"), "{err}");
+}

@@ -71,6 +71,8 @@ def vendor_plugin_path():
 
 def _client_options():
     """Client options from this package (JAX adds jax_pjrt_client_create_options on top)."""
+    if _alias_cuda:
+        _install_cuda_alias()
     if os.environ.get("XLA_VMM_VENDOR_PLUGIN"):
         return {}  # the plugin reads it itself
     if os.environ.get("XLA_VMM_BACKEND", "").strip() == "host":
@@ -109,31 +111,59 @@ def initialize():
     xla_bridge.register_plugin(
         PLUGIN_NAME, priority=300, library_path=path, options=_client_options
     )
-    if os.environ.get("XLA_VMM_GPU_ALIAS", "1").strip() != "0":
-        _alias_as_gpu(xla_bridge)
+    if os.environ.get("XLA_VMM_GPU_ALIAS", "1").strip() != "0" and _vmm_replaces_cuda():
+        _alias_as_cuda(xla_bridge)
     _registered = True
 
 
-def _alias_as_gpu(xla_bridge):
-    """Make ``vmm`` answer where JAX names the GPU backend: ``jax.devices("gpu")``,
-    ``jit(backend="gpu")``, ``JAX_PLATFORMS=gpu``, ``default_device("gpu")``.
+def _vmm_replaces_cuda():
+    """Did the user choose vmm over the stock GPU backend (JAX_PLATFORMS lists vmm, not cuda/gpu)?"""
+    from jax._src import config
 
-    JAX resolves "gpu" to the first of its GPU platforms ("cuda", "rocm", ...) that has a
-    backend; ``vmm`` goes first in that list, so with both this plugin and the stock CUDA
-    plugin initialized "gpu" is ours, and with ``JAX_PLATFORMS=vmm`` it is ours alone. The
-    tables are JAX's private ones (``xla_bridge._platform_aliases``): if a JAX release
-    renames them the alias is skipped with a warning, nothing else changes.
-    XLA_VMM_GPU_ALIAS=0 turns it off.
+    chosen = [p.strip() for p in (config.jax_platforms.value or "").split(",") if p.strip()]
+    return PLUGIN_NAME in chosen and not {"cuda", "gpu"} & set(chosen)
+
+
+def _alias_as_cuda(xla_bridge):
+    """With ``JAX_PLATFORMS=vmm`` (or ``vmm,cpu``), the vmm client also answers as JAX's ``cuda``
+    backend: ``jax.devices("gpu")``, ``jit(backend="gpu")``, ``default_device("gpu")`` and the
+    lowering of GPU-only primitives (host callbacks, custom calls) find it. JAX keys its GPU lowering
+    rules and backend checks by "cuda" (the client's platform, "gpu" in jaxlib, canonicalizes to
+    it), so a backend named only "vmm" is not JAX's GPU.
+
+    How: "vmm" in JAX_PLATFORMS expands to "vmm", "cuda" (JAX's alias table), and when the vmm
+    client is created (``_client_options``, after every plugin registered) the "cuda" entry of
+    JAX's backend factories is replaced by one returning that same client. The stock CUDA client
+    is never created. The tables are JAX's private ones: if a JAX release renames them the alias
+    is skipped with a warning and "gpu" stays unknown. XLA_VMM_GPU_ALIAS=0 turns it off.
     """
-    aliases = getattr(xla_bridge, "_platform_aliases", None)
-    platforms = getattr(xla_bridge, "_alias_to_platforms", None)
-    if not isinstance(aliases, dict) or not isinstance(platforms, dict):
+    aliases = getattr(xla_bridge, "_alias_to_platforms", None)
+    if not isinstance(aliases, dict) or not hasattr(xla_bridge, "_backend_factories"):
         logger.warning("xla-vmm: this JAX has no platform alias table; 'gpu' does not name vmm")
         return
-    aliases[PLUGIN_NAME] = "gpu"
-    gpu = platforms.setdefault("gpu", [])
-    if PLUGIN_NAME not in gpu:
-        gpu.insert(0, PLUGIN_NAME)
+    aliases[PLUGIN_NAME] = [PLUGIN_NAME, "cuda"]
+    global _alias_cuda
+    _alias_cuda = True
+
+
+_alias_cuda = False
+
+
+def _install_cuda_alias():
+    """Point JAX's "cuda" backend factory at the vmm client (see _alias_as_cuda)."""
+    import dataclasses
+
+    from jax._src import xla_bridge
+
+    def same_client():
+        return xla_bridge._backends[PLUGIN_NAME]
+
+    old = xla_bridge._backend_factories.get("cuda")
+    if old is not None:
+        new = dataclasses.replace(old, factory=same_client, experimental=False)
+    else:
+        new = xla_bridge.BackendRegistration(same_client, 300, False, False, None)
+    xla_bridge._backend_factories["cuda"] = new
 
 
 from ._stats import stats  # noqa: E402,F401  (jax_plugins.xla_vmm.stats())

@@ -1,0 +1,209 @@
+//! Execute contexts (`PJRT_ExecuteContext_*`) and the PJRT FFI extension:
+//! the side channel through which JAX hands user data to FFI handlers (the
+//! Python callables of `pure_callback`, `io_callback`, `jax.debug.print`,
+//! `buffer_callback`), by type id.
+//!
+//! jaxlib creates a context for an `Execute`, adds its user data through
+//! our extension's `user_data_add`, and passes the context in the execute
+//! options. Our runtime runs no FFI handler itself; a program that needs
+//! one runs on the vendor runtime, and the context's user data is added to
+//! a vendor context made for that run (`vendor_exec.rs`). Handler and type
+//! registrations go to the vendor plugin: at once when it is loaded, else
+//! when it is (`vendor.rs` replays them).
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use xla_vmm_ffi::pjrt::*;
+
+use crate::cabi;
+use crate::entry::run;
+use crate::error::{Error, Result};
+use crate::handles::{Handle, Registry};
+
+/// One user data entry (a plain copy of `PJRT_FFI_UserData`).
+#[derive(Clone, Copy, Debug)]
+pub struct UserData {
+    pub type_id: i64,
+    pub data: usize,
+    deleter: Option<unsafe extern "C" fn(*mut c_void)>,
+}
+
+impl UserData {
+    /// As the C struct, without a deleter: the vendor context borrows the
+    /// data, ours deletes it.
+    pub fn borrowed(&self) -> PJRT_FFI_UserData {
+        PJRT_FFI_UserData {
+            type_id: self.type_id,
+            data: self.data as *mut c_void,
+            deleter: None,
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct ExecuteContext {
+    user_data: Mutex<Vec<UserData>>,
+}
+
+static CONTEXTS: Registry<ExecuteContext> = Registry::new();
+
+impl Handle for ExecuteContext {
+    type C = PJRT_ExecuteContext;
+    const KIND: &'static str = "PJRT_ExecuteContext";
+    fn registry() -> &'static Registry<Self> {
+        &CONTEXTS
+    }
+}
+
+impl ExecuteContext {
+    pub fn user_data(&self) -> Vec<UserData> {
+        self.user_data
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for ExecuteContext {
+    fn drop(&mut self) {
+        let entries = std::mem::take(self.user_data.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for u in entries {
+            if let Some(delete) = u.deleter {
+                // SAFETY: the deleter the caller gave with this data, called
+                // once, when the context goes (the extension's contract).
+                unsafe { delete(u.data as *mut c_void) };
+            }
+        }
+    }
+}
+
+pub fn create(a: &mut PJRT_ExecuteContext_Create_Args) -> Result<()> {
+    a.context = Arc::new(ExecuteContext::default()).into_c();
+    Ok(())
+}
+
+/// Destroy: the handle goes now; the user data when no run in flight holds
+/// the context any more.
+pub fn destroy(a: &mut PJRT_ExecuteContext_Destroy_Args) -> Result<()> {
+    ExecuteContext::release(a.context)?;
+    Ok(())
+}
+
+fn user_data_add(a: &mut PJRT_FFI_UserData_Add_Args) -> Result<()> {
+    let c = ExecuteContext::from_c(a.context)?;
+    let mut list = c.user_data.lock().unwrap_or_else(|p| p.into_inner());
+    if list.iter().any(|u| u.type_id == a.user_data.type_id) {
+        return Err(Error::invalid(format!(
+            "user data of type id {} is already in this execute context",
+            a.user_data.type_id
+        )));
+    }
+    list.push(UserData {
+        type_id: a.user_data.type_id,
+        data: a.user_data.data as usize,
+        deleter: a.user_data.deleter,
+    });
+    Ok(())
+}
+
+/// A handler or type registration for the vendor plugin, kept until it is
+/// loaded (the strings owned).
+#[derive(Clone, Debug)]
+pub enum Registration {
+    Handler {
+        target: Vec<u8>,
+        platform: Vec<u8>,
+        api_version: i32,
+        handler: usize,
+        traits: u32,
+    },
+}
+
+static PENDING: Mutex<Vec<Registration>> = Mutex::new(Vec::new());
+
+/// The registrations made before the vendor plugin was loaded (taken).
+pub fn take_pending() -> Vec<Registration> {
+    std::mem::take(&mut *PENDING.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+fn register_handler(a: &mut PJRT_FFI_Register_Handler_Args) -> Result<()> {
+    let target = cabi::str(a.target_name, a.target_name_size, "target_name")?;
+    let platform = cabi::str(a.platform_name, a.platform_name_size, "platform_name")?;
+    if a.handler.is_null() {
+        return Err(Error::invalid(format!("handler for {target} is null")));
+    }
+    let r = Registration::Handler {
+        target: target.as_bytes().to_vec(),
+        platform: platform.as_bytes().to_vec(),
+        api_version: a.api_version,
+        handler: a.handler as usize,
+        traits: a.traits,
+    };
+    match crate::vendor::VendorPlugin::loaded() {
+        Some(v) => v.register(&r),
+        None => {
+            PENDING.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+            Ok(())
+        }
+    }
+}
+
+fn type_id_register(a: &mut PJRT_FFI_TypeID_Register_Args) -> Result<()> {
+    let name = cabi::str(a.type_name, a.type_name_size, "type_name")?;
+    let v = crate::vendor::VendorPlugin::loaded().ok_or_else(|| {
+        Error::failed_precondition(format!(
+            "FFI type {name}: the vendor plugin (which keeps XLA's type registry) is not loaded yet"
+        ))
+    })?;
+    a.type_id = v.register_type_id(name, a.type_id)?;
+    Ok(())
+}
+
+unsafe extern "C" fn ext_user_data_add(args: *mut PJRT_FFI_UserData_Add_Args) -> *mut PJRT_Error {
+    run(
+        "PJRT_FFI_UserData_Add",
+        args,
+        PJRT_FFI_UserData_Add_Args_STRUCT_SIZE,
+        user_data_add,
+    )
+}
+unsafe extern "C" fn ext_register_handler(
+    args: *mut PJRT_FFI_Register_Handler_Args,
+) -> *mut PJRT_Error {
+    run(
+        "PJRT_FFI_Register_Handler",
+        args,
+        PJRT_FFI_Register_Handler_Args_STRUCT_SIZE,
+        register_handler,
+    )
+}
+unsafe extern "C" fn ext_type_id_register(
+    args: *mut PJRT_FFI_TypeID_Register_Args,
+) -> *mut PJRT_Error {
+    run(
+        "PJRT_FFI_TypeID_Register",
+        args,
+        PJRT_FFI_TypeID_Register_Args_STRUCT_SIZE,
+        type_id_register,
+    )
+}
+
+/// The extension chain's one entry (`PJRT_Api::extension_start`).
+#[repr(transparent)]
+pub struct SyncExtension(pub PJRT_FFI_Extension);
+// SAFETY: immutable after construction; its only data pointer (`next`) is
+// null, the rest are function pointers.
+unsafe impl Sync for SyncExtension {}
+
+pub static FFI_EXTENSION: SyncExtension = SyncExtension(PJRT_FFI_Extension {
+    base: PJRT_Extension_Base {
+        struct_size: PJRT_FFI_Extension_STRUCT_SIZE,
+        type_: PJRT_Extension_Type_FFI,
+        next: std::ptr::null_mut(),
+    },
+    type_id_register: Some(ext_type_id_register),
+    user_data_add: Some(ext_user_data_add),
+    register_handler: Some(ext_register_handler),
+});
