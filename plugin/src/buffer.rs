@@ -68,10 +68,8 @@ const MAX_HOST_EXTENT: i64 = 1 << 46;
 
 /// Dense bytes of a `dtype` array of shape `dims` (an error if it overflows).
 fn byte_size(dtype: PJRT_Buffer_Type, dims: &[i64]) -> Result<u64> {
-    let elem = dtype::element_size(dtype)?;
-    dtype::num_elements(dims)?
-        .checked_mul(elem as u64)
-        .ok_or_else(|| Error::invalid(format!("shape {dims:?} overflows")))
+    dtype::device_bytes(dtype, dtype::num_elements(dims)?)
+        .map_err(|_| Error::invalid(format!("shape {dims:?} overflows")))
 }
 
 impl Buffer {
@@ -241,7 +239,7 @@ pub fn from_host(a: &mut PJRT_Client_BufferFromHostBuffer_Args) -> Result<()> {
         )));
     }
     let dims = cabi::vec_at_most(a.dims, a.num_dims, cabi::MAX_RANK, "dims")?;
-    let elem = dtype::element_size(a.type_)?;
+    let elem = dtype::host_element_size(a.type_)?;
     if !a.device_layout.is_null() {
         let strides = host_strides(a.device_layout, &dims, elem)?;
         if strides != dtype::dense_strides(&dims, elem) {
@@ -273,11 +271,21 @@ pub fn from_host(a: &mut PJRT_Client_BufferFromHostBuffer_Args) -> Result<()> {
         // Staged and enqueued behind the work on the stream (not waiting for
         // it); the buffer is ready when the copy has landed.
         let landed = buffer.with_live(|alloc| {
-            if strides == dense_strides {
-                buffer.device.mem.upload(alloc.ptr, src)
+            let bits = dtype::sub_byte_bits(a.type_);
+            if strides == dense_strides && bits.is_none() {
+                return buffer.device.mem.upload(alloc.ptr, src);
+            }
+            let dense = if strides == dense_strides {
+                src.to_vec()
             } else {
-                let dense = dtype::gather(src, -lo, &dims, &strides, elem);
-                buffer.device.mem.upload(alloc.ptr, &dense)
+                dtype::gather(src, -lo, &dims, &strides, elem)
+            };
+            match bits {
+                Some(bits) => buffer
+                    .device
+                    .mem
+                    .upload(alloc.ptr, &dtype::pack(&dense, bits)),
+                None => buffer.device.mem.upload(alloc.ptr, &dense),
             }
         })?;
         if let Some(e) = landed {
@@ -293,7 +301,7 @@ pub fn from_host(a: &mut PJRT_Client_BufferFromHostBuffer_Args) -> Result<()> {
 
 pub fn to_host(a: &mut PJRT_Buffer_ToHostBuffer_Args) -> Result<()> {
     let b = Buffer::from_c(a.src)?;
-    let elem = dtype::element_size(b.dtype)?;
+    let elem = dtype::host_element_size(b.dtype)?;
     let strides = host_strides(a.host_layout, &b.dims, elem)?;
     let (lo, hi) = dtype::extent(&b.dims, &strides, elem);
     check_extent(lo, hi)?;
@@ -308,7 +316,10 @@ pub fn to_host(a: &mut PJRT_Buffer_ToHostBuffer_Args) -> Result<()> {
             a.dst_size
         )));
     }
-    let data = b.read_all()?;
+    let mut data = b.read_all()?;
+    if let Some(bits) = dtype::sub_byte_bits(b.dtype) {
+        data = dtype::unpack(&data, bits, dtype::num_elements(&b.dims)? as usize);
+    }
     let dst = cabi::slice_mut(a.dst.cast::<u8>(), needed, "dst")?;
     if strides == dtype::dense_strides(&b.dims, elem) {
         dst.copy_from_slice(&data);

@@ -17,6 +17,32 @@ use crate::error::{Error, Result};
 /// below): a larger count is an absurd length, not an allocation.
 pub const MAX_RANK: usize = 64;
 
+/// Lowest address a caller's pointer may have: the null page is no object.
+const MIN_ADDRESS: usize = 4096;
+/// Above this no user-space object lives on x86-64 or aarch64 (48 to 52 bit
+/// virtual addresses): a larger value is garbage, refused unread.
+const MAX_ADDRESS: usize = 1 << 56;
+/// Most bytes one caller array may span (1 TiB): larger is an absurd length
+/// (a count taken from a pointer, an uninitialized field), refused unread.
+pub const MAX_SPAN: usize = 1 << 40;
+
+/// Is `[ptr, ptr + bytes)` where a caller's object can be? Not a guarantee
+/// that it is mapped (nothing in-process can promise that), but garbage,
+/// small integers and counts too large for memory are refused before use.
+fn plausible(ptr: usize, bytes: usize, what: &str) -> Result<()> {
+    if bytes > MAX_SPAN {
+        return Err(Error::invalid(format!(
+            "{what}: absurd length ({bytes} bytes)"
+        )));
+    }
+    if !(MIN_ADDRESS..MAX_ADDRESS).contains(&ptr)
+        || ptr.checked_add(bytes).is_none_or(|e| e > MAX_ADDRESS)
+    {
+        return Err(Error::invalid(format!("{what}: {ptr:#x} is not a pointer")));
+    }
+    Ok(())
+}
+
 /// `ptr[..len]` as a slice; a null `ptr` is an error unless `len == 0`, and
 /// so is a length no array in this address space can have.
 pub fn slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Result<&'a [T]> {
@@ -26,12 +52,13 @@ pub fn slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Result<&'a [T]> {
     if ptr.is_null() {
         return Err(Error::invalid(format!("{what} is null (length {len})")));
     }
-    if len
-        .checked_mul(std::mem::size_of::<T>().max(1))
-        .is_none_or(|b| b > isize::MAX as usize)
-    {
+    let Some(bytes) = len.checked_mul(std::mem::size_of::<T>().max(1)) else {
+        return Err(Error::invalid(format!("{what}: absurd length {len}")));
+    };
+    if bytes > MAX_SPAN {
         return Err(Error::invalid(format!("{what}: absurd length {len}")));
     }
+    plausible(ptr as usize, bytes, what)?;
     if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return Err(Error::invalid(format!("{what} is misaligned")));
     }
@@ -70,9 +97,10 @@ pub fn slice_mut<'a>(ptr: *mut u8, len: usize, what: &str) -> Result<&'a mut [u8
     if ptr.is_null() {
         return Err(Error::invalid(format!("{what} is null (length {len})")));
     }
-    if len > isize::MAX as usize {
+    if len > MAX_SPAN {
         return Err(Error::invalid(format!("{what}: absurd length {len}")));
     }
+    plausible(ptr as usize, len, what)?;
     // SAFETY: non-null; the C API contract makes `ptr` valid for `len` byte
     // writes during this call and not aliased by anything we hold.
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
@@ -82,6 +110,12 @@ pub fn slice_mut<'a>(ptr: *mut u8, len: usize, what: &str) -> Result<&'a mut [u8
 pub fn str<'a>(ptr: *const c_char, len: usize, what: &str) -> Result<&'a str> {
     let bytes = slice(ptr.cast::<u8>(), len, what)?;
     std::str::from_utf8(bytes).map_err(|_| Error::invalid(format!("{what} is not UTF-8")))
+}
+
+/// Could `args` be an args struct of at least `size` bytes (see
+/// [`plausible`])? Checked before its `struct_size` is read.
+pub fn plausible_args(args: usize, size: usize) -> Result<()> {
+    plausible(args, size, "args")
 }
 
 /// Read the leading `size_t struct_size` of a non-null args struct.
@@ -327,6 +361,7 @@ pub fn write_slice<T: Copy>(dst: *mut T, src: &[T], what: &str) -> Result<()> {
     if dst.is_null() {
         return Err(Error::invalid(format!("{what} is null")));
     }
+    plausible(dst as usize, std::mem::size_of_val(src), what)?;
     if !(dst as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return Err(Error::invalid(format!("{what} is misaligned")));
     }
@@ -343,6 +378,11 @@ pub fn program_mut<'a>(
     if p.is_null() {
         return Err(Error::invalid("program is null"));
     }
+    plausible(
+        p as usize,
+        std::mem::size_of::<xla_vmm_ffi::pjrt::PJRT_Program>(),
+        "program",
+    )?;
     if !(p as usize).is_multiple_of(std::mem::align_of::<xla_vmm_ffi::pjrt::PJRT_Program>()) {
         return Err(Error::invalid("program is misaligned"));
     }

@@ -6,7 +6,59 @@ use xla_vmm_ffi::pjrt::*;
 
 use crate::error::{Error, Result};
 
-/// Bytes per element (0 for a token); sub-byte types are not supported.
+/// Bits per element of a sub-byte type (`s4`, `u2`, `f4e2m1fn`, ...): on
+/// the device XLA packs them, element 0 in the lowest bits of byte 0; on the
+/// host (numpy's ml_dtypes) each takes a byte.
+pub fn sub_byte_bits(t: PJRT_Buffer_Type) -> Option<u32> {
+    match t {
+        PJRT_Buffer_Type_S4 | PJRT_Buffer_Type_U4 | PJRT_Buffer_Type_F4E2M1FN => Some(4),
+        PJRT_Buffer_Type_S2 | PJRT_Buffer_Type_U2 => Some(2),
+        PJRT_Buffer_Type_S1 | PJRT_Buffer_Type_U1 => Some(1),
+        _ => None,
+    }
+}
+
+/// Bytes of one element in a host array: a byte for sub-byte types, 0 for
+/// a token.
+pub fn host_element_size(t: PJRT_Buffer_Type) -> Result<usize> {
+    match sub_byte_bits(t) {
+        Some(_) => Ok(1),
+        None => element_size(t),
+    }
+}
+
+/// Device bytes of `n` elements of `t` (packed for sub-byte types).
+pub fn device_bytes(t: PJRT_Buffer_Type, n: u64) -> Result<u64> {
+    if let Some(bits) = sub_byte_bits(t) {
+        return Ok(n.div_ceil(8 / bits as u64));
+    }
+    n.checked_mul(element_size(t)? as u64)
+        .ok_or_else(|| Error::invalid(format!("{n} elements of {} overflow", type_name(t))))
+}
+
+/// One host byte per element → the device's packing (`bits` per element).
+pub fn pack(unpacked: &[u8], bits: u32) -> Vec<u8> {
+    let per = (8 / bits) as usize;
+    let mask = (1u16 << bits) as u8 - 1;
+    let mut out = vec![0u8; unpacked.len().div_ceil(per)];
+    for (i, &v) in unpacked.iter().enumerate() {
+        out[i / per] |= (v & mask) << ((i % per) as u32 * bits);
+    }
+    out
+}
+
+/// The device's packing → one host byte per element (`n` elements, each
+/// the element's bits, the rest zero, as XLA unpacks them).
+pub fn unpack(packed: &[u8], bits: u32, n: usize) -> Vec<u8> {
+    let per = (8 / bits) as usize;
+    let mask = (1u16 << bits) as u8 - 1;
+    (0..n)
+        .map(|i| (packed[i / per] >> ((i % per) as u32 * bits)) & mask)
+        .collect()
+}
+
+/// Bytes per element (0 for a token); sub-byte types have none (see
+/// [`sub_byte_bits`]).
 pub fn element_size(t: PJRT_Buffer_Type) -> Result<usize> {
     Ok(match t {
         PJRT_Buffer_Type_PRED | PJRT_Buffer_Type_S8 | PJRT_Buffer_Type_U8 => 1,
@@ -261,6 +313,22 @@ mod tests {
         assert!(num_elements(&[-1]).is_err());
         assert!(num_elements(&[i64::MAX, 4]).is_err());
         assert!(element_size(PJRT_Buffer_Type_S4).is_err());
+        assert_eq!(host_element_size(PJRT_Buffer_Type_S4).unwrap(), 1);
         assert!(strides_from_minor_to_major(&[2, 2], &[0, 0], 4).is_err());
+    }
+
+    #[test]
+    fn sub_byte_types_pack_low_bits_first() {
+        // s4: [1, -1 (0xF), 7] -> 0xF1, 0x07; u2: four per byte.
+        assert_eq!(pack(&[1, 0xFF, 7], 4), vec![0xF1, 0x07]);
+        assert_eq!(unpack(&[0xF1, 0x07], 4, 3), vec![1, 0x0F, 7]);
+        assert_eq!(pack(&[1, 2, 3, 0, 1], 2), vec![0b0011_1001, 0b01]);
+        assert_eq!(
+            unpack(&pack(&[1, 2, 3, 0, 1], 2), 2, 5),
+            vec![1, 2, 3, 0, 1]
+        );
+        assert_eq!(device_bytes(PJRT_Buffer_Type_S4, 5).unwrap(), 3);
+        assert_eq!(device_bytes(PJRT_Buffer_Type_U1, 9).unwrap(), 2);
+        assert_eq!(device_bytes(PJRT_Buffer_Type_F32, 3).unwrap(), 12);
     }
 }

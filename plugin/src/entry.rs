@@ -65,6 +65,8 @@ fn checked<A>(
         if !(args as usize).is_multiple_of(std::mem::align_of::<A>()) {
             return Err(Error::invalid(format!("{name}: args is misaligned")));
         }
+        cabi::plausible_args(args as usize, 2 * std::mem::size_of::<usize>())
+            .map_err(|e| e.context(name))?;
         #[allow(unsafe_code)]
         // SAFETY: `args` is non-null (checked) and, by the C API contract,
         // points to this entry's args struct, which starts with `struct_size`.
@@ -144,6 +146,40 @@ macro_rules! pjrt_entries {
         pub const ENTRIES: &[(&str, bool)] = &[
             $( (stringify!($name), $crate::entry::pjrt_entries!(@implemented [$($imp)::+])), )*
         ];
+
+        /// Every entry behind one type-erased signature, with its header's
+        /// args size: what the generated abuse tests call (each entry takes
+        /// one args pointer; the two void entries return null here).
+        #[doc(hidden)]
+        pub mod raw {
+            #![allow(non_snake_case, unsafe_code)]
+            use xla_vmm_ffi::pjrt::*;
+            $( $crate::entry::pjrt_entries!(@raw $name $($void)?); )*
+            pub static ENTRIES: &[$crate::entry::RawEntry] = &[
+                $( $crate::entry::RawEntry {
+                    name: stringify!($name),
+                    struct_size: $size as usize,
+                    call: $name,
+                }, )*
+            ];
+        }
+    };
+    (@raw $name:ident void) => {
+        /// # Safety
+        /// As the entry's.
+        pub unsafe extern "C" fn $name(args: *mut std::ffi::c_void) -> *mut PJRT_Error {
+            // SAFETY: the entry's own contract, with its args type.
+            unsafe { super::entries::$name(args.cast()) };
+            std::ptr::null_mut()
+        }
+    };
+    (@raw $name:ident) => {
+        /// # Safety
+        /// As the entry's.
+        pub unsafe extern "C" fn $name(args: *mut std::ffi::c_void) -> *mut PJRT_Error {
+            // SAFETY: the entry's own contract, with its args type.
+            unsafe { super::entries::$name(args.cast()) }
+        }
     };
     (@implemented [none]) => { false };
     (@implemented [$($imp:ident)::+]) => { true };
@@ -168,6 +204,15 @@ macro_rules! pjrt_entries {
     };
 }
 pub(crate) use pjrt_entries;
+
+/// One entry of [`raw`](crate::api::raw): its name, the header's args
+/// size, and the entry behind a type-erased args pointer.
+#[doc(hidden)]
+pub struct RawEntry {
+    pub name: &'static str,
+    pub struct_size: usize,
+    pub call: unsafe extern "C" fn(*mut std::ffi::c_void) -> *mut xla_vmm_ffi::pjrt::PJRT_Error,
+}
 
 /// `PJRT_Api` holds raw pointers (all null), so it needs this wrapper to be
 /// a `static`.

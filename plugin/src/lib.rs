@@ -66,7 +66,11 @@ pub mod vendor_locate;
 mod watchdog;
 pub mod worker;
 
+#[doc(hidden)]
+pub use api::raw;
 pub use api::ENTRIES;
+#[doc(hidden)]
+pub use entry::RawEntry;
 pub use xla_vmm_ffi::pjrt;
 
 /// The PJRT entry point jaxlib looks up after `dlopen`.

@@ -410,7 +410,8 @@ fn deleted_buffers_and_bad_shapes_are_clear_errors() {
     // Destroyed: the handle is no longer valid.
     assert!(to_host(buf).unwrap_err().1.contains("not a live object"));
     // Unsupported type, negative dimension, short data pointer.
-    let (code, msg) = from_host(client, device, PJRT_Buffer_Type_S4, &[2], &[0], None).unwrap_err();
+    let (code, msg) =
+        from_host(client, device, PJRT_Buffer_Type_INVALID, &[2], &[0], None).unwrap_err();
     assert_eq!(code, PJRT_Error_Code_UNIMPLEMENTED, "{msg}");
     let (code, _) = from_host(client, device, PJRT_Buffer_Type_F32, &[-1], &[], None).unwrap_err();
     assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);

@@ -374,3 +374,38 @@ fn execute_contexts_keep_ffi_user_data_until_destroyed() {
     r.handler = null_mut();
     assert!(take_error(unsafe { ext.register_handler.unwrap()(&mut r) }).is_some());
 }
+
+#[test]
+fn sub_byte_arrays_are_packed_on_the_device_and_one_byte_per_element_on_the_host() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    // ml_dtypes int4 [1, -1, 7] as numpy holds it: a byte per element.
+    let b = from_host(
+        client,
+        device,
+        PJRT_Buffer_Type_S4,
+        &[3],
+        &[1, 0xFF, 7],
+        None,
+    )
+    .unwrap();
+    let (err, size) = call!(
+        PJRT_Buffer_OnDeviceSizeInBytes,
+        PJRT_Buffer_OnDeviceSizeInBytes_Args,
+        |a| {
+            a.buffer = b;
+        }
+    );
+    assert_eq!((err, size.on_device_size_in_bytes), (None, 2));
+    assert_eq!(to_host(b).unwrap(), vec![1, 0x0F, 7]);
+    // Strided host input (every other byte), u2.
+    let src = [1u8, 9, 2, 9, 3, 9];
+    let u2 = from_host(client, device, PJRT_Buffer_Type_U2, &[3], &src, Some(&[2])).unwrap();
+    assert_eq!(to_host(u2).unwrap(), vec![1, 2, 3]);
+    for x in [b, u2] {
+        destroy_buffer(x);
+    }
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
