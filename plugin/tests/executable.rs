@@ -128,3 +128,40 @@ fn fixture_on_the_host_backend_loads_or_fails_clearly() {
     }
     destroy_client(client);
 }
+
+/// `PJRT_Executable_DeserializeAndLoad` on mutated executables (the inner
+/// message mutated, then wrapped as XLA writes it, so the mutants get past
+/// riegeli's checksums): each returns an executable or an error; nothing
+/// leaks once they are destroyed. On the host backend even the unmutated
+/// fixtures stop at their GPU kernels: the decode, the plan checks and the
+/// load up to the kernels are what the mutants reach here.
+#[test]
+fn deserialize_and_load_survives_mutated_executables() {
+    use xla_vmm::decode::mutate::{inner_message, wrap_inner, Mutator};
+    let be = common::plans::backend();
+    let client = xla_vmm_plugin::client::into_c(
+        xla_vmm_plugin::client::Client::with_backend(host_options(), be.clone()).unwrap(),
+    );
+    let dir = xla_vmm::testdata::require_fixtures_dir();
+    let (mut loaded, mut refused) = (0, 0);
+    for (i, name) in ["small", "loop", "mlp_adam_donated"].iter().enumerate() {
+        let bytes = std::fs::read(dir.join(format!("{name}.pjrt"))).unwrap();
+        let message = inner_message(&bytes).unwrap();
+        let mut m = Mutator::new(7 + i as u64);
+        for _ in 0..150 {
+            match deserialize(client, &wrap_inner(&m.mutate(&message))) {
+                Ok(exe) => {
+                    loaded += 1;
+                    destroy_exe(exe);
+                }
+                Err((code, msg)) => {
+                    refused += 1;
+                    assert_ne!(code, PJRT_Error_Code_INTERNAL, "{name}: {msg}");
+                }
+            }
+        }
+    }
+    println!("{loaded} mutants loaded, {refused} refused");
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}

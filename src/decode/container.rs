@@ -16,10 +16,10 @@
 use std::io::Cursor;
 
 use prost::Message;
-use riegeli::{ReaderOptions, RecordReader};
+use riegeli::{ReaderOptions, RecordReader, RecordWriter, WriterOptions};
 
 use super::{wire, DecodeError};
-use crate::proto::xla::{record::RecordType, SplitProtoManifest};
+use crate::proto::xla::{record, record::RecordType, Record, SplitProtoManifest};
 
 /// The first 4 bytes of every riegeli file (the hash in its first block
 /// header, which is the same for every file).
@@ -42,6 +42,26 @@ pub fn strip_ifrt_header(bytes: &[u8]) -> Option<&[u8]> {
 /// Is `bytes` a riegeli file (by its signature)?
 pub fn is_riegeli(bytes: &[u8]) -> bool {
     bytes.starts_with(&RIEGELI_SIGNATURE)
+}
+
+/// The split proto XLA would write for the serialized message `message` of
+/// type `ty`: a manifest and one merge record (what the tests, the fuzzers
+/// and tools wrap synthetic or mutated messages in).
+pub fn write_split_proto(ty: &str, message: &[u8]) -> Vec<u8> {
+    let manifest = SplitProtoManifest {
+        result_proto_type: ty.into(),
+        records: vec![Record {
+            record_type: Some(RecordType::ProtoMergeRecord(record::ProtoMergeRecord {})),
+        }],
+    };
+    let mut buf = Vec::new();
+    // Writing to memory cannot fail but for allocation (which aborts anyway).
+    let mut w = RecordWriter::new(&mut buf, WriterOptions::new()).expect("riegeli writer");
+    w.write_record(&manifest.encode_to_vec())
+        .expect("riegeli record");
+    w.write_record(message).expect("riegeli record");
+    w.close().expect("riegeli close");
+    buf
 }
 
 /// Reassembles the split proto in the riegeli file `bytes`, checking that

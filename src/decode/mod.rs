@@ -11,7 +11,10 @@ mod hlo_reduction;
 mod thunk;
 mod wire;
 
-pub use container::{is_riegeli, read_split_proto, strip_ifrt_header, RIEGELI_SIGNATURE};
+pub mod mutate;
+pub use container::{
+    is_riegeli, read_split_proto, strip_ifrt_header, write_split_proto, RIEGELI_SIGNATURE,
+};
 
 use prost::Message;
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use prost::Message;
 use riegeli::{RecordWriter, WriterOptions};
-use xla_vmm::proto::xla::{self as px, record, Record, SplitProtoManifest};
+use xla_vmm::proto::xla::{self as px};
 
 pub const FIXTURES: [&str; 5] = [
     "small",
@@ -91,15 +91,7 @@ pub fn riegeli_file(records: &[Vec<u8>]) -> Vec<u8> {
 /// A split proto of `ty` whose only record after the manifest is a merge
 /// record holding `message`.
 pub fn split_proto(ty: &str, message: Vec<u8>) -> Vec<u8> {
-    let manifest = SplitProtoManifest {
-        result_proto_type: ty.into(),
-        records: vec![Record {
-            record_type: Some(record::RecordType::ProtoMergeRecord(
-                record::ProtoMergeRecord {},
-            )),
-        }],
-    };
-    riegeli_file(&[manifest.encode_to_vec(), message])
+    xla_vmm::decode::write_split_proto(ty, &message)
 }
 
 /// A complete serialized executable (outer split proto around an inner split
