@@ -79,8 +79,32 @@ impl Buffer {
         dtype: PJRT_Buffer_Type,
         dims: &[i64],
     ) -> Result<Arc<Buffer>> {
-        let allocation = device.mem.alloc(byte_size(dtype, dims)?)?;
-        Self::from_allocation(device, dtype, dims, allocation, Event::ready(Ok(())))
+        let memory = device.default_memory()?;
+        Self::alloc_in(device, memory, dtype, dims)
+    }
+
+    /// A new buffer of `dtype[dims]` in `memory` (one of `device`'s: its
+    /// device memory or its pinned host memory), uninitialized.
+    pub fn alloc_in(
+        device: Arc<Device>,
+        memory: Arc<Memory>,
+        dtype: PJRT_Buffer_Type,
+        dims: &[i64],
+    ) -> Result<Arc<Buffer>> {
+        let bytes = byte_size(dtype, dims)?;
+        let allocation = if memory.kind == crate::device::PINNED_HOST_MEMORY_KIND {
+            device.mem.alloc_host(bytes)?
+        } else {
+            device.mem.alloc(bytes)?
+        };
+        Self::from_allocation_in(
+            device,
+            memory,
+            dtype,
+            dims,
+            allocation,
+            Event::ready(Ok(())),
+        )
     }
 
     /// A buffer over an existing allocation (an execution's output), ready
@@ -92,8 +116,20 @@ impl Buffer {
         allocation: Allocation,
         ready: Arc<Event>,
     ) -> Result<Arc<Buffer>> {
-        let bytes = byte_size(dtype, dims)?;
         let memory = device.default_memory()?;
+        Self::from_allocation_in(device, memory, dtype, dims, allocation, ready)
+    }
+
+    /// [`from_allocation`](Self::from_allocation) in `memory`.
+    pub fn from_allocation_in(
+        device: Arc<Device>,
+        memory: Arc<Memory>,
+        dtype: PJRT_Buffer_Type,
+        dims: &[i64],
+        allocation: Allocation,
+        ready: Arc<Event>,
+    ) -> Result<Arc<Buffer>> {
+        let bytes = byte_size(dtype, dims)?;
         Ok(Arc::new(Buffer {
             device,
             memory,
@@ -224,10 +260,13 @@ fn check_extent(lo: i64, hi: i64) -> Result<()> {
 
 pub fn from_host(a: &mut PJRT_Client_BufferFromHostBuffer_Args) -> Result<()> {
     let client = Client::from_c(a.client)?;
-    let device = if !a.memory.is_null() {
-        client::memory_device(&client, a.memory)?
+    let (device, memory) = if !a.memory.is_null() {
+        let device = client::memory_device(&client, a.memory)?;
+        (device, Memory::from_c(a.memory)?)
     } else {
-        client.device(a.device)?
+        let device = client.device(a.device)?;
+        let memory = device.default_memory()?;
+        (device, memory)
     };
     if !(PJRT_HostBufferSemantics_kImmutableOnlyDuringCall
         ..=PJRT_HostBufferSemantics_kMutableZeroCopy)
@@ -261,7 +300,7 @@ pub fn from_host(a: &mut PJRT_Client_BufferFromHostBuffer_Args) -> Result<()> {
         }
         s.to_vec()
     };
-    let buffer = Buffer::alloc(device, a.type_, &dims)?;
+    let buffer = Buffer::alloc_in(device, memory, a.type_, &dims)?;
     let (lo, hi) = dtype::extent(&dims, &strides, elem);
     check_extent(lo, hi)?;
     if buffer.bytes > 0 {
@@ -330,8 +369,10 @@ pub fn to_host(a: &mut PJRT_Buffer_ToHostBuffer_Args) -> Result<()> {
     Ok(())
 }
 
-fn copy_to(b: &Buffer, device: Arc<Device>) -> Result<Arc<Buffer>> {
-    let out = Buffer::alloc(device, b.dtype, &b.dims)?;
+/// A copy of `b` in `memory` of `device` (device memory or pinned host
+/// memory: the device reaches both).
+fn copy_to(b: &Buffer, device: Arc<Device>, memory: Arc<Memory>) -> Result<Arc<Buffer>> {
+    let out = Buffer::alloc_in(device, memory, b.dtype, &b.dims)?;
     if Arc::ptr_eq(&out.device.mem, &b.device.mem) {
         // Enqueued after the source's producer; ready when done.
         b.with_live(|src| out.with_live(|dst| b.device.mem.copy(dst.ptr, src.ptr, b.bytes)))?;
@@ -350,26 +391,21 @@ fn copy_to(b: &Buffer, device: Arc<Device>) -> Result<Arc<Buffer>> {
 pub fn copy_to_device(a: &mut PJRT_Buffer_CopyToDevice_Args) -> Result<()> {
     let b = Buffer::from_c(a.buffer)?;
     let device = Device::from_c(a.dst_device)?;
-    a.dst_buffer = copy_to(&b, device)?.into_c();
+    let memory = device.default_memory()?;
+    a.dst_buffer = copy_to(&b, device, memory)?.into_c();
     Ok(())
 }
 
 pub fn copy_to_memory(a: &mut PJRT_Buffer_CopyToMemory_Args) -> Result<()> {
     let b = Buffer::from_c(a.buffer)?;
     let m = Memory::from_c(a.dst_memory)?;
-    if m.kind != b.memory.kind {
-        return Err(Error::unimplemented(format!(
-            "copy to memory kind {:?} (only device memory exists)",
-            m.kind
-        )));
-    }
-    // Device memory of some device: a copy to that device (jax's sharded
-    // device_put copies each shard to its device's memory this way).
+    // A memory of some device (its device memory or its pinned host memory):
+    // jax's device_put to a device or to a memory kind copies this way.
     let device = match m.first_device() {
         Some(d) => Device::from_c(d)?,
         None => b.device.clone(),
     };
-    a.dst_buffer = copy_to(&b, device)?.into_c();
+    a.dst_buffer = copy_to(&b, device, m)?.into_c();
     Ok(())
 }
 

@@ -96,6 +96,12 @@ impl Handle for Memory {
 
 /// The kind name of device memory, as the vendor GPU plugin names it.
 pub const DEVICE_MEMORY_KIND: &str = "device";
+/// Page-locked host memory the device addresses (XLA's `pinned_host`: host
+/// offload, `device_put(x, memory_kind="pinned_host")`).
+pub const PINNED_HOST_MEMORY_KIND: &str = "pinned_host";
+/// Ids of the pinned host memories: apart from the device memories' (which
+/// are the device ids).
+const PINNED_HOST_MEMORY_ID_BASE: i32 = 1 << 16;
 
 impl Device {
     /// Create and register device `id` (process 0, addressable, its local
@@ -167,14 +173,33 @@ impl Device {
             to_string: format!("MEMORY_SPACE_{id}"),
             devices: vec![CPtr(device_ptr)],
         });
-        let memory_ptr = memory.clone().into_c();
-        let _ = device.memories.set(vec![memory]);
-        let _ = device.memory_ptrs.set(vec![CPtr(memory_ptr)]);
+        let host_id = PINNED_HOST_MEMORY_ID_BASE + id;
+        let pinned = Arc::new(Memory {
+            vtable: 0,
+            id: host_id,
+            kind: PINNED_HOST_MEMORY_KIND.into(),
+            kind_id: 1,
+            debug_string: format!("xla-vmm pinned host memory of device {id}"),
+            to_string: format!("PINNED_HOST_MEMORY_SPACE_{host_id}"),
+            devices: vec![CPtr(device_ptr)],
+        });
+        let ptrs = vec![CPtr(memory.clone().into_c()), CPtr(pinned.clone().into_c())];
+        // The device's memory first: it is the default.
+        let _ = device.memories.set(vec![memory, pinned]);
+        let _ = device.memory_ptrs.set(ptrs);
         device
     }
 
     pub fn id(&self) -> i32 {
         self.description.id
+    }
+
+    /// This device's memory of `kind` ("device" or "pinned_host").
+    pub fn memory(&self, kind: &str) -> Result<Arc<Memory>> {
+        self.memories
+            .get()
+            .and_then(|m| m.iter().find(|m| m.kind == kind).cloned())
+            .ok_or_else(|| Error::internal(format!("device {} has no {kind} memory", self.id())))
     }
 
     pub fn default_memory(&self) -> Result<Arc<Memory>> {

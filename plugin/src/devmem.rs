@@ -90,6 +90,34 @@ impl<B: Backend> Drop for OwnedBuffer<B> {
     }
 }
 
+/// Pinned host memory of the `pinned_host` memory space, addressed by the
+/// device through its mapping. Freed once the work queued on the client's
+/// stream (which may read or write it) has completed.
+struct OwnedHost<B: Backend> {
+    buf: Option<B::HostBuffer>,
+    backend: Arc<B>,
+    stream: Arc<SharedStream<B>>,
+}
+
+impl<B: Backend> Drop for OwnedHost<B> {
+    fn drop(&mut self) {
+        let Some(buf) = self.buf.take() else { return };
+        let guard = self.stream.lock();
+        if let Some(s) = guard.as_ref() {
+            if let Err(e) = self.backend.stream_synchronize(s) {
+                tracing::warn!("waiting before freeing pinned host memory: {e}");
+            }
+        }
+        if let Err(e) = self.backend.host_free(buf) {
+            tracing::warn!("freeing pinned host memory: {e}");
+        }
+    }
+}
+
+/// Ids of pinned host allocations (apart from the allocator's).
+static HOST_ALLOCATION_IDS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(1 << 62);
+
 /// One live device allocation. Dropping it frees the memory, ordered after
 /// the work already queued on the client's stream.
 pub struct Allocation {
@@ -115,6 +143,14 @@ impl std::fmt::Debug for Allocation {
 pub trait DeviceMemory: Send + Sync {
     fn info(&self) -> &DeviceInfo;
     fn alloc(&self, bytes: u64) -> Result<Allocation>;
+    /// Pinned host memory the device addresses directly (the `pinned_host`
+    /// memory space): host to device transfers, copies and kernels reach it
+    /// through the returned address.
+    fn alloc_host(&self, _bytes: u64) -> Result<Allocation> {
+        Err(Error::unimplemented(
+            "this device has no pinned host memory space",
+        ))
+    }
     /// Host → device copy behind the work already queued on the stream,
     /// without waiting for it: `data` is no longer needed on return (it was
     /// copied into pinned staging memory), and the returned event completes
@@ -288,6 +324,30 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
             size: bytes,
             inner: Box::new(OwnedBuffer {
                 buf: Some(buf),
+                stream: self.stream.clone(),
+            }),
+        })
+    }
+
+    fn alloc_host(&self, bytes: u64) -> Result<Allocation> {
+        let b = self.allocator.backend();
+        let len = usize::try_from(bytes.max(1))
+            .map_err(|_| Error::invalid(format!("{bytes} bytes of host memory")))?;
+        let buf = b.host_alloc(len)?;
+        let ptr = match b.host_device_ptr(&buf) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = b.host_free(buf);
+                return Err(Error::from(e).context("mapping pinned host memory for the device"));
+            }
+        };
+        Ok(Allocation {
+            id: HOST_ALLOCATION_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            ptr,
+            size: bytes,
+            inner: Box::new(OwnedHost {
+                buf: Some(buf),
+                backend: b.clone(),
                 stream: self.stream.clone(),
             }),
         })

@@ -37,7 +37,7 @@ use crate::assignment::{Assignment, MultiDevice};
 use crate::buffer::Buffer;
 use crate::cabi::{self, CPtr, NamedValues};
 use crate::client::Client;
-use crate::device::{Device, DEVICE_MEMORY_KIND};
+use crate::device::{Device, DEVICE_MEMORY_KIND, PINNED_HOST_MEMORY_KIND};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -46,11 +46,48 @@ use crate::handles::{Handle, Registry};
 use crate::program::Program;
 use crate::vendor_exec::{VendorExecutable, ViewArg};
 
-/// Dtype and dims of one result leaf.
+/// Dtype, dims and memory of one parameter or result leaf.
 #[derive(Clone, Debug)]
 pub struct LeafSpec {
     pub dtype: PJRT_Buffer_Type,
     pub dims: Vec<i64>,
+    /// In host memory (the layout's memory space is XLA's host space: host
+    /// offload); JAX's memory kind `pinned_host`.
+    pub on_host: bool,
+}
+
+impl LeafSpec {
+    /// New memory for this leaf, in its memory space.
+    fn alloc(
+        &self,
+        mem: &dyn crate::devmem::DeviceMemory,
+        bytes: u64,
+    ) -> Result<crate::devmem::Allocation> {
+        if self.on_host {
+            mem.alloc_host(bytes)
+        } else {
+            mem.alloc(bytes)
+        }
+    }
+
+    /// A buffer of this leaf over `alloc`, in its memory space of `device`.
+    fn buffer(
+        &self,
+        device: &Arc<Device>,
+        alloc: crate::devmem::Allocation,
+        ready: Arc<Event>,
+    ) -> Result<Arc<Buffer>> {
+        let memory = device.memory(self.memory_kind())?;
+        Buffer::from_allocation_in(device.clone(), memory, self.dtype, &self.dims, alloc, ready)
+    }
+
+    pub fn memory_kind(&self) -> &'static str {
+        if self.on_host {
+            PINNED_HOST_MEMORY_KIND
+        } else {
+            DEVICE_MEMORY_KIND
+        }
+    }
 }
 
 pub struct ExecInner {
@@ -166,11 +203,21 @@ fn leaves(shape: &Shape, out: &mut Vec<LeafSpec>) -> Result<()> {
     out.push(LeafSpec {
         dtype,
         dims: shape.dimensions.clone(),
+        on_host: shape.memory_space == xla_vmm::HOST_MEMORY_SPACE,
     });
     Ok(())
 }
 
-static KIND: &str = DEVICE_MEMORY_KIND;
+/// The C strings of a list of leaves' memory kinds (static strings).
+fn kinds(leaves: &[LeafSpec]) -> (Vec<CPtr<std::ffi::c_char>>, Vec<usize>) {
+    leaves
+        .iter()
+        .map(|l| {
+            let k = l.memory_kind();
+            (CPtr(k.as_ptr() as *mut std::ffi::c_char), k.len())
+        })
+        .unzip()
+}
 
 impl ExecInner {
     /// Decode the vendor bytes and load them into our runtime on every
@@ -307,7 +354,8 @@ impl ExecInner {
             };
             parts.push(Arc::new(Part::new(device, runner)));
         }
-        let kind = CPtr(KIND.as_ptr() as *mut std::ffi::c_char);
+        let (out_kinds, out_kind_sizes) = kinds(&outputs);
+        let (param_kinds, param_kind_sizes) = kinds(&params);
         tracing::info!(%name, params = params.len(), outputs = outputs.len(), "executable loaded on xla-vmm");
         Ok(Arc::new(ExecInner {
             name,
@@ -321,10 +369,10 @@ impl ExecInner {
                 .flat_map(|o| o.dims.iter().copied())
                 .collect(),
             out_dim_sizes: outputs.iter().map(|o| o.dims.len()).collect(),
-            out_kinds: vec![kind; outputs.len()],
-            out_kind_sizes: vec![KIND.len(); outputs.len()],
-            param_kinds: vec![kind; params.len()],
-            param_kind_sizes: vec![KIND.len(); params.len()],
+            out_kinds,
+            out_kind_sizes,
+            param_kinds,
+            param_kind_sizes,
             params,
             outputs,
             code_size,
@@ -510,7 +558,7 @@ impl ExecInner {
             let (ptr, bytes, handle) =
                 a.with_live(|al| Ok((al.ptr, a.bytes, mem.remap_handle(al))))?;
             if self.aliased[i] && non_donatable.contains(&(i as i64)) && bytes > 0 {
-                let copy = mem.alloc(bytes)?;
+                let copy = self.params[i].alloc(&**mem, bytes)?;
                 mem.copy(copy.ptr, ptr, bytes)?;
                 bound.push((copy.ptr, bytes));
                 handles.push(mem.remap_handle(&copy));
@@ -551,18 +599,12 @@ impl ExecInner {
                 // A passthrough of an argument that is not donated (or any
                 // other output): a fresh buffer, the argument stays the caller's.
                 _ => {
-                    let fresh = mem.alloc(o.bytes)?;
+                    let fresh = spec.alloc(&**mem, o.bytes)?;
                     mem.copy(fresh.ptr, o.ptr, o.bytes)?;
                     fresh
                 }
             };
-            results.push(Buffer::from_allocation(
-                part.device.clone(),
-                spec.dtype,
-                &spec.dims,
-                alloc,
-                done.clone(),
-            )?);
+            results.push(spec.buffer(&part.device, alloc, done.clone())?);
         }
         mem.complete_after(done.clone());
         drop(guard);
@@ -597,24 +639,20 @@ impl ExecInner {
         let view_args: Vec<ViewArg<'_>> = args
             .iter()
             .zip(&ptrs)
-            .map(|(a, &ptr)| ViewArg {
+            .zip(&self.params)
+            .map(|((a, &ptr), spec)| ViewArg {
                 ptr,
                 dtype: a.dtype,
                 dims: &a.dims,
+                on_host: spec.on_host,
             })
             .collect();
         let run = v.execute(&view_args, self.outputs.len(), context)?;
         let mut results = Vec::with_capacity(self.outputs.len());
         for (o, spec) in run.outputs.iter().zip(&self.outputs) {
-            let fresh = mem.alloc(o.bytes)?;
+            let fresh = spec.alloc(&**mem, o.bytes)?;
             mem.copy(fresh.ptr, o.ptr, o.bytes)?;
-            results.push(Buffer::from_allocation(
-                part.device.clone(),
-                spec.dtype,
-                &spec.dims,
-                fresh,
-                Event::ready(Ok(())),
-            )?);
+            results.push(spec.buffer(&part.device, fresh, Event::ready(Ok(())))?);
         }
         // The copies read the vendor's buffers: done before they go.
         mem.synchronize()?;

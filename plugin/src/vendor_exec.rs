@@ -26,11 +26,13 @@ pub struct VendorExecutable {
     exe: CPtr<PJRT_LoadedExecutable>,
 }
 
-/// One argument for a vendor run: our memory and its array type.
+/// One argument for a vendor run: our memory, its array type, and whether
+/// it is in pinned host memory (a host-offloaded parameter).
 pub struct ViewArg<'a> {
     pub ptr: DevicePtr,
     pub dtype: PJRT_Buffer_Type,
     pub dims: &'a [i64],
+    pub on_host: bool,
 }
 
 /// One vendor output: its device address and size, valid until the
@@ -247,6 +249,30 @@ impl VendorExecutable {
         }
     }
 
+    /// The vendor device's memory of `kind` (its `pinned_host` memory for
+    /// views of host-offloaded arguments), if it has one.
+    fn device_memory(&self, device: *mut PJRT_Device, kind: &str) -> Option<*mut PJRT_Memory> {
+        let p = &self.client.plugin;
+        let mut a: PJRT_Device_AddressableMemories_Args = zeroed();
+        a.struct_size = PJRT_Device_AddressableMemories_Args_STRUCT_SIZE as usize;
+        a.device = device;
+        p.call(
+            "PJRT_Device_AddressableMemories",
+            |t| t.PJRT_Device_AddressableMemories,
+            &mut a,
+        )
+        .ok()?;
+        let memories = cabi::slice(a.memories, a.num_memories, "vendor memories").ok()?;
+        memories.iter().copied().find(|&m| {
+            let mut k: PJRT_Memory_Kind_Args = zeroed();
+            k.struct_size = PJRT_Memory_Kind_Args_STRUCT_SIZE as usize;
+            k.memory = m;
+            p.call("PJRT_Memory_Kind", |t| t.PJRT_Memory_Kind, &mut k)
+                .is_ok()
+                && cabi::str(k.kind, k.kind_size, "vendor memory kind").ok() == Some(kind)
+        })
+    }
+
     /// Run on the vendor runtime with views of `args` (on the device the
     /// program was compiled for); wait for completion.
     pub fn execute(
@@ -272,6 +298,16 @@ impl VendorExecutable {
             v.num_dims = a.dims.len();
             v.element_type = a.dtype;
             v.device = device;
+            // A host-offloaded argument is a view in the device's pinned
+            // host memory (named by the memory alone: the C API takes a
+            // device or a memory).
+            if a.on_host {
+                if let Some(m) = self.device_memory(device, crate::device::PINNED_HOST_MEMORY_KIND)
+                {
+                    v.device = std::ptr::null_mut();
+                    v.memory = m;
+                }
+            }
             // The vendor calls this when the view goes; a null one is an
             // empty std::function there, and calling it aborts the process
             // (std::bad_function_call). Our memory outlives the view.

@@ -190,10 +190,11 @@ fn client_devices_and_memories() {
         }
     );
     assert_eq!(err, None);
-    assert_eq!(
-        unsafe { std::slice::from_raw_parts(cm.addressable_memories, cm.num_addressable_memories) },
-        &[m.memory]
-    );
+    // The device's memory, then its pinned host memory.
+    let mems =
+        unsafe { std::slice::from_raw_parts(cm.addressable_memories, cm.num_addressable_memories) };
+    assert_eq!(mems.len(), 2);
+    assert_eq!(mems[0], m.memory);
     let (err, l) = call!(
         PJRT_Client_LookupDevice,
         PJRT_Client_LookupDevice_Args,

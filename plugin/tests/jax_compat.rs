@@ -409,3 +409,123 @@ fn sub_byte_arrays_are_packed_on_the_device_and_one_byte_per_element_on_the_host
     destroy_client(client);
     assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
 }
+
+fn memory_kind(m: *mut PJRT_Memory) -> String {
+    let (err, k) = call!(PJRT_Memory_Kind, PJRT_Memory_Kind_Args, |a| {
+        a.memory = m;
+    });
+    assert_eq!(err, None);
+    let b = unsafe { std::slice::from_raw_parts(k.kind.cast::<u8>(), k.kind_size) };
+    String::from_utf8(b.to_vec()).unwrap()
+}
+
+fn buffer_memory(b: *mut PJRT_Buffer) -> *mut PJRT_Memory {
+    let (err, m) = call!(PJRT_Buffer_Memory, PJRT_Buffer_Memory_Args, |a| {
+        a.buffer = b;
+    });
+    assert_eq!(err, None);
+    m.memory
+}
+
+fn copy_to_memory(b: *mut PJRT_Buffer, m: *mut PJRT_Memory) -> *mut PJRT_Buffer {
+    let (err, c) = call!(
+        PJRT_Buffer_CopyToMemory,
+        PJRT_Buffer_CopyToMemory_Args,
+        |a| {
+            a.buffer = b;
+            a.dst_memory = m;
+        }
+    );
+    assert_eq!(err, None);
+    assert_eq!(await_event(ready_event(c.dst_buffer)), None);
+    c.dst_buffer
+}
+
+#[test]
+fn pinned_host_memory_holds_buffers_and_copies_both_ways() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let (err, ms) = call!(
+        PJRT_Device_AddressableMemories,
+        PJRT_Device_AddressableMemories_Args,
+        |a| {
+            a.device = device;
+        }
+    );
+    assert_eq!(err, None);
+    let ms = unsafe { std::slice::from_raw_parts(ms.memories, ms.num_memories) }.to_vec();
+    let kinds: Vec<String> = ms.iter().map(|&m| memory_kind(m)).collect();
+    assert_eq!(kinds, ["device", "pinned_host"]);
+    let (dev_mem, host_mem) = (ms[0], ms[1]);
+    // device_put(x, memory_kind="pinned_host"): BufferFromHostBuffer into it.
+    let data = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
+    let dims = [4i64];
+    let (err, put) = call!(
+        PJRT_Client_BufferFromHostBuffer,
+        PJRT_Client_BufferFromHostBuffer_Args,
+        |a| {
+            a.client = client;
+            a.data = data.as_ptr().cast();
+            a.type_ = PJRT_Buffer_Type_F32;
+            a.dims = dims.as_ptr();
+            a.num_dims = 1;
+            a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+            a.memory = host_mem;
+        }
+    );
+    assert_eq!(err, None);
+    destroy_event(put.done_with_host_buffer);
+    let h = put.buffer;
+    assert_eq!(buffer_memory(h), host_mem);
+    assert_eq!(to_host(h).unwrap(), data);
+    // Host -> device -> host memory again, the bytes intact.
+    let d = copy_to_memory(h, dev_mem);
+    assert_eq!(buffer_memory(d), dev_mem);
+    let h2 = copy_to_memory(d, host_mem);
+    assert_eq!(buffer_memory(h2), host_mem);
+    assert_eq!(to_host(h2).unwrap(), data);
+    for b in [h, d, h2] {
+        destroy_buffer(b);
+    }
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
+#[test]
+fn a_host_offloaded_output_is_in_pinned_host_memory() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let mut on_host = f32s(4);
+    on_host.memory_space = HOST_MEMORY_SPACE;
+    let mut p = program(1, false, on_host, vec![1]);
+    p.allocations
+        .push(alloc(1, 16, AllocationRole::Output { outputs: vec![] }));
+    let exe = load(client, p);
+    let view = executable_of(exe);
+    let (err, k) = call!(
+        PJRT_Executable_OutputMemoryKinds,
+        PJRT_Executable_OutputMemoryKinds_Args,
+        |a| {
+            a.executable = view;
+        }
+    );
+    assert_eq!((err, k.num_outputs), (None, 1));
+    let kind =
+        unsafe { std::slice::from_raw_parts((*k.memory_kinds).cast::<u8>(), *k.memory_kind_sizes) };
+    assert_eq!(kind, b"pinned_host");
+    let (err, _) = call!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |a| {
+        a.executable = view;
+    });
+    assert_eq!(err, None);
+    let x = put_f32(client, device, &[1.0; 4]);
+    let out = execute(exe, &[x], &[]).unwrap();
+    assert_eq!(memory_kind(buffer_memory(out)), "pinned_host");
+    for b in [x, out] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}

@@ -83,7 +83,8 @@ fn a_client_with_two_host_devices_lists_both() {
             a.client = client;
         }
     );
-    assert_eq!((err, m.num_addressable_memories), (None, 2));
+    // Device memory and pinned host memory of each device.
+    assert_eq!((err, m.num_addressable_memories), (None, 4));
     let (err, l) = call!(
         PJRT_Client_LookupDevice,
         PJRT_Client_LookupDevice_Args,

@@ -42,6 +42,7 @@ fn shape_at(p: &xla::ShapeProto, depth: usize) -> Result<Shape, DecodeError> {
             .map(|t| shape_at(t, depth + 1))
             .collect::<Result<_, _>>()?,
         minor_to_major: p.layout.as_ref().map(|l| l.minor_to_major.clone()),
+        memory_space: p.layout.as_ref().map_or(0, |l| l.memory_space),
     })
 }
 

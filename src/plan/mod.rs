@@ -26,7 +26,7 @@ pub use collective::{CollectiveBuffer, CollectiveOp, CollectiveThunk, GroupMode,
 pub use gemm::{GemmConfig, MatrixLayout, BLAS_LT_EPILOGUE_NAMES};
 pub use kernel::{Dim3, KernelArg, KernelCode, KernelParam, KernelSpec, LaunchDims, TmaDescriptor};
 pub use kinds::{thunk_kind_name, THUNK_KINDS};
-pub use shape::{ElementType, ProgramShape, Shape};
+pub use shape::{ElementType, ProgramShape, Shape, HOST_MEMORY_SPACE};
 pub use thunk::{
     AsyncStartThunk, ConditionalThunk, CopyThunk, CublasLtMatmulThunk, CustomCallThunk,
     CustomKernelThunk, DsfOffset, DsfParameter, DsfResult, DynamicSliceConfig,

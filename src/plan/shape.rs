@@ -83,6 +83,13 @@ impl Serialize for ElementType {
     }
 }
 
+/// XLA's `Layout::kHostMemorySpace`: an array in host memory.
+pub const HOST_MEMORY_SPACE: i64 = 5;
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
+}
+
 /// `xla.ShapeProto`: an array shape, or a tuple of shapes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Shape {
@@ -101,6 +108,10 @@ pub struct Shape {
     /// when the proto had no layout.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub minor_to_major: Option<Vec<i64>>,
+    /// The layout's memory space: 0 device memory, [`HOST_MEMORY_SPACE`]
+    /// host memory (XLA's `Layout::kHostMemorySpace`: host offload).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub memory_space: i64,
 }
 
 impl Shape {
