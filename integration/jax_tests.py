@@ -19,6 +19,7 @@ cut short says so). Exit status 0 when the table was written, whatever the tests
 import argparse
 import collections
 import concurrent.futures
+import gzip
 import json
 import os
 import re
@@ -163,7 +164,7 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
 
 def normalize(msg):
     """An error message without its numbers, shapes and addresses, for grouping."""
-    msg = re.sub(r"0x[0-9a-fA-F]+", "0x_", msg)
+    msg = re.sub(r"0x[0-9a-fA-F]+", "ADDR", msg)
     msg = re.sub(r"\d+", "N", msg)
     return msg[:160]
 
@@ -265,7 +266,8 @@ def main():
 
     results = {}
     if args.ref_from:
-        with open(args.ref_from) as fh:
+        opener = gzip.open if args.ref_from.endswith(".gz") else open
+        with opener(args.ref_from, "rt") as fh:
             earlier = json.load(fh)["results"]
         for f in files:
             if "%s:%s" % (f, platforms[0]) in earlier:

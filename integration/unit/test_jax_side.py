@@ -1,0 +1,160 @@
+"""The JAX-facing logic that needs no GPU and no jax: the `jax_plugins.xla_vmm` package's
+registration (the "cuda" alias under JAX_PLATFORMS=vmm) against a stand-in of JAX's
+xla_bridge tables, and the JAX test-slice runner's bookkeeping (logs, deaths, comparison).
+
+    python3 -m unittest discover -s integration/unit -v
+"""
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import tempfile
+import types
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INTEGRATION = os.path.dirname(HERE)
+
+
+@dataclasses.dataclass(slots=True)
+class BackendRegistration:
+    """The shape of jax._src.xla_bridge.BackendRegistration."""
+    factory: object
+    priority: int
+    fail_quietly: bool = False
+    experimental: bool = False
+    c_api: object = None
+
+
+def fake_jax(platforms):
+    """Stand-ins of the two jax modules the package touches, in sys.modules."""
+    xb = types.ModuleType("jax._src.xla_bridge")
+    xb._backend_factories = {}
+    xb._backends = {}
+    xb._alias_to_platforms = {"gpu": ["cuda", "rocm", "oneapi"]}
+    xb.BackendRegistration = BackendRegistration
+
+    def register_plugin(name, priority=400, library_path=None, options=None, **_):
+        xb._backend_factories[name] = BackendRegistration(
+            lambda: ("client", name, options() if callable(options) else options), priority,
+            c_api="c_api:" + name)
+    xb.register_plugin = register_plugin
+    cfg = types.ModuleType("jax._src.config")
+    cfg.jax_platforms = types.SimpleNamespace(value=platforms)
+    src = types.ModuleType("jax._src")
+    src.xla_bridge, src.config = xb, cfg
+    jax = types.ModuleType("jax")
+    jax._src = src
+    sys.modules.update({"jax": jax, "jax._src": src, "jax._src.xla_bridge": xb,
+                        "jax._src.config": cfg})
+    return xb
+
+
+def fresh_package():
+    sys.path.insert(0, INTEGRATION)
+    for m in [m for m in sys.modules if m.startswith("jax_plugins")]:
+        del sys.modules[m]
+    return importlib.import_module("jax_plugins.xla_vmm")
+
+
+class CudaAlias(unittest.TestCase):
+    def setUp(self):
+        self.lib = tempfile.NamedTemporaryFile(suffix=".so")
+        self.env = dict(os.environ)
+        os.environ["XLA_VMM_LIBRARY"] = self.lib.name
+        os.environ["XLA_VMM_BACKEND"] = "host"  # no vendor lookup in _client_options
+
+    def tearDown(self):
+        os.environ.clear()
+        os.environ.update(self.env)
+        for m in [m for m in sys.modules if m == "jax" or m.startswith(("jax.", "jax_plugins"))]:
+            del sys.modules[m]
+
+    def backends(self, xb, order):
+        """JAX's backends() loop, reduced: init each platform's factory in order."""
+        for p in order:
+            xb._backends[p] = xb._backend_factories[p].factory()
+
+    def test_jax_platforms_vmm_makes_the_vmm_client_jax_cuda_backend(self):
+        xb = fake_jax("vmm,cpu")
+        # The stock CUDA plugin registered too (discovery order is arbitrary).
+        xb.register_plugin("cuda", priority=500, library_path="stock.so")
+        pkg = fresh_package()
+        pkg.initialize()
+        self.assertEqual(xb._alias_to_platforms["vmm"], ["vmm", "cuda"])
+        self.backends(xb, ["vmm", "cuda"])
+        self.assertIs(xb._backends["cuda"], xb._backends["vmm"], "one client, two names")
+        self.assertEqual(xb._backend_factories["cuda"].c_api, "c_api:cuda", "the vendor's C API kept")
+        self.assertFalse(xb._backend_factories["cuda"].experimental)
+
+    def test_the_vendor_registering_after_us_is_overridden_at_client_creation(self):
+        xb = fake_jax("vmm")
+        pkg = fresh_package()
+        pkg.initialize()
+        xb.register_plugin("cuda", priority=500, library_path="stock.so")  # after ours
+        self.backends(xb, ["vmm", "cuda"])
+        self.assertIs(xb._backends["cuda"], xb._backends["vmm"])
+
+    def test_without_vmm_in_jax_platforms_nothing_is_aliased(self):
+        for platforms in ("", "cuda", "vmm,cuda", "gpu,vmm"):
+            xb = fake_jax(platforms)
+            xb.register_plugin("cuda", priority=500, library_path="stock.so")
+            pkg = fresh_package()
+            pkg.initialize()
+            self.assertNotIn("vmm", xb._alias_to_platforms, platforms)
+            self.backends(xb, ["vmm", "cuda"])
+            self.assertIsNot(xb._backends["cuda"], xb._backends["vmm"], platforms)
+
+    def test_the_alias_can_be_turned_off(self):
+        os.environ["XLA_VMM_GPU_ALIAS"] = "0"
+        xb = fake_jax("vmm")
+        pkg = fresh_package()
+        pkg.initialize()
+        self.assertNotIn("vmm", xb._alias_to_platforms)
+
+
+def load_runner():
+    sys.path.insert(0, INTEGRATION)
+    spec = importlib.util.spec_from_file_location("jax_tests", os.path.join(INTEGRATION, "jax_tests.py"))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+class SliceRunner(unittest.TestCase):
+    def test_logs_deaths_and_the_comparison(self):
+        jt = load_runner()
+        with tempfile.TemporaryDirectory() as d:
+            log = os.path.join(d, "x.jsonl")
+            with open(log, "w") as f:
+                for rec in [{"start": "t::a"}, {"id": "t::a", "outcome": "passed", "msg": ""},
+                            {"start": "t::b"}, {"id": "t::b", "outcome": "failed", "msg": "E: 3 != 4"},
+                            {"start": "t::c"}]:
+                    f.write(json.dumps(rec) + "\n")
+                f.write('{"id": "t::c", "outc')  # cut by a death
+            outcomes, started = jt.read_log(log)
+            self.assertEqual(set(outcomes), {"t::a", "t::b"})
+            self.assertEqual(started[-1], "t::c")
+        self.assertEqual(jt.died_reason(-11, False), "killed by SIGSEGV")
+        self.assertIn("hung", jt.died_reason(0, True))
+        self.assertEqual(jt.normalize("shape f32[12,3] at 0x7f00ab"), "shape fN[N,N] at ADDR")
+        words = jt.last_words("a\nb\nterminate called after throwing\nFatal Python error: Aborted\n")
+        self.assertEqual(words[0], "terminate called after throwing")
+        results = {
+            ("f", "cuda"): {"outcomes": {"a": ("passed", ""), "b": ("passed", ""), "c": ("failed", "x")},
+                            "deaths": [], "fallback_lines": 0, "cut": False},
+            ("f", "vmm"): {"outcomes": {"a": ("passed", ""), "b": ("died", "killed by SIGABRT")},
+                           "deaths": [{"id": "b", "why": "killed by SIGABRT", "words": []}],
+                           "fallback_lines": 2, "cut": False},
+        }
+        rows, groups = jt.compare(results, ["f"], "cuda", "vmm")
+        self.assertEqual(rows[0]["ref_pass_dut_not"], 1)
+        self.assertEqual(rows[0]["ref_pass_dut_pass"], 1)
+        self.assertEqual(list(groups.values()), [["b"]])
+        md = jt.markdown(rows, groups, results, "cuda", "vmm", "t")
+        self.assertIn("Of 2 tests that pass on cuda, 1 (50.00%) pass on vmm", md)
+
+
+if __name__ == "__main__":
+    unittest.main()
