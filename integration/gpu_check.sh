@@ -11,6 +11,9 @@
 # configuration or than our eager or graph-recapture mode on any row (perf_gate.py). `perf-bench` and
 # `perf-mt` are its halves, for two device calls. Opt-in, only when named: `bench` (bench.py alone), `sanitize` (compute-sanitizer memcheck on a 200-step VA-stable loop at thresholds 0 / 1 / 4096),
 # `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
+# `jax` (a slice of JAX's own test suite, stock then vmm, side by side: integration/jax_tests.py on the
+# tests staged at $S/jaxtests by `JAX_SRC=... stage_gpu.sh --perf`; JAX_SLICE_FILES / JAX_SLICE_BUDGET_S /
+# JAX_SLICE_REF (an earlier jax_tests.json[.gz] whose stock half is reused)),
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
 # a loop fed a fresh batch per step, steps/s against stock).
@@ -211,6 +214,18 @@ if want perf || want perf-mt; then
       --out "$PERF/gate_maxtext.md" --title "perf gate (MaxText), $(cat "$S/COMMIT" 2>/dev/null || echo '?')"
   else
     check "perf:maxtext" sh -c "echo 'no MaxText folder at $MT (integration/maxtext/prepare.sh, then stage_gpu.sh --perf)'; exit 1"
+  fi
+fi
+
+# 5c. JAX's own tests, stock vs vmm (opt in: section `jax`). Exit status 0 whatever the tests did: the
+#     table (jax_tests.md) is the result; process deaths are listed there with their last words.
+if want jax; then
+  if [ -d "$S/jaxtests" ]; then
+    jref=(); [ -n "${JAX_SLICE_REF:-}" ] && jref=(--ref-from "$JAX_SLICE_REF")
+    check "jax:slice" python3 integration/jax_tests.py --tests "$S/jaxtests" --vmm-lib "$S/lib/libxla_vmm_plugin.so" \
+      --out "$WORK/jax" --budget-s "${JAX_SLICE_BUDGET_S:-900}" ${JAX_SLICE_FILES:+--files "$JAX_SLICE_FILES"} "${jref[@]}"
+  else
+    check "jax:slice" sh -c "echo 'no JAX tests at $S/jaxtests (JAX_SRC=<jax git dir> stage_gpu.sh --perf)'; exit 1"
   fi
 fi
 

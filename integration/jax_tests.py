@@ -78,12 +78,15 @@ def read_log(path):
     return outcomes, started
 
 
-def last_words(text, n=6):
-    """The lines of a dead process's output that say why (abort messages, signals), at most n."""
+def last_words(text, n=16):
+    """What a dead process said about its death: from the first abort / signal / check line on
+    (its stack, as absl's failure handler and Python's faulthandler print it), at most n lines;
+    else its last n lines."""
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    keys = [ln for ln in lines if re.search(r"abort|panick|Fatal|fatal|SIGSEGV|Segmentation|core dumped|"
-                                             r"Check failed|terminate|error:", ln)]
-    return (keys[-n:] if keys else lines[-n:])
+    key = re.compile(r"abort|panick|Fatal|SIGSEGV|SIGABRT|Segmentation|core dumped|Check failed|"
+                     r"terminate called|what\(\)")
+    first = next((i for i, ln in enumerate(lines) if key.search(ln)), None)
+    return lines[first:first + n] if first is not None else lines[-n:]
 
 
 def died_reason(rc, hung):
@@ -131,6 +134,8 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
                 hung = time.time() < deadline - 1
                 if not hung:
                     cut = True
+                    out.seek(0)
+                    fallbacks += sum(1 for ln in out.read().splitlines() if FALLBACK_RE.search(ln))
                     break
             out.seek(0)
             text = out.read()
