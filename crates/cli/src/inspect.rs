@@ -127,6 +127,10 @@ pub fn summary_json(plan: &Plan) -> serde_json::Value {
         "module_binary_bytes": plan.kernels.binary.len(),
         "asm_text_bytes": plan.kernels.asm_text.len(),
         "custom_kernel_binaries": plan.custom_kernel_binaries().len(),
+        "load_check": match xla_vmm_runtime::ops::load_check(plan) {
+            Ok(r) => json!({"ok": true, "kernels": r.kernels, "images": r.images, "ptx_kernels": r.ptx_kernels}),
+            Err(e) => json!({"ok": false, "error": e.to_string()}),
+        },
     })
 }
 
@@ -155,13 +159,29 @@ pub fn summary_text(plan: &Plan, file_len: usize) -> String {
     );
     let _ = writeln!(
         s,
-        "program: {} parameters, {} result leaves; module binary {}, PTX {}, {} custom kernel cubins",
+        "program: {} parameters, {} result leaves; module binary {}, PTX {}, {} custom kernel images",
         plan.program_shape.parameters.len(),
         plan.outputs.len(),
         human(plan.kernels.binary.len() as u64),
         human(plan.kernels.asm_text.len() as u64),
         plan.custom_kernel_binaries().len()
     );
+    // What loading checks before it needs a device (thunk support, each
+    // kernel in a code image of the program's platform).
+    let _ = match xla_vmm_runtime::ops::load_check(plan) {
+        Ok(r) => writeln!(
+            s,
+            "load check: ok ({} kernels in {} code images{})",
+            r.kernels,
+            r.images,
+            if r.ptx_kernels > 0 {
+                format!(", {} from PTX at load", r.ptx_kernels)
+            } else {
+                String::new()
+            }
+        ),
+        Err(e) => writeln!(s, "load check: {e}"),
+    };
     let _ = writeln!(
         s,
         "\nallocations: {} ({} total)",

@@ -1,4 +1,6 @@
-//! Initial bytes of a global variable in an ELF image (cubin / hsaco).
+//! ELF GPU code images (CUDA cubins, AMDGPU code objects): the initial
+//! bytes of a global variable, and what an image holds (its machine, its
+//! kernels), for the load check.
 //!
 //! XLA may leave a constant's value only inside the module binary, as the
 //! initializer of the global `symbol_name` (`ConstantInfoProto.content`
@@ -97,6 +99,136 @@ pub fn global_bytes(elf: &[u8], name: &str) -> Result<Option<Vec<u8>>> {
         }
     }
     Ok(None)
+}
+
+/// `e_machine` of NVIDIA cubins.
+pub const EM_CUDA: u16 = 190;
+/// `e_machine` of AMDGPU code objects (hsaco).
+pub const EM_AMDGPU: u16 = 224;
+const STT_FUNC: u8 = 2;
+const STT_OBJECT: u8 = 1;
+/// Size of an AMDGPU kernel descriptor (`<kernel>.kd`, amd_kernel_code_t's
+/// successor): 64 bytes in every code object version.
+const AMDGPU_KERNEL_DESCRIPTOR_BYTES: u64 = 64;
+
+/// `(e_machine, e_flags)` of a little-endian ELF64 image.
+pub fn machine(elf: &[u8]) -> Option<(u16, u32)> {
+    if elf.get(0..4)? != b"\x7fELF" || *elf.get(4)? != 2 || *elf.get(5)? != 1 {
+        return None;
+    }
+    Some((u16le(elf, 0x12)?, u32le(elf, 0x30)?))
+}
+
+/// The AMDGPU target of a code object: `gfx` + `EF_AMDGPU_MACH` as XLA
+/// names it (gfx90a, gfx942, ...), for the targets we know.
+pub fn amdgpu_target(e_flags: u32) -> Option<&'static str> {
+    Some(match e_flags & 0xff {
+        0x3f => "gfx90a",
+        0x4c => "gfx942",
+        0x4b => "gfx941",
+        0x4a => "gfx940",
+        0x4f => "gfx950",
+        0x41 => "gfx1100",
+        0x36 => "gfx1030",
+        _ => return None,
+    })
+}
+
+/// One symbol: name, `st_info` type, size.
+struct Symbol<'a> {
+    name: &'a [u8],
+    kind: u8,
+    size: u64,
+}
+
+/// Every symbol of `.symtab` and `.dynsym` (code objects keep their
+/// kernels in the dynamic table).
+fn symbols(elf: &[u8]) -> Result<Vec<Symbol<'_>>> {
+    let bad = |m: &str| RuntimeError::invalid(format!("ELF image: {m}"));
+    let secs = sections(elf).ok_or_else(|| bad("not a little-endian ELF64 image"))?;
+    const SHT_SYMTAB: u32 = 2;
+    const SHT_DYNSYM: u32 = 11;
+    let mut out = Vec::new();
+    for tab in secs
+        .iter()
+        .filter(|s| s.kind == SHT_SYMTAB || s.kind == SHT_DYNSYM)
+    {
+        let strtab = secs
+            .get(tab.link as usize)
+            .ok_or_else(|| bad("bad strtab link"))?;
+        let strs = elf
+            .get(strtab.offset as usize..strtab.offset.saturating_add(strtab.size) as usize)
+            .ok_or_else(|| bad("strtab out of range"))?;
+        let ent = if tab.entsize == 0 {
+            24
+        } else {
+            tab.entsize as usize
+        };
+        for i in 0..(tab.size as usize / ent) {
+            let o = tab.offset as usize + i * ent;
+            let name_off = u32le(elf, o).ok_or_else(|| bad("symbol table out of range"))?;
+            let info = *elf
+                .get(o + 4)
+                .ok_or_else(|| bad("symbol table out of range"))?;
+            let size = u64le(elf, o + 16).ok_or_else(|| bad("symbol table out of range"))?;
+            if let Some(name) = cstr(strs, name_off as usize) {
+                out.push(Symbol {
+                    name,
+                    kind: info & 0xf,
+                    size,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Does `elf` define kernel `name` as its machine's loader expects? A
+/// cubin: a function symbol `name`. An AMDGPU code object: the function
+/// `name` and its 64-byte kernel descriptor `name.kd` (what hipModuleGetFunction
+/// looks up). Other machines are refused by name.
+pub fn check_kernel(elf: &[u8], name: &str) -> Result<()> {
+    let (em, _) = machine(elf)
+        .ok_or_else(|| RuntimeError::invalid(format!("kernel {name}: not an ELF64 image")))?;
+    let syms = symbols(elf)?;
+    let has = |n: &str, kind: u8| {
+        syms.iter()
+            .any(|s| s.name == n.as_bytes() && s.kind == kind)
+    };
+    match em {
+        EM_CUDA => {
+            if !has(name, STT_FUNC) {
+                return Err(RuntimeError::invalid(format!("cubin has no kernel {name}")));
+            }
+        }
+        EM_AMDGPU => {
+            if !has(name, STT_FUNC) {
+                return Err(RuntimeError::invalid(format!("code object has no kernel {name}")));
+            }
+            let kd = format!("{name}.kd");
+            let desc = syms.iter().find(|s| s.name == kd.as_bytes() && s.kind == STT_OBJECT);
+            match desc {
+                Some(d) if d.size == AMDGPU_KERNEL_DESCRIPTOR_BYTES => {}
+                Some(d) => {
+                    return Err(RuntimeError::invalid(format!(
+                        "kernel descriptor {kd} has {} bytes, not {AMDGPU_KERNEL_DESCRIPTOR_BYTES}",
+                        d.size
+                    )))
+                }
+                None => {
+                    return Err(RuntimeError::invalid(format!(
+                        "code object has no kernel descriptor {kd}"
+                    )))
+                }
+            }
+        }
+        other => {
+            return Err(RuntimeError::unsupported(format!(
+                "kernel {name}: ELF machine {other} is neither CUDA ({EM_CUDA}) nor AMDGPU ({EM_AMDGPU})"
+            )))
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

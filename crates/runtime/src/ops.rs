@@ -6,7 +6,8 @@
 use std::collections::HashMap;
 
 use xla_vmm::{
-    KernelArg, KernelCode, KernelParam, LaunchDims, Plan, ShapedSlice, Slice, Thunk, ThunkKind,
+    ComputeCapability, KernelArg, KernelCode, KernelParam, LaunchDims, Plan, ShapedSlice, Slice,
+    Thunk, ThunkKind,
 };
 use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId};
 use xla_vmm_device::{Backend, ImageKind, LaunchConfig, TensorMapDesc};
@@ -526,6 +527,95 @@ fn epilogue_name(e: i32) -> &'static str {
         .unwrap_or("unknown")
 }
 
+/// What [`load_check`] looked at.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadCheck {
+    /// Kernels found in their code images (function, and on AMDGPU its
+    /// kernel descriptor).
+    pub kernels: usize,
+    /// Distinct code images of the plan's platform.
+    pub images: usize,
+    /// Kernels left to the PTX JIT at load (not checkable here).
+    pub ptx_kernels: usize,
+}
+
+/// Is `image` code for `cap`: a cubin for CUDA, an AMDGPU code object of
+/// the plan's gfx target for ROCm?
+fn check_image(image: &[u8], cap: &ComputeCapability) -> Result<()> {
+    let (em, flags) = crate::elf::machine(image)
+        .ok_or_else(|| RuntimeError::invalid("a kernel image that is not ELF64"))?;
+    match (cap, em) {
+        (ComputeCapability::Cuda { .. }, crate::elf::EM_CUDA) => Ok(()),
+        (ComputeCapability::Rocm { gcn_arch_name }, crate::elf::EM_AMDGPU) => {
+            let want = gcn_arch_name.split(':').next().unwrap_or_default();
+            match crate::elf::amdgpu_target(flags) {
+                Some(t) if t == want => Ok(()),
+                got => Err(RuntimeError::invalid(format!(
+                    "a code object for {} (e_flags {flags:#x}) in a program for {gcn_arch_name}",
+                    got.unwrap_or("an unknown gfx target")
+                ))),
+            }
+        }
+        (ComputeCapability::Unknown, crate::elf::EM_CUDA | crate::elf::EM_AMDGPU) => Ok(()),
+        (cap, em) => Err(RuntimeError::invalid(format!(
+            "a kernel image of ELF machine {em} in a program for {cap:?}"
+        ))),
+    }
+}
+
+/// The load check, without a device: [`check_support`], then every kernel's
+/// code image is of the plan's platform (cubins for CUDA; AMDGPU code
+/// objects of its gfx target for ROCm) and defines the kernel, with its
+/// kernel descriptor on AMDGPU. What `xla-vmm inspect` reports and CI runs
+/// on the CUDA and the ROCm (gfx942) executables.
+pub fn load_check(plan: &Plan) -> Result<LoadCheck> {
+    check_support(plan)?;
+    let mut report = LoadCheck::default();
+    let mut images: std::collections::HashSet<*const u8> = Default::default();
+    let mut err = None;
+    plan.walk(&mut |t, _| {
+        if err.is_some() {
+            return;
+        }
+        let (image, name): (&[u8], &str) = match &t.kind {
+            ThunkKind::CustomKernel(k) => match &k.spec.code {
+                KernelCode::Cubin { data } => (data, &k.spec.kernel_name),
+                KernelCode::Ptx { .. } => {
+                    report.ptx_kernels += 1;
+                    return;
+                }
+                _ if !plan.kernels.binary.is_empty() => (&plan.kernels.binary, &k.spec.kernel_name),
+                _ => {
+                    report.ptx_kernels += 1;
+                    return;
+                }
+            },
+            ThunkKind::Kernel(k) if !plan.kernels.binary.is_empty() => {
+                (&plan.kernels.binary, &k.kernel_name)
+            }
+            ThunkKind::Kernel(_) => {
+                report.ptx_kernels += 1;
+                return;
+            }
+            _ => return,
+        };
+        let checked = if images.insert(image.as_ptr()) {
+            check_image(image, &plan.compute_capability)
+        } else {
+            Ok(())
+        };
+        match checked.and_then(|()| crate::elf::check_kernel(image, name)) {
+            Ok(()) => report.kernels += 1,
+            Err(e) => err = Some(RuntimeError::invalid(format!("{}: {e}", what(t)))),
+        }
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    report.images = images.len();
+    Ok(report)
+}
+
 /// The load-time support check without a device: every thunk kind, kernel
 /// payload, stream and parameter shape this runtime must handle. `Ok` means
 /// loading can only fail on device errors (module load, memory, cuBLASLt).
@@ -541,6 +631,16 @@ pub fn check_support(plan: &Plan) -> Result<()> {
             }
             ThunkKind::CustomCall(c) => Some(format!("custom call '{}'", c.target_name)),
             ThunkKind::Gemm(_) => Some("plain cuBLAS gemm".to_string()),
+            // On ROCm the thunk runs through hipBLASLt (XLA's ROCm path), for
+            // which this runtime has no engine yet.
+            ThunkKind::CublasLtMatmul(_)
+                if matches!(plan.compute_capability, ComputeCapability::Rocm { .. }) =>
+            {
+                Some(
+                    "cublas_lt_matmul on ROCm needs hipBLASLt, which xla-vmm does not drive yet"
+                        .to_string(),
+                )
+            }
             ThunkKind::CublasLtMatmul(m) => gemm_support(m).err(),
             ThunkKind::CustomKernel(k) => match &k.spec.code {
                 KernelCode::InProcessSymbol { persistent_name } => {
