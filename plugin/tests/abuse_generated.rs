@@ -173,13 +173,7 @@ fn objects() -> Objects {
     let buffer = put_f32(client, device, &[1.0; 4]);
     let event = ready_event(buffer);
     let loaded = xla_vmm_plugin::executable::load_plan(client, add_one(), vec![]).unwrap();
-    let (_, e) = call!(
-        PJRT_LoadedExecutable_GetExecutable,
-        PJRT_LoadedExecutable_GetExecutable_Args,
-        |a| {
-            a.loaded_executable = loaded;
-        }
-    );
+    let executable = executable_of(loaded);
     let (_, t) = call!(
         PJRT_Client_TopologyDescription,
         PJRT_Client_TopologyDescription_Args,
@@ -213,7 +207,7 @@ fn objects() -> Objects {
         buffer,
         event,
         loaded,
-        executable: e.executable,
+        executable,
         topology: t.topology,
         context: context(),
         dead: vec![

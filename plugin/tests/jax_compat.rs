@@ -45,18 +45,6 @@ fn program(params: usize, donate: bool, result: Shape, outputs: Vec<usize>) -> P
     p
 }
 
-fn executable_of(exe: *mut PJRT_LoadedExecutable) -> *mut PJRT_Executable {
-    let (err, a) = call!(
-        PJRT_LoadedExecutable_GetExecutable,
-        PJRT_LoadedExecutable_GetExecutable_Args,
-        |a| {
-            a.loaded_executable = exe;
-        }
-    );
-    assert_eq!(err, None);
-    a.executable
-}
-
 fn load(client: *mut PJRT_Client, p: Plan) -> *mut PJRT_LoadedExecutable {
     xla_vmm_plugin::executable::load_plan(client, p, vec![]).unwrap()
 }

@@ -321,3 +321,16 @@ pub fn hold(mem: &VmmMemory<HostBackend>, on: bool) {
     })
     .unwrap();
 }
+
+/// The `PJRT_Executable` of a loaded executable (the caller destroys it).
+pub fn executable_of(exe: *mut PJRT_LoadedExecutable) -> *mut PJRT_Executable {
+    let (err, a) = call!(
+        PJRT_LoadedExecutable_GetExecutable,
+        PJRT_LoadedExecutable_GetExecutable_Args,
+        |a| {
+            a.loaded_executable = exe;
+        }
+    );
+    assert_eq!(err, None);
+    a.executable
+}
