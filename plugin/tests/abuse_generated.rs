@@ -411,3 +411,73 @@ fn handles_destroyed_concurrently_with_calls_on_them() {
     destroy_exe(exe);
     destroy_client(client);
 }
+
+/// What JAX's `test_cache_miss_explanations_are_thread_safe` does to a
+/// plugin, on the host backend: ten threads at once loading programs,
+/// uploading, executing with an execute context each (as jaxlib does for a
+/// CUDA-named client), reading back and destroying. (That test died once
+/// with SIGSEGV on the GPU at 51dfcbd; this does not reproduce it here.)
+#[test]
+fn ten_threads_load_execute_and_destroy_at_once() {
+    if std::env::var(CASE_ENV).is_ok() {
+        return;
+    }
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let (c, d) = (client as usize, device as usize);
+    let threads: Vec<_> = (0..10)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let (client, device) = (c as *mut PJRT_Client, d as *mut PJRT_Device);
+                for i in 0..20 {
+                    let exe =
+                        xla_vmm_plugin::executable::load_plan(client, add_one(), vec![]).unwrap();
+                    let x = put_f32(client, device, &[(t * 100 + i) as f32; 4]);
+                    let ctx = context();
+                    let mut opts: PJRT_ExecuteOptions = unsafe { std::mem::zeroed() };
+                    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
+                    opts.context = ctx;
+                    let args: *const *mut PJRT_Buffer = &x;
+                    let mut out: *mut PJRT_Buffer = std::ptr::null_mut();
+                    let outs: *mut *mut PJRT_Buffer = &mut out;
+                    let mut done: *mut PJRT_Event = std::ptr::null_mut();
+                    let (err, _) = call!(
+                        PJRT_LoadedExecutable_Execute,
+                        PJRT_LoadedExecutable_Execute_Args,
+                        |a| {
+                            a.executable = exe;
+                            a.options = &mut opts;
+                            a.argument_lists = &args;
+                            a.num_devices = 1;
+                            a.num_args = 1;
+                            a.output_lists = &outs;
+                            a.device_complete_events = &mut done;
+                        }
+                    );
+                    assert_eq!(err, None);
+                    let (err, _) = call!(
+                        PJRT_ExecuteContext_Destroy,
+                        PJRT_ExecuteContext_Destroy_Args,
+                        |a| {
+                            a.context = ctx;
+                        }
+                    );
+                    assert_eq!(err, None);
+                    assert_eq!(await_event(done), None);
+                    destroy_event(done);
+                    let want = (t * 100 + i) as f32 + 1.0;
+                    assert_eq!(f32_values(&to_host(out).unwrap()), vec![want; 4]);
+                    destroy_buffer(x);
+                    destroy_buffer(out);
+                    destroy_exe(exe);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a thread died");
+    }
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
