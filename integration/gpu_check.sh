@@ -13,7 +13,8 @@
 # `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
 # `jax` (a slice of JAX's own test suite, stock then vmm, side by side: integration/jax_tests.py on the
 # tests staged at $S/jaxtests by `JAX_SRC=... stage_gpu.sh --perf`; JAX_SLICE_FILES / JAX_SLICE_BUDGET_S /
-# JAX_SLICE_REF (an earlier jax_tests.json[.gz] whose stock half is reused)),
+# JAX_SLICE_REF (an earlier jax_tests.json[.gz] whose stock half is reused), JAX_SLICE_RESUME (an earlier
+# one of the same code: finished files reused, cut ones continued)),
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
 # a loop fed a fresh batch per step, steps/s against stock).
@@ -222,6 +223,7 @@ fi
 if want jax; then
   if [ -d "$S/jaxtests" ]; then
     jref=(); [ -n "${JAX_SLICE_REF:-}" ] && jref=(--ref-from "$JAX_SLICE_REF")
+    [ -n "${JAX_SLICE_RESUME:-}" ] && jref+=(--resume-from "$JAX_SLICE_RESUME")
     check "jax:slice" python3 integration/jax_tests.py --tests "$S/jaxtests" --vmm-lib "$S/lib/libxla_vmm_plugin.so" \
       --out "$WORK/jax" --budget-s "${JAX_SLICE_BUDGET_S:-900}" ${JAX_SLICE_FILES:+--files "$JAX_SLICE_FILES"} "${jref[@]}"
   else

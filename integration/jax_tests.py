@@ -1,7 +1,8 @@
 """A slice of JAX's own test suite on stock XLA and on xla-vmm, side by side (GPU machine).
 
     python3 integration/jax_tests.py --tests DIR [--files api_test,lax_test] [--platforms cuda,vmm]
-        [--out OUT] [--jobs 6] [--budget-s 400] [--file-timeout-s 300] [-k EXPR]
+        [--out OUT] [--jobs 6] [--budget-s 400] [--file-timeout-s 300] [-k EXPR] [--vmm-lib SO]
+        [--ref-from OLD.json.gz] [--resume-from OLD.json.gz]
 
 DIR holds JAX's `tests/*.py` of the installed jax's version (`JAX_SRC=<jax git dir> stage_gpu.sh
 --perf` exports them). Every (platform, file) pair runs in its own pytest process: `cuda` is stock
@@ -14,7 +15,10 @@ each test's start and outcome), so one crash costs one test, not the rest of the
 Writes OUT/jax_tests.json (every test's outcome per platform, deaths, fallback warnings) and
 OUT/jax_tests.md: per file, stock vs vmm counts, deaths, and the tests that pass on stock but not on
 vmm grouped by their error. --budget-s: no process starts once that many seconds have passed (a file
-cut short says so). Exit status 0 when the table was written, whatever the tests did.
+cut short says so). Over several calls: --ref-from reuses an earlier call's stock results (stock does
+not change with our code), --resume-from an earlier call's results of the same code (finished files
+reused, cut ones continued from where they stopped). Exit status 0 when the table was written,
+whatever the tests did.
 """
 import argparse
 import collections
@@ -100,14 +104,30 @@ def died_reason(rc, hung):
     return "process exited with status %d" % rc
 
 
-def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr, progress):
-    """Runs one test file on one platform to the end, restarting after each death."""
-    log = os.path.join(work, "%s.%s.jsonl" % (name, platform))
-    skip = os.path.join(work, "%s.%s.skip" % (name, platform))
+def seed(log, skip, earlier):
+    """Start a file's log and skip list from an earlier call's result of the same file (one cut
+    short by its budget): its outcomes count, and its tests are not run again."""
     for p in (log, skip):
         if os.path.exists(p):
             os.remove(p)
-    deaths, fallbacks, restarts, cut = [], 0, 0, False
+    if not earlier:
+        return [], 0
+    with open(log, "w", encoding="utf-8") as f:
+        for t, (outcome, msg) in earlier["outcomes"].items():
+            if outcome != "died":
+                f.write(json.dumps({"id": t, "outcome": outcome, "msg": msg}) + "\n")
+    with open(skip, "w", encoding="utf-8") as f:
+        f.write("\n".join(earlier["outcomes"]) + "\n")
+    return [dict(d) for d in earlier["deaths"]], earlier["fallback_lines"]
+
+
+def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr, progress, earlier=None):
+    """Runs one test file on one platform to the end, restarting after each death (continuing
+    `earlier`, a result of the same file cut short by an earlier call's budget, when given)."""
+    log = os.path.join(work, "%s.%s.jsonl" % (name, platform))
+    skip = os.path.join(work, "%s.%s.skip" % (name, platform))
+    deaths, fallbacks = seed(log, skip, earlier)
+    restarts, cut = 0, False
     file_deadline = time.time() + file_timeout
     while True:
         left = min(deadline, file_deadline) - time.time()
@@ -234,6 +254,13 @@ def markdown(rows, groups, results, ref, dut, title):
     return "\n".join(out) + "\n"
 
 
+def load_results(path):
+    """The per-(file, platform) results of an earlier jax_tests.json[.gz]."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as fh:
+        return json.load(fh)["results"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tests", required=True, help="folder of JAX's tests/*.py")
@@ -246,8 +273,10 @@ def main():
     ap.add_argument("-k", dest="kexpr", default=None, help="pytest -k for every file")
     ap.add_argument("--vmm-lib", default=os.environ.get("XLA_VMM_LIBRARY"),
                     help="the plugin library (default XLA_VMM_LIBRARY)")
-    ap.add_argument("--ref-from", help="an earlier jax_tests.json whose reference-platform results are reused "
-                    "(the reference is not run again)")
+    ap.add_argument("--ref-from", help="an earlier jax_tests.json[.gz] whose reference-platform results are "
+                    "reused (the reference is not run again)")
+    ap.add_argument("--resume-from", help="an earlier jax_tests.json[.gz] of the same code: files it finished "
+                    "are reused on both platforms, files it cut short continue where they stopped")
     args = ap.parse_args()
     files = [f.strip().removesuffix(".py") for f in args.files.split(",") if f.strip()]
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()]
@@ -269,20 +298,24 @@ def main():
         with lock:
             print(msg, flush=True)
 
-    results = {}
+    results, partial = {}, {}
     if args.ref_from:
-        opener = gzip.open if args.ref_from.endswith(".gz") else open
-        with opener(args.ref_from, "rt") as fh:
-            earlier = json.load(fh)["results"]
+        earlier = load_results(args.ref_from)
         for f in files:
             if "%s:%s" % (f, platforms[0]) in earlier:
                 results[(f, platforms[0])] = earlier["%s:%s" % (f, platforms[0])]
+    if args.resume_from:
+        for key, res in load_results(args.resume_from).items():
+            f, _, p = key.partition(":")
+            if f in files and p in platforms and (f, p) not in results:
+                (partial if res["cut"] else results)[(f, p)] = res
     # The longest files first, so that the pool ends together.
     size = lambda f: os.path.getsize(os.path.join(args.tests, f + ".py"))  # noqa: E731
     jobs = [(f, p) for f in sorted(files, key=size, reverse=True) for p in platforms if (f, p) not in results]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futs = {pool.submit(run_file, os.path.abspath(args.tests), f, p, work, platform_env(p, os.environ, vmm_lib),
-                            deadline, args.file_timeout_s, args.kexpr, progress): (f, p) for f, p in jobs}
+                            deadline, args.file_timeout_s, args.kexpr, progress, partial.get((f, p))): (f, p)
+                for f, p in jobs}
         for fut in concurrent.futures.as_completed(futs):
             f, p = futs[fut]
             res = results[(f, p)] = fut.result()

@@ -156,5 +156,24 @@ class SliceRunner(unittest.TestCase):
         self.assertIn("Of 2 tests that pass on cuda, 1 (50.00%) pass on vmm", md)
 
 
+    def test_a_cut_file_continues_where_it_stopped(self):
+        jt = load_runner()
+        earlier = {"outcomes": {"t::a": ["passed", ""], "t::b": ["died", "killed by SIGSEGV"],
+                                "t::c": ["failed", "E"]},
+                   "deaths": [{"id": "t::b", "why": "killed by SIGSEGV", "words": []}],
+                   "fallback_lines": 3, "cut": True}
+        with tempfile.TemporaryDirectory() as d:
+            log, skip = os.path.join(d, "f.jsonl"), os.path.join(d, "f.skip")
+            deaths, fallbacks = jt.seed(log, skip, earlier)
+            self.assertEqual((len(deaths), fallbacks), (1, 3))
+            outcomes, _ = jt.read_log(log)
+            self.assertEqual(outcomes, {"t::a": ("passed", ""), "t::c": ("failed", "E")})
+            with open(skip) as f:
+                self.assertEqual(set(f.read().split()), {"t::a", "t::b", "t::c"})
+            # Without an earlier result: empty, and no stale files left.
+            self.assertEqual(jt.seed(log, skip, None), ([], 0))
+            self.assertFalse(os.path.exists(log) or os.path.exists(skip))
+
+
 if __name__ == "__main__":
     unittest.main()
