@@ -10,6 +10,7 @@
 # staged ($S/mt: stage_gpu.sh --perf); it FAILs when the default mode is slower than the best stock
 # configuration or than our eager or graph-recapture mode on any row (perf_gate.py). `perf-bench` and
 # `perf-mt` are its halves, for two device calls. Opt-in, only when named: `bench` (bench.py alone), `sanitize` (compute-sanitizer memcheck on a 200-step VA-stable loop at thresholds 0 / 1 / 4096),
+# `sanitize-jax` (memcheck over a short llama training through the plugin under JAX),
 # `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
 # `jax` (a slice of JAX's own test suite, stock then vmm, side by side: integration/jax_tests.py on the
 # tests staged at $S/jaxtests by `JAX_SRC=... stage_gpu.sh --perf`; JAX_SLICE_FILES / JAX_SLICE_BUDGET_S /
@@ -255,6 +256,18 @@ if [[ "$SECTIONS" == *" sanitize "* ]] && command -v compute-sanitizer >/dev/nul
       --error-exitcode 9 "$VMM" run "$WORK/ref200/llama_scan_bf16.pjrt" --inputs "$WORK/ref200/llama_scan_bf16.npz" \
       --mode graph --threshold "$t" --loop-steps 200 --loop-ref "$WORK/ref200/llama_scan_bf16.loop.json"
   done
+fi
+
+# 6b'. compute-sanitizer memcheck over JAX training through the plugin (opt in: section `sanitize-jax`):
+#     the stock side writes a llama executable and its inputs, the vmm side loads it through the plugin
+#     (JAX_PLATFORMS=vmm) and runs SANITIZE_JAX_STEPS steps under memcheck, losses checked against stock.
+#     Not yet run on a GPU (written at the end of a session without device time).
+if [[ "$SECTIONS" == *" sanitize-jax "* ]] && command -v compute-sanitizer >/dev/null; then
+  export XLA_VMM_LIBRARY="$S/lib/libxla_vmm_plugin.so"
+  check "sanitize-jax:stock" env XLA_FLAGS=--xla_gpu_deterministic_ops=true \
+    python3 integration/tests/llama_ab.py stock "$WORK/sanjax" --steps "${SANITIZE_JAX_STEPS:-10}"
+  check "sanitize-jax:vmm" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+    --target-processes all python3 integration/tests/llama_ab.py vmm "$WORK/sanjax" --steps "${SANITIZE_JAX_STEPS:-10}"
 fi
 
 # 6c. Several GPUs (opt in: section `multi`; issue 7). NCCL collectives in the device layer, the multi-device
