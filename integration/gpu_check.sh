@@ -264,9 +264,9 @@ fi
 #     Not yet run on a GPU (written at the end of a session without device time).
 if [[ "$SECTIONS" == *" sanitize-jax "* ]] && command -v compute-sanitizer >/dev/null; then
   export XLA_VMM_LIBRARY="$S/lib/libxla_vmm_plugin.so"
-  check "sanitize-jax:stock" env XLA_FLAGS=--xla_gpu_deterministic_ops=true \
+  check "sanitize-jax:stock" env JAX_PLATFORMS=cuda XLA_FLAGS=--xla_gpu_deterministic_ops=true \
     python3 integration/tests/llama_ab.py stock "$WORK/sanjax" --steps "${SANITIZE_JAX_STEPS:-10}"
-  check "sanitize-jax:vmm" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+  check "sanitize-jax:vmm" env JAX_PLATFORMS=vmm compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
     --target-processes all python3 integration/tests/llama_ab.py vmm "$WORK/sanjax" --steps "${SANITIZE_JAX_STEPS:-10}"
 fi
 
