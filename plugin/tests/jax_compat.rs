@@ -517,3 +517,42 @@ fn a_host_offloaded_output_is_in_pinned_host_memory() {
     destroy_client(client);
     assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
 }
+
+/// A token parameter takes JAX's stand-in for a token at a program's
+/// boundary (a `bool[0]` array) or a token buffer; anything with bytes is
+/// refused as before.
+#[test]
+fn a_token_parameter_takes_a_bool0_stand_in() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let mut p = program(2, false, f32s(4), vec![0]);
+    p.program_shape.parameters[1] = Shape {
+        element_type: ElementType::TOKEN,
+        ..Default::default()
+    };
+    p.allocations[1] = alloc(
+        1,
+        0,
+        AllocationRole::Parameter {
+            number: 1,
+            shape_index: vec![],
+            aliased_with_output: false,
+        },
+    );
+    let exe = load(client, p);
+    let x = put_f32(client, device, &[1.0; 4]);
+    let stand_in = from_host(client, device, PJRT_Buffer_Type_PRED, &[0], &[], None).unwrap();
+    let out = execute(exe, &[x, stand_in], &[]).unwrap();
+    assert_eq!(f32_values(&to_host(out).unwrap()), vec![2.0; 4]);
+    let wrong = put_f32(client, device, &[0.0; 4]);
+    let (code, msg) = execute(exe, &[x, wrong], &[]).unwrap_err();
+    assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
+    assert!(msg.contains("argument 1") && msg.contains("token"), "{msg}");
+    for b in [x, stand_in, out, wrong] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
