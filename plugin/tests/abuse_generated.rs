@@ -42,8 +42,18 @@ enum Fill {
     Live(Kind),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+/// The handle kinds, and [`Kind::ALL`] (every one, for the live-handle
+/// patterns): one list, so a new kind is abused too.
+macro_rules! kinds {
+    ($($k:ident),*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        enum Kind { $($k),* }
+        impl Kind {
+            const ALL: &'static [Kind] = &[$(Kind::$k),*];
+        }
+    };
+}
+kinds!(
     Client,
     Device,
     Description,
@@ -53,8 +63,8 @@ enum Kind {
     LoadedExecutable,
     Executable,
     Topology,
-    Context,
-}
+    Context
+);
 
 #[derive(Clone, Copy, Debug)]
 enum Pattern {
@@ -83,18 +93,7 @@ fn patterns() -> Vec<Pattern> {
     for k in [Buffer, Event, LoadedExecutable, Context, Client] {
         p.push(Pattern::Every(Fill::Destroyed(k)));
     }
-    for k in [
-        Client,
-        Device,
-        Description,
-        Memory,
-        Buffer,
-        Event,
-        LoadedExecutable,
-        Executable,
-        Topology,
-        Context,
-    ] {
+    for &k in Kind::ALL {
         p.push(Pattern::Every(Fill::Live(k)));
     }
     p
@@ -435,27 +434,14 @@ fn ten_threads_load_execute_and_destroy_at_once() {
                         xla_vmm_plugin::executable::load_plan(client, add_one(), vec![]).unwrap();
                     let x = put_f32(client, device, &[(t * 100 + i) as f32; 4]);
                     let ctx = context();
-                    let mut opts: PJRT_ExecuteOptions = unsafe { std::mem::zeroed() };
-                    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
-                    opts.context = ctx;
-                    let args: *const *mut PJRT_Buffer = &x;
+                    let args = [x];
                     let mut out: *mut PJRT_Buffer = std::ptr::null_mut();
-                    let outs: *mut *mut PJRT_Buffer = &mut out;
-                    let mut done: *mut PJRT_Event = std::ptr::null_mut();
-                    let (err, _) = call!(
-                        PJRT_LoadedExecutable_Execute,
-                        PJRT_LoadedExecutable_Execute_Args,
-                        |a| {
-                            a.executable = exe;
-                            a.options = &mut opts;
-                            a.argument_lists = &args;
-                            a.num_devices = 1;
-                            a.num_args = 1;
-                            a.output_lists = &outs;
-                            a.device_complete_events = &mut done;
-                        }
-                    );
-                    assert_eq!(err, None);
+                    let done = RawExecute {
+                        context: ctx,
+                        ..RawExecute::new(&args)
+                    }
+                    .run(exe, &mut out)
+                    .unwrap();
                     let (err, _) = call!(
                         PJRT_ExecuteContext_Destroy,
                         PJRT_ExecuteContext_Destroy_Args,

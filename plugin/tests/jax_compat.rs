@@ -61,42 +61,15 @@ fn a_program_without_outputs_takes_a_null_output_list() {
     };
     let exe = load(client, program(1, false, no_outputs, vec![]));
     let x = put_f32(client, device, &[1.0; 4]);
-    let arg_list: *const *mut PJRT_Buffer = &x;
-    let mut opts: PJRT_ExecuteOptions = unsafe { std::mem::zeroed() };
-    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
-    let out_list: *mut *mut PJRT_Buffer = null_mut();
-    let mut done: *mut PJRT_Event = null_mut();
-    let (err, _) = call!(
-        PJRT_LoadedExecutable_Execute,
-        PJRT_LoadedExecutable_Execute_Args,
-        |a| {
-            a.executable = exe;
-            a.options = &mut opts;
-            a.argument_lists = &arg_list;
-            a.num_devices = 1;
-            a.num_args = 1;
-            a.output_lists = &out_list;
-            a.device_complete_events = &mut done;
-        }
-    );
-    assert_eq!(err, None);
+    let args = [x];
+    let done = RawExecute::new(&args).run(exe, null_mut()).unwrap();
     assert_eq!(await_event(done), None);
     destroy_event(done);
     // A program with outputs still refuses a null list.
     let exe2 = load(client, add_one());
-    let (err, _) = call!(
-        PJRT_LoadedExecutable_Execute,
-        PJRT_LoadedExecutable_Execute_Args,
-        |a| {
-            a.executable = exe2;
-            a.options = &mut opts;
-            a.argument_lists = &arg_list;
-            a.num_devices = 1;
-            a.num_args = 1;
-            a.output_lists = &out_list;
-        }
-    );
-    let (code, msg) = err.expect("a null output list for a program with an output");
+    let (code, msg) = RawExecute::new(&args)
+        .run(exe2, null_mut())
+        .expect_err("a null output list for a program with an output");
     assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
     assert!(msg.contains("output list 0 is null"), "{msg}");
     destroy_buffer(x);
@@ -448,23 +421,7 @@ fn pinned_host_memory_holds_buffers_and_copies_both_ways() {
     let (dev_mem, host_mem) = (ms[0], ms[1]);
     // device_put(x, memory_kind="pinned_host"): BufferFromHostBuffer into it.
     let data = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
-    let dims = [4i64];
-    let (err, put) = call!(
-        PJRT_Client_BufferFromHostBuffer,
-        PJRT_Client_BufferFromHostBuffer_Args,
-        |a| {
-            a.client = client;
-            a.data = data.as_ptr().cast();
-            a.type_ = PJRT_Buffer_Type_F32;
-            a.dims = dims.as_ptr();
-            a.num_dims = 1;
-            a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
-            a.memory = host_mem;
-        }
-    );
-    assert_eq!(err, None);
-    destroy_event(put.done_with_host_buffer);
-    let h = put.buffer;
+    let h = from_host_in_memory(client, host_mem, PJRT_Buffer_Type_F32, &[4], &data).unwrap();
     assert_eq!(buffer_memory(h), host_mem);
     assert_eq!(to_host(h).unwrap(), data);
     // Host -> device -> host memory again, the bytes intact.

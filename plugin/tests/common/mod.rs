@@ -119,6 +119,30 @@ pub fn from_host(
     data: &[u8],
     byte_strides: Option<&[i64]>,
 ) -> Result<*mut PJRT_Buffer, (u32, String)> {
+    put(client, device, null_mut(), ty, dims, data, byte_strides)
+}
+
+/// [`from_host`] into a memory (`PJRT_Client_BufferFromHostBuffer`'s
+/// `memory`: a device's pinned host memory, say) instead of a device.
+pub fn from_host_in_memory(
+    client: *mut PJRT_Client,
+    memory: *mut PJRT_Memory,
+    ty: PJRT_Buffer_Type,
+    dims: &[i64],
+    data: &[u8],
+) -> Result<*mut PJRT_Buffer, (u32, String)> {
+    put(client, null_mut(), memory, ty, dims, data, None)
+}
+
+fn put(
+    client: *mut PJRT_Client,
+    device: *mut PJRT_Device,
+    memory: *mut PJRT_Memory,
+    ty: PJRT_Buffer_Type,
+    dims: &[i64],
+    data: &[u8],
+    byte_strides: Option<&[i64]>,
+) -> Result<*mut PJRT_Buffer, (u32, String)> {
     let (err, a) = call!(
         PJRT_Client_BufferFromHostBuffer,
         PJRT_Client_BufferFromHostBuffer_Args,
@@ -134,6 +158,7 @@ pub fn from_host(
             }
             a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
             a.device = device;
+            a.memory = memory;
         }
     );
     if let Some(e) = err {
@@ -241,30 +266,70 @@ pub fn execute_async_claiming(
     non_donatable: &[i64],
     num_args: usize,
 ) -> Result<(*mut PJRT_Buffer, *mut PJRT_Event), (u32, String)> {
-    let mut opts: PJRT_ExecuteOptions = unsafe { zeroed() };
-    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
-    opts.non_donatable_input_indices = non_donatable.as_ptr();
-    opts.num_non_donatable_input_indices = non_donatable.len();
-    let arg_list: *const *mut PJRT_Buffer = args.as_ptr();
     let mut out: [*mut PJRT_Buffer; 1] = [null_mut()];
-    let out_list: *mut *mut PJRT_Buffer = out.as_mut_ptr();
-    let mut done: *mut PJRT_Event = null_mut();
-    let (err, _) = call!(
-        PJRT_LoadedExecutable_Execute,
-        PJRT_LoadedExecutable_Execute_Args,
-        |a| {
-            a.executable = exe;
-            a.options = &mut opts;
-            a.argument_lists = &arg_list;
-            a.num_devices = 1;
-            a.num_args = num_args;
-            a.output_lists = &out_list;
-            a.device_complete_events = &mut done;
+    let raw = RawExecute {
+        num_args,
+        non_donatable,
+        ..RawExecute::new(args)
+    };
+    let done = raw.run(exe, out.as_mut_ptr())?;
+    Ok((out[0], done))
+}
+
+/// One argument list's `PJRT_LoadedExecutable_Execute` as a caller may
+/// make it (every execute helper here is this): a claimed `num_args`, the
+/// non-donatable indices, an execute context and an `execute_device` (null:
+/// none).
+pub struct RawExecute<'a> {
+    pub args: &'a [*mut PJRT_Buffer],
+    pub num_args: usize,
+    pub non_donatable: &'a [i64],
+    pub context: *mut PJRT_ExecuteContext,
+    pub device: *mut PJRT_Device,
+}
+
+impl<'a> RawExecute<'a> {
+    pub fn new(args: &'a [*mut PJRT_Buffer]) -> Self {
+        RawExecute {
+            args,
+            num_args: args.len(),
+            non_donatable: &[],
+            context: null_mut(),
+            device: null_mut(),
         }
-    );
-    match err {
-        Some(e) => Err(e),
-        None => Ok((out[0], done)),
+    }
+
+    /// The call, with output list `out_list` (null allowed): its completion event.
+    pub fn run(
+        &self,
+        exe: *mut PJRT_LoadedExecutable,
+        out_list: *mut *mut PJRT_Buffer,
+    ) -> Result<*mut PJRT_Event, (u32, String)> {
+        let mut opts: PJRT_ExecuteOptions = unsafe { zeroed() };
+        opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
+        opts.non_donatable_input_indices = self.non_donatable.as_ptr();
+        opts.num_non_donatable_input_indices = self.non_donatable.len();
+        opts.context = self.context;
+        let arg_list: *const *mut PJRT_Buffer = self.args.as_ptr();
+        let mut done: *mut PJRT_Event = null_mut();
+        let (err, _) = call!(
+            PJRT_LoadedExecutable_Execute,
+            PJRT_LoadedExecutable_Execute_Args,
+            |a| {
+                a.executable = exe;
+                a.options = &mut opts;
+                a.argument_lists = &arg_list;
+                a.num_devices = 1;
+                a.num_args = self.num_args;
+                a.output_lists = &out_list;
+                a.device_complete_events = &mut done;
+                a.execute_device = self.device;
+            }
+        );
+        match err {
+            Some(e) => Err(e),
+            None => Ok(done),
+        }
     }
 }
 

@@ -313,29 +313,12 @@ pub fn execute_on(
     device: *mut PJRT_Device,
     args: &[*mut PJRT_Buffer],
 ) -> Result<*mut PJRT_Buffer, (u32, String)> {
-    let mut opts: PJRT_ExecuteOptions = unsafe { zeroed() };
-    opts.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
-    let list: *const *mut PJRT_Buffer = args.as_ptr();
     let mut out = [null_mut::<PJRT_Buffer>(); 1];
-    let out_list: *mut *mut PJRT_Buffer = out.as_mut_ptr();
-    let mut ev = null_mut::<PJRT_Event>();
-    let (err, _) = call!(
-        PJRT_LoadedExecutable_Execute,
-        PJRT_LoadedExecutable_Execute_Args,
-        |a| {
-            a.executable = exe;
-            a.options = &mut opts;
-            a.argument_lists = &list;
-            a.num_devices = 1;
-            a.num_args = args.len();
-            a.output_lists = &out_list;
-            a.device_complete_events = &mut ev;
-            a.execute_device = device;
-        }
-    );
-    if let Some(e) = err {
-        return Err(e);
+    let ev = super::RawExecute {
+        device,
+        ..super::RawExecute::new(args)
     }
+    .run(exe, out.as_mut_ptr())?;
     assert_eq!(await_event(ev), None);
     destroy_event(ev);
     Ok(out[0])
