@@ -54,6 +54,8 @@ def platform_env(platform, base, vmm_lib):
     # A dying process says where: Python's stack on SIGSEGV / SIGABRT, Rust's on a panic.
     env.setdefault("PYTHONFAULTHANDLER", "1")
     env.setdefault("RUST_BACKTRACE", "1")
+    # ... and the plugin's native stack on a fatal signal (plugin/src/crash.rs).
+    env.setdefault("XLA_VMM_CRASH_REPORT", "1")
     env["JAX_PLATFORMS"] = platform + ",cpu"
     paths = [os.path.join(HERE, "jaxslice")]
     if platform == "vmm":
@@ -87,6 +89,12 @@ def last_words(text, n=16):
     (its stack, as absl's failure handler and Python's faulthandler print it), at most n lines;
     else its last n lines."""
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    # The plugin's native stack (XLA_VMM_CRASH_REPORT), whole, ahead of the rest.
+    report = next((i for i, ln in enumerate(lines) if "xla-vmm crash report: signal" in ln), None)
+    if report is not None:
+        end = next((i for i in range(report, len(lines)) if "end of xla-vmm crash report" in lines[i]),
+                   len(lines) - 1)
+        return lines[report:end + 1] + last_words("\n".join(lines[end + 1:]), n)
     key = re.compile(r"abort|panick|Fatal|SIGSEGV|SIGABRT|Segmentation|core dumped|Check failed|"
                      r"terminate called|what\(\)")
     first = next((i for i, ln in enumerate(lines) if key.search(ln)), None)

@@ -236,5 +236,21 @@ class Bench(unittest.TestCase):
                          [("vmm graph copy=batch", {"XLA_VMM_COPY_PATH": "batch", "A": "b"})])
 
 
+class JaxSliceLastWords(unittest.TestCase):
+    def test_the_plugins_crash_report_comes_whole_then_the_python_stack(self):
+        m = load("jax_tests", os.path.join(INTEGRATION, "jax_tests.py"))
+        frames = ["/x/libxla_vmm_plugin.so(+0x%x)[0x7f00]" % i for i in range(30)]
+        text = "\n".join(["collected 1 item", "*** xla-vmm crash report: signal 11 at address 0x0, thread 7 ***"]
+                         + frames + ["*** end of xla-vmm crash report ***", "noise",
+                                     "Fatal Python error: Segmentation fault", "Current thread 0x1"])
+        words = m.last_words(text)
+        self.assertEqual(words[0], "*** xla-vmm crash report: signal 11 at address 0x0, thread 7 ***")
+        self.assertEqual(words[1:31], frames)
+        self.assertEqual(words[31:], ["*** end of xla-vmm crash report ***",
+                                      "Fatal Python error: Segmentation fault", "Current thread 0x1"])
+        # Without a report: from the first signal line on.
+        self.assertEqual(m.last_words("a\nb\nFatal Python error: x\nc"), ["Fatal Python error: x", "c"])
+
+
 if __name__ == "__main__":
     unittest.main()

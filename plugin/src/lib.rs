@@ -41,6 +41,7 @@ mod cabi;
 pub mod client;
 pub mod collectives;
 pub mod completion;
+pub mod crash;
 pub mod device;
 pub mod devmem;
 pub mod dtype;

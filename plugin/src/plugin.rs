@@ -33,6 +33,7 @@ fn build() -> NamedValues {
 
 pub fn initialize(_a: &mut PJRT_Plugin_Initialize_Args) -> Result<()> {
     crate::init_logging();
+    crate::crash::install_from_env();
     Ok(())
 }
 
