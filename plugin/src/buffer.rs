@@ -14,6 +14,7 @@
 //! stream (`devmem.rs`), and deleting a buffer frees its memory after the
 //! work already queued.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use xla_vmm_ffi::pjrt::*;
@@ -29,7 +30,10 @@ use crate::handles::{Handle, Registry};
 
 pub enum State {
     Live(Allocation),
-    Deleted,
+    /// Deleted; the memory is kept while external references (a zero-copy
+    /// numpy view of a pinned host buffer, DLPack) remain, freed with the
+    /// last one.
+    Deleted(Option<Allocation>),
     Donated,
 }
 
@@ -44,8 +48,9 @@ pub struct Buffer {
     state: Mutex<State>,
     /// Completes when the buffer's producer has run on the device.
     ready: Mutex<Arc<Event>>,
-    /// `IncreaseExternalReferenceCount` calls not yet matched by a decrease.
-    external_refs: std::sync::atomic::AtomicU64,
+    /// `IncreaseExternalReferenceCount` calls not yet matched by a decrease
+    /// (changed under the state lock, so that a delete sees it).
+    external_refs: AtomicU64,
 }
 
 static BUFFERS: Registry<Buffer> = Registry::new();
@@ -139,7 +144,7 @@ impl Buffer {
             bytes,
             state: Mutex::new(State::Live(allocation)),
             ready: Mutex::new(ready),
-            external_refs: std::sync::atomic::AtomicU64::new(0),
+            external_refs: AtomicU64::new(0),
         }))
     }
 
@@ -175,6 +180,9 @@ impl Buffer {
     /// Take the allocation out for donation; the buffer reads as donated.
     pub fn take_for_donation(&self) -> Result<Allocation> {
         let mut s = self.lock();
+        if matches!(*s, State::Live(_)) {
+            self.check_donatable()?;
+        }
         match std::mem::replace(&mut *s, State::Donated) {
             State::Live(a) => Ok(a),
             other => {
@@ -187,15 +195,68 @@ impl Buffer {
 
     /// Delete: the memory is freed after the work already queued on the
     /// stream (which may still read or write it).
+    /// Memory that external references still read is kept until the last
+    /// of them is dropped.
     pub fn delete(&self) {
-        let old = {
+        let freed = {
             let mut s = self.lock();
-            if !matches!(*s, State::Live(_)) {
-                return;
+            let State::Live(_) = *s else { return };
+            let held = self.external_refs.load(Ordering::Acquire) > 0;
+            match std::mem::replace(&mut *s, State::Deleted(None)) {
+                State::Live(a) if held => {
+                    *s = State::Deleted(Some(a));
+                    None
+                }
+                State::Live(a) => Some(a),
+                _ => None,
             }
-            std::mem::replace(&mut *s, State::Deleted)
         };
-        drop(old);
+        drop(freed);
+    }
+
+    /// Donation hands the memory to an output: refused while an external
+    /// reference (a zero-copy view, a DLPack export) reads it.
+    pub fn check_donatable(&self) -> Result<()> {
+        match self.external_refs.load(Ordering::Acquire) {
+            0 => Ok(()),
+            refs => Err(Error::invalid(format!(
+                "the buffer has {refs} external reference(s) (a zero-copy view or DLPack \
+                 export reads its memory); it cannot be donated"
+            ))),
+        }
+    }
+
+    /// In the pinned host memory space (JAX reads it in place: `IsOnCpu`)?
+    pub fn on_host(&self) -> bool {
+        self.memory.kind == crate::device::PINNED_HOST_MEMORY_KIND
+    }
+
+    fn add_external_ref(&self) -> Result<()> {
+        self.with_live(|_| {
+            self.external_refs.fetch_add(1, Ordering::AcqRel);
+            Ok(())
+        })
+    }
+
+    fn drop_external_ref(&self) -> Result<()> {
+        let freed = {
+            let mut s = self.lock();
+            self.external_refs
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .map_err(|_| {
+                    Error::failed_precondition(
+                        "DecreaseExternalReferenceCount without a matching increase (the count is 0)",
+                    )
+                })?;
+            match &mut *s {
+                State::Deleted(kept) if self.external_refs.load(Ordering::Acquire) == 0 => {
+                    kept.take()
+                }
+                _ => None,
+            }
+        };
+        drop(freed);
+        Ok(())
     }
 
     pub fn is_deleted(&self) -> bool {
@@ -484,9 +545,11 @@ pub fn memory(a: &mut PJRT_Buffer_Memory_Args) -> Result<()> {
     Ok(())
 }
 
+/// A pinned host buffer is on the CPU: JAX then reads it in place (a
+/// zero-copy numpy view over the host address, held by an external
+/// reference) instead of copying it.
 pub fn is_on_cpu(a: &mut PJRT_Buffer_IsOnCpu_Args) -> Result<()> {
-    Buffer::from_c(a.buffer)?;
-    a.is_on_cpu = false;
+    a.is_on_cpu = Buffer::from_c(a.buffer)?.on_host();
     Ok(())
 }
 
@@ -497,42 +560,30 @@ pub fn ready_event(a: &mut PJRT_Buffer_ReadyEvent_Args) -> Result<()> {
     Ok(())
 }
 
+/// The address of the buffer's memory: the device address, or the host
+/// address of a pinned host buffer (where the CPU reads it).
+fn address(b: &Buffer) -> Result<usize> {
+    b.with_live(|al| Ok(al.host_addr.unwrap_or(al.ptr.0 as usize)))
+}
+
 pub fn unsafe_pointer(a: &mut PJRT_Buffer_UnsafePointer_Args) -> Result<()> {
-    let b = Buffer::from_c(a.buffer)?;
-    a.buffer_pointer = b.with_live(|al| Ok(al.ptr.0 as usize))?;
+    a.buffer_pointer = address(&*Buffer::from_c(a.buffer)?)?;
     Ok(())
 }
 
 pub fn opaque_device_pointer(a: &mut PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args) -> Result<()> {
-    let b = Buffer::from_c(a.buffer)?;
-    a.device_memory_ptr = b.with_live(|al| Ok(al.ptr.0 as usize))? as *mut std::ffi::c_void;
+    a.device_memory_ptr = address(&*Buffer::from_c(a.buffer)?)? as *mut std::ffi::c_void;
     Ok(())
 }
 
 pub fn increase_external_ref(
     a: &mut PJRT_Buffer_IncreaseExternalReferenceCount_Args,
 ) -> Result<()> {
-    let b = Buffer::from_c(a.buffer)?;
-    b.with_live(|_| Ok(()))?;
-    b.external_refs
-        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-    Ok(())
+    Buffer::from_c(a.buffer)?.add_external_ref()
 }
 
 pub fn decrease_external_ref(
     a: &mut PJRT_Buffer_DecreaseExternalReferenceCount_Args,
 ) -> Result<()> {
-    let b = Buffer::from_c(a.buffer)?;
-    b.external_refs
-        .fetch_update(
-            std::sync::atomic::Ordering::AcqRel,
-            std::sync::atomic::Ordering::Acquire,
-            |n| n.checked_sub(1),
-        )
-        .map_err(|_| {
-            Error::failed_precondition(
-                "DecreaseExternalReferenceCount without a matching increase (the count is 0)",
-            )
-        })?;
-    Ok(())
+    Buffer::from_c(a.buffer)?.drop_external_ref()
 }

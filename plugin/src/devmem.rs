@@ -125,6 +125,8 @@ pub struct Allocation {
     pub ptr: DevicePtr,
     /// Bytes requested (the buffer's logical size).
     pub size: u64,
+    /// The host address of pinned host memory (None: device memory).
+    pub host_addr: Option<usize>,
     /// The backend's buffer object (`vmm::Buffer<B>`), kept for the runtime.
     pub inner: Box<dyn Any + Send + Sync>,
 }
@@ -322,6 +324,7 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
             id: buf.allocation_id().0,
             ptr: buf.ptr(),
             size: bytes,
+            host_addr: None,
             inner: Box::new(OwnedBuffer {
                 buf: Some(buf),
                 stream: self.stream.clone(),
@@ -334,6 +337,7 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
         let len = usize::try_from(bytes.max(1))
             .map_err(|_| Error::invalid(format!("{bytes} bytes of host memory")))?;
         let buf = b.host_alloc(len)?;
+        let host_addr = Some(b.host_bytes(&buf).as_ptr() as usize);
         let ptr = match b.host_device_ptr(&buf) {
             Ok(p) => p,
             Err(e) => {
@@ -345,6 +349,7 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
             id: HOST_ALLOCATION_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ptr,
             size: bytes,
+            host_addr,
             inner: Box::new(OwnedHost {
                 buf: Some(buf),
                 backend: b.clone(),

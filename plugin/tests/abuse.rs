@@ -104,28 +104,6 @@ fn default_assignment_needs_positive_counts() {
     destroy_client(client);
 }
 
-fn external_ref(b: *mut PJRT_Buffer, up: bool) -> Option<(u32, String)> {
-    if up {
-        call!(
-            PJRT_Buffer_IncreaseExternalReferenceCount,
-            PJRT_Buffer_IncreaseExternalReferenceCount_Args,
-            |a| {
-                a.buffer = b;
-            }
-        )
-        .0
-    } else {
-        call!(
-            PJRT_Buffer_DecreaseExternalReferenceCount,
-            PJRT_Buffer_DecreaseExternalReferenceCount_Args,
-            |a| {
-                a.buffer = b;
-            }
-        )
-        .0
-    }
-}
-
 #[test]
 fn external_references_cannot_go_below_zero() {
     let client = host_client();

@@ -437,6 +437,78 @@ fn pinned_host_memory_holds_buffers_and_copies_both_ways() {
     assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
 }
 
+fn is_on_cpu(b: *mut PJRT_Buffer) -> bool {
+    let (err, r) = call!(PJRT_Buffer_IsOnCpu, PJRT_Buffer_IsOnCpu_Args, |a| {
+        a.buffer = b;
+    });
+    assert_eq!(err, None);
+    r.is_on_cpu
+}
+
+/// What jaxlib does for `np.asarray` of a CPU buffer: an external reference,
+/// then the data pointer, read in place.
+fn host_view(b: *mut PJRT_Buffer, n: usize) -> &'static [u8] {
+    assert_eq!(external_ref(b, true), None);
+    let (err, p) = call!(
+        PJRT_Buffer_OpaqueDeviceMemoryDataPointer,
+        PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args,
+        |a| {
+            a.buffer = b;
+        }
+    );
+    assert_eq!(err, None);
+    unsafe { std::slice::from_raw_parts(p.device_memory_ptr.cast::<u8>(), n) }
+}
+
+/// JAX reads a pinned host buffer in place (`IsOnCpu`, then a zero-copy
+/// numpy view held by an external reference) and does not cache a copy of
+/// it: the view outlives a delete of the buffer, and the buffer cannot be
+/// donated while it is held.
+#[test]
+fn a_pinned_host_buffer_is_read_in_place_and_kept_while_referenced() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let (err, ms) = call!(
+        PJRT_Device_AddressableMemories,
+        PJRT_Device_AddressableMemories_Args,
+        |a| {
+            a.device = device;
+        }
+    );
+    assert_eq!(err, None);
+    let host_mem = unsafe { *ms.memories.add(1) };
+    let data = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
+    let h = from_host_in_memory(client, host_mem, PJRT_Buffer_Type_F32, &[4], &data).unwrap();
+    let d = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
+    assert!(is_on_cpu(h));
+    assert!(!is_on_cpu(d));
+    let view = host_view(h, data.len());
+    assert_eq!(view, &data[..]);
+    // Held: not donated (nothing runs, the buffer stays live) ...
+    let exe = load(client, program(1, true, f32s(4), vec![0]));
+    let (code, msg) = execute(exe, &[h], &[]).unwrap_err();
+    assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
+    assert!(msg.contains("argument 0") && msg.contains("external reference"), "{msg}");
+    assert_eq!(to_host(h).unwrap(), data);
+    // ... and deleted, its memory is kept until the reference goes.
+    let (err, _) = call!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |a| {
+        a.buffer = h;
+    });
+    assert_eq!(err, None);
+    assert!(to_host(h).is_err());
+    let before = be.outstanding().total();
+    assert_eq!(view, &data[..]);
+    assert_eq!(external_ref(h, false), None);
+    assert!(be.outstanding().total() < before, "{:?}", be.outstanding());
+    for b in [h, d] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
 #[test]
 fn a_host_offloaded_output_is_in_pinned_host_memory() {
     let be = backend();

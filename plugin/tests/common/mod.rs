@@ -399,3 +399,26 @@ pub fn executable_of(exe: *mut PJRT_LoadedExecutable) -> *mut PJRT_Executable {
     assert_eq!(err, None);
     a.executable
 }
+
+/// `PJRT_Buffer_IncreaseExternalReferenceCount` (`up`) or its decrease.
+pub fn external_ref(b: *mut PJRT_Buffer, up: bool) -> Option<(u32, String)> {
+    if up {
+        call!(
+            PJRT_Buffer_IncreaseExternalReferenceCount,
+            PJRT_Buffer_IncreaseExternalReferenceCount_Args,
+            |a| {
+                a.buffer = b;
+            }
+        )
+        .0
+    } else {
+        call!(
+            PJRT_Buffer_DecreaseExternalReferenceCount,
+            PJRT_Buffer_DecreaseExternalReferenceCount_Args,
+            |a| {
+                a.buffer = b;
+            }
+        )
+        .0
+    }
+}
