@@ -262,9 +262,13 @@ impl VendorPlugin {
         let f = slot(self.api()).ok_or_else(|| {
             Error::unimplemented(format!("vendor plugin {} has no {name}", self.path))
         })?;
+        // Not while one of our streams captures (the vendor may synchronize
+        // the context, which a capture in flight does not survive).
+        let gate = xla_vmm_device::capture_gate::foreign();
         // SAFETY: `args` is a fully initialized args struct of the type the
         // slot expects, alive for the call.
         let err = unsafe { f(args) };
+        drop(gate);
         self.take_error(err)
             .map_err(|e| e.context(&format!("vendor {name}")))
     }

@@ -15,6 +15,7 @@
 
 pub mod backend;
 pub mod blas;
+pub mod capture_gate;
 pub mod collective;
 pub mod conformance;
 #[cfg(feature = "cuda")]

@@ -415,12 +415,15 @@ impl<B: Backend> Executable<B> {
         };
         if fresh {
             let be = &*self.backend;
+            // No vendor work while the stream captures (capture_gate).
+            let gate = xla_vmm_device::capture_gate::capture();
             be.stream_begin_capture(stream)?;
             let walked = {
                 let env = self.env(true);
                 run_seq(&env, &self.ops, &self.slots, stream, &mut Vec::new())
             };
             let captured = be.stream_end_capture(stream);
+            drop(gate);
             walked?;
             let graph = captured?;
             let exec = match self.graph.take() {

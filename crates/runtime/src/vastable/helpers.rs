@@ -113,6 +113,8 @@ pub(super) fn capture<B: Backend>(
 ) -> Result<Captured<B>> {
     let be = exe.backend();
     let empty = kernel.map(|k| Table::empty(k.capacity()));
+    // No vendor work while the stream captures (capture_gate).
+    let gate = xla_vmm_device::capture_gate::capture();
     be.stream_begin_capture(stream)?;
     let walked = (|| {
         if let (Some(k), Some(t)) = (kernel, &empty) {
@@ -126,6 +128,7 @@ pub(super) fn capture<B: Backend>(
         Ok::<(), RuntimeError>(())
     })();
     let captured = be.stream_end_capture(stream);
+    drop(gate);
     walked?;
     let graph = captured?;
     let nodes = match kernel.map(|k| copy_nodes(be, &graph, k)).transpose() {

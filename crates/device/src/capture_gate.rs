@@ -1,0 +1,121 @@
+//! A process-wide gate between graph captures and driver work this crate
+//! does not control (the vendor PJRT plugin's compiles, loads and runs).
+//!
+//! Captures use `CU_STREAM_CAPTURE_MODE_RELAXED` (our own capture sequence
+//! makes calls the stricter modes refuse), and in that mode the driver does
+//! not guard other threads either: a `cuCtxSynchronize` from the vendor's
+//! compile threads while one of our streams was capturing crashed inside
+//! libcuda (JAX's `test_cache_miss_explanations_are_thread_safe`: ten threads
+//! compiling and running at once; the native stack from
+//! `XLA_VMM_CRASH_REPORT` ended in `cuCtxSynchronize` under the vendor's
+//! thread pool). So a capture holds the gate exclusively, and each call into
+//! the vendor holds it shared: captures wait for vendor calls in flight,
+//! vendor calls wait for a capture in flight (a few ms), and vendor calls
+//! never wait for each other.
+//!
+//! Re-entrancy: a thread already inside foreign work (a vendor run calling
+//! back into JAX, which calls us) neither takes the shared side again nor
+//! waits for the exclusive side, which it would never get.
+
+use std::cell::Cell;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+static GATE: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// Foreign-work guards this thread holds (nested calls take one once).
+    static FOREIGN_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Held while a stream captures (from `stream_begin_capture` until
+/// `stream_end_capture`).
+pub struct CaptureGuard {
+    _exclusive: Option<RwLockWriteGuard<'static, ()>>,
+}
+
+/// Held while the vendor plugin works (one `PJRT_*` call into it).
+pub struct ForeignGuard {
+    _shared: Option<RwLockReadGuard<'static, ()>>,
+}
+
+impl Drop for ForeignGuard {
+    fn drop(&mut self) {
+        FOREIGN_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+    }
+}
+
+/// Exclusive side: no foreign work runs until the guard drops. On a thread
+/// inside foreign work, nothing is taken (see the module docs).
+pub fn capture() -> CaptureGuard {
+    if FOREIGN_DEPTH.with(Cell::get) > 0 {
+        return CaptureGuard { _exclusive: None };
+    }
+    CaptureGuard {
+        _exclusive: Some(GATE.write().unwrap_or_else(|p| p.into_inner())),
+    }
+}
+
+/// Shared side, for one call into driver code that is not ours.
+pub fn foreign() -> ForeignGuard {
+    let depth = FOREIGN_DEPTH.with(|d| {
+        let v = d.get();
+        d.set(v + 1);
+        v
+    });
+    if depth > 0 {
+        return ForeignGuard { _shared: None };
+    }
+    ForeignGuard {
+        _shared: Some(GATE.read().unwrap_or_else(|p| p.into_inner())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn a_capture_waits_for_foreign_work_and_foreign_work_for_a_capture() {
+        let f = foreign();
+        let captured = Arc::new(AtomicBool::new(false));
+        let c = captured.clone();
+        let t = std::thread::spawn(move || {
+            let _g = capture();
+            c.store(true, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(50));
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!captured.load(Ordering::SeqCst), "captured during foreign work");
+        drop(f);
+        while !captured.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // The capture holds the gate: foreign work on another thread waits for it.
+        let t0 = std::time::Instant::now();
+        std::thread::spawn(|| drop(foreign())).join().unwrap();
+        t.join().unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(20), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn nested_foreign_work_and_a_capture_inside_it_do_not_deadlock() {
+        let outer = foreign();
+        let inner = foreign();
+        let c = capture();
+        drop(c);
+        drop(inner);
+        drop(outer);
+        // Released: a capture on this thread takes the gate for real again.
+        assert!(capture()._exclusive.is_some());
+        FOREIGN_DEPTH.with(|d| assert_eq!(d.get(), 0));
+    }
+
+    #[test]
+    fn foreign_calls_do_not_wait_for_each_other() {
+        let _a = foreign();
+        std::thread::spawn(|| drop(foreign())).join().unwrap();
+    }
+}
