@@ -43,6 +43,8 @@ DEFAULT_FILES = ("api_test,lax_control_flow_test,lax_test,lax_autodiff_test,lax_
 # Lines of the plugin's log that say a program left our runtime (counted per file).
 FALLBACK_RE = re.compile(r"vendor runtime|falls back to the vendor|on the vendor fallback", re.I)
 MAX_RESTARTS = 40
+# The longest files, split over several processes so that the slice ends within one device call.
+DEFAULT_SHARDS = "api_test=4,lax_test=3,lax_control_flow_test=3,lax_numpy_test=2"
 
 
 def platform_env(platform, base, vmm_lib):
@@ -129,11 +131,36 @@ def seed(log, skip, earlier):
     return [dict(d) for d in earlier["deaths"]], earlier["fallback_lines"]
 
 
-def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr, progress, earlier=None):
+def parse_shards(text):
+    """`api_test=4,lax_test=3` -> {"api_test": 4, "lax_test": 3} (files not named: one shard)."""
+    out = {}
+    for item in (text or "").split(","):
+        if item.strip():
+            name, _, k = item.partition("=")
+            out[name.strip().removesuffix(".py")] = max(1, int(k))
+    return out
+
+
+def merge_shards(parts):
+    """One file's result from its shards' results (each ran a disjoint share of its tests)."""
+    out = {"outcomes": {}, "deaths": [], "fallback_lines": 0, "cut": False}
+    for r in parts:
+        out["outcomes"].update(r["outcomes"])
+        out["deaths"] += r["deaths"]
+        out["fallback_lines"] += r["fallback_lines"]
+        out["cut"] = out["cut"] or r["cut"]
+    return out
+
+
+def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr, progress, earlier=None,
+             shard=(0, 1)):
     """Runs one test file on one platform to the end, restarting after each death (continuing
-    `earlier`, a result of the same file cut short by an earlier call's budget, when given)."""
-    log = os.path.join(work, "%s.%s.jsonl" % (name, platform))
-    skip = os.path.join(work, "%s.%s.skip" % (name, platform))
+    `earlier`, a result of the same file cut short by an earlier call's budget, when given).
+    `shard` (i, k): only the tests at positions i, i + k, ... of the file's collection order."""
+    i, k = shard
+    tag = "%s.%s" % (name, platform) + (".shard%dof%d" % (i, k) if k > 1 else "")
+    log = os.path.join(work, tag + ".jsonl")
+    skip = os.path.join(work, tag + ".skip")
     deaths, fallbacks = seed(log, skip, earlier)
     restarts, cut = 0, False
     file_deadline = time.time() + file_timeout
@@ -148,7 +175,7 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
                os.path.join(tests_dir, name + ".py")]
         if kexpr:
             cmd += ["-k", kexpr]
-        penv = dict(env, JAXSLICE_LOG=log, JAXSLICE_SKIP=skip)
+        penv = dict(env, JAXSLICE_LOG=log, JAXSLICE_SKIP=skip, JAXSLICE_SHARD="%d/%d" % shard)
         with tempfile.TemporaryFile("w+") as out:
             proc = subprocess.Popen(cmd, env=penv, stdout=out, stderr=subprocess.STDOUT, cwd=tests_dir,
                                     start_new_session=True)
@@ -182,7 +209,7 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
             cut = True
             break
         deaths.append({"id": dead, "why": died_reason(rc, hung), "words": last_words(text)})
-        progress("%s/%s: %s in %s" % (platform, name, deaths[-1]["why"], dead))
+        progress("%s/%s: %s in %s" % (platform, tag, deaths[-1]["why"], dead))
         restarts += 1
         if dead is None or restarts > MAX_RESTARTS:
             break
@@ -276,6 +303,9 @@ def main():
     ap.add_argument("--platforms", default="cuda,vmm", help="reference first, then the platform under test")
     ap.add_argument("--out", default="jax_tests")
     ap.add_argument("--jobs", type=int, default=6)
+    ap.add_argument("--shards", default=DEFAULT_SHARDS,
+                    help="FILE=K,...: run FILE as K processes side by side, each a share of its tests "
+                         "(the longest files; default %(default)s)")
     ap.add_argument("--budget-s", type=float, default=1e9)
     ap.add_argument("--file-timeout-s", type=float, default=600)
     ap.add_argument("-k", dest="kexpr", default=None, help="pytest -k for every file")
@@ -319,14 +349,30 @@ def main():
                 (partial if res["cut"] else results)[(f, p)] = res
     # The longest files first, so that the pool ends together.
     size = lambda f: os.path.getsize(os.path.join(args.tests, f + ".py"))  # noqa: E731
-    jobs = [(f, p) for f in sorted(files, key=size, reverse=True) for p in platforms if (f, p) not in results]
+    shards = parse_shards(args.shards)
+    jobs = [(f, p, i, shards.get(f, 1)) for f in sorted(files, key=size, reverse=True) for p in platforms
+            if (f, p) not in results for i in range(shards.get(f, 1))]
+
+    def earlier_for(f, p, i):
+        # A cut file continues in every shard (its tests already run are skipped by each); its
+        # deaths and fallback count are carried once, by shard 0.
+        e = partial.get((f, p))
+        if e is None or i == 0:
+            return e
+        return {"outcomes": e["outcomes"], "deaths": [], "fallback_lines": 0}
+
+    parts = collections.defaultdict(list)
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futs = {pool.submit(run_file, os.path.abspath(args.tests), f, p, work, platform_env(p, os.environ, vmm_lib),
-                            deadline, args.file_timeout_s, args.kexpr, progress, partial.get((f, p))): (f, p)
-                for f, p in jobs}
+                            deadline, args.file_timeout_s, args.kexpr, progress, earlier_for(f, p, i),
+                            (i, k)): (f, p, k)
+                for f, p, i, k in jobs}
         for fut in concurrent.futures.as_completed(futs):
-            f, p = futs[fut]
-            res = results[(f, p)] = fut.result()
+            f, p, k = futs[fut]
+            parts[(f, p)].append(fut.result())
+            if len(parts[(f, p)]) < k:
+                continue
+            res = results[(f, p)] = merge_shards(parts[(f, p)])
             c = collections.Counter(v[0] for v in res["outcomes"].values())
             progress("done %s on %s: %s%s" % (f, p, dict(c), " (cut short)" if res["cut"] else ""))
     ref, dut = platforms

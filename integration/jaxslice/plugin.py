@@ -4,7 +4,8 @@ Loaded with `-p plugin` (this folder on PYTHONPATH). JAXSLICE_LOG is the file th
 `{"start": id}` before a test runs (flushed and synced, so that a test that kills the process is
 known), then `{"id": id, "outcome": "passed" | "failed" | "skipped", "msg": first line}` once its
 outcome is known. JAXSLICE_SKIP names a file of test ids (one per line) left out of the run: those a
-previous process already ran, or died in.
+previous process already ran, or died in. JAXSLICE_SHARD "i/k" keeps the tests at positions i, i + k, ...
+of the collection (one of k processes sharing a file).
 """
 import json
 import os
@@ -34,14 +35,27 @@ def _message(report):
     return lines[0][:400] if lines else ""
 
 
+def shard_of(text):
+    """JAXSLICE_SHARD "i/k" -> (i, k); unset or malformed: the whole file, (0, 1)."""
+    try:
+        i, k = (int(v) for v in (text or "0/1").split("/"))
+    except ValueError:
+        return 0, 1
+    return (i, k) if 0 <= i < k else (0, 1)
+
+
 def pytest_collection_modifyitems(session, config, items):
+    # The shard first, over the whole collection (the same share after every restart), then the
+    # tests an earlier process of this shard already ran.
+    i, k = shard_of(os.environ.get("JAXSLICE_SHARD"))
+    skip = set()
     path = os.environ.get("JAXSLICE_SKIP")
-    if not path or not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        skip = {ln.strip() for ln in f if ln.strip()}
-    keep = [it for it in items if it.nodeid not in skip]
-    gone = [it for it in items if it.nodeid in skip]
+    if path and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            skip = {ln.strip() for ln in f if ln.strip()}
+    keep = [it for n, it in enumerate(items) if n % k == i and it.nodeid not in skip]
+    kept = {id(it) for it in keep}
+    gone = [it for it in items if id(it) not in kept]
     if gone:
         config.hook.pytest_deselected(items=gone)
         items[:] = keep

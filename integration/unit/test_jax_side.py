@@ -181,6 +181,45 @@ class SliceRunner(unittest.TestCase):
         self.assertIn("Of 2 tests that pass on cuda, 1 (50.00%) pass on vmm", md)
 
 
+    def test_shards_split_a_file_and_merge_into_one_result(self):
+        jt = load_runner()
+        self.assertEqual(jt.parse_shards("api_test=4, lax_test.py=3,x=0"), {"api_test": 4, "lax_test": 3, "x": 1})
+        parts = [{"outcomes": {"a": ("passed", "")}, "deaths": [], "fallback_lines": 1, "cut": False},
+                 {"outcomes": {"b": ("died", "killed by SIGSEGV")},
+                  "deaths": [{"id": "b", "why": "killed by SIGSEGV", "words": []}], "fallback_lines": 2, "cut": True}]
+        m = jt.merge_shards(parts)
+        self.assertEqual(set(m["outcomes"]), {"a", "b"})
+        self.assertEqual((len(m["deaths"]), m["fallback_lines"], m["cut"]), (1, 3, True))
+        # The plugin keeps positions i, i + k, ... of the collection, then drops the skipped ones.
+        sys.path.insert(0, os.path.join(INTEGRATION, "jaxslice"))
+        try:
+            plugin = importlib.import_module("plugin")
+        finally:
+            sys.path.pop(0)
+        self.assertEqual(plugin.shard_of("1/3"), (1, 3))
+        self.assertEqual(plugin.shard_of(None), (0, 1))
+        self.assertEqual(plugin.shard_of("3/3"), (0, 1))
+
+        class Item:
+            def __init__(self, n):
+                self.nodeid = "t::%d" % n
+        deselected = []
+        config = types.SimpleNamespace(hook=types.SimpleNamespace(
+            pytest_deselected=lambda items: deselected.extend(i.nodeid for i in items)))
+        with tempfile.NamedTemporaryFile("w", suffix=".skip", delete=False) as f:
+            f.write("t::4\n")
+        env = dict(os.environ)
+        try:
+            os.environ.update(JAXSLICE_SHARD="1/3", JAXSLICE_SKIP=f.name)
+            items = [Item(n) for n in range(9)]
+            plugin.pytest_collection_modifyitems(None, config, items)
+        finally:
+            os.environ.clear()
+            os.environ.update(env)
+            os.remove(f.name)
+        self.assertEqual([i.nodeid for i in items], ["t::1", "t::7"])
+        self.assertEqual(len(deselected), 7)
+
     def test_a_cut_file_continues_where_it_stopped(self):
         jt = load_runner()
         earlier = {"outcomes": {"t::a": ["passed", ""], "t::b": ["died", "killed by SIGSEGV"],
