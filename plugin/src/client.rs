@@ -235,7 +235,6 @@ impl Client {
                 Self::with_backends(options, backends, kv)
             }
             BackendKind::Cuda => new_cuda(options, kv),
-            BackendKind::Hip => new_hip(options, kv),
         }
     }
 
@@ -328,45 +327,44 @@ impl Client {
     }
 }
 
-/// A client on every visible GPU of one backend: `open(ordinal)` until an
-/// ordinal does not exist (the driver applies `CUDA_VISIBLE_DEVICES` /
-/// `HIP_VISIBLE_DEVICES`), up to `max_devices`; `gemm` gives each device its
-/// GEMM engine where there is one (without it, programs with GEMM thunks
-/// fail to load with a clear error and everything else works). The vendor
-/// compiler is created at once: `PJRT_Plugin_Attributes` (called right
-/// after) reports its versions, and the platform version is its (JAX reads
-/// the CUDA / ROCm versions from it); without it buffers still work and
-/// compiling reports why there is none.
-#[cfg(any(feature = "cuda", feature = "hip"))]
-fn new_gpu<B: xla_vmm_device::Backend + 'static>(
-    options: ClientOptions,
-    kv: Option<KvStore>,
-    name: &str,
-    open: impl Fn(usize) -> xla_vmm_device::Result<B>,
-    gemm: impl Fn(&Arc<B>) -> Option<Arc<dyn xla_vmm_device::blas::GemmEngine<B>>>,
-) -> Result<Arc<Client>> {
-    let first = Arc::new(open(0).map_err(|e| {
-        Error::from(e).context(&format!(
-            "creating the {name} backend (set backend=host to run without a GPU)"
-        ))
+#[cfg(feature = "cuda")]
+fn new_cuda(options: ClientOptions, kv: Option<KvStore>) -> Result<Arc<Client>> {
+    use xla_vmm_device::blas::GemmEngine;
+    use xla_vmm_device::cuda::{blaslt::CudaGemm, CudaBackend};
+    let first = Arc::new(CudaBackend::new(0).map_err(|e| {
+        Error::from(e).context("creating the CUDA backend (set backend=host to run without a GPU)")
     })?);
+    // Every visible device (the driver applies CUDA_VISIBLE_DEVICES): open
+    // ordinals until one does not exist, up to `max_devices`.
     let mut backends = vec![first];
     let cap = options.max_devices.unwrap_or(usize::MAX);
     while backends.len() < cap {
-        match open(backends.len()) {
+        match CudaBackend::new(backends.len()) {
             Ok(b) => backends.push(Arc::new(b)),
             Err(e) => {
-                tracing::debug!("no {name} device {}: {e}", backends.len());
+                tracing::debug!("no CUDA device {}: {e}", backends.len());
                 break;
             }
         }
     }
     let mut mems = Vec::with_capacity(backends.len());
     for backend in backends {
-        let g = gemm(&backend);
-        mems.push(VmmMemory::with_threshold(backend, options.tmp_copy_threshold)?.with_gemm(g));
+        // cuBLASLt is needed only by programs with GEMM thunks; without it
+        // those fail to load with a clear error, everything else works.
+        let gemm: Option<Arc<dyn GemmEngine<CudaBackend>>> = match CudaGemm::new(&backend) {
+            Ok(g) => Some(Arc::new(g)),
+            Err(e) => {
+                tracing::warn!("cuBLASLt not available: {e}");
+                None
+            }
+        };
+        mems.push(VmmMemory::with_threshold(backend, options.tmp_copy_threshold)?.with_gemm(gemm));
     }
     let client = Client::with_memories(options, mems, kv)?;
+    // Create the vendor compiler now: PJRT_Plugin_Attributes (called right
+    // after this) reports its versions, and the platform version is its
+    // (JAX reads CUDA versions from it). Without it buffers still work;
+    // compiling reports why there is none.
     match client.vendor() {
         Ok(v) => match v.platform_version() {
             Ok(pv) => {
@@ -379,47 +377,10 @@ fn new_gpu<B: xla_vmm_device::Backend + 'static>(
     Ok(client)
 }
 
-#[cfg(feature = "cuda")]
-fn new_cuda(options: ClientOptions, kv: Option<KvStore>) -> Result<Arc<Client>> {
-    use xla_vmm_device::cuda::{blaslt::CudaGemm, CudaBackend};
-    new_gpu(
-        options,
-        kv,
-        "CUDA",
-        CudaBackend::new,
-        |b| match CudaGemm::new(b) {
-            Ok(g) => Some(Arc::new(g)),
-            Err(e) => {
-                tracing::warn!("cuBLASLt not available: {e}");
-                None
-            }
-        },
-    )
-}
-
 #[cfg(not(feature = "cuda"))]
 fn new_cuda(_options: ClientOptions, _kv: Option<KvStore>) -> Result<Arc<Client>> {
     Err(Error::unimplemented(
         "this build of the xla-vmm plugin has no CUDA backend (feature `cuda`)",
-    ))
-}
-
-/// ROCm: the HIP backend. There is no hipBLASLt engine yet, so programs
-/// with `cublas_lt_matmul` thunks are refused at load (named there) and run
-/// on the vendor runtime; everything else runs on ours.
-#[cfg(feature = "hip")]
-fn new_hip(options: ClientOptions, kv: Option<KvStore>) -> Result<Arc<Client>> {
-    use xla_vmm_device::hip::HipBackend;
-    new_gpu(options, kv, "HIP", HipBackend::new, |_| {
-        tracing::info!("no hipBLASLt engine: programs with GEMM thunks run on the vendor runtime");
-        None
-    })
-}
-
-#[cfg(not(feature = "hip"))]
-fn new_hip(_options: ClientOptions, _kv: Option<KvStore>) -> Result<Arc<Client>> {
-    Err(Error::unimplemented(
-        "this build of the xla-vmm plugin has no HIP backend (feature `hip`)",
     ))
 }
 

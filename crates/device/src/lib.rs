@@ -16,8 +16,6 @@
 pub mod backend;
 pub mod blas;
 pub mod capture_gate;
-#[cfg(any(feature = "cuda", feature = "hip"))]
-mod checks;
 pub mod collective;
 pub mod conformance;
 #[cfg(feature = "cuda")]

@@ -43,17 +43,13 @@ pub struct DeviceAssignment {
 }
 
 impl DeviceAssignment {
-    /// One replica, one partition, on global device `device_id`.
-    pub fn single(device_id: i64) -> Self {
+    /// One device (id 0): replica 0, partition 0.
+    pub fn single() -> Self {
         DeviceAssignment {
             replicas: 1,
             partitions: 1,
-            ids: vec![device_id],
+            ids: vec![0],
         }
-    }
-
-    pub fn num_devices(&self) -> usize {
-        self.ids.len()
     }
 
     fn check(&self) -> Result<()> {

@@ -158,8 +158,14 @@ unsafe impl Send for CudaGraphNode {}
 // SAFETY: see `Send`.
 unsafe impl Sync for CudaGraphNode {}
 
-use crate::checks::owned;
+/// Anything that remembers which backend made it.
+pub(super) trait Owned {
+    fn owner(&self) -> u64;
+}
 
+macro_rules! owned {
+    ($($t:ty),*) => { $(impl Owned for $t { fn owner(&self) -> u64 { self.owner } })* };
+}
 owned!(
     CudaPhysMem,
     CudaVaRange,

@@ -150,8 +150,14 @@ unsafe impl Send for HipGraph {}
 // SAFETY: see the note above these impls.
 unsafe impl Send for HipGraphExec {}
 
-use crate::checks::owned;
+/// Anything that remembers which backend made it.
+pub(super) trait Owned {
+    fn owner(&self) -> u64;
+}
 
+macro_rules! owned {
+    ($($t:ty),*) => { $(impl Owned for $t { fn owner(&self) -> u64 { self.owner } })* };
+}
 owned!(
     HipPhysMem,
     HipVaRange,
