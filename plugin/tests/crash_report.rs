@@ -35,7 +35,10 @@ fn run_child(what: &str, report: bool) -> (std::process::ExitStatus, String) {
         .env("XLA_VMM_CRASH_REPORT", if report { "1" } else { "0" })
         .output()
         .unwrap();
-    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -49,7 +52,10 @@ fn a_segfault_prints_the_native_stack_then_dies_by_its_signal() {
         stderr.contains("*** xla-vmm crash report: signal 11 at address 0x8, thread "),
         "{stderr}"
     );
-    assert!(stderr.contains("*** end of xla-vmm crash report ***"), "{stderr}");
+    assert!(
+        stderr.contains("*** end of xla-vmm crash report ***"),
+        "{stderr}"
+    );
     // At least the handler's frame and the faulting test's, with their module.
     let frames = stderr
         .lines()
@@ -68,7 +74,10 @@ fn an_abort_is_reported_and_still_aborts() {
     }
     let (status, stderr) = run_child("abort", true);
     assert_eq!(status.signal(), Some(6), "{status:?}\n{stderr}");
-    assert!(stderr.contains("xla-vmm crash report: signal 6"), "{stderr}");
+    assert!(
+        stderr.contains("xla-vmm crash report: signal 6"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -489,7 +489,10 @@ fn a_pinned_host_buffer_is_read_in_place_and_kept_while_referenced() {
     let exe = load(client, program(1, true, f32s(4), vec![0]));
     let (code, msg) = execute(exe, &[h], &[]).unwrap_err();
     assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
-    assert!(msg.contains("argument 0") && msg.contains("external reference"), "{msg}");
+    assert!(
+        msg.contains("argument 0") && msg.contains("external reference"),
+        "{msg}"
+    );
     assert_eq!(to_host(h).unwrap(), data);
     // ... and deleted, its memory is kept until the reference goes.
     let (err, _) = call!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |a| {

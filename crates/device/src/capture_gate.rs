@@ -88,7 +88,10 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
         });
         std::thread::sleep(Duration::from_millis(50));
-        assert!(!captured.load(Ordering::SeqCst), "captured during foreign work");
+        assert!(
+            !captured.load(Ordering::SeqCst),
+            "captured during foreign work"
+        );
         drop(f);
         while !captured.load(Ordering::SeqCst) {
             std::thread::yield_now();
@@ -97,7 +100,11 @@ mod tests {
         let t0 = std::time::Instant::now();
         std::thread::spawn(|| drop(foreign())).join().unwrap();
         t.join().unwrap();
-        assert!(t0.elapsed() >= Duration::from_millis(20), "{:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() >= Duration::from_millis(20),
+            "{:?}",
+            t0.elapsed()
+        );
     }
 
     #[test]
