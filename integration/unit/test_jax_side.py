@@ -106,6 +106,31 @@ class CudaAlias(unittest.TestCase):
             self.backends(xb, ["vmm", "cuda"])
             self.assertIsNot(xb._backends["cuda"], xb._backends["vmm"], platforms)
 
+    def test_on_rocm_vmm_is_jax_rocm_backend_and_the_client_uses_the_hip_backend(self):
+        del os.environ["XLA_VMM_BACKEND"]
+        vendor = tempfile.TemporaryDirectory()
+        pkg_dir = os.path.join(vendor.name, "jax_plugins", "xla_rocm7")
+        os.makedirs(pkg_dir)
+        open(os.path.join(pkg_dir, "__init__.py"), "w").close()
+        open(os.path.join(pkg_dir, "xla_rocm_plugin.so"), "w").close()
+        sys.path.insert(0, vendor.name)
+        try:
+            xb = fake_jax("vmm")
+            xb.register_plugin("rocm", priority=500, library_path="stock.so")
+            pkg = fresh_package()
+            if pkg.vendor_plugin()[1] != "rocm":
+                self.skipTest("a CUDA vendor plugin is installed here (it is preferred)")
+            pkg.initialize()
+            self.assertEqual(xb._alias_to_platforms["vmm"], ["vmm", "rocm"])
+            self.backends(xb, ["vmm", "rocm"])
+            self.assertIs(xb._backends["rocm"], xb._backends["vmm"])
+            options = xb._backends["vmm"][2]
+            self.assertEqual(options["backend"], "hip")
+            self.assertTrue(options["vendor_plugin_path"].endswith("xla_rocm7/xla_rocm_plugin.so"))
+        finally:
+            sys.path.remove(vendor.name)
+            vendor.cleanup()
+
     def test_the_alias_can_be_turned_off(self):
         os.environ["XLA_VMM_GPU_ALIAS"] = "0"
         xb = fake_jax("vmm")

@@ -235,6 +235,7 @@ impl Client {
                 Self::with_backends(options, backends, kv)
             }
             BackendKind::Cuda => new_cuda(options, kv),
+            BackendKind::Hip => new_hip(options, kv),
         }
     }
 
@@ -381,6 +382,63 @@ fn new_cuda(options: ClientOptions, kv: Option<KvStore>) -> Result<Arc<Client>> 
 fn new_cuda(_options: ClientOptions, _kv: Option<KvStore>) -> Result<Arc<Client>> {
     Err(Error::unimplemented(
         "this build of the xla-vmm plugin has no CUDA backend (feature `cuda`)",
+    ))
+}
+
+/// ROCm: a client on every visible HIP device (the runtime applies
+/// `HIP_VISIBLE_DEVICES`), up to `max_devices`, with the ROCm vendor plugin
+/// as the compiler and hipBLASLt (`hip/blaslt.rs`) for the GEMM thunks.
+/// Compiled in CI, never run on an AMD GPU. Mirrors `new_cuda`; the two become one generic
+/// constructor with the refactor on branch `pending/gpu-unmeasured` once a
+/// GPU has measured it.
+#[cfg(feature = "hip")]
+fn new_hip(options: ClientOptions, kv: Option<KvStore>) -> Result<Arc<Client>> {
+    use xla_vmm_device::blas::GemmEngine;
+    use xla_vmm_device::hip::{blaslt::HipGemm, HipBackend};
+    let first = Arc::new(HipBackend::new(0).map_err(|e| {
+        Error::from(e).context("creating the HIP backend (set backend=host to run without a GPU)")
+    })?);
+    let mut backends = vec![first];
+    let cap = options.max_devices.unwrap_or(usize::MAX);
+    while backends.len() < cap {
+        match HipBackend::new(backends.len()) {
+            Ok(b) => backends.push(Arc::new(b)),
+            Err(e) => {
+                tracing::debug!("no HIP device {}: {e}", backends.len());
+                break;
+            }
+        }
+    }
+    let mut mems = Vec::with_capacity(backends.len());
+    for backend in backends {
+        // hipBLASLt is needed only by programs with GEMM thunks; without it
+        // those fail to load with a clear error, everything else works.
+        let gemm: Option<Arc<dyn GemmEngine<HipBackend>>> = match HipGemm::new(&backend) {
+            Ok(g) => Some(Arc::new(g)),
+            Err(e) => {
+                tracing::warn!("hipBLASLt not available: {e}");
+                None
+            }
+        };
+        mems.push(VmmMemory::with_threshold(backend, options.tmp_copy_threshold)?.with_gemm(gemm));
+    }
+    let client = Client::with_memories(options, mems, kv)?;
+    match client.vendor() {
+        Ok(v) => match v.platform_version() {
+            Ok(pv) => {
+                let _ = client.vendor_platform_version.set(pv);
+            }
+            Err(e) => tracing::warn!("vendor platform version: {e}"),
+        },
+        Err(e) => tracing::warn!("no vendor compiler yet: {e}"),
+    }
+    Ok(client)
+}
+
+#[cfg(not(feature = "hip"))]
+fn new_hip(_options: ClientOptions, _kv: Option<KvStore>) -> Result<Arc<Client>> {
+    Err(Error::unimplemented(
+        "this build of the xla-vmm plugin has no HIP backend (feature `hip`)",
     ))
 }
 

@@ -25,6 +25,8 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
     Cuda,
+    /// ROCm (feature `hip`).
+    Hip,
     Host,
 }
 
@@ -191,9 +193,10 @@ fn env_count(var: &str) -> Result<Option<usize>> {
 fn parse_backend(s: &str) -> Result<BackendKind> {
     match s.trim() {
         "cuda" | "gpu" => Ok(BackendKind::Cuda),
+        "hip" | "rocm" => Ok(BackendKind::Hip),
         "host" => Ok(BackendKind::Host),
         other => Err(Error::invalid(format!(
-            "backend {other:?}: expected \"cuda\" or \"host\""
+            "backend {other:?}: expected \"cuda\", \"hip\" or \"host\""
         ))),
     }
 }
@@ -225,6 +228,10 @@ mod tests {
         assert!(e.message.contains("stric"), "{}", e.message);
         let e = ClientOptions::parse(&[("backend".into(), Value::Str("tpu".into()))]).unwrap_err();
         assert!(e.message.contains("tpu"));
+        for name in ["hip", "rocm"] {
+            let o = ClientOptions::parse(&[("backend".into(), Value::Str(name.into()))]).unwrap();
+            assert_eq!(o.backend, BackendKind::Hip, "{name}");
+        }
     }
 
     #[test]

@@ -91,6 +91,15 @@ fn bad_args_are_errors_not_crashes() {
     });
     assert!(err.unwrap().1.contains("strcit"));
     assert!(create_client("tpu").unwrap_err().1.contains("tpu"));
+    // The HIP client is a build feature; without it (and without a HIP
+    // device) creating one is an error that says why, never a crash.
+    let (code, msg) = create_client("hip").unwrap_err();
+    if cfg!(feature = "hip") {
+        assert!(msg.contains("HIP"), "{msg}");
+    } else {
+        assert_eq!(code, PJRT_Error_Code_UNIMPLEMENTED, "{msg}");
+        assert!(msg.contains("feature `hip`"), "{msg}");
+    }
 }
 
 #[test]

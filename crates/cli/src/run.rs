@@ -163,7 +163,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ if args.devices > 1 => bail!("--devices {} needs --backend cuda", args.devices),
         crate::BackendKind::Host => run_host(plan, inputs, &args, mode, &check),
         crate::BackendKind::Hip => {
-            bail!("run has no HIP backend yet (no hipBLASLt engine; see the README's HIP section)")
+            bail!("run has no HIP backend yet (the CLI builds the CUDA and host backends; the PJRT plugin has the HIP client: see the README's HIP section)")
         }
     }
 }

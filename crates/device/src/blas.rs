@@ -30,6 +30,9 @@ pub mod xla_type {
     pub const C128: i32 = 18;
     pub const F8E5M2: i32 = 19;
     pub const F8E4M3FN: i32 = 20;
+    /// MI300's FP8 types (ROCm).
+    pub const F8E5M2FNUZ: i32 = 24;
+    pub const F8E4M3FNUZ: i32 = 25;
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

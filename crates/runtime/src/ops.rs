@@ -631,16 +631,8 @@ pub fn check_support(plan: &Plan) -> Result<()> {
             }
             ThunkKind::CustomCall(c) => Some(format!("custom call '{}'", c.target_name)),
             ThunkKind::Gemm(_) => Some("plain cuBLAS gemm".to_string()),
-            // On ROCm the thunk runs through hipBLASLt (XLA's ROCm path), for
-            // which this runtime has no engine yet.
-            ThunkKind::CublasLtMatmul(_)
-                if matches!(plan.compute_capability, ComputeCapability::Rocm { .. }) =>
-            {
-                Some(
-                    "cublas_lt_matmul on ROCm needs hipBLASLt, which xla-vmm does not drive yet"
-                        .to_string(),
-                )
-            }
+            // On ROCm the thunk runs through hipBLASLt (XLA's ROCm path:
+            // `device::hip::blaslt`), on CUDA through cuBLASLt.
             ThunkKind::CublasLtMatmul(m) => gemm_support(m).err(),
             ThunkKind::CustomKernel(k) => match &k.spec.code {
                 KernelCode::InProcessSymbol { persistent_name } => {

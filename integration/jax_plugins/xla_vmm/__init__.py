@@ -27,12 +27,12 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "vmm"
 LIBRARY_NAME = "xla_vmm_plugin.so"
-# Vendor plugin packages, in preference order, and the library each holds.
+# Vendor plugin packages, in preference order, the library each holds and JAX's name of its platform.
 VENDOR_PACKAGES = (
-    ("jax_plugins.xla_cuda13", "xla_cuda_plugin.so"),
-    ("jax_plugins.xla_cuda12", "xla_cuda_plugin.so"),
-    ("jax_plugins.xla_rocm7", "xla_rocm_plugin.so"),
-    ("jax_plugins.xla_rocm6", "xla_rocm_plugin.so"),
+    ("jax_plugins.xla_cuda13", "xla_cuda_plugin.so", "cuda"),
+    ("jax_plugins.xla_cuda12", "xla_cuda_plugin.so", "cuda"),
+    ("jax_plugins.xla_rocm7", "xla_rocm_plugin.so", "rocm"),
+    ("jax_plugins.xla_rocm6", "xla_rocm_plugin.so", "rocm"),
 )
 _registered = False
 
@@ -59,34 +59,57 @@ def _package_dirs(name):
     return [Path(spec.origin).parent] if spec.origin else []
 
 
-def vendor_plugin_path():
-    """The installed vendor XLA GPU plugin library of this interpreter, or None."""
-    for package, library in VENDOR_PACKAGES:
+def vendor_plugin():
+    """(library path, JAX platform "cuda" or "rocm") of the installed vendor XLA GPU plugin of this
+    interpreter, or None."""
+    for package, library, platform in VENDOR_PACKAGES:
         for d in _package_dirs(package):
             candidate = d / library
             if candidate.is_file():
-                return str(candidate)
+                return str(candidate), platform
     return None
+
+
+def vendor_plugin_path():
+    """The installed vendor XLA GPU plugin library of this interpreter, or None."""
+    found = vendor_plugin()
+    return found[0] if found else None
+
+
+def gpu_platform():
+    """JAX's name of the GPU platform vmm stands for: "rocm" with the HIP backend (XLA_VMM_BACKEND=hip)
+    or a ROCm vendor plugin installed, else "cuda"."""
+    backend = os.environ.get("XLA_VMM_BACKEND", "").strip()
+    if backend in ("hip", "rocm"):
+        return "rocm"
+    if backend in ("cuda", "gpu", "host"):
+        return "cuda"
+    found = vendor_plugin()
+    return found[1] if found else "cuda"
 
 
 def _client_options():
     """Client options from this package (JAX adds jax_pjrt_client_create_options on top)."""
-    if _alias_cuda:
-        _install_cuda_alias()
+    if _alias_platform:
+        _install_gpu_alias(_alias_platform)
     if os.environ.get("XLA_VMM_VENDOR_PLUGIN"):
         return {}  # the plugin reads it itself
     if os.environ.get("XLA_VMM_BACKEND", "").strip() == "host":
         return {}  # no GPU: no compiler wanted
-    path = vendor_plugin_path()
-    if path is None:
+    found = vendor_plugin()
+    if found is None:
         logger.warning(
             "xla-vmm: no vendor XLA GPU plugin package (%s) for this python; install "
             "jax[cuda13] or set XLA_VMM_VENDOR_PLUGIN",
             ", ".join(p for p, _ in VENDOR_PACKAGES),
         )
         return {}
-    logger.debug("xla-vmm: vendor plugin %s", path)
-    return {"vendor_plugin_path": path}
+    path, platform = found
+    logger.debug("xla-vmm: vendor plugin %s (%s)", path, platform)
+    options = {"vendor_plugin_path": path}
+    if platform == "rocm" and not os.environ.get("XLA_VMM_BACKEND"):
+        options["backend"] = "hip"  # the HIP backend under the ROCm compiler
+    return options
 
 
 def initialize():
@@ -111,22 +134,23 @@ def initialize():
     xla_bridge.register_plugin(
         PLUGIN_NAME, priority=300, library_path=path, options=_client_options
     )
-    if os.environ.get("XLA_VMM_GPU_ALIAS", "1").strip() != "0" and _vmm_replaces_cuda():
-        _alias_as_cuda(xla_bridge)
+    platform = gpu_platform()
+    if os.environ.get("XLA_VMM_GPU_ALIAS", "1").strip() != "0" and _vmm_replaces_gpu():
+        _alias_as_gpu(xla_bridge, platform)
     _registered = True
 
 
-def _vmm_replaces_cuda():
-    """Did the user choose vmm over the stock GPU backend (JAX_PLATFORMS lists vmm, not cuda/gpu)?"""
+def _vmm_replaces_gpu():
+    """Did the user choose vmm over the stock GPU backend (JAX_PLATFORMS lists vmm, not cuda/rocm/gpu)?"""
     from jax._src import config
 
     chosen = [p.strip() for p in (config.jax_platforms.value or "").split(",") if p.strip()]
-    return PLUGIN_NAME in chosen and not {"cuda", "gpu"} & set(chosen)
+    return PLUGIN_NAME in chosen and not {"cuda", "rocm", "gpu"} & set(chosen)
 
 
-def _alias_as_cuda(xla_bridge):
+def _alias_as_gpu(xla_bridge, platform):
     """With ``JAX_PLATFORMS=vmm`` (or ``vmm,cpu``), the vmm client also answers as JAX's ``cuda``
-    backend: ``jax.devices("gpu")``, ``jit(backend="gpu")``, ``default_device("gpu")`` and the
+    backend (``rocm`` on ROCm, the same way; "cuda" below): ``jax.devices("gpu")``, ``jit(backend="gpu")``, ``default_device("gpu")`` and the
     lowering of GPU-only primitives (host callbacks, custom calls) find it. JAX keys its GPU lowering
     rules and backend checks by "cuda" (the client's platform, "gpu" in jaxlib, canonicalizes to
     it), so a backend named only "vmm" is not JAX's GPU.
@@ -141,16 +165,17 @@ def _alias_as_cuda(xla_bridge):
     if not isinstance(aliases, dict) or not hasattr(xla_bridge, "_backend_factories"):
         logger.warning("xla-vmm: this JAX has no platform alias table; 'gpu' does not name vmm")
         return
-    aliases[PLUGIN_NAME] = [PLUGIN_NAME, "cuda"]
-    global _alias_cuda
-    _alias_cuda = True
+    aliases[PLUGIN_NAME] = [PLUGIN_NAME, platform]
+    global _alias_platform
+    _alias_platform = platform
 
 
-_alias_cuda = False
+# The JAX GPU platform the vmm client also answers as ("cuda" / "rocm"), once aliased.
+_alias_platform = None
 
 
-def _install_cuda_alias():
-    """Point JAX's "cuda" backend factory at the vmm client (see _alias_as_cuda)."""
+def _install_gpu_alias(platform):
+    """Point JAX's backend factory of `platform` at the vmm client (see _alias_as_gpu)."""
     import dataclasses
 
     from jax._src import xla_bridge
@@ -158,12 +183,12 @@ def _install_cuda_alias():
     def same_client():
         return xla_bridge._backends[PLUGIN_NAME]
 
-    old = xla_bridge._backend_factories.get("cuda")
+    old = xla_bridge._backend_factories.get(platform)
     if old is not None:
         new = dataclasses.replace(old, factory=same_client, experimental=False)
     else:
         new = xla_bridge.BackendRegistration(same_client, 300, False, False, None)
-    xla_bridge._backend_factories["cuda"] = new
+    xla_bridge._backend_factories[platform] = new
 
 
 from ._stats import stats  # noqa: E402,F401  (jax_plugins.xla_vmm.stats())

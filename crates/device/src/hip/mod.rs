@@ -26,6 +26,7 @@
 //!   a runtime newer than the headers returning an unlisted code would break
 //!   that enum's invariant. Pin ROCm accordingly when this first runs.
 
+pub mod blaslt;
 pub mod handles;
 mod info;
 pub mod rccl;
