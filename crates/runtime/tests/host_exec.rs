@@ -517,3 +517,40 @@ fn a_read_constant_without_content_is_refused() {
         .to_string();
     assert!(err.contains("constant allocation 0"), "{err}");
 }
+
+/// Both graph modes capture under the capture gate: while foreign work (a
+/// vendor call) holds its shared side, a run that has to capture waits, and
+/// it goes on as soon as the foreign work is done (capture_gate.rs).
+#[test]
+fn graph_captures_wait_for_foreign_work_in_flight() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    use xla_vmm_device::capture_gate;
+    for mode in [Mode::Graph, Mode::VaStable] {
+        let b = backend();
+        let released = Arc::new(AtomicBool::new(false));
+        let held = capture_gate::foreign();
+        let (r, bb) = (released.clone(), b.clone());
+        let t = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let out = run(
+                &bb,
+                copy_memset_kernel_plan(),
+                &[vec![1.0, 2.0, 3.0, -4.0]],
+                mode,
+            );
+            (out, r.load(Ordering::SeqCst), t0.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        released.store(true, Ordering::SeqCst);
+        drop(held);
+        let (out, after_release, took) = t.join().unwrap();
+        let out = out.unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        assert_eq!(out[0], vec![2.0, 4.0, 6.0, -8.0], "{mode:?}");
+        assert!(
+            after_release,
+            "{mode:?}: the run ended while foreign work held the gate"
+        );
+        assert!(took >= Duration::from_millis(80), "{mode:?}: {took:?}");
+    }
+}
