@@ -28,25 +28,29 @@ fn child() {
     }
 }
 
-fn run_child(what: &str, report: bool) -> (std::process::ExitStatus, String) {
+/// In the parent: the child's exit status and stderr; in a child: `None`
+/// (its own `child` test does the work).
+fn parent_runs_child(what: &str, report: bool) -> Option<(std::process::ExitStatus, String)> {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return None;
+    }
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["child", "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, what)
         .env("XLA_VMM_CRASH_REPORT", if report { "1" } else { "0" })
         .output()
         .unwrap();
-    (
+    Some((
         out.status,
         String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    ))
 }
 
 #[test]
 fn a_segfault_prints_the_native_stack_then_dies_by_its_signal() {
-    if std::env::var(CHILD_ENV).is_ok() {
+    let Some((status, stderr)) = parent_runs_child("segv", true) else {
         return;
-    }
-    let (status, stderr) = run_child("segv", true);
+    };
     assert_eq!(status.signal(), Some(11), "{status:?}\n{stderr}");
     assert!(
         stderr.contains("*** xla-vmm crash report: signal 11 at address 0x8, thread "),
@@ -69,10 +73,9 @@ fn a_segfault_prints_the_native_stack_then_dies_by_its_signal() {
 
 #[test]
 fn an_abort_is_reported_and_still_aborts() {
-    if std::env::var(CHILD_ENV).is_ok() {
+    let Some((status, stderr)) = parent_runs_child("abort", true) else {
         return;
-    }
-    let (status, stderr) = run_child("abort", true);
+    };
     assert_eq!(status.signal(), Some(6), "{status:?}\n{stderr}");
     assert!(
         stderr.contains("xla-vmm crash report: signal 6"),
@@ -82,10 +85,9 @@ fn an_abort_is_reported_and_still_aborts() {
 
 #[test]
 fn off_by_default() {
-    if std::env::var(CHILD_ENV).is_ok() {
+    let Some((status, stderr)) = parent_runs_child("segv", false) else {
         return;
-    }
-    let (status, stderr) = run_child("segv", false);
+    };
     assert_eq!(status.signal(), Some(11), "{status:?}\n{stderr}");
     assert!(!stderr.contains("xla-vmm crash report"), "{stderr}");
 }

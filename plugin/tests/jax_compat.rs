@@ -402,11 +402,8 @@ fn copy_to_memory(b: *mut PJRT_Buffer, m: *mut PJRT_Memory) -> *mut PJRT_Buffer 
     c.dst_buffer
 }
 
-#[test]
-fn pinned_host_memory_holds_buffers_and_copies_both_ways() {
-    let be = backend();
-    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
-    let device = devices(client)[0];
+/// A device's addressable memories (device memory, then pinned host).
+fn memories(device: *mut PJRT_Device) -> Vec<*mut PJRT_Memory> {
     let (err, ms) = call!(
         PJRT_Device_AddressableMemories,
         PJRT_Device_AddressableMemories_Args,
@@ -415,7 +412,15 @@ fn pinned_host_memory_holds_buffers_and_copies_both_ways() {
         }
     );
     assert_eq!(err, None);
-    let ms = unsafe { std::slice::from_raw_parts(ms.memories, ms.num_memories) }.to_vec();
+    unsafe { std::slice::from_raw_parts(ms.memories, ms.num_memories) }.to_vec()
+}
+
+#[test]
+fn pinned_host_memory_holds_buffers_and_copies_both_ways() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let ms = memories(device);
     let kinds: Vec<String> = ms.iter().map(|&m| memory_kind(m)).collect();
     assert_eq!(kinds, ["device", "pinned_host"]);
     let (dev_mem, host_mem) = (ms[0], ms[1]);
@@ -469,15 +474,7 @@ fn a_pinned_host_buffer_is_read_in_place_and_kept_while_referenced() {
     let be = backend();
     let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
     let device = devices(client)[0];
-    let (err, ms) = call!(
-        PJRT_Device_AddressableMemories,
-        PJRT_Device_AddressableMemories_Args,
-        |a| {
-            a.device = device;
-        }
-    );
-    assert_eq!(err, None);
-    let host_mem = unsafe { *ms.memories.add(1) };
+    let host_mem = memories(device)[1];
     let data = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
     let h = from_host_in_memory(client, host_mem, PJRT_Buffer_Type_F32, &[4], &data).unwrap();
     let d = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
