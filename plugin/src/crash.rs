@@ -15,23 +15,22 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_void};
-use std::sync::Mutex;
+use std::sync::Once;
 
-use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use nix::libc;
 
-const SIGNALS: [Signal; 5] = [
-    Signal::SIGSEGV,
-    Signal::SIGBUS,
-    Signal::SIGILL,
-    Signal::SIGFPE,
-    Signal::SIGABRT,
+const SIGNALS: [c_int; 5] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGABRT,
 ];
 
-/// The actions in place before ours, restored when a signal arrives.
-static PREVIOUS: Mutex<Vec<(Signal, SigAction)>> = Mutex::new(Vec::new());
-/// The same, readable from the handler without a lock (written once, before
-/// any handler of ours is installed).
-static mut PREVIOUS_RAW: [Option<(Signal, SigAction)>; 5] = [None; 5];
+/// The actions in place before ours, restored when a signal arrives:
+/// written once, each before our handler for its signal is installed, and
+/// only read afterwards (by the handler).
+static mut PREVIOUS: [Option<libc::sigaction>; 5] = [None; 5];
 
 extern "C" {
     // glibc <execinfo.h>.
@@ -43,47 +42,40 @@ extern "C" {
 /// than `0` (once per process; later calls do nothing).
 pub fn install_from_env() {
     match std::env::var("XLA_VMM_CRASH_REPORT") {
-        Ok(v) if !v.is_empty() && v != "0" => install(),
+        Ok(v) if !v.is_empty() && v != "0" => {
+            static ONCE: Once = Once::new();
+            ONCE.call_once(install);
+        }
         _ => {}
     }
 }
 
 fn install() {
-    let mut previous = PREVIOUS.lock().unwrap_or_else(|p| p.into_inner());
-    if !previous.is_empty() {
-        return;
-    }
     // Load the unwinder now: its first call allocates.
     let mut warm = [std::ptr::null_mut::<c_void>(); 4];
     // SAFETY: `warm` holds 4 pointers, as the size says.
     unsafe { backtrace(warm.as_mut_ptr(), warm.len() as c_int) };
-    let ours = SigAction::new(
-        SigHandler::SigAction(report),
-        SaFlags::SA_SIGINFO | SaFlags::SA_ONSTACK,
-        SigSet::empty(),
-    );
-    // Read every previous action before installing any of ours, so that the
-    // handler finds them all.
     for (i, &sig) in SIGNALS.iter().enumerate() {
-        // SAFETY: reading the current action (installed back at once).
-        let old = match unsafe { signal::sigaction(sig, &ours) } {
-            Ok(old) => old,
-            Err(e) => {
-                tracing::warn!("XLA_VMM_CRASH_REPORT: no handler for {sig}: {e}");
-                continue;
-            }
-        };
-        // SAFETY: put back what was there until every slot is written.
-        let _ = unsafe { signal::sigaction(sig, &old) };
-        // SAFETY: written before any handler of ours exists (none reads it yet).
-        unsafe { PREVIOUS_RAW[i] = Some((sig, old)) };
-        previous.push((sig, old));
-    }
-    for &(sig, _) in previous.iter() {
-        // SAFETY: `report` only calls async-signal-safe functions (write,
-        // sigaction, raise) and glibc's backtrace, already loaded above.
-        if let Err(e) = unsafe { signal::sigaction(sig, &ours) } {
-            tracing::warn!("XLA_VMM_CRASH_REPORT: no handler for {sig}: {e}");
+        // SAFETY: all-zero is a valid sigaction (no handler, empty mask).
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: reading the current action (a null new action changes
+        // nothing) into a valid out struct.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+            tracing::warn!("XLA_VMM_CRASH_REPORT: cannot read the action of signal {sig}");
+            continue;
+        }
+        // SAFETY: the slot of `sig` is written before our handler for `sig`
+        // exists (so before anything reads it), once (install runs once).
+        unsafe { (*std::ptr::addr_of_mut!(PREVIOUS))[i] = Some(old) };
+        // SAFETY: as above; `report` only calls async-signal-safe functions
+        // (write, sigaction, raise) and glibc's backtrace, loaded above.
+        let mut ours: libc::sigaction = unsafe { std::mem::zeroed() };
+        let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = report;
+        ours.sa_sigaction = handler as usize;
+        ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        // SAFETY: installing a valid action for a valid signal.
+        if unsafe { libc::sigaction(sig, &ours, std::ptr::null_mut()) } != 0 {
+            tracing::warn!("XLA_VMM_CRASH_REPORT: cannot install the handler of signal {sig}");
         }
     }
     tracing::info!("XLA_VMM_CRASH_REPORT: native stacks are written to stderr on a fatal signal");
@@ -91,7 +83,7 @@ fn install() {
 
 fn write_stderr(bytes: &[u8]) {
     // SAFETY: writing a valid buffer to fd 2 (async-signal-safe).
-    unsafe { nix::libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+    unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
 }
 
 /// Decimal or hex digits of `v` into `buf`, returning the filled tail.
@@ -108,7 +100,7 @@ fn digits(mut v: u64, radix: u64, buf: &mut [u8; 20]) -> &[u8] {
     &buf[i..]
 }
 
-extern "C" fn report(sig: c_int, info: *mut nix::libc::siginfo_t, _ctx: *mut c_void) {
+extern "C" fn report(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void) {
     let mut buf = [0u8; 20];
     write_stderr(b"\n*** xla-vmm crash report: signal ");
     write_stderr(digits(sig as u64, 10, &mut buf));
@@ -120,7 +112,7 @@ extern "C" fn report(sig: c_int, info: *mut nix::libc::siginfo_t, _ctx: *mut c_v
     }
     write_stderr(b", thread ");
     // SAFETY: gettid has no preconditions.
-    write_stderr(digits(unsafe { nix::libc::gettid() } as u64, 10, &mut buf));
+    write_stderr(digits(unsafe { libc::gettid() } as u64, 10, &mut buf));
     write_stderr(b" ***\n");
     let mut frames = [std::ptr::null_mut::<c_void>(); 64];
     // SAFETY: `frames` holds 64 pointers, as the size says; the unwinder was
@@ -131,17 +123,19 @@ extern "C" fn report(sig: c_int, info: *mut nix::libc::siginfo_t, _ctx: *mut c_v
     write_stderr(b"*** end of xla-vmm crash report ***\n");
     // The previous handler takes over: restored, then the signal again (a
     // synchronous fault also recurs when this returns).
-    // SAFETY: PREVIOUS_RAW was written before this handler was installed.
-    let previous = unsafe { &*std::ptr::addr_of!(PREVIOUS_RAW) };
-    for (s, old) in previous.iter().flatten() {
-        if *s as c_int == sig {
-            // SAFETY: reinstalling the action that was there before ours.
-            let _ = unsafe { signal::sigaction(*s, old) };
-        }
+    // SAFETY: PREVIOUS is only written before our handlers are installed.
+    let previous = unsafe { &*std::ptr::addr_of!(PREVIOUS) };
+    if let Some(Some(old)) = SIGNALS.iter().position(|&s| s == sig).map(|i| previous[i]) {
+        // SAFETY: reinstalling the action that was there before ours.
+        unsafe { libc::sigaction(sig, &old, std::ptr::null_mut()) };
+    } else {
+        // SAFETY: the default action for a signal we do not know the
+        // previous action of (none: install read it before installing).
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
     }
     // SAFETY: raise is async-signal-safe; the signal is blocked until this
     // handler returns, then delivered to the restored handler.
-    unsafe { nix::libc::raise(sig) };
+    unsafe { libc::raise(sig) };
 }
 
 #[cfg(test)]
