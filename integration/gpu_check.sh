@@ -15,7 +15,8 @@
 # `jax` (a slice of JAX's own test suite, stock then vmm, side by side: integration/jax_tests.py on the
 # tests staged at $S/jaxtests by `JAX_SRC=... stage_gpu.sh --perf`; JAX_SLICE_FILES / JAX_SLICE_BUDGET_S /
 # JAX_SLICE_REF (an earlier jax_tests.json[.gz] whose stock half is reused), JAX_SLICE_RESUME (an earlier
-# one of the same code: finished files reused, cut ones continued)),
+# one of the same code: finished files reused, cut ones continued), JAX_SLICE_JOBS (processes at once; default
+# the machine's cores: the longest files run as several shards)),
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
 # a loop fed a fresh batch per step, steps/s against stock).
@@ -226,7 +227,8 @@ if want jax; then
     jref=(); [ -n "${JAX_SLICE_REF:-}" ] && jref=(--ref-from "$JAX_SLICE_REF")
     [ -n "${JAX_SLICE_RESUME:-}" ] && jref+=(--resume-from "$JAX_SLICE_RESUME")
     check "jax:slice" python3 integration/jax_tests.py --tests "$S/jaxtests" --vmm-lib "$S/lib/libxla_vmm_plugin.so" \
-      --out "$WORK/jax" --budget-s "${JAX_SLICE_BUDGET_S:-900}" ${JAX_SLICE_FILES:+--files "$JAX_SLICE_FILES"} "${jref[@]}"
+      --out "$WORK/jax" --budget-s "${JAX_SLICE_BUDGET_S:-900}" --jobs "${JAX_SLICE_JOBS:-$(nproc)}" \
+      ${JAX_SLICE_FILES:+--files "$JAX_SLICE_FILES"} "${jref[@]}"
   else
     check "jax:slice" sh -c "echo 'no JAX tests at $S/jaxtests (JAX_SRC=<jax git dir> stage_gpu.sh --perf)'; exit 1"
   fi
@@ -260,14 +262,16 @@ fi
 
 # 6b'. compute-sanitizer memcheck over JAX training through the plugin (opt in: section `sanitize-jax`):
 #     the stock side writes a llama executable and its inputs, the vmm side loads it through the plugin
-#     (JAX_PLATFORMS=vmm) and runs SANITIZE_JAX_STEPS steps under memcheck, losses checked against stock.
-#     Not yet run on a GPU (written at the end of a session without device time).
+#     (JAX_PLATFORMS=vmm) and runs SANITIZE_JAX_STEPS steps under memcheck, losses checked against stock
+#     (first run at dd0ce23: 0 errors, integration/results/sanitize_jax_dd0ce23.md).
 if [[ "$SECTIONS" == *" sanitize-jax "* ]] && command -v compute-sanitizer >/dev/null; then
   export XLA_VMM_LIBRARY="$S/lib/libxla_vmm_plugin.so"
   check "sanitize-jax:stock" env JAX_PLATFORMS=cuda XLA_FLAGS=--xla_gpu_deterministic_ops=true \
     python3 integration/tests/llama_ab.py stock "$WORK/sanjax" --steps "${SANITIZE_JAX_STEPS:-10}"
   check "sanitize-jax:vmm" env JAX_PLATFORMS=vmm compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
     --target-processes all python3 integration/tests/llama_ab.py vmm "$WORK/sanjax" --steps "${SANITIZE_JAX_STEPS:-10}"
+  # The vmm side's own verdict (steps, losses against stock) next to memcheck's summary.
+  check "sanitize-jax:losses" grep -h "^vmm " "$WORK/logs/sanitize-jax:vmm.log"
 fi
 
 # 6c. Several GPUs (opt in: section `multi`; issue 7). NCCL collectives in the device layer, the multi-device
