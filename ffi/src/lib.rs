@@ -8,8 +8,9 @@
 //! - `cuda` (feature `cuda`): the CUDA driver API (`cuMem*` VMM, graphs,
 //!   launch) and cuBLASLt, loaded dynamically at first use, so a build needs
 //!   no CUDA toolkit.
-//! - `hip` (feature `hip`): the HIP runtime API, linked against
-//!   `libamdhip64` (Debian: `libamdhip64-dev`).
+//! - `hip` (feature `hip`): the HIP runtime API: `hip-runtime-sys`'s types
+//!   (Debian's `libamdhip64-dev` headers), its functions resolved from
+//!   `libamdhip64.so.{7,6,5}` at run time (`hip/runtime.rs`).
 //! - `nccl` (feature `cuda` or `hip`): NCCL / RCCL loaded at run time with
 //!   `libloading` (hand-written: a few entry points, see the module).
 //! - `hiprtc` (feature `hip`): HIP's run-time compiler, loaded the same
@@ -26,7 +27,9 @@ pub mod cuda {
 
 #[cfg(feature = "hip")]
 pub mod hip {
-    pub use hip_runtime_sys as runtime;
+    /// `hip-runtime-sys`'s types and constants, with the functions the HIP
+    /// backend calls resolved from `libamdhip64` at run time.
+    pub mod runtime;
 }
 
 #[cfg(any(feature = "cuda", feature = "hip"))]

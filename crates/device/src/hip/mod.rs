@@ -62,6 +62,11 @@ impl HipBackend {
             .map_err(|_| DeviceError::InvalidArgument(format!("device ordinal {ordinal}")))?;
         let unavailable =
             |e: DeviceError| DeviceError::NotAvailable(format!("HIP device {ordinal}: {e}"));
+        // The runtime is loaded at run time (libamdhip64.so.7 / .6 / .5):
+        // without one, say so instead of every call's generic failure.
+        let runtime = xla_vmm_ffi::hip::runtime::load()
+            .map_err(|why| DeviceError::NotAvailable(format!("HIP device {ordinal}: {why}")))?;
+        tracing::debug!(runtime = %runtime.display(), "HIP runtime");
         // SAFETY: hipInit has no preconditions; the count bounds `ord`.
         let count = unsafe { result::device::init().and_then(|()| result::device::count()) }
             .map_err(unavailable)?;
@@ -810,6 +815,16 @@ impl Backend for HipBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_a_hip_device_opening_one_is_an_error_that_says_why() {
+        // CI machines have no AMD GPU (and maybe no HIP runtime at all).
+        if let Err(e) = HipBackend::new(0) {
+            assert!(matches!(e, DeviceError::NotAvailable(_)), "{e}");
+            assert!(e.to_string().contains("HIP device 0"), "{e}");
+        }
+        assert!(HipBackend::new(usize::MAX).is_err());
+    }
 
     #[test]
     fn kernel_arguments_are_packed_at_natural_alignment() {
