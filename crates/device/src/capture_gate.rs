@@ -74,11 +74,25 @@ pub fn foreign() -> ForeignGuard {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
+
+    /// The gate is process-wide: these tests take turns. (Run side by side,
+    /// one test's capture waiting for the gate blocks another test's new
+    /// foreign call, std's RwLock favouring a waiting writer, while that test
+    /// holds a foreign guard until the blocked call's thread ends: a cycle
+    /// made by the tests. The plugin does not wait, inside a vendor call,
+    /// for another thread's vendor call; a vendor that did, while a capture
+    /// waited, would hang the same way.)
+    static TURN: Mutex<()> = Mutex::new(());
+
+    fn turn() -> std::sync::MutexGuard<'static, ()> {
+        TURN.lock().unwrap_or_else(|p| p.into_inner())
+    }
 
     #[test]
     fn a_capture_waits_for_foreign_work_and_foreign_work_for_a_capture() {
+        let _turn = turn();
         let f = foreign();
         let captured = Arc::new(AtomicBool::new(false));
         let c = captured.clone();
@@ -109,6 +123,7 @@ mod tests {
 
     #[test]
     fn nested_foreign_work_and_a_capture_inside_it_do_not_deadlock() {
+        let _turn = turn();
         let outer = foreign();
         let inner = foreign();
         let c = capture();
@@ -122,6 +137,7 @@ mod tests {
 
     #[test]
     fn foreign_calls_do_not_wait_for_each_other() {
+        let _turn = turn();
         let _a = foreign();
         std::thread::spawn(|| drop(foreign())).join().unwrap();
     }
