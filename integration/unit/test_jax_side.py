@@ -131,6 +131,16 @@ class CudaAlias(unittest.TestCase):
             sys.path.remove(vendor.name)
             vendor.cleanup()
 
+    def test_without_a_vendor_plugin_the_options_are_empty_and_say_why(self):
+        del os.environ["XLA_VMM_BACKEND"]
+        fake_jax("vmm")
+        pkg = fresh_package()
+        pkg.VENDOR_PACKAGES = (("jax_plugins.no_such_vendor", "x.so", "cuda"),)
+        with self.assertLogs("jax_plugins.xla_vmm", level="WARNING") as logs:
+            self.assertEqual(pkg._client_options(), {})
+        self.assertIn("jax_plugins.no_such_vendor", logs.output[0])
+        self.assertEqual(pkg.gpu_platform(), "cuda")
+
     def test_the_alias_can_be_turned_off(self):
         os.environ["XLA_VMM_GPU_ALIAS"] = "0"
         xb = fake_jax("vmm")

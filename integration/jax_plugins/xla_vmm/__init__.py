@@ -101,7 +101,7 @@ def _client_options():
         logger.warning(
             "xla-vmm: no vendor XLA GPU plugin package (%s) for this python; install "
             "jax[cuda13] or set XLA_VMM_VENDOR_PLUGIN",
-            ", ".join(p for p, _ in VENDOR_PACKAGES),
+            ", ".join(p for p, _, _ in VENDOR_PACKAGES),
         )
         return {}
     path, platform = found
