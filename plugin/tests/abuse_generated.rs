@@ -143,12 +143,11 @@ struct Objects {
 }
 
 fn context() -> *mut PJRT_ExecuteContext {
-    let (err, c) = call!(
+    let c = call_ok!(
         PJRT_ExecuteContext_Create,
         PJRT_ExecuteContext_Create_Args,
         |a| {}
     );
-    assert_eq!(err, None);
     c.context
 }
 
@@ -188,14 +187,13 @@ fn objects() -> Objects {
     let dead_loaded = xla_vmm_plugin::executable::load_plan(client, add_one(), vec![]).unwrap();
     destroy_exe(dead_loaded);
     let dead_context = context();
-    let (err, _) = call!(
+    call_ok!(
         PJRT_ExecuteContext_Destroy,
         PJRT_ExecuteContext_Destroy_Args,
         |a| {
             a.context = dead_context;
         }
     );
-    assert_eq!(err, None);
     let gone = client::into_c(Client::with_backend(host_options(), backend()).unwrap());
     destroy_client(gone);
     Objects {
@@ -442,14 +440,13 @@ fn ten_threads_load_execute_and_destroy_at_once() {
                     }
                     .run(exe, &mut out)
                     .unwrap();
-                    let (err, _) = call!(
+                    call_ok!(
                         PJRT_ExecuteContext_Destroy,
                         PJRT_ExecuteContext_Destroy_Args,
                         |a| {
                             a.context = ctx;
                         }
                     );
-                    assert_eq!(err, None);
                     assert_eq!(await_event(done), None);
                     destroy_event(done);
                     let want = (t * 100 + i) as f32 + 1.0;

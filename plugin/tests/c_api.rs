@@ -105,50 +105,46 @@ fn bad_args_are_errors_not_crashes() {
 #[test]
 fn client_devices_and_memories() {
     let (client, device) = host_client();
-    let (err, a) = call!(
+    let a = call_ok!(
         PJRT_Client_PlatformName,
         PJRT_Client_PlatformName_Args,
         |a| {
             a.client = client;
         }
     );
-    assert_eq!(err, None);
     let name =
         unsafe { std::slice::from_raw_parts(a.platform_name.cast::<u8>(), a.platform_name_size) };
     assert_eq!(name, b"cuda");
-    let (err, a) = call!(
+    let a = call_ok!(
         PJRT_Client_AddressableDevices,
         PJRT_Client_AddressableDevices_Args,
         |a| {
             a.client = client;
         }
     );
-    assert_eq!(err, None);
     assert_eq!(a.num_addressable_devices, 1);
-    let (err, d) = call!(
+    let d = call_ok!(
         PJRT_Device_GetDescription,
         PJRT_Device_GetDescription_Args,
         |a| {
             a.device = device;
         }
     );
-    assert_eq!(err, None);
-    let (err, id) = call!(
+    let id = call_ok!(
         PJRT_DeviceDescription_Id,
         PJRT_DeviceDescription_Id_Args,
         |a| {
             a.device_description = d.device_description;
         }
     );
-    assert_eq!((err, id.id), (None, 0));
-    let (err, attrs) = call!(
+    assert_eq!(id.id, 0);
+    let attrs = call_ok!(
         PJRT_DeviceDescription_Attributes,
         PJRT_DeviceDescription_Attributes_Args,
         |a| {
             a.device_description = d.device_description;
         }
     );
-    assert_eq!(err, None);
     let attrs = unsafe { std::slice::from_raw_parts(attrs.attributes, attrs.num_attributes) };
     let names: Vec<String> = attrs
         .iter()
@@ -161,50 +157,46 @@ fn client_devices_and_memories() {
         names.contains(&"compute_capability".to_string()),
         "{names:?}"
     );
-    let (err, m) = call!(
+    let m = call_ok!(
         PJRT_Device_DefaultMemory,
         PJRT_Device_DefaultMemory_Args,
         |a| {
             a.device = device;
         }
     );
-    assert_eq!(err, None);
     // jaxlib reads `PJRT_Memory::vtable`: it must be readable (null here).
     assert!(unsafe { (*m.memory).vtable }.is_null());
-    let (err, k) = call!(PJRT_Memory_Kind, PJRT_Memory_Kind_Args, |a| {
+    let k = call_ok!(PJRT_Memory_Kind, PJRT_Memory_Kind_Args, |a| {
         a.memory = m.memory;
     });
-    assert_eq!(err, None);
     assert_eq!(
         unsafe { std::slice::from_raw_parts(k.kind.cast::<u8>(), k.kind_size) },
         b"device"
     );
-    let (err, by) = call!(
+    let by = call_ok!(
         PJRT_Memory_AddressableByDevices,
         PJRT_Memory_AddressableByDevices_Args,
         |a| {
             a.memory = m.memory;
         }
     );
-    assert_eq!(err, None);
     assert_eq!(
         unsafe { std::slice::from_raw_parts(by.devices, by.num_devices) },
         &[device]
     );
-    let (err, cm) = call!(
+    let cm = call_ok!(
         PJRT_Client_AddressableMemories,
         PJRT_Client_AddressableMemories_Args,
         |a| {
             a.client = client;
         }
     );
-    assert_eq!(err, None);
     // The device's memory, then its pinned host memory.
     let mems =
         unsafe { std::slice::from_raw_parts(cm.addressable_memories, cm.num_addressable_memories) };
     assert_eq!(mems.len(), 2);
     assert_eq!(mems[0], m.memory);
-    let (err, l) = call!(
+    let l = call_ok!(
         PJRT_Client_LookupDevice,
         PJRT_Client_LookupDevice_Args,
         |a| {
@@ -212,7 +204,7 @@ fn client_devices_and_memories() {
             a.id = 0;
         }
     );
-    assert_eq!((err, l.device), (None, device));
+    assert_eq!(l.device, device);
     let (err, _) = call!(
         PJRT_Client_LookupDevice,
         PJRT_Client_LookupDevice_Args,
@@ -277,26 +269,25 @@ fn round_trip_every_dtype() {
                 data.iter_mut().for_each(|b| *b &= 1);
             }
             let buf = from_host(client, device, ty, dims, &data, None).unwrap();
-            let (err, t) = call!(PJRT_Buffer_ElementType, PJRT_Buffer_ElementType_Args, |a| {
+            let t = call_ok!(PJRT_Buffer_ElementType, PJRT_Buffer_ElementType_Args, |a| {
                 a.buffer = buf;
             });
-            assert_eq!((err, t.type_), (None, ty));
-            let (err, d) = call!(PJRT_Buffer_Dimensions, PJRT_Buffer_Dimensions_Args, |a| {
+            assert_eq!(t.type_, ty);
+            let d = call_ok!(PJRT_Buffer_Dimensions, PJRT_Buffer_Dimensions_Args, |a| {
                 a.buffer = buf;
             });
-            assert_eq!(err, None);
             assert_eq!(
                 unsafe { std::slice::from_raw_parts(d.dims, d.num_dims) },
                 dims
             );
-            let (err, s) = call!(
+            let s = call_ok!(
                 PJRT_Buffer_OnDeviceSizeInBytes,
                 PJRT_Buffer_OnDeviceSizeInBytes_Args,
                 |a| {
                     a.buffer = buf;
                 }
             );
-            assert_eq!((err, s.on_device_size_in_bytes), (None, data.len()));
+            assert_eq!(s.on_device_size_in_bytes, data.len());
             assert_eq!(to_host(buf).unwrap(), data, "type {ty} dims {dims:?}");
             destroy_buffer(buf);
         }
@@ -334,7 +325,7 @@ fn strided_and_permuted_host_layouts() {
     layout.__bindgen_anon_1.tiled.minor_to_major = m2m.as_ptr();
     layout.__bindgen_anon_1.tiled.minor_to_major_size = 2;
     let mut out = vec![0u8; 12];
-    let (err, a) = call!(
+    let a = call_ok!(
         PJRT_Buffer_ToHostBuffer,
         PJRT_Buffer_ToHostBuffer_Args,
         |a| {
@@ -344,13 +335,12 @@ fn strided_and_permuted_host_layouts() {
             a.dst_size = out.len();
         }
     );
-    assert_eq!(err, None);
     destroy_event(a.event);
     assert_eq!(out, raw);
     // Negative strides: a reversed vector (data points at its last element).
     let fwd: Vec<u8> = vec![10, 20, 30, 40];
     let rev = unsafe { std::slice::from_raw_parts(fwd.as_ptr().add(3), 1) };
-    let (err, b) = call!(
+    let b = call_ok!(
         PJRT_Client_BufferFromHostBuffer,
         PJRT_Client_BufferFromHostBuffer_Args,
         |a| {
@@ -365,18 +355,16 @@ fn strided_and_permuted_host_layouts() {
             a.device = device;
         }
     );
-    assert_eq!(err, None);
     destroy_event(b.done_with_host_buffer);
     assert_eq!(to_host(b.buffer).unwrap(), vec![40, 30, 20, 10]);
     // Layout query: dense major-to-minor.
-    let (err, l) = call!(
+    let l = call_ok!(
         PJRT_Buffer_GetMemoryLayout,
         PJRT_Buffer_GetMemoryLayout_Args,
         |a| {
             a.buffer = buf;
         }
     );
-    assert_eq!(err, None);
     let t = unsafe { l.layout.__bindgen_anon_1.tiled };
     assert_eq!(
         unsafe { std::slice::from_raw_parts(t.minor_to_major, t.minor_to_major_size) },
@@ -392,7 +380,7 @@ fn deleted_buffers_and_bad_shapes_are_clear_errors() {
     let (client, device) = host_client();
     let data = vec![1u8; 16];
     let buf = from_host(client, device, PJRT_Buffer_Type_F32, &[4], &data, None).unwrap();
-    let (err, c) = call!(
+    let c = call_ok!(
         PJRT_Buffer_CopyToDevice,
         PJRT_Buffer_CopyToDevice_Args,
         |a| {
@@ -400,16 +388,14 @@ fn deleted_buffers_and_bad_shapes_are_clear_errors() {
             a.dst_device = device;
         }
     );
-    assert_eq!(err, None);
     assert_eq!(to_host(c.dst_buffer).unwrap(), data);
-    let (err, _) = call!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |a| {
+    call_ok!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |a| {
         a.buffer = buf;
     });
-    assert_eq!(err, None);
-    let (err, d) = call!(PJRT_Buffer_IsDeleted, PJRT_Buffer_IsDeleted_Args, |a| {
+    let d = call_ok!(PJRT_Buffer_IsDeleted, PJRT_Buffer_IsDeleted_Args, |a| {
         a.buffer = buf;
     });
-    assert_eq!((err, d.is_deleted), (None, true));
+    assert!(d.is_deleted);
     let (code, msg) = to_host(buf).unwrap_err();
     assert_eq!(code, PJRT_Error_Code_FAILED_PRECONDITION);
     assert!(msg.contains("deleted"), "{msg}");
@@ -454,47 +440,42 @@ unsafe extern "C" fn on_ready(err: *mut PJRT_Error, user: *mut c_void) {
 fn events_complete_and_call_back() {
     let (client, device) = host_client();
     let buf = from_host(client, device, PJRT_Buffer_Type_S32, &[2], &[0; 8], None).unwrap();
-    let (err, e) = call!(PJRT_Buffer_ReadyEvent, PJRT_Buffer_ReadyEvent_Args, |a| {
+    let e = call_ok!(PJRT_Buffer_ReadyEvent, PJRT_Buffer_ReadyEvent_Args, |a| {
         a.buffer = buf;
     });
-    assert_eq!(err, None);
     // The upload is asynchronous (staged, then copied on the stream): ready
     // once awaited, and then a callback runs at once.
     assert_eq!(await_event(e.event), None);
-    let (err, r) = call!(PJRT_Event_IsReady, PJRT_Event_IsReady_Args, |a| {
+    let r = call_ok!(PJRT_Event_IsReady, PJRT_Event_IsReady_Args, |a| {
         a.event = e.event;
     });
-    assert_eq!((err, r.is_ready), (None, true));
-    let (err, _) = call!(PJRT_Event_OnReady, PJRT_Event_OnReady_Args, |a| {
+    assert!(r.is_ready);
+    call_ok!(PJRT_Event_OnReady, PJRT_Event_OnReady_Args, |a| {
         a.event = e.event;
         a.callback = Some(on_ready);
         a.user_arg = std::ptr::without_provenance_mut(1);
     });
-    assert_eq!(err, None);
     assert_eq!(CALLS.load(Ordering::SeqCst) & 0xff, 1);
     destroy_event(e.event);
     // A user event, completed later with an error: the callback sees it.
-    let (err, c) = call!(PJRT_Event_Create, PJRT_Event_Create_Args, |a| {});
-    assert_eq!(err, None);
-    let (err, _) = call!(PJRT_Event_OnReady, PJRT_Event_OnReady_Args, |a| {
+    let c = call_ok!(PJRT_Event_Create, PJRT_Event_Create_Args, |a| {});
+    call_ok!(PJRT_Event_OnReady, PJRT_Event_OnReady_Args, |a| {
         a.event = c.event;
         a.callback = Some(on_ready);
         a.user_arg = std::ptr::without_provenance_mut(0x100);
     });
-    assert_eq!(err, None);
     assert_eq!(
         CALLS.load(Ordering::SeqCst) & 0xff00,
         0,
         "called before completion"
     );
     let msg = "boom";
-    let (err, _) = call!(PJRT_Event_Set, PJRT_Event_Set_Args, |a| {
+    call_ok!(PJRT_Event_Set, PJRT_Event_Set_Args, |a| {
         a.event = c.event;
         a.error_code = PJRT_Error_Code_ABORTED;
         a.error_message = msg.as_ptr().cast();
         a.error_message_size = msg.len();
     });
-    assert_eq!(err, None);
     assert_eq!(CALLS.load(Ordering::SeqCst) & 0xff00, 0x100);
     assert_eq!(
         ERROR_CODES.load(Ordering::SeqCst),
@@ -509,8 +490,7 @@ fn events_complete_and_call_back() {
 
 #[test]
 fn plugin_attributes_name_the_version() {
-    let (err, a) = call!(PJRT_Plugin_Attributes, PJRT_Plugin_Attributes_Args, |a| {});
-    assert_eq!(err, None);
+    let a = call_ok!(PJRT_Plugin_Attributes, PJRT_Plugin_Attributes_Args, |a| {});
     let attrs = unsafe { std::slice::from_raw_parts(a.attributes, a.num_attributes) };
     let found = attrs.iter().find(|v| unsafe {
         std::slice::from_raw_parts(v.name.cast::<u8>(), v.name_size) == b"xla_vmm_version"
@@ -528,14 +508,13 @@ fn plugin_attributes_name_the_version() {
 #[test]
 fn device_attributes_work_as_jaxlib_calls_them() {
     let (client, device) = host_client();
-    let (err, a) = call!(
+    let a = call_ok!(
         PJRT_Device_GetAttributes,
         PJRT_Device_GetAttributes_Args,
         |a| {
             a.device = device;
         }
     );
-    assert_eq!(err, None);
     assert!(a.num_attributes >= 3);
     let deleter = a.attributes_deleter.expect("a deleter");
     unsafe { deleter(a.device_attributes) };

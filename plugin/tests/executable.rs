@@ -57,11 +57,10 @@ fn compile_without_a_vendor_plugin_says_where_it_looked() {
         o.value_size = v.len();
         opts.push(o);
     }
-    let (err, c) = call!(PJRT_Client_Create, PJRT_Client_Create_Args, |a| {
+    let c = call_ok!(PJRT_Client_Create, PJRT_Client_Create_Args, |a| {
         a.create_options = opts.as_ptr();
         a.num_options = opts.len();
     });
-    assert_eq!(err, None);
     let code = b"module {}";
     let format = "mlir";
     let mut program: PJRT_Program = unsafe { std::mem::zeroed() };
@@ -95,30 +94,28 @@ fn fixture_on_the_host_backend_loads_or_fails_clearly() {
             eprintln!("loop.pjrt on host: {msg}");
         }
         Ok(exe) => {
-            let (err, g) = call!(
+            let g = call_ok!(
                 PJRT_LoadedExecutable_GetExecutable,
                 PJRT_LoadedExecutable_GetExecutable_Args,
                 |a| {
                     a.loaded_executable = exe;
                 }
             );
-            assert_eq!(err, None);
-            let (err, n) = call!(
+            let n = call_ok!(
                 PJRT_Executable_NumOutputs,
                 PJRT_Executable_NumOutputs_Args,
                 |a| {
                     a.executable = g.executable;
                 }
             );
-            assert_eq!((err, n.num_outputs), (None, 1));
-            let (err, s) = call!(
+            assert_eq!(n.num_outputs, 1);
+            let s = call_ok!(
                 PJRT_Executable_Serialize,
                 PJRT_Executable_Serialize_Args,
                 |a| {
                     a.executable = g.executable;
                 }
             );
-            assert_eq!(err, None);
             let round = unsafe {
                 std::slice::from_raw_parts(s.serialized_bytes.cast::<u8>(), s.serialized_bytes_size)
             };

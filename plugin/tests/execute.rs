@@ -24,10 +24,9 @@ fn passthrough() -> Plan {
 }
 
 fn is_deleted(b: *mut PJRT_Buffer) -> bool {
-    let (err, a) = call!(PJRT_Buffer_IsDeleted, PJRT_Buffer_IsDeleted_Args, |a| {
+    let a = call_ok!(PJRT_Buffer_IsDeleted, PJRT_Buffer_IsDeleted_Args, |a| {
         a.buffer = b;
     });
-    assert_eq!(err, None);
     a.is_deleted
 }
 
@@ -55,65 +54,60 @@ fn execute_outputs_donation_and_errors() {
     assert_eq!(f32_values(&to_host(out).unwrap()), vec![2.0, 3.0, 4.0, 5.0]);
 
     // ---- queries
-    let (err, g) = call!(
+    let g = call_ok!(
         PJRT_LoadedExecutable_GetExecutable,
         PJRT_LoadedExecutable_GetExecutable_Args,
         |x| {
             x.loaded_executable = exe;
         }
     );
-    assert_eq!(err, None);
-    let (err, n) = call!(
+    let n = call_ok!(
         PJRT_Executable_NumOutputs,
         PJRT_Executable_NumOutputs_Args,
         |x| {
             x.executable = g.executable;
         }
     );
-    assert_eq!((err, n.num_outputs), (None, 1));
-    let (err, t) = call!(
+    assert_eq!(n.num_outputs, 1);
+    let t = call_ok!(
         PJRT_Executable_OutputElementTypes,
         PJRT_Executable_OutputElementTypes_Args,
         |x| {
             x.executable = g.executable;
         }
     );
-    assert_eq!(err, None);
     assert_eq!(
         unsafe { std::slice::from_raw_parts(t.output_types, t.num_output_types) },
         &[PJRT_Buffer_Type_F32]
     );
-    let (err, d) = call!(
+    let d = call_ok!(
         PJRT_Executable_OutputDimensions,
         PJRT_Executable_OutputDimensions_Args,
         |x| {
             x.executable = g.executable;
         }
     );
-    assert_eq!(err, None);
     assert_eq!(
         unsafe { std::slice::from_raw_parts(d.dim_sizes, d.num_outputs) },
         &[1]
     );
     assert_eq!(unsafe { std::slice::from_raw_parts(d.dims, 1) }, &[4]);
-    let (err, nm) = call!(PJRT_Executable_Name, PJRT_Executable_Name_Args, |x| {
+    let nm = call_ok!(PJRT_Executable_Name, PJRT_Executable_Name_Args, |x| {
         x.executable = g.executable;
     });
-    assert_eq!(err, None);
     assert_eq!(
         unsafe {
             std::slice::from_raw_parts(nm.executable_name.cast::<u8>(), nm.executable_name_size)
         },
         b"jit_test"
     );
-    let (err, s) = call!(
+    let s = call_ok!(
         PJRT_Executable_Serialize,
         PJRT_Executable_Serialize_Args,
         |x| {
             x.executable = g.executable;
         }
     );
-    assert_eq!(err, None);
     assert_eq!(
         unsafe {
             std::slice::from_raw_parts(s.serialized_bytes.cast::<u8>(), s.serialized_bytes_size)
@@ -121,14 +115,13 @@ fn execute_outputs_donation_and_errors() {
         b"bytes-1"
     );
     unsafe { (s.serialized_executable_deleter.unwrap())(s.serialized_executable) };
-    let (err, da) = call!(
+    let da = call_ok!(
         PJRT_LoadedExecutable_GetDeviceAssignment,
         PJRT_LoadedExecutable_GetDeviceAssignment_Args,
         |x| {
             x.executable = exe;
         }
     );
-    assert_eq!(err, None);
     let da_bytes = unsafe {
         std::slice::from_raw_parts(da.serialized_bytes.cast::<u8>(), da.serialized_bytes_size)
     };
@@ -138,10 +131,9 @@ fn execute_outputs_donation_and_errors() {
         &[0x08, 0x01, 0x10, 0x01, 0x1A, 0x03, 0x0A, 0x01, 0x00]
     );
     unsafe { (da.serialized_device_assignment_deleter.unwrap())(da.serialized_device_assignment) };
-    let (err, _) = call!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |x| {
+    call_ok!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |x| {
         x.executable = g.executable;
     });
-    assert_eq!(err, None);
 
     // ---- bad arguments: shape, count, deleted buffer
     let wrong = put(&[1.0, 2.0, 3.0, 4.0, 5.0]);
@@ -153,10 +145,9 @@ fn execute_outputs_donation_and_errors() {
     );
     let (_, msg) = execute(exe, &[], &[]).unwrap_err();
     assert!(msg.contains("takes 1 arguments, 0 given"), "{msg}");
-    let (err, _) = call!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |x| {
+    call_ok!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |x| {
         x.buffer = a;
     });
-    assert_eq!(err, None);
     let (code, msg) = execute(exe, &[a], &[]).unwrap_err();
     assert_eq!(code, PJRT_Error_Code_FAILED_PRECONDITION);
     assert!(msg.contains("deleted"), "{msg}");
@@ -195,10 +186,10 @@ fn execute_outputs_donation_and_errors() {
     for e in [exe, dexe, pexe] {
         destroy_exe(e);
     }
-    let (err, st) = call!(PJRT_Device_MemoryStats, PJRT_Device_MemoryStats_Args, |x| {
+    let st = call_ok!(PJRT_Device_MemoryStats, PJRT_Device_MemoryStats_Args, |x| {
         x.device = device;
     });
-    assert_eq!((err, st.num_allocs), (None, 0));
+    assert_eq!(st.num_allocs, 0);
     destroy_client(client);
     assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
 }

@@ -126,36 +126,34 @@ fn a_token_output_is_a_buffer_of_no_bytes() {
         .push(alloc(1, 0, AllocationRole::Output { outputs: vec![] }));
     let exe = load(client, p);
     let view = executable_of(exe);
-    let (err, types) = call!(
+    let types = call_ok!(
         PJRT_Executable_OutputElementTypes,
         PJRT_Executable_OutputElementTypes_Args,
         |a| {
             a.executable = view;
         }
     );
-    assert_eq!(err, None);
     assert_eq!(types.num_output_types, 1);
     assert_eq!(unsafe { *types.output_types }, PJRT_Buffer_Type_TOKEN);
-    let (err, _) = call!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |a| {
+    call_ok!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |a| {
         a.executable = view;
     });
-    assert_eq!(err, None);
     let x = put_f32(client, device, &[1.0; 4]);
     let tok = execute(exe, &[x], &[]).unwrap();
-    let (err, t) = call!(PJRT_Buffer_ElementType, PJRT_Buffer_ElementType_Args, |a| {
+    let t = call_ok!(PJRT_Buffer_ElementType, PJRT_Buffer_ElementType_Args, |a| {
         a.buffer = tok;
     });
-    assert_eq!((err, t.type_), (None, PJRT_Buffer_Type_TOKEN));
+    assert_eq!(t.type_, PJRT_Buffer_Type_TOKEN);
     assert_eq!(to_host(tok).unwrap(), Vec::<u8>::new());
     // A token passed back in, as JAX does with effect tokens.
-    let (err, size) = call!(
+    let size = call_ok!(
         PJRT_Buffer_OnDeviceSizeInBytes,
         PJRT_Buffer_OnDeviceSizeInBytes_Args,
         |a| {
             a.buffer = tok;
         }
     );
-    assert_eq!((err, size.on_device_size_in_bytes), (None, 0));
+    assert_eq!(size.on_device_size_in_bytes, 0);
     for b in [x, tok] {
         destroy_buffer(b);
     }
@@ -165,27 +163,25 @@ fn a_token_output_is_a_buffer_of_no_bytes() {
 }
 
 fn topology(client: *mut PJRT_Client) -> *mut PJRT_TopologyDescription {
-    let (err, a) = call!(
+    let a = call_ok!(
         PJRT_Client_TopologyDescription,
         PJRT_Client_TopologyDescription_Args,
         |a| {
             a.client = client;
         }
     );
-    assert_eq!(err, None);
     assert!(!a.topology.is_null());
     a.topology
 }
 
 fn fingerprint(t: *mut PJRT_TopologyDescription) -> u64 {
-    let (err, f) = call!(
+    let f = call_ok!(
         PJRT_TopologyDescription_Fingerprint,
         PJRT_TopologyDescription_Fingerprint_Args,
         |a| {
             a.topology = t;
         }
     );
-    assert_eq!(err, None);
     f.fingerprint
 }
 
@@ -196,44 +192,43 @@ fn the_client_has_a_topology_with_a_stable_fingerprint() {
     let c1 = client::into_c(Client::new(opts.clone(), None).unwrap());
     let t = topology(c1);
     assert_eq!(topology(c1), t, "one topology per client");
-    let (err, name) = call!(
+    let name = call_ok!(
         PJRT_TopologyDescription_PlatformName,
         PJRT_TopologyDescription_PlatformName_Args,
         |a| {
             a.topology = t;
         }
     );
-    assert_eq!(err, None);
     let name = unsafe {
         std::slice::from_raw_parts(name.platform_name.cast::<u8>(), name.platform_name_size)
     };
     assert_eq!(name, b"cuda");
-    let (err, d) = call!(
+    let d = call_ok!(
         PJRT_TopologyDescription_GetDeviceDescriptions,
         PJRT_TopologyDescription_GetDeviceDescriptions_Args,
         |a| {
             a.topology = t;
         }
     );
-    assert_eq!((err, d.num_descriptions), (None, 2));
+    assert_eq!(d.num_descriptions, 2);
     // The descriptions are the devices' own.
     let first = unsafe { *d.descriptions };
-    let (err, desc) = call!(
+    let desc = call_ok!(
         PJRT_Device_GetDescription,
         PJRT_Device_GetDescription_Args,
         |a| {
             a.device = devices(c1)[0];
         }
     );
-    assert_eq!((err, desc.device_description), (None, first));
-    let (err, attrs) = call!(
+    assert_eq!(desc.device_description, first);
+    let attrs = call_ok!(
         PJRT_TopologyDescription_Attributes,
         PJRT_TopologyDescription_Attributes_Args,
         |a| {
             a.topology = t;
         }
     );
-    assert_eq!((err, attrs.num_attributes), (None, 2));
+    assert_eq!(attrs.num_attributes, 2);
     // Same job, same fingerprint (it keys an on-disk cache); another
     // device count, another one.
     let f1 = fingerprint(t);
@@ -279,12 +274,11 @@ fn ffi_extension() -> &'static PJRT_FFI_Extension {
 fn execute_contexts_keep_ffi_user_data_until_destroyed() {
     let ext = ffi_extension();
     assert_eq!(ext.base.struct_size, PJRT_FFI_Extension_STRUCT_SIZE);
-    let (err, c) = call!(
+    let c = call_ok!(
         PJRT_ExecuteContext_Create,
         PJRT_ExecuteContext_Create_Args,
         |a| {}
     );
-    assert_eq!(err, None);
     let value = Box::into_raw(Box::new(42u32));
     let add = |type_id: i64| {
         let mut a: PJRT_FFI_UserData_Add_Args = unsafe { std::mem::zeroed() };
@@ -303,14 +297,13 @@ fn execute_contexts_keep_ffi_user_data_until_destroyed() {
     let (code, msg) = add(7).expect("the same type id twice");
     assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
     assert!(msg.contains("type id 7"), "{msg}");
-    let (err, _) = call!(
+    call_ok!(
         PJRT_ExecuteContext_Destroy,
         PJRT_ExecuteContext_Destroy_Args,
         |a| {
             a.context = c.context;
         }
     );
-    assert_eq!(err, None);
     // Both deleters ran (the refused entry's did not).
     assert_eq!(
         DELETED.load(std::sync::atomic::Ordering::SeqCst) - before,
@@ -351,14 +344,14 @@ fn sub_byte_arrays_are_packed_on_the_device_and_one_byte_per_element_on_the_host
         None,
     )
     .unwrap();
-    let (err, size) = call!(
+    let size = call_ok!(
         PJRT_Buffer_OnDeviceSizeInBytes,
         PJRT_Buffer_OnDeviceSizeInBytes_Args,
         |a| {
             a.buffer = b;
         }
     );
-    assert_eq!((err, size.on_device_size_in_bytes), (None, 2));
+    assert_eq!(size.on_device_size_in_bytes, 2);
     assert_eq!(to_host(b).unwrap(), vec![1, 0x0F, 7]);
     // Strided host input (every other byte), u2.
     let src = [1u8, 9, 2, 9, 3, 9];
@@ -372,24 +365,22 @@ fn sub_byte_arrays_are_packed_on_the_device_and_one_byte_per_element_on_the_host
 }
 
 fn memory_kind(m: *mut PJRT_Memory) -> String {
-    let (err, k) = call!(PJRT_Memory_Kind, PJRT_Memory_Kind_Args, |a| {
+    let k = call_ok!(PJRT_Memory_Kind, PJRT_Memory_Kind_Args, |a| {
         a.memory = m;
     });
-    assert_eq!(err, None);
     let b = unsafe { std::slice::from_raw_parts(k.kind.cast::<u8>(), k.kind_size) };
     String::from_utf8(b.to_vec()).unwrap()
 }
 
 fn buffer_memory(b: *mut PJRT_Buffer) -> *mut PJRT_Memory {
-    let (err, m) = call!(PJRT_Buffer_Memory, PJRT_Buffer_Memory_Args, |a| {
+    let m = call_ok!(PJRT_Buffer_Memory, PJRT_Buffer_Memory_Args, |a| {
         a.buffer = b;
     });
-    assert_eq!(err, None);
     m.memory
 }
 
 fn copy_to_memory(b: *mut PJRT_Buffer, m: *mut PJRT_Memory) -> *mut PJRT_Buffer {
-    let (err, c) = call!(
+    let c = call_ok!(
         PJRT_Buffer_CopyToMemory,
         PJRT_Buffer_CopyToMemory_Args,
         |a| {
@@ -397,21 +388,19 @@ fn copy_to_memory(b: *mut PJRT_Buffer, m: *mut PJRT_Memory) -> *mut PJRT_Buffer 
             a.dst_memory = m;
         }
     );
-    assert_eq!(err, None);
     assert_eq!(await_event(ready_event(c.dst_buffer)), None);
     c.dst_buffer
 }
 
 /// A device's addressable memories (device memory, then pinned host).
 fn memories(device: *mut PJRT_Device) -> Vec<*mut PJRT_Memory> {
-    let (err, ms) = call!(
+    let ms = call_ok!(
         PJRT_Device_AddressableMemories,
         PJRT_Device_AddressableMemories_Args,
         |a| {
             a.device = device;
         }
     );
-    assert_eq!(err, None);
     unsafe { std::slice::from_raw_parts(ms.memories, ms.num_memories) }.to_vec()
 }
 
@@ -443,10 +432,9 @@ fn pinned_host_memory_holds_buffers_and_copies_both_ways() {
 }
 
 fn is_on_cpu(b: *mut PJRT_Buffer) -> bool {
-    let (err, r) = call!(PJRT_Buffer_IsOnCpu, PJRT_Buffer_IsOnCpu_Args, |a| {
+    let r = call_ok!(PJRT_Buffer_IsOnCpu, PJRT_Buffer_IsOnCpu_Args, |a| {
         a.buffer = b;
     });
-    assert_eq!(err, None);
     r.is_on_cpu
 }
 
@@ -454,14 +442,13 @@ fn is_on_cpu(b: *mut PJRT_Buffer) -> bool {
 /// then the data pointer, read in place.
 fn host_view(b: *mut PJRT_Buffer, n: usize) -> &'static [u8] {
     assert_eq!(external_ref(b, true), None);
-    let (err, p) = call!(
+    let p = call_ok!(
         PJRT_Buffer_OpaqueDeviceMemoryDataPointer,
         PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args,
         |a| {
             a.buffer = b;
         }
     );
-    assert_eq!(err, None);
     unsafe { std::slice::from_raw_parts(p.device_memory_ptr.cast::<u8>(), n) }
 }
 
@@ -492,10 +479,9 @@ fn a_pinned_host_buffer_is_read_in_place_and_kept_while_referenced() {
     );
     assert_eq!(to_host(h).unwrap(), data);
     // ... and deleted, its memory is kept until the reference goes.
-    let (err, _) = call!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |a| {
+    call_ok!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |a| {
         a.buffer = h;
     });
-    assert_eq!(err, None);
     assert!(to_host(h).is_err());
     let before = be.outstanding().total();
     assert_eq!(view, &data[..]);
@@ -521,21 +507,20 @@ fn a_host_offloaded_output_is_in_pinned_host_memory() {
         .push(alloc(1, 16, AllocationRole::Output { outputs: vec![] }));
     let exe = load(client, p);
     let view = executable_of(exe);
-    let (err, k) = call!(
+    let k = call_ok!(
         PJRT_Executable_OutputMemoryKinds,
         PJRT_Executable_OutputMemoryKinds_Args,
         |a| {
             a.executable = view;
         }
     );
-    assert_eq!((err, k.num_outputs), (None, 1));
+    assert_eq!(k.num_outputs, 1);
     let kind =
         unsafe { std::slice::from_raw_parts((*k.memory_kinds).cast::<u8>(), *k.memory_kind_sizes) };
     assert_eq!(kind, b"pinned_host");
-    let (err, _) = call!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |a| {
+    call_ok!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |a| {
         a.executable = view;
     });
-    assert_eq!(err, None);
     let x = put_f32(client, device, &[1.0; 4]);
     let out = execute(exe, &[x], &[]).unwrap();
     assert_eq!(memory_kind(buffer_memory(out)), "pinned_host");

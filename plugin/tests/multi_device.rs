@@ -39,24 +39,23 @@ fn a_client_with_two_host_devices_lists_both() {
     let mut memories = Vec::new();
     for (i, &d) in all.iter().enumerate() {
         assert!(is_addressable(d));
-        let (err, h) = call!(
+        let h = call_ok!(
             PJRT_Device_LocalHardwareId,
             PJRT_Device_LocalHardwareId_Args,
             |a| {
                 a.device = d;
             }
         );
-        assert_eq!((err, h.local_hardware_id), (None, i as i32));
-        let (err, m) = call!(
+        assert_eq!(h.local_hardware_id, i as i32);
+        let m = call_ok!(
             PJRT_Device_DefaultMemory,
             PJRT_Device_DefaultMemory_Args,
             |a| {
                 a.device = d;
             }
         );
-        assert_eq!(err, None);
         memories.push(m.memory);
-        let (err, l) = call!(
+        let l = call_ok!(
             PJRT_Client_LookupDevice,
             PJRT_Client_LookupDevice_Args,
             |a| {
@@ -64,8 +63,8 @@ fn a_client_with_two_host_devices_lists_both() {
                 a.id = i as i32;
             }
         );
-        assert_eq!((err, l.device), (None, d));
-        let (err, l) = call!(
+        assert_eq!(l.device, d);
+        let l = call_ok!(
             PJRT_Client_LookupAddressableDevice,
             PJRT_Client_LookupAddressableDevice_Args,
             |a| {
@@ -73,7 +72,7 @@ fn a_client_with_two_host_devices_lists_both() {
                 a.local_hardware_id = i as i32;
             }
         );
-        assert_eq!((err, l.addressable_device), (None, d));
+        assert_eq!(l.addressable_device, d);
     }
     assert_ne!(memories[0], memories[1]);
     let (err, m) = call!(
@@ -99,7 +98,7 @@ fn a_client_with_two_host_devices_lists_both() {
     // Buffers live on their device; copies cross devices.
     let b1 = put_f32(client, all[1], &[1.0, 2.0]);
     assert_eq!(buffer_device(b1), all[1]);
-    let (err, c) = call!(
+    let c = call_ok!(
         PJRT_Buffer_CopyToDevice,
         PJRT_Buffer_CopyToDevice_Args,
         |a| {
@@ -107,7 +106,6 @@ fn a_client_with_two_host_devices_lists_both() {
             a.dst_device = all[0];
         }
     );
-    assert_eq!(err, None);
     assert_eq!(buffer_device(c.dst_buffer), all[0]);
     assert_eq!(f32_values(&to_host(c.dst_buffer).unwrap()), vec![1.0, 2.0]);
     destroy_buffer(c.dst_buffer);
@@ -135,65 +133,60 @@ fn a_program_runs_on_two_devices_at_once() {
     .unwrap();
 
     // Queries: two partitions, both devices, the assignment's proto.
-    let (err, g) = call!(
+    let g = call_ok!(
         PJRT_LoadedExecutable_GetExecutable,
         PJRT_LoadedExecutable_GetExecutable_Args,
         |a| {
             a.loaded_executable = exe;
         }
     );
-    assert_eq!(err, None);
-    let (err, np) = call!(
+    let np = call_ok!(
         PJRT_Executable_NumPartitions,
         PJRT_Executable_NumPartitions_Args,
         |a| {
             a.executable = g.executable;
         }
     );
-    assert_eq!((err, np.num_partitions), (None, 2));
-    let (err, nr) = call!(
+    assert_eq!(np.num_partitions, 2);
+    let nr = call_ok!(
         PJRT_Executable_NumReplicas,
         PJRT_Executable_NumReplicas_Args,
         |a| {
             a.executable = g.executable;
         }
     );
-    assert_eq!((err, nr.num_replicas), (None, 1));
-    let (err, _) = call!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |a| {
+    assert_eq!(nr.num_replicas, 1);
+    call_ok!(PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args, |a| {
         a.executable = g.executable;
     });
-    assert_eq!(err, None);
-    let (err, ad) = call!(
+    let ad = call_ok!(
         PJRT_LoadedExecutable_AddressableDevices,
         PJRT_LoadedExecutable_AddressableDevices_Args,
         |a| {
             a.executable = exe;
         }
     );
-    assert_eq!(err, None);
     let ad =
         unsafe { std::slice::from_raw_parts(ad.addressable_devices, ad.num_addressable_devices) };
     assert_eq!(ad, &devs[..]);
-    let (err, da) = call!(
+    let da = call_ok!(
         PJRT_LoadedExecutable_GetDeviceAssignment,
         PJRT_LoadedExecutable_GetDeviceAssignment_Args,
         |a| {
             a.executable = exe;
         }
     );
-    assert_eq!(err, None);
     let bytes = unsafe {
         std::slice::from_raw_parts(da.serialized_bytes.cast::<u8>(), da.serialized_bytes_size)
     };
     assert_eq!(Assignment::from_proto(bytes).unwrap(), assignment);
-    let (err, li) = call!(
+    let li = call_ok!(
         PJRT_LoadedExecutable_AddressableDeviceLogicalIds,
         PJRT_LoadedExecutable_AddressableDeviceLogicalIds_Args,
         |a| {
             a.executable = exe;
         }
     );
-    assert_eq!(err, None);
     let li = unsafe {
         std::slice::from_raw_parts(
             li.addressable_device_logical_ids,
@@ -237,10 +230,9 @@ fn a_program_runs_on_two_devices_at_once() {
     assert!(e.1.contains("argument 0 is on device 1"), "{}", e.1);
     // A deleted argument on one device: nothing runs anywhere.
     let gone = put_f32(client, devs[1], &[0.0; 4]);
-    let (err, _) = call!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |a| {
+    call_ok!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args, |a| {
         a.buffer = gone;
     });
-    assert_eq!(err, None);
     let e = execute_n(exe, &[vec![a0], vec![gone]], 2).unwrap_err();
     assert!(
         e.1.contains("argument list 1") && e.1.contains("deleted"),
@@ -436,14 +428,14 @@ fn two_processes_see_each_others_devices() {
         assert_eq!(local.len(), 1);
         assert_eq!(device_id(local[0]), node as i32);
         assert_eq!(process_of(local[0]), node as i32);
-        let (err, p) = call!(
+        let p = call_ok!(
             PJRT_Client_ProcessIndex,
             PJRT_Client_ProcessIndex_Args,
             |a| {
                 a.client = c;
             }
         );
-        assert_eq!((err, p.process_index), (None, node as i32));
+        assert_eq!(p.process_index, node as i32);
         let other = all[1 - node];
         assert!(!is_addressable(other));
         assert_eq!(process_of(other), 1 - node as i32);
@@ -678,7 +670,7 @@ fn global_process_info_updates_are_accepted() {
             p
         })
         .collect();
-    let (err, _) = call!(
+    call_ok!(
         PJRT_Client_UpdateGlobalProcessInfo,
         PJRT_Client_UpdateGlobalProcessInfo_Args,
         |a| {
@@ -687,7 +679,6 @@ fn global_process_info_updates_are_accepted() {
             a.num_process_infos = infos.len();
         }
     );
-    assert_eq!(err, None);
     let (err, _) = call!(
         PJRT_Client_UpdateGlobalProcessInfo,
         PJRT_Client_UpdateGlobalProcessInfo_Args,

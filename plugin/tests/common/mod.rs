@@ -63,6 +63,17 @@ macro_rules! call {
 }
 pub(crate) use call;
 
+/// [`call!`] for a call that must succeed: asserts it returned no error
+/// (naming the entry) and gives back the args struct with its outputs.
+macro_rules! call_ok {
+    ($slot:ident, $args:ident, |$a:ident| $fill:block) => {{
+        let (err, out) = $crate::common::call!($slot, $args, |$a| $fill);
+        assert_eq!(err, None, "{}", stringify!($slot));
+        out
+    }};
+}
+pub(crate) use call_ok;
+
 /// The header's STRUCT_SIZE of an args type (bindgen exposes it as a const).
 macro_rules! paste_size {
     ($args:ident) => {
@@ -97,17 +108,15 @@ pub fn create_client(backend: &str) -> Result<*mut PJRT_Client, (u32, String)> {
 }
 
 pub fn destroy_client(client: *mut PJRT_Client) {
-    let (err, _) = call!(PJRT_Client_Destroy, PJRT_Client_Destroy_Args, |a| {
+    call_ok!(PJRT_Client_Destroy, PJRT_Client_Destroy_Args, |a| {
         a.client = client;
     });
-    assert_eq!(err, None);
 }
 
 pub fn devices(client: *mut PJRT_Client) -> Vec<*mut PJRT_Device> {
-    let (err, a) = call!(PJRT_Client_Devices, PJRT_Client_Devices_Args, |a| {
+    let a = call_ok!(PJRT_Client_Devices, PJRT_Client_Devices_Args, |a| {
         a.client = client;
     });
-    assert_eq!(err, None);
     unsafe { std::slice::from_raw_parts(a.devices, a.num_devices).to_vec() }
 }
 
@@ -176,10 +185,9 @@ pub fn await_event(event: *mut PJRT_Event) -> Option<(u32, String)> {
 }
 
 pub fn destroy_event(event: *mut PJRT_Event) {
-    let (err, _) = call!(PJRT_Event_Destroy, PJRT_Event_Destroy_Args, |a| {
+    call_ok!(PJRT_Event_Destroy, PJRT_Event_Destroy_Args, |a| {
         a.event = event;
     });
-    assert_eq!(err, None);
 }
 
 pub fn to_host(buffer: *mut PJRT_Buffer) -> Result<Vec<u8>, (u32, String)> {
@@ -212,10 +220,9 @@ pub fn to_host(buffer: *mut PJRT_Buffer) -> Result<Vec<u8>, (u32, String)> {
 }
 
 pub fn destroy_buffer(buffer: *mut PJRT_Buffer) {
-    let (err, _) = call!(PJRT_Buffer_Destroy, PJRT_Buffer_Destroy_Args, |a| {
+    call_ok!(PJRT_Buffer_Destroy, PJRT_Buffer_Destroy_Args, |a| {
         a.buffer = buffer;
     });
-    assert_eq!(err, None);
 }
 
 pub fn null_client() -> *mut PJRT_Client {
@@ -346,30 +353,27 @@ pub fn execute(
 }
 
 pub fn destroy_exe(exe: *mut PJRT_LoadedExecutable) {
-    let (err, _) = call!(
+    call_ok!(
         PJRT_LoadedExecutable_Destroy,
         PJRT_LoadedExecutable_Destroy_Args,
         |x| {
             x.executable = exe;
         }
     );
-    assert_eq!(err, None);
 }
 
 pub fn is_ready(e: *mut PJRT_Event) -> bool {
-    let (err, r) = call!(PJRT_Event_IsReady, PJRT_Event_IsReady_Args, |a| {
+    let r = call_ok!(PJRT_Event_IsReady, PJRT_Event_IsReady_Args, |a| {
         a.event = e;
     });
-    assert_eq!(err, None);
     r.is_ready
 }
 
 /// A new handle of `b`'s ready event (the caller destroys it).
 pub fn ready_event(b: *mut PJRT_Buffer) -> *mut PJRT_Event {
-    let (err, e) = call!(PJRT_Buffer_ReadyEvent, PJRT_Buffer_ReadyEvent_Args, |a| {
+    let e = call_ok!(PJRT_Buffer_ReadyEvent, PJRT_Buffer_ReadyEvent_Args, |a| {
         a.buffer = b;
     });
-    assert_eq!(err, None);
     e.event
 }
 
@@ -389,15 +393,14 @@ pub fn hold(mem: &VmmMemory<HostBackend>, on: bool) {
 
 /// The `PJRT_Executable` of a loaded executable (the caller destroys it).
 pub fn executable_of(exe: *mut PJRT_LoadedExecutable) -> *mut PJRT_Executable {
-    let (err, a) = call!(
+    call_ok!(
         PJRT_LoadedExecutable_GetExecutable,
         PJRT_LoadedExecutable_GetExecutable_Args,
         |a| {
             a.loaded_executable = exe;
         }
-    );
-    assert_eq!(err, None);
-    a.executable
+    )
+    .executable
 }
 
 /// `PJRT_Buffer_IncreaseExternalReferenceCount` (`up`) or its decrease.

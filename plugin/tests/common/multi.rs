@@ -70,34 +70,31 @@ pub fn create(
 }
 
 pub fn addressable(client: *mut PJRT_Client) -> Vec<*mut PJRT_Device> {
-    let (err, a) = call!(
+    let a = call_ok!(
         PJRT_Client_AddressableDevices,
         PJRT_Client_AddressableDevices_Args,
         |a| {
             a.client = client;
         }
     );
-    assert_eq!(err, None);
     unsafe { std::slice::from_raw_parts(a.addressable_devices, a.num_addressable_devices).to_vec() }
 }
 
 pub fn device_id(d: *mut PJRT_Device) -> i32 {
-    let (err, g) = call!(
+    let g = call_ok!(
         PJRT_Device_GetDescription,
         PJRT_Device_GetDescription_Args,
         |a| {
             a.device = d;
         }
     );
-    assert_eq!(err, None);
-    let (err, i) = call!(
+    let i = call_ok!(
         PJRT_DeviceDescription_Id,
         PJRT_DeviceDescription_Id_Args,
         |a| {
             a.device_description = g.device_description;
         }
     );
-    assert_eq!(err, None);
     i.id
 }
 
@@ -109,34 +106,31 @@ pub fn process_of(d: *mut PJRT_Device) -> i32 {
             a.device = d;
         }
     );
-    let (err, p) = call!(
+    let p = call_ok!(
         PJRT_DeviceDescription_ProcessIndex,
         PJRT_DeviceDescription_ProcessIndex_Args,
         |a| {
             a.device_description = g.device_description;
         }
     );
-    assert_eq!(err, None);
     p.process_index
 }
 
 pub fn is_addressable(d: *mut PJRT_Device) -> bool {
-    let (err, a) = call!(
+    let a = call_ok!(
         PJRT_Device_IsAddressable,
         PJRT_Device_IsAddressable_Args,
         |a| {
             a.device = d;
         }
     );
-    assert_eq!(err, None);
     a.is_addressable
 }
 
 pub fn buffer_device(b: *mut PJRT_Buffer) -> *mut PJRT_Device {
-    let (err, a) = call!(PJRT_Buffer_Device, PJRT_Buffer_Device_Args, |a| {
+    let a = call_ok!(PJRT_Buffer_Device, PJRT_Buffer_Device_Args, |a| {
         a.buffer = b;
     });
-    assert_eq!(err, None);
     a.device
 }
 
