@@ -433,24 +433,6 @@ impl Drop for Object {
     }
 }
 
-/// Device pointers of one matmul as raw addresses (0 = absent).
-#[derive(Copy, Clone, Debug, Default)]
-struct RawArgs {
-    a: u64,
-    b: u64,
-    c: u64,
-    d: u64,
-    bias: u64,
-    aux: u64,
-    a_scale: u64,
-    b_scale: u64,
-    c_scale: u64,
-    d_scale: u64,
-    d_amax: u64,
-    workspace: u64,
-    workspace_bytes: u64,
-}
-
 /// XLA's ROCm `MatmulPlan` with its algorithm chosen.
 pub struct HipLtPlan {
     desc: Object,
@@ -486,39 +468,39 @@ impl HipLtPlan {
     /// `stream` is a live HIP stream of the device current on this thread,
     /// and every non-zero pointer in `args` addresses device memory of the
     /// sizes the plan's layouts describe.
-    unsafe fn execute(&self, args: &RawArgs, stream: sys::Stream) -> Result<()> {
-        let (mut a, mut b) = (args.a, args.b);
-        let (mut a_scale, mut b_scale) = (args.a_scale, args.b_scale);
+    unsafe fn execute(&self, args: &MatmulArgs, stream: sys::Stream) -> Result<()> {
+        let (mut a, mut b) = (args.a.0, args.b.0);
+        let (mut a_scale, mut b_scale) = (args.a_scale.0, args.b_scale.0);
         if self.swap {
             std::mem::swap(&mut a, &mut b);
             std::mem::swap(&mut a_scale, &mut b_scale);
         }
         let (mut ws, mut ws_size) = (0u64, 0u64);
         if self.workspace_size > 0 {
-            if args.workspace == 0 || args.workspace_bytes < self.workspace_size {
+            if args.workspace.0 == 0 || args.workspace_bytes < self.workspace_size {
                 return Err(DeviceError::InvalidArgument(format!(
                     "hipBLASLt algorithm needs {} workspace bytes, thunk gives {}",
                     self.workspace_size, args.workspace_bytes
                 )));
             }
-            ws = args.workspace;
+            ws = args.workspace.0;
             ws_size = args.workspace_bytes;
         }
-        if args.aux != 0 {
+        if args.aux.0 != 0 {
             return Err(DeviceError::Unsupported(
                 "hipBLASLt epilogue auxiliary output (needs the layout's ld / batch stride)".into(),
             ));
         }
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        if args.bias != 0 {
-            self.desc.set(sys::DESC_BIAS_POINTER, &args.bias)?;
+        if args.bias.0 != 0 {
+            self.desc.set(sys::DESC_BIAS_POINTER, &args.bias.0)?;
         }
         self.desc.set(sys::DESC_A_SCALE_POINTER, &a_scale)?;
         self.desc.set(sys::DESC_B_SCALE_POINTER, &b_scale)?;
-        self.desc.set(sys::DESC_C_SCALE_POINTER, &args.c_scale)?;
-        self.desc.set(sys::DESC_D_SCALE_POINTER, &args.d_scale)?;
-        self.desc.set(sys::DESC_AMAX_D_POINTER, &args.d_amax)?;
-        let c_ptr = if self.zero_beta { 0 } else { args.c };
+        self.desc.set(sys::DESC_C_SCALE_POINTER, &args.c_scale.0)?;
+        self.desc.set(sys::DESC_D_SCALE_POINTER, &args.d_scale.0)?;
+        self.desc.set(sys::DESC_AMAX_D_POINTER, &args.d_amax.0)?;
+        let c_ptr = if self.zero_beta { 0 } else { args.c.0 };
         let lt = &self.desc.lt;
         // SAFETY: every object is live; alpha / beta point to scale-type
         // values; the caller guarantees the pointers and the stream.
@@ -534,7 +516,7 @@ impl HipLtPlan {
                 self.beta.as_ptr().cast(),
                 c_ptr as *const c_void,
                 self.c.raw,
-                args.d as *mut c_void,
+                args.d.0 as *mut c_void,
                 self.d.raw,
                 &self.algo,
                 ws as *mut c_void,
@@ -783,25 +765,10 @@ impl GemmEngine<HipBackend> for HipGemm {
     fn run(&self, plan: GemmPlanId, args: &MatmulArgs, stream: &HipStream) -> Result<()> {
         let plan = self.get(plan)?;
         self.bind()?;
-        let raw = RawArgs {
-            a: args.a.0,
-            b: args.b.0,
-            c: args.c.0,
-            d: args.d.0,
-            bias: args.bias.0,
-            aux: args.aux.0,
-            a_scale: args.a_scale.0,
-            b_scale: args.b_scale.0,
-            c_scale: args.c_scale.0,
-            d_scale: args.d_scale.0,
-            d_amax: args.d_amax.0,
-            workspace: args.workspace.0,
-            workspace_bytes: args.workspace_bytes,
-        };
         // SAFETY: the stream is this device's (bound above); the runtime
         // resolves every pointer from the executable's slices, which the
         // decoder checked against allocation sizes.
-        unsafe { plan.execute(&raw, stream.raw.cast()) }
+        unsafe { plan.execute(args, stream.raw.cast()) }
     }
 }
 
