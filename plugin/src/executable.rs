@@ -545,6 +545,7 @@ impl ExecInner {
         non_donatable: &[i64],
         context: Option<&Arc<ExecuteContext>>,
     ) -> Result<(Vec<Arc<Buffer>>, Arc<Event>)> {
+        let t0 = std::time::Instant::now();
         let mem = &part.device.mem;
         // Bound the work in flight; no lock is held while waiting.
         mem.throttle();
@@ -625,6 +626,7 @@ impl ExecInner {
         if mem.is_sync() {
             done.wait()?;
         }
+        tracing::debug!(executable = %self.name, host_ns = t0.elapsed().as_nanos() as u64, "executed");
         Ok((results, done))
     }
 }

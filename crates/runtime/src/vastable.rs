@@ -713,7 +713,8 @@ impl<B: Backend> VaStable<B> {
             .get_or_insert_with(|| register(&self.key, &self.stats));
         publish(slot, &self.stats);
         tracing::debug!(executable = %self.key, reservation = r,
-            copy_in_bytes, copy_out_bytes, host_ns = ns, "step bound");
+            copy_in_bytes, copy_out_bytes, host_ns = ns,
+            launch_ns = (t_after - t_launch).as_nanos() as u64, "step bound");
         if warming {
             self.warm.last_end = Some(Instant::now());
         }
