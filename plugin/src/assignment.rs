@@ -10,39 +10,29 @@
 
 use crate::error::{Error, Result};
 
+/// The device assignment (one type for the plugin and the runtime):
 /// `ids[r * partitions + p]` is the global device id of replica `r`,
 /// partition `p`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Assignment {
-    pub replicas: usize,
-    pub partitions: usize,
-    pub ids: Vec<i64>,
-}
+pub use xla_vmm_runtime::DeviceAssignment;
 
 /// What a program loaded on one device of a multi-device executable needs
 /// to know: the whole assignment and which device it is (global id).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MultiDevice {
-    pub assignment: Assignment,
+    pub assignment: DeviceAssignment,
     pub device_id: i64,
 }
 
-impl Assignment {
-    /// One replica, one partition on `device_id`.
-    pub fn single(device_id: i64) -> Self {
-        Assignment {
-            replicas: 1,
-            partitions: 1,
-            ids: vec![device_id],
-        }
-    }
+/// The assignment as JAX reads and writes it: a serialized
+/// `DeviceAssignmentProto`.
+pub trait AssignmentProto: Sized {
+    fn to_proto(&self) -> Vec<u8>;
+    fn from_proto(bytes: &[u8]) -> Result<Self>;
+}
 
-    pub fn num_devices(&self) -> usize {
-        self.ids.len()
-    }
-
+impl AssignmentProto for DeviceAssignment {
     /// The serialized `DeviceAssignmentProto`.
-    pub fn to_proto(&self) -> Vec<u8> {
+    fn to_proto(&self) -> Vec<u8> {
         let mut out = Vec::new();
         key(1, 0, &mut out);
         varint(self.replicas as u64, &mut out);
@@ -65,7 +55,7 @@ impl Assignment {
     }
 
     /// Parse a serialized `DeviceAssignmentProto` (packed or unpacked ids).
-    pub fn from_proto(bytes: &[u8]) -> Result<Self> {
+    fn from_proto(bytes: &[u8]) -> Result<Self> {
         let bad = |what: &str| Error::invalid(format!("DeviceAssignmentProto: {what}"));
         let mut replicas = 0u64;
         let mut partitions = 0u64;
@@ -124,7 +114,7 @@ impl Assignment {
                 ids[r * partitions + p] = id;
             }
         }
-        Ok(Assignment {
+        Ok(DeviceAssignment {
             replicas,
             partitions,
             ids,
@@ -205,34 +195,34 @@ mod tests {
     #[test]
     fn single_device_bytes_are_the_proto_encoding() {
         assert_eq!(
-            Assignment::single(0).to_proto(),
+            DeviceAssignment::single(0).to_proto(),
             vec![0x08, 0x01, 0x10, 0x01, 0x1A, 0x03, 0x0A, 0x01, 0x00]
         );
         // a two-byte varint id (300 = 0xAC 0x02)
         assert_eq!(
-            Assignment::single(300).to_proto(),
+            DeviceAssignment::single(300).to_proto(),
             vec![0x08, 0x01, 0x10, 0x01, 0x1A, 0x04, 0x0A, 0x02, 0xAC, 0x02]
         );
     }
 
     #[test]
     fn round_trip_and_errors() {
-        let a = Assignment {
+        let a = DeviceAssignment {
             replicas: 2,
             partitions: 3,
             ids: vec![5, 4, 3, 2, 1, 0],
         };
-        assert_eq!(Assignment::from_proto(&a.to_proto()).unwrap(), a);
+        assert_eq!(DeviceAssignment::from_proto(&a.to_proto()).unwrap(), a);
         // Unpacked ids are read too: one replica, one partition, id 7.
         let unpacked = [0x08, 0x01, 0x10, 0x01, 0x1A, 0x02, 0x08, 0x07];
         assert_eq!(
-            Assignment::from_proto(&unpacked).unwrap(),
-            Assignment::single(7)
+            DeviceAssignment::from_proto(&unpacked).unwrap(),
+            DeviceAssignment::single(7)
         );
-        let e = Assignment::from_proto(&a.to_proto()[..5]).unwrap_err();
+        let e = DeviceAssignment::from_proto(&a.to_proto()[..5]).unwrap_err();
         assert!(e.message.contains("DeviceAssignmentProto"), "{}", e.message);
-        let e =
-            Assignment::from_proto(&[0x08, 0x02, 0x10, 0x01, 0x1A, 0x02, 0x0A, 0x00]).unwrap_err();
+        let e = DeviceAssignment::from_proto(&[0x08, 0x02, 0x10, 0x01, 0x1A, 0x02, 0x0A, 0x00])
+            .unwrap_err();
         assert!(e.message.contains("replica_count is 2"), "{}", e.message);
     }
 }

@@ -55,9 +55,6 @@ pub fn slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Result<&'a [T]> {
     let Some(bytes) = len.checked_mul(std::mem::size_of::<T>().max(1)) else {
         return Err(Error::invalid(format!("{what}: absurd length {len}")));
     };
-    if bytes > MAX_SPAN {
-        return Err(Error::invalid(format!("{what}: absurd length {len}")));
-    }
     plausible(ptr as usize, bytes, what)?;
     if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return Err(Error::invalid(format!("{what} is misaligned")));
@@ -96,9 +93,6 @@ pub fn slice_mut<'a>(ptr: *mut u8, len: usize, what: &str) -> Result<&'a mut [u8
     }
     if ptr.is_null() {
         return Err(Error::invalid(format!("{what} is null (length {len})")));
-    }
-    if len > MAX_SPAN {
-        return Err(Error::invalid(format!("{what}: absurd length {len}")));
     }
     plausible(ptr as usize, len, what)?;
     // SAFETY: non-null; the C API contract makes `ptr` valid for `len` byte

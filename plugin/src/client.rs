@@ -328,44 +328,45 @@ impl Client {
     }
 }
 
-#[cfg(feature = "cuda")]
-fn new_cuda(options: ClientOptions, kv: Option<KvStore>) -> Result<Arc<Client>> {
-    use xla_vmm_device::blas::GemmEngine;
-    use xla_vmm_device::cuda::{blaslt::CudaGemm, CudaBackend};
-    let first = Arc::new(CudaBackend::new(0).map_err(|e| {
-        Error::from(e).context("creating the CUDA backend (set backend=host to run without a GPU)")
+/// A client on every visible GPU of one backend: `open(ordinal)` until an
+/// ordinal does not exist (the driver applies `CUDA_VISIBLE_DEVICES` /
+/// `HIP_VISIBLE_DEVICES`), up to `max_devices`; `gemm` gives each device its
+/// GEMM engine where there is one (without it, programs with GEMM thunks
+/// fail to load with a clear error and everything else works). The vendor
+/// compiler is created at once: `PJRT_Plugin_Attributes` (called right
+/// after) reports its versions, and the platform version is its (JAX reads
+/// the CUDA / ROCm versions from it); without it buffers still work and
+/// compiling reports why there is none.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn new_gpu<B: xla_vmm_device::Backend + 'static>(
+    options: ClientOptions,
+    kv: Option<KvStore>,
+    name: &str,
+    open: impl Fn(usize) -> xla_vmm_device::Result<B>,
+    gemm: impl Fn(&Arc<B>) -> Option<Arc<dyn xla_vmm_device::blas::GemmEngine<B>>>,
+) -> Result<Arc<Client>> {
+    let first = Arc::new(open(0).map_err(|e| {
+        Error::from(e).context(&format!(
+            "creating the {name} backend (set backend=host to run without a GPU)"
+        ))
     })?);
-    // Every visible device (the driver applies CUDA_VISIBLE_DEVICES): open
-    // ordinals until one does not exist, up to `max_devices`.
     let mut backends = vec![first];
     let cap = options.max_devices.unwrap_or(usize::MAX);
     while backends.len() < cap {
-        match CudaBackend::new(backends.len()) {
+        match open(backends.len()) {
             Ok(b) => backends.push(Arc::new(b)),
             Err(e) => {
-                tracing::debug!("no CUDA device {}: {e}", backends.len());
+                tracing::debug!("no {name} device {}: {e}", backends.len());
                 break;
             }
         }
     }
     let mut mems = Vec::with_capacity(backends.len());
     for backend in backends {
-        // cuBLASLt is needed only by programs with GEMM thunks; without it
-        // those fail to load with a clear error, everything else works.
-        let gemm: Option<Arc<dyn GemmEngine<CudaBackend>>> = match CudaGemm::new(&backend) {
-            Ok(g) => Some(Arc::new(g)),
-            Err(e) => {
-                tracing::warn!("cuBLASLt not available: {e}");
-                None
-            }
-        };
-        mems.push(VmmMemory::with_threshold(backend, options.tmp_copy_threshold)?.with_gemm(gemm));
+        let g = gemm(&backend);
+        mems.push(VmmMemory::with_threshold(backend, options.tmp_copy_threshold)?.with_gemm(g));
     }
     let client = Client::with_memories(options, mems, kv)?;
-    // Create the vendor compiler now: PJRT_Plugin_Attributes (called right
-    // after this) reports its versions, and the platform version is its
-    // (JAX reads CUDA versions from it). Without it buffers still work;
-    // compiling reports why there is none.
     match client.vendor() {
         Ok(v) => match v.platform_version() {
             Ok(pv) => {
@@ -376,6 +377,24 @@ fn new_cuda(options: ClientOptions, kv: Option<KvStore>) -> Result<Arc<Client>> 
         Err(e) => tracing::warn!("no vendor compiler yet: {e}"),
     }
     Ok(client)
+}
+
+#[cfg(feature = "cuda")]
+fn new_cuda(options: ClientOptions, kv: Option<KvStore>) -> Result<Arc<Client>> {
+    use xla_vmm_device::cuda::{blaslt::CudaGemm, CudaBackend};
+    new_gpu(
+        options,
+        kv,
+        "CUDA",
+        CudaBackend::new,
+        |b| match CudaGemm::new(b) {
+            Ok(g) => Some(Arc::new(g)),
+            Err(e) => {
+                tracing::warn!("cuBLASLt not available: {e}");
+                None
+            }
+        },
+    )
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -385,54 +404,25 @@ fn new_cuda(_options: ClientOptions, _kv: Option<KvStore>) -> Result<Arc<Client>
     ))
 }
 
-/// ROCm: a client on every visible HIP device (the runtime applies
-/// `HIP_VISIBLE_DEVICES`), up to `max_devices`, with the ROCm vendor plugin
-/// as the compiler and hipBLASLt (`hip/blaslt.rs`) for the GEMM thunks.
-/// Compiled in CI, never run on an AMD GPU. Mirrors `new_cuda`; the two become one generic
-/// constructor with the refactor on branch `pending/gpu-unmeasured` once a
-/// GPU has measured it.
+/// ROCm: every visible HIP device, the ROCm vendor plugin as the compiler
+/// and hipBLASLt (`hip/blaslt.rs`) for the GEMM thunks. Compiled in CI,
+/// never run on an AMD GPU.
 #[cfg(feature = "hip")]
 fn new_hip(options: ClientOptions, kv: Option<KvStore>) -> Result<Arc<Client>> {
-    use xla_vmm_device::blas::GemmEngine;
     use xla_vmm_device::hip::{blaslt::HipGemm, HipBackend};
-    let first = Arc::new(HipBackend::new(0).map_err(|e| {
-        Error::from(e).context("creating the HIP backend (set backend=host to run without a GPU)")
-    })?);
-    let mut backends = vec![first];
-    let cap = options.max_devices.unwrap_or(usize::MAX);
-    while backends.len() < cap {
-        match HipBackend::new(backends.len()) {
-            Ok(b) => backends.push(Arc::new(b)),
-            Err(e) => {
-                tracing::debug!("no HIP device {}: {e}", backends.len());
-                break;
-            }
-        }
-    }
-    let mut mems = Vec::with_capacity(backends.len());
-    for backend in backends {
-        // hipBLASLt is needed only by programs with GEMM thunks; without it
-        // those fail to load with a clear error, everything else works.
-        let gemm: Option<Arc<dyn GemmEngine<HipBackend>>> = match HipGemm::new(&backend) {
+    new_gpu(
+        options,
+        kv,
+        "HIP",
+        HipBackend::new,
+        |b| match HipGemm::new(b) {
             Ok(g) => Some(Arc::new(g)),
             Err(e) => {
                 tracing::warn!("hipBLASLt not available: {e}");
                 None
             }
-        };
-        mems.push(VmmMemory::with_threshold(backend, options.tmp_copy_threshold)?.with_gemm(gemm));
-    }
-    let client = Client::with_memories(options, mems, kv)?;
-    match client.vendor() {
-        Ok(v) => match v.platform_version() {
-            Ok(pv) => {
-                let _ = client.vendor_platform_version.set(pv);
-            }
-            Err(e) => tracing::warn!("vendor platform version: {e}"),
         },
-        Err(e) => tracing::warn!("no vendor compiler yet: {e}"),
-    }
-    Ok(client)
+    )
 }
 
 #[cfg(not(feature = "hip"))]

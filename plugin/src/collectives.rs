@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use xla_vmm_device::Backend;
 pub use xla_vmm_runtime::Cliques;
-use xla_vmm_runtime::{
-    CollectiveEnv, DeviceAssignment, Executable, IdExchange, LocalExchange, RuntimeError,
-};
+use xla_vmm_runtime::{CollectiveEnv, Executable, IdExchange, LocalExchange, RuntimeError};
 
 use crate::assignment::MultiDevice;
 use crate::error::Result;
@@ -60,13 +58,8 @@ pub fn attach<B: Backend>(
         partitions = multi.assignment.partitions,
         "multi-device program"
     );
-    let a = &multi.assignment;
     exe.set_collectives(CollectiveEnv {
-        assignment: DeviceAssignment {
-            replicas: a.replicas,
-            partitions: a.partitions,
-            ids: a.ids.clone(),
-        },
+        assignment: multi.assignment.clone(),
         device_id: multi.device_id,
         cliques,
     })?;

@@ -34,6 +34,7 @@ use crate::event::Event;
 use crate::program::{Program, RuntimeProgram};
 use crate::staging::StagingPool;
 use xla_vmm_device::blas::GemmEngine;
+use xla_vmm_runtime::Threshold;
 
 /// At most this many executions (device events) in flight per client:
 /// `Execute` waits for the oldest beyond it, so the host cannot run
@@ -204,8 +205,8 @@ pub struct VmmMemory<B: Backend> {
     completions: Completions<B>,
     sync: bool,
     gemm: Option<Arc<dyn GemmEngine<B>>>,
-    /// `xla_vmm_tmp_copy_threshold` of the client (0 / 1 auto / N).
-    threshold: u64,
+    /// `xla_vmm_tmp_copy_threshold` of the client.
+    threshold: Threshold,
     /// The client's collective cliques (shared by all its devices).
     cliques: Option<Arc<Cliques<B>>>,
     /// Pinned buffers of asynchronous uploads.
@@ -216,13 +217,13 @@ pub struct VmmMemory<B: Backend> {
 
 impl<B: Backend> VmmMemory<B> {
     pub fn new(backend: Arc<B>) -> Result<Self> {
-        Self::with_threshold(backend, 1)
+        Self::with_threshold(backend, Threshold::Auto)
     }
 
     /// Device memory for a client whose copy threshold is `threshold`: under
     /// 0 (remap everything) no buffer is sub-allocated, so every buffer is
     /// its own remappable allocation, as XLA's own VMM allocator does.
-    pub fn with_threshold(backend: Arc<B>, threshold: u64) -> Result<Self> {
+    pub fn with_threshold(backend: Arc<B>, threshold: Threshold) -> Result<Self> {
         let stream = backend.stream_create()?;
         let transfer = match backend.stream_create() {
             Ok(t) => t,
@@ -231,7 +232,7 @@ impl<B: Backend> VmmMemory<B> {
                 return Err(e.into());
             }
         };
-        let cfg = if threshold == 0 {
+        let cfg = if threshold == Threshold::RemapAll {
             VmmConfig {
                 small_threshold: 0,
                 ..VmmConfig::default()

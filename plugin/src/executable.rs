@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use xla_vmm::{Plan, Shape};
 use xla_vmm_ffi::pjrt::*;
 
-use crate::assignment::{Assignment, MultiDevice};
+use crate::assignment::{AssignmentProto, DeviceAssignment, MultiDevice};
 use crate::buffer::Buffer;
 use crate::cabi::{self, CPtr, NamedValues};
 use crate::client::Client;
@@ -119,7 +119,7 @@ pub struct ExecInner {
     /// for one of them (`execute_device`).
     portable: Option<(Plan, Mutex<Vec<Arc<Part>>>)>,
     pub(crate) device_ptrs: Vec<CPtr<PJRT_Device>>,
-    pub(crate) assignment: Assignment,
+    pub(crate) assignment: DeviceAssignment,
     /// (replica, partition) of each addressable device, in `parts` order.
     pub(crate) logical_ids: Vec<PJRT_LogicalDeviceIds>,
     /// Serialized `DeviceAssignmentProto` of `assignment`.
@@ -267,7 +267,7 @@ impl ExecInner {
     #[allow(clippy::too_many_arguments)]
     fn from_plan(
         client: &Client,
-        assignment: Option<Assignment>,
+        assignment: Option<DeviceAssignment>,
         plan: Plan,
         serialized: Vec<u8>,
         vendor: Option<VendorExecutable>,
@@ -310,7 +310,7 @@ impl ExecInner {
                     .addressable
                     .first()
                     .ok_or_else(|| Error::internal("the client has no addressable device"))?;
-                Assignment::single(first.id() as i64)
+                DeviceAssignment::single(first.id() as i64)
             }
         };
         // The devices of this process, in assignment order (replica major).
@@ -697,7 +697,7 @@ pub fn load_plan_on(
     client: *mut PJRT_Client,
     plan: Plan,
     serialized: Vec<u8>,
-    assignment: Option<Assignment>,
+    assignment: Option<DeviceAssignment>,
 ) -> Result<*mut PJRT_LoadedExecutable> {
     let client = Client::from_c(client)?;
     let exe = ExecInner::from_plan(

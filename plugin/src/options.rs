@@ -21,6 +21,7 @@
 
 use crate::cabi::Value;
 use crate::error::{Error, Result};
+use xla_vmm_runtime::Threshold;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
@@ -34,7 +35,7 @@ pub enum BackendKind {
 pub struct ClientOptions {
     pub backend: BackendKind,
     pub strict: bool,
-    pub tmp_copy_threshold: u64,
+    pub tmp_copy_threshold: Threshold,
     pub vendor_plugin_path: Option<String>,
     /// Host backend: how many devices to emulate.
     pub host_devices: usize,
@@ -72,12 +73,8 @@ impl ClientOptions {
             Ok(v) => parse_backend(&v)?,
             Err(_) => BackendKind::Cuda,
         };
-        let tmp_copy_threshold = match std::env::var("XLA_VMM_TMP_COPY_THRESHOLD") {
-            Ok(v) => v.trim().parse::<u64>().map_err(|_| {
-                Error::invalid(format!("XLA_VMM_TMP_COPY_THRESHOLD={v:?} is not a number"))
-            })?,
-            Err(_) => 1,
-        };
+        let tmp_copy_threshold =
+            Threshold::from_env().map_err(|e| Error::invalid(e.to_string()))?;
         Ok(ClientOptions {
             backend,
             strict: std::env::var("XLA_VMM_STRICT")
@@ -105,13 +102,12 @@ impl ClientOptions {
                 ("strict", Value::Int(i)) => o.strict = *i != 0,
                 ("strict", Value::Str(s)) => o.strict = env_bool(s),
                 ("xla_vmm_tmp_copy_threshold", Value::Int(i)) if *i >= 0 => {
-                    o.tmp_copy_threshold = *i as u64
+                    o.tmp_copy_threshold = Threshold::from(*i as u64)
                 }
                 // jax passes `jax_pjrt_client_create_options` values as strings.
                 ("xla_vmm_tmp_copy_threshold", Value::Str(s)) => {
-                    o.tmp_copy_threshold = s.trim().parse().map_err(|_| {
-                        Error::invalid(format!("xla_vmm_tmp_copy_threshold={s:?} is not a number"))
-                    })?
+                    o.tmp_copy_threshold = Threshold::parse(s)
+                        .map_err(|e| Error::invalid(format!("xla_vmm_tmp_copy_threshold: {e}")))?
                 }
                 ("vendor_plugin_path", Value::Str(s)) => o.vendor_plugin_path = Some(s.clone()),
                 ("host_devices", v) => o.host_devices = host_devices(name, count(name, v)?)?,
@@ -216,14 +212,14 @@ mod tests {
         .unwrap();
         assert_eq!(o.backend, BackendKind::Host);
         assert!(o.strict);
-        assert_eq!(o.tmp_copy_threshold, 4096);
+        assert_eq!(o.tmp_copy_threshold, Threshold::Bytes(4096));
         let o = ClientOptions::parse(&[
             ("strict".into(), Value::Str("true".into())),
             ("xla_vmm_tmp_copy_threshold".into(), Value::Str("0".into())),
         ])
         .unwrap();
         assert!(o.strict);
-        assert_eq!(o.tmp_copy_threshold, 0);
+        assert_eq!(o.tmp_copy_threshold, Threshold::RemapAll);
         let e = ClientOptions::parse(&[("stric".into(), Value::Bool(true))]).unwrap_err();
         assert!(e.message.contains("stric"), "{}", e.message);
         let e = ClientOptions::parse(&[("backend".into(), Value::Str("tpu".into()))]).unwrap_err();

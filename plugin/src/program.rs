@@ -7,7 +7,7 @@ use std::sync::Arc;
 use xla_vmm::Plan;
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::{Backend, DevicePtr};
-use xla_vmm_runtime::{BindingConfig, Executable, Mode, RuntimeError, UserBuffer};
+use xla_vmm_runtime::{BindingConfig, Executable, Mode, RuntimeError, Threshold, UserBuffer};
 
 use crate::assignment::MultiDevice;
 use crate::collectives::{self, Cliques};
@@ -69,14 +69,14 @@ impl From<RuntimeError> for Error {
 pub fn exec_mode() -> Mode {
     match std::env::var("XLA_VMM_EXEC_MODE").as_deref() {
         Ok("eager") => Mode::Eager,
-        Ok("graph-recapture") => Mode::Graph,
-        Ok("graph") | Ok("") | Err(_) => Mode::VaStable,
+        Ok("graph-recapture") => Mode::GraphRecapture,
+        Ok("graph") | Ok("") | Err(_) => Mode::Graph,
         Ok(other) => {
             tracing::warn!(
                 value = other,
                 "unknown XLA_VMM_EXEC_MODE (graph | eager | graph-recapture); using graph"
             );
-            Mode::VaStable
+            Mode::Graph
         }
     }
 }
@@ -96,7 +96,7 @@ impl<B: Backend> RuntimeProgram<B> {
         backend: Arc<B>,
         plan: Plan,
         gemm: Option<Arc<dyn GemmEngine<B>>>,
-        threshold: u64,
+        threshold: Threshold,
         stream: Arc<SharedStream<B>>,
         multi: Option<(&MultiDevice, Arc<Cliques<B>>)>,
     ) -> Result<Self> {
@@ -147,9 +147,21 @@ impl<B: Backend> Program for RuntimeProgram<B> {
         }
         handles.resize_with(args.len(), || None);
         for (i, (&(ptr, bytes), h)) in args.iter().zip(handles).enumerate() {
-            match h.and_then(|h| h.downcast::<UserBuffer<B>>().ok()) {
-                Some(u) if u.ptr == ptr && u.bytes >= bytes => {
-                    let mut u = *u;
+            // No handle: memory VA-stable mode cannot map (pinned host
+            // memory), bound by address and copied. A handle of another
+            // backend's type is a bug, not a reason to copy silently.
+            let user = match h.map(|h| h.downcast::<UserBuffer<B>>()) {
+                None => None,
+                Some(Ok(u)) => Some(*u),
+                Some(Err(_)) => {
+                    return Err(Error::internal(format!(
+                        "argument {i}: its remap handle is not a buffer of this program's backend"
+                    )))
+                }
+            };
+            match user {
+                // The handle's buffer covers exactly what is bound.
+                Some(mut u) if u.ptr == ptr && u.bytes >= bytes => {
                     u.bytes = bytes;
                     exe.bind_user_buffer(i, u)?
                 }

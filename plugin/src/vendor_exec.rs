@@ -116,7 +116,7 @@ impl VendorExecutable {
 
     /// The vendor's device assignment of the compiled program
     /// (`PJRT_LoadedExecutable_GetDeviceAssignment`).
-    pub fn device_assignment(&self) -> Result<crate::assignment::Assignment> {
+    pub fn device_assignment(&self) -> Result<crate::assignment::DeviceAssignment> {
         let p = &self.client.plugin;
         if !p.has_slot(std::mem::offset_of!(
             PJRT_Api,
@@ -140,7 +140,11 @@ impl VendorExecutable {
             a.serialized_bytes_size,
             "serialized device assignment",
         )
-        .and_then(crate::assignment::Assignment::from_proto);
+        .and_then(|b| {
+            <crate::assignment::DeviceAssignment as crate::assignment::AssignmentProto>::from_proto(
+                b,
+            )
+        });
         if let Some(del) = a.serialized_device_assignment_deleter {
             // SAFETY: frees the vendor's serialized assignment once, after
             // it was parsed.

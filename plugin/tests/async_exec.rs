@@ -12,6 +12,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use xla_vmm_runtime::Threshold;
 
 use common::plans::*;
 use common::*;
@@ -67,7 +68,7 @@ fn host_client(
     *mut PJRT_Device,
 ) {
     let mem = Arc::new(
-        VmmMemory::with_threshold(be.clone(), 1)
+        VmmMemory::with_threshold(be.clone(), Threshold::Auto)
             .unwrap()
             .with_sync(sync),
     );

@@ -13,7 +13,7 @@ use std::time::Instant;
 use common::multi::*;
 use common::plans::*;
 use common::*;
-use xla_vmm_plugin::assignment::Assignment;
+use xla_vmm_plugin::assignment::{AssignmentProto, DeviceAssignment};
 use xla_vmm_plugin::client::{self, Client};
 use xla_vmm_plugin::devmem::VmmMemory;
 use xla_vmm_plugin::pjrt::*;
@@ -119,7 +119,7 @@ fn a_program_runs_on_two_devices_at_once() {
     let client =
         client::into_c(Client::with_backends(host_options(), backends.clone(), None).unwrap());
     let devs = devices(client);
-    let assignment = Assignment {
+    let assignment = DeviceAssignment {
         replicas: 1,
         partitions: 2,
         ids: vec![0, 1],
@@ -179,7 +179,7 @@ fn a_program_runs_on_two_devices_at_once() {
     let bytes = unsafe {
         std::slice::from_raw_parts(da.serialized_bytes.cast::<u8>(), da.serialized_bytes_size)
     };
-    assert_eq!(Assignment::from_proto(bytes).unwrap(), assignment);
+    assert_eq!(DeviceAssignment::from_proto(bytes).unwrap(), assignment);
     let li = call_ok!(
         PJRT_LoadedExecutable_AddressableDeviceLogicalIds,
         PJRT_LoadedExecutable_AddressableDeviceLogicalIds_Args,
@@ -262,7 +262,7 @@ fn a_program_runs_on_two_devices_at_once() {
         client,
         add_one(),
         b"one".to_vec(),
-        Some(Assignment::single(0)),
+        Some(DeviceAssignment::single(0)),
     )
     .unwrap();
     let mut times = Vec::new();
@@ -303,7 +303,7 @@ fn an_all_reduce_runs_across_two_devices() {
         client,
         all_reduce_and_partition_id(),
         b"all-reduce".to_vec(),
-        Some(Assignment {
+        Some(DeviceAssignment {
             replicas: 1,
             partitions: 2,
             ids: vec![0, 1],
@@ -348,7 +348,7 @@ fn synchronous_mode_runs_both_devices_too() {
         client,
         all_reduce_and_partition_id(),
         b"sync".to_vec(),
-        Some(Assignment {
+        Some(DeviceAssignment {
             replicas: 1,
             partitions: 2,
             ids: vec![0, 1],
@@ -383,7 +383,7 @@ fn a_single_device_program_runs_on_the_device_of_its_assignment() {
         client,
         add_one(),
         b"one".to_vec(),
-        Some(Assignment::single(1)),
+        Some(DeviceAssignment::single(1)),
     )
     .unwrap();
     let a1 = put_f32(client, devs[1], &[1.0, 1.0, 1.0, 1.0]);
@@ -457,7 +457,7 @@ fn two_processes_see_each_others_devices() {
                     c,
                     all_reduce_and_partition_id(),
                     b"all-reduce".to_vec(),
-                    Some(Assignment {
+                    Some(DeviceAssignment {
                         replicas: 1,
                         partitions: 2,
                         ids: vec![0, 1],
@@ -575,7 +575,7 @@ fn a_portable_program_runs_on_the_device_it_is_asked_to() {
         client,
         add_one(),
         b"f".to_vec(),
-        Some(Assignment::single(0)),
+        Some(DeviceAssignment::single(0)),
     )
     .unwrap();
     let e = execute_on(fixed, devs[1], &[a1]).unwrap_err();
@@ -603,7 +603,7 @@ fn binding_stats_name_their_device() {
         client,
         p,
         b"stats".to_vec(),
-        Some(Assignment {
+        Some(DeviceAssignment {
             replicas: 1,
             partitions: 2,
             ids: vec![0, 1],

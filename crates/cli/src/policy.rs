@@ -16,7 +16,7 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use xla_vmm_policy::{decide, Decision, Plan, PolicyInput, Threshold};
+use xla_vmm_policy::{decide, BindingPlan, Decision, PolicyInput, Threshold};
 
 /// Arguments of `xla-vmm policy`.
 #[derive(clap::Args)]
@@ -68,7 +68,7 @@ fn bytes(n: u64) -> String {
     }
 }
 
-fn threshold_text(plan: &Plan) -> String {
+fn threshold_text(plan: &BindingPlan) -> String {
     match plan.threshold {
         Threshold::RemapAll => "0 (remap every changing slot)".to_owned(),
         Threshold::Auto => format!("1 (auto) -> cutoff {}", bytes(plan.threshold_bytes)),
@@ -77,7 +77,7 @@ fn threshold_text(plan: &Plan) -> String {
 }
 
 /// The human-readable report.
-fn table(input: &PolicyInput, plan: &Plan) -> String {
+fn table(input: &PolicyInput, plan: &BindingPlan) -> String {
     use std::fmt::Write;
     let d = &input.device;
     let mut out = String::new();

@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context};
 use xla_vmm_device::vmm::{Buffer, VmmAllocator, VmmConfig};
 use xla_vmm_device::Backend;
 use xla_vmm_runtime::npz::{self, NpyArray};
-use xla_vmm_runtime::{BindingConfig, Executable, Mode};
+use xla_vmm_runtime::{BindingConfig, Executable, Mode, Threshold};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -122,8 +122,8 @@ fn nondeterministic_outputs(path: &std::path::Path) -> anyhow::Result<Vec<String
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mode = match args.mode.as_str() {
         "eager" => Mode::Eager,
-        "graph" => Mode::VaStable,
-        "graph-recapture" => Mode::Graph,
+        "graph" => Mode::Graph,
+        "graph-recapture" => Mode::GraphRecapture,
         m => bail!("--mode must be eager, graph or graph-recapture, not {m:?}"),
     };
     let bytes = crate::read_executable(&args.file)?;
@@ -317,7 +317,7 @@ pub(crate) fn setup_binding<B: Backend>(
     exe: &mut Executable<B>,
     args: &Args,
 ) -> anyhow::Result<VmmAllocator<B>> {
-    let mut binding = BindingConfig::resolve(args.threshold)?;
+    let mut binding = BindingConfig::resolve(args.threshold.map(Threshold::from))?;
     // The loop writes a buffer only before binding it (a fresh buffer or a
     // new generation of a reused block) or through donation.
     binding.immutable_buffers = true;

@@ -531,7 +531,7 @@ mod tests {
             Ok((Arc::new(HostBackend::default()), None))
         };
         let a = assignment(None, 2).unwrap();
-        for mode in [Mode::Eager, Mode::Graph, Mode::VaStable] {
+        for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
             let args = args(&dir, true);
             replay_multi(
                 &make,

@@ -11,16 +11,46 @@
 //! thread pool). So a capture holds the gate exclusively, and each call into
 //! the vendor holds it shared: captures wait for vendor calls in flight,
 //! vendor calls wait for a capture in flight (a few ms), and vendor calls
-//! never wait for each other.
+//! never wait for each other, nor for a capture that only waits: a capture
+//! goes when no vendor call is in flight (under an unbroken stream of them
+//! it waits; in training, vendor calls are compiles and fallback runs).
 //!
 //! Re-entrancy: a thread already inside foreign work (a vendor run calling
 //! back into JAX, which calls us) neither takes the shared side again nor
 //! waits for the exclusive side, which it would never get.
 
 use std::cell::Cell;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
-static GATE: RwLock<()> = RwLock::new(());
+/// Vendor calls in flight, and whether a capture is: new vendor calls wait
+/// only for a capture *in flight*, never for one that waits (unlike a
+/// writer-preferring RwLock, under which a waiting capture blocks new vendor
+/// calls, and a vendor call that waits for another thread's vendor call
+/// would hang). A capture waits for a moment with no vendor call in flight.
+struct Gate {
+    state: Mutex<(usize, bool)>,
+    changed: Condvar,
+}
+
+static GATE: Gate = Gate {
+    state: Mutex::new((0, false)),
+    changed: Condvar::new(),
+};
+
+impl Gate {
+    fn lock(&self) -> MutexGuard<'_, (usize, bool)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wait<'a>(&self, g: MutexGuard<'a, (usize, bool)>) -> MutexGuard<'a, (usize, bool)> {
+        self.changed.wait(g).unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn release(&self, f: impl FnOnce(&mut (usize, bool))) {
+        f(&mut self.lock());
+        self.changed.notify_all();
+    }
+}
 
 thread_local! {
     /// Foreign-work guards this thread holds (nested calls take one once).
@@ -30,17 +60,28 @@ thread_local! {
 /// Held while a stream captures (from `stream_begin_capture` until
 /// `stream_end_capture`).
 pub struct CaptureGuard {
-    _exclusive: Option<RwLockWriteGuard<'static, ()>>,
+    exclusive: bool,
+}
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        if self.exclusive {
+            GATE.release(|s| s.1 = false);
+        }
+    }
 }
 
 /// Held while the vendor plugin works (one `PJRT_*` call into it).
 pub struct ForeignGuard {
-    _shared: Option<RwLockReadGuard<'static, ()>>,
+    shared: bool,
 }
 
 impl Drop for ForeignGuard {
     fn drop(&mut self) {
         FOREIGN_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+        if self.shared {
+            GATE.release(|s| s.0 -= 1);
+        }
     }
 }
 
@@ -48,11 +89,14 @@ impl Drop for ForeignGuard {
 /// inside foreign work, nothing is taken (see the module docs).
 pub fn capture() -> CaptureGuard {
     if FOREIGN_DEPTH.with(Cell::get) > 0 {
-        return CaptureGuard { _exclusive: None };
+        return CaptureGuard { exclusive: false };
     }
-    CaptureGuard {
-        _exclusive: Some(GATE.write().unwrap_or_else(|p| p.into_inner())),
+    let mut s = GATE.lock();
+    while s.0 > 0 || s.1 {
+        s = GATE.wait(s);
     }
+    s.1 = true;
+    CaptureGuard { exclusive: true }
 }
 
 /// Shared side, for one call into driver code that is not ours.
@@ -63,11 +107,14 @@ pub fn foreign() -> ForeignGuard {
         v
     });
     if depth > 0 {
-        return ForeignGuard { _shared: None };
+        return ForeignGuard { shared: false };
     }
-    ForeignGuard {
-        _shared: Some(GATE.read().unwrap_or_else(|p| p.into_inner())),
+    let mut s = GATE.lock();
+    while s.1 {
+        s = GATE.wait(s);
     }
+    s.0 += 1;
+    ForeignGuard { shared: true }
 }
 
 #[cfg(test)]
@@ -77,13 +124,8 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    /// The gate is process-wide: these tests take turns. (Run side by side,
-    /// one test's capture waiting for the gate blocks another test's new
-    /// foreign call, std's RwLock favouring a waiting writer, while that test
-    /// holds a foreign guard until the blocked call's thread ends: a cycle
-    /// made by the tests. The plugin does not wait, inside a vendor call,
-    /// for another thread's vendor call; a vendor that did, while a capture
-    /// waited, would hang the same way.)
+    /// The gate is process-wide: these tests take turns, so that one test's
+    /// timing does not depend on another's guards.
     static TURN: Mutex<()> = Mutex::new(());
 
     fn turn() -> std::sync::MutexGuard<'static, ()> {
@@ -131,8 +173,21 @@ mod tests {
         drop(inner);
         drop(outer);
         // Released: a capture on this thread takes the gate for real again.
-        assert!(capture()._exclusive.is_some());
+        assert!(capture().exclusive);
         FOREIGN_DEPTH.with(|d| assert_eq!(d.get(), 0));
+    }
+
+    #[test]
+    fn a_new_foreign_call_passes_a_waiting_capture() {
+        let _turn = turn();
+        let first = foreign();
+        let waiting = std::thread::spawn(|| drop(capture()));
+        std::thread::sleep(Duration::from_millis(30));
+        // With the capture waiting, another thread's vendor call (one the
+        // first might wait for) still gets through.
+        std::thread::spawn(|| drop(foreign())).join().unwrap();
+        drop(first);
+        waiting.join().unwrap();
     }
 
     #[test]

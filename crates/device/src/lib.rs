@@ -16,6 +16,8 @@
 pub mod backend;
 pub mod blas;
 pub mod capture_gate;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod checks;
 pub mod collective;
 pub mod conformance;
 #[cfg(feature = "cuda")]

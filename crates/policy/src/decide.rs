@@ -1,16 +1,16 @@
-//! The decision: slots + costs + threshold in, [`Plan`] out. Stateless and
+//! The decision: slots + costs + threshold in, [`BindingPlan`] out. Stateless and
 //! deterministic; see the crate docs for the rule and why.
 
 use crate::cost::{self, StepCost};
 use crate::error::Result;
 use crate::input::{PolicyInput, Threshold};
-use crate::plan::{Counts, Decision, Plan, ReferenceSummary, Rule};
+use crate::plan::{BindingPlan, Counts, Decision, ReferenceSummary, Rule};
 
 /// Decides skip / remap / copy for every slot of `input`.
 ///
 /// Bad numbers (NaN, negative costs, churn outside `[0, 1]`, more free than
 /// total memory, ...) are reported as [`crate::PolicyError`]; nothing panics.
-pub fn decide(input: &PolicyInput) -> Result<Plan> {
+pub fn decide(input: &PolicyInput) -> Result<BindingPlan> {
     input.validate()?;
     let ctx = Ctx::new(input);
     let (copy, rule, limited, reference) = match input.threshold {
@@ -257,7 +257,7 @@ impl<'a> Ctx<'a> {
         rule: Rule,
         limited: usize,
         reference: Option<ReferenceSummary>,
-    ) -> Plan {
+    ) -> BindingPlan {
         let dev = &self.input.device;
         let c = self.cost_of(&copy);
         let decisions: Vec<Decision> = copy
@@ -283,7 +283,7 @@ impl<'a> Ctx<'a> {
                 .unwrap_or(0),
         };
         let copy_us = c.copy_us(dev);
-        Plan {
+        BindingPlan {
             threshold: self.input.threshold,
             threshold_bytes,
             counts: Counts {

@@ -216,7 +216,7 @@ pub mod tracker;
 pub use decide::decide;
 pub use error::{PolicyError, Result};
 pub use input::{DeviceCosts, Knobs, PolicyInput, SlotInfo, StepTimes, Threshold, THRESHOLD_ENV};
-pub use plan::{Counts, Decision, Plan, ReferenceSummary, Rule};
+pub use plan::{BindingPlan, Counts, Decision, ReferenceSummary, Rule};
 pub use stats::Stats;
 pub use tracker::{
     AllocationId, Binding, ChurnView, FailedCall, Fallback, SlotAction, SlotTracker, StepActions,

@@ -69,7 +69,7 @@ pub struct ReferenceSummary {
 
 /// The binding plan of one executable.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
+pub struct BindingPlan {
     /// The setting it was made under (raw: 0, 1 or N).
     pub threshold: Threshold,
     /// The size cutoff in force: `N`, `0` for remap-all, or under auto the
@@ -109,7 +109,7 @@ pub struct Plan {
     pub reference: Option<ReferenceSummary>,
 }
 
-impl Plan {
+impl BindingPlan {
     /// The decision of slot `index`, if it exists.
     pub fn decision(&self, index: usize) -> Option<Decision> {
         self.decisions.get(index).copied()

@@ -61,7 +61,7 @@ pub const REPLAN_GRACE_STEPS: u64 = 8;
 
 use crate::error::{PolicyError, Result};
 use crate::input::{DeviceCosts, Knobs, PolicyInput, SlotInfo, StepTimes, Threshold};
-use crate::plan::{Decision, Plan};
+use crate::plan::{BindingPlan, Decision};
 use crate::stats::Stats;
 use crate::{cost, decide};
 
@@ -263,7 +263,7 @@ pub struct SlotTracker {
     config: TrackerConfig,
     slots: Vec<SlotInfo>,
     state: Vec<SlotState>,
-    plan: Option<Plan>,
+    plan: Option<BindingPlan>,
     stats: Stats,
     extra_shadow_bytes: u64,
     /// The one re-plan after warm-up has run (with these step times).
@@ -329,7 +329,7 @@ impl SlotTracker {
     }
 
     /// The frozen plan (after the first step).
-    pub fn plan(&self) -> Option<&Plan> {
+    pub fn plan(&self) -> Option<&BindingPlan> {
         self.plan.as_ref()
     }
 

@@ -129,7 +129,7 @@ fn step(
             exe.bind_user_buffer(i, set.user(i)).expect("bind");
         }
     }
-    exe.run(s, Mode::VaStable).expect("run");
+    exe.run(s, Mode::Graph).expect("run");
 }
 
 /// (binding µs per step, wall µs per `Executable::run`) over `steps`

@@ -269,9 +269,9 @@ pub fn measured_costs<B: Backend>(backend: &B) -> Option<QuickCosts> {
 impl BindingConfig {
     /// The threshold from `option` (wins) or `XLA_VMM_TMP_COPY_THRESHOLD`,
     /// the copy path from `XLA_VMM_COPY_PATH`.
-    pub fn resolve(option: Option<u64>) -> Result<Self> {
+    pub fn resolve(option: Option<Threshold>) -> Result<Self> {
         let threshold = match option {
-            Some(n) => Threshold::from(n),
+            Some(t) => t,
             None => Threshold::from_env().map_err(|e| RuntimeError::arg(e.to_string()))?,
         };
         Ok(BindingConfig {
@@ -280,6 +280,19 @@ impl BindingConfig {
             immutable_buffers: false,
             copy_path: CopyPath::from_env()?,
         })
+    }
+
+    /// `threshold`, nothing else set (no costs, buffers may change between
+    /// steps, the runtime's copy path): what an executable has until its
+    /// caller sets the configuration it resolved (from the environment or a
+    /// client's options).
+    pub fn with_threshold(threshold: Threshold) -> Self {
+        BindingConfig {
+            threshold,
+            costs: None,
+            immutable_buffers: false,
+            copy_path: CopyPath::Auto,
+        }
     }
 
     /// The given costs, else the DESIGN §4 constants with the device's

@@ -43,13 +43,17 @@ pub struct DeviceAssignment {
 }
 
 impl DeviceAssignment {
-    /// One device (id 0): replica 0, partition 0.
-    pub fn single() -> Self {
+    /// One replica, one partition, on global device `device_id`.
+    pub fn single(device_id: i64) -> Self {
         DeviceAssignment {
             replicas: 1,
             partitions: 1,
-            ids: vec![0],
+            ids: vec![device_id],
         }
+    }
+
+    pub fn num_devices(&self) -> usize {
+        self.ids.len()
     }
 
     fn check(&self) -> Result<()> {

@@ -62,43 +62,28 @@ pub fn global_bytes(elf: &[u8], name: &str) -> Result<Option<Vec<u8>>> {
     let Some(secs) = sections(elf) else {
         return Ok(None);
     };
-    const SHT_SYMTAB: u32 = 2;
     const SHT_NOBITS: u32 = 8;
-    for symtab in secs.iter().filter(|s| s.kind == SHT_SYMTAB) {
-        let strtab = secs
-            .get(symtab.link as usize)
-            .ok_or_else(|| bad("bad strtab link"))?;
-        let strs = elf
-            .get(strtab.offset as usize..(strtab.offset + strtab.size) as usize)
-            .ok_or_else(|| bad("strtab out of range"))?;
-        let ent = if symtab.entsize == 0 {
-            24
-        } else {
-            symtab.entsize as usize
-        };
-        for i in 0..(symtab.size as usize / ent) {
-            let o = symtab.offset as usize + i * ent;
-            let name_off = u32le(elf, o).ok_or_else(|| bad("symtab out of range"))? as usize;
-            if cstr(strs, name_off) != Some(name.as_bytes()) {
-                continue;
-            }
-            let shndx = u16le(elf, o + 6).ok_or_else(|| bad("symtab"))? as usize;
-            let value = u64le(elf, o + 8).ok_or_else(|| bad("symtab"))?;
-            let size = u64le(elf, o + 16).ok_or_else(|| bad("symtab"))?;
-            let sec = secs.get(shndx).ok_or_else(|| bad("symbol section index"))?;
-            if sec.kind == SHT_NOBITS {
-                // Declared but not initialized in the image (XLA's
-                // `.nv.global`): the value is set by the loader, not here.
-                return Ok(None);
-            }
-            let start = sec.offset.checked_add(value).ok_or_else(|| bad("offset"))? as usize;
-            let data = elf
-                .get(start..start + size as usize)
-                .ok_or_else(|| bad("symbol data out of range"))?;
-            return Ok(Some(data.to_vec()));
-        }
+    let syms = symbol_table(elf, &secs, &[SHT_SYMTAB])?;
+    let Some(sym) = syms.iter().find(|s| s.name == name.as_bytes()) else {
+        return Ok(None);
+    };
+    let sec = secs
+        .get(sym.shndx)
+        .ok_or_else(|| bad("symbol section index"))?;
+    if sec.kind == SHT_NOBITS {
+        // Declared but not initialized in the image (XLA's `.nv.global`):
+        // the value is set by the loader, not here.
+        return Ok(None);
     }
-    Ok(None)
+    let start = sec
+        .offset
+        .checked_add(sym.value)
+        .ok_or_else(|| bad("offset"))?;
+    let end = start.checked_add(sym.size).ok_or_else(|| bad("size"))?;
+    let data = elf
+        .get(start as usize..end as usize)
+        .ok_or_else(|| bad("symbol data out of range"))?;
+    Ok(Some(data.to_vec()))
 }
 
 /// `e_machine` of NVIDIA cubins.
@@ -134,25 +119,24 @@ pub fn amdgpu_target(e_flags: u32) -> Option<&'static str> {
     })
 }
 
-/// One symbol: name, `st_info` type, size.
+const SHT_SYMTAB: u32 = 2;
+const SHT_DYNSYM: u32 = 11;
+
+/// One symbol: name, `st_info` type, section index, value, size.
 struct Symbol<'a> {
     name: &'a [u8],
     kind: u8,
+    shndx: usize,
+    value: u64,
     size: u64,
 }
 
-/// Every symbol of `.symtab` and `.dynsym` (code objects keep their
-/// kernels in the dynamic table).
-fn symbols(elf: &[u8]) -> Result<Vec<Symbol<'_>>> {
+/// Every symbol of the symbol tables of the given section types
+/// (`SHT_SYMTAB`, `SHT_DYNSYM`).
+fn symbol_table<'a>(elf: &'a [u8], secs: &[Section], tables: &[u32]) -> Result<Vec<Symbol<'a>>> {
     let bad = |m: &str| RuntimeError::invalid(format!("ELF image: {m}"));
-    let secs = sections(elf).ok_or_else(|| bad("not a little-endian ELF64 image"))?;
-    const SHT_SYMTAB: u32 = 2;
-    const SHT_DYNSYM: u32 = 11;
     let mut out = Vec::new();
-    for tab in secs
-        .iter()
-        .filter(|s| s.kind == SHT_SYMTAB || s.kind == SHT_DYNSYM)
-    {
+    for tab in secs.iter().filter(|s| tables.contains(&s.kind)) {
         let strtab = secs
             .get(tab.link as usize)
             .ok_or_else(|| bad("bad strtab link"))?;
@@ -166,21 +150,32 @@ fn symbols(elf: &[u8]) -> Result<Vec<Symbol<'_>>> {
         };
         for i in 0..(tab.size as usize / ent) {
             let o = tab.offset as usize + i * ent;
-            let name_off = u32le(elf, o).ok_or_else(|| bad("symbol table out of range"))?;
-            let info = *elf
-                .get(o + 4)
-                .ok_or_else(|| bad("symbol table out of range"))?;
-            let size = u64le(elf, o + 16).ok_or_else(|| bad("symbol table out of range"))?;
+            let field = |v: Option<u64>| v.ok_or_else(|| bad("symbol table out of range"));
+            let name_off = field(u32le(elf, o).map(u64::from))?;
+            let info = field(elf.get(o + 4).map(|&b| u64::from(b)))?;
+            let shndx = field(u16le(elf, o + 6).map(u64::from))?;
+            let value = field(u64le(elf, o + 8))?;
+            let size = field(u64le(elf, o + 16))?;
             if let Some(name) = cstr(strs, name_off as usize) {
                 out.push(Symbol {
                     name,
-                    kind: info & 0xf,
+                    kind: (info & 0xf) as u8,
+                    shndx: shndx as usize,
+                    value,
                     size,
                 });
             }
         }
     }
     Ok(out)
+}
+
+/// Every symbol of `.symtab` and `.dynsym` (code objects keep their
+/// kernels in the dynamic table).
+fn symbols(elf: &[u8]) -> Result<Vec<Symbol<'_>>> {
+    let secs = sections(elf)
+        .ok_or_else(|| RuntimeError::invalid("ELF image: not a little-endian ELF64 image"))?;
+    symbol_table(elf, &secs, &[SHT_SYMTAB, SHT_DYNSYM])
 }
 
 /// Does `elf` define kernel `name` as its machine's loader expects? A

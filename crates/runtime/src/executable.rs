@@ -21,19 +21,21 @@ use crate::exec::{run_seq, ExecEnv};
 use crate::ops::{LoadCtx, Op};
 use crate::slots::{DeviceBuffer, SlotTable};
 use crate::vastable::VaStable;
+use xla_vmm_policy::Threshold;
 
 /// How [`Executable::run`] executes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Thunk by thunk on the stream: the reference.
     Eager,
-    /// The whole executable captured once into a graph, replayed each run
-    /// (re-captured when parameter addresses change).
+    /// The user's `graph` (the default): VA-stable graph mode (see
+    /// [`crate::vastable`]): one graph per fixed VA reservation (two, used
+    /// alternately), recorded once and never re-captured; parameters bound
+    /// per step by skip / remap / copy.
     Graph,
-    /// VA-stable graph mode (see [`crate::vastable`]): one graph per fixed
-    /// VA reservation (two, used alternately), recorded once and never
-    /// re-captured; parameters bound per step by skip / remap / copy.
-    VaStable,
+    /// The user's `graph-recapture`: the whole executable captured into a
+    /// graph, replayed each run, re-captured when parameter addresses change.
+    GraphRecapture,
 }
 
 /// One result leaf of a run.
@@ -166,7 +168,7 @@ impl<B: Backend> Executable<B> {
             owned: Vec::new(),
             owned_index: Vec::new(),
             users: (0..nparams).map(|_| None).collect(),
-            binding: BindingConfig::resolve(None)?,
+            binding: BindingConfig::with_threshold(Threshold::Auto),
             va: None,
             param_slots,
             aux_streams: Vec::new(),
@@ -235,13 +237,13 @@ impl<B: Backend> Executable<B> {
     }
 
     /// Bind entry parameter `i` to `bytes` at `ptr` for the following runs
-    /// (raw memory: served by copies in [`Mode::VaStable`]).
+    /// (raw memory: served by copies in [`Mode::Graph`]).
     pub fn bind_parameter(&mut self, i: usize, ptr: DevicePtr, bytes: u64) -> Result<()> {
         self.bind_user_buffer(i, UserBuffer::raw(ptr, bytes))
     }
 
     /// Bind entry parameter `i` to an allocator buffer (remappable in
-    /// [`Mode::VaStable`] unless it is sub-allocated).
+    /// [`Mode::Graph`] unless it is sub-allocated).
     pub fn bind_buffer(&mut self, i: usize, buf: &xla_vmm_device::vmm::Buffer<B>) -> Result<()> {
         self.bind_user_buffer(i, UserBuffer::from_vmm(buf))
     }
@@ -269,7 +271,7 @@ impl<B: Backend> Executable<B> {
         Ok(())
     }
 
-    /// Set how [`Mode::VaStable`] binds (threshold, costs). Only before its
+    /// Set how [`Mode::Graph`] binds (threshold, costs). Only before its
     /// first VA-stable run: the decision is frozen there.
     pub fn set_binding_config(&mut self, cfg: BindingConfig) -> Result<()> {
         if self.va.is_some() {
@@ -317,7 +319,7 @@ impl<B: Backend> Executable<B> {
         let env = match self.coll_env.take() {
             Some(e) => e,
             None => CollectiveEnv {
-                assignment: crate::collective::DeviceAssignment::single(),
+                assignment: crate::collective::DeviceAssignment::single(0),
                 device_id: 0,
                 cliques: crate::collective::Cliques::new(crate::collective::LocalExchange::new()),
             },
@@ -328,7 +330,7 @@ impl<B: Backend> Executable<B> {
         Ok(())
     }
 
-    /// Binding counters of [`Mode::VaStable`] (`None` before its first run).
+    /// Binding counters of [`Mode::Graph`] (`None` before its first run).
     pub fn stats(&self) -> Option<&BindingStats> {
         self.va.as_ref().map(|v| v.stats())
     }
@@ -367,14 +369,14 @@ impl<B: Backend> Executable<B> {
             }
         }
         self.resolve_collectives()?;
-        if mode != Mode::VaStable {
+        if mode != Mode::Graph {
             if let Some(va) = self.va.as_mut() {
                 // The run may write donated buffers the shadows claim to hold.
                 va.forget_shadow_contents();
             }
         }
         let mode = match (mode, &self.capture_blocker) {
-            (Mode::Graph | Mode::VaStable, Some(why)) => {
+            (Mode::GraphRecapture | Mode::Graph, Some(why)) => {
                 if !self.warned_eager {
                     self.warned_eager = true;
                     tracing::warn!(executable = %self.plan.module_name, reason = %why,
@@ -389,8 +391,8 @@ impl<B: Backend> Executable<B> {
                 let env = self.env(false);
                 run_seq(&env, &self.ops, &self.slots, stream, &mut Vec::new())?;
             }
-            Mode::Graph => self.run_graph(stream)?,
-            Mode::VaStable => self.run_va_stable(stream)?,
+            Mode::GraphRecapture => self.run_graph(stream)?,
+            Mode::Graph => self.run_va_stable(stream)?,
         }
         self.outputs()
     }

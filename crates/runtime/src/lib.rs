@@ -38,3 +38,4 @@ pub use collective::{Cliques, CollectiveEnv, DeviceAssignment, IdExchange, Local
 pub use error::{Result, RuntimeError};
 pub use executable::{Executable, Mode, Output};
 pub use slots::{DeviceBuffer, SlotTable};
+pub use xla_vmm_policy::Threshold;

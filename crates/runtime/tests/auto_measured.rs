@@ -152,7 +152,7 @@ fn probe_feeds_auto_and_replan_keeps_results_identical() {
     let b = backend();
     let (reference, _) = run_loop(&b, Mode::Eager, None, STEPS);
     assert_eq!(reference[3][1], vec![6.0, 8.0, -6.0, 14.0], "y = 2a");
-    let (got, stats) = run_loop(&b, Mode::VaStable, Some(1), STEPS);
+    let (got, stats) = run_loop(&b, Mode::Graph, Some(1), STEPS);
     assert_eq!(got, reference, "bit-identical to eager across the re-plan");
 
     let warm = DEFAULT_REPLAN_AFTER_STEPS as usize;
@@ -205,7 +205,7 @@ fn kernel_path_charges_the_kernel_node_per_direction() {
     let b = backend();
     register_host_copy_kernel(&b);
     let (reference, _) = run_loop(&b, Mode::Eager, None, 8);
-    let (got, stats) = run_loop(&b, Mode::VaStable, Some(1), 8);
+    let (got, stats) = run_loop(&b, Mode::Graph, Some(1), 8);
     assert_eq!(got, reference);
     let st = stats.last().cloned().flatten().unwrap();
     assert_eq!(st.copy_path, "kernel");
@@ -220,7 +220,7 @@ fn fixed_thresholds_neither_warm_up_nor_replan() {
     let b = backend();
     let (reference, _) = run_loop(&b, Mode::Eager, None, 8);
     for t in [0u64, 4096] {
-        let (got, stats) = run_loop(&b, Mode::VaStable, Some(t), 8);
+        let (got, stats) = run_loop(&b, Mode::Graph, Some(t), 8);
         assert_eq!(got, reference, "threshold {t}");
         let st = stats.last().cloned().flatten().unwrap();
         assert!(!st.replanned, "threshold {t}");

@@ -224,7 +224,7 @@ fn thresholds_decide_remap_or_copy_and_results_are_identical() {
     // only: each reservation always sees the same one of the two blocks
     // (observed churn 0), so the re-plan makes it a skip slot.
     for (t, x_copied) in [(0u64, false), (1, true), (4096, true), (8, false)] {
-        let (got, l) = Loop::new(&b, Some(t), false).run(Mode::VaStable, 6);
+        let (got, l) = Loop::new(&b, Some(t), false).run(Mode::Graph, 6);
         assert_eq!(got, reference, "threshold {t}");
         let st = l.exe.stats().unwrap().clone();
         assert_eq!(st.counters.steps, 6);
@@ -266,12 +266,12 @@ fn donated_steady_state_makes_no_vmm_calls_in_auto() {
     let mut l = Loop::new(&b, Some(1), true);
     let mut keep = None;
     for k in 0..3 {
-        l.step(Mode::VaStable, k as f32, &mut keep);
+        l.step(Mode::Graph, k as f32, &mut keep);
     }
     let before = vmm_calls(&b);
     let s0 = l.exe.stats().unwrap().counters;
     for k in 3..20 {
-        l.step(Mode::VaStable, k as f32, &mut keep);
+        l.step(Mode::Graph, k as f32, &mut keep);
     }
     assert_eq!(vmm_calls(&b), before, "{:?}", b.call_counts());
     let s1 = l.exe.stats().unwrap().counters;
@@ -324,7 +324,7 @@ fn same_address_new_allocation_is_a_remap_and_reads_the_new_memory() {
     for (id, p) in [(101, &p1), (101, &p1), (101, &p1), (202, &p2)] {
         l.exe.bind_user_buffer(0, w.clone()).unwrap();
         l.exe.bind_user_buffer(1, user(addr, id, p, gran)).unwrap();
-        let outs = l.exe.run(&l.stream, Mode::VaStable).unwrap();
+        let outs = l.exe.run(&l.stream, Mode::Graph).unwrap();
         let mut y = vec![0u8; X * 4];
         b.read_sync(&mut y, outs[1].ptr, &l.stream).unwrap();
         ys.push(floats(&y)[0]);
@@ -392,7 +392,7 @@ fn shadow_budget_is_never_exceeded() {
                 .unwrap();
             exe.bind_buffer(i, buf).unwrap();
         }
-        let o = exe.run(&stream, Mode::VaStable).unwrap();
+        let o = exe.run(&stream, Mode::Graph).unwrap();
         for (i, out) in o.iter().enumerate() {
             let mut d = vec![0u8; 1024];
             b.read_sync(&mut d, out.ptr, &stream).unwrap();
@@ -431,7 +431,7 @@ fn failed_driver_calls_fall_back_to_copy_with_data_intact() {
             if k == 4 {
                 l.inject = Some(call);
             }
-            got.push(l.step(Mode::VaStable, k as f32, &mut keep));
+            got.push(l.step(Mode::Graph, k as f32, &mut keep));
         }
         assert_eq!(b.injections_armed(), 0, "{call}: the injection fired");
         assert_eq!(got, reference, "{call}: data intact");
@@ -459,7 +459,7 @@ fn sub_allocated_buffers_are_copy_only_and_known_shadows_skip_the_copy_in() {
         // donated (read and written): with immutable buffers its shadow holds
         // w after each copy out, so only the first copy in is needed.
         let l = Loop::with(&b, Some(1), 128, immutable);
-        let (got, l) = l.run(Mode::VaStable, 10);
+        let (got, l) = l.run(Mode::Graph, 10);
         assert_eq!(got, reference, "immutable={immutable}");
         let st = l.exe.stats().unwrap().clone();
         // Both planned as copy slots from the first step: no failed map, no
@@ -487,7 +487,7 @@ fn a_stable_copy_slot_moves_to_direct_mapping_and_then_skips() {
     // x is copied under 4096; the allocator hands out the same two blocks in
     // turn, so on each reservation x's allocation stays put: once its
     // copies cost one remap it is mapped directly, later steps skip.
-    let (got, l) = Loop::new(&b, Some(4096), false).run(Mode::VaStable, 60);
+    let (got, l) = Loop::new(&b, Some(4096), false).run(Mode::Graph, 60);
     assert_eq!(got, reference);
     let st = l.exe.stats().unwrap().counters;
     assert_eq!(st.mode_switches, 1, "{st:?}");
@@ -506,11 +506,7 @@ fn an_eager_run_in_between_does_not_leave_stale_shadows() {
     let mut keep = None;
     let got: Vec<Step> = (0..8)
         .map(|k| {
-            let mode = if k % 3 == 2 {
-                Mode::Eager
-            } else {
-                Mode::VaStable
-            };
+            let mode = if k % 3 == 2 { Mode::Eager } else { Mode::Graph };
             l.step(mode, k as f32, &mut keep)
         })
         .collect();
@@ -653,7 +649,7 @@ fn a_steps_copies_are_one_batch_per_direction() {
         (4096, 0, false, 2, 0),
     ] {
         let what = format!("threshold {t}, small {small}, immutable {immutable}");
-        let (got, calls, st) = train2_loop(&b, Mode::VaStable, t, small, immutable, steps);
+        let (got, calls, st) = train2_loop(&b, Mode::Graph, t, small, immutable, steps);
         assert_eq!(got, reference, "{what}: results identical to eager");
         let st = st.unwrap();
         let batches = u64::from(ins > 1) + u64::from(outs > 1);

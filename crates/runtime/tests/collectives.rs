@@ -294,12 +294,12 @@ fn two_devices_eager() {
 
 #[test]
 fn two_devices_graph_replayed() {
-    check_two_devices(Mode::Graph, 3);
+    check_two_devices(Mode::GraphRecapture, 3);
 }
 
 #[test]
 fn two_devices_va_stable() {
-    check_two_devices(Mode::VaStable, 2);
+    check_two_devices(Mode::Graph, 2);
 }
 
 /// Without `set_collectives` the executable is the only device: every
@@ -349,7 +349,7 @@ fn one_device_without_an_environment() {
     b.write_sync(buf.ptr(), &bytes(&[1.0, 2.0, 3.0, 4.0]), &stream)
         .unwrap();
     exe.bind_parameter(0, buf.ptr(), 16).unwrap();
-    for mode in [Mode::Eager, Mode::Graph] {
+    for mode in [Mode::Eager, Mode::GraphRecapture] {
         let outs = exe.run(&stream, mode).unwrap();
         b.stream_synchronize(&stream).unwrap();
         let mut out = vec![0u8; 36];

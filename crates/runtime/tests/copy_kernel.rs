@@ -265,7 +265,7 @@ fn va_stable_kernel_path_is_identical_and_makes_no_copy_calls() {
             let b = bk.clone();
             move || b.call_counts()
         };
-        let (got, st) = copy_loop(&bk, &calls, Mode::VaStable, size, offsets, 2, false, 6);
+        let (got, st) = copy_loop(&bk, &calls, Mode::Graph, size, offsets, 2, false, 6);
         let st = st.unwrap();
         assert_eq!(st.copy_path, "kernel", "{what}");
         assert_eq!(st.copy_slots, 3, "{what}: {st:?}");
@@ -292,7 +292,7 @@ fn va_stable_kernel_path_is_identical_and_makes_no_copy_calls() {
             let b = bb.clone();
             move || b.call_counts()
         };
-        let (reference, st) = copy_loop(&bb, &calls, Mode::VaStable, size, offsets, 2, false, 6);
+        let (reference, st) = copy_loop(&bb, &calls, Mode::Graph, size, offsets, 2, false, 6);
         assert_eq!(st.unwrap().copy_path, "batch", "{what}");
         let bytes = |v: &[StepResult]| v.iter().map(|s| s.0.clone()).collect::<Vec<_>>();
         assert_eq!(bytes(&got), bytes(&reference), "{what}");
@@ -311,7 +311,7 @@ fn overlapping_copy_backs_run_in_order_after_the_launch() {
     // Two written parameters bound to one buffer: their copy-backs write
     // the same bytes, so they are not table entries (which run
     // concurrently) but two ordered copies.
-    let (got, st) = copy_loop(&b, &calls, Mode::VaStable, 64, (0, 8), 2, true, 4);
+    let (got, st) = copy_loop(&b, &calls, Mode::Graph, 64, (0, 8), 2, true, 4);
     let st = st.unwrap();
     assert_eq!(st.copy_path, "kernel");
     for (k, (_, diff)) in got.iter().enumerate().skip(2) {
@@ -349,7 +349,7 @@ fn steady_state_skips_make_only_the_launch_and_the_event_record() {
         }
         for step in 0..8 {
             let before = b.call_counts();
-            exe.run(&s, Mode::VaStable).unwrap();
+            exe.run(&s, Mode::Graph).unwrap();
             let after = b.call_counts();
             let diff: BTreeMap<_, _> = after
                 .iter()
@@ -408,7 +408,7 @@ fn a_fallback_too_big_for_the_table_runs_as_a_batch_with_data_intact() {
         let data = pattern(size as usize, step);
         b.write_sync(x.ptr(), &data, &s).unwrap();
         let before = b.call_count("copy_d2d");
-        let outs = exe.run(&s, Mode::VaStable).unwrap();
+        let outs = exe.run(&s, Mode::Graph).unwrap();
         if step >= 2 {
             // Captured already: the only copy call is the overflow's.
             assert_eq!(b.call_count("copy_d2d") - before, 1, "step {step}");
@@ -435,7 +435,7 @@ fn a_fallback_too_big_for_the_table_runs_as_a_batch_with_data_intact() {
 fn published_stats_are_current() {
     let b = host(true);
     let calls = || BTreeMap::new();
-    let (_, st) = copy_loop(&b, &calls, Mode::VaStable, 100, (0, 0), 1, false, 3);
+    let (_, st) = copy_loop(&b, &calls, Mode::Graph, 100, (0, 0), 1, false, 3);
     let st = st.unwrap();
     let all = xla_vmm_runtime::binding::all_stats();
     assert_eq!(all.get(&st.executable), Some(&st));
@@ -480,12 +480,12 @@ fn binding_time<B: Backend>(b: &Arc<B>, steps: usize, bound: Option<f64>) {
                 exe.bind_user_buffer(i, u).unwrap();
             }
             for _ in 0..3 {
-                exe.run(&s, Mode::VaStable).unwrap();
+                exe.run(&s, Mode::Graph).unwrap();
             }
             b.stream_synchronize(&s).unwrap();
             let before = exe.stats().unwrap().counters;
             for _ in 0..steps {
-                exe.run(&s, Mode::VaStable).unwrap();
+                exe.run(&s, Mode::Graph).unwrap();
             }
             b.stream_synchronize(&s).unwrap();
             let st = exe.stats().cloned().unwrap();
@@ -553,7 +553,7 @@ mod gpu {
             (64 << 20, (256, 16)),
         ] {
             let what = format!("size {size} offsets {offsets:?}");
-            let (got, st) = copy_loop(&b, &none, Mode::VaStable, size, offsets, 2, false, 5);
+            let (got, st) = copy_loop(&b, &none, Mode::Graph, size, offsets, 2, false, 5);
             let st = st.unwrap();
             assert_eq!(st.copy_path, "kernel", "{what}: {st:?}");
             assert_eq!(st.copy_ops, 2 * 5, "{what}: {st:?}");
@@ -563,7 +563,7 @@ mod gpu {
             eprintln!("{what}: {}", st.line());
         }
         // Overlapping copy-backs: ordered copies after the launch.
-        let (_, st) = copy_loop(&b, &none, Mode::VaStable, 4096, (0, 8), 2, true, 4);
+        let (_, st) = copy_loop(&b, &none, Mode::Graph, 4096, (0, 8), 2, true, 4);
         assert_eq!(st.unwrap().copy_path, "kernel");
     }
 

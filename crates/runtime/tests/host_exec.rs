@@ -230,7 +230,7 @@ fn loop_plan(trip_count: Option<i64>) -> Plan {
 #[test]
 fn while_with_trip_count_and_loop_dependent_windows_eager_and_graph() {
     let b = backend();
-    for mode in [Mode::Eager, Mode::Graph] {
+    for mode in [Mode::Eager, Mode::GraphRecapture] {
         let out = run(&b, loop_plan(Some(3)), &[vec![10.0, 20.0]], mode).unwrap();
         assert_eq!(out[0], vec![13.0, 23.0], "{mode:?}");
         assert_eq!(out[1], vec![7.0, 7.0, 7.0, 0.0], "{mode:?}");
@@ -275,7 +275,7 @@ fn async_start_done_runs_on_a_second_stream_and_joins() {
         copy("out", sl(2, 0, 16), sl(1, 0, 16)),
     ];
     let p = plan(allocs, vec![f32s(4)], vec![(1, f32s(4))], thunks);
-    for mode in [Mode::Eager, Mode::Graph] {
+    for mode in [Mode::Eager, Mode::GraphRecapture] {
         let out = run(&b, p.clone(), &[vec![1.0, 2.0, 3.0, 4.0]], mode).unwrap();
         assert_eq!(out[0], vec![2.0, 4.0, 6.0, 8.0], "{mode:?}");
     }
@@ -412,14 +412,14 @@ fn while_without_trip_count_reads_the_condition_eagerly_and_is_a_while_node_in_g
             ctx.write(pred, &[u8::from(v < 5.0)])
         }),
     );
-    for mode in [Mode::Eager, Mode::Graph] {
+    for mode in [Mode::Eager, Mode::GraphRecapture] {
         let out = run(&b, counting_loop_plan(false), &[vec![1.5, 10.0]], mode).unwrap();
         // 1.5 -> 2.5 -> 3.5 -> 4.5 -> 5.5: four iterations.
         assert_eq!(out[0], vec![5.5, 14.0], "{mode:?}");
     }
     // A window that moves with the iteration cannot be captured: graph
     // modes run that executable eager, with the same result.
-    for mode in [Mode::Eager, Mode::Graph, Mode::VaStable] {
+    for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
         let out = run(&b, counting_loop_plan(true), &[vec![1.5, 10.0]], mode).unwrap();
         assert_eq!(out[0], vec![5.5, 14.0], "{mode:?}");
     }
@@ -466,7 +466,7 @@ fn conditional_runs_the_indexed_branch_and_graph_modes_fall_back_to_eager() {
     }
     // A conditional picks its branch on the host: graph and VA-stable modes
     // run such an executable eager, with the same results.
-    for mode in [Mode::Graph, Mode::VaStable] {
+    for mode in [Mode::GraphRecapture, Mode::Graph] {
         for (index, want) in [(0i32, 1.0f32), (1, 2.0)] {
             let idx = f32::from_bits(index as u32);
             let out = run(&b, p.clone(), &[vec![idx]], mode).unwrap();
@@ -526,7 +526,7 @@ fn graph_captures_wait_for_foreign_work_in_flight() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
     use xla_vmm_device::capture_gate;
-    for mode in [Mode::Graph, Mode::VaStable] {
+    for mode in [Mode::GraphRecapture, Mode::Graph] {
         let b = backend();
         let released = Arc::new(AtomicBool::new(false));
         let held = capture_gate::foreign();

@@ -55,7 +55,7 @@ fn costs(free: u64, granularity: u64) -> DeviceCosts {
 /// The policy's plan for the runtime's slots of [`mixed_plan`]: slot order
 /// is parameter order, the 16-byte slot copy-only, one shadow per copy slot
 /// (the runtime's reservations share it), whole granules.
-fn policy_plan(threshold: Threshold, free: u64, gran: u64) -> xla_vmm_policy::Plan {
+fn policy_plan(threshold: Threshold, free: u64, gran: u64) -> xla_vmm_policy::BindingPlan {
     let mut slots: Vec<SlotInfo> = SIZES
         .iter()
         .map(|&s| SlotInfo::new(s, true, false, 1.0))
@@ -115,7 +115,7 @@ fn run(threshold: Threshold, free: u64) -> BindingStats {
             })
             .collect();
         exe.bind_buffer(SIZES.len(), &w).unwrap();
-        let outs = exe.run(&stream, Mode::VaStable).unwrap();
+        let outs = exe.run(&stream, Mode::Graph).unwrap();
         b.stream_synchronize(&stream).unwrap();
         for (i, &s) in SIZES.iter().enumerate() {
             let mut d = vec![0u8; s as usize];

@@ -6,6 +6,7 @@
 use std::ffi::c_void;
 use std::mem::zeroed;
 use std::ptr::null_mut;
+use xla_vmm_runtime::Threshold;
 
 use xla_vmm_device::HostBackend;
 use xla_vmm_plugin::devmem::VmmMemory;
@@ -234,7 +235,7 @@ pub fn host_options() -> ClientOptions {
     ClientOptions {
         backend: BackendKind::Host,
         strict: true,
-        tmp_copy_threshold: 1,
+        tmp_copy_threshold: Threshold::Auto,
         vendor_plugin_path: None,
         host_devices: 1,
         max_devices: None,

@@ -17,6 +17,7 @@
 
 use super::{handles::CudaFunction, result, CudaBackend, CudaStream};
 use crate::backend::{Backend, DevicePtr, ImageKind, LaunchConfig};
+use crate::checks::ArgChecks;
 use crate::error::{DeviceError, Result};
 
 /// `xla_vmm_set_condition(handle: u64, predicate: *const u8)`: sets the

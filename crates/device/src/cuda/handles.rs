@@ -158,14 +158,8 @@ unsafe impl Send for CudaGraphNode {}
 // SAFETY: see `Send`.
 unsafe impl Sync for CudaGraphNode {}
 
-/// Anything that remembers which backend made it.
-pub(super) trait Owned {
-    fn owner(&self) -> u64;
-}
+use crate::checks::owned;
 
-macro_rules! owned {
-    ($($t:ty),*) => { $(impl Owned for $t { fn owner(&self) -> u64 { self.owner } })* };
-}
 owned!(
     CudaPhysMem,
     CudaVaRange,

@@ -31,12 +31,13 @@ use xla_vmm_ffi::cuda::driver as sys;
 use crate::backend::{
     merge_copies, Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig,
 };
+use crate::checks::{host_range, ArgChecks};
 use crate::error::{DeviceError, Result};
+use handles::ModuleInner;
 pub use handles::{
     CudaEvent, CudaFunction, CudaGraph, CudaGraphExec, CudaGraphNode, CudaHostBuffer, CudaModule,
     CudaPhysMem, CudaStream, CudaVaRange,
 };
-use handles::{ModuleInner, Owned};
 use result::from_cudarc;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -61,6 +62,15 @@ impl std::fmt::Debug for CudaBackend {
             .field("ordinal", &self.ordinal)
             .field("name", &self.info.name)
             .finish()
+    }
+}
+
+impl ArgChecks for CudaBackend {
+    fn instance_id(&self) -> u64 {
+        self.id
+    }
+    fn granularity(&self) -> u64 {
+        self.info.vmm_granularity
     }
 }
 
@@ -114,43 +124,6 @@ impl CudaBackend {
             .map_err(|e| from_cudarc("cuCtxSetCurrent", e))
     }
 
-    fn own<T: Owned>(&self, h: &T, what: &str) -> Result<()> {
-        if h.owner() == self.id {
-            Ok(())
-        } else {
-            Err(DeviceError::InvalidArgument(format!(
-                "{what} belongs to another backend instance"
-            )))
-        }
-    }
-
-    fn aligned(&self, what: &str, v: u64) -> Result<()> {
-        let g = self.info.vmm_granularity;
-        if g == 0 {
-            return Err(DeviceError::Unsupported("VMM on this device".into()));
-        }
-        if !v.is_multiple_of(g) {
-            return Err(DeviceError::InvalidArgument(format!(
-                "{what} = {v} is not a multiple of the VMM granularity {g}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// Check `[offset, offset + bytes)` is non-empty, aligned and inside a
-    /// range of `size` bytes; returns nothing on success.
-    fn vmm_range(&self, what: &str, offset: u64, bytes: u64, size: u64) -> Result<()> {
-        self.aligned("offset", offset)?;
-        self.aligned("size", bytes)?;
-        let end = offset.checked_add(bytes);
-        if bytes == 0 || end.is_none_or(|e| e > size) {
-            return Err(DeviceError::InvalidArgument(format!(
-                "{what}: [{offset}, +{bytes}) is empty or outside {size} bytes"
-            )));
-        }
-        Ok(())
-    }
-
     /// Blocking copies borrow host memory only for the call, so they must
     /// not be recorded into a graph.
     fn refuse_capture(&self, stream: &CudaStream, what: &str) -> Result<()> {
@@ -161,16 +134,6 @@ impl CudaBackend {
             )));
         }
         Ok(())
-    }
-
-    fn host_range(buf: &CudaHostBuffer, offset: usize, bytes: usize) -> Result<()> {
-        match offset.checked_add(bytes) {
-            Some(end) if end <= buf.len => Ok(()),
-            _ => Err(DeviceError::InvalidArgument(format!(
-                "host range [{offset}, +{bytes}) outside a {}-byte buffer",
-                buf.len
-            ))),
-        }
     }
 }
 
@@ -508,7 +471,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.own(stream, "stream")?;
         self.own(host, "host buffer")?;
-        Self::host_range(host, host_offset, bytes)?;
+        host_range(host.len, host_offset, bytes)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -536,7 +499,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.own(stream, "stream")?;
         self.own(host, "host buffer")?;
-        Self::host_range(host, host_offset, bytes)?;
+        host_range(host.len, host_offset, bytes)?;
         if bytes == 0 {
             return Ok(());
         }

@@ -150,14 +150,8 @@ unsafe impl Send for HipGraph {}
 // SAFETY: see the note above these impls.
 unsafe impl Send for HipGraphExec {}
 
-/// Anything that remembers which backend made it.
-pub(super) trait Owned {
-    fn owner(&self) -> u64;
-}
+use crate::checks::owned;
 
-macro_rules! owned {
-    ($($t:ty),*) => { $(impl Owned for $t { fn owner(&self) -> u64 { self.owner } })* };
-}
 owned!(
     HipPhysMem,
     HipVaRange,

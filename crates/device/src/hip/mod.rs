@@ -37,12 +37,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
+use crate::checks::{host_range, ArgChecks};
 use crate::error::{DeviceError, Result};
+use handles::ModuleInner;
 pub use handles::{
     HipEvent, HipFunction, HipGraph, HipGraphExec, HipGraphNode, HipHostBuffer, HipModule,
     HipPhysMem, HipStream, HipVaRange,
 };
-use handles::{ModuleInner, Owned};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -52,6 +53,15 @@ pub struct HipBackend {
     id: u64,
     ordinal: i32,
     info: DeviceInfo,
+}
+
+impl ArgChecks for HipBackend {
+    fn instance_id(&self) -> u64 {
+        self.id
+    }
+    fn granularity(&self) -> u64 {
+        self.info.vmm_granularity
+    }
 }
 
 impl HipBackend {
@@ -125,41 +135,6 @@ impl HipBackend {
         }
     }
 
-    fn own<T: Owned>(&self, h: &T, what: &str) -> Result<()> {
-        if h.owner() == self.id {
-            Ok(())
-        } else {
-            Err(DeviceError::InvalidArgument(format!(
-                "{what} belongs to another backend instance"
-            )))
-        }
-    }
-
-    fn aligned(&self, what: &str, v: u64) -> Result<()> {
-        let g = self.info.vmm_granularity;
-        if g == 0 {
-            return Err(DeviceError::Unsupported("VMM on this device".into()));
-        }
-        if !v.is_multiple_of(g) {
-            return Err(DeviceError::InvalidArgument(format!(
-                "{what} = {v} is not a multiple of the VMM granularity {g}"
-            )));
-        }
-        Ok(())
-    }
-
-    fn vmm_range(&self, what: &str, offset: u64, bytes: u64, size: u64) -> Result<()> {
-        self.aligned("offset", offset)?;
-        self.aligned("size", bytes)?;
-        let end = offset.checked_add(bytes);
-        if bytes == 0 || end.is_none_or(|e| e > size) {
-            return Err(DeviceError::InvalidArgument(format!(
-                "{what}: [{offset}, +{bytes}) is empty or outside {size} bytes"
-            )));
-        }
-        Ok(())
-    }
-
     /// Blocking copies borrow host memory only for the call, so they must
     /// not be recorded into a graph.
     fn refuse_capture(&self, stream: &HipStream, what: &str) -> Result<()> {
@@ -170,16 +145,6 @@ impl HipBackend {
             )));
         }
         Ok(())
-    }
-
-    fn host_range(buf: &HipHostBuffer, offset: usize, bytes: usize) -> Result<()> {
-        match offset.checked_add(bytes) {
-            Some(end) if end <= buf.len => Ok(()),
-            _ => Err(DeviceError::InvalidArgument(format!(
-                "host range [{offset}, +{bytes}) outside a {}-byte buffer",
-                buf.len
-            ))),
-        }
     }
 
     /// Pack kernel arguments into one kernarg buffer (see the module docs).
@@ -435,7 +400,7 @@ impl Backend for HipBackend {
     ) -> Result<()> {
         self.own(stream, "stream")?;
         self.own(host, "host buffer")?;
-        Self::host_range(host, host_offset, bytes)?;
+        host_range(host.len, host_offset, bytes)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -457,7 +422,7 @@ impl Backend for HipBackend {
     ) -> Result<()> {
         self.own(stream, "stream")?;
         self.own(host, "host buffer")?;
-        Self::host_range(host, host_offset, bytes)?;
+        host_range(host.len, host_offset, bytes)?;
         if bytes == 0 {
             return Ok(());
         }
