@@ -7,7 +7,8 @@ CLI bench on the fixtures has them equal. This runs, for each model, the same sa
   - through the plugin (integration/ab.py's vmm child, JAX's loop, each step waited for), the same rows;
 and prints one table, so that the gap is placed: GPU time or host time, CLI or plugin, copy nodes or not.
 
-Usage (GPU machine): python3 integration/diag/va_gap.py --vmm BIN --out DIR [--steps 30] MODEL...
+Usage (GPU machine): python3 integration/diag/va_gap.py --vmm BIN --out DIR [--steps 30]
+                     [--rows modes|completion|loops] MODEL...
 It first runs ab.py for MODEL (stock cmdbuf on/off, to save the executable and its inputs in DIR).
 """
 import argparse
@@ -15,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INTEG = os.path.dirname(HERE)
@@ -38,6 +40,44 @@ COMPLETION_ROWS = [
                       (" sync execute", {"XLA_VMM_SYNC_EXECUTE": "1"})]
 ]
 
+# --rows loops: the JAX loop varied, both graph modes: each step waited for (as the A/B), each step
+# waited for with every output kept alive (nothing freed: is it the frees?), and pipelined (no wait
+# per step, one at the end: does the gap matter where steps overlap?). Plugin only.
+LOOPS = ["wait", "wait-keep", "pipelined"]
+LOOP_ROWS = [("%s, loop %s" % (row, loop), mode, None, {"VA_GAP_LOOP": loop})
+             for row, mode in [("graph (default)", "graph"), ("graph-recapture", "graph-recapture")]
+             for loop in LOOPS]
+
+
+def child_loop(out, model, steps, loop):
+    """One JAX loop over the saved executable on the vmm device; per-step ms (pipelined: the mean)."""
+    sys.path.insert(0, os.path.join(INTEG, "tests"))
+    import jax
+    from jax_plugins import xla_vmm
+    from llama_ab import load_on_vmm
+
+    compiled, args, dev = load_on_vmm(out, model)
+    cur = jax.device_put(args, dev)
+    treedef = jax.tree.structure(cur)
+    kept, times = [], []
+    t_all = time.perf_counter()
+    for _ in range(steps):
+        t = time.perf_counter()
+        leaves = jax.tree.leaves(compiled(*cur))
+        if loop != "pipelined":
+            leaves[-1].block_until_ready()
+            times.append((time.perf_counter() - t) * 1e3)
+        if loop == "wait-keep":
+            kept.append(leaves[-1])
+        n_state = len(leaves) - 1
+        cur = jax.tree.unflatten(treedef, leaves[:n_state] + jax.tree.leaves(cur)[n_state:])
+    jax.block_until_ready(cur)
+    if loop == "pipelined":
+        times = [(time.perf_counter() - t_all) * 1e3 / steps] * steps
+    st = xla_vmm.stats()
+    best = max(st.values(), key=lambda x: x.get("steps", 0)) if st else {}
+    return {"step_ms": times, "stats": best}
+
 
 def median(xs):
     xs = sorted(xs[3:] if len(xs) > 6 else xs)
@@ -49,8 +89,13 @@ def plugin_run(out, model, steps, mode, threshold, extra):
     env.pop("XLA_VMM_TMP_COPY_THRESHOLD", None)
     if threshold is not None:
         env["XLA_VMM_TMP_COPY_THRESHOLD"] = str(threshold)
-    p = subprocess.run([sys.executable, os.path.join(INTEG, "ab.py"), "--out", out, "--steps", str(steps),
-                        "--child", "vmm", "--name", model], env=env, capture_output=True, text=True, timeout=300)
+    if "VA_GAP_LOOP" in extra:
+        cmd = [sys.executable, os.path.abspath(__file__), "--child-loop", extra["VA_GAP_LOOP"], "--out", out,
+               "--vmm", "-", "--steps", str(steps), model]
+    else:
+        cmd = [sys.executable, os.path.join(INTEG, "ab.py"), "--out", out, "--steps", str(steps),
+               "--child", "vmm", "--name", model]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         return None, (p.stderr or p.stdout).strip()[-200:]
@@ -63,10 +108,14 @@ def main():
     ap.add_argument("--vmm", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--rows", choices=["modes", "completion"], default="modes")
+    ap.add_argument("--rows", choices=["modes", "completion", "loops"], default="modes")
+    ap.add_argument("--child-loop", choices=LOOPS, help=argparse.SUPPRESS)
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     out = os.path.abspath(a.out)
+    if a.child_loop:
+        print(json.dumps(child_loop(out, a.models[0], a.steps, a.child_loop)))
+        return
     os.makedirs(out, exist_ok=True)
     table = ["| model | row | CLI wall ms | CLI GPU ms | plugin (JAX) ms | plugin host µs/step (all steps) |",
              "|---|---|---|---|---|---|"]
@@ -76,7 +125,7 @@ def main():
             subprocess.run([sys.executable, os.path.join(INTEG, "ab.py"), "--out", out, "--steps", "5",
                             "--models", model, "--stock-configs", "onoff", "--thresholds", "", "--modes", ""],
                            check=False, timeout=400)
-        for row, mode, t, extra in (ROWS if a.rows == "modes" else COMPLETION_ROWS):
+        for row, mode, t, extra in {"modes": ROWS, "completion": COMPLETION_ROWS, "loops": LOOP_ROWS}[a.rows]:
             wall, gpu = (None, None)
             if a.rows == "modes":
                 wall, gpu, _ = vmm_run(a.vmm, out, model, mode, t, a.steps, env=extra)

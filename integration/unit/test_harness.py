@@ -251,6 +251,35 @@ class JaxSliceLastWords(unittest.TestCase):
         # Without a report: from the first signal line on.
         self.assertEqual(m.last_words("a\nb\nFatal Python error: x\nc"), ["Fatal Python error: x", "c"])
 
+class VaGap(unittest.TestCase):
+    def setUp(self):
+        self.m = load("va_gap", os.path.join(INTEGRATION, "diag", "va_gap.py"))
+        self.calls = []
+
+        def plugin_run(out, model, steps, mode, threshold, extra):
+            self.calls.append((mode, extra.get("VA_GAP_LOOP")))
+            ms = 3.2 if mode == "graph" else 3.1
+            return {"step_ms": [30, 8] + [ms] * (steps - 2), "stats": {"steps": steps, "host_binding_ns": 1e5 * steps}}, None
+
+        def vmm_run(*a, **k):
+            raise AssertionError("the loop rows run no CLI row")
+
+        self.m.plugin_run = plugin_run
+        self.m.vmm_run = vmm_run
+
+    def test_loop_rows_vary_the_jax_loop_in_both_graph_modes_through_the_plugin_only(self):
+        with tempfile.TemporaryDirectory() as d:
+            open(os.path.join(d, "m.pjrt"), "w").close()  # saved already: no ab.py run
+            _, text = quiet(self.m.main, ["va_gap.py", "--vmm", "-", "--out", d, "--steps", "10",
+                                          "--rows", "loops", "m"])
+            self.assertEqual(sorted(self.calls), sorted(
+                (mode, loop) for mode in ["graph", "graph-recapture"] for loop in self.m.LOOPS))
+            self.assertIn("| m | graph (default), loop wait-keep | - | - | 3.200 | 100.0 |", text)
+            self.assertIn("| m | graph-recapture, loop pipelined | - | - | 3.100 | 100.0 |", text)
+            rows = read_json(os.path.join(d, "va_gap.json"))
+            self.assertEqual(len(rows), 6)
+            self.assertTrue(os.path.exists(os.path.join(d, "va_gap.md")))
+
 
 if __name__ == "__main__":
     unittest.main()
