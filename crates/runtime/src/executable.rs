@@ -1,13 +1,14 @@
-//! The execution API: load a [`Plan`], bind parameters, run eagerly or as
-//! one captured graph, get the outputs.
+//! The execution API: load a [`Plan`] (into a [`Program`]), bind
+//! parameters, run it in a [`Mode`], get the outputs. The program is
+//! immutable; each mode's runner keeps its own state here: eager has none,
+//! graph-recapture its last graph ([`crate::recapture`]), the default
+//! VA-stable mode its reservations ([`crate::vastable`]).
 //!
-//! Memory: temps, constants and live-out outputs that are not parameters are
-//! owned by the executable (one device buffer per allocation). Parameters are
-//! the caller's buffers, bound per run. A parameter aliased with an output
-//! (donation) is updated in place: the output *is* the parameter buffer.
-//! Outputs are returned as addresses valid until the next run.
+//! Parameters are the caller's buffers, bound per run. A parameter aliased
+//! with an output (donation) is updated in place: the output *is* the
+//! parameter buffer. Outputs are returned as addresses valid until the next
+//! run.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use xla_vmm::{AllocationRole, Plan, Shape};
@@ -15,11 +16,12 @@ use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::binding::{BindingConfig, BindingStats, UserBuffer};
-use crate::collective::{CollOp, CollectiveEnv, Resolved};
+use crate::collective::{CollectiveEnv, Resolved};
 use crate::error::{Result, RuntimeError};
-use crate::exec::{run_seq, ExecEnv};
-use crate::ops::{LoadCtx, Op};
-use crate::slots::{DeviceBuffer, SlotTable};
+use crate::exec::run_seq;
+use crate::program::Program;
+use crate::recapture::Recapture;
+use crate::slots::SlotTable;
 use crate::vastable::VaStable;
 use xla_vmm_policy::Threshold;
 
@@ -51,41 +53,20 @@ pub struct Output {
     pub parameter: Option<usize>,
 }
 
-struct GraphCache<B: Backend> {
-    bases: Vec<DevicePtr>,
-    graph: B::Graph,
-    exec: B::GraphExec,
-}
-
-/// A loaded executable.
+/// A loaded program and how it runs: the parameters bound for the next
+/// run, the runners' state (graph-recapture's graph, the VA-stable
+/// reservations) and the collectives' environment.
 pub struct Executable<B: Backend> {
-    backend: Arc<B>,
-    plan: Plan,
-    gemm: Option<Arc<dyn GemmEngine<B>>>,
-    ops: Vec<Op<B>>,
-    modules: Vec<B::Module>,
-    owned: Vec<DeviceBuffer<B>>,
-    /// Allocation index of each `owned` buffer.
-    owned_index: Vec<usize>,
+    program: Program<B>,
     slots: SlotTable,
     /// The caller's buffer of each entry parameter (VA-stable binding).
     users: Vec<Option<UserBuffer<B>>>,
     binding: BindingConfig,
     va: Option<VaStable<B>>,
-    /// Entry parameter number → its allocation slots.
-    param_slots: Vec<Vec<usize>>,
-    param_shapes: Vec<Shape>,
-    aux_streams: Vec<B::Stream>,
-    events: HashMap<u64, (B::Event, B::Event)>,
-    graph: Option<GraphCache<B>>,
-    /// Why this executable cannot be captured (graph modes then run eager).
-    capture_blocker: Option<String>,
+    recapture: Recapture<B>,
     warned_eager: bool,
-    /// Collectives: communication streams, loaded ops, the environment
-    /// (see [`Executable::set_collectives`]) and, after the first run,
-    /// each op's communicator.
-    comm_streams: Vec<B::Stream>,
-    collectives: Vec<CollOp>,
+    /// Collectives: the environment (see [`Executable::set_collectives`])
+    /// and, after the first run, each op's communicator.
     coll_env: Option<CollectiveEnv<B>>,
     resolved: Vec<Resolved<B>>,
     logical: (u32, u32),
@@ -100,140 +81,44 @@ fn leaf_shape(result: &Shape, index: &[i64]) -> Option<Shape> {
 }
 
 impl<B: Backend> Executable<B> {
-    /// Load `plan`: check every thunk, load kernels, prepare GEMMs, upload
-    /// constants, allocate temps and outputs. `stream` orders the uploads.
+    /// Load `plan` ([`Program::load`]: check every thunk, load kernels,
+    /// prepare GEMMs, upload constants, allocate temps and outputs).
+    /// `stream` orders the uploads.
     pub fn load(
         backend: Arc<B>,
         plan: Plan,
         gemm: Option<Arc<dyn GemmEngine<B>>>,
         stream: &B::Stream,
     ) -> Result<Self> {
-        // Support check first (cheap, names the first offender).
-        crate::ops::check_support(&plan)?;
-        let nparams = plan.program_shape.parameters.len();
-        let mut param_slots = vec![Vec::new(); nparams];
-        for a in &plan.allocations {
-            if let AllocationRole::Parameter {
-                number,
-                shape_index,
-                ..
-            } = &a.role
-            {
-                if !shape_index.is_empty() {
-                    return Err(RuntimeError::unsupported(format!(
-                        "tuple-shaped parameter {number} (allocation {})",
-                        a.index
-                    )));
-                }
-                param_slots
-                    .get_mut(*number as usize)
-                    .ok_or_else(|| {
-                        RuntimeError::invalid(format!("parameter {number} of {nparams}"))
-                    })?
-                    .push(a.index);
-            }
-        }
-        let mut ctx = LoadCtx {
-            backend: &*backend,
-            gemm: gemm.as_deref(),
-            modules: Vec::new(),
-            module_index: HashMap::new(),
-            main_module: None,
-            streams_needed: 0,
-            async_ids: Vec::new(),
-            comm_streams_needed: 0,
-            collectives: Vec::new(),
-            comm_tag: 0,
-        };
-        let built = ctx.build_seq(&plan, &plan.thunks);
-        let (modules, streams_needed, async_ids) = (ctx.modules, ctx.streams_needed, ctx.async_ids);
-        let (comm_streams_needed, collectives) = (ctx.comm_streams_needed, ctx.collectives);
-        let ops = match built {
-            Ok(ops) => ops,
-            Err(e) => {
-                for m in modules {
-                    backend.module_unload(m).ok();
-                }
-                return Err(e);
-            }
-        };
-        let mut exe = Executable {
-            backend: backend.clone(),
-            param_shapes: plan.program_shape.parameters.clone(),
-            slots: SlotTable::new(plan.allocations.len()),
-            plan,
-            gemm,
-            ops,
-            modules,
-            owned: Vec::new(),
-            owned_index: Vec::new(),
+        let program = Program::load(backend, plan, gemm, stream)?;
+        let slots = program.owned_slots()?;
+        let nparams = program.parameter_shapes().len();
+        Ok(Executable {
+            program,
+            slots,
             users: (0..nparams).map(|_| None).collect(),
             binding: BindingConfig::with_threshold(Threshold::Auto),
             va: None,
-            param_slots,
-            aux_streams: Vec::new(),
-            events: HashMap::new(),
-            graph: None,
-            capture_blocker: None,
+            recapture: Recapture::new(),
             warned_eager: false,
-            comm_streams: Vec::new(),
-            collectives,
             coll_env: None,
             resolved: Vec::new(),
             logical: (0, 0),
-        };
-        exe.capture_blocker =
-            crate::exec::capture_blocker(&exe.ops, backend.info().conditional_nodes);
-        // From here on `Drop` releases whatever was made.
-        for _ in 0..streams_needed {
-            exe.aux_streams.push(backend.stream_create()?);
-        }
-        for _ in 0..comm_streams_needed {
-            exe.comm_streams.push(backend.stream_create()?);
-        }
-        for id in async_ids {
-            let start = backend.event_create()?;
-            let done = backend.event_create()?;
-            exe.events.insert(id, (start, done));
-        }
-        for i in 0..exe.plan.allocations.len() {
-            let a = &exe.plan.allocations[i];
-            let (index, size) = (a.index, a.size);
-            let constant = match &a.role {
-                AllocationRole::Parameter { .. } => continue,
-                AllocationRole::Constant { .. } => {
-                    Some(crate::ops::constant_bytes(&exe.plan, index)?)
-                }
-                AllocationRole::Output { .. } | AllocationRole::Temp => None,
-            };
-            if size == 0 {
-                continue;
-            }
-            let buf = DeviceBuffer::alloc(&*backend, size)?;
-            exe.slots.bind(index, buf.ptr(), size)?;
-            if let Some(bytes) = constant {
-                backend.write_sync(buf.ptr(), &bytes, stream)?;
-            }
-            exe.owned.push(buf);
-            exe.owned_index.push(index);
-        }
-        tracing::info!(
-            ops = exe.ops.len(),
-            modules = exe.modules.len(),
-            owned_buffers = exe.owned.len(),
-            aux_streams = exe.aux_streams.len(),
-            "executable loaded"
-        );
-        Ok(exe)
+        })
+    }
+
+    /// The loaded program.
+    pub fn program(&self) -> &Program<B> {
+        &self.program
     }
 
     pub fn plan(&self) -> &Plan {
-        &self.plan
+        self.program.plan()
     }
 
     /// Shapes of the entry parameters, in HLO parameter order.
     pub fn parameter_shapes(&self) -> &[Shape] {
-        &self.param_shapes
+        self.program.parameter_shapes()
     }
 
     /// Bind entry parameter `i` to `bytes` at `ptr` for the following runs
@@ -251,15 +136,12 @@ impl<B: Backend> Executable<B> {
     /// Bind entry parameter `i` to `user` for the following runs.
     pub fn bind_user_buffer(&mut self, i: usize, user: UserBuffer<B>) -> Result<()> {
         let (ptr, bytes) = (user.ptr, user.bytes);
-        let slots = self
-            .param_slots
+        let all = self.program.parameter_slots();
+        let slots = all
             .get(i)
-            .ok_or_else(|| {
-                RuntimeError::arg(format!("parameter {i} of {}", self.param_slots.len()))
-            })?
-            .clone();
-        for s in slots {
-            let need = self.plan.allocations[s].size;
+            .ok_or_else(|| RuntimeError::arg(format!("parameter {i} of {}", all.len())))?;
+        for &s in slots {
+            let need = self.program.plan().allocations[s].size;
             if bytes < need {
                 return Err(RuntimeError::arg(format!(
                     "parameter {i}: {bytes} bytes given, allocation {s} needs {need}"
@@ -313,7 +195,7 @@ impl<B: Backend> Executable<B> {
     /// Make the communicators (first run; blocks until the peers of every
     /// clique join, so each device runs from its own thread).
     fn resolve_collectives(&mut self) -> Result<()> {
-        if self.collectives.is_empty() || !self.resolved.is_empty() {
+        if self.program.collectives().is_empty() || !self.resolved.is_empty() {
             return Ok(());
         }
         let env = match self.coll_env.take() {
@@ -324,7 +206,8 @@ impl<B: Backend> Executable<B> {
                 cliques: crate::collective::Cliques::new(crate::collective::LocalExchange::new()),
             },
         };
-        let r = crate::collective::resolve(&*self.backend, &env, &self.collectives);
+        let r =
+            crate::collective::resolve(self.program.backend(), &env, self.program.collectives());
         self.coll_env = Some(env);
         self.resolved = r?;
         Ok(())
@@ -335,35 +218,24 @@ impl<B: Backend> Executable<B> {
         self.va.as_ref().map(|v| v.stats())
     }
 
-    pub(crate) fn backend(&self) -> &B {
-        &self.backend
-    }
-
-    pub(crate) fn ops(&self) -> &[Op<B>] {
-        &self.ops
-    }
-
-    /// (allocation index, buffer) of every buffer the executable owns.
-    pub(crate) fn owned_buffers(&self) -> impl Iterator<Item = (usize, &DeviceBuffer<B>)> {
-        self.owned_index.iter().copied().zip(self.owned.iter())
-    }
-
     fn run_va_stable(&mut self, stream: &B::Stream) -> Result<()> {
-        let mut va = match self.va.take() {
+        let program = &self.program;
+        let va = match &mut self.va {
             Some(v) => v,
-            None => VaStable::new(self, &self.binding)?,
+            None => self.va.insert(VaStable::new(program, &self.binding)?),
         };
-        let r = va.run(self, &self.users, stream);
-        self.va = Some(va);
-        r
+        let env = program.env(&self.resolved, self.logical, true);
+        va.run(program, &env, &self.users, stream)
     }
 
     /// Run once on `stream` (asynchronously: synchronize the stream before
     /// reading outputs on the host). Every parameter must be bound.
     pub fn run(&mut self, stream: &B::Stream, mode: Mode) -> Result<Vec<Output>> {
-        for (i, slots) in self.param_slots.iter().enumerate() {
+        for (i, slots) in self.program.parameter_slots().iter().enumerate() {
             for &s in slots {
-                if self.slots.base(s)? == DevicePtr::NULL && self.plan.allocations[s].size > 0 {
+                if self.slots.base(s)? == DevicePtr::NULL
+                    && self.program.plan().allocations[s].size > 0
+                {
                     return Err(RuntimeError::arg(format!("parameter {i} is not bound")));
                 }
             }
@@ -375,11 +247,11 @@ impl<B: Backend> Executable<B> {
                 va.forget_shadow_contents();
             }
         }
-        let mode = match (mode, &self.capture_blocker) {
+        let mode = match (mode, self.program.capture_blocker()) {
             (Mode::GraphRecapture | Mode::Graph, Some(why)) => {
                 if !self.warned_eager {
                     self.warned_eager = true;
-                    tracing::warn!(executable = %self.plan.module_name, reason = %why,
+                    tracing::warn!(executable = %self.program.plan().module_name, reason = %why,
                         "cannot be captured into a graph; it runs eager (thunk by thunk)");
                 }
                 Mode::Eager
@@ -388,76 +260,30 @@ impl<B: Backend> Executable<B> {
         };
         match mode {
             Mode::Eager => {
-                let env = self.env(false);
-                run_seq(&env, &self.ops, &self.slots, stream, &mut Vec::new())?;
+                let env = self.program.env(&self.resolved, self.logical, false);
+                run_seq(
+                    &env,
+                    self.program.ops(),
+                    &self.slots,
+                    stream,
+                    &mut Vec::new(),
+                )?;
             }
-            Mode::GraphRecapture => self.run_graph(stream)?,
+            Mode::GraphRecapture => {
+                let env = self.program.env(&self.resolved, self.logical, true);
+                self.recapture
+                    .execute(&self.program, &env, &self.slots, stream)?;
+            }
             Mode::Graph => self.run_va_stable(stream)?,
         }
         self.outputs()
     }
 
-    pub(crate) fn env(&self, capturing: bool) -> ExecEnv<'_, B> {
-        ExecEnv {
-            backend: &*self.backend,
-            gemm: self.gemm.as_deref(),
-            aux_streams: &self.aux_streams,
-            comm_streams: &self.comm_streams,
-            collectives: &self.resolved,
-            logical: self.logical,
-            events: &self.events,
-            capturing,
-        }
-    }
-
-    fn run_graph(&mut self, stream: &B::Stream) -> Result<()> {
-        let fresh = match &self.graph {
-            Some(g) => g.bases != self.slots.bases(),
-            None => true,
-        };
-        if fresh {
-            let be = &*self.backend;
-            // No vendor work while the stream captures (capture_gate).
-            let gate = xla_vmm_device::capture_gate::capture();
-            be.stream_begin_capture(stream)?;
-            let walked = {
-                let env = self.env(true);
-                run_seq(&env, &self.ops, &self.slots, stream, &mut Vec::new())
-            };
-            let captured = be.stream_end_capture(stream);
-            drop(gate);
-            walked?;
-            let graph = captured?;
-            let exec = match self.graph.take() {
-                Some(old) if be.graph_exec_update(&old.exec, &graph)? => {
-                    be.graph_destroy(old.graph)?;
-                    old.exec
-                }
-                Some(old) => {
-                    be.graph_exec_destroy(old.exec)?;
-                    be.graph_destroy(old.graph)?;
-                    be.graph_instantiate(&graph)?
-                }
-                None => be.graph_instantiate(&graph)?,
-            };
-            self.graph = Some(GraphCache {
-                bases: self.slots.bases().to_vec(),
-                graph,
-                exec,
-            });
-        }
-        let g = self
-            .graph
-            .as_ref()
-            .ok_or_else(|| RuntimeError::invalid("no graph"))?;
-        self.backend.graph_launch(&g.exec, stream)?;
-        Ok(())
-    }
-
     /// The result leaves (`output_info_map`), in result order.
     pub fn outputs(&self) -> Result<Vec<Output>> {
-        let result = &self.plan.program_shape.result;
-        let mut infos: Vec<_> = self.plan.outputs.iter().collect();
+        let plan = self.program.plan();
+        let result = &plan.program_shape.result;
+        let mut infos: Vec<_> = plan.outputs.iter().collect();
         infos.sort_by(|a, b| a.shape_index.cmp(&b.shape_index));
         let mut out = Vec::with_capacity(infos.len());
         let mut index = 0;
@@ -470,7 +296,7 @@ impl<B: Backend> Executable<B> {
                 continue;
             }
             let bytes = shape.byte_size().unwrap_or(0);
-            let parameter = match &self.plan.allocations.get(info.allocation).map(|a| &a.role) {
+            let parameter = match plan.allocations.get(info.allocation).map(|a| &a.role) {
                 Some(AllocationRole::Parameter { number, .. }) => Some(*number as usize),
                 _ => None,
             };
@@ -488,40 +314,17 @@ impl<B: Backend> Executable<B> {
 }
 
 impl<B: Backend> Drop for Executable<B> {
+    /// The runners' state goes first (the VA-stable reservations map the
+    /// program's buffers), then the program itself (its `Drop`).
     fn drop(&mut self) {
-        let be = &*self.backend;
-        if let Some(g) = self.graph.take() {
-            be.graph_exec_destroy(g.exec).ok();
-            be.graph_destroy(g.graph).ok();
-        }
-        for s in self.aux_streams.iter().chain(&self.comm_streams) {
+        let be = self.program.backend();
+        self.recapture.release(be);
+        for s in self.program.aux_and_comm_streams() {
             be.stream_synchronize(s).ok();
         }
         if let Some(va) = self.va.take() {
-            // Its reservations map the owned buffers: unmapped first.
             va.teardown(be);
         }
-        for buf in self.owned.drain(..) {
-            if let Err(e) = buf.free(be) {
-                tracing::warn!(%e, "freeing an executable buffer failed");
-            }
-        }
-        for (_, (a, b)) in self.events.drain() {
-            be.event_destroy(a).ok();
-            be.event_destroy(b).ok();
-        }
-        for s in self
-            .aux_streams
-            .drain(..)
-            .chain(self.comm_streams.drain(..))
-        {
-            be.stream_destroy(s).ok();
-        }
         self.resolved.clear();
-        // Functions hold their modules on some backends; unload after ops.
-        self.ops.clear();
-        for m in self.modules.drain(..) {
-            be.module_unload(m).ok();
-        }
     }
 }

@@ -3,7 +3,9 @@
 //!
 //! Where to start reading:
 //! - [`Executable`] (executable.rs): load a plan, bind parameters, run,
-//!   outputs. The execution API.
+//!   outputs. The execution API, over an immutable [`Program`] (program.rs:
+//!   what loading builds) and one runner per mode (eager inline,
+//!   recapture.rs, vastable.rs).
 //! - [`ops`]: loading: kernels resolved, GEMM plans prepared, unsupported
 //!   thunks rejected at load time (naming kind and `profile_annotation`).
 //! - [`exec`]: the thunk semantics (XLA's `*_thunk.cc`, re-implemented).
@@ -30,6 +32,8 @@ pub mod executable;
 pub mod gemm;
 pub mod npz;
 pub mod ops;
+pub mod program;
+mod recapture;
 pub mod slots;
 pub mod vastable;
 
@@ -37,5 +41,6 @@ pub use binding::{BindingConfig, BindingStats, CopyPath, RemapSource, UserBuffer
 pub use collective::{Cliques, CollectiveEnv, DeviceAssignment, IdExchange, LocalExchange};
 pub use error::{Result, RuntimeError};
 pub use executable::{Executable, Mode, Output};
+pub use program::Program;
 pub use slots::{DeviceBuffer, SlotTable};
 pub use xla_vmm_policy::Threshold;

@@ -95,7 +95,8 @@ use crate::binding::{
 };
 use crate::copykernel::{CopyKernel, CopyOp, Table, IN, OUT};
 use crate::error::{Result, RuntimeError};
-use crate::executable::Executable;
+use crate::exec::ExecEnv;
+use crate::program::Program;
 use crate::slots::SlotTable;
 
 mod helpers;
@@ -204,8 +205,8 @@ static KERNEL_FALLBACK_LOGGED: std::sync::atomic::AtomicBool =
 static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl<B: Backend> VaStable<B> {
-    pub(crate) fn new(exe: &Executable<B>, cfg: &BindingConfig) -> Result<Self> {
-        let plan = exe.plan();
+    pub(crate) fn new(program: &Program<B>, cfg: &BindingConfig) -> Result<Self> {
+        let plan = program.plan();
         let mut read = vec![false; plan.allocations.len()];
         let mut written = vec![false; plan.allocations.len()];
         plan.walk(&mut |t, _| {
@@ -255,11 +256,11 @@ impl<B: Backend> VaStable<B> {
             costs: None,
             ..cfg.clone()
         }
-        .costs_without_probe(exe.backend())?;
+        .costs_without_probe(program.backend())?;
         // Shadows are whole granules, one per copy slot shared by the
         // reservations (see `map_shadow`): the policy counts them so, and
         // its shadow bytes are what is allocated.
-        costs.granularity_bytes = exe.backend().info().vmm_granularity.max(1);
+        costs.granularity_bytes = program.backend().info().vmm_granularity.max(1);
         let replan = cfg.threshold == Threshold::Auto;
         let mut tc = TrackerConfig::new(costs, cfg.threshold);
         tc.reservations = RESERVATIONS;
@@ -322,8 +323,8 @@ impl<B: Backend> VaStable<B> {
     /// Reserve and map both reservations once the first plan is made (one
     /// region per parameter slot whatever the plan: a re-plan changes what
     /// is mapped there, never the layout).
-    fn lay_out(&mut self, exe: &Executable<B>) -> Result<()> {
-        let be = exe.backend();
+    fn lay_out(&mut self, program: &Program<B>) -> Result<()> {
+        let be = program.backend();
         let gran = be.info().vmm_granularity.max(1);
         if self.tracker.plan().is_none() {
             return Err(RuntimeError::invalid("binding plan not made"));
@@ -335,7 +336,7 @@ impl<B: Backend> VaStable<B> {
             off += s.region;
         }
         let mut owned = Vec::new();
-        for (idx, buf) in exe.owned_buffers() {
+        for (idx, buf) in program.owned_buffers() {
             owned.push((idx, off, buf));
             off += buf.mapped();
         }
@@ -347,7 +348,7 @@ impl<B: Backend> VaStable<B> {
             self.res.push(Res {
                 va: Some(va),
                 base,
-                table: SlotTable::new(exe.plan().allocations.len()),
+                table: SlotTable::new(program.plan().allocations.len()),
                 held: self.slots.iter().map(|_| Held::Nothing).collect(),
                 fixed_maps: Vec::new(),
                 graph: None,
@@ -415,18 +416,25 @@ impl<B: Backend> VaStable<B> {
     /// dropped and the step captured without it (batched copies).
     fn capture_reservation(
         &mut self,
-        exe: &Executable<B>,
+        program: &Program<B>,
+        env: &ExecEnv<'_, B>,
         r: usize,
         stream: &B::Stream,
     ) -> Result<()> {
-        let be = exe.backend();
+        let be = program.backend();
         let first = self.res.iter().all(|x| x.graph.is_none());
-        let got = capture(exe, &self.res[r].table, self.kernel.as_ref(), stream);
+        let got = capture(
+            program,
+            env,
+            &self.res[r].table,
+            self.kernel.as_ref(),
+            stream,
+        );
         let (graph, exec, nodes) = match got {
             Ok(c) => c,
             Err(e) if self.kernel.is_some() && first => {
                 self.kernel_unavailable(be, &format!("capturing the copy nodes: {e}"));
-                capture(exe, &self.res[r].table, None, stream)?
+                capture(program, env, &self.res[r].table, None, stream)?
             }
             Err(e) => return Err(e),
         };
@@ -437,17 +445,20 @@ impl<B: Backend> VaStable<B> {
         Ok(())
     }
 
-    /// Bind the step's buffers, launch the graph, copy out.
+    /// Bind the step's buffers (`users`), launch the graph, copy out. `env`:
+    /// the program's environment for a capture (the first step on each
+    /// reservation).
     pub(crate) fn run(
         &mut self,
-        exe: &Executable<B>,
+        program: &Program<B>,
+        env: &ExecEnv<'_, B>,
         users: &[Option<UserBuffer<B>>],
         stream: &B::Stream,
     ) -> Result<()> {
         let t0 = Instant::now();
         let mut lap = Lap::start();
         self.waited_ns = 0;
-        let be = exe.backend();
+        let be = program.backend();
         let r = (self.step % RESERVATIONS as u64) as usize;
         let warming = self.replan && !self.tracker.replanned();
         if warming {
@@ -506,7 +517,7 @@ impl<B: Backend> VaStable<B> {
         let mut setup = probe_time;
         if !self.laid_out {
             let t = Instant::now();
-            self.lay_out(exe)?;
+            self.lay_out(program)?;
             setup += t.elapsed();
         }
         if setup.is_zero() {
@@ -599,7 +610,7 @@ impl<B: Backend> VaStable<B> {
         // path): setup, not binding.
         if self.res[r].graph.is_none() {
             let t = Instant::now();
-            self.capture_reservation(exe, r, stream)?;
+            self.capture_reservation(program, env, r, stream)?;
             setup += t.elapsed();
             lap.skip();
         }

@@ -8,7 +8,8 @@ use crate::binding::UserBuffer;
 use crate::copykernel::{CopyKernel, Table};
 use crate::error::{Result, RuntimeError};
 use crate::exec::run_seq;
-use crate::executable::Executable;
+use crate::exec::ExecEnv;
+use crate::program::Program;
 use crate::slots::SlotTable;
 
 /// The buffer bound to slot `s`'s parameter (checked: bound, big enough).
@@ -106,12 +107,13 @@ pub(super) type Captured<B> = (
 /// runs the IN copies and its last the OUT copies, both captured with an
 /// empty table and found again in the graph to be rewritten per step.
 pub(super) fn capture<B: Backend>(
-    exe: &Executable<B>,
+    program: &Program<B>,
+    env: &ExecEnv<'_, B>,
     table: &SlotTable,
     kernel: Option<&CopyKernel<B>>,
     stream: &B::Stream,
 ) -> Result<Captured<B>> {
-    let be = exe.backend();
+    let be = program.backend();
     let empty = kernel.map(|k| Table::empty(k.capacity()));
     // No vendor work while the stream captures (capture_gate).
     let gate = xla_vmm_device::capture_gate::capture();
@@ -120,8 +122,7 @@ pub(super) fn capture<B: Backend>(
         if let (Some(k), Some(t)) = (kernel, &empty) {
             k.launch(be, IN, t, stream)?;
         }
-        let env = exe.env(true);
-        run_seq(&env, exe.ops(), table, stream, &mut Vec::new())?;
+        run_seq(env, program.ops(), table, stream, &mut Vec::new())?;
         if let (Some(k), Some(t)) = (kernel, &empty) {
             k.launch(be, OUT, t, stream)?;
         }

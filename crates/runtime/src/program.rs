@@ -1,0 +1,267 @@
+//! The loaded program: everything [`Program::load`] builds from a [`Plan`]
+//! (checked thunks as ops, kernel modules, GEMM plans, the buffers the
+//! executable owns, its extra streams and events, its collective ops).
+//! Immutable once loaded, whatever mode runs it: the runners (eager,
+//! graph-recapture, VA-stable: [`crate::executable`], [`crate::recapture`],
+//! [`crate::vastable`]) read it and keep their own per-step state.
+//! Dropping it waits for its streams and releases everything it made.
+//!
+//! Memory: temps, constants and live-out outputs that are not parameters are
+//! owned here (one device buffer per allocation). Parameters are the
+//! caller's buffers, bound per run by the executable.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use xla_vmm::{AllocationRole, Plan, Shape};
+use xla_vmm_device::blas::GemmEngine;
+use xla_vmm_device::Backend;
+
+use crate::collective::{CollOp, Resolved};
+use crate::error::{Result, RuntimeError};
+use crate::exec::ExecEnv;
+use crate::ops::{LoadCtx, Op};
+use crate::slots::{DeviceBuffer, SlotTable};
+
+/// A loaded program on one backend.
+pub struct Program<B: Backend> {
+    backend: Arc<B>,
+    plan: Plan,
+    gemm: Option<Arc<dyn GemmEngine<B>>>,
+    ops: Vec<Op<B>>,
+    modules: Vec<B::Module>,
+    owned: Vec<DeviceBuffer<B>>,
+    /// Allocation index of each `owned` buffer.
+    owned_index: Vec<usize>,
+    /// Entry parameter number → its allocation slots.
+    param_slots: Vec<Vec<usize>>,
+    aux_streams: Vec<B::Stream>,
+    comm_streams: Vec<B::Stream>,
+    events: HashMap<u64, (B::Event, B::Event)>,
+    collectives: Vec<CollOp>,
+    /// Why this program cannot be captured (graph modes then run eager).
+    capture_blocker: Option<String>,
+}
+
+impl<B: Backend> Program<B> {
+    /// Load `plan`: check every thunk, load kernels, prepare GEMMs, upload
+    /// constants, allocate temps and outputs. `stream` orders the uploads.
+    pub fn load(
+        backend: Arc<B>,
+        plan: Plan,
+        gemm: Option<Arc<dyn GemmEngine<B>>>,
+        stream: &B::Stream,
+    ) -> Result<Self> {
+        // Support check first (cheap, names the first offender).
+        crate::ops::check_support(&plan)?;
+        let param_slots = parameter_slots(&plan)?;
+        let mut ctx = LoadCtx {
+            backend: &*backend,
+            gemm: gemm.as_deref(),
+            modules: Vec::new(),
+            module_index: HashMap::new(),
+            main_module: None,
+            streams_needed: 0,
+            async_ids: Vec::new(),
+            comm_streams_needed: 0,
+            collectives: Vec::new(),
+            comm_tag: 0,
+        };
+        let built = ctx.build_seq(&plan, &plan.thunks);
+        let (modules, streams_needed, async_ids) = (ctx.modules, ctx.streams_needed, ctx.async_ids);
+        let (comm_streams_needed, collectives) = (ctx.comm_streams_needed, ctx.collectives);
+        let ops = match built {
+            Ok(ops) => ops,
+            Err(e) => {
+                for m in modules {
+                    backend.module_unload(m).ok();
+                }
+                return Err(e);
+            }
+        };
+        let capture_blocker = crate::exec::capture_blocker(&ops, backend.info().conditional_nodes);
+        let mut p = Program {
+            backend: backend.clone(),
+            plan,
+            gemm,
+            ops,
+            modules,
+            owned: Vec::new(),
+            owned_index: Vec::new(),
+            param_slots,
+            aux_streams: Vec::new(),
+            comm_streams: Vec::new(),
+            events: HashMap::new(),
+            collectives,
+            capture_blocker,
+        };
+        // From here on `Drop` releases whatever was made.
+        for _ in 0..streams_needed {
+            p.aux_streams.push(backend.stream_create()?);
+        }
+        for _ in 0..comm_streams_needed {
+            p.comm_streams.push(backend.stream_create()?);
+        }
+        for id in async_ids {
+            let start = backend.event_create()?;
+            let done = backend.event_create()?;
+            p.events.insert(id, (start, done));
+        }
+        for i in 0..p.plan.allocations.len() {
+            let a = &p.plan.allocations[i];
+            let (index, size) = (a.index, a.size);
+            let constant = match &a.role {
+                AllocationRole::Parameter { .. } => continue,
+                AllocationRole::Constant { .. } => {
+                    Some(crate::ops::constant_bytes(&p.plan, index)?)
+                }
+                AllocationRole::Output { .. } | AllocationRole::Temp => None,
+            };
+            if size == 0 {
+                continue;
+            }
+            let buf = DeviceBuffer::alloc(&*backend, size)?;
+            if let Some(bytes) = constant {
+                if let Err(e) = backend.write_sync(buf.ptr(), &bytes, stream) {
+                    buf.free(&*backend).ok();
+                    return Err(e.into());
+                }
+            }
+            p.owned.push(buf);
+            p.owned_index.push(index);
+        }
+        tracing::info!(
+            ops = p.ops.len(),
+            modules = p.modules.len(),
+            owned_buffers = p.owned.len(),
+            aux_streams = p.aux_streams.len(),
+            "executable loaded"
+        );
+        Ok(p)
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Shapes of the entry parameters, in HLO parameter order.
+    pub fn parameter_shapes(&self) -> &[Shape] {
+        &self.plan.program_shape.parameters
+    }
+
+    /// The allocation slots of entry parameter `i`.
+    pub(crate) fn parameter_slots(&self) -> &[Vec<usize>] {
+        &self.param_slots
+    }
+
+    pub(crate) fn ops(&self) -> &[Op<B>] {
+        &self.ops
+    }
+
+    pub(crate) fn collectives(&self) -> &[CollOp] {
+        &self.collectives
+    }
+
+    pub(crate) fn aux_and_comm_streams(&self) -> impl Iterator<Item = &B::Stream> {
+        self.aux_streams.iter().chain(&self.comm_streams)
+    }
+
+    /// Why the program cannot be captured into a graph, if it cannot.
+    pub fn capture_blocker(&self) -> Option<&str> {
+        self.capture_blocker.as_deref()
+    }
+
+    /// (allocation index, buffer) of every buffer the program owns.
+    pub(crate) fn owned_buffers(&self) -> impl Iterator<Item = (usize, &DeviceBuffer<B>)> {
+        self.owned_index.iter().copied().zip(self.owned.iter())
+    }
+
+    /// A slot table with the owned buffers bound (parameters unbound).
+    pub(crate) fn owned_slots(&self) -> Result<SlotTable> {
+        let mut t = SlotTable::new(self.plan.allocations.len());
+        for (index, buf) in self.owned_buffers() {
+            t.bind(index, buf.ptr(), buf.size())?;
+        }
+        Ok(t)
+    }
+
+    /// The environment the thunks run in, with the run's communicators.
+    pub(crate) fn env<'a>(
+        &'a self,
+        collectives: &'a [Resolved<B>],
+        logical: (u32, u32),
+        capturing: bool,
+    ) -> ExecEnv<'a, B> {
+        ExecEnv {
+            backend: &*self.backend,
+            gemm: self.gemm.as_deref(),
+            aux_streams: &self.aux_streams,
+            comm_streams: &self.comm_streams,
+            collectives,
+            logical,
+            events: &self.events,
+            capturing,
+        }
+    }
+}
+
+/// Entry parameter number → its allocation slots (tuple-shaped parameters
+/// are not supported).
+fn parameter_slots(plan: &Plan) -> Result<Vec<Vec<usize>>> {
+    let nparams = plan.program_shape.parameters.len();
+    let mut param_slots = vec![Vec::new(); nparams];
+    for a in &plan.allocations {
+        if let AllocationRole::Parameter {
+            number,
+            shape_index,
+            ..
+        } = &a.role
+        {
+            if !shape_index.is_empty() {
+                return Err(RuntimeError::unsupported(format!(
+                    "tuple-shaped parameter {number} (allocation {})",
+                    a.index
+                )));
+            }
+            param_slots
+                .get_mut(*number as usize)
+                .ok_or_else(|| RuntimeError::invalid(format!("parameter {number} of {nparams}")))?
+                .push(a.index);
+        }
+    }
+    Ok(param_slots)
+}
+
+impl<B: Backend> Drop for Program<B> {
+    fn drop(&mut self) {
+        let be = &*self.backend;
+        for s in self.aux_streams.iter().chain(&self.comm_streams) {
+            be.stream_synchronize(s).ok();
+        }
+        for buf in self.owned.drain(..) {
+            if let Err(e) = buf.free(be) {
+                tracing::warn!(%e, "freeing an executable buffer failed");
+            }
+        }
+        for (_, (a, b)) in self.events.drain() {
+            be.event_destroy(a).ok();
+            be.event_destroy(b).ok();
+        }
+        for s in self
+            .aux_streams
+            .drain(..)
+            .chain(self.comm_streams.drain(..))
+        {
+            be.stream_destroy(s).ok();
+        }
+        // Functions hold their modules on some backends; unload after ops.
+        self.ops.clear();
+        for m in self.modules.drain(..) {
+            be.module_unload(m).ok();
+        }
+    }
+}
