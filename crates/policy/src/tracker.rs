@@ -598,6 +598,16 @@ impl SlotTracker {
         us
     }
 
+    /// Make the plan now, as the first [`SlotTracker::bind_step`] would
+    /// (without step times), so that the caller can lay out and record
+    /// before the first step; a no-op once there is a plan.
+    pub fn make_plan(&mut self) -> Result<()> {
+        if self.plan.is_none() {
+            self.freeze(None)?;
+        }
+        Ok(())
+    }
+
     /// Binds one step on reservation `reservation`: one action per slot.
     ///
     /// `step` (host/GPU time without binding) is used by the call that makes

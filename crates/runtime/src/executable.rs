@@ -218,14 +218,25 @@ impl<B: Backend> Executable<B> {
         self.va.as_ref().map(|v| v.stats())
     }
 
+    /// The VA-stable runner: initialized at its first step (a failure there
+    /// releases it; the next run starts again), then one execute per step.
     fn run_va_stable(&mut self, stream: &B::Stream) -> Result<()> {
         let program = &self.program;
-        let va = match &mut self.va {
-            Some(v) => v,
-            None => self.va.insert(VaStable::new(program, &self.binding)?),
+        if self.va.is_none() {
+            let mut va = VaStable::new(program, &self.binding)?;
+            let env = program.env(&self.resolved, self.logical, true);
+            if let Err(e) = va.initialize(program, &env, &self.users, stream) {
+                let be = program.backend();
+                be.stream_synchronize(stream).ok();
+                va.teardown(be);
+                return Err(e);
+            }
+            self.va = Some(va);
+        }
+        let Some(va) = self.va.as_mut() else {
+            return Err(RuntimeError::invalid("no VA-stable runner"));
         };
-        let env = program.env(&self.resolved, self.logical, true);
-        va.run(program, &env, &self.users, stream)
+        va.run(program, &self.users, stream)
     }
 
     /// Run once on `stream` (asynchronously: synchronize the stream before

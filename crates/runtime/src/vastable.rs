@@ -1,7 +1,9 @@
 //! VA-stable graph mode (DESIGN §3): the graph is recorded once per VA
 //! reservation and never re-captured; each step the parameter slots are made
 //! to hold the caller's buffers by skip, remap or copy, as the policy's
-//! [`SlotTracker`] says.
+//! [`SlotTracker`] says. Two stages, as XLA's thunks have:
+//! [`VaStable::initialize`] once (costs, plan, lay-out, both graphs
+//! recorded) and [`VaStable::run`] per step (bind, copy, launch, record).
 //!
 //! Layout of a reservation (the same in both): `[ parameter regions | owned
 //! regions ]`
@@ -36,7 +38,7 @@
 //! copy out after): no data is lost (counted in `fallbacks`). A buffer that
 //! cannot be mapped (sub-allocated, raw memory without an allocation id, or
 //! smaller than the slot's region) is copy-only: the slots bound to such
-//! buffers at the first step are planned as copy slots from the start
+//! buffers at initialize (the first step's) are planned as copy slots from the start
 //! ([`SlotTracker::set_remappable`]), so the policy counts their copies and
 //! shadows in its budget; only a slot whose buffer turns unmappable later
 //! goes through the fallback.
@@ -61,7 +63,7 @@
 //! Steady state (every slot skips, or copies exactly what the tables hold)
 //! makes two driver calls per step: the graph launch and the event record.
 //!
-//! Auto (threshold 1) plans with measured inputs: at the first step the
+//! Auto (threshold 1) plans with measured inputs: at initialize the
 //! costs come from the in-process probe ([`crate::binding::measured_costs`],
 //! once per device per process; the copy kernel's per-direction cost when
 //! copies run inside the graph), and the tracker re-plans once after
@@ -74,7 +76,7 @@
 //! the graph launch, read with `event_query` once the reservation's `done`
 //! event has completed: never waited for; the modelled copy time is
 //! subtracted). The re-plan only moves slots between their shadow and direct
-//! mapping: every slot has its own region from the first step, shadows are
+//! mapping: every slot has its own region from initialize, shadows are
 //! created when first mapped, so nothing is re-captured (see the policy's
 //! tracker docs for the shadow cap across the re-plan).
 
@@ -162,7 +164,8 @@ pub(crate) struct VaStable<B: Backend> {
     tracker: SlotTracker,
     slots: Vec<PSlot>,
     res: Vec<Res<B>>,
-    laid_out: bool,
+    /// [`VaStable::initialize`] has run to its end (laid out, both graphs).
+    initialized: bool,
     /// Shadow of each slot (shared by the reservations), once needed.
     shadows: Vec<Option<B::PhysMem>>,
     /// (allocation id, generation) whose content the shadow holds.
@@ -251,7 +254,7 @@ impl<B: Backend> VaStable<B> {
             }
         }
         // Placeholder costs (memory read now, no probe): the real ones are
-        // set at the first step (`prepare_costs`), once the copy path is known.
+        // set at initialize (`prepare_costs`), once the copy path is known.
         let mut costs = BindingConfig {
             costs: None,
             ..cfg.clone()
@@ -282,7 +285,7 @@ impl<B: Backend> VaStable<B> {
             tracker,
             slots,
             res: Vec::new(),
-            laid_out: false,
+            initialized: false,
             shadows: (0..n).map(|_| None).collect(),
             shadow_holds: vec![None; n],
             immutable: cfg.immutable_buffers,
@@ -378,12 +381,11 @@ impl<B: Backend> VaStable<B> {
             }
         }
         self.setup_copy_kernel(be);
-        self.laid_out = true;
         Ok(())
     }
 
     /// Say which copy path this executable takes (the kernel was loaded,
-    /// or failed to, at the first step by `prepare_costs`).
+    /// or failed to, at initialize by `prepare_costs`).
     fn setup_copy_kernel(&mut self, be: &B) {
         match (&self.kernel, self.kernel_error.take()) {
             (Some(k), _) => {
@@ -445,16 +447,61 @@ impl<B: Backend> VaStable<B> {
         Ok(())
     }
 
-    /// Bind the step's buffers (`users`), launch the graph, copy out. `env`:
-    /// the program's environment for a capture (the first step on each
-    /// reservation).
-    pub(crate) fn run(
+    /// XLA's initialize stage, once before the first step (never on the
+    /// per-step path): which slots the first step's buffers (`users`) allow
+    /// to map, the binding costs (probed once per device) and the copy
+    /// kernel, the plan, both reservations laid out and both graphs
+    /// recorded. On an error the caller tears this runner down.
+    pub(crate) fn initialize(
         &mut self,
         program: &Program<B>,
         env: &ExecEnv<'_, B>,
         users: &[Option<UserBuffer<B>>],
         stream: &B::Stream,
     ) -> Result<()> {
+        if self.initialized {
+            return Ok(());
+        }
+        let be = program.backend();
+        // Slots whose first buffer cannot be mapped are copy-only.
+        let gran = be.info().vmm_granularity.max(1);
+        let mut any_mappable = false;
+        for (i, s) in self.slots.iter().enumerate() {
+            let region = s.size.div_ceil(gran) * gran;
+            let u = bound(users, s)?;
+            let mappable =
+                u.id.is_some() && u.remap.as_ref().is_some_and(|src| src.capacity >= region);
+            if !mappable {
+                self.tracker.set_remappable(i, false).map_err(policy_err)?;
+            }
+            any_mappable |= mappable;
+        }
+        // Copy-only slots are copied whatever is measured: no warm-up
+        // (and no timing calls) when no slot could be anything else.
+        self.replan &= any_mappable;
+        self.prepare_costs(be)?;
+        self.tracker.make_plan().map_err(policy_err)?;
+        self.refresh_plan_stats();
+        self.lay_out(program)?;
+        for r in 0..RESERVATIONS {
+            self.capture_reservation(program, env, r, stream)?;
+        }
+        self.initialized = true;
+        Ok(())
+    }
+
+    /// XLA's execute stage, once per step ([`VaStable::initialize`] first):
+    /// bind the step's buffers (`users`) by skip, remap or copy, launch the
+    /// reservation's graph, copy out.
+    pub(crate) fn run(
+        &mut self,
+        program: &Program<B>,
+        users: &[Option<UserBuffer<B>>],
+        stream: &B::Stream,
+    ) -> Result<()> {
+        if !self.initialized {
+            return Err(RuntimeError::invalid("VA-stable step before initialize"));
+        }
         let t0 = Instant::now();
         let mut lap = Lap::start();
         self.waited_ns = 0;
@@ -473,58 +520,21 @@ impl<B: Backend> VaStable<B> {
             let id = u.id.unwrap_or(RAW_ID_BIT | u.ptr.0);
             self.bindings.push(Binding { id, addr: u.ptr.0 });
         }
-        let mut probe_time = std::time::Duration::ZERO;
-        if self.tracker.plan().is_none() {
-            // First step: the plan is made now, so tell it which slots
-            // cannot be mapped (their buffers are copy-only).
-            let gran = be.info().vmm_granularity.max(1);
-            let mut any_mappable = false;
-            for (i, s) in self.slots.iter().enumerate() {
-                let region = s.size.div_ceil(gran) * gran;
-                let u = bound(users, s)?;
-                let mappable =
-                    u.id.is_some() && u.remap.as_ref().is_some_and(|src| src.capacity >= region);
-                if !mappable {
-                    self.tracker.set_remappable(i, false).map_err(policy_err)?;
-                }
-                any_mappable |= mappable;
-            }
-            // Copy-only slots are copied whatever is measured: no warm-up
-            // (and no timing calls) when no slot could be anything else.
-            self.replan &= any_mappable;
-            // The probe (first step on a device) is setup, not binding.
-            let t = Instant::now();
-            self.prepare_costs(be)?;
-            probe_time = t.elapsed();
-        }
-        let warming = warming && self.replan;
         if warming && self.tracker.stats().steps >= DEFAULT_REPLAN_AFTER_STEPS {
             if let Some(m) = self.warm.measurement() {
                 self.tracker.set_warmup_measurement(m);
             }
         }
-        let first = self.tracker.plan().is_none();
         let mut step = std::mem::take(&mut self.step_actions);
         self.tracker
             .bind_step_into(r, &self.bindings, None, &mut step)
             .map_err(policy_err)?;
-        if first || (warming && self.tracker.replanned()) {
+        if warming && self.tracker.replanned() {
             self.refresh_plan_stats();
         }
         let (copy_in_bytes, copy_out_bytes) = (step.copy_in_bytes, step.copy_out_bytes);
         let mut actions = std::mem::take(&mut step.actions);
-        // Setup (reserving, mapping the owned buffers) is not binding time.
-        let mut setup = probe_time;
-        if !self.laid_out {
-            let t = Instant::now();
-            self.lay_out(program)?;
-            setup += t.elapsed();
-        }
-        if setup.is_zero() {
-            lap.to(&mut self.stats.phases.plan, 0);
-        } else {
-            lap.skip();
-        }
+        lap.to(&mut self.stats.phases.plan, 0);
         let mut synced = false;
         let mut new_maps = std::mem::take(&mut self.new_maps);
         new_maps.clear();
@@ -606,14 +616,6 @@ impl<B: Backend> VaStable<B> {
             &mut self.stats.phases.plan,
             std::mem::take(&mut self.waited_ns),
         );
-        // Capture once per reservation (with its copy nodes on the kernel
-        // path): setup, not binding.
-        if self.res[r].graph.is_none() {
-            let t = Instant::now();
-            self.capture_reservation(program, env, r, stream)?;
-            setup += t.elapsed();
-            lap.skip();
-        }
         // Copies in (kernel path: the copy nodes; batch path: enqueue).
         let mut ordered_outs = false;
         // Kernel path: copies that did not fit a table run as batches.
@@ -704,10 +706,8 @@ impl<B: Backend> VaStable<B> {
         self.outs = outs;
         step.actions = actions;
         self.step_actions = step;
-        // Binding time: everything but setup, capture and the launch call.
-        let ns = (t_bind + t_after.elapsed())
-            .saturating_sub(setup)
-            .as_nanos() as u64;
+        // Binding time: everything but the launch call.
+        let ns = (t_bind + t_after.elapsed()).as_nanos() as u64;
         self.tracker.record_binding_time(ns);
         self.step += 1;
         self.stats.counters = *self.tracker.stats();
@@ -732,7 +732,7 @@ impl<B: Backend> VaStable<B> {
         Ok(())
     }
 
-    /// First step, before the plan: load the copy kernel (its path changes
+    /// Initialize, before the plan: load the copy kernel (its path changes
     /// what a copy costs) and give the tracker the costs (given, probed or
     /// the constants).
     fn prepare_costs(&mut self, be: &B) -> Result<()> {
@@ -775,7 +775,7 @@ impl<B: Backend> VaStable<B> {
         self.stats.remapped = list;
     }
 
-    /// The plan's figures in the stats (first step, and auto's re-plan).
+    /// The plan's figures in the stats (initialize, and auto's re-plan).
     fn refresh_plan_stats(&mut self) {
         let Some(plan) = self.tracker.plan() else {
             return;

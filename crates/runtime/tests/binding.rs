@@ -450,6 +450,47 @@ fn failed_driver_calls_fall_back_to_copy_with_data_intact() {
     assert_eq!(b.outstanding().mappings, 0);
 }
 
+/// A failure in VA-stable's initialize stage (recording the second
+/// reservation's graph, the last thing it does) fails that run and leaves
+/// nothing behind: the reservations, mappings, graphs and events it made are
+/// released. The next run initializes afresh and computes what eager does.
+#[test]
+fn a_failed_initialize_releases_everything_and_the_next_run_starts_again() {
+    let b = backend();
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 3);
+    let mut l = Loop::new(&b, Some(0), false);
+    let x = l.alloc.alloc((X * 4) as u64).unwrap();
+    let before = b.outstanding();
+    l.exe.bind_buffer(0, &l.w).unwrap();
+    l.exe.bind_buffer(1, &x).unwrap();
+    b.inject_failure("graph_instantiate", 2);
+    let err = l.exe.run(&l.stream, Mode::Graph).unwrap_err();
+    assert_eq!(b.injections_armed(), 0, "the injection fired: {err}");
+    assert!(l.exe.stats().is_none(), "no runner kept after: {err}");
+    let after = b.outstanding();
+    assert_eq!(
+        (
+            after.va_ranges,
+            after.mappings,
+            after.graphs,
+            after.graph_execs,
+            after.events
+        ),
+        (
+            before.va_ranges,
+            before.mappings,
+            before.graphs,
+            before.graph_execs,
+            before.events
+        ),
+        "released: {after:?}"
+    );
+    l.alloc.free(x, &l.stream).unwrap();
+    let (got, l) = l.run(Mode::Graph, 3);
+    assert_eq!(got, reference);
+    assert_eq!(l.exe.stats().unwrap().captures, 2);
+}
+
 #[test]
 fn sub_allocated_buffers_are_copy_only_and_known_shadows_skip_the_copy_in() {
     let b = backend();
