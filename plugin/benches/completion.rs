@@ -14,7 +14,6 @@ mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use xla_vmm_runtime::Threshold;
 
 use common::plans::*;
 use common::*;
@@ -24,7 +23,7 @@ use xla_vmm_plugin::devmem::VmmMemory;
 /// Median and 90th percentile of the wake-up latency over `steps` steps (µs).
 fn latency(steps: usize) -> (f64, f64) {
     let be = backend();
-    let mem = Arc::new(VmmMemory::with_threshold(be.clone(), Threshold::Auto).unwrap());
+    let mem = Arc::new(VmmMemory::new(be.clone()).unwrap());
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
     let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"lat".to_vec()).unwrap();

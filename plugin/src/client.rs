@@ -73,10 +73,10 @@ impl Client {
         backends: Vec<Arc<B>>,
         kv: Option<KvStore>,
     ) -> Result<Arc<Client>> {
-        let t = options.tmp_copy_threshold;
+        let run = options.run_options();
         let mems = backends
             .into_iter()
-            .map(|b| VmmMemory::with_threshold(b, t))
+            .map(|b| VmmMemory::with_run_options(b, run))
             .collect::<Result<Vec<_>>>()?;
         Self::with_memories(options, mems, kv)
     }
@@ -364,7 +364,7 @@ fn new_gpu<B: xla_vmm_device::Backend + 'static>(
     let mut mems = Vec::with_capacity(backends.len());
     for backend in backends {
         let g = gemm(&backend);
-        mems.push(VmmMemory::with_threshold(backend, options.tmp_copy_threshold)?.with_gemm(g));
+        mems.push(VmmMemory::with_run_options(backend, options.run_options())?.with_gemm(g));
     }
     let client = Client::with_memories(options, mems, kv)?;
     match client.vendor() {

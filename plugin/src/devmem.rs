@@ -31,6 +31,7 @@ use crate::collectives::Cliques;
 use crate::completion::Completions;
 use crate::error::{Error, Result};
 use crate::event::Event;
+use crate::options::RunOptions;
 use crate::program::{Program, RuntimeProgram};
 use crate::staging::StagingPool;
 use xla_vmm_device::blas::GemmEngine;
@@ -205,8 +206,8 @@ pub struct VmmMemory<B: Backend> {
     completions: Completions<B>,
     sync: bool,
     gemm: Option<Arc<dyn GemmEngine<B>>>,
-    /// `xla_vmm_tmp_copy_threshold` of the client.
-    threshold: Threshold,
+    /// How the client runs its programs (mode, copy threshold).
+    run: RunOptions,
     /// The client's collective cliques (shared by all its devices).
     cliques: Option<Arc<Cliques<B>>>,
     /// Pinned buffers of asynchronous uploads.
@@ -217,13 +218,14 @@ pub struct VmmMemory<B: Backend> {
 
 impl<B: Backend> VmmMemory<B> {
     pub fn new(backend: Arc<B>) -> Result<Self> {
-        Self::with_threshold(backend, Threshold::Auto)
+        Self::with_run_options(backend, RunOptions::default())
     }
 
-    /// Device memory for a client whose copy threshold is `threshold`: under
-    /// 0 (remap everything) no buffer is sub-allocated, so every buffer is
-    /// its own remappable allocation, as XLA's own VMM allocator does.
-    pub fn with_threshold(backend: Arc<B>, threshold: Threshold) -> Result<Self> {
+    /// Device memory for a client whose programs run as `run` says: under
+    /// copy threshold 0 (remap everything) no buffer is sub-allocated, so
+    /// every buffer is its own remappable allocation, as XLA's own VMM
+    /// allocator does.
+    pub fn with_run_options(backend: Arc<B>, run: RunOptions) -> Result<Self> {
         let stream = backend.stream_create()?;
         let transfer = match backend.stream_create() {
             Ok(t) => t,
@@ -232,7 +234,7 @@ impl<B: Backend> VmmMemory<B> {
                 return Err(e.into());
             }
         };
-        let cfg = if threshold == Threshold::RemapAll {
+        let cfg = if run.threshold == Threshold::RemapAll {
             VmmConfig {
                 small_threshold: 0,
                 ..VmmConfig::default()
@@ -264,7 +266,7 @@ impl<B: Backend> VmmMemory<B> {
             completions,
             sync: sync_execute_from_env(),
             gemm: None,
-            threshold,
+            run,
             cliques: None,
         })
     }
@@ -493,7 +495,7 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
             self.allocator.backend().clone(),
             plan,
             self.gemm.clone(),
-            self.threshold,
+            self.run,
             self.stream.clone(),
             collectives,
         )?;

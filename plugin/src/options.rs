@@ -5,23 +5,26 @@
 //! | `backend` | string | `cuda` (default) or `host` (CI / tests) |
 //! | `strict` | bool/int | a program our runtime rejects is an error, not a fallback to the vendor runtime |
 //! | `xla_vmm_tmp_copy_threshold` | int | 0 = remap every slot, 1 = auto (default), N = copy slots ≤ N bytes |
+//! | `exec_mode` | string | `graph` (VA-stable, the default), `graph-recapture` or `eager` |
 //! | `vendor_plugin_path` | string | the vendor XLA GPU plugin used as the compiler |
 //! | `host_devices` | int | host backend: number of emulated devices (default 1) |
 //! | `max_devices` | int | use at most this many local devices (default: all visible) |
 //! | `node_id` / `num_nodes` | int | this process and the number of processes (`jax.distributed`) |
 //!
 //! Environment defaults: `XLA_VMM_BACKEND`, `XLA_VMM_STRICT`,
-//! `XLA_VMM_TMP_COPY_THRESHOLD`, `XLA_VMM_VENDOR_PLUGIN`,
+//! `XLA_VMM_TMP_COPY_THRESHOLD`, `XLA_VMM_EXEC_MODE`, `XLA_VMM_VENDOR_PLUGIN`,
 //! `XLA_VMM_HOST_DEVICES`, `XLA_VMM_MAX_DEVICES`. `node_id` / `num_nodes`
 //! come from `jax.distributed` (with the key-value store through which the
 //! processes exchange their device counts; `XLA_VMM_TOPOLOGY_TIMEOUT_S`,
 //! default 300, bounds the wait for the other processes). Options JAX passes
 //! to GPU plugins that do not apply to us are accepted and logged; any other
-//! unknown option is an error (a typo must not be silently ignored).
+//! unknown option is an error (a typo must not be silently ignored). How
+//! programs run (mode and copy threshold) is parsed here once and travels to
+//! every program as one [`RunOptions`].
 
 use crate::cabi::Value;
 use crate::error::{Error, Result};
-use xla_vmm_runtime::Threshold;
+use xla_vmm_runtime::{Mode, Threshold};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
@@ -36,6 +39,8 @@ pub struct ClientOptions {
     pub backend: BackendKind,
     pub strict: bool,
     pub tmp_copy_threshold: Threshold,
+    /// How programs run (`exec_mode`, `XLA_VMM_EXEC_MODE`).
+    pub exec_mode: Mode,
     pub vendor_plugin_path: Option<String>,
     /// Host backend: how many devices to emulate.
     pub host_devices: usize,
@@ -44,6 +49,23 @@ pub struct ClientOptions {
     /// This process (`jax.distributed` process id) and the process count.
     pub node_id: usize,
     pub num_nodes: usize,
+}
+
+/// How the client's programs run: the execution mode and VA-stable's copy
+/// threshold, from the client options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunOptions {
+    pub mode: Mode,
+    pub threshold: Threshold,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            mode: Mode::Graph,
+            threshold: Threshold::Auto,
+        }
+    }
 }
 
 /// Options of the vendor GPU plugin that JAX may pass along; accepted, unused.
@@ -75,12 +97,17 @@ impl ClientOptions {
         };
         let tmp_copy_threshold =
             Threshold::from_env().map_err(|e| Error::invalid(e.to_string()))?;
+        let exec_mode = match std::env::var("XLA_VMM_EXEC_MODE") {
+            Ok(v) => parse_mode("XLA_VMM_EXEC_MODE", &v)?,
+            Err(_) => Mode::Graph,
+        };
         Ok(ClientOptions {
             backend,
             strict: std::env::var("XLA_VMM_STRICT")
                 .map(|v| env_bool(&v))
                 .unwrap_or(false),
             tmp_copy_threshold,
+            exec_mode,
             vendor_plugin_path: std::env::var("XLA_VMM_VENDOR_PLUGIN").ok(),
             host_devices: host_devices(
                 "XLA_VMM_HOST_DEVICES",
@@ -109,6 +136,7 @@ impl ClientOptions {
                     o.tmp_copy_threshold = Threshold::parse(s)
                         .map_err(|e| Error::invalid(format!("xla_vmm_tmp_copy_threshold: {e}")))?
                 }
+                ("exec_mode", Value::Str(s)) => o.exec_mode = parse_mode(name, s)?,
                 ("vendor_plugin_path", Value::Str(s)) => o.vendor_plugin_path = Some(s.clone()),
                 ("host_devices", v) => o.host_devices = host_devices(name, count(name, v)?)?,
                 ("max_devices", v) => o.max_devices = Some(count(name, v)?),
@@ -120,7 +148,7 @@ impl ClientOptions {
                 (n, v) => {
                     return Err(Error::invalid(format!(
                         "unknown or mistyped client option {n} = {v:?} (known: backend, strict, \
-                         xla_vmm_tmp_copy_threshold, vendor_plugin_path, host_devices, \
+                         xla_vmm_tmp_copy_threshold, exec_mode, vendor_plugin_path, host_devices, \
                          max_devices, node_id, num_nodes)"
                     )))
                 }
@@ -133,6 +161,27 @@ impl ClientOptions {
             )));
         }
         Ok(o)
+    }
+
+    /// How the client's programs run.
+    pub fn run_options(&self) -> RunOptions {
+        RunOptions {
+            mode: self.exec_mode,
+            threshold: self.tmp_copy_threshold,
+        }
+    }
+}
+
+/// An execution mode as users name it: `graph` (VA-stable graphs, the
+/// default; an empty value too), `graph-recapture` or `eager`.
+fn parse_mode(name: &str, v: &str) -> Result<Mode> {
+    match v.trim() {
+        "graph" | "" => Ok(Mode::Graph),
+        "graph-recapture" => Ok(Mode::GraphRecapture),
+        "eager" => Ok(Mode::Eager),
+        other => Err(Error::invalid(format!(
+            "{name} = {other:?}: expected graph, graph-recapture or eager"
+        ))),
     }
 }
 
@@ -224,6 +273,12 @@ mod tests {
         assert!(e.message.contains("stric"), "{}", e.message);
         let e = ClientOptions::parse(&[("backend".into(), Value::Str("tpu".into()))]).unwrap_err();
         assert!(e.message.contains("tpu"));
+        let o = ClientOptions::parse(&[("exec_mode".into(), Value::Str("graph-recapture".into()))])
+            .unwrap();
+        assert_eq!(o.run_options().mode, Mode::GraphRecapture);
+        let e =
+            ClientOptions::parse(&[("exec_mode".into(), Value::Str("grpah".into()))]).unwrap_err();
+        assert!(e.message.contains("grpah"), "{}", e.message);
         for name in ["hip", "rocm"] {
             let o = ClientOptions::parse(&[("backend".into(), Value::Str(name.into()))]).unwrap();
             assert_eq!(o.backend, BackendKind::Hip, "{name}");

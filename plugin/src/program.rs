@@ -7,12 +7,13 @@ use std::sync::Arc;
 use xla_vmm::Plan;
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::{Backend, DevicePtr};
-use xla_vmm_runtime::{BindingConfig, Executable, Mode, RuntimeError, Threshold, UserBuffer};
+use xla_vmm_runtime::{BindingConfig, Executable, Mode, RuntimeError, UserBuffer};
 
 use crate::assignment::MultiDevice;
 use crate::collectives::{self, Cliques};
 use crate::devmem::SharedStream;
 use crate::error::{Error, Result};
+use crate::options::RunOptions;
 
 /// One result leaf of a run (valid until the next run).
 #[derive(Clone, Debug)]
@@ -61,26 +62,6 @@ impl From<RuntimeError> for Error {
     }
 }
 
-/// How programs run (`XLA_VMM_EXEC_MODE`): `graph` (the default) records
-/// each program once per VA reservation (VA-stable graph mode; programs
-/// that cannot be captured, e.g. with a conditional, run eager), `eager`
-/// runs thunk by thunk (the reference), `graph-recapture` captures one
-/// graph re-captured on address changes.
-pub fn exec_mode() -> Mode {
-    match std::env::var("XLA_VMM_EXEC_MODE").as_deref() {
-        Ok("eager") => Mode::Eager,
-        Ok("graph-recapture") => Mode::GraphRecapture,
-        Ok("graph") | Ok("") | Err(_) => Mode::Graph,
-        Ok(other) => {
-            tracing::warn!(
-                value = other,
-                "unknown XLA_VMM_EXEC_MODE (graph | eager | graph-recapture); using graph"
-            );
-            Mode::Graph
-        }
-    }
-}
-
 pub struct RuntimeProgram<B: Backend> {
     backend: Arc<B>,
     exe: Option<Executable<B>>,
@@ -90,13 +71,13 @@ pub struct RuntimeProgram<B: Backend> {
 }
 
 impl<B: Backend> RuntimeProgram<B> {
-    /// `threshold`: the client's `xla_vmm_tmp_copy_threshold` (VA-stable
-    /// graph mode).
+    /// `run`: how the client runs its programs (mode, VA-stable's copy
+    /// threshold).
     pub fn load(
         backend: Arc<B>,
         plan: Plan,
         gemm: Option<Arc<dyn GemmEngine<B>>>,
-        threshold: Threshold,
+        run: RunOptions,
         stream: Arc<SharedStream<B>>,
         multi: Option<(&MultiDevice, Arc<Cliques<B>>)>,
     ) -> Result<Self> {
@@ -106,7 +87,7 @@ impl<B: Backend> RuntimeProgram<B> {
                 collectives::attach(&mut exe, m, cliques)?;
             }
             // PJRT buffers never change content except through donation.
-            let mut cfg = BindingConfig::resolve(Some(threshold))?;
+            let mut cfg = BindingConfig::resolve(Some(run.threshold))?;
             cfg.immutable_buffers = true;
             exe.set_binding_config(cfg)?;
             backend.stream_synchronize(s)?;
@@ -116,7 +97,7 @@ impl<B: Backend> RuntimeProgram<B> {
             backend,
             exe: Some(exe),
             stream,
-            mode: exec_mode(),
+            mode: run.mode,
         })
     }
 }

@@ -12,7 +12,6 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use xla_vmm_runtime::Threshold;
 
 use common::plans::*;
 use common::*;
@@ -67,11 +66,7 @@ fn host_client(
     *mut PJRT_Client,
     *mut PJRT_Device,
 ) {
-    let mem = Arc::new(
-        VmmMemory::with_threshold(be.clone(), Threshold::Auto)
-            .unwrap()
-            .with_sync(sync),
-    );
+    let mem = Arc::new(VmmMemory::new(be.clone()).unwrap().with_sync(sync));
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
     (mem, client, device)

@@ -16,7 +16,6 @@
 mod common;
 
 use std::sync::Arc;
-use xla_vmm_runtime::Threshold;
 
 use common::plans::*;
 use common::*;
@@ -54,7 +53,7 @@ fn f32_put(client: *mut PJRT_Client, device: *mut PJRT_Device, data: &[u8]) -> *
 #[test]
 fn uploads_do_not_wait_for_queued_work_and_keep_their_data() {
     let be = backend();
-    let mem = Arc::new(VmmMemory::with_threshold(be.clone(), Threshold::Auto).unwrap());
+    let mem = Arc::new(VmmMemory::new(be.clone()).unwrap());
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
     let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"up".to_vec()).unwrap();
@@ -132,11 +131,7 @@ fn uploads_do_not_wait_for_queued_work_and_keep_their_data() {
 #[test]
 fn synchronous_mode_uploads_synchronously() {
     let be = backend();
-    let mem = Arc::new(
-        VmmMemory::with_threshold(be.clone(), Threshold::Auto)
-            .unwrap()
-            .with_sync(true),
-    );
+    let mem = Arc::new(VmmMemory::new(be.clone()).unwrap().with_sync(true));
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
     let b = put_f32(client, device, &[1.5, 2.5]);
@@ -156,7 +151,7 @@ fn synchronous_mode_uploads_synchronously() {
 #[test]
 fn reading_a_finished_output_does_not_wait_for_the_next_step() {
     let be = backend();
-    let mem = Arc::new(VmmMemory::with_threshold(be.clone(), Threshold::Auto).unwrap());
+    let mem = Arc::new(VmmMemory::new(be.clone()).unwrap());
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
     let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"rd".to_vec()).unwrap();

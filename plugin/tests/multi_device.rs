@@ -592,9 +592,8 @@ fn a_portable_program_runs_on_the_device_it_is_asked_to() {
 
 #[test]
 fn binding_stats_name_their_device() {
-    // VA-stable graph mode (the only mode with binding stats); programs of
-    // other tests loaded meanwhile run in it too, which they support.
-    std::env::set_var("XLA_VMM_EXEC_MODE", "graph");
+    // VA-stable graph mode (the only mode with binding stats): the default
+    // of the client options.
     let client = two_device_client();
     let devs = devices(client);
     let mut p = add_one();
@@ -610,7 +609,6 @@ fn binding_stats_name_their_device() {
         }),
     )
     .unwrap();
-    std::env::remove_var("XLA_VMM_EXEC_MODE");
     let a0 = put_f32(client, devs[0], &[1.0; 4]);
     let a1 = put_f32(client, devs[1], &[2.0; 4]);
     for _ in 0..3 {

@@ -236,6 +236,7 @@ pub fn host_options() -> ClientOptions {
         backend: BackendKind::Host,
         strict: true,
         tmp_copy_threshold: Threshold::Auto,
+        exec_mode: xla_vmm_runtime::Mode::Graph,
         vendor_plugin_path: None,
         host_devices: 1,
         max_devices: None,
