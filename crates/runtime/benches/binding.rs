@@ -176,7 +176,7 @@ fn measure(n: usize, scenario: &str, steps: usize) -> (f64, f64, &'static str) {
             } else {
                 Bufs::Raw(
                     (0..n)
-                        .map(|_| DeviceBuffer::alloc(&*b, SLOT_BYTES).expect("alloc"))
+                        .map(|_| DeviceBuffer::alloc(&b, SLOT_BYTES).expect("alloc"))
                         .collect(),
                 )
             }
@@ -200,7 +200,7 @@ fn measure(n: usize, scenario: &str, steps: usize) -> (f64, f64, &'static str) {
     for set in sets {
         match set {
             Bufs::Vmm(v) => v.into_iter().for_each(|x| alloc.free(x, &s).expect("free")),
-            Bufs::Raw(v) => v.into_iter().for_each(|x| x.free(&*b).expect("free")),
+            Bufs::Raw(v) => v.into_iter().for_each(|x| x.free().expect("free")),
         }
     }
     (bind_us, wall, st.copy_path)

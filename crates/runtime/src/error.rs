@@ -37,3 +37,36 @@ impl RuntimeError {
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
+/// The failures of one teardown, which goes on past each of them: reported
+/// once when dropped, as one warning naming every failed call (instead of
+/// each dropped with `.ok()`).
+pub(crate) struct Teardown {
+    what: &'static str,
+    failed: Vec<String>,
+}
+
+impl Teardown {
+    pub(crate) fn new(what: &'static str) -> Self {
+        Teardown {
+            what,
+            failed: Vec::new(),
+        }
+    }
+
+    /// Note `r`'s error, if any, as `call`'s.
+    pub(crate) fn check<T, E: std::fmt::Display>(&mut self, call: &str, r: Result<T, E>) {
+        if let Err(e) = r {
+            self.failed.push(format!("{call}: {e}"));
+        }
+    }
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        if !self.failed.is_empty() {
+            tracing::warn!(what = self.what, failed = ?self.failed,
+                "teardown: {} call(s) failed", self.failed.len());
+        }
+    }
+}

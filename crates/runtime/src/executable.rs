@@ -17,7 +17,7 @@ use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::binding::{BindingConfig, BindingStats, UserBuffer};
 use crate::collective::{CollectiveEnv, Resolved};
-use crate::error::{Result, RuntimeError};
+use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::run_seq;
 use crate::program::Program;
 use crate::recapture::Recapture;
@@ -227,7 +227,8 @@ impl<B: Backend> Executable<B> {
             let env = program.env(&self.resolved, self.logical, true);
             if let Err(e) = va.initialize(program, &env, &self.users, stream) {
                 let be = program.backend();
-                be.stream_synchronize(stream).ok();
+                Teardown::new("a VA-stable runner that failed to initialize")
+                    .check("stream_synchronize", be.stream_synchronize(stream));
                 va.teardown(be);
                 return Err(e);
             }
@@ -330,8 +331,9 @@ impl<B: Backend> Drop for Executable<B> {
     fn drop(&mut self) {
         let be = self.program.backend();
         self.recapture.release(be);
+        let mut t = Teardown::new("executable");
         for s in self.program.aux_and_comm_streams() {
-            be.stream_synchronize(s).ok();
+            t.check("stream_synchronize", be.stream_synchronize(s));
         }
         if let Some(va) = self.va.take() {
             va.teardown(be);

@@ -15,10 +15,11 @@ use std::sync::Arc;
 
 use xla_vmm::{AllocationRole, Plan, Shape};
 use xla_vmm_device::blas::GemmEngine;
+use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::Backend;
 
 use crate::collective::{CollOp, Resolved};
-use crate::error::{Result, RuntimeError};
+use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::ExecEnv;
 use crate::ops::{LoadCtx, Op};
 use crate::slots::{DeviceBuffer, SlotTable};
@@ -26,6 +27,8 @@ use crate::slots::{DeviceBuffer, SlotTable};
 /// A loaded program on one backend.
 pub struct Program<B: Backend> {
     backend: Arc<B>,
+    /// The owned buffers' RAII context (their deferred teardown errors).
+    vmm: VmmContext<B>,
     plan: Plan,
     gemm: Option<Arc<dyn GemmEngine<B>>>,
     ops: Vec<Op<B>>,
@@ -73,14 +76,16 @@ impl<B: Backend> Program<B> {
         let ops = match built {
             Ok(ops) => ops,
             Err(e) => {
+                let mut t = Teardown::new("a program that failed to load");
                 for m in modules {
-                    backend.module_unload(m).ok();
+                    t.check("module_unload", backend.module_unload(m));
                 }
                 return Err(e);
             }
         };
         let capture_blocker = crate::exec::capture_blocker(&ops, backend.info().conditional_nodes);
         let mut p = Program {
+            vmm: VmmContext::new(backend.clone()),
             backend: backend.clone(),
             plan,
             gemm,
@@ -120,12 +125,10 @@ impl<B: Backend> Program<B> {
             if size == 0 {
                 continue;
             }
-            let buf = DeviceBuffer::alloc(&*backend, size)?;
+            let buf = DeviceBuffer::alloc_in(&p.vmm, size)?;
             if let Some(bytes) = constant {
-                if let Err(e) = backend.write_sync(buf.ptr(), &bytes, stream) {
-                    buf.free(&*backend).ok();
-                    return Err(e.into());
-                }
+                // On an error the buffer is released by its drop.
+                backend.write_sync(buf.ptr(), &bytes, stream)?;
             }
             p.owned.push(buf);
             p.owned_index.push(index);
@@ -237,31 +240,35 @@ fn parameter_slots(plan: &Plan) -> Result<Vec<Vec<usize>>> {
 }
 
 impl<B: Backend> Drop for Program<B> {
+    /// Waits for the program's streams, then releases its buffers, events,
+    /// streams and modules; every failure is reported in one warning.
     fn drop(&mut self) {
         let be = &*self.backend;
+        let mut t = Teardown::new("program");
         for s in self.aux_streams.iter().chain(&self.comm_streams) {
-            be.stream_synchronize(s).ok();
+            t.check("stream_synchronize", be.stream_synchronize(s));
         }
         for buf in self.owned.drain(..) {
-            if let Err(e) = buf.free(be) {
-                tracing::warn!(%e, "freeing an executable buffer failed");
-            }
+            t.check("freeing a buffer", buf.free());
+        }
+        for e in self.vmm.take_deferred_errors() {
+            t.check("freeing a buffer", Err::<(), _>(e));
         }
         for (_, (a, b)) in self.events.drain() {
-            be.event_destroy(a).ok();
-            be.event_destroy(b).ok();
+            t.check("event_destroy", be.event_destroy(a));
+            t.check("event_destroy", be.event_destroy(b));
         }
         for s in self
             .aux_streams
             .drain(..)
             .chain(self.comm_streams.drain(..))
         {
-            be.stream_destroy(s).ok();
+            t.check("stream_destroy", be.stream_destroy(s));
         }
         // Functions hold their modules on some backends; unload after ops.
         self.ops.clear();
         for m in self.modules.drain(..) {
-            be.module_unload(m).ok();
+            t.check("module_unload", be.module_unload(m));
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use xla_vmm_device::{Backend, DevicePtr};
 
-use crate::error::Result;
+use crate::error::{Result, Teardown};
 use crate::exec::{run_seq, ExecEnv};
 use crate::program::Program;
 use crate::slots::SlotTable;
@@ -52,15 +52,16 @@ impl<B: Backend> Recapture<B> {
             let graph = captured?;
             // The old exec updated in place, else a fresh one; on any error
             // neither graph is left behind.
+            let mut t = Teardown::new("graph-recapture's previous graph");
             let exec = match self.captured.take() {
                 Some(old) => {
                     let updated = be.graph_exec_update(&old.exec, &graph);
                     if matches!(updated, Ok(true)) {
-                        be.graph_destroy(old.graph).ok();
+                        t.check("graph_destroy", be.graph_destroy(old.graph));
                         Ok(old.exec)
                     } else {
-                        be.graph_exec_destroy(old.exec).ok();
-                        be.graph_destroy(old.graph).ok();
+                        t.check("graph_exec_destroy", be.graph_exec_destroy(old.exec));
+                        t.check("graph_destroy", be.graph_destroy(old.graph));
                         updated.and_then(|_| be.graph_instantiate(&graph))
                     }
                 }
@@ -69,7 +70,7 @@ impl<B: Backend> Recapture<B> {
             let exec = match exec {
                 Ok(e) => e,
                 Err(e) => {
-                    be.graph_destroy(graph).ok();
+                    t.check("graph_destroy", be.graph_destroy(graph));
                     return Err(e.into());
                 }
             };
@@ -87,8 +88,9 @@ impl<B: Backend> Recapture<B> {
     /// Destroy the graph and its exec (the caller has synchronized).
     pub(crate) fn release(&mut self, be: &B) {
         if let Some(c) = self.captured.take() {
-            be.graph_exec_destroy(c.exec).ok();
-            be.graph_destroy(c.graph).ok();
+            let mut t = Teardown::new("graph-recapture's graph");
+            t.check("graph_exec_destroy", be.graph_exec_destroy(c.exec));
+            t.check("graph_destroy", be.graph_destroy(c.graph));
         }
     }
 }

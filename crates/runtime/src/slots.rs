@@ -5,7 +5,10 @@
 //! comes from [`SlotTable::resolve`], so binding a run to other memory (or,
 //! later, to one VA reservation holding every slot) is swapping this table.
 
+use std::sync::Arc;
 use xla_vmm::Slice;
+
+use xla_vmm_device::vmm::{Phys, VaReservation, VmmContext};
 use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::error::{Result, RuntimeError};
@@ -91,53 +94,39 @@ impl SlotTable {
     }
 }
 
-/// Device memory owned by the runtime: one VMM chunk mapped into its own
-/// reservation, read/write for this device.
+/// A device buffer of its own: physical memory mapped read/write into a VA
+/// reservation of its own, owned through [`xla_vmm_device::vmm`]'s RAII
+/// types, so that dropping it unmaps and releases it (errors go to its
+/// context's deferred list: [`DeviceBuffer::context`]).
 #[derive(Debug)]
 pub struct DeviceBuffer<B: Backend> {
-    mem: B::PhysMem,
-    va: B::VaRange,
-    ptr: DevicePtr,
+    /// Maps `phys` at offset 0 (holds it until unmapped).
+    va: VaReservation<B>,
+    phys: Arc<Phys<B>>,
     /// Bytes requested.
     size: u64,
-    /// Bytes mapped (size rounded up to the granularity).
-    mapped: u64,
 }
 
 impl<B: Backend> DeviceBuffer<B> {
-    /// Allocate at least `size` bytes (at least one granule).
-    pub fn alloc(backend: &B, size: u64) -> Result<Self> {
-        let gran = backend.info().vmm_granularity.max(1);
+    /// Allocate at least `size` bytes (at least one granule), in a context
+    /// of its own.
+    pub fn alloc(backend: &Arc<B>, size: u64) -> Result<Self> {
+        Self::alloc_in(&VmmContext::new(backend.clone()), size)
+    }
+
+    /// Allocate at least `size` bytes in `ctx` (whose deferred errors and
+    /// handle counts it shares).
+    pub fn alloc_in(ctx: &VmmContext<B>, size: u64) -> Result<Self> {
+        let gran = ctx.backend().info().vmm_granularity.max(1);
         let mapped = size.max(1).div_ceil(gran) * gran;
-        let mem = backend.mem_create(mapped)?;
-        let va = match backend.va_reserve(mapped, 0) {
-            Ok(va) => va,
-            Err(e) => {
-                backend.mem_release(mem).ok();
-                return Err(e.into());
-            }
-        };
-        if let Err(e) = backend
-            .map(&va, 0, &mem, 0, mapped)
-            .and_then(|()| backend.set_access(&va, 0, mapped))
-        {
-            backend.unmap(&va, 0, mapped).ok();
-            backend.va_free(va).ok();
-            backend.mem_release(mem).ok();
-            return Err(e.into());
-        }
-        let ptr = backend.va_base(&va);
-        Ok(DeviceBuffer {
-            mem,
-            va,
-            ptr,
-            size,
-            mapped,
-        })
+        let phys = Arc::new(Phys::create(ctx, mapped)?);
+        let mut va = VaReservation::reserve(ctx, mapped, 0)?;
+        va.map_rw(0, &phys, 0, mapped)?;
+        Ok(DeviceBuffer { va, phys, size })
     }
 
     pub fn ptr(&self) -> DevicePtr {
-        self.ptr
+        self.va.base()
     }
 
     pub fn size(&self) -> u64 {
@@ -146,19 +135,25 @@ impl<B: Backend> DeviceBuffer<B> {
 
     /// Bytes mapped (the size rounded up to the granularity).
     pub fn mapped(&self) -> u64 {
-        self.mapped
+        self.phys.size()
     }
 
     /// The physical memory (for mapping it again elsewhere).
     pub(crate) fn raw_mem(&self) -> &B::PhysMem {
-        &self.mem
+        self.phys.raw()
     }
 
-    /// Unmap and release. The caller guarantees no queued work uses it.
-    pub fn free(self, backend: &B) -> Result<()> {
-        backend.unmap(&self.va, 0, self.mapped)?;
-        backend.va_free(self.va)?;
-        backend.mem_release(self.mem)?;
+    /// Unmap and release now, returning the first error (the caller
+    /// guarantees no queued work uses it). Dropping does the same, with the
+    /// errors deferred to the context.
+    pub fn free(self) -> Result<()> {
+        let DeviceBuffer { va, phys, .. } = self;
+        va.release()?;
+        match Arc::try_unwrap(phys) {
+            Ok(p) => p.release()?,
+            // Still mapped elsewhere: released with its last mapping.
+            Err(shared) => drop(shared),
+        }
         Ok(())
     }
 }

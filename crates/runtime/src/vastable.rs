@@ -96,7 +96,7 @@ use crate::binding::{
     publish, register, BindingConfig, BindingStats, Lap, StatsSlot, UserBuffer, COPY_PATH_ENV,
 };
 use crate::copykernel::{CopyKernel, CopyOp, Table, IN, OUT};
-use crate::error::{Result, RuntimeError};
+use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::ExecEnv;
 use crate::program::Program;
 use crate::slots::SlotTable;
@@ -797,34 +797,30 @@ impl<B: Backend> VaStable<B> {
     /// Unmap everything, free ranges, shadows, graphs, events. The caller
     /// has synchronized the streams.
     pub(crate) fn teardown(mut self, be: &B) {
+        let mut t = Teardown::new("VA-stable binding");
         for mut r in self.res.drain(..) {
             if let Some((g, e)) = r.graph.take() {
-                be.graph_exec_destroy(e).ok();
-                be.graph_destroy(g).ok();
+                t.check("graph_exec_destroy", be.graph_exec_destroy(e));
+                t.check("graph_destroy", be.graph_destroy(g));
             }
-            if let Some(e) = r.done.take() {
-                be.event_destroy(e).ok();
-            }
-            if let Some(e) = r.start.take() {
-                be.event_destroy(e).ok();
+            for e in [r.done.take(), r.start.take()].into_iter().flatten() {
+                t.check("event_destroy", be.event_destroy(e));
             }
             if let Some(va) = r.va.take() {
                 for (i, s) in self.slots.iter().enumerate() {
                     if !matches!(r.held[i], Held::Nothing) {
-                        be.unmap(&va, s.offset, s.region).ok();
+                        t.check("unmap", be.unmap(&va, s.offset, s.region));
                     }
                 }
                 for (o, len) in &r.fixed_maps {
-                    be.unmap(&va, *o, *len).ok();
+                    t.check("unmap", be.unmap(&va, *o, *len));
                 }
                 r.held.clear();
-                if let Err(e) = be.va_free(va) {
-                    tracing::warn!(%e, "freeing a binding reservation failed");
-                }
+                t.check("va_free", be.va_free(va));
             }
         }
         for m in self.shadows.drain(..).flatten() {
-            be.mem_release(m).ok();
+            t.check("mem_release", be.mem_release(m));
         }
         if let Some(k) = self.kernel.take() {
             k.unload(be);

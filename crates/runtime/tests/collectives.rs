@@ -235,7 +235,7 @@ fn run_devices(
                             device_id: d as i64,
                             cliques,
                         })?;
-                        let buf = DeviceBuffer::alloc(&*b, (N * 4) as u64)?;
+                        let buf = DeviceBuffer::alloc(&b, (N * 4) as u64)?;
                         b.write_sync(buf.ptr(), &bytes(&input(d)), &stream)?;
                         exe.bind_parameter(0, buf.ptr(), (N * 4) as u64)?;
                         let mut out = vec![0u8; OUT * 4];
@@ -245,7 +245,7 @@ fn run_devices(
                             b.read_sync(&mut out, outs[0].ptr, &stream)?;
                         }
                         drop(exe);
-                        buf.free(&*b)?;
+                        buf.free()?;
                         Ok(out
                             .chunks(4)
                             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -345,7 +345,7 @@ fn one_device_without_an_environment() {
     let b = backend();
     let stream = b.stream_create().unwrap();
     let mut exe = Executable::load(b.clone(), p, None, &stream).unwrap();
-    let buf = DeviceBuffer::alloc(&*b, 16).unwrap();
+    let buf = DeviceBuffer::alloc(&b, 16).unwrap();
     b.write_sync(buf.ptr(), &bytes(&[1.0, 2.0, 3.0, 4.0]), &stream)
         .unwrap();
     exe.bind_parameter(0, buf.ptr(), 16).unwrap();
@@ -359,7 +359,7 @@ fn one_device_without_an_environment() {
         assert_eq!(out, want, "{mode:?}");
     }
     drop(exe);
-    buf.free(&*b).unwrap();
+    buf.free().unwrap();
 }
 
 #[test]

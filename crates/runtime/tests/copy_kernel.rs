@@ -45,14 +45,15 @@ const CASES: &[(u64, u64, u64)] = &[
 /// Run the kernel over every case at once (one table), plus a table of
 /// more entries than a CTA loads at a time, and check every byte, the
 /// bytes around each destination included.
-fn check_kernel_cases<B: Backend>(b: &B, s: &B::Stream) {
+fn check_kernel_cases<B: Backend>(ba: &Arc<B>, s: &B::Stream) {
+    let b: &B = ba;
     const GUARD: u64 = 64;
     let mut bufs = Vec::new();
     let mut entries = Vec::new();
     let mut expect = Vec::new();
     for (k, &(n, doff, soff)) in CASES.iter().enumerate() {
-        let src = DeviceBuffer::alloc(b, n + soff).unwrap();
-        let dst = DeviceBuffer::alloc(b, n + doff + GUARD).unwrap();
+        let src = DeviceBuffer::alloc(ba, n + soff).unwrap();
+        let dst = DeviceBuffer::alloc(ba, n + doff + GUARD).unwrap();
         let data = pattern(n as usize, k as u8);
         b.write_sync(src.ptr().offset(soff), &data, s).unwrap();
         b.memset_d8(dst.ptr(), 0xEE, n + doff + GUARD, s).unwrap();
@@ -84,8 +85,8 @@ fn check_kernel_cases<B: Backend>(b: &B, s: &B::Stream) {
         );
     }
     // 600 entries of 40 bytes each (several chunks of 256 entries).
-    let src = DeviceBuffer::alloc(b, 600 * 40).unwrap();
-    let dst = DeviceBuffer::alloc(b, 600 * 48).unwrap();
+    let src = DeviceBuffer::alloc(ba, 600 * 40).unwrap();
+    let dst = DeviceBuffer::alloc(ba, 600 * 48).unwrap();
     let data = pattern(600 * 40, 99);
     b.write_sync(src.ptr(), &data, s).unwrap();
     b.memset_d8(dst.ptr(), 0, 600 * 48, s).unwrap();
@@ -104,7 +105,7 @@ fn check_kernel_cases<B: Backend>(b: &B, s: &B::Stream) {
         assert!(got[48 * i + 40..48 * i + 48].iter().all(|&x| x == 0), "{i}");
     }
     for x in bufs.into_iter().chain([src, dst]) {
-        x.free(b).unwrap();
+        x.free().unwrap();
     }
 }
 
@@ -167,9 +168,9 @@ fn copy_loop<B: Backend>(
     })
     .unwrap();
     let (ox, oy) = offsets;
-    let xb = DeviceBuffer::alloc(&**b, size + ox).unwrap();
+    let xb = DeviceBuffer::alloc(b, size + ox).unwrap();
     let ys: Vec<_> = (0..if shared_out { 1 } else { n_written })
-        .map(|_| DeviceBuffer::alloc(&**b, size + oy + 64).unwrap())
+        .map(|_| DeviceBuffer::alloc(b, size + oy + 64).unwrap())
         .collect();
     exe.bind_parameter(0, xb.ptr().offset(ox), size).unwrap();
     for k in 0..n_written {
@@ -211,9 +212,9 @@ fn copy_loop<B: Backend>(
     }
     let stats = exe.stats().cloned();
     drop(exe);
-    xb.free(&**b).unwrap();
+    xb.free().unwrap();
     for y in ys {
-        y.free(&**b).unwrap();
+        y.free().unwrap();
     }
     b.stream_destroy(s).unwrap();
     (out, stats)
@@ -235,7 +236,7 @@ fn host(kernel: bool) -> Arc<HostBackend> {
 fn host_kernel_copies_every_size_and_alignment() {
     let b = host(true);
     let s = b.stream_create().unwrap();
-    check_kernel_cases(&*b, &s);
+    check_kernel_cases(&b, &s);
     b.stream_destroy(s).unwrap();
     assert_eq!(b.outstanding().host_buffers, 0);
     assert_eq!(b.outstanding().modules, 0);
@@ -469,7 +470,7 @@ fn binding_time<B: Backend>(b: &Arc<B>, steps: usize, bound: Option<f64>) {
             .unwrap();
             let vmm: Vec<_> = (0..n).map(|_| alloc.alloc(size).unwrap()).collect();
             let raw: Vec<_> = (0..n)
-                .map(|_| DeviceBuffer::alloc(&**b, size).unwrap())
+                .map(|_| DeviceBuffer::alloc(b, size).unwrap())
                 .collect();
             for i in 0..n {
                 let u = if copy {
@@ -508,7 +509,7 @@ fn binding_time<B: Backend>(b: &Arc<B>, steps: usize, bound: Option<f64>) {
                 alloc.free(x, &s).unwrap();
             }
             for x in raw {
-                x.free(&**b).unwrap();
+                x.free().unwrap();
             }
         }
     }
@@ -536,7 +537,7 @@ mod gpu {
     fn gpu_kernel_copies_every_size_and_alignment() {
         let b = gpu();
         let s = b.stream_create().unwrap();
-        check_kernel_cases(&*b, &s);
+        check_kernel_cases(&b, &s);
         b.stream_destroy(s).unwrap();
     }
 

@@ -71,7 +71,7 @@ fn run(
     let mut exe = Executable::load(b.clone(), p, None, &stream)?;
     let mut bufs = Vec::new();
     for (i, v) in inputs.iter().enumerate() {
-        let buf = DeviceBuffer::alloc(&**b, (v.len() * 4) as u64)?;
+        let buf = DeviceBuffer::alloc(b, (v.len() * 4) as u64)?;
         b.write_sync(buf.ptr(), &bytes(v), &stream)?;
         exe.bind_parameter(i, buf.ptr(), (v.len() * 4) as u64)?;
         bufs.push(buf);
@@ -90,7 +90,7 @@ fn run(
     }
     drop(exe);
     for buf in bufs {
-        buf.free(&**b)?;
+        buf.free()?;
     }
     b.stream_destroy(stream)?;
     Ok(result)
@@ -289,7 +289,7 @@ fn donated_parameter_is_updated_in_place_and_returned() {
     let p = plan(allocs, vec![f32s(2)], vec![(0, f32s(2))], thunks);
     let stream = b.stream_create().unwrap();
     let mut exe = Executable::load(b.clone(), p, None, &stream).unwrap();
-    let buf = DeviceBuffer::alloc(&*b, 8).unwrap();
+    let buf = DeviceBuffer::alloc(&b, 8).unwrap();
     b.write_sync(buf.ptr(), &bytes(&[1.0, 5.0]), &stream)
         .unwrap();
     exe.bind_parameter(0, buf.ptr(), 8).unwrap();
@@ -302,7 +302,7 @@ fn donated_parameter_is_updated_in_place_and_returned() {
     b.read_sync(&mut d, buf.ptr(), &stream).unwrap();
     assert_eq!(d, bytes(&[3.0, 7.0]));
     drop(exe);
-    buf.free(&*b).unwrap();
+    buf.free().unwrap();
 }
 
 #[test]

@@ -6,7 +6,7 @@ use xla_vmm_device::{merge_copies, Backend, DevicePtr};
 use super::{CopyOp, PSlot, IN, OUT};
 use crate::binding::UserBuffer;
 use crate::copykernel::{CopyKernel, Table};
-use crate::error::{Result, RuntimeError};
+use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::run_seq;
 use crate::exec::ExecEnv;
 use crate::program::Program;
@@ -135,14 +135,16 @@ pub(super) fn capture<B: Backend>(
     let nodes = match kernel.map(|k| copy_nodes(be, &graph, k)).transpose() {
         Ok(n) => n,
         Err(e) => {
-            be.graph_destroy(graph).ok();
+            Teardown::new("a graph not instantiated")
+                .check("graph_destroy", be.graph_destroy(graph));
             return Err(e);
         }
     };
     match be.graph_instantiate(&graph) {
         Ok(exec) => Ok((graph, exec, nodes)),
         Err(e) => {
-            be.graph_destroy(graph).ok();
+            Teardown::new("a graph not instantiated")
+                .check("graph_destroy", be.graph_destroy(graph));
             Err(e.into())
         }
     }
