@@ -172,17 +172,10 @@ impl ClientOptions {
     }
 }
 
-/// An execution mode as users name it: `graph` (VA-stable graphs, the
-/// default; an empty value too), `graph-recapture` or `eager`.
+/// An execution mode as users name it ([`Mode::parse`]), for option or
+/// variable `name`.
 fn parse_mode(name: &str, v: &str) -> Result<Mode> {
-    match v.trim() {
-        "graph" | "" => Ok(Mode::Graph),
-        "graph-recapture" => Ok(Mode::GraphRecapture),
-        "eager" => Ok(Mode::Eager),
-        other => Err(Error::invalid(format!(
-            "{name} = {other:?}: expected graph, graph-recapture or eager"
-        ))),
-    }
+    Mode::parse(v).map_err(|e| Error::invalid(format!("{name}: {e}")))
 }
 
 /// A non-negative integer option (int, or a string holding one).

@@ -120,12 +120,7 @@ fn nondeterministic_outputs(path: &std::path::Path) -> anyhow::Result<Vec<String
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mode = match args.mode.as_str() {
-        "eager" => Mode::Eager,
-        "graph" => Mode::Graph,
-        "graph-recapture" => Mode::GraphRecapture,
-        m => bail!("--mode must be eager, graph or graph-recapture, not {m:?}"),
-    };
+    let mode = Mode::parse(&args.mode).map_err(|e| anyhow!("--mode: {e}"))?;
     let bytes = crate::read_executable(&args.file)?;
     // Constants XLA serialized without content take their value from the
     // HLO module in the decoder, as XLA's own deserialization does.

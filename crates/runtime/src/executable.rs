@@ -40,6 +40,21 @@ pub enum Mode {
     GraphRecapture,
 }
 
+impl Mode {
+    /// The mode as users name it (`XLA_VMM_EXEC_MODE`, `--mode`): `graph`
+    /// (also empty: the default), `graph-recapture` or `eager`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim() {
+            "graph" | "" => Ok(Mode::Graph),
+            "graph-recapture" => Ok(Mode::GraphRecapture),
+            "eager" => Ok(Mode::Eager),
+            other => Err(RuntimeError::arg(format!(
+                "execution mode {other:?}: expected graph, graph-recapture or eager"
+            ))),
+        }
+    }
+}
+
 /// One result leaf of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Output {
