@@ -90,7 +90,7 @@ impl LeafSpec {
     }
 }
 
-pub struct ExecInner {
+pub struct Executable {
     pub name: String,
     pub fingerprint: String,
     /// The vendor's `PJRT_Executable_Serialize` bytes (what we serialize).
@@ -113,11 +113,11 @@ pub struct ExecInner {
     pub(crate) aliased: Vec<bool>,
     /// One loaded program per addressable device of the assignment, in the
     /// order of `Execute`'s argument lists.
-    pub(crate) parts: Vec<Arc<Part>>,
+    pub(crate) parts: Vec<Arc<DeviceProgram>>,
     /// A program compiled without a device assignment (portable): its plan,
     /// and its programs on other devices, loaded when `Execute` first asks
     /// for one of them (`execute_device`).
-    portable: Option<(Plan, Mutex<Vec<Arc<Part>>>)>,
+    portable: Option<(Plan, Mutex<Vec<Arc<DeviceProgram>>>)>,
     pub(crate) device_ptrs: Vec<CPtr<PJRT_Device>>,
     pub(crate) assignment: DeviceAssignment,
     /// (replica, partition) of each addressable device, in `parts` order.
@@ -127,7 +127,7 @@ pub struct ExecInner {
 }
 
 /// The program on one device.
-pub(crate) struct Part {
+pub(crate) struct DeviceProgram {
     pub(crate) device: Arc<Device>,
     pub(crate) runner: Mutex<Option<Runner>>,
     /// Set once the program has binding stats (`stats.rs` tags them with
@@ -135,9 +135,9 @@ pub(crate) struct Part {
     stats_key: std::sync::OnceLock<String>,
 }
 
-impl Part {
-    fn new(device: Arc<Device>, runner: Runner) -> Part {
-        Part {
+impl DeviceProgram {
+    fn new(device: Arc<Device>, runner: Runner) -> DeviceProgram {
+        DeviceProgram {
             device,
             runner: Mutex::new(Some(runner)),
             stats_key: std::sync::OnceLock::new(),
@@ -152,14 +152,14 @@ impl Part {
 /// Who runs the program.
 pub(crate) enum Runner {
     /// Our runtime (always, under `strict`).
-    Ours(Box<dyn Program>),
+    Runtime(Box<dyn Program>),
     /// The vendor runtime on views of our buffers: our runtime rejected the
     /// program (the reason was logged once, at load).
     Vendor(VendorExecutable),
 }
 
-pub struct LoadedExecutable(pub Arc<ExecInner>);
-pub struct ExecutableView(pub Arc<ExecInner>);
+pub struct LoadedExecutable(pub Arc<Executable>);
+pub struct ExecutableView(pub Arc<Executable>);
 /// Bytes handed out by `Serialize`, freed by the deleter it comes with.
 pub struct Blob(pub Vec<u8>);
 
@@ -219,7 +219,7 @@ fn kinds(leaves: &[LeafSpec]) -> (Vec<CPtr<std::ffi::c_char>>, Vec<usize>) {
         .unzip()
 }
 
-impl ExecInner {
+impl Executable {
     /// Decode the vendor bytes and load them into our runtime on every
     /// addressable device of the program's device assignment (the vendor's,
     /// or one device: the client's first).
@@ -232,7 +232,7 @@ impl ExecInner {
         serialized: Vec<u8>,
         vendor: Option<VendorExecutable>,
         strict: bool,
-    ) -> Result<Arc<ExecInner>> {
+    ) -> Result<Arc<Executable>> {
         let assignment = match vendor.as_ref().map(|v| v.device_assignment()) {
             Some(Ok(a)) => Some(a),
             Some(Err(e)) => {
@@ -274,7 +274,7 @@ impl ExecInner {
         strict: bool,
         cost: Option<NamedValues>,
         optimized: Option<(Vec<u8>, String)>,
-    ) -> Result<Arc<ExecInner>> {
+    ) -> Result<Arc<Executable>> {
         let mut params = Vec::new();
         for p in &plan.program_shape.parameters {
             leaves(p, &mut params)?;
@@ -337,7 +337,7 @@ impl ExecInner {
                 device_id: device.id() as i64,
             });
             let runner = match device.mem.load_program(plan.clone(), spec.as_ref()) {
-                Ok(p) => Runner::Ours(p),
+                Ok(p) => Runner::Runtime(p),
                 Err(e) => match vendor.take() {
                     Some(v) if !strict && !multi => {
                         tracing::warn!(
@@ -352,12 +352,12 @@ impl ExecInner {
                     }
                 },
             };
-            parts.push(Arc::new(Part::new(device, runner)));
+            parts.push(Arc::new(DeviceProgram::new(device, runner)));
         }
         let (out_kinds, out_kind_sizes) = kinds(&outputs);
         let (param_kinds, param_kind_sizes) = kinds(&params);
         tracing::info!(%name, params = params.len(), outputs = outputs.len(), "executable loaded on xla-vmm");
-        Ok(Arc::new(ExecInner {
+        Ok(Arc::new(Executable {
             name,
             fingerprint,
             serialized,
@@ -378,7 +378,7 @@ impl ExecInner {
             code_size,
             aliased,
             device_ptrs: parts.iter().map(|p| CPtr(p.device.c_ptr())).collect(),
-            portable: (portable && matches!(parts[0].lock().as_ref(), Some(Runner::Ours(_))))
+            portable: (portable && matches!(parts[0].lock().as_ref(), Some(Runner::Runtime(_))))
                 .then(|| (plan, Mutex::new(Vec::new()))),
             device_assignment: assignment.to_proto(),
             logical_ids: parts
@@ -403,7 +403,7 @@ impl ExecInner {
     /// Check one device's arguments: count, types and placement.
     pub(crate) fn check_args(
         &self,
-        part: &Part,
+        part: &DeviceProgram,
         args: &[Arc<Buffer>],
         non_donatable: &[i64],
     ) -> Result<()> {
@@ -499,7 +499,7 @@ impl ExecInner {
 
     /// The program on `device`: one of `parts`, or, for a portable
     /// executable, its program loaded on `device` (at the first use).
-    pub(crate) fn part_on(&self, device: &Arc<Device>) -> Result<Arc<Part>> {
+    pub(crate) fn part_on(&self, device: &Arc<Device>) -> Result<Arc<DeviceProgram>> {
         if let Some(p) = self.parts.iter().find(|p| Arc::ptr_eq(&p.device, device)) {
             return Ok(p.clone());
         }
@@ -530,7 +530,7 @@ impl ExecInner {
             .load_program(plan.clone(), None)
             .map_err(|e| e.context(&format!("loading {} on device {}", self.name, device.id())))?;
         tracing::info!(name = %self.name, device = device.id(), "portable executable loaded");
-        let part = Arc::new(Part::new(device.clone(), Runner::Ours(program)));
+        let part = Arc::new(DeviceProgram::new(device.clone(), Runner::Runtime(program)));
         loaded.push(part.clone());
         Ok(part)
     }
@@ -540,7 +540,7 @@ impl ExecInner {
     /// (The arguments were checked with `check_args`.)
     pub(crate) fn execute(
         &self,
-        part: &Part,
+        part: &DeviceProgram,
         args: &[Arc<Buffer>],
         non_donatable: &[i64],
         context: Option<&Arc<ExecuteContext>>,
@@ -560,7 +560,7 @@ impl ExecInner {
             Some(Runner::Vendor(v)) => {
                 return self.execute_vendor(part, v, args, non_donatable, context)
             }
-            Some(Runner::Ours(p)) => p,
+            Some(Runner::Runtime(p)) => p,
         };
         // A parameter the program writes in place but the caller may not
         // donate is copied first; the program updates the copy.
@@ -631,12 +631,12 @@ impl ExecInner {
     }
 }
 
-impl ExecInner {
+impl Executable {
     /// The fallback: run on the vendor runtime, copy outputs into our
     /// buffers; a donated argument is then deleted, as JAX expects.
     fn execute_vendor(
         &self,
-        part: &Part,
+        part: &DeviceProgram,
         v: &VendorExecutable,
         args: &[Arc<Buffer>],
         non_donatable: &[i64],
@@ -700,16 +700,16 @@ pub fn load_plan_on(
     assignment: Option<DeviceAssignment>,
 ) -> Result<*mut PJRT_LoadedExecutable> {
     let client = Client::from_c(client)?;
-    let exe = ExecInner::from_plan(
+    let exe = Executable::from_plan(
         &client, assignment, plan, serialized, None, true, None, None,
     )?;
     Ok(Arc::new(LoadedExecutable(exe)).into_c())
 }
 
-pub(crate) fn loaded(p: *mut PJRT_LoadedExecutable) -> Result<Arc<ExecInner>> {
+pub(crate) fn loaded(p: *mut PJRT_LoadedExecutable) -> Result<Arc<Executable>> {
     Ok(LoadedExecutable::from_c(p)?.0.clone())
 }
-pub(crate) fn view(p: *mut PJRT_Executable) -> Result<Arc<ExecInner>> {
+pub(crate) fn view(p: *mut PJRT_Executable) -> Result<Arc<Executable>> {
     Ok(ExecutableView::from_c(p)?.0.clone())
 }
 
@@ -735,7 +735,7 @@ pub fn compile(a: &mut PJRT_Client_Compile_Args) -> Result<()> {
     let vendor = client.vendor()?;
     let compiled = vendor.compile(code, format, options)?;
     let serialized = compiled.serialize()?;
-    let exe = ExecInner::load(&client, serialized, Some(compiled), client.options.strict)
+    let exe = Executable::load(&client, serialized, Some(compiled), client.options.strict)
         .map_err(|e| e.context("loading the compiled program into the xla-vmm runtime"))?;
     a.executable = Arc::new(LoadedExecutable(exe)).into_c();
     Ok(())
@@ -766,7 +766,7 @@ pub fn deserialize_and_load(a: &mut PJRT_Executable_DeserializeAndLoad_Args) -> 
         Some(v) => Some(v.deserialize(&bytes, overridden)?),
         None => None,
     };
-    let exe = ExecInner::load(&client, bytes, vendor, client.options.strict)?;
+    let exe = Executable::load(&client, bytes, vendor, client.options.strict)?;
     a.loaded_executable = Arc::new(LoadedExecutable(exe)).into_c();
     Ok(())
 }

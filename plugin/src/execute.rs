@@ -13,7 +13,7 @@ use crate::cabi;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::executable::{loaded, ExecInner, Part};
+use crate::executable::{loaded, DeviceProgram, Executable};
 use crate::execute_context::ExecuteContext;
 use crate::handles::Handle;
 
@@ -23,8 +23,8 @@ type Step = Result<(Vec<Arc<Buffer>>, Arc<Event>)>;
 /// Each device's step on that device's worker thread, all at once; the
 /// results in argument-list order.
 fn run_on_workers(
-    e: &Arc<ExecInner>,
-    parts: &[Arc<Part>],
+    e: &Arc<Executable>,
+    parts: &[Arc<DeviceProgram>],
     args: Vec<Vec<Arc<Buffer>>>,
     non_donatable: &[i64],
     context: Option<&Arc<ExecuteContext>>,
@@ -73,7 +73,7 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
     let e = loaded(a.executable)?;
     let n = a.num_devices;
     // The program of each argument list's device.
-    let parts: Vec<Arc<Part>> = if !a.execute_device.is_null() {
+    let parts: Vec<Arc<DeviceProgram>> = if !a.execute_device.is_null() {
         let d = Device::from_c(a.execute_device)?;
         if n != 1 {
             return Err(Error::invalid(format!(

@@ -237,7 +237,7 @@ fn run_op<B: Backend>(
         }
         Op::Sequential(ops) => run_seq(env, ops, slots, stream, nest)?,
         Op::DynamicSlice { windows, embedded } => {
-            let table = crate::dsf::embedded_table(windows, slots, nest)?;
+            let table = crate::dynamic_slice::embedded_table(windows, slots, nest)?;
             run_seq(env, embedded, &table, stream, nest)?;
         }
         Op::AsyncStart {

@@ -12,7 +12,7 @@
 //! - [`collective`]: device assignment, participants, communicators
 //!   ([`Cliques`]) and the collective ops (issue 7).
 //! - [`slots`]: slot → address resolution in one place ([`SlotTable`]).
-//! - [`dsf`]: dynamic-slice-fusion windows; [`gemm`]: GEMM config mapping;
+//! - [`dynamic_slice`]: dynamic-slice-fusion windows; [`gemm`]: GEMM config mapping;
 //!   [`npz`]: `.npz` input/output files.
 //!
 //! Who validates what: the decoder checks slices against allocation sizes;
@@ -24,7 +24,7 @@
 pub mod binding;
 pub mod collective;
 pub mod copykernel;
-pub mod dsf;
+pub mod dynamic_slice;
 pub mod elf;
 pub mod error;
 pub mod exec;

@@ -419,7 +419,7 @@ impl<B: Backend> LoadCtx<'_, B> {
             }
             ThunkKind::Sequential { thunks } => Op::Sequential(self.build_seq(plan, thunks)?),
             ThunkKind::DynamicSliceFusion(d) => Op::DynamicSlice {
-                windows: crate::dsf::windows(d)?,
+                windows: crate::dynamic_slice::windows(d)?,
                 embedded: self.build_seq(plan, &d.embedded)?,
             },
             ThunkKind::AsyncStart(a) => {

@@ -118,7 +118,7 @@ fn policy_err(e: xla_vmm_policy::PolicyError) -> RuntimeError {
 
 /// One parameter slot as the tracker sees it.
 #[derive(Clone, Debug)]
-struct PSlot {
+struct ParamSlot {
     allocation: usize,
     param: usize,
     size: u64,
@@ -130,17 +130,17 @@ struct PSlot {
     written: bool,
 }
 
-enum Held<B: Backend> {
+enum Mapped<B: Backend> {
     Nothing,
-    User { id: u64, _phys: Arc<Phys<B>> },
+    Caller { id: u64, _phys: Arc<Phys<B>> },
     Shadow,
 }
 
-struct Res<B: Backend> {
+struct Reservation<B: Backend> {
     va: Option<B::VaRange>,
     base: DevicePtr,
     table: SlotTable,
-    held: Vec<Held<B>>,
+    mapped: Vec<Mapped<B>>,
     /// Mapped ranges other than parameter regions: (offset, bytes).
     fixed_maps: Vec<(u64, u64)>,
     graph: Option<(B::Graph, B::GraphExec)>,
@@ -162,8 +162,8 @@ struct Res<B: Backend> {
 pub(crate) struct VaStable<B: Backend> {
     key: String,
     tracker: SlotTracker,
-    slots: Vec<PSlot>,
-    res: Vec<Res<B>>,
+    slots: Vec<ParamSlot>,
+    res: Vec<Reservation<B>>,
     /// [`VaStable::initialize`] has run to its end (laid out, both graphs).
     initialized: bool,
     /// Shadow of each slot (shared by the reservations), once needed.
@@ -234,7 +234,7 @@ impl<B: Backend> VaStable<B> {
                 if a.size == 0 {
                     continue;
                 }
-                slots.push(PSlot {
+                slots.push(ParamSlot {
                     allocation: a.index,
                     param: *number as usize,
                     size: a.size,
@@ -348,11 +348,11 @@ impl<B: Backend> VaStable<B> {
             let va = be.va_reserve(total, 0)?;
             let base = be.va_base(&va);
             // Pushed first so that a failure below is torn down.
-            self.res.push(Res {
+            self.res.push(Reservation {
                 va: Some(va),
                 base,
                 table: SlotTable::new(program.plan().allocations.len()),
-                held: self.slots.iter().map(|_| Held::Nothing).collect(),
+                mapped: self.slots.iter().map(|_| Mapped::Nothing).collect(),
                 fixed_maps: Vec::new(),
                 graph: None,
                 done: None,
@@ -542,8 +542,8 @@ impl<B: Backend> VaStable<B> {
         for (i, slot_action) in actions.iter_mut().enumerate() {
             let action = *slot_action;
             let want_user = match action {
-                SlotAction::Skip => !matches!(self.res[r].held[i],
-                    Held::User { id, .. } if id == self.bindings[i].id),
+                SlotAction::Skip => !matches!(self.res[r].mapped[i],
+                    Mapped::Caller { id, .. } if id == self.bindings[i].id),
                 SlotAction::Remap { .. } => true,
                 SlotAction::Copy { .. } => false,
             };
@@ -587,7 +587,7 @@ impl<B: Backend> VaStable<B> {
                 copy_in, copy_out, ..
             } = action
             {
-                if !matches!(self.res[r].held[i], Held::Shadow) {
+                if !matches!(self.res[r].mapped[i], Mapped::Shadow) {
                     self.map_shadow(be, r, i, &mut synced)?;
                 }
                 let s = &self.slots[i];
@@ -808,14 +808,14 @@ impl<B: Backend> VaStable<B> {
             }
             if let Some(va) = r.va.take() {
                 for (i, s) in self.slots.iter().enumerate() {
-                    if !matches!(r.held[i], Held::Nothing) {
+                    if !matches!(r.mapped[i], Mapped::Nothing) {
                         t.check("unmap", be.unmap(&va, s.offset, s.region));
                     }
                 }
                 for (o, len) in &r.fixed_maps {
                     t.check("unmap", be.unmap(&va, *o, *len));
                 }
-                r.held.clear();
+                r.mapped.clear();
                 t.check("va_free", be.va_free(va));
             }
         }

@@ -3,7 +3,7 @@
 
 use xla_vmm_device::{merge_copies, Backend, DevicePtr};
 
-use super::{CopyOp, PSlot, IN, OUT};
+use super::{CopyOp, ParamSlot, IN, OUT};
 use crate::binding::UserBuffer;
 use crate::copykernel::{CopyKernel, Table};
 use crate::error::{Result, RuntimeError, Teardown};
@@ -15,7 +15,7 @@ use crate::slots::SlotTable;
 /// The buffer bound to slot `s`'s parameter (checked: bound, big enough).
 pub(super) fn bound<'u, B: Backend>(
     users: &'u [Option<UserBuffer<B>>],
-    s: &PSlot,
+    s: &ParamSlot,
 ) -> Result<&'u UserBuffer<B>> {
     let u = users
         .get(s.param)
@@ -46,7 +46,7 @@ pub(super) fn overlapping(list: &[CopyOp], scratch: &mut Vec<(u64, u64)>) -> boo
 }
 
 /// Runs of slot indices (in `idx` order) whose regions touch.
-pub(super) fn contiguous(idx: &[usize], slots: &[PSlot]) -> Vec<Vec<usize>> {
+pub(super) fn contiguous(idx: &[usize], slots: &[ParamSlot]) -> Vec<Vec<usize>> {
     let mut sorted = idx.to_vec();
     sorted.sort_by_key(|&i| slots[i].offset);
     let mut out: Vec<Vec<usize>> = Vec::new();

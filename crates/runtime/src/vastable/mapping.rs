@@ -64,7 +64,7 @@ impl<B: Backend> VaStable<B> {
         i: usize,
         synced: &mut bool,
     ) -> Result<()> {
-        if matches!(self.res[r].held[i], Held::Nothing) {
+        if matches!(self.res[r].mapped[i], Mapped::Nothing) {
             return Ok(());
         }
         self.wait_idle(be, r, synced)?;
@@ -80,7 +80,7 @@ impl<B: Backend> VaStable<B> {
             self.stats.vmm_calls += 1;
             be.unmap(va, s.offset, s.region)?;
         }
-        self.res[r].held[i] = Held::Nothing;
+        self.res[r].mapped[i] = Mapped::Nothing;
         Ok(())
     }
 
@@ -109,7 +109,7 @@ impl<B: Backend> VaStable<B> {
             tracing::warn!(slot = i, %e, "map failed");
             return Err(FailedCall::Map);
         }
-        self.res[r].held[i] = Held::User {
+        self.res[r].mapped[i] = Mapped::Caller {
             id,
             _phys: src.phys.clone(),
         };
@@ -151,7 +151,7 @@ impl<B: Backend> VaStable<B> {
         let mem = self.shadows[i].as_ref().expect("created");
         self.stats.vmm_calls += 2;
         be.map(va, off, mem, 0, region)?;
-        res.held[i] = Held::Shadow;
+        res.mapped[i] = Mapped::Shadow;
         be.set_access(va, off, region)?;
         Ok(())
     }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use xla_vmm_device::{Backend, EventStatus};
 use xla_vmm_policy::StepTimes;
 
-use super::{Res, RESERVATIONS};
+use super::{Reservation, RESERVATIONS};
 
 /// Most samples kept per warm-up series.
 pub(super) const WARMUP_SAMPLES: usize = 32;
@@ -83,7 +83,7 @@ impl Warmup {
         &mut self,
         be: &B,
         step: u64,
-        res: &mut [Res<B>],
+        res: &mut [Reservation<B>],
         now: Instant,
     ) {
         if let Some(end) = self.last_end {
