@@ -7,10 +7,53 @@ use std::sync::Arc;
 
 use xla_vmm_ffi::pjrt::*;
 
-use crate::cabi;
+use crate::cabi::{self, CPtr};
 use crate::error::{Error, Result};
-use crate::executable::{loaded, view, Blob, ExecutableView, LoadedExecutable};
+use crate::executable::{loaded, view, Blob, ExecutableView, LeafSpec, LoadedExecutable};
 use crate::handles::Handle;
+
+/// The arrays the queries below hand out, made once at load: they live as
+/// long as the executable.
+pub(crate) struct QueryArrays {
+    out_types: Vec<PJRT_Buffer_Type>,
+    /// Every output's dimensions, one after the other (`out_dim_sizes` each).
+    out_dims: Vec<i64>,
+    out_dim_sizes: Vec<usize>,
+    out_kinds: Vec<CPtr<std::ffi::c_char>>,
+    out_kind_sizes: Vec<usize>,
+    param_kinds: Vec<CPtr<std::ffi::c_char>>,
+    param_kind_sizes: Vec<usize>,
+}
+
+impl QueryArrays {
+    pub(crate) fn new(params: &[LeafSpec], outputs: &[LeafSpec]) -> Self {
+        let (out_kinds, out_kind_sizes) = kinds(outputs);
+        let (param_kinds, param_kind_sizes) = kinds(params);
+        QueryArrays {
+            out_types: outputs.iter().map(|o| o.dtype).collect(),
+            out_dims: outputs
+                .iter()
+                .flat_map(|o| o.dims.iter().copied())
+                .collect(),
+            out_dim_sizes: outputs.iter().map(|o| o.dims.len()).collect(),
+            out_kinds,
+            out_kind_sizes,
+            param_kinds,
+            param_kind_sizes,
+        }
+    }
+}
+
+/// The C strings of a list of leaves' memory kinds (static strings).
+fn kinds(leaves: &[LeafSpec]) -> (Vec<CPtr<std::ffi::c_char>>, Vec<usize>) {
+    leaves
+        .iter()
+        .map(|l| {
+            let k = l.memory_kind();
+            (CPtr(k.as_ptr() as *mut std::ffi::c_char), k.len())
+        })
+        .unzip()
+}
 
 // ---- loaded executable ----------------------------------------------------
 
@@ -111,32 +154,32 @@ pub fn code_size(a: &mut PJRT_Executable_SizeOfGeneratedCodeInBytes_Args) -> Res
 
 pub fn output_element_types(a: &mut PJRT_Executable_OutputElementTypes_Args) -> Result<()> {
     let e = view(a.executable)?;
-    a.output_types = e.out_types.as_ptr().cast_mut();
-    a.num_output_types = e.out_types.len();
+    a.output_types = e.queries.out_types.as_ptr().cast_mut();
+    a.num_output_types = e.queries.out_types.len();
     Ok(())
 }
 
 pub fn output_dimensions(a: &mut PJRT_Executable_OutputDimensions_Args) -> Result<()> {
     let e = view(a.executable)?;
     a.num_outputs = e.outputs.len();
-    a.dims = e.out_dims.as_ptr();
-    a.dim_sizes = e.out_dim_sizes.as_ptr();
+    a.dims = e.queries.out_dims.as_ptr();
+    a.dim_sizes = e.queries.out_dim_sizes.as_ptr();
     Ok(())
 }
 
 pub fn output_memory_kinds(a: &mut PJRT_Executable_OutputMemoryKinds_Args) -> Result<()> {
     let e = view(a.executable)?;
     a.num_outputs = e.outputs.len();
-    a.memory_kinds = e.out_kinds.as_ptr().cast();
-    a.memory_kind_sizes = e.out_kind_sizes.as_ptr();
+    a.memory_kinds = e.queries.out_kinds.as_ptr().cast();
+    a.memory_kind_sizes = e.queries.out_kind_sizes.as_ptr();
     Ok(())
 }
 
 pub fn parameter_memory_kinds(a: &mut PJRT_Executable_ParameterMemoryKinds_Args) -> Result<()> {
     let e = view(a.executable)?;
     a.num_parameters = e.params.len();
-    a.memory_kinds = e.param_kinds.as_ptr().cast();
-    a.memory_kind_sizes = e.param_kind_sizes.as_ptr();
+    a.memory_kinds = e.queries.param_kinds.as_ptr().cast();
+    a.memory_kind_sizes = e.queries.param_kind_sizes.as_ptr();
     Ok(())
 }
 

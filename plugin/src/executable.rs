@@ -41,6 +41,7 @@ use crate::device::{Device, DEVICE_MEMORY_KIND, PINNED_HOST_MEMORY_KIND};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::event::Event;
+use crate::exec_queries::QueryArrays;
 use crate::execute_context::ExecuteContext;
 use crate::handles::{Handle, Registry};
 use crate::program::Program;
@@ -100,13 +101,8 @@ pub struct Executable {
     pub(crate) cost: Option<NamedValues>,
     pub params: Vec<LeafSpec>,
     pub outputs: Vec<LeafSpec>,
-    pub(crate) out_types: Vec<PJRT_Buffer_Type>,
-    pub(crate) out_dims: Vec<i64>,
-    pub(crate) out_dim_sizes: Vec<usize>,
-    pub(crate) out_kinds: Vec<CPtr<std::ffi::c_char>>,
-    pub(crate) out_kind_sizes: Vec<usize>,
-    pub(crate) param_kinds: Vec<CPtr<std::ffi::c_char>>,
-    pub(crate) param_kind_sizes: Vec<usize>,
+    /// The arrays the C queries hand out (`exec_queries.rs`).
+    pub(crate) queries: QueryArrays,
     pub(crate) code_size: i64,
     /// Per entry parameter: does the program write it in place (aliased
     /// with an output: donation)?
@@ -206,17 +202,6 @@ fn leaves(shape: &Shape, out: &mut Vec<LeafSpec>) -> Result<()> {
         on_host: shape.memory_space == xla_vmm::HOST_MEMORY_SPACE,
     });
     Ok(())
-}
-
-/// The C strings of a list of leaves' memory kinds (static strings).
-fn kinds(leaves: &[LeafSpec]) -> (Vec<CPtr<std::ffi::c_char>>, Vec<usize>) {
-    leaves
-        .iter()
-        .map(|l| {
-            let k = l.memory_kind();
-            (CPtr(k.as_ptr() as *mut std::ffi::c_char), k.len())
-        })
-        .unzip()
 }
 
 impl Executable {
@@ -354,8 +339,7 @@ impl Executable {
             };
             parts.push(Arc::new(DeviceProgram::new(device, runner)));
         }
-        let (out_kinds, out_kind_sizes) = kinds(&outputs);
-        let (param_kinds, param_kind_sizes) = kinds(&params);
+        let queries = QueryArrays::new(&params, &outputs);
         tracing::info!(%name, params = params.len(), outputs = outputs.len(), "executable loaded on xla-vmm");
         Ok(Arc::new(Executable {
             name,
@@ -363,16 +347,7 @@ impl Executable {
             serialized,
             optimized,
             cost,
-            out_types: outputs.iter().map(|o| o.dtype).collect(),
-            out_dims: outputs
-                .iter()
-                .flat_map(|o| o.dims.iter().copied())
-                .collect(),
-            out_dim_sizes: outputs.iter().map(|o| o.dims.len()).collect(),
-            out_kinds,
-            out_kind_sizes,
-            param_kinds,
-            param_kind_sizes,
+            queries,
             params,
             outputs,
             code_size,
