@@ -24,6 +24,9 @@
 # run under a time limit still ends with its summary (exit 2 when any was skipped). A TERM (a timeout) also
 # prints and saves the summary.
 # Artifacts (logs, reference data, probe JSON) go to $XLA_VMM_GPU_WORK (default /tmp/xla-vmm-gpu).
+# GPU_CHECK_ALT=1: our CLI and plugin from $S/alt (a second build staged by `stage_gpu.sh --perf --alt REF`)
+# instead of $S/bin and $S/lib, so that one device call can run the same sections on two builds (a
+# baseline and a change); the wheel of perf-mt's MaxText stays $S/wheel's.
 set -u
 S=${1:-.dev/gpu}
 shift || true
@@ -33,6 +36,12 @@ DEFAULT="device stock runtime plugin perf memcheck"
 SECTIONS=" ${*:-$DEFAULT} "
 want() { [[ "$SECTIONS" == *" $1 "* ]]; }
 BIN=$S/bin
+LIB=$S/lib
+if [ "${GPU_CHECK_ALT:-0}" = 1 ]; then
+  [ -x "$S/alt/bin/xla-vmm" ] || { echo "GPU_CHECK_ALT=1: no $S/alt (stage_gpu.sh --perf --alt REF)"; exit 1; }
+  BIN=$S/alt/bin; LIB=$S/alt/lib
+  echo "== alternative build: $(cat "$S/alt/COMMIT" 2>/dev/null || echo '?')"
+fi
 FX=$S/fixtures
 WORK=${XLA_VMM_GPU_WORK:-/tmp/xla-vmm-gpu}
 STEPS=${STEPS:-50}
@@ -180,7 +189,7 @@ done
 fi
 
 # 4. The PJRT plugin under JAX (JAX_PLATFORMS=vmm): pytest suite incl. a llama A/B against stock XLA.
-export XLA_VMM_LIBRARY="$S/lib/libxla_vmm_plugin.so"
+export XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so"
 want plugin && check "plugin:pytest" python3 -m pytest -q -rs -p no:cacheprovider integration/tests
 
 # 5. Benchmark (not a test, opt in: section `bench`): every stock configuration vs our modes, same executable.
@@ -204,7 +213,7 @@ if want perf || want perf-bench; then
   check "perf:ab" python3 integration/ab.py --out "$PERF/ab" --vmm "$VMM" --steps "${PERF_AB_STEPS:-20}" \
     --models "${PERF_AB_MODELS:-llama_small_f32,maxtext_tiny_bf16}" --thresholds 0,1 --modes eager,graph-recapture
   ALWAYS=1 check "perf:gate-bench" python3 integration/perf_gate.py --bench "$PERF/bench.json" --ab "$PERF/ab/ab.json" \
-    --out "$PERF/gate_bench.md" --title "perf gate (bench + A/B), $(cat "$S/COMMIT" 2>/dev/null || echo '?')"
+    --out "$PERF/gate_bench.md" --title "perf gate (bench + A/B), $(cat "$BIN/../COMMIT" 2>/dev/null || echo '?')"
 fi
 # 5b'. Where the default (VA-stable) step loses to graph-recapture (opt in: section `va-gap`): the A/B
 #      models' saved executables through the CLI and through the plugin, by mode, copy path and
@@ -232,7 +241,7 @@ if want jax; then
   if [ -d "$S/jaxtests" ]; then
     jref=(); [ -n "${JAX_SLICE_REF:-}" ] && jref=(--ref-from "$JAX_SLICE_REF")
     [ -n "${JAX_SLICE_RESUME:-}" ] && jref+=(--resume-from "$JAX_SLICE_RESUME")
-    check "jax:slice" python3 integration/jax_tests.py --tests "$S/jaxtests" --vmm-lib "$S/lib/libxla_vmm_plugin.so" \
+    check "jax:slice" python3 integration/jax_tests.py --tests "$S/jaxtests" --vmm-lib "$LIB/libxla_vmm_plugin.so" \
       --out "$WORK/jax" --budget-s "${JAX_SLICE_BUDGET_S:-900}" --jobs "${JAX_SLICE_JOBS:-$(nproc)}" \
       ${JAX_SLICE_FILES:+--files "$JAX_SLICE_FILES"} "${jref[@]}"
   else
@@ -271,7 +280,7 @@ fi
 #     (JAX_PLATFORMS=vmm) and runs SANITIZE_JAX_STEPS steps under memcheck, losses checked against stock
 #     (first run at dd0ce23: 0 errors, integration/results/sanitize_jax_dd0ce23.md).
 if [[ "$SECTIONS" == *" sanitize-jax "* ]] && command -v compute-sanitizer >/dev/null; then
-  export XLA_VMM_LIBRARY="$S/lib/libxla_vmm_plugin.so"
+  export XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so"
   check "sanitize-jax:stock" env JAX_PLATFORMS=cuda XLA_FLAGS=--xla_gpu_deterministic_ops=true \
     python3 integration/tests/llama_ab.py stock "$WORK/sanjax" --steps "${SANITIZE_JAX_STEPS:-10}"
   check "sanitize-jax:vmm" env JAX_PLATFORMS=vmm compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
