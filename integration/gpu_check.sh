@@ -19,7 +19,9 @@
 # the machine's cores: the longest files run as several shards)),
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
-# a loop fed a fresh batch per step, steps/s against stock).
+# a loop fed a fresh batch per step, steps/s against stock), `hip-shim` (our HIP backend's conformance suite on
+# the NVIDIA GPU through the test shim integration/hipshim: HIP runtime -> CUDA driver, hiprtc -> NVRTC; it
+# checks our HIP code, not AMD's runtime).
 # GPU_CHECK_BUDGET_S: start no check after that many seconds (later ones are listed as SKIP), so that a
 # run under a time limit still ends with its summary (exit 2 when any was skipped). A TERM (a timeout) also
 # prints and saves the summary.
@@ -340,6 +342,20 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 #    steps/s of stock XLA vs xla-vmm (auto, 0) in one run: asynchronous Execute and device_put.
 [[ "$SECTIONS" == *" feed "* ]] && check "feed" python3 integration/feed_bench.py --out "$WORK/feed" \
   --model "${FEED_MODEL:-llama_small_f32}" --steps "${FEED_STEPS:-200}"
+
+# 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the
+#    test shim as its HIP runtime (found as libamdhip64.so on LD_LIBRARY_PATH: no ROCm here, so no
+#    libamdhip64.so.7/.6/.5 comes first) and as its hiprtc (NVRTC from the CUDA wheels' lib folder above).
+#    This checks our HIP code through CUDA, not AMD's runtime or driver.
+if want hip-shim; then
+  if [ -x "$BIN/hip-conformance" ] && [ -f "$S/lib/hipshim/libamdhip64.so" ]; then
+    HS=$(cd "$S/lib/hipshim" && pwd)
+    check "hip-shim:conformance" env LD_LIBRARY_PATH="$HS:${LD_LIBRARY_PATH:-}" XLA_VMM_HIPRTC_LIBRARY="$HS/libamdhip64.so" \
+      "$BIN/hip-conformance" --include-ignored --test-threads=1
+  else
+    check "hip-shim:conformance" sh -c "echo 'no HIP shim staged at $S/lib/hipshim or no $BIN/hip-conformance (integration/stage_gpu.sh)'; exit 1"
+  fi
+fi
 
 summary
 [ "$fail" -eq 0 ] || exit 1
