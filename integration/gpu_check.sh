@@ -19,11 +19,16 @@
 # the machine's cores: the longest files run as several shards)),
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
-# a loop fed a fresh batch per step, steps/s against stock).
+# a loop fed a fresh batch per step, steps/s against stock), `hip-shim` (our HIP backend's conformance suite on
+# the NVIDIA GPU through the test shim integration/hipshim: HIP runtime -> CUDA driver, hiprtc -> NVRTC; it
+# checks our HIP code, not AMD's runtime).
 # GPU_CHECK_BUDGET_S: start no check after that many seconds (later ones are listed as SKIP), so that a
 # run under a time limit still ends with its summary (exit 2 when any was skipped). A TERM (a timeout) also
 # prints and saves the summary.
 # Artifacts (logs, reference data, probe JSON) go to $XLA_VMM_GPU_WORK (default /tmp/xla-vmm-gpu).
+# GPU_CHECK_ALT=1: our CLI and plugin from $S/alt (a second build staged by `stage_gpu.sh --perf --alt REF`)
+# instead of $S/bin and $S/lib, so that one device call can run the same sections on two builds (a
+# baseline and a change); the wheel of perf-mt's MaxText stays $S/wheel's.
 set -u
 S=${1:-.dev/gpu}
 shift || true
@@ -33,6 +38,12 @@ DEFAULT="device stock runtime plugin perf memcheck"
 SECTIONS=" ${*:-$DEFAULT} "
 want() { [[ "$SECTIONS" == *" $1 "* ]]; }
 BIN=$S/bin
+LIB=$S/lib
+if [ "${GPU_CHECK_ALT:-0}" = 1 ]; then
+  [ -x "$S/alt/bin/xla-vmm" ] || { echo "GPU_CHECK_ALT=1: no $S/alt (stage_gpu.sh --perf --alt REF)"; exit 1; }
+  BIN=$S/alt/bin; LIB=$S/alt/lib
+  echo "== alternative build: $(cat "$S/alt/COMMIT" 2>/dev/null || echo '?')"
+fi
 FX=$S/fixtures
 WORK=${XLA_VMM_GPU_WORK:-/tmp/xla-vmm-gpu}
 STEPS=${STEPS:-50}
@@ -180,7 +191,7 @@ done
 fi
 
 # 4. The PJRT plugin under JAX (JAX_PLATFORMS=vmm): pytest suite incl. a llama A/B against stock XLA.
-export XLA_VMM_LIBRARY="$S/lib/libxla_vmm_plugin.so"
+export XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so"
 want plugin && check "plugin:pytest" python3 -m pytest -q -rs -p no:cacheprovider integration/tests
 
 # 5. Benchmark (not a test, opt in: section `bench`): every stock configuration vs our modes, same executable.
@@ -204,7 +215,7 @@ if want perf || want perf-bench; then
   check "perf:ab" python3 integration/ab.py --out "$PERF/ab" --vmm "$VMM" --steps "${PERF_AB_STEPS:-20}" \
     --models "${PERF_AB_MODELS:-llama_small_f32,maxtext_tiny_bf16}" --thresholds 0,1 --modes eager,graph-recapture
   ALWAYS=1 check "perf:gate-bench" python3 integration/perf_gate.py --bench "$PERF/bench.json" --ab "$PERF/ab/ab.json" \
-    --out "$PERF/gate_bench.md" --title "perf gate (bench + A/B), $(cat "$S/COMMIT" 2>/dev/null || echo '?')"
+    --out "$PERF/gate_bench.md" --title "perf gate (bench + A/B), $(cat "$BIN/../COMMIT" 2>/dev/null || echo '?')"
 fi
 # 5b'. Where the default (VA-stable) step loses to graph-recapture (opt in: section `va-gap`): the A/B
 #      models' saved executables through the CLI and through the plugin, by mode, copy path and
@@ -232,7 +243,7 @@ if want jax; then
   if [ -d "$S/jaxtests" ]; then
     jref=(); [ -n "${JAX_SLICE_REF:-}" ] && jref=(--ref-from "$JAX_SLICE_REF")
     [ -n "${JAX_SLICE_RESUME:-}" ] && jref+=(--resume-from "$JAX_SLICE_RESUME")
-    check "jax:slice" python3 integration/jax_tests.py --tests "$S/jaxtests" --vmm-lib "$S/lib/libxla_vmm_plugin.so" \
+    check "jax:slice" python3 integration/jax_tests.py --tests "$S/jaxtests" --vmm-lib "$LIB/libxla_vmm_plugin.so" \
       --out "$WORK/jax" --budget-s "${JAX_SLICE_BUDGET_S:-900}" --jobs "${JAX_SLICE_JOBS:-$(nproc)}" \
       ${JAX_SLICE_FILES:+--files "$JAX_SLICE_FILES"} "${jref[@]}"
   else
@@ -271,7 +282,7 @@ fi
 #     (JAX_PLATFORMS=vmm) and runs SANITIZE_JAX_STEPS steps under memcheck, losses checked against stock
 #     (first run at dd0ce23: 0 errors, integration/results/sanitize_jax_dd0ce23.md).
 if [[ "$SECTIONS" == *" sanitize-jax "* ]] && command -v compute-sanitizer >/dev/null; then
-  export XLA_VMM_LIBRARY="$S/lib/libxla_vmm_plugin.so"
+  export XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so"
   check "sanitize-jax:stock" env JAX_PLATFORMS=cuda XLA_FLAGS=--xla_gpu_deterministic_ops=true \
     python3 integration/tests/llama_ab.py stock "$WORK/sanjax" --steps "${SANITIZE_JAX_STEPS:-10}"
   check "sanitize-jax:vmm" env JAX_PLATFORMS=vmm compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
@@ -331,6 +342,20 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 #    steps/s of stock XLA vs xla-vmm (auto, 0) in one run: asynchronous Execute and device_put.
 [[ "$SECTIONS" == *" feed "* ]] && check "feed" python3 integration/feed_bench.py --out "$WORK/feed" \
   --model "${FEED_MODEL:-llama_small_f32}" --steps "${FEED_STEPS:-200}"
+
+# 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the
+#    test shim as its HIP runtime (found as libamdhip64.so on LD_LIBRARY_PATH: no ROCm here, so no
+#    libamdhip64.so.7/.6/.5 comes first) and as its hiprtc (NVRTC from the CUDA wheels' lib folder above).
+#    This checks our HIP code through CUDA, not AMD's runtime or driver.
+if want hip-shim; then
+  if [ -x "$BIN/hip-conformance" ] && [ -f "$S/lib/hipshim/libamdhip64.so" ]; then
+    HS=$(cd "$S/lib/hipshim" && pwd)
+    check "hip-shim:conformance" env LD_LIBRARY_PATH="$HS:${LD_LIBRARY_PATH:-}" XLA_VMM_HIPRTC_LIBRARY="$HS/libamdhip64.so" \
+      "$BIN/hip-conformance" --include-ignored --test-threads=1
+  else
+    check "hip-shim:conformance" sh -c "echo 'no HIP shim staged at $S/lib/hipshim or no $BIN/hip-conformance (integration/stage_gpu.sh)'; exit 1"
+  fi
+fi
 
 summary
 [ "$fail" -eq 0 ] || exit 1

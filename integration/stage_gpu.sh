@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Build everything the GPU check needs (here, where cargo is) and stage it for the device machine.
-#     bash integration/stage_gpu.sh          -> .dev/gpu: release binaries, GPU test binaries, fixtures
+#     bash integration/stage_gpu.sh          -> .dev/gpu: release binaries, GPU test binaries, fixtures, the
+#                                               HIP test shim (lib/hipshim) and the HIP conformance binary
+#     bash integration/stage_gpu.sh --perf --alt REF  -> the same as --perf, plus .dev/perf/alt: the CLI and
+#                                               plugin of git REF (a branch to measure against this tree's
+#                                               build in the same device call: gpu_check.sh with
+#                                               GPU_CHECK_ALT=1), ~11 MB
 #     bash integration/stage_gpu.sh --perf   -> .dev/perf: what the `perf` section needs (the CLI, the
 #                                               plugin and its wheel, the copy-path diagnostic, MaxText
 #                                               from .dev/mt when prepared) and the fixtures that
@@ -12,6 +17,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 perf=0
 [ "${1:-}" = --perf ] && perf=1
+alt=
+if [ "${2:-}" = --alt ]; then
+  [ $perf = 1 ] && [ -n "${3:-}" ] || { echo "usage: stage_gpu.sh --perf --alt GIT_REF" >&2; exit 2; }
+  alt=$(git rev-parse --verify "$3^{commit}") || { echo "--alt $3: not a commit" >&2; exit 2; }
+fi
 stage=.dev/gpu
 [ $perf = 1 ] && stage=.dev/perf
 rm -rf "$stage"; mkdir -p "$stage/bin" "$stage/lib" "$stage/fixtures"
@@ -61,14 +71,47 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] != ["bin"]:
         print(m["target"]["name"], m["executable"])' \
       | while read -r name exe; do
-          # Host-only checks (the HIP kernels' clang compile) need no GPU: not carried.
+          # Host-only checks (the HIP kernels' clang compile) need no GPU: not carried. The HIP
+          # conformance test is empty without the hip feature (built with it below).
           [ "$name" = hip_kernel_source ] && continue
+          [ "$name" = hip_conformance ] && continue
           cp "$exe" "$stage/bin/test-$pkg-$name"
         done
   done
+  # The HIP backend on the NVIDIA GPU through the test shim (integration/hipshim: the HIP runtime on the
+  # CUDA driver, hiprtc on NVRTC; gpu_check section `hip-shim`): the shim and the device crate's HIP
+  # conformance test binary. Named outside test-xla-vmm-device-* so that section `device` leaves it alone.
+  export HIP_PATH="${HIP_PATH:-/usr}"
+  cargo build --release -p xla-vmm-hipshim
+  mkdir -p "$stage/lib/hipshim"
+  cp target/release/libamdhip64.so "$stage/lib/hipshim/"
+  cargo test --release -p xla-vmm-device --no-default-features --features hip --no-run --message-format=json 2>/dev/null \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "hip_conformance":
+        print(m["executable"])' \
+    | while read -r exe; do cp "$exe" "$stage/bin/hip-conformance"; done
+  [ -x "$stage/bin/hip-conformance" ] || { echo "stage_gpu: no hip_conformance test binary built" >&2; exit 1; }
   stage_fixtures
+fi
+# The alternative build: REF checked out in a worktree, built into its own target folder (the
+# dependencies are built once there and reused by later --alt stages).
+if [ -n "$alt" ]; then
+  wt=target/alt-src
+  git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"
+  git worktree add --detach "$wt" "$alt" >/dev/null
+  (cd "$wt" && CARGO_TARGET_DIR="$PWD/../alt-target" cargo build --release -p xla-vmm-cli -p xla-vmm-plugin)
+  mkdir -p "$stage/alt/bin" "$stage/alt/lib"
+  cp target/alt-target/release/xla-vmm "$stage/alt/bin/"
+  cp target/alt-target/release/libxla_vmm_plugin.so "$stage/alt/lib/"
+  git rev-parse --short "$alt" >"$stage/alt/COMMIT"
+  git worktree remove --force "$wt"
+  strip "$stage"/alt/bin/* "$stage"/alt/lib/* 2>/dev/null || true
 fi
 # What was built: the commit, "+dirty" when the tree had changes.
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!integration/results' || echo +dirty)" >"$stage/COMMIT"
-strip "$stage"/bin/* "$stage"/lib/* "$stage"/diag/* 2>/dev/null || true
+strip "$stage"/bin/* "$stage"/lib/* "$stage"/lib/hipshim/* "$stage"/diag/* 2>/dev/null || true
 du -sh "$stage"; ls -la "$stage/bin"

@@ -1,6 +1,7 @@
 //! Our HIP kernels (the copy kernel `src/copykernel.hip` and the probe's
 //! `crates/device/src/probe_store.hip`, both compiled by hiprtc on AMD GPUs)
-//! compile for real AMD targets. No AMD GPU exists here, so this is the
+//! compile for real AMD targets (and, for the HIP test shim on NVIDIA, for
+//! NVPTX). No AMD GPU exists here, so this is the
 //! check they get: clang's HIP front end (what hiprtc is), device code
 //! only, without HIP headers or device libraries (the sources need
 //! neither), for CDNA (MI100, MI200, MI300) and RDNA targets; the assembly
@@ -117,6 +118,74 @@ fn the_hip_kernels_compile_for_amd_targets() {
                 .any(|l| l.contains("global_load") && l.contains("sc0 sc1")),
             "{arch}: system-scope loads (a table in host memory?)"
         );
+    }
+    std::fs::remove_dir_all(&out_dir).ok();
+}
+
+/// The same sources through clang's CUDA front end for NVPTX (device code
+/// only, clang's built-in variables header and nothing else): a stand-in
+/// for NVRTC, which compiles them for the HIP test shim on NVIDIA
+/// (`integration/hipshim`). Checks the non-AMDGPU branch of the copy kernel
+/// parses and keeps its entry points.
+#[test]
+fn the_hip_kernels_compile_for_nvptx_too() {
+    let Some(cc) = clang() else {
+        assert!(
+            std::env::var("XLA_VMM_REQUIRE_CLANG").as_deref() != Ok("1"),
+            "XLA_VMM_REQUIRE_CLANG=1 but no clang found (install clang-15 or set XLA_VMM_CLANG)"
+        );
+        eprintln!("SKIP: no clang to compile the HIP kernels (set XLA_VMM_CLANG)");
+        return;
+    };
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out_dir = std::env::temp_dir().join(format!("xla-vmm-nvptx-{}", std::process::id()));
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let rows = format!("-DXLA_VMM_ROWS={}", xla_vmm_runtime::copykernel::ROWS_SMALL);
+    for (src, kernels) in [
+        (
+            here.join("../device/src/probe_store.hip"),
+            &["xla_vmm_probe_store"][..],
+        ),
+        (
+            here.join("src/copykernel.hip"),
+            &["xla_vmm_copy_in", "xla_vmm_copy_out"][..],
+        ),
+    ] {
+        let ptx = out_dir.join("k.ptx");
+        let o = Command::new(&cc)
+            .args([
+                "-x",
+                "cuda",
+                "--cuda-device-only",
+                "-nocudainc",
+                "-nocudalib",
+                "--cuda-gpu-arch=sm_80",
+                "-include",
+                "__clang_cuda_builtin_vars.h",
+                "-O3",
+                "-S",
+            ])
+            .arg(&rows)
+            .arg("-o")
+            .arg(&ptx)
+            .arg(&src)
+            .output()
+            .expect("running clang");
+        assert!(
+            o.status.success(),
+            "{} failed on {} for sm_80:\n{}",
+            cc.display(),
+            src.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let text = std::fs::read_to_string(&ptx).unwrap();
+        for k in kernels {
+            assert!(
+                text.contains(&format!(".entry {k}(")),
+                "{}: no kernel {k}",
+                src.display()
+            );
+        }
     }
     std::fs::remove_dir_all(&out_dir).ok();
 }

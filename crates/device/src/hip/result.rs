@@ -128,7 +128,8 @@ pub mod device {
     /// there may be the new `R0600` struct, larger than the ROCm 5 one our
     /// bindings describe). So the call writes into a buffer far larger than
     /// either, and the name read at the ROCm 5 offset is only returned if it
-    /// looks like an ISA name (`gfx` + hex digits); otherwise `None`.
+    /// looks like an ISA name (`gfx` + hex digits, or `sm_` + digits: what
+    /// the test shim `integration/hipshim` reports on NVIDIA); otherwise `None`.
     ///
     /// # Safety
     /// `ordinal` is a valid device.
@@ -147,9 +148,12 @@ pub mod device {
         let end = field.iter().position(|&b| b == 0)?;
         let name = std::str::from_utf8(&field[..end]).ok()?;
         let isa = name.split(':').next()?;
-        let ok = isa.len() > 3
+        let ok = (isa.len() > 3
             && isa.starts_with("gfx")
-            && isa[3..].chars().all(|c| c.is_ascii_hexdigit());
+            && isa[3..].chars().all(|c| c.is_ascii_hexdigit()))
+            || (isa.len() > 3
+                && isa.starts_with("sm_")
+                && isa[3..].chars().all(|c| c.is_ascii_digit()));
         ok.then(|| name.to_string())
     }
 

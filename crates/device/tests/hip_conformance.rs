@@ -1,0 +1,71 @@
+//! HIP backend on a real device. Every test is `#[ignore]`d (they need a
+//! HIP device; that opening one without a device is an error, not a panic,
+//! is the unit test in `src/hip/mod.rs`).
+//!
+//! No AMD GPU is available to this project: `integration/gpu_check.sh`
+//! section `hip-shim` runs this binary on an NVIDIA GPU through the test
+//! shim `integration/hipshim` (the HIP runtime forwarded to the CUDA driver,
+//! hiprtc to NVRTC), which checks our HIP code, not AMD's runtime:
+//! `LD_LIBRARY_PATH=<shim dir> XLA_VMM_HIPRTC_LIBRARY=<shim dir>/libamdhip64.so
+//! <this binary> --include-ignored --test-threads=1`. Not run yet.
+#![cfg(feature = "hip")]
+
+use std::sync::Arc;
+
+use xla_vmm_device::backend::Backend;
+use xla_vmm_device::conformance;
+use xla_vmm_device::hip::HipBackend;
+
+fn gpu() -> Arc<HipBackend> {
+    // Which runtime the loader took, and the file it is (the shim, under gpu_check).
+    eprintln!("HIP runtime: {:?}", xla_vmm_ffi::hip::runtime::load());
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut files: Vec<&str> = maps
+        .lines()
+        .filter_map(|l| l.find('/').map(|i| &l[i..]))
+        .filter(|p| p.contains("libamdhip64"))
+        .collect();
+    files.dedup();
+    eprintln!("mapped: {files:?}");
+    Arc::new(HipBackend::new(0).expect("a HIP device (these tests are --ignored without one)"))
+}
+
+#[test]
+#[ignore = "needs a HIP device"]
+fn device_info_is_plausible() {
+    let b = gpu();
+    let i = b.info();
+    eprintln!("{i:#?}");
+    assert_eq!(i.backend, "hip");
+    assert!(i.vmm_supported);
+    assert!(i.vmm_granularity.is_power_of_two());
+    assert!(i.total_memory > 1 << 30);
+    assert!(i.multiprocessor_count > 0);
+    assert!(!i.arch_name.is_empty());
+    let (free, total) = b.mem_info().unwrap();
+    assert!(free <= total && total > 0);
+}
+
+#[test]
+#[ignore = "needs a HIP device"]
+fn conformance_suite() {
+    let b = gpu();
+    let results = conformance::run_all(&b);
+    let mut failed = Vec::new();
+    for c in &results {
+        eprintln!(
+            "{:<34} {:>9.1} ms  {}",
+            c.name,
+            c.millis,
+            match &c.result {
+                Ok(()) => "ok".to_string(),
+                Err(e) => format!("FAIL: {e}"),
+            }
+        );
+        if c.result.is_err() {
+            failed.push(c.name);
+        }
+    }
+    assert!(!results.is_empty());
+    assert!(failed.is_empty(), "failed checks: {failed:?}");
+}
