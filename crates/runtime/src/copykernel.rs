@@ -38,7 +38,7 @@ use std::sync::Arc;
 use xla_vmm_device::host::HostKernelFn;
 use xla_vmm_device::{Backend, DevicePtr, HostBackend, ImageKind, LaunchConfig};
 
-use crate::error::{Result, RuntimeError};
+use crate::error::{Result, RuntimeError, Teardown};
 
 /// The kernels' names: one per direction, so that each node is found by
 /// the function it launches.
@@ -263,7 +263,8 @@ impl<B: Backend> CopyKernel<B> {
         let functions = match functions {
             Ok(f) => f,
             Err(e) => {
-                be.module_unload(module).ok();
+                Teardown::new("a copy kernel without its functions")
+                    .check("module_unload", be.module_unload(module));
                 return Err(e.into());
             }
         };
@@ -332,7 +333,7 @@ impl<B: Backend> CopyKernel<B> {
 
     pub(crate) fn unload(mut self, be: &B) {
         if let Some(m) = self.module.take() {
-            be.module_unload(m).ok();
+            Teardown::new("the copy kernel").check("module_unload", be.module_unload(m));
         }
     }
 }
