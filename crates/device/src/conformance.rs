@@ -64,6 +64,23 @@ pub fn run_all<B: Backend>(backend: &Arc<B>) -> Vec<Check> {
         .collect()
 }
 
+/// Print one line per check (name, time, ok or the failure) on stderr and
+/// return the names of the checks that failed.
+pub fn report(results: &[Check]) -> Vec<&'static str> {
+    let mut failed = Vec::new();
+    for c in results {
+        let verdict = match &c.result {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("FAIL: {e}"),
+        };
+        eprintln!("{:<34} {:>9.1} ms  {verdict}", c.name, c.millis);
+        if c.result.is_err() {
+            failed.push(c.name);
+        }
+    }
+    failed
+}
+
 type R = Result<(), String>;
 
 trait Ctx<T> {

@@ -70,21 +70,7 @@ fn device_info_is_plausible() {
 fn conformance_suite() {
     let b = gpu();
     let results = conformance::run_all(&b);
-    let mut failed = Vec::new();
-    for c in &results {
-        eprintln!(
-            "{:<34} {:>9.1} ms  {}",
-            c.name,
-            c.millis,
-            match &c.result {
-                Ok(()) => "ok".to_string(),
-                Err(e) => format!("FAIL: {e}"),
-            }
-        );
-        if c.result.is_err() {
-            failed.push(c.name);
-        }
-    }
+    let failed = conformance::report(&results);
     assert!(!results.is_empty());
     assert!(failed.is_empty(), "failed checks: {failed:?}");
 }

@@ -30,6 +30,20 @@ fn clang() -> Option<PathBuf> {
     })
 }
 
+/// The clang to use, or `None` (saying so) to skip; under
+/// `XLA_VMM_REQUIRE_CLANG=1` (CI) a missing clang fails instead.
+fn clang_or_skip() -> Option<PathBuf> {
+    let cc = clang();
+    if cc.is_none() {
+        assert!(
+            std::env::var("XLA_VMM_REQUIRE_CLANG").as_deref() != Ok("1"),
+            "XLA_VMM_REQUIRE_CLANG=1 but no clang found (install clang-15 or set XLA_VMM_CLANG)"
+        );
+        eprintln!("SKIP: no clang to compile the HIP kernels (set XLA_VMM_CLANG)");
+    }
+    cc
+}
+
 /// Device-only assembly of `src` for `arch`.
 fn compile(cc: &Path, src: &Path, arch: &str, defines: &[&str], out_dir: &Path) -> String {
     let stem = src.file_stem().unwrap().to_string_lossy();
@@ -63,12 +77,7 @@ fn compile(cc: &Path, src: &Path, arch: &str, defines: &[&str], out_dir: &Path) 
 
 #[test]
 fn the_hip_kernels_compile_for_amd_targets() {
-    let Some(cc) = clang() else {
-        assert!(
-            std::env::var("XLA_VMM_REQUIRE_CLANG").as_deref() != Ok("1"),
-            "XLA_VMM_REQUIRE_CLANG=1 but no clang found (install clang-15 or set XLA_VMM_CLANG)"
-        );
-        eprintln!("SKIP: no clang to compile the HIP kernels (set XLA_VMM_CLANG)");
+    let Some(cc) = clang_or_skip() else {
         return;
     };
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -129,12 +138,7 @@ fn the_hip_kernels_compile_for_amd_targets() {
 /// parses and keeps its entry points.
 #[test]
 fn the_hip_kernels_compile_for_nvptx_too() {
-    let Some(cc) = clang() else {
-        assert!(
-            std::env::var("XLA_VMM_REQUIRE_CLANG").as_deref() != Ok("1"),
-            "XLA_VMM_REQUIRE_CLANG=1 but no clang found (install clang-15 or set XLA_VMM_CLANG)"
-        );
-        eprintln!("SKIP: no clang to compile the HIP kernels (set XLA_VMM_CLANG)");
+    let Some(cc) = clang_or_skip() else {
         return;
     };
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

@@ -125,6 +125,15 @@ pub(crate) fn set_current(ordinal: c_int) -> HipResult<()> {
     Ok(())
 }
 
+/// An export that is one driver call: [`entry`], the current device's
+/// context made current, then `call`'s result translated.
+pub(crate) fn forward(call: impl FnOnce() -> cu::CUresult) -> hipError_t {
+    entry(|| {
+        bind()?;
+        check(call())
+    })
+}
+
 /// Make this thread's current device's primary context current: the
 /// prologue of every call that needs a context.
 pub(crate) fn bind() -> HipResult<()> {

@@ -20,7 +20,7 @@ use hip_runtime_sys::{
     hipStreamCaptureMode, hipStreamCaptureStatus, hipStream_t,
 };
 
-use crate::driver::{self, bind, check, entry, put, raw_u32, HipResult};
+use crate::driver::{self, bind, check, entry, forward, put, raw_u32, HipResult};
 use crate::errors;
 
 const INVALID: hipError_t = hipError_t::hipErrorInvalidValue;
@@ -483,11 +483,8 @@ pub unsafe extern "C" fn hipMemCreate(
 
 #[no_mangle]
 pub unsafe extern "C" fn hipMemRelease(handle: hipMemGenericAllocationHandle_t) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: a handle from hipMemCreate (HIP's contract).
-        check(unsafe { cu::cuMemRelease(cu_handle(handle)) })
-    })
+    // SAFETY: a handle from hipMemCreate (HIP's contract).
+    forward(|| unsafe { cu::cuMemRelease(cu_handle(handle)) })
 }
 
 #[no_mangle]
@@ -514,11 +511,8 @@ pub unsafe extern "C" fn hipMemAddressReserve(
 
 #[no_mangle]
 pub unsafe extern "C" fn hipMemAddressFree(ptr: *mut c_void, size: usize) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: a reservation from hipMemAddressReserve (HIP's contract).
-        check(unsafe { cu::cuMemAddressFree(dptr(ptr), size) })
-    })
+    // SAFETY: a reservation from hipMemAddressReserve (HIP's contract).
+    forward(|| unsafe { cu::cuMemAddressFree(dptr(ptr), size) })
 }
 
 #[no_mangle]
@@ -539,11 +533,8 @@ pub unsafe extern "C" fn hipMemMap(
 
 #[no_mangle]
 pub unsafe extern "C" fn hipMemUnmap(ptr: *mut c_void, size: usize) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: a mapped range (HIP's contract).
-        check(unsafe { cu::cuMemUnmap(dptr(ptr), size) })
-    })
+    // SAFETY: a mapped range (HIP's contract).
+    forward(|| unsafe { cu::cuMemUnmap(dptr(ptr), size) })
 }
 
 #[no_mangle]
@@ -654,11 +645,8 @@ pub unsafe extern "C" fn hipHostMalloc(
 
 #[no_mangle]
 pub unsafe extern "C" fn hipHostFree(ptr: *mut c_void) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: memory from hipHostMalloc (HIP's contract).
-        check(unsafe { cu::cuMemFreeHost(ptr) })
-    })
+    // SAFETY: memory from hipHostMalloc (HIP's contract).
+    forward(|| unsafe { cu::cuMemFreeHost(ptr) })
 }
 
 #[no_mangle]
@@ -687,11 +675,8 @@ pub unsafe extern "C" fn hipMemcpyHtoDAsync(
     bytes: usize,
     stream: hipStream_t,
 ) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: HIP's contract (readable source until the copy is done).
-        check(unsafe { cu::cuMemcpyHtoDAsync_v2(dptr(dst), src, bytes, stream.cast()) })
-    })
+    // SAFETY: HIP's contract (readable source until the copy is done).
+    forward(|| unsafe { cu::cuMemcpyHtoDAsync_v2(dptr(dst), src, bytes, stream.cast()) })
 }
 
 #[no_mangle]
@@ -701,11 +686,8 @@ pub unsafe extern "C" fn hipMemcpyDtoHAsync(
     bytes: usize,
     stream: hipStream_t,
 ) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: HIP's contract (writable destination until the copy is done).
-        check(unsafe { cu::cuMemcpyDtoHAsync_v2(dst, dptr(src), bytes, stream.cast()) })
-    })
+    // SAFETY: HIP's contract (writable destination until the copy is done).
+    forward(|| unsafe { cu::cuMemcpyDtoHAsync_v2(dst, dptr(src), bytes, stream.cast()) })
 }
 
 #[no_mangle]
@@ -715,11 +697,8 @@ pub unsafe extern "C" fn hipMemcpyDtoDAsync(
     bytes: usize,
     stream: hipStream_t,
 ) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: device addresses fault the device, not the host.
-        check(unsafe { cu::cuMemcpyDtoDAsync_v2(dptr(dst), dptr(src), bytes, stream.cast()) })
-    })
+    // SAFETY: device addresses fault the device, not the host.
+    forward(|| unsafe { cu::cuMemcpyDtoDAsync_v2(dptr(dst), dptr(src), bytes, stream.cast()) })
 }
 
 #[no_mangle]
@@ -729,11 +708,8 @@ pub unsafe extern "C" fn hipMemsetD8Async(
     count: usize,
     stream: hipStream_t,
 ) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: as hipMemcpyDtoDAsync.
-        check(unsafe { cu::cuMemsetD8Async(dptr(dst), value, count, stream.cast()) })
-    })
+    // SAFETY: as hipMemcpyDtoDAsync.
+    forward(|| unsafe { cu::cuMemsetD8Async(dptr(dst), value, count, stream.cast()) })
 }
 
 #[no_mangle]
@@ -777,20 +753,14 @@ pub unsafe extern "C" fn hipStreamCreateWithFlags(
 
 #[no_mangle]
 pub unsafe extern "C" fn hipStreamDestroy(stream: hipStream_t) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: a live stream (HIP's contract).
-        check(unsafe { cu::cuStreamDestroy_v2(stream.cast()) })
-    })
+    // SAFETY: a live stream (HIP's contract).
+    forward(|| unsafe { cu::cuStreamDestroy_v2(stream.cast()) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn hipStreamSynchronize(stream: hipStream_t) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: a live stream or null (HIP's contract).
-        check(unsafe { cu::cuStreamSynchronize(stream.cast()) })
-    })
+    // SAFETY: a live stream or null (HIP's contract).
+    forward(|| unsafe { cu::cuStreamSynchronize(stream.cast()) })
 }
 
 #[no_mangle]
@@ -916,38 +886,26 @@ pub unsafe extern "C" fn hipEventCreateWithFlags(
 
 #[no_mangle]
 pub unsafe extern "C" fn hipEventDestroy(event: hipEvent_t) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: a live event (HIP's contract).
-        check(unsafe { cu::cuEventDestroy_v2(event.cast()) })
-    })
+    // SAFETY: a live event (HIP's contract).
+    forward(|| unsafe { cu::cuEventDestroy_v2(event.cast()) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn hipEventRecord(event: hipEvent_t, stream: hipStream_t) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: live event and stream (HIP's contract).
-        check(unsafe { cu::cuEventRecord(event.cast(), stream.cast()) })
-    })
+    // SAFETY: live event and stream (HIP's contract).
+    forward(|| unsafe { cu::cuEventRecord(event.cast(), stream.cast()) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn hipEventQuery(event: hipEvent_t) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: a live event (HIP's contract). NOT_READY maps to hipErrorNotReady.
-        check(unsafe { cu::cuEventQuery(event.cast()) })
-    })
+    // SAFETY: a live event (HIP's contract). NOT_READY maps to hipErrorNotReady.
+    forward(|| unsafe { cu::cuEventQuery(event.cast()) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn hipEventSynchronize(event: hipEvent_t) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: a live event (HIP's contract).
-        check(unsafe { cu::cuEventSynchronize(event.cast()) })
-    })
+    // SAFETY: a live event (HIP's contract).
+    forward(|| unsafe { cu::cuEventSynchronize(event.cast()) })
 }
 
 #[no_mangle]
@@ -986,11 +944,8 @@ pub unsafe extern "C" fn hipModuleLoadData(
 
 #[no_mangle]
 pub unsafe extern "C" fn hipModuleUnload(module: hipModule_t) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: a loaded module (HIP's contract).
-        check(unsafe { cu::cuModuleUnload(module.cast()) })
-    })
+    // SAFETY: a loaded module (HIP's contract).
+    forward(|| unsafe { cu::cuModuleUnload(module.cast()) })
 }
 
 #[no_mangle]
@@ -1080,29 +1035,20 @@ pub unsafe extern "C" fn hipGraphInstantiateWithFlags(
 
 #[no_mangle]
 pub unsafe extern "C" fn hipGraphLaunch(exec: hipGraphExec_t, stream: hipStream_t) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: live exec and stream (HIP's contract).
-        check(unsafe { cu::cuGraphLaunch(exec.cast(), stream.cast()) })
-    })
+    // SAFETY: live exec and stream (HIP's contract).
+    forward(|| unsafe { cu::cuGraphLaunch(exec.cast(), stream.cast()) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn hipGraphDestroy(graph: hipGraph_t) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: a live graph (HIP's contract).
-        check(unsafe { cu::cuGraphDestroy(graph.cast()) })
-    })
+    // SAFETY: a live graph (HIP's contract).
+    forward(|| unsafe { cu::cuGraphDestroy(graph.cast()) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn hipGraphExecDestroy(exec: hipGraphExec_t) -> hipError_t {
-    entry(|| {
-        bind()?;
-        // SAFETY: a live exec (HIP's contract).
-        check(unsafe { cu::cuGraphExecDestroy(exec.cast()) })
-    })
+    // SAFETY: a live exec (HIP's contract).
+    forward(|| unsafe { cu::cuGraphExecDestroy(exec.cast()) })
 }
 
 /// CUDA's update result as HIP's (HIP 5.2 has no "attributes changed":
