@@ -17,6 +17,7 @@
 # JAX_SLICE_REF (an earlier jax_tests.json[.gz] whose stock half is reused), JAX_SLICE_RESUME (an earlier
 # one of the same code: finished files reused, cut ones continued), JAX_SLICE_JOBS (processes at once; default
 # the machine's cores: the longest files run as several shards)),
+# `ab-rocm` (the A/B with ROCm's remap cost emulated: XLA_VMM_EMULATE_REMAP_MS, issue 15),
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
 # a loop fed a fresh batch per step, steps/s against stock), `hip-shim` (our HIP backend's conformance suite on
@@ -108,6 +109,7 @@ echo "$pass passed, $fail failed, $skipped skipped"
 for g in "$WORK"/perf/gate*.md; do [ -f "$g" ] && { echo; cat "$g"; }; done
 [ -f "$WORK/perf/copy_paths.md" ] && { echo; cat "$WORK/perf/copy_paths.md"; }
 [ -f "$WORK/ab/ab.md" ] && { echo; cat "$WORK/ab/ab.md"; }
+[ -f "$WORK/ab_rocm/ab.md" ] && { echo; echo "A/B under ROCm's remap cost (XLA_VMM_EMULATE_REMAP_MS):"; cat "$WORK/ab_rocm/ab.md"; }
 [ -f "$WORK/multi/compare.md" ] && { echo; cat "$WORK/multi/compare.md"; }
 [ -f "$WORK/feed/feed.md" ] && { echo; cat "$WORK/feed/feed.md"; }
 for l in "$WORK"/logs/loop*:graph*.log; do
@@ -117,7 +119,7 @@ done
 if [ -n "${SAVE_TO:-}" ]; then
   mkdir -p "$SAVE_TO"
   printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed, $skipped skipped" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* va_gap/va_gap.* 2>/dev/null)
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* va_gap/va_gap.* ab_rocm/ab.* 2>/dev/null)
 fi
 }
 CHILD=; CURRENT=
@@ -337,6 +339,14 @@ ab_extra=()
 want_ab && check "ab" python3 integration/ab.py --out "$WORK/ab" --vmm "$VMM" --steps "${AB_STEPS:-20}" \
   --models "${AB_MODELS:-llama_small_f32,llama_110m_bf16,maxtext_tiny_bf16}" "${ab_extra[@]}"
 want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab/ab.json" >/dev/null 2>&1
+
+# 7b. What the copy threshold buys where a remap costs what it does on ROCm (opt in: section `ab-rocm`;
+#     issue 15): the A/B with XLA_VMM_EMULATE_REMAP_MS (ROCM_REMAP_MS, default 3: every remap synchronizes
+#     the device and lasts that long; copies as they are) at thresholds 0, auto and fixed cutoffs.
+#     AB_ROCM_MODELS / AB_STEPS override.
+[[ "$SECTIONS" == *" ab-rocm "* ]] && check "ab-rocm" env XLA_VMM_EMULATE_REMAP_MS="${ROCM_REMAP_MS:-3}" \
+  python3 integration/ab.py --out "$WORK/ab_rocm" --vmm "$VMM" --steps "${AB_STEPS:-30}" --stock-configs onoff \
+  --models "${AB_ROCM_MODELS:-llama_small_f32,maxtext_tiny_bf16}" --thresholds 0,1,4096,65536 --modes ""
 
 # 8. A training loop fed a fresh batch per step, not blocking on each step (opt in: section `feed`):
 #    steps/s of stock XLA vs xla-vmm (auto, 0) in one run: asynchronous Execute and device_put.

@@ -18,6 +18,7 @@ mod conditional;
 pub mod handles;
 mod info;
 pub mod nccl;
+mod remap_cost;
 pub mod result;
 pub mod symbols;
 mod tma;
@@ -54,6 +55,8 @@ pub struct CudaBackend {
     set_condition: OnceLock<std::result::Result<CudaFunction, DeviceError>>,
     /// `cuMemcpyBatchAsync` failed once: batches are copied one by one.
     batch_off: AtomicBool,
+    /// ROCm's remap cost emulated (`XLA_VMM_EMULATE_REMAP_MS`; A/B only).
+    remap_cost: Option<remap_cost::RemapCost>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -91,6 +94,16 @@ impl CudaBackend {
         let ordinal_i32 = i32::try_from(ordinal)
             .map_err(|_| DeviceError::InvalidArgument(format!("device ordinal {ordinal}")))?;
         let info = info::read(&ctx, ordinal_i32, &symbols)?;
+        let remap_cost = remap_cost::RemapCost::from_env()?;
+        if let Some(c) = &remap_cost {
+            tracing::warn!(
+                ordinal,
+                remap_ms = c.remap_ms(),
+                "{}: every remap synchronizes \
+                the device and costs about that long, as on ROCm (for A/B measurements)",
+                remap_cost::ENV
+            );
+        }
         tracing::info!(ordinal, name = %info.name, memcpy_batch = symbols.memcpy_batch,
             "cuda backend ready");
         Ok(Self {
@@ -101,6 +114,7 @@ impl CudaBackend {
             symbols,
             set_condition: OnceLock::new(),
             batch_off: AtomicBool::new(false),
+            remap_cost,
         })
     }
 
@@ -116,6 +130,19 @@ impl CudaBackend {
     /// The cudarc context (for other modules of this crate, e.g. cuBLASLt).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// `XLA_VMM_EMULATE_REMAP_MS`: after an unmap or a set access that
+    /// started at `t0`, wait for the device and pad the call (remap_cost.rs).
+    fn pay_remap_cost(&self, t0: std::time::Instant) -> Result<()> {
+        match &self.remap_cost {
+            None => Ok(()),
+            Some(c) => c.pay(t0, || {
+                self.ctx
+                    .synchronize()
+                    .map_err(|e| from_cudarc("cuCtxSynchronize", e))
+            }),
+        }
     }
 
     fn bind(&self) -> Result<()> {
@@ -272,18 +299,22 @@ impl Backend for CudaBackend {
         self.own(va, "VA range")?;
         self.vmm_range("unmap", va_offset, bytes, va.bytes)?;
         self.bind()?;
+        let t0 = std::time::Instant::now();
         // SAFETY: range inside our reservation; "no queued work uses it" is
         // the caller's documented obligation (a violation faults the GPU
         // context, it cannot corrupt host memory).
-        unsafe { result::vmm::unmap(va.base + va_offset, bytes) }
+        unsafe { result::vmm::unmap(va.base + va_offset, bytes) }?;
+        self.pay_remap_cost(t0)
     }
 
     fn set_access(&self, va: &CudaVaRange, va_offset: u64, bytes: u64) -> Result<()> {
         self.own(va, "VA range")?;
         self.vmm_range("set_access", va_offset, bytes, va.bytes)?;
         self.bind()?;
+        let t0 = std::time::Instant::now();
         // SAFETY: range inside our reservation; the driver rejects unmapped parts.
-        unsafe { result::vmm::set_access(va.base + va_offset, bytes, self.ordinal) }
+        unsafe { result::vmm::set_access(va.base + va_offset, bytes, self.ordinal) }?;
+        self.pay_remap_cost(t0)
     }
 
     // ---- streams and events -------------------------------------------------
