@@ -48,7 +48,7 @@ def median_from(times, first=3):
     return t[len(t) // 2] if t else float("nan")
 
 
-def child_stock(name, d, steps, save):
+def child_stock(name, d, steps, save, fresh_batch):
     """Compile on stock XLA (flags from the environment), optionally save the executable."""
     import jax
     import numpy as np
@@ -65,15 +65,15 @@ def child_stock(name, d, steps, save):
             fh.write(stock_ref.pjrt_bytes(compiled.runtime_executable().serialize()))
         np.savez(os.path.join(d, name + ".npz"),
                  **{"in_%d" % i: np.asarray(a) for i, a in enumerate(jax.tree.leaves(args))})
-    bits, times = loop(compiled, jax.tree.map(np.asarray, args), steps, jax.devices()[0])
+    bits, times = loop(compiled, jax.tree.map(np.asarray, args), steps, jax.devices()[0], fresh_batch)
     return {"loss_bits": bits, "step_ms": times, "compile_s": compile_s}
 
 
-def child_vmm(name, d, steps):
+def child_vmm(name, d, steps, fresh_batch):
     from jax_plugins import xla_vmm
 
     compiled, args, dev = load_on_vmm(d, name)
-    bits, times = loop(compiled, args, steps, dev)
+    bits, times = loop(compiled, args, steps, dev, fresh_batch)
     st = xla_vmm.stats()
     best = max(st.values(), key=lambda s: s.get("steps", 0)) if st else {}
     return {"loss_bits": bits, "step_ms": times, "stats": best}
@@ -191,6 +191,9 @@ def main():
                     help="xla-vmm CLI for the fallback path")
     ap.add_argument("--timeout", type=int, default=300, help="per row, seconds")
     ap.add_argument("--no-fallback", action="store_true")
+    ap.add_argument("--fresh-batch", action="store_true",
+                    help="put the batch (the inputs that are not state) on the device anew before every step, "
+                         "as training does: a VA-stable slot rebinds it every step (no CLI fallback then)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no model after this many seconds (the rest is listed as not run)")
     ap.add_argument("--merge", default=None,
@@ -203,10 +206,10 @@ def main():
     d = os.path.abspath(a.out)
     os.makedirs(d, exist_ok=True)
     if a.child == "stock":
-        print(json.dumps(child_stock(a.name, d, a.steps, a.save)))
+        print(json.dumps(child_stock(a.name, d, a.steps, a.save, a.fresh_batch)))
         return 0
     if a.child == "vmm":
-        print(json.dumps(child_vmm(a.name, d, a.steps)))
+        print(json.dumps(child_vmm(a.name, d, a.steps, a.fresh_batch)))
         return 0
 
     rows, errors, pending = [], [], []
@@ -220,6 +223,7 @@ def main():
         errors = [e for e in old.get("errors", []) if e.split(" ")[0] not in models]
         print("merging %d row(s) of %s" % (len(rows), a.merge), flush=True)
     flags = os.environ.get("XLA_FLAGS", "")
+    child_flags = ["--fresh-batch"] if a.fresh_batch else []
     t_start = time.perf_counter()
     for model in models:
         if a.budget_s is not None and time.perf_counter() - t_start > a.budget_s:
@@ -234,7 +238,7 @@ def main():
             env = dict(base, XLA_FLAGS=(flags + " " + extra).strip())
             print("[%s] %s ..." % (model, config), flush=True)
             r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "stock", "--name", model]
-                               + (["--save"] if save else []), env, a.timeout)
+                               + (["--save"] if save else []) + child_flags, env, a.timeout)
             if r is None:
                 errors.append("%s %s: %s" % (model, config, err))
                 print("  failed: %s" % err, flush=True)
@@ -254,10 +258,12 @@ def main():
             env = dict(os.environ, JAX_PLATFORMS="vmm", XLA_VMM_EXEC_MODE=mode, XLA_FLAGS=flags)
             if t is not None:
                 env["XLA_VMM_TMP_COPY_THRESHOLD"] = str(t)
-            r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "vmm", "--name", model],
-                               env, a.timeout)
+            r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "vmm", "--name", model]
+                               + child_flags, env, a.timeout)
             path = "plugin"
-            if r is None and t is not None and not a.no_fallback and os.path.exists(a.vmm):
+            # The CLI's loop binds the same buffers every step: no stand-in for a fresh batch.
+            fallback = not a.no_fallback and not a.fresh_batch
+            if r is None and t is not None and fallback and os.path.exists(a.vmm):
                 print("  plugin failed (%s); falling back to xla-vmm run" % err, flush=True)
                 r, err = run_cli(a.vmm, d, model, t, a.steps, a.timeout)
                 path = "cli"

@@ -342,11 +342,14 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 
 # 7b. What the copy threshold buys where a remap costs what it does on ROCm (opt in: section `ab-rocm`;
 #     issue 15): the A/B with XLA_VMM_EMULATE_REMAP_MS (ROCM_REMAP_MS, default 3: every remap synchronizes
-#     the device and lasts that long; copies as they are) at thresholds 0, auto and fixed cutoffs.
+#     the device and lasts that long; copies as they are) at thresholds 0, auto and fixed cutoffs, with a
+#     fresh batch put before every step (--fresh-batch: else the loop binds the same buffers every step and
+#     nothing is remapped after the first steps).
 #     AB_ROCM_MODELS / AB_STEPS override.
 [[ "$SECTIONS" == *" ab-rocm "* ]] && check "ab-rocm" env XLA_VMM_EMULATE_REMAP_MS="${ROCM_REMAP_MS:-3}" \
   python3 integration/ab.py --out "$WORK/ab_rocm" --vmm "$VMM" --steps "${AB_STEPS:-30}" --stock-configs onoff \
-  --models "${AB_ROCM_MODELS:-llama_small_f32,maxtext_tiny_bf16}" --thresholds 0,1,4096,65536 --modes ""
+  --models "${AB_ROCM_MODELS:-llama_small_f32,maxtext_tiny_bf16}" --thresholds 0,1,4096,65536 --modes "" \
+  --fresh-batch
 
 # 8. A training loop fed a fresh batch per step, not blocking on each step (opt in: section `feed`):
 #    steps/s of stock XLA vs xla-vmm (auto, 0) in one run: asynchronous Execute and device_put.

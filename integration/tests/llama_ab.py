@@ -40,14 +40,18 @@ def program(name):
     return train_step, (make_state(jax.random.PRNGKey(0)), x), (0,)
 
 
-def loop(compiled, args, steps, device):
-    """Run `steps` steps, state = all outputs but the last (the loss); return (loss bits, ms)."""
+def loop(compiled, args, steps, device, fresh_batch=False):
+    """Run `steps` steps, state = all outputs but the last (the loss); return (loss bits, ms).
+
+    fresh_batch: the inputs that are not state (the batch) are put on the device anew before every
+    step, as a training loop puts each step's batch: same values (so losses stay comparable), new
+    buffers (so a VA-stable slot rebinds them every step). The put is waited for outside the timer."""
     import jax
     import numpy as np
 
     cur = jax.device_put(args, device)
     treedef = jax.tree.structure(cur)
-    bits, times = [], []
+    bits, times, host_batch = [], [], None
     for _ in range(steps):
         t = time.perf_counter()
         res = compiled(*cur)
@@ -56,7 +60,12 @@ def loop(compiled, args, steps, device):
         times.append((time.perf_counter() - t) * 1e3)
         bits.append(int(np.asarray(loss, dtype=np.float32).view(np.uint32)))
         n_state = len(leaves) - 1
-        cur = jax.tree.unflatten(treedef, leaves[:n_state] + jax.tree.leaves(cur)[n_state:])
+        batch = jax.tree.leaves(cur)[n_state:]
+        if fresh_batch:
+            if host_batch is None:
+                host_batch = [np.asarray(x) for x in batch]
+            batch = jax.block_until_ready([jax.device_put(h, device) for h in host_batch])
+        cur = jax.tree.unflatten(treedef, leaves[:n_state] + batch)
     return bits, times
 
 

@@ -239,8 +239,7 @@ impl<B: Backend> Executable<B> {
         let program = &self.program;
         if self.va.is_none() {
             let mut va = VaStable::new(program, &self.binding)?;
-            let env = program.env(&self.resolved, self.logical, true);
-            if let Err(e) = va.initialize(program, &env, &self.users, stream) {
+            if let Err(e) = va.initialize(program, &self.users) {
                 let be = program.backend();
                 Teardown::new("a VA-stable runner that failed to initialize")
                     .check("stream_synchronize", be.stream_synchronize(stream));
@@ -252,7 +251,8 @@ impl<B: Backend> Executable<B> {
         let Some(va) = self.va.as_mut() else {
             return Err(RuntimeError::invalid("no VA-stable runner"));
         };
-        va.run(program, &self.users, stream)
+        let env = program.env(&self.resolved, self.logical, true);
+        va.run(program, &env, &self.users, stream)
     }
 
     /// Run once on `stream` (asynchronously: synchronize the stream before

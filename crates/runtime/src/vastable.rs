@@ -2,8 +2,10 @@
 //! reservation and never re-captured; each step the parameter slots are made
 //! to hold the caller's buffers by skip, remap or copy, as the policy's
 //! [`SlotTracker`] says. Two stages, as XLA's thunks have:
-//! [`VaStable::initialize`] once (costs, plan, lay-out, both graphs
-//! recorded) and [`VaStable::run`] per step (bind, copy, launch, record).
+//! [`VaStable::initialize`] once (costs, plan, lay-out) and
+//! [`VaStable::run`] per step (bind, copy, launch, record). A reservation's
+//! graph is recorded at its first step (steps 0 and 1), once its slots hold
+//! memory: the driver checks a recorded copy's addresses.
 //!
 //! Layout of a reservation (the same in both): `[ parameter regions | owned
 //! regions ]`
@@ -164,7 +166,7 @@ pub(crate) struct VaStable<B: Backend> {
     tracker: SlotTracker,
     slots: Vec<ParamSlot>,
     res: Vec<Reservation<B>>,
-    /// [`VaStable::initialize`] has run to its end (laid out, both graphs).
+    /// [`VaStable::initialize`] has run to its end (planned, laid out).
     initialized: bool,
     /// Shadow of each slot (shared by the reservations), once needed.
     shadows: Vec<Option<B::PhysMem>>,
@@ -450,14 +452,12 @@ impl<B: Backend> VaStable<B> {
     /// XLA's initialize stage, once before the first step (never on the
     /// per-step path): which slots the first step's buffers (`users`) allow
     /// to map, the binding costs (probed once per device) and the copy
-    /// kernel, the plan, both reservations laid out and both graphs
-    /// recorded. On an error the caller tears this runner down.
+    /// kernel, the plan, both reservations laid out. On an error the caller
+    /// tears this runner down.
     pub(crate) fn initialize(
         &mut self,
         program: &Program<B>,
-        env: &ExecEnv<'_, B>,
         users: &[Option<UserBuffer<B>>],
-        stream: &B::Stream,
     ) -> Result<()> {
         if self.initialized {
             return Ok(());
@@ -483,19 +483,17 @@ impl<B: Backend> VaStable<B> {
         self.tracker.make_plan().map_err(policy_err)?;
         self.refresh_plan_stats();
         self.lay_out(program)?;
-        for r in 0..RESERVATIONS {
-            self.capture_reservation(program, env, r, stream)?;
-        }
         self.initialized = true;
         Ok(())
     }
 
     /// XLA's execute stage, once per step ([`VaStable::initialize`] first):
-    /// bind the step's buffers (`users`) by skip, remap or copy, launch the
-    /// reservation's graph, copy out.
+    /// bind the step's buffers (`users`) by skip, remap or copy (recording
+    /// the reservation's graph at its first step), launch it, copy out.
     pub(crate) fn run(
         &mut self,
         program: &Program<B>,
+        env: &ExecEnv<'_, B>,
         users: &[Option<UserBuffer<B>>],
         stream: &B::Stream,
     ) -> Result<()> {
@@ -616,6 +614,21 @@ impl<B: Backend> VaStable<B> {
             &mut self.stats.phases.plan,
             std::mem::take(&mut self.waited_ns),
         );
+        // A reservation's graph is recorded at its first step, once every
+        // slot holds memory: the driver checks a copy's addresses when it
+        // is recorded (an unmapped slot is CUDA_ERROR_INVALID_VALUE).
+        // Setup, not binding time.
+        let mut setup = std::time::Duration::ZERO;
+        if self.res[r].graph.is_none() {
+            let t = Instant::now();
+            if let Err(e) = self.capture_reservation(program, env, r, stream) {
+                // This step's copies in were never enqueued.
+                self.forget_shadow_contents();
+                return Err(e);
+            }
+            setup = t.elapsed();
+            lap.skip();
+        }
         // Copies in (kernel path: the copy nodes; batch path: enqueue).
         let mut ordered_outs = false;
         // Kernel path: copies that did not fit a table run as batches.
@@ -706,8 +719,10 @@ impl<B: Backend> VaStable<B> {
         self.outs = outs;
         step.actions = actions;
         self.step_actions = step;
-        // Binding time: everything but the launch call.
-        let ns = (t_bind + t_after.elapsed()).as_nanos() as u64;
+        // Binding time: everything but the recording and the launch call.
+        let ns = (t_bind + t_after.elapsed())
+            .saturating_sub(setup)
+            .as_nanos() as u64;
         self.tracker.record_binding_time(ns);
         self.step += 1;
         self.stats.counters = *self.tracker.stats();

@@ -450,10 +450,11 @@ fn failed_driver_calls_fall_back_to_copy_with_data_intact() {
     assert_eq!(b.outstanding().mappings, 0);
 }
 
-/// A failure in VA-stable's initialize stage (recording the second
-/// reservation's graph, the last thing it does) fails that run and leaves
-/// nothing behind: the reservations, mappings, graphs and events it made are
-/// released. The next run initializes afresh and computes what eager does.
+/// A failure in VA-stable's initialize stage (reserving the second
+/// reservation, after the first was reserved and its owned buffers mapped)
+/// fails that run and leaves nothing behind: the reservations, mappings,
+/// graphs and events it made are released. The next run initializes afresh
+/// and computes what eager does.
 #[test]
 fn a_failed_initialize_releases_everything_and_the_next_run_starts_again() {
     let b = backend();
@@ -463,7 +464,7 @@ fn a_failed_initialize_releases_everything_and_the_next_run_starts_again() {
     let before = b.outstanding();
     l.exe.bind_buffer(0, &l.w).unwrap();
     l.exe.bind_buffer(1, &x).unwrap();
-    b.inject_failure("graph_instantiate", 2);
+    b.inject_failure("va_reserve", 2);
     let err = l.exe.run(&l.stream, Mode::Graph).unwrap_err();
     assert_eq!(b.injections_armed(), 0, "the injection fired: {err}");
     assert!(l.exe.stats().is_none(), "no runner kept after: {err}");
@@ -489,6 +490,37 @@ fn a_failed_initialize_releases_everything_and_the_next_run_starts_again() {
     let (got, l) = l.run(Mode::Graph, 3);
     assert_eq!(got, reference);
     assert_eq!(l.exe.stats().unwrap().captures, 2);
+}
+
+/// A reservation's graph is recorded at its first step: a failed recording
+/// (the second reservation's, at step 1) fails that step only. The runner
+/// stays, the next step records it, and every step computes what eager does.
+#[test]
+fn a_failed_recording_fails_its_step_and_the_next_step_records_again() {
+    let b = backend();
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 4);
+    for threshold in [0, 1 << 30] {
+        let mut l = Loop::new(&b, Some(threshold), false);
+        let mut keep = None;
+        assert_eq!(l.step(Mode::Graph, 0.0, &mut keep), reference[0]);
+        assert_eq!(l.exe.stats().unwrap().captures, 1);
+        let x = l.alloc.alloc((X * 4) as u64).unwrap();
+        l.exe.bind_buffer(0, &l.w).unwrap();
+        l.exe.bind_buffer(1, &x).unwrap();
+        b.inject_failure("graph_instantiate", 1);
+        let err = l.exe.run(&l.stream, Mode::Graph).unwrap_err();
+        assert_eq!(b.injections_armed(), 0, "the injection fired: {err}");
+        assert_eq!(l.exe.stats().unwrap().captures, 1, "{err}");
+        l.alloc.free(x, &l.stream).unwrap();
+        for (k, want) in reference.iter().enumerate().skip(1) {
+            let got = l.step(Mode::Graph, k as f32, &mut keep);
+            assert_eq!(&got, want, "threshold {threshold}, step {k}");
+        }
+        assert_eq!(l.exe.stats().unwrap().captures, 2);
+        if let Some(x) = keep {
+            l.alloc.free(x, &l.stream).unwrap();
+        }
+    }
 }
 
 #[test]

@@ -310,6 +310,24 @@ impl State {
             .get(&stream)
             .ok_or_else(|| DeviceError::InvalidArgument("stream is not live".into()))?;
         if let Some(cap) = s.capture {
+            // As CUDA does (CUDA_ERROR_INVALID_VALUE), a recorded copy's or
+            // fill's device addresses must be accessible when recorded;
+            // kernel arguments are not checked.
+            let device_ranges = match &op {
+                Op::Copy { dst, src, bytes } => [(*dst, *bytes), (*src, *bytes)],
+                Op::Fill { dst, bytes, .. } => [(*dst, *bytes), (*dst, 0)],
+                Op::H2D { dst, bytes, .. } => [(*dst, *bytes as u64), (*dst, 0)],
+                Op::D2H { src, bytes, .. } => [(*src, *bytes as u64), (*src, 0)],
+                _ => [(DevicePtr::NULL, 0); 2],
+            };
+            for (ptr, len) in device_ranges {
+                self.mem.check_range(ptr, len).map_err(|e| match e {
+                    DeviceError::InvalidArgument(m) => {
+                        DeviceError::InvalidArgument(format!("recording a copy: {m}"))
+                    }
+                    e => e,
+                })?;
+            }
             let c = self
                 .captures
                 .get_mut(&cap)

@@ -461,6 +461,15 @@ impl Memory {
         &mut data[s.offset as usize..(s.offset + s.len) as usize]
     }
 
+    /// `[ptr, ptr + len)` is accessible (a host window, or mapped with
+    /// access granted); nothing is read.
+    pub fn check_range(&self, ptr: DevicePtr, len: u64) -> Result<()> {
+        if self.in_window(ptr, len)?.is_none() {
+            self.segments(ptr, len)?;
+        }
+        Ok(())
+    }
+
     pub fn read(&self, ptr: DevicePtr, out: &mut [u8]) -> Result<()> {
         if let Some((st, off)) = self.in_window(ptr, out.len() as u64)? {
             st.read(off, out);
@@ -511,9 +520,7 @@ impl Memory {
     pub fn copy(&mut self, dst: DevicePtr, src: DevicePtr, len: u64) -> Result<()> {
         let n = usize::try_from(len).map_err(|_| invalid("copy size too large"))?;
         // Validate both sides before touching anything.
-        if self.in_window(dst, len)?.is_none() {
-            self.segments(dst, len)?;
-        }
+        self.check_range(dst, len)?;
         let mut tmp = vec![0u8; n];
         self.read(src, &mut tmp)?;
         self.write(dst, &tmp)
