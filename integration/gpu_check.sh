@@ -357,13 +357,13 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
   --model "${FEED_MODEL:-llama_small_f32}" --steps "${FEED_STEPS:-200}"
 
 # 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the
-#    test shim as its HIP runtime (found as libamdhip64.so on LD_LIBRARY_PATH: no ROCm here, so no
-#    libamdhip64.so.7/.6/.5 comes first) and as its hiprtc (NVRTC from the CUDA wheels' lib folder above).
+#    test shim as its HIP runtime (XLA_VMM_HIP_LIBRARY: the H200 machine has ROCm 5.7's libamdhip64.so.5,
+#    which would come first and finds no device) and as its hiprtc (NVRTC from the CUDA wheels' lib folder).
 #    This checks our HIP code through CUDA, not AMD's runtime or driver.
 if want hip-shim; then
   if [ -x "$BIN/hip-conformance" ] && [ -f "$S/lib/hipshim/libamdhip64.so" ]; then
     HS=$(cd "$S/lib/hipshim" && pwd)
-    check "hip-shim:conformance" env LD_LIBRARY_PATH="$HS:${LD_LIBRARY_PATH:-}" XLA_VMM_HIPRTC_LIBRARY="$HS/libamdhip64.so" \
+    check "hip-shim:conformance" env LD_LIBRARY_PATH="$HS:${LD_LIBRARY_PATH:-}" XLA_VMM_HIP_LIBRARY="$HS/libamdhip64.so" XLA_VMM_HIPRTC_LIBRARY="$HS/libamdhip64.so" \
       "$BIN/hip-conformance" --include-ignored --test-threads=1
   else
     check "hip-shim:conformance" sh -c "echo 'no HIP shim staged at $S/lib/hipshim or no $BIN/hip-conformance (integration/stage_gpu.sh)'; exit 1"

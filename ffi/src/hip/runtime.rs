@@ -14,7 +14,8 @@
 //! `hipGetDevicePropertiesR0000` first: since ROCm 6 that is the ROCm 5
 //! layout `hip-runtime-sys` describes.
 //!
-//! The library is found in this order: a mapped `libamdhip64.so*` (the
+//! The library is `XLA_VMM_HIP_LIBRARY` when set (a path: only that one is
+//! tried), else the first that opens of: a mapped `libamdhip64.so*` (the
 //! vendor ROCm plugin loaded one), `libamdhip64.so.7`, `.so.6`, `.so.5`,
 //! `libamdhip64.so` for the system loader, then `/opt/rocm/lib`.
 
@@ -158,6 +159,11 @@ fn table() -> Result<&'static Table, &'static str> {
     static TABLE: OnceLock<Result<Table, String>> = OnceLock::new();
     TABLE
         .get_or_init(|| {
+            if let Some(p) = std::env::var_os("XLA_VMM_HIP_LIBRARY") {
+                let p = PathBuf::from(p);
+                let shown = p.display().to_string();
+                return open(p).map_err(|e| format!("XLA_VMM_HIP_LIBRARY={shown}: {e}"));
+            }
             let mut tried = Vec::new();
             for path in candidates() {
                 match open(path) {
