@@ -64,6 +64,21 @@ pub fn run_all<B: Backend>(backend: &Arc<B>) -> Vec<Check> {
         .collect()
 }
 
+/// Print the device's info on stderr and assert what every GPU backend's
+/// must satisfy (VMM, a power-of-two granularity, over 1 GiB of memory,
+/// multiprocessors, a consistent free / total); backend-specific checks stay
+/// with the caller.
+pub fn assert_plausible_info<B: Backend>(backend: &B) {
+    let i = backend.info();
+    eprintln!("{i:#?}");
+    assert!(i.vmm_supported);
+    assert!(i.vmm_granularity.is_power_of_two());
+    assert!(i.total_memory > 1 << 30);
+    assert!(i.multiprocessor_count > 0);
+    let (free, total) = backend.mem_info().unwrap();
+    assert!(free <= total && total > 0);
+}
+
 /// Print one line per check (name, time, ok or the failure) on stderr and
 /// return the names of the checks that failed.
 pub fn report(results: &[Check]) -> Vec<&'static str> {

@@ -6,8 +6,10 @@
 //! section `hip-shim` runs this binary on an NVIDIA GPU through the test
 //! shim `integration/hipshim` (the HIP runtime forwarded to the CUDA driver,
 //! hiprtc to NVRTC), which checks our HIP code, not AMD's runtime:
-//! `LD_LIBRARY_PATH=<shim dir> XLA_VMM_HIPRTC_LIBRARY=<shim dir>/libamdhip64.so
-//! <this binary> --include-ignored --test-threads=1`. Not run yet.
+//! `XLA_VMM_HIP_LIBRARY=<shim dir>/libamdhip64.so
+//! XLA_VMM_HIPRTC_LIBRARY=<shim dir>/libamdhip64.so <this binary>
+//! --include-ignored --test-threads=1`. Both tests passed that way on an
+//! H200 at 8520e27 (`integration/results/hip_shim_8520e27.md`).
 #![cfg(feature = "hip")]
 
 use std::sync::Arc;
@@ -34,16 +36,9 @@ fn gpu() -> Arc<HipBackend> {
 #[ignore = "needs a HIP device"]
 fn device_info_is_plausible() {
     let b = gpu();
-    let i = b.info();
-    eprintln!("{i:#?}");
-    assert_eq!(i.backend, "hip");
-    assert!(i.vmm_supported);
-    assert!(i.vmm_granularity.is_power_of_two());
-    assert!(i.total_memory > 1 << 30);
-    assert!(i.multiprocessor_count > 0);
-    assert!(!i.arch_name.is_empty());
-    let (free, total) = b.mem_info().unwrap();
-    assert!(free <= total && total > 0);
+    conformance::assert_plausible_info(&*b);
+    assert_eq!(b.info().backend, "hip");
+    assert!(!b.info().arch_name.is_empty());
 }
 
 #[test]
