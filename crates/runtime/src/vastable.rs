@@ -2,10 +2,9 @@
 //! reservation and never re-captured; each step the parameter slots are made
 //! to hold the caller's buffers by skip, remap or copy, as the policy's
 //! [`SlotTracker`] says. Two stages, as XLA's thunks have:
-//! [`VaStable::initialize`] once (costs, plan, lay-out) and
-//! [`VaStable::run`] per step (bind, copy, launch, record). A reservation's
-//! graph is recorded at its first step (steps 0 and 1), once its slots hold
-//! memory: the driver checks a recorded copy's addresses.
+//! [`VaStable::initialize`] once (costs, plan, lay-out, both reservations
+//! bound to the first step's memory and recorded) and [`VaStable::run`] per
+//! step (bind, copy, launch, record).
 //!
 //! Layout of a reservation (the same in both): `[ parameter regions | owned
 //! regions ]`
@@ -134,7 +133,12 @@ struct ParamSlot {
 
 enum Mapped<B: Backend> {
     Nothing,
-    Caller { id: u64, _phys: Arc<Phys<B>> },
+    /// The caller's allocation `id`, bound at address `addr`.
+    Caller {
+        id: u64,
+        addr: u64,
+        _phys: Arc<Phys<B>>,
+    },
     Shadow,
 }
 
@@ -166,7 +170,7 @@ pub(crate) struct VaStable<B: Backend> {
     tracker: SlotTracker,
     slots: Vec<ParamSlot>,
     res: Vec<Reservation<B>>,
-    /// [`VaStable::initialize`] has run to its end (planned, laid out).
+    /// [`VaStable::initialize`] has run to its end (laid out, both graphs).
     initialized: bool,
     /// Shadow of each slot (shared by the reservations), once needed.
     shadows: Vec<Option<B::PhysMem>>,
@@ -452,12 +456,15 @@ impl<B: Backend> VaStable<B> {
     /// XLA's initialize stage, once before the first step (never on the
     /// per-step path): which slots the first step's buffers (`users`) allow
     /// to map, the binding costs (probed once per device) and the copy
-    /// kernel, the plan, both reservations laid out. On an error the caller
-    /// tears this runner down.
+    /// kernel, the plan, both reservations laid out, bound to the first
+    /// step's memory and recorded. On an error the caller tears this runner
+    /// down.
     pub(crate) fn initialize(
         &mut self,
         program: &Program<B>,
+        env: &ExecEnv<'_, B>,
         users: &[Option<UserBuffer<B>>],
+        stream: &B::Stream,
     ) -> Result<()> {
         if self.initialized {
             return Ok(());
@@ -483,17 +490,22 @@ impl<B: Backend> VaStable<B> {
         self.tracker.make_plan().map_err(policy_err)?;
         self.refresh_plan_stats();
         self.lay_out(program)?;
+        // The driver checks a recorded copy's addresses: every slot holds
+        // memory before its reservation is recorded.
+        for r in 0..RESERVATIONS {
+            self.prebind(be, r, users)?;
+            self.capture_reservation(program, env, r, stream)?;
+        }
         self.initialized = true;
         Ok(())
     }
 
     /// XLA's execute stage, once per step ([`VaStable::initialize`] first):
-    /// bind the step's buffers (`users`) by skip, remap or copy (recording
-    /// the reservation's graph at its first step), launch it, copy out.
+    /// bind the step's buffers (`users`) by skip, remap or copy, launch the
+    /// reservation's graph, copy out.
     pub(crate) fn run(
         &mut self,
         program: &Program<B>,
-        env: &ExecEnv<'_, B>,
         users: &[Option<UserBuffer<B>>],
         stream: &B::Stream,
     ) -> Result<()> {
@@ -539,10 +551,13 @@ impl<B: Backend> VaStable<B> {
         // Phase 1: unmap and map.
         for (i, slot_action) in actions.iter_mut().enumerate() {
             let action = *slot_action;
+            // Already there (bound at initialize, or the skip the policy
+            // expects): no driver call.
+            let b = self.bindings[i];
+            let holds = matches!(self.res[r].mapped[i],
+                Mapped::Caller { id, addr, .. } if id == b.id && addr == b.addr);
             let want_user = match action {
-                SlotAction::Skip => !matches!(self.res[r].mapped[i],
-                    Mapped::Caller { id, .. } if id == self.bindings[i].id),
-                SlotAction::Remap { .. } => true,
+                SlotAction::Skip | SlotAction::Remap { .. } => !holds,
                 SlotAction::Copy { .. } => false,
             };
             if want_user {
@@ -614,21 +629,6 @@ impl<B: Backend> VaStable<B> {
             &mut self.stats.phases.plan,
             std::mem::take(&mut self.waited_ns),
         );
-        // A reservation's graph is recorded at its first step, once every
-        // slot holds memory: the driver checks a copy's addresses when it
-        // is recorded (an unmapped slot is CUDA_ERROR_INVALID_VALUE).
-        // Setup, not binding time.
-        let mut setup = std::time::Duration::ZERO;
-        if self.res[r].graph.is_none() {
-            let t = Instant::now();
-            if let Err(e) = self.capture_reservation(program, env, r, stream) {
-                // This step's copies in were never enqueued.
-                self.forget_shadow_contents();
-                return Err(e);
-            }
-            setup = t.elapsed();
-            lap.skip();
-        }
         // Copies in (kernel path: the copy nodes; batch path: enqueue).
         let mut ordered_outs = false;
         // Kernel path: copies that did not fit a table run as batches.
@@ -719,10 +719,8 @@ impl<B: Backend> VaStable<B> {
         self.outs = outs;
         step.actions = actions;
         self.step_actions = step;
-        // Binding time: everything but the recording and the launch call.
-        let ns = (t_bind + t_after.elapsed())
-            .saturating_sub(setup)
-            .as_nanos() as u64;
+        // Binding time: everything but the launch call.
+        let ns = (t_bind + t_after.elapsed()).as_nanos() as u64;
         self.tracker.record_binding_time(ns);
         self.step += 1;
         self.stats.counters = *self.tracker.stats();
