@@ -104,6 +104,7 @@ use crate::slots::SlotTable;
 
 mod helpers;
 mod mapping;
+mod step;
 mod warmup;
 
 use helpers::{bound, capture, contiguous, copy_batch, overlapping};
@@ -545,174 +546,25 @@ impl<B: Backend> VaStable<B> {
         let (copy_in_bytes, copy_out_bytes) = (step.copy_in_bytes, step.copy_out_bytes);
         let mut actions = std::mem::take(&mut step.actions);
         lap.to(&mut self.stats.phases.plan, 0);
-        let mut synced = false;
-        let mut new_maps = std::mem::take(&mut self.new_maps);
-        new_maps.clear();
-        // Phase 1: unmap and map.
-        for (i, slot_action) in actions.iter_mut().enumerate() {
-            let action = *slot_action;
-            // Already there (bound at initialize, or the skip the policy
-            // expects): no driver call.
-            let b = self.bindings[i];
-            let holds = matches!(self.res[r].mapped[i],
-                Mapped::Caller { id, addr, .. } if id == b.id && addr == b.addr);
-            let want_user = match action {
-                SlotAction::Skip | SlotAction::Remap { .. } => !holds,
-                SlotAction::Copy { .. } => false,
-            };
-            if want_user {
-                if matches!(action, SlotAction::Skip) {
-                    tracing::warn!(slot = i, "skip without the allocation mapped; remapping");
-                }
-                let u = bound(users, &self.slots[i])?;
-                match self.map_user(be, r, i, u, &mut synced) {
-                    Ok(()) => {
-                        new_maps.push(i);
-                        self.maps[i] += 1;
-                    }
-                    Err(failed) => {
-                        *slot_action = self.fall_back(r, i, failed)?;
-                    }
-                }
-            }
-        }
-        // Phase 2: access once per contiguous range of new mappings.
-        if !new_maps.is_empty() {
-            for range in contiguous(&new_maps, &self.slots) {
-                self.grant_access(be, r, &range, &mut actions, &mut synced)?;
-            }
-        }
-        if !new_maps.is_empty() {
-            self.list_remapped();
-        }
-        self.new_maps = new_maps;
+        let mut synced = self.bind_caller_memory(be, r, users, &mut actions)?;
         lap.to(
             &mut self.stats.phases.vmm,
             std::mem::take(&mut self.waited_ns),
         );
-        // Phase 3: shadows for copy slots, copy lists.
-        let mut ins = std::mem::take(&mut self.ins);
-        let mut outs = std::mem::take(&mut self.outs);
-        ins.clear();
-        outs.clear();
-        for (i, &action) in actions.iter().enumerate() {
-            if let SlotAction::Copy {
-                copy_in, copy_out, ..
-            } = action
-            {
-                if !matches!(self.res[r].mapped[i], Mapped::Shadow) {
-                    self.map_shadow(be, r, i, &mut synced)?;
-                }
-                let s = &self.slots[i];
-                let u = bound(users, s)?;
-                let at = self.res[r].base.offset(s.offset);
-                let key = u.id.map(|id| (id, u.generation));
-                let known = self.immutable && key.is_some() && self.shadow_holds[i] == key;
-                if copy_in && known {
-                    self.stats.copies_elided += 1;
-                    self.stats.bytes_elided += s.size;
-                } else if copy_in {
-                    ins.push((at, u.ptr, s.size));
-                }
-                if copy_out {
-                    outs.push((u.ptr, at, s.size));
-                }
-                // After this step the shadow equals the caller's buffer.
-                self.shadow_holds[i] = key;
-            } else if self.slots[i].written {
-                // Written in place through a direct mapping: the caller's
-                // buffer changed, the shadow did not.
-                self.shadow_holds[i] = None;
-            }
-        }
+        let (ins, outs) = self.copy_lists(be, r, users, &actions, &mut synced)?;
         lap.to(
             &mut self.stats.phases.plan,
             std::mem::take(&mut self.waited_ns),
         );
-        // Copies in (kernel path: the copy nodes; batch path: enqueue).
-        let mut ordered_outs = false;
-        // Kernel path: copies that did not fit a table run as batches.
-        let mut batch_out = false;
-        if let Some(k) = self.kernel.as_ref() {
-            let res = &mut self.res[r];
-            // Rows run concurrently: overlapping copy-backs go in order
-            // after the launch instead (checked when the copies change).
-            ordered_outs = res.node_copies[OUT] != outs && overlapping(&outs, &mut self.order);
-            let out_entries: &[CopyOp] = if ordered_outs { &[] } else { &outs };
-            let (Some(nodes), Some((_, exec))) = (&res.nodes, &res.graph) else {
-                return Err(RuntimeError::invalid("copy nodes missing"));
-            };
-            for (dir, want) in [(IN, &ins[..]), (OUT, out_entries)] {
-                if res.node_copies[dir] != want {
-                    let fits = self.table.fill(want);
-                    k.update(be, exec, &nodes[dir], dir, &self.table)?;
-                    res.node_copies[dir].clear();
-                    res.node_copies[dir].extend_from_slice(want);
-                    res.overflow[dir] = !fits;
-                }
-            }
-            lap.to(&mut self.stats.phases.tables, 0);
-            batch_out = res.overflow[OUT];
-            if res.overflow[IN] {
-                self.stats.copy_ops += copy_batch(be, &ins, stream)?;
-            } else {
-                self.stats.copy_ops += u64::from(!ins.is_empty());
-            }
-            self.stats.copy_ops += u64::from(!out_entries.is_empty() && !batch_out);
-        } else {
-            self.stats.copy_ops += copy_batch(be, &ins, stream)?;
-        }
+        let back = self.enqueue_copies_in(be, r, &ins, &outs, stream, &mut lap)?;
         lap.to(&mut self.stats.phases.copies, 0);
         let t_bind = t0.elapsed();
-        let res = &mut self.res[r];
-        let (_, exec) = res.graph.as_ref().expect("captured");
-        // Warm-up: time the step on the GPU (read later, never waited for).
-        let mut timed = false;
-        if warming && res.timed.is_none() {
-            if let Some(e) = res.start.as_ref() {
-                be.event_record(e, stream)?;
-                timed = true;
-            }
-        }
-        let t_launch = Instant::now();
-        be.graph_launch(exec, stream)?;
-        let t_after = Instant::now();
+        let (t_launch, t_after) =
+            self.launch(be, r, warming, (copy_in_bytes, copy_out_bytes), stream)?;
         lap.to(&mut self.stats.phases.launch, 0);
-        if warming {
-            push_sample(
-                &mut self.warm.launches,
-                (t_after - t_launch).as_secs_f64() * 1e6,
-            );
-        }
-        if !timed {
-            // A pair still unread is stale once `done` is recorded again.
-            res.timed = None;
-        } else {
-            // What of the timed span is binding copies (the model's figure):
-            // both directions in the graph on the kernel path, the copy-back
-            // batch otherwise.
-            let d = self.tracker.device_costs();
-            let bytes = copy_out_bytes
-                + if self.kernel.is_some() {
-                    copy_in_bytes
-                } else {
-                    0
-                };
-            let launches = u32::from(copy_out_bytes > 0)
-                + u32::from(self.kernel.is_some() && copy_in_bytes > 0);
-            res.timed = Some(
-                bytes as f64 / d.copy_bw_bytes_per_s * 1e6 + f64::from(launches) * d.copy_launch_us,
-            );
-        }
-        if self.kernel.is_none() || batch_out {
-            self.stats.copy_ops += copy_batch(be, &outs, stream)?;
-        } else if ordered_outs {
-            for &(d, s, n) in &outs {
-                be.copy_d2d(d, s, n, stream)?;
-            }
-            self.stats.copy_ops += outs.len() as u64;
-        }
+        self.copy_back(be, &outs, back, stream)?;
         lap.to(&mut self.stats.phases.copies, 0);
+        let res = &mut self.res[r];
         be.event_record(res.done.as_ref().expect("created"), stream)?;
         res.used = true;
         self.ins = ins;
