@@ -366,7 +366,7 @@ if want hip-shim; then
     hs_env=(env LD_LIBRARY_PATH="$HS:${LD_LIBRARY_PATH:-}" XLA_VMM_HIP_LIBRARY="$HS/libamdhip64.so" XLA_VMM_HIPRTC_LIBRARY="$HS/libamdhip64.so")
     check "hip-shim:conformance" "${hs_env[@]}" "$BIN/hip-conformance" --include-ignored --test-threads=1
     # The runtime on the HIP backend (the CLI built with feature hip): the CUDA fixtures without GEMM
-    # thunks (no hipBLASLt engine yet), bit-identical to stock XLA's outputs, eager and VA-stable.
+    # thunks (the shim maps no hipBLASLt), bit-identical to stock XLA's outputs, eager and VA-stable.
     if [ -x "$BIN/xla-vmm-hip" ]; then
       for f in small loop mlp_adam_donated; do
         read -r pj nz <<<"$(fx_pair "$f")"

@@ -175,8 +175,7 @@ fn run_host(
     replay(Arc::new(b), plan, None, inputs, args, mode, check)
 }
 
-/// The HIP backend (feature `hip`). No hipBLASLt engine yet: a program with
-/// `cublas_lt_matmul` thunks stops at load, naming them.
+/// The HIP backend (feature `hip`; hipBLASLt for `cublas_lt_matmul` thunks).
 #[cfg(feature = "hip")]
 fn run_hip(
     plan: xla_vmm::Plan,
@@ -185,8 +184,17 @@ fn run_hip(
     mode: Mode,
     check: &OutputCheck,
 ) -> anyhow::Result<()> {
-    let backend = Arc::new(xla_vmm_device::hip::HipBackend::new(args.device)?);
-    replay(backend, plan, None, inputs, args, mode, check)
+    use xla_vmm_device::hip::{blaslt::HipGemm, HipBackend};
+    let backend = Arc::new(HipBackend::new(args.device)?);
+    let gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<HipBackend>>> =
+        if plan.kind_counts().contains_key("cublas_lt_matmul") {
+            let g = HipGemm::new(&backend)?;
+            eprintln!("hipBLASLt: {}", g.library());
+            Some(Arc::new(g))
+        } else {
+            None
+        };
+    replay(backend, plan, gemm, inputs, args, mode, check)
 }
 
 #[cfg(not(feature = "hip"))]

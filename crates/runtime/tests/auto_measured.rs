@@ -173,7 +173,11 @@ fn probe_feeds_auto_and_replan_keeps_results_identical() {
         assert_eq!(s.replanned, k >= warm, "step {k}: {s:?}");
         assert!(s.shadow_bytes <= s.shadow_cap_bytes, "step {k}: {s:?}");
         // Each reservation is recorded at its first step, never again.
-        assert_eq!(s.captures, (k as u64 + 1).min(2), "step {k}: never re-captured");
+        assert_eq!(
+            s.captures,
+            (k as u64 + 1).min(2),
+            "step {k}: never re-captured"
+        );
     }
     let last = &st[STEPS - 1];
     for s in &st[warm..] {
