@@ -363,8 +363,20 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 if want hip-shim; then
   if [ -x "$BIN/hip-conformance" ] && [ -f "$S/lib/hipshim/libamdhip64.so" ]; then
     HS=$(cd "$S/lib/hipshim" && pwd)
-    check "hip-shim:conformance" env LD_LIBRARY_PATH="$HS:${LD_LIBRARY_PATH:-}" XLA_VMM_HIP_LIBRARY="$HS/libamdhip64.so" XLA_VMM_HIPRTC_LIBRARY="$HS/libamdhip64.so" \
-      "$BIN/hip-conformance" --include-ignored --test-threads=1
+    hs_env=(env LD_LIBRARY_PATH="$HS:${LD_LIBRARY_PATH:-}" XLA_VMM_HIP_LIBRARY="$HS/libamdhip64.so" XLA_VMM_HIPRTC_LIBRARY="$HS/libamdhip64.so")
+    check "hip-shim:conformance" "${hs_env[@]}" "$BIN/hip-conformance" --include-ignored --test-threads=1
+    # The runtime on the HIP backend (the CLI built with feature hip): the CUDA fixtures without GEMM
+    # thunks (the shim maps no hipBLASLt), bit-identical to stock XLA's outputs, eager and VA-stable.
+    if [ -x "$BIN/xla-vmm-hip" ]; then
+      for f in small loop mlp_adam_donated; do
+        read -r pj nz <<<"$(fx_pair "$f")"
+        [ -n "$pj" ] || continue
+        for mode in eager graph; do
+          check "hip-shim:fixture:$f:$mode" "${hs_env[@]}" "$BIN/xla-vmm-hip" run "$pj" --backend hip \
+            --inputs "$nz" --compare "$nz" --mode "$mode"
+        done
+      done
+    fi
   else
     check "hip-shim:conformance" sh -c "echo 'no HIP shim staged at $S/lib/hipshim or no $BIN/hip-conformance (integration/stage_gpu.sh)'; exit 1"
   fi

@@ -10,6 +10,7 @@
 #                                               plugin and its wheel, the copy-path diagnostic, MaxText
 #                                               from .dev/mt when prepared) and the fixtures that
 #                                               `stock runtime plugin` compare with, no test binaries: ~50 MB
+#                                               (STAGE_HIP=1: also what section `hip-shim` needs, +9 MB)
 # Then, on the GPU machine, from the repo root:
 #     bash integration/gpu_check.sh .dev/gpu            (or .dev/perf perf)
 # With the device tool: run(command="bash integration/gpu_check.sh .dev/gpu", carry=[".dev/gpu"]).
@@ -35,6 +36,30 @@ stage_fixtures() {
   done
   return 0
 }
+# The HIP backend on the NVIDIA GPU through the test shim (integration/hipshim: the HIP runtime on the
+# CUDA driver, hiprtc on NVRTC; gpu_check section `hip-shim`): the shim, the device crate's HIP
+# conformance test binary (named outside test-xla-vmm-device-* so that section `device` leaves it alone)
+# and the CLI built with the HIP backend (bin/xla-vmm-hip). Always in .dev/gpu; in .dev/perf with
+# STAGE_HIP=1 (+9 MB).
+stage_hip() {
+  export HIP_PATH="${HIP_PATH:-/usr}"
+  cargo build --release -p xla-vmm-hipshim
+  mkdir -p "$stage/lib/hipshim"
+  cp target/release/libamdhip64.so "$stage/lib/hipshim/"
+  cargo test --release -p xla-vmm-device --no-default-features --features hip --no-run --message-format=json 2>/dev/null \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "hip_conformance":
+        print(m["executable"])' \
+    | while read -r exe; do cp "$exe" "$stage/bin/hip-conformance"; done
+  [ -x "$stage/bin/hip-conformance" ] || { echo "stage_gpu: no hip_conformance test binary built" >&2; exit 1; }
+  # Last: the CLI with both backends replaces the CUDA-only one in target/release (already staged).
+  cargo build --release -p xla-vmm-cli --features hip
+  cp target/release/xla-vmm "$stage/bin/xla-vmm-hip"
+}
 cargo build --release -p xla-vmm-cli -p xla-vmm-plugin
 cp target/release/xla-vmm "$stage/bin/"
 cp target/release/libxla_vmm_plugin.so "$stage/lib/"
@@ -49,6 +74,7 @@ if [ $perf = 1 ]; then
   fi
   # The fixtures the `runtime` section compares against.
   stage_fixtures
+  if [ "${STAGE_HIP:-0}" = 1 ]; then stage_hip; fi
   # JAX's own tests for integration/jax_tests.py (JAX_SRC: a jax-ml/jax git directory, e.g. the
   # `fetch github:jax-ml/jax` mirror; the commit of the installed jax's release).
   if [ -n "${JAX_SRC:-}" ]; then
@@ -78,23 +104,7 @@ for line in sys.stdin:
           cp "$exe" "$stage/bin/test-$pkg-$name"
         done
   done
-  # The HIP backend on the NVIDIA GPU through the test shim (integration/hipshim: the HIP runtime on the
-  # CUDA driver, hiprtc on NVRTC; gpu_check section `hip-shim`): the shim and the device crate's HIP
-  # conformance test binary. Named outside test-xla-vmm-device-* so that section `device` leaves it alone.
-  export HIP_PATH="${HIP_PATH:-/usr}"
-  cargo build --release -p xla-vmm-hipshim
-  mkdir -p "$stage/lib/hipshim"
-  cp target/release/libamdhip64.so "$stage/lib/hipshim/"
-  cargo test --release -p xla-vmm-device --no-default-features --features hip --no-run --message-format=json 2>/dev/null \
-    | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "hip_conformance":
-        print(m["executable"])' \
-    | while read -r exe; do cp "$exe" "$stage/bin/hip-conformance"; done
-  [ -x "$stage/bin/hip-conformance" ] || { echo "stage_gpu: no hip_conformance test binary built" >&2; exit 1; }
+  stage_hip
   stage_fixtures
 fi
 # The alternative build: REF checked out in a worktree, built into its own target folder (the

@@ -157,9 +157,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::BackendKind::Cuda => run_cuda(plan, inputs, &args, mode, &check),
         _ if args.devices > 1 => bail!("--devices {} needs --backend cuda", args.devices),
         crate::BackendKind::Host => run_host(plan, inputs, &args, mode, &check),
-        crate::BackendKind::Hip => {
-            bail!("run has no HIP backend yet (the CLI builds the CUDA and host backends; the PJRT plugin has the HIP client: see the README's HIP section)")
-        }
+        crate::BackendKind::Hip => run_hip(plan, inputs, &args, mode, &check),
     }
 }
 
@@ -175,6 +173,39 @@ fn run_host(
     let b = xla_vmm_device::HostBackend::new(xla_vmm_device::HostConfig::default())?;
     xla_vmm_runtime::copykernel::register_host_copy_kernel(&b);
     replay(Arc::new(b), plan, None, inputs, args, mode, check)
+}
+
+/// The HIP backend (feature `hip`; hipBLASLt for `cublas_lt_matmul` thunks).
+#[cfg(feature = "hip")]
+fn run_hip(
+    plan: xla_vmm::Plan,
+    inputs: Vec<(String, NpyArray)>,
+    args: &Args,
+    mode: Mode,
+    check: &OutputCheck,
+) -> anyhow::Result<()> {
+    use xla_vmm_device::hip::{blaslt::HipGemm, HipBackend};
+    let backend = Arc::new(HipBackend::new(args.device)?);
+    let gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<HipBackend>>> =
+        if plan.kind_counts().contains_key("cublas_lt_matmul") {
+            let g = HipGemm::new(&backend)?;
+            eprintln!("hipBLASLt: {}", g.library());
+            Some(Arc::new(g))
+        } else {
+            None
+        };
+    replay(backend, plan, gemm, inputs, args, mode, check)
+}
+
+#[cfg(not(feature = "hip"))]
+fn run_hip(
+    _plan: xla_vmm::Plan,
+    _inputs: Vec<(String, NpyArray)>,
+    _args: &Args,
+    _mode: Mode,
+    _check: &OutputCheck,
+) -> anyhow::Result<()> {
+    bail!("this xla-vmm was built without the HIP backend (cargo feature `hip`)")
 }
 
 #[cfg(feature = "cuda")]

@@ -472,11 +472,6 @@ impl Lap {
         *phase += ((now - self.0).as_nanos() as u64).saturating_sub(excluded);
         self.0 = now;
     }
-
-    /// Count the time since the last lap nowhere (a graph's recording).
-    pub(crate) fn skip(&mut self) {
-        self.0 = std::time::Instant::now();
-    }
 }
 
 impl BindingStats {

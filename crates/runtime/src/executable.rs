@@ -239,7 +239,8 @@ impl<B: Backend> Executable<B> {
         let program = &self.program;
         if self.va.is_none() {
             let mut va = VaStable::new(program, &self.binding)?;
-            if let Err(e) = va.initialize(program, &self.users) {
+            let env = program.env(&self.resolved, self.logical, true);
+            if let Err(e) = va.initialize(program, &env, &self.users, stream) {
                 let be = program.backend();
                 Teardown::new("a VA-stable runner that failed to initialize")
                     .check("stream_synchronize", be.stream_synchronize(stream));
@@ -251,8 +252,7 @@ impl<B: Backend> Executable<B> {
         let Some(va) = self.va.as_mut() else {
             return Err(RuntimeError::invalid("no VA-stable runner"));
         };
-        let env = program.env(&self.resolved, self.logical, true);
-        va.run(program, &env, &self.users, stream)
+        va.run(program, &self.users, stream)
     }
 
     /// Run once on `stream` (asynchronously: synchronize the stream before

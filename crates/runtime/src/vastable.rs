@@ -2,10 +2,9 @@
 //! reservation and never re-captured; each step the parameter slots are made
 //! to hold the caller's buffers by skip, remap or copy, as the policy's
 //! [`SlotTracker`] says. Two stages, as XLA's thunks have:
-//! [`VaStable::initialize`] once (costs, plan, lay-out) and
-//! [`VaStable::run`] per step (bind, copy, launch, record). A reservation's
-//! graph is recorded at its first step (steps 0 and 1), once its slots hold
-//! memory: the driver checks a recorded copy's addresses.
+//! [`VaStable::initialize`] once (costs, plan, lay-out, both reservations
+//! bound to the first step's memory and recorded) and [`VaStable::run`] per
+//! step (bind, copy, launch, record).
 //!
 //! Layout of a reservation (the same in both): `[ parameter regions | owned
 //! regions ]`
@@ -105,6 +104,7 @@ use crate::slots::SlotTable;
 
 mod helpers;
 mod mapping;
+mod step;
 mod warmup;
 
 use helpers::{bound, capture, contiguous, copy_batch, overlapping};
@@ -134,7 +134,12 @@ struct ParamSlot {
 
 enum Mapped<B: Backend> {
     Nothing,
-    Caller { id: u64, _phys: Arc<Phys<B>> },
+    /// The caller's allocation `id`, bound at address `addr`.
+    Caller {
+        id: u64,
+        addr: u64,
+        _phys: Arc<Phys<B>>,
+    },
     Shadow,
 }
 
@@ -166,7 +171,7 @@ pub(crate) struct VaStable<B: Backend> {
     tracker: SlotTracker,
     slots: Vec<ParamSlot>,
     res: Vec<Reservation<B>>,
-    /// [`VaStable::initialize`] has run to its end (planned, laid out).
+    /// [`VaStable::initialize`] has run to its end (laid out, both graphs).
     initialized: bool,
     /// Shadow of each slot (shared by the reservations), once needed.
     shadows: Vec<Option<B::PhysMem>>,
@@ -452,12 +457,15 @@ impl<B: Backend> VaStable<B> {
     /// XLA's initialize stage, once before the first step (never on the
     /// per-step path): which slots the first step's buffers (`users`) allow
     /// to map, the binding costs (probed once per device) and the copy
-    /// kernel, the plan, both reservations laid out. On an error the caller
-    /// tears this runner down.
+    /// kernel, the plan, both reservations laid out, bound to the first
+    /// step's memory and recorded. On an error the caller tears this runner
+    /// down.
     pub(crate) fn initialize(
         &mut self,
         program: &Program<B>,
+        env: &ExecEnv<'_, B>,
         users: &[Option<UserBuffer<B>>],
+        stream: &B::Stream,
     ) -> Result<()> {
         if self.initialized {
             return Ok(());
@@ -483,17 +491,22 @@ impl<B: Backend> VaStable<B> {
         self.tracker.make_plan().map_err(policy_err)?;
         self.refresh_plan_stats();
         self.lay_out(program)?;
+        // The driver checks a recorded copy's addresses: every slot holds
+        // memory before its reservation is recorded.
+        for r in 0..RESERVATIONS {
+            self.prebind(be, r, users)?;
+            self.capture_reservation(program, env, r, stream)?;
+        }
         self.initialized = true;
         Ok(())
     }
 
     /// XLA's execute stage, once per step ([`VaStable::initialize`] first):
-    /// bind the step's buffers (`users`) by skip, remap or copy (recording
-    /// the reservation's graph at its first step), launch it, copy out.
+    /// bind the step's buffers (`users`) by skip, remap or copy, launch the
+    /// reservation's graph, copy out.
     pub(crate) fn run(
         &mut self,
         program: &Program<B>,
-        env: &ExecEnv<'_, B>,
         users: &[Option<UserBuffer<B>>],
         stream: &B::Stream,
     ) -> Result<()> {
@@ -533,196 +546,33 @@ impl<B: Backend> VaStable<B> {
         let (copy_in_bytes, copy_out_bytes) = (step.copy_in_bytes, step.copy_out_bytes);
         let mut actions = std::mem::take(&mut step.actions);
         lap.to(&mut self.stats.phases.plan, 0);
-        let mut synced = false;
-        let mut new_maps = std::mem::take(&mut self.new_maps);
-        new_maps.clear();
-        // Phase 1: unmap and map.
-        for (i, slot_action) in actions.iter_mut().enumerate() {
-            let action = *slot_action;
-            let want_user = match action {
-                SlotAction::Skip => !matches!(self.res[r].mapped[i],
-                    Mapped::Caller { id, .. } if id == self.bindings[i].id),
-                SlotAction::Remap { .. } => true,
-                SlotAction::Copy { .. } => false,
-            };
-            if want_user {
-                if matches!(action, SlotAction::Skip) {
-                    tracing::warn!(slot = i, "skip without the allocation mapped; remapping");
-                }
-                let u = bound(users, &self.slots[i])?;
-                match self.map_user(be, r, i, u, &mut synced) {
-                    Ok(()) => {
-                        new_maps.push(i);
-                        self.maps[i] += 1;
-                    }
-                    Err(failed) => {
-                        *slot_action = self.fall_back(r, i, failed)?;
-                    }
-                }
-            }
-        }
-        // Phase 2: access once per contiguous range of new mappings.
-        if !new_maps.is_empty() {
-            for range in contiguous(&new_maps, &self.slots) {
-                self.grant_access(be, r, &range, &mut actions, &mut synced)?;
-            }
-        }
-        if !new_maps.is_empty() {
-            self.list_remapped();
-        }
-        self.new_maps = new_maps;
+        let mut synced = self.bind_caller_memory(be, r, users, &mut actions)?;
         lap.to(
             &mut self.stats.phases.vmm,
             std::mem::take(&mut self.waited_ns),
         );
-        // Phase 3: shadows for copy slots, copy lists.
-        let mut ins = std::mem::take(&mut self.ins);
-        let mut outs = std::mem::take(&mut self.outs);
-        ins.clear();
-        outs.clear();
-        for (i, &action) in actions.iter().enumerate() {
-            if let SlotAction::Copy {
-                copy_in, copy_out, ..
-            } = action
-            {
-                if !matches!(self.res[r].mapped[i], Mapped::Shadow) {
-                    self.map_shadow(be, r, i, &mut synced)?;
-                }
-                let s = &self.slots[i];
-                let u = bound(users, s)?;
-                let at = self.res[r].base.offset(s.offset);
-                let key = u.id.map(|id| (id, u.generation));
-                let known = self.immutable && key.is_some() && self.shadow_holds[i] == key;
-                if copy_in && known {
-                    self.stats.copies_elided += 1;
-                    self.stats.bytes_elided += s.size;
-                } else if copy_in {
-                    ins.push((at, u.ptr, s.size));
-                }
-                if copy_out {
-                    outs.push((u.ptr, at, s.size));
-                }
-                // After this step the shadow equals the caller's buffer.
-                self.shadow_holds[i] = key;
-            } else if self.slots[i].written {
-                // Written in place through a direct mapping: the caller's
-                // buffer changed, the shadow did not.
-                self.shadow_holds[i] = None;
-            }
-        }
+        let (ins, outs) = self.copy_lists(be, r, users, &actions, &mut synced)?;
         lap.to(
             &mut self.stats.phases.plan,
             std::mem::take(&mut self.waited_ns),
         );
-        // A reservation's graph is recorded at its first step, once every
-        // slot holds memory: the driver checks a copy's addresses when it
-        // is recorded (an unmapped slot is CUDA_ERROR_INVALID_VALUE).
-        // Setup, not binding time.
-        let mut setup = std::time::Duration::ZERO;
-        if self.res[r].graph.is_none() {
-            let t = Instant::now();
-            if let Err(e) = self.capture_reservation(program, env, r, stream) {
-                // This step's copies in were never enqueued.
-                self.forget_shadow_contents();
-                return Err(e);
-            }
-            setup = t.elapsed();
-            lap.skip();
-        }
-        // Copies in (kernel path: the copy nodes; batch path: enqueue).
-        let mut ordered_outs = false;
-        // Kernel path: copies that did not fit a table run as batches.
-        let mut batch_out = false;
-        if let Some(k) = self.kernel.as_ref() {
-            let res = &mut self.res[r];
-            // Rows run concurrently: overlapping copy-backs go in order
-            // after the launch instead (checked when the copies change).
-            ordered_outs = res.node_copies[OUT] != outs && overlapping(&outs, &mut self.order);
-            let out_entries: &[CopyOp] = if ordered_outs { &[] } else { &outs };
-            let (Some(nodes), Some((_, exec))) = (&res.nodes, &res.graph) else {
-                return Err(RuntimeError::invalid("copy nodes missing"));
-            };
-            for (dir, want) in [(IN, &ins[..]), (OUT, out_entries)] {
-                if res.node_copies[dir] != want {
-                    let fits = self.table.fill(want);
-                    k.update(be, exec, &nodes[dir], dir, &self.table)?;
-                    res.node_copies[dir].clear();
-                    res.node_copies[dir].extend_from_slice(want);
-                    res.overflow[dir] = !fits;
-                }
-            }
-            lap.to(&mut self.stats.phases.tables, 0);
-            batch_out = res.overflow[OUT];
-            if res.overflow[IN] {
-                self.stats.copy_ops += copy_batch(be, &ins, stream)?;
-            } else {
-                self.stats.copy_ops += u64::from(!ins.is_empty());
-            }
-            self.stats.copy_ops += u64::from(!out_entries.is_empty() && !batch_out);
-        } else {
-            self.stats.copy_ops += copy_batch(be, &ins, stream)?;
-        }
+        let back = self.enqueue_copies_in(be, r, &ins, &outs, stream, &mut lap)?;
         lap.to(&mut self.stats.phases.copies, 0);
         let t_bind = t0.elapsed();
-        let res = &mut self.res[r];
-        let (_, exec) = res.graph.as_ref().expect("captured");
-        // Warm-up: time the step on the GPU (read later, never waited for).
-        let mut timed = false;
-        if warming && res.timed.is_none() {
-            if let Some(e) = res.start.as_ref() {
-                be.event_record(e, stream)?;
-                timed = true;
-            }
-        }
-        let t_launch = Instant::now();
-        be.graph_launch(exec, stream)?;
-        let t_after = Instant::now();
+        let (t_launch, t_after) =
+            self.launch(be, r, warming, (copy_in_bytes, copy_out_bytes), stream)?;
         lap.to(&mut self.stats.phases.launch, 0);
-        if warming {
-            push_sample(
-                &mut self.warm.launches,
-                (t_after - t_launch).as_secs_f64() * 1e6,
-            );
-        }
-        if !timed {
-            // A pair still unread is stale once `done` is recorded again.
-            res.timed = None;
-        } else {
-            // What of the timed span is binding copies (the model's figure):
-            // both directions in the graph on the kernel path, the copy-back
-            // batch otherwise.
-            let d = self.tracker.device_costs();
-            let bytes = copy_out_bytes
-                + if self.kernel.is_some() {
-                    copy_in_bytes
-                } else {
-                    0
-                };
-            let launches = u32::from(copy_out_bytes > 0)
-                + u32::from(self.kernel.is_some() && copy_in_bytes > 0);
-            res.timed = Some(
-                bytes as f64 / d.copy_bw_bytes_per_s * 1e6 + f64::from(launches) * d.copy_launch_us,
-            );
-        }
-        if self.kernel.is_none() || batch_out {
-            self.stats.copy_ops += copy_batch(be, &outs, stream)?;
-        } else if ordered_outs {
-            for &(d, s, n) in &outs {
-                be.copy_d2d(d, s, n, stream)?;
-            }
-            self.stats.copy_ops += outs.len() as u64;
-        }
+        self.copy_back(be, &outs, back, stream)?;
         lap.to(&mut self.stats.phases.copies, 0);
+        let res = &mut self.res[r];
         be.event_record(res.done.as_ref().expect("created"), stream)?;
         res.used = true;
         self.ins = ins;
         self.outs = outs;
         step.actions = actions;
         self.step_actions = step;
-        // Binding time: everything but the recording and the launch call.
-        let ns = (t_bind + t_after.elapsed())
-            .saturating_sub(setup)
-            .as_nanos() as u64;
+        // Binding time: everything but the launch call.
+        let ns = (t_bind + t_after.elapsed()).as_nanos() as u64;
         self.tracker.record_binding_time(ns);
         self.step += 1;
         self.stats.counters = *self.tracker.stats();

@@ -398,16 +398,19 @@ fn a_fallback_too_big_for_the_table_runs_as_a_batch_with_data_intact() {
     })
     .unwrap();
     let x = alloc.alloc(size).unwrap();
+    let x2 = alloc.alloc(size).unwrap();
     let y = alloc.alloc(size).unwrap();
-    exe.bind_user_buffer(0, UserBuffer::from_vmm(&x)).unwrap();
-    exe.bind_user_buffer(1, UserBuffer::from_vmm(&y)).unwrap();
     for step in 0..5u8 {
+        // Both reservations hold x from initialize; from step 1 the input
+        // is x2, and reservation 1's map of it (slot x) fails.
+        let src = if step == 0 { &x } else { &x2 };
         if step == 1 {
-            // Reservation 1's first map (slot x) fails.
             b.inject_failure("map", 1);
         }
+        exe.bind_user_buffer(0, UserBuffer::from_vmm(src)).unwrap();
+        exe.bind_user_buffer(1, UserBuffer::from_vmm(&y)).unwrap();
         let data = pattern(size as usize, step);
-        b.write_sync(x.ptr(), &data, &s).unwrap();
+        b.write_sync(src.ptr(), &data, &s).unwrap();
         let before = b.call_count("copy_d2d");
         let outs = exe.run(&s, Mode::Graph).unwrap();
         if step >= 2 {
@@ -429,6 +432,7 @@ fn a_fallback_too_big_for_the_table_runs_as_a_batch_with_data_intact() {
     assert_eq!(st.copy_ops, 4, "{st:?}");
     drop(exe);
     alloc.free(x, &s).unwrap();
+    alloc.free(x2, &s).unwrap();
     alloc.free(y, &s).unwrap();
 }
 

@@ -60,6 +60,15 @@ pub struct HipBackend {
     info: DeviceInfo,
 }
 
+/// A device of HIP's NVIDIA platform (its ISA name is CUDA's `sm_NN`, as
+/// the test shim and HIP-on-CUDA report it), where `hipModuleLoadData` takes
+/// a cubin.
+fn nvidia_platform(arch_name: &str) -> bool {
+    arch_name
+        .strip_prefix("sm_")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric()))
+}
+
 impl ArgChecks for HipBackend {
     fn instance_id(&self) -> u64 {
         self.id
@@ -567,8 +576,13 @@ impl Backend for HipBackend {
                 compiled = self.compile_source(image)?;
                 &compiled[..]
             }
+            // HIP's NVIDIA platform loads CUDA code objects.
+            ImageKind::Cubin if nvidia_platform(&self.info.arch_name) => image,
             ImageKind::Cubin | ImageKind::Ptx | ImageKind::Host => {
-                return Err(DeviceError::Unsupported(format!("{kind:?} images on HIP")))
+                return Err(DeviceError::Unsupported(format!(
+                    "{kind:?} images on HIP (device {})",
+                    self.info.arch_name
+                )))
             }
         };
         if image.is_empty() {
@@ -794,6 +808,16 @@ mod tests {
             assert!(e.to_string().contains("HIP device 0"), "{e}");
         }
         assert!(HipBackend::new(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn cubins_load_on_hips_nvidia_platform_only() {
+        for arch in ["sm_90", "sm_100a", "sm_80"] {
+            assert!(nvidia_platform(arch), "{arch}");
+        }
+        for arch in ["gfx942", "gfx90a", "", "sm_", "sm_9 0", "xsm_90"] {
+            assert!(!nvidia_platform(arch), "{arch:?}");
+        }
     }
 
     #[test]

@@ -111,6 +111,7 @@ impl<B: Backend> VaStable<B> {
         }
         self.res[r].mapped[i] = Mapped::Caller {
             id,
+            addr: u.ptr.0,
             _phys: src.phys.clone(),
         };
         Ok(())
@@ -153,6 +154,50 @@ impl<B: Backend> VaStable<B> {
         be.map(va, off, mem, 0, region)?;
         res.mapped[i] = Mapped::Shadow;
         be.set_access(va, off, region)?;
+        Ok(())
+    }
+
+    /// At initialize, before reservation `r` is recorded (the driver checks
+    /// a recorded copy's addresses): bind it to the first step's memory
+    /// (`users`) as the plan says, the caller's allocation where the slot
+    /// maps (skip or remap), its shadow where it copies. A slot whose
+    /// mapping fails gets its shadow; the first step then falls back as any
+    /// step would. Nothing has run on the reservation yet.
+    pub(super) fn prebind(
+        &mut self,
+        be: &B,
+        r: usize,
+        users: &[Option<UserBuffer<B>>],
+    ) -> Result<()> {
+        let decisions = match self.tracker.plan() {
+            Some(p) => p.decisions.clone(),
+            None => return Err(RuntimeError::invalid("binding plan not made")),
+        };
+        let mut synced = true;
+        let mut mapped = Vec::new();
+        for (i, d) in decisions.iter().enumerate() {
+            let u = bound(users, &self.slots[i])?;
+            if *d != Decision::Copy && self.map_user(be, r, i, u, &mut synced).is_ok() {
+                mapped.push(i);
+                self.maps[i] += 1;
+            } else {
+                self.map_shadow(be, r, i, &mut synced)?;
+            }
+        }
+        // Access once per contiguous run; where it fails for a slot, the
+        // tracker has it on copy from now on (`grant_access`): its shadow.
+        let mut actions = vec![SlotAction::Skip; decisions.len()];
+        for range in contiguous(&mapped, &self.slots) {
+            self.grant_access(be, r, &range, &mut actions, &mut synced)?;
+        }
+        for &i in &mapped {
+            if matches!(actions[i], SlotAction::Copy { .. }) {
+                self.map_shadow(be, r, i, &mut synced)?;
+            }
+        }
+        if !mapped.is_empty() {
+            self.list_remapped();
+        }
         Ok(())
     }
 }
