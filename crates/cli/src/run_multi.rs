@@ -355,7 +355,7 @@ fn device_run<B: Backend>(
         let first_ms = t.elapsed().as_secs_f64() * 1e3;
         let arrays = crate::run::read_outputs(be, &outs, &stream)?;
         if args.steps > 0 {
-            crate::run::time_steps(be, &mut exe, &stream, mode, args.steps)?;
+            crate::run::time_steps(be, &mut exe, &stream, mode, args.steps, args.pipelined)?;
         }
         Ok(DeviceRun {
             arrays,

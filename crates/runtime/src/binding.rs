@@ -124,6 +124,32 @@ pub struct BindingConfig {
     pub immutable_buffers: bool,
     /// How a step's copies run (`XLA_VMM_COPY_PATH`).
     pub copy_path: CopyPath,
+    /// VA reservations (graphs) used in turn, 1 or 2 (`XLA_VMM_RESERVATIONS`,
+    /// default [`DEFAULT_RESERVATIONS`]): with two, buffers that alternate
+    /// between steps (state not donated) are all skips; with one, they remap.
+    pub reservations: usize,
+}
+
+/// The environment variable of [`BindingConfig::reservations`].
+pub const RESERVATIONS_ENV: &str = "XLA_VMM_RESERVATIONS";
+/// VA reservations per executable unless `XLA_VMM_RESERVATIONS` says.
+pub const DEFAULT_RESERVATIONS: usize = 2;
+
+/// `XLA_VMM_RESERVATIONS`: 1 or 2, [`DEFAULT_RESERVATIONS`] when unset.
+pub fn reservations_from_env() -> Result<usize> {
+    std::env::var(RESERVATIONS_ENV).map_or(Ok(DEFAULT_RESERVATIONS), |v| parse_reservations(&v))
+}
+
+/// A value of `XLA_VMM_RESERVATIONS` (empty: the default).
+pub fn parse_reservations(s: &str) -> Result<usize> {
+    match s.trim() {
+        "" => Ok(DEFAULT_RESERVATIONS),
+        "1" => Ok(1),
+        "2" => Ok(2),
+        other => Err(RuntimeError::arg(format!(
+            "{RESERVATIONS_ENV}={other:?}: expected 1 or 2"
+        ))),
+    }
 }
 
 impl Default for BindingConfig {
@@ -133,6 +159,7 @@ impl Default for BindingConfig {
             costs: None,
             immutable_buffers: false,
             copy_path: CopyPath::Auto,
+            reservations: DEFAULT_RESERVATIONS,
         }
     }
 }
@@ -279,6 +306,7 @@ impl BindingConfig {
             costs: None,
             immutable_buffers: false,
             copy_path: CopyPath::from_env()?,
+            reservations: reservations_from_env()?,
         })
     }
 
@@ -292,6 +320,7 @@ impl BindingConfig {
             costs: None,
             immutable_buffers: false,
             copy_path: CopyPath::Auto,
+            reservations: DEFAULT_RESERVATIONS,
         }
     }
 

@@ -176,6 +176,12 @@ impl<B: Backend> Executable<B> {
                 "the binding configuration is frozen after the first VA-stable run",
             ));
         }
+        if !(1..=2).contains(&cfg.reservations) {
+            return Err(RuntimeError::arg(format!(
+                "{} VA reservations asked for: 1 or 2",
+                cfg.reservations
+            )));
+        }
         self.binding = cfg;
         Ok(())
     }

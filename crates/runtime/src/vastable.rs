@@ -110,7 +110,6 @@ mod warmup;
 use helpers::{bound, capture, contiguous, copy_batch, overlapping};
 use warmup::{push_sample, Warmup};
 
-const RESERVATIONS: usize = 2;
 /// Ids given to raw (id-less) bindings: never equal to an allocator id.
 const RAW_ID_BIT: u64 = 1 << 63;
 
@@ -273,7 +272,7 @@ impl<B: Backend> VaStable<B> {
         costs.granularity_bytes = program.backend().info().vmm_granularity.max(1);
         let replan = cfg.threshold == Threshold::Auto;
         let mut tc = TrackerConfig::new(costs, cfg.threshold);
-        tc.reservations = RESERVATIONS;
+        tc.reservations = cfg.reservations;
         tc.shared_shadows = true;
         tc.adaptive = true;
         tc.replan_after_steps = replan.then_some(DEFAULT_REPLAN_AFTER_STEPS);
@@ -351,7 +350,7 @@ impl<B: Backend> VaStable<B> {
             off += buf.mapped();
         }
         let total = off.max(gran);
-        for _ in 0..RESERVATIONS {
+        for _ in 0..self.cfg.reservations {
             let va = be.va_reserve(total, 0)?;
             let base = be.va_base(&va);
             // Pushed first so that a failure below is torn down.
@@ -493,7 +492,7 @@ impl<B: Backend> VaStable<B> {
         self.lay_out(program)?;
         // The driver checks a recorded copy's addresses: every slot holds
         // memory before its reservation is recorded.
-        for r in 0..RESERVATIONS {
+        for r in 0..self.res.len() {
             self.prebind(be, r, users)?;
             self.capture_reservation(program, env, r, stream)?;
         }
@@ -517,7 +516,7 @@ impl<B: Backend> VaStable<B> {
         let mut lap = Lap::start();
         self.waited_ns = 0;
         let be = program.backend();
-        let r = (self.step % RESERVATIONS as u64) as usize;
+        let r = (self.step % self.res.len() as u64) as usize;
         let warming = self.replan && !self.tracker.replanned();
         if warming {
             self.warm.observe(be, self.step, &mut self.res, t0);

@@ -261,6 +261,54 @@ fn thresholds_decide_remap_or_copy_and_results_are_identical() {
 }
 
 #[test]
+fn one_reservation_records_one_graph_and_remaps_what_alternates() {
+    let b = backend();
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 6);
+    let mut l = Loop::new(&b, None, false);
+    l.exe
+        .set_binding_config(BindingConfig {
+            threshold: Threshold::from(0),
+            costs: Some(costs(1 << 30)),
+            reservations: 1,
+            ..Default::default()
+        })
+        .unwrap();
+    let (got, l) = l.run(Mode::Graph, 6);
+    assert_eq!(got, reference);
+    let st = l.exe.stats().unwrap().clone();
+    assert_eq!(st.captures, 1, "one reservation, one graph");
+    // w (donated) is mapped once; x comes from two blocks in turn, so the
+    // one reservation remaps it at every step (two would skip it).
+    assert_eq!(st.counters.remaps, 2 + 5, "{st:?}");
+    assert_eq!(st.counters.skips, 5, "{st:?}");
+    drop(l);
+    assert_eq!(b.outstanding().mappings, 0);
+}
+
+#[test]
+fn the_reservation_count_is_checked() {
+    use xla_vmm_runtime::binding::parse_reservations;
+    assert_eq!(parse_reservations("").unwrap(), 2);
+    assert_eq!(parse_reservations(" 1 ").unwrap(), 1);
+    let e = parse_reservations("3").unwrap_err().to_string();
+    assert!(
+        e.contains("XLA_VMM_RESERVATIONS") && e.contains("1 or 2"),
+        "{e}"
+    );
+    let b = backend();
+    let stream = b.stream_create().unwrap();
+    let mut exe = Executable::load(b.clone(), train_plan(), None, &stream).unwrap();
+    let e = exe
+        .set_binding_config(BindingConfig {
+            reservations: 0,
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("0 VA reservations"), "{e}");
+}
+
+#[test]
 fn donated_steady_state_makes_no_vmm_calls_in_auto() {
     let b = backend();
     let mut l = Loop::new(&b, Some(1), true);

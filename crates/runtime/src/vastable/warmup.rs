@@ -7,7 +7,7 @@ use std::time::Instant;
 use xla_vmm_device::{Backend, EventStatus};
 use xla_vmm_policy::StepTimes;
 
-use super::{Reservation, RESERVATIONS};
+use super::Reservation;
 
 /// Most samples kept per warm-up series.
 pub(super) const WARMUP_SAMPLES: usize = 32;
@@ -93,7 +93,7 @@ impl Warmup {
             );
         }
         if step > 0 {
-            let prev = ((step - 1) % RESERVATIONS as u64) as usize;
+            let prev = ((step - 1) % res.len().max(1) as u64) as usize;
             if let Some(done) = res.get(prev).and_then(|r| r.done.as_ref()) {
                 match be.event_query(done) {
                     Ok(EventStatus::Complete) => self.complete += 1,
