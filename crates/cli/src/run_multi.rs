@@ -496,6 +496,7 @@ mod tests {
             mode: "eager".into(),
             threshold: None,
             steps: 1,
+            pipelined: false,
             compare: compare.then(|| dir.join("want.npz")),
             loop_steps: 0,
             loop_ref: None,
@@ -532,7 +533,9 @@ mod tests {
         };
         let a = assignment(None, 2).unwrap();
         for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
-            let args = args(&dir, true);
+            let mut args = args(&dir, true);
+            // One mode times its step pipelined (`--pipelined`).
+            args.pipelined = mode == Mode::Graph;
             replay_multi(
                 &make,
                 collective_plan(),
