@@ -358,22 +358,27 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 
 # 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the
 #    test shim as its HIP runtime (XLA_VMM_HIP_LIBRARY: the H200 machine has ROCm 5.7's libamdhip64.so.5,
-#    which would come first and finds no device) and as its hiprtc (NVRTC from the CUDA wheels' lib folder).
+#    which would come first and finds no device), as its hiprtc (NVRTC from the CUDA wheels' lib folder) and
+#    as its hipBLASLt (cuBLASLt, XLA_VMM_HIPBLASLT_LIBRARY).
 #    This checks our HIP code through CUDA, not AMD's runtime or driver.
 if want hip-shim; then
   if [ -x "$BIN/hip-conformance" ] && [ -f "$S/lib/hipshim/libamdhip64.so" ]; then
     HS=$(cd "$S/lib/hipshim" && pwd)
-    hs_env=(env LD_LIBRARY_PATH="$HS:${LD_LIBRARY_PATH:-}" XLA_VMM_HIP_LIBRARY="$HS/libamdhip64.so" XLA_VMM_HIPRTC_LIBRARY="$HS/libamdhip64.so")
+    hs_env=(env LD_LIBRARY_PATH="$HS:${LD_LIBRARY_PATH:-}" XLA_VMM_HIP_LIBRARY="$HS/libamdhip64.so"
+      XLA_VMM_HIPRTC_LIBRARY="$HS/libamdhip64.so" XLA_VMM_HIPBLASLT_LIBRARY="$HS/libamdhip64.so")
     check "hip-shim:conformance" "${hs_env[@]}" "$BIN/hip-conformance" --include-ignored --test-threads=1
-    # The runtime on the HIP backend (the CLI built with feature hip): the CUDA fixtures without GEMM
-    # thunks (the shim maps no hipBLASLt), bit-identical to stock XLA's outputs, eager and VA-stable.
+    # The runtime on the HIP backend (the CLI built with feature hip): the CUDA fixtures, bit-identical to
+    # stock XLA's outputs, eager and VA-stable; GEMM thunks through our hipBLASLt engine, which the shim
+    # forwards to cuBLASLt (the llama fixtures' stock reference comes from section `stock`).
     if [ -x "$BIN/xla-vmm-hip" ]; then
-      for f in small loop mlp_adam_donated; do
+      for f in small loop mlp_adam_donated llama_sgd_f32 llama_scan_bf16; do
         read -r pj nz <<<"$(fx_pair "$f")"
-        [ -n "$pj" ] || continue
+        [ -n "$pj" ] || { echo "== hip-shim:fixture:$f: no .npz staged and no stock reference (section stock)"; continue; }
+        nd=()
+        [ -f "$WORK/ref/$f.loop.json" ] && nd=(--nondeterministic "$WORK/ref/$f.loop.json")
         for mode in eager graph; do
           check "hip-shim:fixture:$f:$mode" "${hs_env[@]}" "$BIN/xla-vmm-hip" run "$pj" --backend hip \
-            --inputs "$nz" --compare "$nz" --mode "$mode"
+            --inputs "$nz" --compare "$nz" --mode "$mode" "${nd[@]}"
         done
       done
     fi

@@ -2,8 +2,10 @@
 //! the HIP runtime entry points our HIP backend calls
 //! (`crates/device/src/hip/`, through the loader in `ffi/src/hip/runtime.rs`),
 //! each forwarded to the CUDA driver API, as HIP's own NVIDIA platform does;
-//! and the hiprtc entry points our hiprtc loader needs (`ffi/src/hiprtc.rs`),
-//! forwarded to NVRTC.
+//! the hiprtc entry points our hiprtc loader needs (`ffi/src/hiprtc.rs`),
+//! forwarded to NVRTC; and the hipBLASLt entry points our HIP GEMM engine
+//! calls (`crates/device/src/hip/blaslt.rs`), forwarded to cuBLASLt
+//! ([`blaslt`]).
 //!
 //! What it checks: **our** HIP code (the backend, its VMM, stream, event,
 //! graph and module paths, our HIP kernel sources) on an NVIDIA GPU. It does
@@ -36,8 +38,8 @@
 //!   run time: `$XLA_VMM_SHIM_NVRTC`, else `libnvrtc.so.13`, `.so.12`, `.so`.
 //!
 //! What it does not do: anything beyond the entry points listed in
-//! [`HIP_ENTRY_POINTS`] and [`HIPRTC_ENTRY_POINTS`] (no RCCL, no hipBLASLt,
-//! no other HIP API), no AMD code objects (a HSACO image fails in
+//! [`HIP_ENTRY_POINTS`], [`HIPRTC_ENTRY_POINTS`] and
+//! [`HIPBLASLT_ENTRY_POINTS`] (no RCCL, no other HIP API), no AMD code objects (a HSACO image fails in
 //! `cuModuleLoadData`), no speed (a context is made current on every call).
 //!
 //! Without libcuda (CI, this project's build machines) every function
@@ -59,6 +61,7 @@
 // The exports' safety contract is the HIP API's, documented once above.
 #![allow(clippy::missing_safety_doc)]
 
+pub mod blaslt;
 mod driver;
 mod errors;
 pub mod rtc;
@@ -128,6 +131,25 @@ pub const HIP_ENTRY_POINTS: [&str; 55] = [
 /// `hipGetDeviceProperties` as `hipGetDevicePropertiesR0000` first (ROCm 6's
 /// name of the ROCm 5 layout, the one `hip-runtime-sys` describes).
 pub const HIP_ALIASES: [&str; 1] = ["hipGetDevicePropertiesR0000"];
+
+/// The hipBLASLt entry points our HIP GEMM engine
+/// (`crates/device/src/hip/blaslt.rs`) resolves, on cuBLASLt ([`blaslt`];
+/// point `XLA_VMM_HIPBLASLT_LIBRARY` at this library).
+pub const HIPBLASLT_ENTRY_POINTS: [&str; 13] = [
+    "hipblasLtCreate",
+    "hipblasLtDestroy",
+    "hipblasLtMatmulDescCreate",
+    "hipblasLtMatmulDescDestroy",
+    "hipblasLtMatmulDescSetAttribute",
+    "hipblasLtMatrixLayoutCreate",
+    "hipblasLtMatrixLayoutDestroy",
+    "hipblasLtMatrixLayoutSetAttribute",
+    "hipblasLtMatmulPreferenceCreate",
+    "hipblasLtMatmulPreferenceDestroy",
+    "hipblasLtMatmulPreferenceSetAttribute",
+    "hipblasLtMatmulAlgoGetHeuristic",
+    "hipblasLtMatmul",
+];
 
 /// The hiprtc entry points `ffi/src/hiprtc.rs` needs, exported from the same
 /// library (point `XLA_VMM_HIPRTC_LIBRARY` at it).

@@ -198,3 +198,96 @@ fn without_libcuda_every_call_is_an_error() {
             .starts_with("HIPRTC_ERROR_INTERNAL_ERROR"));
     }
 }
+
+/// The hipBLASLt symbols `crates/device/src/hip/blaslt.rs` resolves, and its
+/// `sys` constants (`pub const NAME: T = VALUE;`).
+fn device_blaslt() -> (BTreeSet<String>, Vec<(String, i64)>) {
+    let text = repo_file("crates/device/src/hip/blaslt.rs");
+    let names = text
+        .split("sym(&lib, \"")
+        .skip(1)
+        .filter_map(|s| s.split_once('"').map(|(n, _)| n.to_string()))
+        .collect();
+    let consts = text
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim().strip_prefix("pub const ")?;
+            let (name, rest) = l.split_once(':')?;
+            let value = rest.split_once('=')?.1.trim().trim_end_matches(';');
+            Some((name.to_string(), value.parse::<i64>().ok()?))
+        })
+        .collect();
+    (names, consts)
+}
+
+#[test]
+fn the_blaslt_shim_matches_our_hip_gemm_engine() {
+    use amdhip64::blaslt::HIP_VALUES;
+    use amdhip64::HIPBLASLT_ENTRY_POINTS;
+    let (names, consts) = device_blaslt();
+    let ours: BTreeSet<String> = HIPBLASLT_ENTRY_POINTS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(ours.len(), HIPBLASLT_ENTRY_POINTS.len(), "duplicate names");
+    assert_eq!(ours, names, "crates/device/src/hip/blaslt.rs changed");
+    // Every number the shim translates is the engine's, name for name.
+    for (name, value) in HIP_VALUES {
+        let theirs: Vec<i64> = consts
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .collect();
+        assert_eq!(theirs, vec![value], "{name}");
+    }
+    // The built library exports them.
+    let path = shim_path();
+    // SAFETY: our own library; its initialisers do nothing.
+    let lib = unsafe { libloading::Library::new(&path) }.unwrap();
+    for name in HIPBLASLT_ENTRY_POINTS {
+        // SAFETY: only the address is taken.
+        let s = unsafe { lib.get::<*const ()>(name.as_bytes()) };
+        assert!(s.is_ok(), "{} does not export {name}", path.display());
+    }
+}
+
+/// Without libcuda (CI), hipBLASLt calls are errors, never a panic.
+#[test]
+fn without_libcuda_blaslt_calls_are_errors() {
+    use amdhip64::blaslt::*;
+    if cuda_present() {
+        eprintln!("libcuda present: the no-driver answers are not checked here");
+        return;
+    }
+    let mut h = std::ptr::null_mut();
+    // SAFETY: valid or null pointers, as each call allows.
+    unsafe {
+        assert_eq!(hipblasLtCreate(&mut h), HIPBLAS_STATUS_NOT_INITIALIZED);
+        assert_eq!(
+            hipblasLtCreate(std::ptr::null_mut()),
+            HIPBLAS_STATUS_NOT_INITIALIZED
+        );
+        let mut d = std::ptr::null_mut();
+        assert_eq!(
+            hipblasLtMatmulDescCreate(&mut d, 2, 0),
+            HIPBLAS_STATUS_NOT_INITIALIZED
+        );
+        let mut found: c_int = 3;
+        assert_eq!(
+            hipblasLtMatmulAlgoGetHeuristic(
+                h,
+                d,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                1_000_000,
+                std::ptr::null_mut(),
+                &mut found,
+            ),
+            HIPBLAS_STATUS_NOT_INITIALIZED
+        );
+        assert_eq!(found, 3, "nothing written");
+    }
+}

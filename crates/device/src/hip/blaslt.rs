@@ -1,11 +1,15 @@
 //! hipBLASLt, loaded at run time, driven like XLA's ROCm path drives it:
 //! the twin of `cuda/blaslt.rs` for `cublas_lt_matmul` thunks on ROCm.
 //!
-//! Compiled in CI, **never run**: no AMD GPU was available, and the HIP→CUDA
-//! shim that would run it on NVIDIA does not exist yet.
+//! Never run on an AMD GPU (none was available). The HIP test shim
+//! (`integration/hipshim`) forwards these entry points to cuBLASLt, so that
+//! this engine's calls run on an NVIDIA GPU (`gpu_check.sh` section
+//! `hip-shim`); that checks our calls, not hipBLASLt.
 //!
-//! The library is found in this order: `$LD_LIBRARY_PATH` directories,
-//! `$ROCM_PATH/lib`, `/opt/rocm/lib`, then the system loader's search path.
+//! The library is `$XLA_VMM_HIPBLASLT_LIBRARY` when set (a path: only that
+//! one is tried), else the first that opens in this order: `$LD_LIBRARY_PATH`
+//! directories, `$ROCM_PATH/lib`, `/opt/rocm/lib`, then the system loader's
+//! search path.
 //! Debian's ROCm packages have no hipBLASLt headers, so the entry points
 //! and the few types and enum values we use are declared here, from
 //! hipBLASLt's `hipblaslt.h`, hipBLAS-common's `hipblas-common.h` and HIP's
@@ -183,6 +187,9 @@ struct Api {
 
 const LIB_NAMES: &[&str] = &["libhipblaslt.so.1", "libhipblaslt.so.0", "libhipblaslt.so"];
 
+/// A path: the only hipBLASLt library tried (e.g. the HIP test shim).
+pub const LIBRARY_ENV: &str = "XLA_VMM_HIPBLASLT_LIBRARY";
+
 /// Candidate library paths in search order (existing files only), then bare
 /// names for the system loader.
 fn candidates() -> Vec<PathBuf> {
@@ -217,37 +224,50 @@ fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
 
 impl Api {
     fn load() -> Result<(Api, String)> {
+        if let Some(p) = std::env::var_os(LIBRARY_ENV) {
+            let path = PathBuf::from(p);
+            return Self::open(&path)
+                .map(|api| (api, path.display().to_string()))
+                .map_err(|e| DeviceError::NotAvailable(format!("{LIBRARY_ENV}: {e}")));
+        }
         let mut tried = Vec::new();
         for path in candidates() {
-            // SAFETY: loading hipBLASLt runs its initializers, which have no
-            // preconditions beyond a sane process environment.
-            match unsafe { libloading::Library::new(&path) } {
-                Ok(lib) => {
-                    let api = Api {
-                        create: sym(&lib, "hipblasLtCreate")?,
-                        destroy: sym(&lib, "hipblasLtDestroy")?,
-                        desc_create: sym(&lib, "hipblasLtMatmulDescCreate")?,
-                        desc_destroy: sym(&lib, "hipblasLtMatmulDescDestroy")?,
-                        desc_set: sym(&lib, "hipblasLtMatmulDescSetAttribute")?,
-                        layout_create: sym(&lib, "hipblasLtMatrixLayoutCreate")?,
-                        layout_destroy: sym(&lib, "hipblasLtMatrixLayoutDestroy")?,
-                        layout_set: sym(&lib, "hipblasLtMatrixLayoutSetAttribute")?,
-                        pref_create: sym(&lib, "hipblasLtMatmulPreferenceCreate")?,
-                        pref_destroy: sym(&lib, "hipblasLtMatmulPreferenceDestroy")?,
-                        pref_set: sym(&lib, "hipblasLtMatmulPreferenceSetAttribute")?,
-                        heuristic: sym(&lib, "hipblasLtMatmulAlgoGetHeuristic")?,
-                        matmul: sym(&lib, "hipblasLtMatmul")?,
-                        _lib: lib,
-                    };
-                    return Ok((api, path.display().to_string()));
-                }
-                Err(e) => tried.push(format!("{}: {e}", path.display())),
+            match Self::open(&path) {
+                Ok(api) => return Ok((api, path.display().to_string())),
+                Err(e) => tried.push(e),
             }
         }
         Err(DeviceError::NotAvailable(format!(
             "hipBLASLt not found (tried {})",
             tried.join("; ")
         )))
+    }
+
+    /// Open `path` and resolve every entry point (an error names what failed).
+    fn open(path: &std::path::Path) -> std::result::Result<Api, String> {
+        // SAFETY: loading hipBLASLt runs its initializers, which have no
+        // preconditions beyond a sane process environment.
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let resolve = move || -> Result<Api> {
+            Ok(Api {
+                create: sym(&lib, "hipblasLtCreate")?,
+                destroy: sym(&lib, "hipblasLtDestroy")?,
+                desc_create: sym(&lib, "hipblasLtMatmulDescCreate")?,
+                desc_destroy: sym(&lib, "hipblasLtMatmulDescDestroy")?,
+                desc_set: sym(&lib, "hipblasLtMatmulDescSetAttribute")?,
+                layout_create: sym(&lib, "hipblasLtMatrixLayoutCreate")?,
+                layout_destroy: sym(&lib, "hipblasLtMatrixLayoutDestroy")?,
+                layout_set: sym(&lib, "hipblasLtMatrixLayoutSetAttribute")?,
+                pref_create: sym(&lib, "hipblasLtMatmulPreferenceCreate")?,
+                pref_destroy: sym(&lib, "hipblasLtMatmulPreferenceDestroy")?,
+                pref_set: sym(&lib, "hipblasLtMatmulPreferenceSetAttribute")?,
+                heuristic: sym(&lib, "hipblasLtMatmulAlgoGetHeuristic")?,
+                matmul: sym(&lib, "hipblasLtMatmul")?,
+                _lib: lib,
+            })
+        };
+        resolve().map_err(|e| format!("{}: {e}", path.display()))
     }
 }
 
