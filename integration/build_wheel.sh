@@ -2,7 +2,11 @@
 # The main job: build everything a user runs and package it in one wheel.
 #   bash integration/build_wheel.sh [--install] [OUT_DIR]     (default OUT_DIR: integration/dist)
 # Builds (release) the PJRT plugin (libxla_vmm_plugin.so) and the `xla-vmm` CLI, bundles both in the
-# Python package jax_plugins.xla_vmm, and writes integration/dist/jax_xla_vmm-*.whl. The wheel's
+# Python package jax_plugins.xla_vmm, and writes integration/dist/jax_xla_vmm-*.whl. Both carry the CUDA
+# and, where HIP's headers are ($HIP_PATH, else /usr: Debian's libamdhip64-dev), the HIP backend: the
+# HIP runtime and hipBLASLt are loaded at run time, so the one wheel needs no ROCm library to load and
+# runs on ROCm where they are (the package picks the HIP backend when a ROCm vendor plugin is installed).
+# Without the headers it is CUDA-only, and says so. The wheel's
 # console script `xla-vmm` runs the bundled CLI. --install then installs the wheel into this python
 # (`--no-deps`: running JAX programs needs jax[cuda13] 0.11.2 besides, `xla-vmm` and the package import
 # do not). Takes ~3 minutes from a clean checkout on 2 cores; prints the wheel's path.
@@ -11,7 +15,22 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 install=0
 if [ "${1:-}" = --install ]; then install=1; shift; fi
 OUT="${1:-$ROOT/integration/dist}"
-cargo build --release -p xla-vmm-plugin -p xla-vmm-cli --manifest-path "$ROOT/Cargo.toml"
+features=()
+hip_root="${HIP_PATH:-/usr}"
+if [ -f "$hip_root/include/hip/hip_runtime_api.h" ]; then
+  export HIP_PATH="$hip_root"
+  features=(--features xla-vmm-plugin/hip,xla-vmm-cli/hip)
+else
+  echo "build_wheel: no HIP headers under $hip_root (set HIP_PATH, or install libamdhip64-dev): CUDA-only wheel" >&2
+fi
+cargo build --release -p xla-vmm-plugin -p xla-vmm-cli "${features[@]}" --manifest-path "$ROOT/Cargo.toml"
+# Loading either must not need a ROCm or CUDA library (both are opened at run time).
+for f in "$ROOT/target/release/libxla_vmm_plugin.so" "$ROOT/target/release/xla-vmm"; do
+  if command -v readelf >/dev/null && readelf -d "$f" | grep -E 'NEEDED.*(amdhip|hipblas|hiprtc|libcuda|cublas|nccl|rccl)'; then
+    echo "build_wheel: $f links a GPU library at load time" >&2
+    exit 1
+  fi
+done
 pkg="$ROOT/integration/jax_plugins/xla_vmm"
 install -m 0755 "$ROOT/target/release/libxla_vmm_plugin.so" "$pkg/xla_vmm_plugin.so"
 install -D -m 0755 "$ROOT/target/release/xla-vmm" "$pkg/bin/xla-vmm"

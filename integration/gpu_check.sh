@@ -367,21 +367,23 @@ if want hip-shim; then
     hs_env=(env LD_LIBRARY_PATH="$HS:${LD_LIBRARY_PATH:-}" XLA_VMM_HIP_LIBRARY="$HS/libamdhip64.so"
       XLA_VMM_HIPRTC_LIBRARY="$HS/libamdhip64.so" XLA_VMM_HIPBLASLT_LIBRARY="$HS/libamdhip64.so")
     check "hip-shim:conformance" "${hs_env[@]}" "$BIN/hip-conformance" --include-ignored --test-threads=1
-    # The runtime on the HIP backend (the CLI built with feature hip): the CUDA fixtures, bit-identical to
-    # stock XLA's outputs, eager and VA-stable; GEMM thunks through our hipBLASLt engine, which the shim
-    # forwards to cuBLASLt (the llama fixtures' stock reference comes from section `stock`).
-    if [ -x "$BIN/xla-vmm-hip" ]; then
-      for f in small loop mlp_adam_donated llama_sgd_f32 llama_scan_bf16; do
-        read -r pj nz <<<"$(fx_pair "$f")"
-        [ -n "$pj" ] || { echo "== hip-shim:fixture:$f: no .npz staged and no stock reference (section stock)"; continue; }
-        nd=()
-        [ -f "$WORK/ref/$f.loop.json" ] && nd=(--nondeterministic "$WORK/ref/$f.loop.json")
-        for mode in eager graph; do
-          check "hip-shim:fixture:$f:$mode" "${hs_env[@]}" "$BIN/xla-vmm-hip" run "$pj" --backend hip \
-            --inputs "$nz" --compare "$nz" --mode "$mode" "${nd[@]}"
-        done
+    # The runtime on the HIP backend (the staged CLI carries both backends, as the wheel's does): the CUDA
+    # fixtures, bit-identical to stock XLA's outputs, eager and VA-stable; GEMM thunks through our hipBLASLt
+    # engine, which the shim forwards to cuBLASLt (the llama fixtures' stock reference comes from section
+    # `stock`).
+    for f in small loop mlp_adam_donated llama_sgd_f32 llama_scan_bf16; do
+      read -r pj nz <<<"$(fx_pair "$f")"
+      [ -n "$pj" ] || { echo "== hip-shim:fixture:$f: no .npz staged and no stock reference (section stock)"; continue; }
+      nd=()
+      [ -f "$WORK/ref/$f.loop.json" ] && nd=(--nondeterministic "$WORK/ref/$f.loop.json")
+      for mode in eager graph; do
+        check "hip-shim:fixture:$f:$mode" "${hs_env[@]}" "$VMM" run "$pj" --backend hip \
+          --inputs "$nz" --compare "$nz" --mode "$mode" "${nd[@]}"
       done
-    fi
+    done
+    # The plugin's HIP client under JAX (XLA_VMM_BACKEND=hip; the vendor compiler stays the CUDA plugin, whose
+    # cubins HIP's NVIDIA platform loads): the plugin's pytest suite, as section `plugin` runs it on CUDA.
+    check "hip-shim:plugin" "${hs_env[@]}" XLA_VMM_BACKEND=hip python3 -m pytest -q -rs -p no:cacheprovider integration/tests
   else
     check "hip-shim:conformance" sh -c "echo 'no HIP shim staged at $S/lib/hipshim or no $BIN/hip-conformance (integration/stage_gpu.sh)'; exit 1"
   fi

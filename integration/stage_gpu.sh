@@ -38,9 +38,9 @@ stage_fixtures() {
 }
 # The HIP backend on the NVIDIA GPU through the test shim (integration/hipshim: the HIP runtime on the
 # CUDA driver, hiprtc on NVRTC; gpu_check section `hip-shim`): the shim, the device crate's HIP
-# conformance test binary (named outside test-xla-vmm-device-* so that section `device` leaves it alone)
-# and the CLI built with the HIP backend (bin/xla-vmm-hip). Always in .dev/gpu; in .dev/perf with
-# STAGE_HIP=1 (+9 MB).
+# conformance test binary (named outside test-xla-vmm-device-* so that section `device` leaves it alone).
+# The CLI and the plugin carry the HIP backend already (built as the wheel is). Always in .dev/gpu; in
+# .dev/perf with STAGE_HIP=1 (+3 MB).
 stage_hip() {
   export HIP_PATH="${HIP_PATH:-/usr}"
   cargo build --release -p xla-vmm-hipshim
@@ -56,15 +56,14 @@ for line in sys.stdin:
         print(m["executable"])' \
     | while read -r exe; do cp "$exe" "$stage/bin/hip-conformance"; done
   [ -x "$stage/bin/hip-conformance" ] || { echo "stage_gpu: no hip_conformance test binary built" >&2; exit 1; }
-  # Last: the CLI with both backends replaces the CUDA-only one in target/release (already staged).
-  cargo build --release -p xla-vmm-cli --features hip
-  cp target/release/xla-vmm "$stage/bin/xla-vmm-hip"
 }
-cargo build --release -p xla-vmm-cli -p xla-vmm-plugin
+# The CLI and the plugin as the wheel has them (both backends where HIP's headers are), and the wheel.
+wheel_dir="$PWD/target/stage-wheel"
+[ $perf = 1 ] && wheel_dir="$PWD/$stage/wheel"
+bash integration/build_wheel.sh "$wheel_dir" >/dev/null
 cp target/release/xla-vmm "$stage/bin/"
 cp target/release/libxla_vmm_plugin.so "$stage/lib/"
 if [ $perf = 1 ]; then
-  bash integration/build_wheel.sh "$PWD/$stage/wheel" >/dev/null
   # The copy-path diagnostic, where nvcc is (else gpu_check builds it there).
   # NVCC / NVCC_FLAGS: a compiler elsewhere (e.g. pip's nvidia-cuda-nvcc, with -I/-L for its headers).
   if command -v "${NVCC:-nvcc}" >/dev/null; then
