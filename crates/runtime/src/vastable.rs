@@ -105,7 +105,10 @@ use crate::slots::SlotTable;
 mod helpers;
 mod mapping;
 mod step;
+mod timing;
 mod warmup;
+
+pub use timing::{step_timing_from_env, STEP_TIMING_ENV};
 
 use helpers::{bound, capture, contiguous, copy_batch, overlapping};
 use warmup::{push_sample, Warmup};
@@ -205,6 +208,8 @@ pub(crate) struct VaStable<B: Backend> {
     waited_ns: u64,
     /// Per slot: how often the caller's memory was mapped there.
     maps: Vec<u64>,
+    /// `XLA_VMM_STEP_TIMING=1`: the event pairs around each step.
+    timing: Option<timing::StepTiming<B>>,
 }
 
 /// The copy kernel is unavailable: said once per process at info level.
@@ -316,6 +321,7 @@ impl<B: Backend> VaStable<B> {
             order: Vec::with_capacity(n),
             waited_ns: 0,
             maps: vec![0; n],
+            timing: None,
         })
     }
 
@@ -490,6 +496,9 @@ impl<B: Backend> VaStable<B> {
         self.tracker.make_plan().map_err(policy_err)?;
         self.refresh_plan_stats();
         self.lay_out(program)?;
+        if self.cfg.step_timing {
+            self.timing = Some(timing::StepTiming::new(be)?);
+        }
         // The driver checks a recorded copy's addresses: every slot holds
         // memory before its reservation is recorded.
         for r in 0..self.res.len() {
@@ -555,6 +564,12 @@ impl<B: Backend> VaStable<B> {
             &mut self.stats.phases.plan,
             std::mem::take(&mut self.waited_ns),
         );
+        if let Some(t) = self.timing.as_mut() {
+            for x in t.start(be, self.step, stream)? {
+                tracing::debug!(executable = %self.key, step = x.step, gpu_us = x.gpu_us,
+                    since_previous_us = x.since_previous_us, dropped = t.dropped(), "step timed");
+            }
+        }
         let back = self.enqueue_copies_in(be, r, &ins, &outs, stream, &mut lap)?;
         lap.to(&mut self.stats.phases.copies, 0);
         let t_bind = t0.elapsed();
@@ -562,6 +577,9 @@ impl<B: Backend> VaStable<B> {
             self.launch(be, r, warming, (copy_in_bytes, copy_out_bytes), stream)?;
         lap.to(&mut self.stats.phases.launch, 0);
         self.copy_back(be, &outs, back, stream)?;
+        if let Some(t) = self.timing.as_mut() {
+            t.end(be, self.step, stream)?;
+        }
         lap.to(&mut self.stats.phases.copies, 0);
         let res = &mut self.res[r];
         be.event_record(res.done.as_ref().expect("created"), stream)?;
@@ -688,6 +706,9 @@ impl<B: Backend> VaStable<B> {
         }
         if let Some(k) = self.kernel.take() {
             k.unload(be);
+        }
+        if let Some(mut timing) = self.timing.take() {
+            timing.teardown(be);
         }
         self.tracker.log_stats();
     }
