@@ -167,6 +167,37 @@ struct Reservation<B: Backend> {
     timed: Option<f64>,
 }
 
+/// What a step builds and the next step reuses (no allocation per step).
+struct Scratch {
+    /// The tracker's actions.
+    actions: StepActions,
+    /// The step's binding of each slot.
+    bindings: Vec<Binding>,
+    /// Slots mapped anew this step.
+    new_maps: Vec<usize>,
+    /// The copies in and out.
+    ins: Vec<CopyOp>,
+    outs: Vec<CopyOp>,
+    /// Sort space of the overlap check of the copies out.
+    order: Vec<(u64, u64)>,
+}
+
+impl Scratch {
+    fn with_capacity(n: usize) -> Self {
+        Scratch {
+            actions: StepActions {
+                actions: Vec::with_capacity(n),
+                ..Default::default()
+            },
+            bindings: Vec::with_capacity(n),
+            new_maps: Vec::with_capacity(n),
+            ins: Vec::with_capacity(n),
+            outs: Vec::with_capacity(n),
+            order: Vec::with_capacity(n),
+        }
+    }
+}
+
 /// Per-executable state of VA-stable mode.
 pub(crate) struct VaStable<B: Backend> {
     key: String,
@@ -195,14 +226,8 @@ pub(crate) struct VaStable<B: Backend> {
     /// Auto re-plans after warm-up (measures while it has not).
     replan: bool,
     warm: Warmup,
-    /// The tracker's actions, reused every step.
-    step_actions: StepActions,
-    // Per-step scratch, kept to avoid allocating every step.
-    bindings: Vec<Binding>,
-    new_maps: Vec<usize>,
-    ins: Vec<CopyOp>,
-    outs: Vec<CopyOp>,
-    order: Vec<(u64, u64)>,
+    /// Per-step scratch, kept to avoid allocating every step.
+    scratch: Scratch,
     /// Waited for reservations since the last phase lap, ns (counted in
     /// the `wait` phase, not in the phase around it).
     waited_ns: u64,
@@ -310,15 +335,7 @@ impl<B: Backend> VaStable<B> {
             cfg: cfg.clone(),
             replan,
             warm: Warmup::new(),
-            step_actions: StepActions {
-                actions: Vec::with_capacity(n),
-                ..Default::default()
-            },
-            bindings: Vec::with_capacity(n),
-            new_maps: Vec::with_capacity(n),
-            ins: Vec::with_capacity(n),
-            outs: Vec::with_capacity(n),
-            order: Vec::with_capacity(n),
+            scratch: Scratch::with_capacity(n),
             waited_ns: 0,
             maps: vec![0; n],
             timing: None,
@@ -533,20 +550,20 @@ impl<B: Backend> VaStable<B> {
             self.stats.step_host_us = self.warm.host_us();
             self.stats.step_gpu_us = self.warm.gpu_us();
         }
-        self.bindings.clear();
+        self.scratch.bindings.clear();
         for s in &self.slots {
             let u = bound(users, s)?;
             let id = u.id.unwrap_or(RAW_ID_BIT | u.ptr.0);
-            self.bindings.push(Binding { id, addr: u.ptr.0 });
+            self.scratch.bindings.push(Binding { id, addr: u.ptr.0 });
         }
         if warming && self.tracker.stats().steps >= DEFAULT_REPLAN_AFTER_STEPS {
             if let Some(m) = self.warm.measurement() {
                 self.tracker.set_warmup_measurement(m);
             }
         }
-        let mut step = std::mem::take(&mut self.step_actions);
+        let mut step = std::mem::take(&mut self.scratch.actions);
         self.tracker
-            .bind_step_into(r, &self.bindings, None, &mut step)
+            .bind_step_into(r, &self.scratch.bindings, None, &mut step)
             .map_err(policy_err)?;
         if warming && self.tracker.replanned() {
             self.refresh_plan_stats();
@@ -584,10 +601,10 @@ impl<B: Backend> VaStable<B> {
         let res = &mut self.res[r];
         be.event_record(res.done.as_ref().expect("created"), stream)?;
         res.used = true;
-        self.ins = ins;
-        self.outs = outs;
+        self.scratch.ins = ins;
+        self.scratch.outs = outs;
         step.actions = actions;
-        self.step_actions = step;
+        self.scratch.actions = step;
         // Binding time: everything but the launch call.
         let ns = (t_bind + t_after.elapsed()).as_nanos() as u64;
         self.tracker.record_binding_time(ns);
