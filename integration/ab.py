@@ -119,8 +119,24 @@ def run_cli(vmm, d, name, threshold, steps, timeout):
     return {"loss_bits": bits, "step_ms": times, "stats": stats}, None
 
 
+def combine_repeats(results):
+    """One result from the same row run several times, interleaved with the other rows: the median of the
+    runs' medians (what the table shows), every run's median, the steps of all runs; the losses must be the
+    same bits in every run (else the row is an error, returned as its text)."""
+    if len(results) == 1:
+        return results[0], None
+    first = results[0]
+    for k, r in enumerate(results[1:], 1):
+        if r["loss_bits"] != first["loss_bits"]:
+            return None, "run %d's losses differ from run 0's" % k
+    meds = [median_from(r["step_ms"]) for r in results]
+    srt = sorted(meds)
+    return dict(first, step_ms=[t for r in results for t in r["step_ms"]], run_medians_ms=meds,
+                median_ms=srt[len(srt) // 2], stats=results[-1].get("stats")), None
+
+
 def row(model, config, path, r, base_ms):
-    ms = median_from(r["step_ms"])
+    ms = r["median_ms"] if "median_ms" in r else median_from(r["step_ms"])
     st = r.get("stats") or {}
     steps = max(st.get("steps", 0), 1)
     bits = r["loss_bits"]
@@ -135,6 +151,7 @@ def row(model, config, path, r, base_ms):
         "skips_per_step": st.get("skips", 0) / steps if st else None,
         "host_us_per_step": st.get("host_binding_ns", 0) / steps / 1e3 if st else None,
         "stats": st, "step_ms": r["step_ms"],
+        **({"run_medians_ms": r["run_medians_ms"]} if "run_medians_ms" in r else {}),
     }
 
 
@@ -194,6 +211,9 @@ def main():
     ap.add_argument("--fresh-batch", action="store_true",
                     help="put the batch (the inputs that are not state) on the device anew before every step, "
                          "as training does: a VA-stable slot rebinds it every step (no CLI fallback then)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run our rows this many times, in turn (t=0, t=1, ..., t=0, t=1, ...): each shows the "
+                         "median of its runs' medians (the rows' spread between runs is 1-4%%)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no model after this many seconds (the rest is listed as not run)")
     ap.add_argument("--merge", default=None,
@@ -253,27 +273,39 @@ def main():
         runs = [("vmm t=%d%s" % (t, " (auto)" if t == 1 else ""), "graph", t)
                 for t in [int(x) for x in a.thresholds.split(",") if x]]
         runs += [("vmm %s" % m, m, None) for m in a.modes.split(",") if m]
-        for config, mode, t in runs:
-            print("[%s] %s ..." % (model, config), flush=True)
-            env = dict(os.environ, JAX_PLATFORMS="vmm", XLA_VMM_EXEC_MODE=mode, XLA_FLAGS=flags)
-            if t is not None:
-                env["XLA_VMM_TMP_COPY_THRESHOLD"] = str(t)
-            r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "vmm", "--name", model]
-                               + child_flags, env, a.timeout)
-            path = "plugin"
-            # The CLI's loop binds the same buffers every step: no stand-in for a fresh batch.
-            fallback = not a.no_fallback and not a.fresh_batch
-            if r is None and t is not None and fallback and os.path.exists(a.vmm):
-                print("  plugin failed (%s); falling back to xla-vmm run" % err, flush=True)
-                r, err = run_cli(a.vmm, d, model, t, a.steps, a.timeout)
-                path = "cli"
+        got = {}
+        for rep in range(max(a.repeat, 1)):
+            for config, mode, t in runs:
+                print("[%s] %s%s ..." % (model, config, " (run %d)" % rep if a.repeat > 1 else ""), flush=True)
+                env = dict(os.environ, JAX_PLATFORMS="vmm", XLA_VMM_EXEC_MODE=mode, XLA_FLAGS=flags)
+                if t is not None:
+                    env["XLA_VMM_TMP_COPY_THRESHOLD"] = str(t)
+                r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "vmm", "--name", model]
+                                   + child_flags, env, a.timeout)
+                path = "plugin"
+                # The CLI's loop binds the same buffers every step: no stand-in for a fresh batch.
+                fallback = not a.no_fallback and not a.fresh_batch
+                if r is None and t is not None and fallback and os.path.exists(a.vmm):
+                    print("  plugin failed (%s); falling back to xla-vmm run" % err, flush=True)
+                    r, err = run_cli(a.vmm, d, model, t, a.steps, a.timeout)
+                    path = "cli"
+                if r is None:
+                    errors.append("%s %s: %s" % (model, config, err))
+                    print("  failed: %s" % err, flush=True)
+                    continue
+                print("  median %.3f ms (%s)" % (median_from(r["step_ms"]), path), flush=True)
+                got.setdefault(config, (path, []))[1].append(r)
+        for config, _, _ in runs:
+            if config not in got:
+                continue
+            path, of_config = got[config]
+            r, err = combine_repeats(of_config)
             if r is None:
                 errors.append("%s %s: %s" % (model, config, err))
-                print("  failed: %s" % err, flush=True)
                 continue
-            print("  median %.3f ms (%s)" % (median_from(r["step_ms"]), path), flush=True)
             vrows.append((config, path, r))
-        base_ms = next((median_from(r["step_ms"]) for c, _, r in vrows if c == "vmm t=0"), None)
+        base_ms = next((r.get("median_ms", median_from(r["step_ms"]))
+                        for c, _, r in vrows if c == "vmm t=0"), None)
         for config, path, r in results:
             rows.append(row(model, config, path, r, base_ms))
         for config, path, r in vrows:

@@ -202,7 +202,8 @@ want bench && check "bench" python3 integration/bench.py --vmm "$VMM" --ref "$WO
 # 5b. The perf gate (section `perf`, default; or its halves `perf-bench`, `perf-mt`): benchmarks whose
 #     default-mode rows must not be slower than the best stock configuration or our eager / recapture modes.
 #     PERF_BENCH_ENV: extra bench rows ('NAME:K=V,K=V;NAME2:...'); MT_CONFIGS / MT_VARIANTS / MT_STEPS /
-#     MT_BUDGET_S: the MaxText part (integration/maxtext/run.py); PERF_AB_MODELS / PERF_AB_STEPS: the A/B.
+#     MT_BUDGET_S: the MaxText part (integration/maxtext/run.py); PERF_AB_MODELS / PERF_AB_STEPS /
+#     PERF_AB_REPEAT (our rows run that many times in turn, the median shown): the A/B.
 PERF=$WORK/perf
 if want perf || want perf-bench; then
   mkdir -p "$PERF"
@@ -215,6 +216,7 @@ if want perf || want perf-bench; then
   check "perf:bench" python3 integration/bench.py --vmm "$VMM" --ref "$WORK/ref" --steps 30 \
     --json "$PERF/bench.json" "${benv[@]}" llama_sgd_f32 llama_scan_bf16
   check "perf:ab" python3 integration/ab.py --out "$PERF/ab" --vmm "$VMM" --steps "${PERF_AB_STEPS:-20}" \
+    --repeat "${PERF_AB_REPEAT:-1}" \
     --models "${PERF_AB_MODELS:-llama_small_f32,maxtext_tiny_bf16}" --thresholds 0,1 --modes eager,graph-recapture
   ALWAYS=1 check "perf:gate-bench" python3 integration/perf_gate.py --bench "$PERF/bench.json" --ab "$PERF/ab/ab.json" \
     --out "$PERF/gate_bench.md" --title "perf gate (bench + A/B), $(cat "$BIN/../COMMIT" 2>/dev/null || echo '?')"
@@ -345,11 +347,13 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 #     the device and lasts that long; copies as they are) at thresholds 0, auto and fixed cutoffs, with a
 #     fresh batch put before every step (--fresh-batch: else the loop binds the same buffers every step and
 #     nothing is remapped after the first steps).
-#     AB_ROCM_MODELS / AB_STEPS override.
+#     AB_ROCM_MODELS / AB_STEPS override; AB_REPEAT (default 3): each of our rows runs that many times,
+#     interleaved, and shows the median of its runs (auto and the fixed cutoffs make the same plan on these
+#     models, so one run each compares noise: 1-3% between calls).
 [[ "$SECTIONS" == *" ab-rocm "* ]] && check "ab-rocm" env XLA_VMM_EMULATE_REMAP_MS="${ROCM_REMAP_MS:-3}" \
   python3 integration/ab.py --out "$WORK/ab_rocm" --vmm "$VMM" --steps "${AB_STEPS:-30}" --stock-configs onoff \
   --models "${AB_ROCM_MODELS:-llama_small_f32,maxtext_tiny_bf16}" --thresholds 0,1,4096,65536 --modes "" \
-  --fresh-batch
+  --fresh-batch --repeat "${AB_REPEAT:-3}"
 
 # 8. A training loop fed a fresh batch per step, not blocking on each step (opt in: section `feed`):
 #    steps/s of stock XLA vs xla-vmm (auto, 0) in one run: asynchronous Execute and device_put.

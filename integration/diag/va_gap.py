@@ -8,12 +8,16 @@ CLI bench on the fixtures has them equal. This runs, for each model, the same sa
 and prints one table, so that the gap is placed: GPU time or host time, CLI or plugin, copy nodes or not.
 
 Usage (GPU machine): python3 integration/diag/va_gap.py --vmm BIN --out DIR [--steps 30]
-                     [--rows modes|completion|loops] MODEL...
+                     [--rows modes|completion|loops|timing] MODEL...
+--rows timing: the default mode with XLA_VMM_STEP_TIMING=1, through the CLI and through the plugin (each
+step waited for): every step's GPU time (first binding copy to last copy-back) and the stream time since
+the previous step's end, medians over steps 2-7 and 8 on (where the plugin's gap starts).
 It first runs ab.py for MODEL (stock cmdbuf on/off, to save the executable and its inputs in DIR).
 """
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -49,6 +53,45 @@ PIPELINED_WARMUP = 5
 LOOP_ROWS = [("%s, loop %s" % (row, loop), mode, None, {"VA_GAP_LOOP": loop})
              for row, mode in [("graph (default)", "graph"), ("graph-recapture", "graph-recapture")]
              for loop in LOOPS]
+
+
+# --rows timing: what XLA_VMM_STEP_TIMING logs, parsed (both paths, each step waited for).
+TIMING_ENV = {"XLA_VMM_STEP_TIMING": "1", "XLA_VMM_LOG": "xla_vmm_runtime=debug"}
+TIMED = re.compile(r"step timed.*?step=(\d+) gpu_us=([0-9.]+)(?: since_previous_us=([0-9.]+))?")
+
+
+def timed_steps(text):
+    """{step: (gpu µs, µs since the previous step's end or None)} from a log (ANSI colours stripped)."""
+    out = {}
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines():
+        m = TIMED.search(line)
+        if m:
+            out[int(m.group(1))] = (float(m.group(2)), float(m.group(3)) if m.group(3) else None)
+    return out
+
+
+def timing_rows(vmm, out, model, steps):
+    """Median GPU µs and µs-between of steps 2-7 and 8+, CLI and plugin."""
+    env = dict(os.environ, **TIMING_ENV)
+    cli = subprocess.run([vmm, "run", os.path.join(out, model + ".pjrt"), "--inputs",
+                          os.path.join(out, model + ".npz"), "--mode", "graph", "--steps", str(steps)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    penv = dict(env, JAX_PLATFORMS="vmm", XLA_VMM_EXEC_MODE="graph")
+    penv.pop("XLA_VMM_TMP_COPY_THRESHOLD", None)
+    plug = subprocess.run([sys.executable, os.path.join(INTEG, "ab.py"), "--out", out, "--steps", str(steps),
+                           "--child", "vmm", "--name", model], capture_output=True, text=True, env=penv,
+                          timeout=300)
+    rows = []
+    for path, p in (("CLI", cli), ("plugin", plug)):
+        t = timed_steps(p.stderr + p.stdout)
+        def med(lo, hi, k):
+            v = sorted(x[k] for s, x in t.items() if lo <= s < hi and x[k] is not None)
+            return v[len(v) // 2] if v else None
+        rows.append({"model": model, "path": path, "rc": p.returncode, "steps_timed": len(t),
+                     "gpu_us_2_7": med(2, 8, 0), "gpu_us_8_on": med(8, 10**9, 0),
+                     "between_us_2_7": med(2, 8, 1), "between_us_8_on": med(8, 10**9, 1),
+                     "per_step": {str(s): x for s, x in sorted(t.items())}})
+    return rows
 
 
 def child_loop(out, model, steps, loop):
@@ -121,7 +164,7 @@ def main():
     ap.add_argument("--vmm", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--rows", choices=["modes", "completion", "loops"], default="modes")
+    ap.add_argument("--rows", choices=["modes", "completion", "loops", "timing"], default="modes")
     ap.add_argument("--child-loop", choices=LOOPS, help=argparse.SUPPRESS)
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
@@ -138,6 +181,18 @@ def main():
             subprocess.run([sys.executable, os.path.join(INTEG, "ab.py"), "--out", out, "--steps", "5",
                             "--models", model, "--stock-configs", "onoff", "--thresholds", "", "--modes", ""],
                            check=False, timeout=400)
+        if a.rows == "timing":
+            if len(table) == 2:
+                table = ["| model | path | steps timed | GPU µs/step, steps 2-7 | steps 8+ | "
+                         "µs between steps, 2-7 | 8+ |", "|---|---|---|---|---|---|---|"]
+            f = lambda v: "-" if v is None else "%.1f" % v  # noqa: E731
+            for r in timing_rows(a.vmm, out, model, a.steps):
+                result.append(r)
+                table.append("| %s | %s | %d | %s | %s | %s | %s |" % (
+                    model, r["path"], r["steps_timed"], f(r["gpu_us_2_7"]), f(r["gpu_us_8_on"]),
+                    f(r["between_us_2_7"]), f(r["between_us_8_on"])))
+                print(table[-1], flush=True)
+            continue
         for row, mode, t, extra in {"modes": ROWS, "completion": COMPLETION_ROWS, "loops": LOOP_ROWS}[a.rows]:
             wall, gpu = (None, None)
             if a.rows == "modes":

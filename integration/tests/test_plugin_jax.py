@@ -261,3 +261,29 @@ def test_small_training_loop_matches_cpu():
         w_v, lv = _loop_step()(w_v, jax.device_put(x, VMM))
         w_c, lc = _loop_step()(w_c, jax.device_put(x, CPU))
         np.testing.assert_allclose(float(lv), float(lc), rtol=1e-4)
+
+
+def test_compute_offload_with_donation():
+    """JAX's memories_test ComputeOffload.test_compute_offload_with_donation on vmm: a host-offload
+    program with a donated pinned_host argument that an output aliases (it runs on the vendor fallback,
+    which refuses to keep a pinned_host argument it could donate: it gets a copy of ours)."""
+    from jax.experimental.compute_on import compute_on
+    from jax.sharding import SingleDeviceSharding
+
+    s = SingleDeviceSharding(VMM)
+    p = SingleDeviceSharding(VMM, memory_kind="pinned_host")
+
+    @compute_on(compute_type="device_host",
+                out_memory_spaces=(jax.memory.Space.Device, jax.memory.Space.Host))
+    def host_fn(x, y):
+        return x * x, y + y
+
+    f = jax.jit(lambda x, y: host_fn(x, y), in_shardings=(s, p), out_shardings=(s, p),
+                donate_argnums=(0, 1))
+    x = jnp.arange(1024, dtype=jnp.float32, device=VMM)
+    y = jax.device_put(jnp.arange(1024, dtype=jnp.float32, device=VMM), p)
+    xo, yo = f(x, y)
+    want = np.arange(1024, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(xo), want * want)
+    np.testing.assert_array_equal(np.asarray(yo), want + want)
+    assert yo.sharding.memory_kind == "pinned_host"

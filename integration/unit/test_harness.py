@@ -130,6 +130,45 @@ class AB(unittest.TestCase):
             self.assertIn("| b | vmm t=0 | plugin | 4.000 | 1.25x | 1.00x |", text)
 
 
+class ABRepeat(unittest.TestCase):
+    def setUp(self):
+        self.m = load("ab", os.path.join(INTEGRATION, "ab.py"))
+        self.order = []
+        self.ms = {"0": iter([4.0, 4.4, 4.2]), "1": iter([3.0, 3.3, 3.1])}
+
+        def fake(argv, env, timeout):
+            name, d = argv[argv.index("--name") + 1], argv[argv.index("--out") + 1]
+            if "--save" in argv:
+                with open(os.path.join(d, name + ".exe.pkl"), "w") as fh:
+                    fh.write("x")
+            if env.get("JAX_PLATFORMS") == "cuda":
+                return {"step_ms": [9, 9, 9, 5.0, 5.0], "loss_bits": [7]}, None
+            t = env["XLA_VMM_TMP_COPY_THRESHOLD"]
+            self.order.append(t)
+            ms = next(self.ms[t])
+            return {"step_ms": [9, 9, 9, ms, ms], "loss_bits": [7],
+                    "stats": {"steps": 5, "remaps": 5, "copies": 0, "skips": 10}}, None
+
+        self.m.run_child = fake
+
+    def test_rows_run_in_turn_and_show_the_median_of_their_runs(self):
+        with tempfile.TemporaryDirectory() as d:
+            code, text = quiet(self.m.main, ["ab.py", "--out", d, "--steps", "5", "--models", "a",
+                                             "--thresholds", "0,1", "--modes", "", "--repeat", "3"])
+            self.assertEqual(code, 0)
+            self.assertEqual(self.order, ["0", "1"] * 3, "interleaved")
+            rows = {r["config"]: r for r in read_json(os.path.join(d, "ab.json"))["rows"]}
+            self.assertEqual(rows["vmm t=0"]["median_ms"], 4.2)
+            self.assertEqual(rows["vmm t=1"]["run_medians_ms"], [3.0, 3.3, 3.1])
+            self.assertIn("| a | vmm t=1 | plugin | 3.100 |", text)
+
+    def test_runs_whose_losses_differ_are_an_error(self):
+        r = {"step_ms": [1, 1, 1, 2], "loss_bits": [1]}
+        got, err = self.m.combine_repeats([r, dict(r, loss_bits=[2])])
+        self.assertIsNone(got)
+        self.assertIn("differ", err)
+
+
 class Feed(unittest.TestCase):
     def test_rows_per_read_interval_against_stock_of_the_same_interval(self):
         m = load("feed_bench", os.path.join(INTEGRATION, "feed_bench.py"))

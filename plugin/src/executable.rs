@@ -618,22 +618,45 @@ impl Executable {
         context: Option<&Arc<ExecuteContext>>,
     ) -> Result<(Vec<Arc<Buffer>>, Arc<Event>)> {
         let mem = &part.device.mem;
+        // An aliased pinned_host argument: the vendor cannot keep it (it
+        // refuses a non-donatable pinned_host argument that an output
+        // aliases), so it gets a copy of ours, which it may donate; the
+        // caller's buffer is not touched (deleted below if donated).
+        let mut copies: Vec<Option<crate::devmem::Allocation>> = Vec::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            copies.push(
+                if self.aliased[i] && self.params[i].on_host && a.bytes > 0 {
+                    let src = a.with_live(|al| Ok(al.ptr))?;
+                    let copy = self.params[i].alloc(&**mem, a.bytes)?;
+                    mem.copy(copy.ptr, src, a.bytes)?;
+                    Some(copy)
+                } else {
+                    None
+                },
+            );
+        }
         // The vendor runs on its own stream: our queued work (the arguments'
-        // producers) must be done first.
+        // producers, the copies above) must be done first.
         mem.synchronize()?;
         let ptrs = args
             .iter()
-            .map(|a| a.with_live(|al| Ok(al.ptr)))
+            .zip(&copies)
+            .map(|(a, c)| match c {
+                Some(c) => Ok(c.ptr),
+                None => a.with_live(|al| Ok(al.ptr)),
+            })
             .collect::<Result<Vec<_>>>()?;
         let view_args: Vec<ViewArg<'_>> = args
             .iter()
             .zip(&ptrs)
             .zip(&self.params)
-            .map(|((a, &ptr), spec)| ViewArg {
+            .zip(&copies)
+            .map(|(((a, &ptr), spec), copy)| ViewArg {
                 ptr,
                 dtype: a.dtype,
                 dims: &a.dims,
                 on_host: spec.on_host,
+                donatable: copy.is_some(),
             })
             .collect();
         let run = v.execute(&view_args, self.outputs.len(), context)?;
@@ -643,9 +666,11 @@ impl Executable {
             mem.copy(fresh.ptr, o.ptr, o.bytes)?;
             results.push(spec.buffer(&part.device, fresh, Event::ready(Ok(())))?);
         }
-        // The copies read the vendor's buffers: done before they go.
+        // The copies read the vendor's buffers: done before they go (and the
+        // argument copies the vendor may have written into with them).
         mem.synchronize()?;
         drop(run);
+        drop(copies);
         for (i, a) in args.iter().enumerate() {
             if self.aliased[i] && !non_donatable.contains(&(i as i64)) {
                 drop(a.take_for_donation()?);

@@ -33,6 +33,10 @@ pub struct ViewArg<'a> {
     pub dtype: PJRT_Buffer_Type,
     pub dims: &'a [i64],
     pub on_host: bool,
+    /// The vendor may donate this view (write an aliased output into its
+    /// memory): only memory of ours that nothing else reads afterwards.
+    /// Every other view is non-donatable.
+    pub donatable: bool,
 }
 
 /// One vendor output: its device address and size, valid until the
@@ -323,7 +327,9 @@ impl VendorExecutable {
             )?;
             views.buffers.push(v.buffer);
         }
-        let non_donatable: Vec<i64> = (0..args.len() as i64).collect();
+        let non_donatable: Vec<i64> = (0..args.len() as i64)
+            .filter(|&i| !args[i as usize].donatable)
+            .collect();
         let mut options: PJRT_ExecuteOptions = zeroed();
         options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE as usize;
         options.non_donatable_input_indices = non_donatable.as_ptr();

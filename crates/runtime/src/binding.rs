@@ -128,6 +128,9 @@ pub struct BindingConfig {
     /// default [`DEFAULT_RESERVATIONS`]): with two, buffers that alternate
     /// between steps (state not donated) are all skips; with one, they remap.
     pub reservations: usize,
+    /// Time every VA-stable step on the GPU (`XLA_VMM_STEP_TIMING=1`, a
+    /// diagnostic: logged at debug level as `step timed`).
+    pub step_timing: bool,
 }
 
 /// The environment variable of [`BindingConfig::reservations`].
@@ -160,6 +163,7 @@ impl Default for BindingConfig {
             immutable_buffers: false,
             copy_path: CopyPath::Auto,
             reservations: DEFAULT_RESERVATIONS,
+            step_timing: false,
         }
     }
 }
@@ -307,6 +311,7 @@ impl BindingConfig {
             immutable_buffers: false,
             copy_path: CopyPath::from_env()?,
             reservations: reservations_from_env()?,
+            step_timing: crate::vastable::step_timing_from_env(),
         })
     }
 
@@ -321,6 +326,7 @@ impl BindingConfig {
             immutable_buffers: false,
             copy_path: CopyPath::Auto,
             reservations: DEFAULT_RESERVATIONS,
+            step_timing: false,
         }
     }
 

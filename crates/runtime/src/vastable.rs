@@ -105,7 +105,10 @@ use crate::slots::SlotTable;
 mod helpers;
 mod mapping;
 mod step;
+mod timing;
 mod warmup;
+
+pub use timing::{step_timing_from_env, STEP_TIMING_ENV};
 
 use helpers::{bound, capture, contiguous, copy_batch, overlapping};
 use warmup::{push_sample, Warmup};
@@ -164,6 +167,37 @@ struct Reservation<B: Backend> {
     timed: Option<f64>,
 }
 
+/// What a step builds and the next step reuses (no allocation per step).
+struct Scratch {
+    /// The tracker's actions.
+    actions: StepActions,
+    /// The step's binding of each slot.
+    bindings: Vec<Binding>,
+    /// Slots mapped anew this step.
+    new_maps: Vec<usize>,
+    /// The copies in and out.
+    ins: Vec<CopyOp>,
+    outs: Vec<CopyOp>,
+    /// Sort space of the overlap check of the copies out.
+    order: Vec<(u64, u64)>,
+}
+
+impl Scratch {
+    fn with_capacity(n: usize) -> Self {
+        Scratch {
+            actions: StepActions {
+                actions: Vec::with_capacity(n),
+                ..Default::default()
+            },
+            bindings: Vec::with_capacity(n),
+            new_maps: Vec::with_capacity(n),
+            ins: Vec::with_capacity(n),
+            outs: Vec::with_capacity(n),
+            order: Vec::with_capacity(n),
+        }
+    }
+}
+
 /// Per-executable state of VA-stable mode.
 pub(crate) struct VaStable<B: Backend> {
     key: String,
@@ -192,19 +226,15 @@ pub(crate) struct VaStable<B: Backend> {
     /// Auto re-plans after warm-up (measures while it has not).
     replan: bool,
     warm: Warmup,
-    /// The tracker's actions, reused every step.
-    step_actions: StepActions,
-    // Per-step scratch, kept to avoid allocating every step.
-    bindings: Vec<Binding>,
-    new_maps: Vec<usize>,
-    ins: Vec<CopyOp>,
-    outs: Vec<CopyOp>,
-    order: Vec<(u64, u64)>,
+    /// Per-step scratch, kept to avoid allocating every step.
+    scratch: Scratch,
     /// Waited for reservations since the last phase lap, ns (counted in
     /// the `wait` phase, not in the phase around it).
     waited_ns: u64,
     /// Per slot: how often the caller's memory was mapped there.
     maps: Vec<u64>,
+    /// `XLA_VMM_STEP_TIMING=1`: the event pairs around each step.
+    timing: Option<timing::StepTiming<B>>,
 }
 
 /// The copy kernel is unavailable: said once per process at info level.
@@ -305,17 +335,10 @@ impl<B: Backend> VaStable<B> {
             cfg: cfg.clone(),
             replan,
             warm: Warmup::new(),
-            step_actions: StepActions {
-                actions: Vec::with_capacity(n),
-                ..Default::default()
-            },
-            bindings: Vec::with_capacity(n),
-            new_maps: Vec::with_capacity(n),
-            ins: Vec::with_capacity(n),
-            outs: Vec::with_capacity(n),
-            order: Vec::with_capacity(n),
+            scratch: Scratch::with_capacity(n),
             waited_ns: 0,
             maps: vec![0; n],
+            timing: None,
         })
     }
 
@@ -490,6 +513,9 @@ impl<B: Backend> VaStable<B> {
         self.tracker.make_plan().map_err(policy_err)?;
         self.refresh_plan_stats();
         self.lay_out(program)?;
+        if self.cfg.step_timing {
+            self.timing = Some(timing::StepTiming::new(be)?);
+        }
         // The driver checks a recorded copy's addresses: every slot holds
         // memory before its reservation is recorded.
         for r in 0..self.res.len() {
@@ -524,20 +550,20 @@ impl<B: Backend> VaStable<B> {
             self.stats.step_host_us = self.warm.host_us();
             self.stats.step_gpu_us = self.warm.gpu_us();
         }
-        self.bindings.clear();
+        self.scratch.bindings.clear();
         for s in &self.slots {
             let u = bound(users, s)?;
             let id = u.id.unwrap_or(RAW_ID_BIT | u.ptr.0);
-            self.bindings.push(Binding { id, addr: u.ptr.0 });
+            self.scratch.bindings.push(Binding { id, addr: u.ptr.0 });
         }
         if warming && self.tracker.stats().steps >= DEFAULT_REPLAN_AFTER_STEPS {
             if let Some(m) = self.warm.measurement() {
                 self.tracker.set_warmup_measurement(m);
             }
         }
-        let mut step = std::mem::take(&mut self.step_actions);
+        let mut step = std::mem::take(&mut self.scratch.actions);
         self.tracker
-            .bind_step_into(r, &self.bindings, None, &mut step)
+            .bind_step_into(r, &self.scratch.bindings, None, &mut step)
             .map_err(policy_err)?;
         if warming && self.tracker.replanned() {
             self.refresh_plan_stats();
@@ -555,6 +581,12 @@ impl<B: Backend> VaStable<B> {
             &mut self.stats.phases.plan,
             std::mem::take(&mut self.waited_ns),
         );
+        if let Some(t) = self.timing.as_mut() {
+            for x in t.start(be, self.step, stream)? {
+                tracing::debug!(executable = %self.key, step = x.step, gpu_us = x.gpu_us,
+                    since_previous_us = x.since_previous_us, dropped = t.dropped(), "step timed");
+            }
+        }
         let back = self.enqueue_copies_in(be, r, &ins, &outs, stream, &mut lap)?;
         lap.to(&mut self.stats.phases.copies, 0);
         let t_bind = t0.elapsed();
@@ -562,14 +594,17 @@ impl<B: Backend> VaStable<B> {
             self.launch(be, r, warming, (copy_in_bytes, copy_out_bytes), stream)?;
         lap.to(&mut self.stats.phases.launch, 0);
         self.copy_back(be, &outs, back, stream)?;
+        if let Some(t) = self.timing.as_mut() {
+            t.end(be, self.step, stream)?;
+        }
         lap.to(&mut self.stats.phases.copies, 0);
         let res = &mut self.res[r];
         be.event_record(res.done.as_ref().expect("created"), stream)?;
         res.used = true;
-        self.ins = ins;
-        self.outs = outs;
+        self.scratch.ins = ins;
+        self.scratch.outs = outs;
         step.actions = actions;
-        self.step_actions = step;
+        self.scratch.actions = step;
         // Binding time: everything but the launch call.
         let ns = (t_bind + t_after.elapsed()).as_nanos() as u64;
         self.tracker.record_binding_time(ns);
@@ -688,6 +723,9 @@ impl<B: Backend> VaStable<B> {
         }
         if let Some(k) = self.kernel.take() {
             k.unload(be);
+        }
+        if let Some(mut timing) = self.timing.take() {
+            timing.teardown(be);
         }
         self.tracker.log_stats();
     }

@@ -286,6 +286,26 @@ fn one_reservation_records_one_graph_and_remaps_what_alternates() {
 }
 
 #[test]
+fn step_timing_changes_no_result_and_leaves_no_event() {
+    let b = backend();
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 6);
+    let mut l = Loop::new(&b, None, false);
+    l.exe
+        .set_binding_config(BindingConfig {
+            threshold: Threshold::from(1),
+            costs: Some(costs(1 << 30)),
+            step_timing: true,
+            ..Default::default()
+        })
+        .unwrap();
+    let (got, l) = l.run(Mode::Graph, 6);
+    assert_eq!(got, reference);
+    drop(l);
+    let o = b.outstanding();
+    assert_eq!((o.events, o.mappings), (0, 0), "{o:?}");
+}
+
+#[test]
 fn the_reservation_count_is_checked() {
     use xla_vmm_runtime::binding::parse_reservations;
     assert_eq!(parse_reservations("").unwrap(), 2);

@@ -32,14 +32,14 @@ impl<B: Backend> VaStable<B> {
         actions: &mut [SlotAction],
     ) -> Result<bool> {
         let mut synced = false;
-        let mut new_maps = std::mem::take(&mut self.new_maps);
+        let mut new_maps = std::mem::take(&mut self.scratch.new_maps);
         new_maps.clear();
         // Phase 1: unmap and map.
         for (i, slot_action) in actions.iter_mut().enumerate() {
             let action = *slot_action;
             // Already there (bound at initialize, or the skip the policy
             // expects): no driver call.
-            let b = self.bindings[i];
+            let b = self.scratch.bindings[i];
             let holds = matches!(self.res[r].mapped[i],
                 Mapped::Caller { id, addr, .. } if id == b.id && addr == b.addr);
             let want_user = match action {
@@ -71,7 +71,7 @@ impl<B: Backend> VaStable<B> {
         if !new_maps.is_empty() {
             self.list_remapped();
         }
-        self.new_maps = new_maps;
+        self.scratch.new_maps = new_maps;
         Ok(synced)
     }
 
@@ -86,8 +86,8 @@ impl<B: Backend> VaStable<B> {
         actions: &[SlotAction],
         synced: &mut bool,
     ) -> Result<(Vec<CopyOp>, Vec<CopyOp>)> {
-        let mut ins = std::mem::take(&mut self.ins);
-        let mut outs = std::mem::take(&mut self.outs);
+        let mut ins = std::mem::take(&mut self.scratch.ins);
+        let mut outs = std::mem::take(&mut self.scratch.outs);
         ins.clear();
         outs.clear();
         for (i, &action) in actions.iter().enumerate() {
@@ -140,7 +140,8 @@ impl<B: Backend> VaStable<B> {
             let res = &mut self.res[r];
             // Rows run concurrently: overlapping copy-backs go in order
             // after the launch instead (checked when the copies change).
-            back.ordered = res.node_copies[OUT] != outs && overlapping(outs, &mut self.order);
+            back.ordered =
+                res.node_copies[OUT] != outs && overlapping(outs, &mut self.scratch.order);
             let out_entries: &[CopyOp] = if back.ordered { &[] } else { outs };
             let (Some(nodes), Some((_, exec))) = (&res.nodes, &res.graph) else {
                 return Err(RuntimeError::invalid("copy nodes missing"));
