@@ -182,6 +182,15 @@ fn check(s: lt::cublasStatus_t) -> R<()> {
     }
 }
 
+/// The cuBLASLt twin of hipBLASLt value `t`, through `(hip name, cuda value)` pairs.
+fn by_name<T: Copy>(pairs: &[(&str, T)], t: i32, missing: Status) -> R<T> {
+    pairs
+        .iter()
+        .find(|(h, _)| hip(h) == i64::from(t))
+        .map(|&(_, c)| c)
+        .ok_or(missing)
+}
+
 fn data_type(t: i32) -> R<lt::cudaDataType_t> {
     use lt::cudaDataType_t::*;
     let pairs = [
@@ -196,11 +205,7 @@ fn data_type(t: i32) -> R<lt::cudaDataType_t> {
         ("HIP_R_8F_E4M3", CUDA_R_8F_E4M3),
         ("HIP_R_8F_E5M2", CUDA_R_8F_E5M2),
     ];
-    pairs
-        .iter()
-        .find(|(h, _)| hip(h) == i64::from(t))
-        .map(|&(_, c)| c)
-        .ok_or(HIPBLAS_STATUS_NOT_SUPPORTED)
+    by_name(&pairs, t, HIPBLAS_STATUS_NOT_SUPPORTED)
 }
 
 fn compute_type(t: i32) -> R<lt::cublasComputeType_t> {
@@ -220,11 +225,7 @@ fn compute_type(t: i32) -> R<lt::cublasComputeType_t> {
         ("HIPBLAS_COMPUTE_64F", CUBLAS_COMPUTE_64F),
         ("HIPBLAS_COMPUTE_32I", CUBLAS_COMPUTE_32I),
     ];
-    pairs
-        .iter()
-        .find(|(h, _)| hip(h) == i64::from(t))
-        .map(|&(_, c)| c)
-        .ok_or(HIPBLAS_STATUS_INVALID_VALUE)
+    by_name(&pairs, t, HIPBLAS_STATUS_INVALID_VALUE)
 }
 
 /// The attribute value the caller passed, `size` bytes at `buf`.
