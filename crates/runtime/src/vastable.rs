@@ -16,9 +16,13 @@
 //!   eager addresses stay valid, so outputs are read there).
 //!
 //! Two reservations are used alternately: step N+1 binds reservation B while
-//! the GPU may still run step N on A. An event recorded after each step on a
-//! reservation proves the GPU is done with it; the host waits for it only
-//! before an unmap there (`cuMemUnmap` is not stream ordered).
+//! the GPU may still run step N on A, and buffers that alternate between
+//! steps (state that is not donated) stay mapped, one set in each. An event
+//! recorded after each step on a reservation proves the GPU is done with it;
+//! the host waits for it only before an unmap there (`cuMemUnmap` is not
+//! stream ordered). [`BindingConfig::reservations`] = 1
+//! (`XLA_VMM_RESERVATIONS=1`, for A/B) uses one: alternating buffers then
+//! remap every step.
 //!
 //! Shadows: one physical allocation per copy slot (the region's size:
 //! whole granules; the policy counts each so against its cap),
