@@ -16,7 +16,7 @@
 //! one buffer to rank i, without it buffer i to rank i; collective permute
 //! sends to its target and receives from its source, zeroing the
 //! destination where there is no source; collective broadcast from rank 0.
-//! Data movement uses bytes ([`CommType::U8`]); reductions use the element
+//! Data movement uses bytes ([`CommType::U8`](xla_vmm_device::collective::CommType::U8)); reductions use the element
 //! type (complex as pairs of reals, which is exact for sums).
 
 use std::collections::HashMap;
@@ -141,7 +141,7 @@ impl IdExchange for LocalExchange {
 type CommMap<B> = HashMap<(Vec<i64>, usize, usize), Arc<dyn Communicator<B>>>;
 
 /// The communicators of one process, shared by all its devices and executables:
-/// one per (participants in rank order, rank). Key in the exchange: "xla_vmm/clique/<ids comma-joined>".
+/// one per (participants in rank order, rank). Key in the exchange: `"xla_vmm/clique/<ids comma-joined>"`.
 pub struct Cliques<B: Backend> {
     exchange: Arc<dyn IdExchange>,
     comms: Mutex<CommMap<B>>,

@@ -1,7 +1,7 @@
 //! The execution API: load a [`Plan`] (into a [`Program`]), bind
 //! parameters, run it in a [`Mode`], get the outputs. The program is
 //! immutable; each mode's runner keeps its own state here: eager has none,
-//! graph-recapture its last graph ([`crate::recapture`]), the default
+//! graph-recapture its last graph (`recapture.rs`), the default
 //! VA-stable mode its reservations ([`crate::vastable`]).
 //!
 //! Parameters are the caller's buffers, bound per run. A parameter aliased

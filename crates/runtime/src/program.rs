@@ -2,7 +2,7 @@
 //! (checked thunks as ops, kernel modules, GEMM plans, the buffers the
 //! executable owns, its extra streams and events, its collective ops).
 //! Immutable once loaded, whatever mode runs it: the runners (eager,
-//! graph-recapture, VA-stable: [`crate::executable`], [`crate::recapture`],
+//! graph-recapture, VA-stable: [`crate::executable`], `recapture.rs`,
 //! [`crate::vastable`]) read it and keep their own per-step state.
 //! Dropping it waits for its streams and releases everything it made.
 //!

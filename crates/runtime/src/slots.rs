@@ -96,8 +96,8 @@ impl SlotTable {
 
 /// A device buffer of its own: physical memory mapped read/write into a VA
 /// reservation of its own, owned through [`xla_vmm_device::vmm`]'s RAII
-/// types, so that dropping it unmaps and releases it (errors go to its
-/// context's deferred list: [`DeviceBuffer::context`]).
+/// types, so that dropping it unmaps and releases it (errors go to the
+/// deferred list of its VMM context).
 #[derive(Debug)]
 pub struct DeviceBuffer<B: Backend> {
     /// Maps `phys` at offset 0 (holds it until unmapped).

@@ -2,8 +2,8 @@
 //! reservation and never re-captured; each step the parameter slots are made
 //! to hold the caller's buffers by skip, remap or copy, as the policy's
 //! [`SlotTracker`] says. Two stages, as XLA's thunks have:
-//! [`VaStable::initialize`] once (costs, plan, lay-out, both reservations
-//! bound to the first step's memory and recorded) and [`VaStable::run`] per
+//! `VaStable::initialize` once (costs, plan, lay-out, both reservations
+//! bound to the first step's memory and recorded) and `VaStable::run` per
 //! step (bind, copy, launch, record).
 //!
 //! Layout of a reservation (the same in both): `[ parameter regions | owned

@@ -3,10 +3,10 @@
 //!
 //! A [`Communicator`] is one rank of a clique: the devices that take part in
 //! a collective, in rank order. Cliques are made with a [`CliqueId`] that one
-//! rank creates ([`Backend::clique_id`](crate::Backend::clique_id)) and every
+//! rank creates ([`crate::Backend::clique_id`]) and every
 //! rank receives (in-process, or through jax's key-value store across
 //! processes); then every rank calls
-//! [`Backend::comm_init_rank`](crate::Backend::comm_init_rank) at the same
+//! [`crate::Backend::comm_init_rank`] at the same
 //! time (the call blocks until all ranks have joined).
 //!
 //! Every operation is enqueued on a stream of the communicator's device and

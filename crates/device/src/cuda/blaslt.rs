@@ -7,7 +7,7 @@
 //! missing library); the types come from `xla_vmm_ffi::cuda::cublaslt`.
 //!
 //! A [`LtPlan`] is XLA's `MatmulPlan`: descriptors built from a
-//! [`NormalizedGemm`](crate::blas::NormalizedGemm), the heuristic queried
+//! [`crate::blas::NormalizedGemm`], the heuristic queried
 //! for `max_algorithms` under a workspace limit, algorithm `algorithm_idx`
 //! of the successful results kept. Execution sets the same descriptor
 //! attributes XLA sets (bias / scale / amax / aux pointers) before

@@ -3,9 +3,9 @@
 //! Physical allocations are zeroed host vectors; VA ranges are bump-allocated
 //! from a fake 47-bit address space (non-zero, aligned, never reused, one
 //! guard granule between reservations); mappings are tracked per range and
-//! every device access is translated through them (see [`memory`]). Streams
-//! are in-order queues run on the calling thread (see [`exec`]); graphs are
-//! recorded op lists; kernels are registered Rust closures (see [`kernel`]).
+//! every device access is translated through them (see `memory.rs`). Streams
+//! are in-order queues run on the calling thread (see `exec.rs`); graphs are
+//! recorded op lists; kernels are registered Rust closures (see `kernel.rs`).
 //!
 //! Failure modes, all returned as [`DeviceError`] (never a panic): access
 //! through an unmapped VA or before `set_access`, map over a mapped range,

@@ -62,7 +62,7 @@ pub struct CollOp {
     pub buffers: Vec<CollBuffer>,
     pub index: usize,
     /// Which communicator set: 0, or i + 1 inside an async start on
-    /// communication stream i (see [`Cliques::communicator_tagged`]).
+    /// communication stream i (see [`Cliques::communicator_tagged`](crate::Cliques::communicator_tagged)).
     pub stream_tag: usize,
 }
 
