@@ -79,6 +79,16 @@ pub fn assert_plausible_info<B: Backend>(backend: &B) {
     assert!(free <= total && total > 0);
 }
 
+/// Run every check on `backend`, print them ([`report`]) and assert that
+/// there were some and that none failed: the conformance test of each GPU
+/// backend.
+pub fn assert_all_pass<B: Backend>(backend: &Arc<B>) {
+    let results = run_all(backend);
+    let failed = report(&results);
+    assert!(!results.is_empty());
+    assert!(failed.is_empty(), "failed checks: {failed:?}");
+}
+
 /// Print one line per check (name, time, ok or the failure) on stderr and
 /// return the names of the checks that failed.
 pub fn report(results: &[Check]) -> Vec<&'static str> {

@@ -60,11 +60,7 @@ fn device_info_is_plausible() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn conformance_suite() {
-    let b = gpu();
-    let results = conformance::run_all(&b);
-    let failed = conformance::report(&results);
-    assert!(!results.is_empty());
-    assert!(failed.is_empty(), "failed checks: {failed:?}");
+    conformance::assert_all_pass(&gpu());
 }
 
 /// 10,000 mixed operations through the allocator, then the driver's free

@@ -44,9 +44,5 @@ fn device_info_is_plausible() {
 #[test]
 #[ignore = "needs a HIP device"]
 fn conformance_suite() {
-    let b = gpu();
-    let results = conformance::run_all(&b);
-    let failed = conformance::report(&results);
-    assert!(!results.is_empty());
-    assert!(failed.is_empty(), "failed checks: {failed:?}");
+    conformance::assert_all_pass(&gpu());
 }

@@ -153,6 +153,16 @@ pub(crate) unsafe fn put<T>(p: *mut T, v: T) -> HipResult<()> {
     Ok(())
 }
 
+/// A driver call that writes a 4-byte C enum through `out`, its value read
+/// back as an integer (the driver may write a value newer than the bindings'
+/// enum: reading it as the Rust enum would be undefined behaviour).
+pub(crate) fn enum_out<T>(call: impl FnOnce(*mut T) -> cu::CUresult) -> HipResult<u32> {
+    const { assert!(std::mem::size_of::<T>() == 4) };
+    let mut raw: u32 = u32::MAX;
+    check(call((&mut raw as *mut u32).cast::<T>()))?;
+    Ok(raw)
+}
+
 /// Read a `#[repr(u32)]` enum field of a caller's struct as its integer, so
 /// that a value the Rust enum does not list is an error, not undefined
 /// behaviour.

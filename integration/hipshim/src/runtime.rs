@@ -20,7 +20,7 @@ use hip_runtime_sys::{
     hipStreamCaptureMode, hipStreamCaptureStatus, hipStream_t,
 };
 
-use crate::driver::{self, bind, check, entry, forward, put, raw_u32, HipResult};
+use crate::driver::{self, bind, check, entry, enum_out, forward, put, raw_u32, HipResult};
 use crate::errors;
 
 const INVALID: hipError_t = hipError_t::hipErrorInvalidValue;
@@ -824,16 +824,8 @@ pub unsafe extern "C" fn hipStreamIsCapturing(
             return Err(INVALID);
         }
         bind()?;
-        // Read back as an integer: the driver may write a value newer than
-        // the bindings' enum.
-        let mut raw: u32 = u32::MAX;
-        // SAFETY: live stream; `raw` is a 4-byte out value (the enum's size).
-        check(unsafe {
-            cu::cuStreamIsCapturing(
-                stream.cast(),
-                (&mut raw as *mut u32).cast::<cu::CUstreamCaptureStatus>(),
-            )
-        })?;
+        // SAFETY: live stream; `out` is a 4-byte out value (the enum's size).
+        let raw = enum_out(|out| unsafe { cu::cuStreamIsCapturing(stream.cast(), out) })?;
         use cu::CUstreamCaptureStatus as C;
         use hipStreamCaptureStatus as H;
         let s = if raw == C::CU_STREAM_CAPTURE_STATUS_NONE as u32 {
@@ -1153,14 +1145,8 @@ pub unsafe extern "C" fn hipGraphNodeGetType(
             return Err(INVALID);
         }
         bind()?;
-        let mut raw: u32 = u32::MAX;
-        // SAFETY: a live node; `raw` is a 4-byte out value (the enum's size).
-        check(unsafe {
-            cu::cuGraphNodeGetType(
-                node.cast(),
-                (&mut raw as *mut u32).cast::<cu::CUgraphNodeType>(),
-            )
-        })?;
+        // SAFETY: a live node; `out` is a 4-byte out value (the enum's size).
+        let raw = enum_out(|out| unsafe { cu::cuGraphNodeGetType(node.cast(), out) })?;
         use cu::CUgraphNodeType as C;
         use hipGraphNodeType as H;
         // Memory alloc / free, batch memory op and conditional nodes have no
