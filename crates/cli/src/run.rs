@@ -180,6 +180,31 @@ fn run_host(
     replay(Arc::new(b), plan, None, inputs, args, mode, check)
 }
 
+/// A GPU backend's replay: its GEMM engine is made (and its library named
+/// on stderr) only when the program has GEMM thunks.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+#[allow(clippy::too_many_arguments)]
+fn replay_gpu<B: Backend + 'static, G: xla_vmm_device::blas::GemmEngine<B> + 'static>(
+    backend: B,
+    engine: &str,
+    make_gemm: impl FnOnce(&B) -> anyhow::Result<(G, String)>,
+    plan: xla_vmm::Plan,
+    inputs: Vec<(String, NpyArray)>,
+    args: &Args,
+    mode: Mode,
+    check: &OutputCheck,
+) -> anyhow::Result<()> {
+    let gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<B>>> =
+        if plan.kind_counts().contains_key("cublas_lt_matmul") {
+            let (g, library) = make_gemm(&backend)?;
+            eprintln!("{engine}: {library}");
+            Some(Arc::new(g))
+        } else {
+            None
+        };
+    replay(Arc::new(backend), plan, gemm, inputs, args, mode, check)
+}
+
 /// The HIP backend (feature `hip`; hipBLASLt for `cublas_lt_matmul` thunks).
 #[cfg(feature = "hip")]
 fn run_hip(
@@ -190,16 +215,13 @@ fn run_hip(
     check: &OutputCheck,
 ) -> anyhow::Result<()> {
     use xla_vmm_device::hip::{blaslt::HipGemm, HipBackend};
-    let backend = Arc::new(HipBackend::new(args.device)?);
-    let gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<HipBackend>>> =
-        if plan.kind_counts().contains_key("cublas_lt_matmul") {
-            let g = HipGemm::new(&backend)?;
-            eprintln!("hipBLASLt: {}", g.library());
-            Some(Arc::new(g))
-        } else {
-            None
-        };
-    replay(backend, plan, gemm, inputs, args, mode, check)
+    let gemm = |b: &HipBackend| {
+        let g = HipGemm::new(b)?;
+        let library = g.library().to_string();
+        Ok((g, library))
+    };
+    let backend = HipBackend::new(args.device)?;
+    replay_gpu(backend, "hipBLASLt", gemm, plan, inputs, args, mode, check)
 }
 
 #[cfg(not(feature = "hip"))]
@@ -222,16 +244,13 @@ fn run_cuda(
     check: &OutputCheck,
 ) -> anyhow::Result<()> {
     use xla_vmm_device::cuda::{blaslt::CudaGemm, CudaBackend};
-    let backend = Arc::new(CudaBackend::new(args.device)?);
-    let needs_gemm = plan.kind_counts().contains_key("cublas_lt_matmul");
-    let gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<CudaBackend>>> = if needs_gemm {
-        let g = CudaGemm::new(&backend)?;
-        eprintln!("cuBLASLt: {}", g.library());
-        Some(Arc::new(g))
-    } else {
-        None
+    let gemm = |b: &CudaBackend| {
+        let g = CudaGemm::new(b)?;
+        let library = g.library().to_string();
+        Ok((g, library))
     };
-    replay(backend, plan, gemm, inputs, args, mode, check)
+    let backend = CudaBackend::new(args.device)?;
+    replay_gpu(backend, "cuBLASLt", gemm, plan, inputs, args, mode, check)
 }
 
 /// What `--compare` needs besides the arrays.
