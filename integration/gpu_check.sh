@@ -338,6 +338,7 @@ want_ab() { [[ "$SECTIONS" == *" ab "* ]]; }
 ab_extra=()
 [ -n "${AB_BUDGET_S:-}" ] && ab_extra+=(--budget-s "$AB_BUDGET_S")
 [ -n "${AB_MERGE:-}" ] && ab_extra+=(--merge "$AB_MERGE")
+[ -n "${AB_REPEAT:-}" ] && ab_extra+=(--repeat "$AB_REPEAT")
 want_ab && check "ab" python3 integration/ab.py --out "$WORK/ab" --vmm "$VMM" --steps "${AB_STEPS:-20}" \
   --models "${AB_MODELS:-llama_small_f32,llama_110m_bf16,maxtext_tiny_bf16}" "${ab_extra[@]}"
 want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab/ab.json" >/dev/null 2>&1
