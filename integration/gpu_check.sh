@@ -373,14 +373,21 @@ if want hip-shim; then
       XLA_VMM_HIPRTC_LIBRARY="$HS/libamdhip64.so" XLA_VMM_HIPBLASLT_LIBRARY="$HS/libamdhip64.so")
     check "hip-shim:conformance" "${hs_env[@]}" "$BIN/hip-conformance" --include-ignored --test-threads=1
     # The runtime on the HIP backend (the staged CLI carries both backends, as the wheel's does): the CUDA
-    # fixtures, bit-identical to stock XLA's outputs, eager and VA-stable; GEMM thunks through our hipBLASLt
-    # engine, which the shim forwards to cuBLASLt (the llama fixtures' stock reference comes from section
-    # `stock`).
+    # fixtures, bit-identical to stock XLA's outputs, eager and VA-stable. The llama programs are compiled
+    # here by stock XLA with HIP_SHIM_XLA_FLAGS (default: Triton GEMMs off), as ROCm programs are made:
+    # their GEMMs are cublas_lt_matmul thunks, which run through our hipBLASLt engine (forwarded by the
+    # shim to cuBLASLt), and their kernels use no TMA descriptors, which HIP does not have (the staged
+    # llama fixtures' Triton GEMMs on Hopper do).
+    check "hip-shim:stock-ref" env XLA_FLAGS="${HIP_SHIM_XLA_FLAGS:---xla_gpu_enable_triton_gemm=false}" \
+      python3 integration/stock_ref.py --out "$WORK/ref-hip" --steps 5 llama_sgd_f32 llama_scan_bf16
     for f in small loop mlp_adam_donated llama_sgd_f32 llama_scan_bf16; do
       read -r pj nz <<<"$(fx_pair "$f")"
-      [ -n "$pj" ] || { echo "== hip-shim:fixture:$f: no .npz staged and no stock reference (section stock)"; continue; }
       nd=()
-      [ -f "$WORK/ref/$f.loop.json" ] && nd=(--nondeterministic "$WORK/ref/$f.loop.json")
+      if [[ $f == llama_* ]]; then
+        pj=$WORK/ref-hip/$f.pjrt nz=$WORK/ref-hip/$f.npz
+        nd=(--nondeterministic "$WORK/ref-hip/$f.loop.json")
+      fi
+      [ -f "$pj" ] || { echo "== hip-shim:fixture:$f: no executable staged or made"; continue; }
       for mode in eager graph; do
         check "hip-shim:fixture:$f:$mode" "${hs_env[@]}" "$VMM" run "$pj" --backend hip \
           --inputs "$nz" --compare "$nz" --mode "$mode" "${nd[@]}"

@@ -9,9 +9,11 @@ and prints one table, so that the gap is placed: GPU time or host time, CLI or p
 
 Usage (GPU machine): python3 integration/diag/va_gap.py --vmm BIN --out DIR [--steps 30]
                      [--rows modes|completion|loops|timing] MODEL...
---rows timing: the default mode with XLA_VMM_STEP_TIMING=1, through the CLI and through the plugin (each
-step waited for): every step's GPU time (first binding copy to last copy-back) and the stream time since
-the previous step's end, medians over steps 2-7 and 8 on (where the plugin's gap starts).
+--rows timing: VA-stable with XLA_VMM_STEP_TIMING=1, the default through the CLI and the plugin, and the
+plugin at threshold 0, at a cutoff that copies every slot it can and with one reservation, next to the
+plugin in graph-recapture (each step waited for): every step's GPU time (first binding copy to last copy-back) and the stream time
+since the previous step's end, medians over steps 2-7 and 8 on (where the plugin's gap starts), the host
+step time and the remaps and copies per step; each row's log (with the policy's plans) in DIR.
 It first runs ab.py for MODEL (stock cmdbuf on/off, to save the executable and its inputs in DIR).
 """
 import argparse
@@ -55,9 +57,23 @@ LOOP_ROWS = [("%s, loop %s" % (row, loop), mode, None, {"VA_GAP_LOOP": loop})
              for loop in LOOPS]
 
 
-# --rows timing: what XLA_VMM_STEP_TIMING logs, parsed (both paths, each step waited for).
-TIMING_ENV = {"XLA_VMM_STEP_TIMING": "1", "XLA_VMM_LOG": "xla_vmm_runtime=debug"}
+# --rows timing: what XLA_VMM_STEP_TIMING logs, parsed (each step waited for), with the policy's decisions
+# (its info logs: the first plan and auto's re-plan) kept in DIR/va_gap.<row>.log.
+TIMING_ENV = {"XLA_VMM_STEP_TIMING": "1", "XLA_VMM_LOG": "xla_vmm_runtime=debug,xla_vmm::policy=info"}
 TIMED = re.compile(r"step timed.*?step=(\d+) gpu_us=([0-9.]+)(?: since_previous_us=([0-9.]+))?")
+# (row, path, environment): the default through the CLI and the plugin, then the plugin at threshold 0
+# (every changed slot remapped), at a cutoff that copies every slot the shadow cap admits, and in
+# graph-recapture (no step timing there: its host step time is the reference for the others').
+# VA_GAP_TIMING_ROWS (comma-separated row names) runs a subset.
+TIMING_ROWS = [
+    ("CLI", "cli", {}),
+    ("plugin", "plugin", {}),
+    ("plugin t0", "plugin", {"XLA_VMM_TMP_COPY_THRESHOLD": "0"}),
+    ("plugin t1G", "plugin", {"XLA_VMM_TMP_COPY_THRESHOLD": str(1 << 30)}),
+    ("plugin r1", "plugin", {"XLA_VMM_RESERVATIONS": "1"}),
+    ("plugin t0 r1", "plugin", {"XLA_VMM_TMP_COPY_THRESHOLD": "0", "XLA_VMM_RESERVATIONS": "1"}),
+    ("plugin recapture", "plugin", {"XLA_VMM_EXEC_MODE": "graph-recapture"}),
+]
 
 
 def timed_steps(text):
@@ -71,25 +87,39 @@ def timed_steps(text):
 
 
 def timing_rows(vmm, out, model, steps):
-    """Median GPU µs and µs-between of steps 2-7 and 8+, CLI and plugin."""
-    env = dict(os.environ, **TIMING_ENV)
-    cli = subprocess.run([vmm, "run", os.path.join(out, model + ".pjrt"), "--inputs",
-                          os.path.join(out, model + ".npz"), "--mode", "graph", "--steps", str(steps)],
-                         capture_output=True, text=True, env=env, timeout=300)
-    penv = dict(env, JAX_PLATFORMS="vmm", XLA_VMM_EXEC_MODE="graph")
-    penv.pop("XLA_VMM_TMP_COPY_THRESHOLD", None)
-    plug = subprocess.run([sys.executable, os.path.join(INTEG, "ab.py"), "--out", out, "--steps", str(steps),
-                           "--child", "vmm", "--name", model], capture_output=True, text=True, env=penv,
-                          timeout=300)
+    """Median GPU µs and µs-between of steps 2-7 and 8+, and the host step ms, per TIMING_ROWS row."""
     rows = []
-    for path, p in (("CLI", cli), ("plugin", plug)):
+    only = [r for r in os.environ.get("VA_GAP_TIMING_ROWS", "").split(",") if r]
+    for row, path, extra in TIMING_ROWS:
+        if only and row not in only:
+            continue
+        env = dict(os.environ, **TIMING_ENV)
+        env.pop("XLA_VMM_TMP_COPY_THRESHOLD", None)
+        if path == "cli":
+            argv = [vmm, "run", os.path.join(out, model + ".pjrt"), "--inputs",
+                    os.path.join(out, model + ".npz"), "--mode", "graph", "--steps", str(steps)]
+        else:
+            env.update(JAX_PLATFORMS="vmm", XLA_VMM_EXEC_MODE="graph")
+            argv = [sys.executable, os.path.join(INTEG, "ab.py"), "--out", out, "--steps", str(steps),
+                    "--child", "vmm", "--name", model]
+        env.update(extra)
+        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+        with open(os.path.join(out, "va_gap.%s.%s.log" % (model, row.replace(" ", "_"))), "w") as fh:
+            fh.write(p.stderr + p.stdout)
         t = timed_steps(p.stderr + p.stdout)
+        res = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+        step_ms = res[-1].get("step_ms") if res and path == "plugin" else None
+        st = res[-1].get("stats", {}) if res and path == "plugin" else {}
+
         def med(lo, hi, k):
             v = sorted(x[k] for s, x in t.items() if lo <= s < hi and x[k] is not None)
             return v[len(v) // 2] if v else None
-        rows.append({"model": model, "path": path, "rc": p.returncode, "steps_timed": len(t),
+        rows.append({"model": model, "path": row, "rc": p.returncode, "steps_timed": len(t),
                      "gpu_us_2_7": med(2, 8, 0), "gpu_us_8_on": med(8, 10**9, 0),
                      "between_us_2_7": med(2, 8, 1), "between_us_8_on": med(8, 10**9, 1),
+                     "host_ms": median(step_ms) if step_ms else None,
+                     "remaps_per_step": st.get("remaps", 0) / max(st.get("steps", 0), 1) if st else None,
+                     "copies_per_step": st.get("copies", 0) / max(st.get("steps", 0), 1) if st else None,
                      "per_step": {str(s): x for s, x in sorted(t.items())}})
     return rows
 
@@ -184,13 +214,16 @@ def main():
         if a.rows == "timing":
             if len(table) == 2:
                 table = ["| model | path | steps timed | GPU µs/step, steps 2-7 | steps 8+ | "
-                         "µs between steps, 2-7 | 8+ |", "|---|---|---|---|---|---|---|"]
+                         "µs between steps, 2-7 | 8+ | host ms/step (median) | remaps/step | copies/step |",
+                         "|---|---|---|---|---|---|---|---|---|---|"]
             f = lambda v: "-" if v is None else "%.1f" % v  # noqa: E731
             for r in timing_rows(a.vmm, out, model, a.steps):
                 result.append(r)
-                table.append("| %s | %s | %d | %s | %s | %s | %s |" % (
+                table.append("| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s |" % (
                     model, r["path"], r["steps_timed"], f(r["gpu_us_2_7"]), f(r["gpu_us_8_on"]),
-                    f(r["between_us_2_7"]), f(r["between_us_8_on"])))
+                    f(r["between_us_2_7"]), f(r["between_us_8_on"]),
+                    "-" if r["host_ms"] is None else "%.3f" % r["host_ms"],
+                    f(r["remaps_per_step"]), f(r["copies_per_step"])))
                 print(table[-1], flush=True)
             continue
         for row, mode, t, extra in {"modes": ROWS, "completion": COMPLETION_ROWS, "loops": LOOP_ROWS}[a.rows]:

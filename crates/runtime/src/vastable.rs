@@ -626,7 +626,8 @@ impl<B: Backend> VaStable<B> {
             .slot
             .get_or_insert_with(|| register(&self.key, &self.stats));
         publish(slot, &self.stats);
-        tracing::debug!(executable = %self.key, reservation = r,
+        tracing::debug!(executable = %self.key, step = self.step - 1, reservation = r,
+            remaps_total = self.stats.counters.remaps, copies_total = self.stats.counters.copies,
             copy_in_bytes, copy_out_bytes, host_ns = ns,
             launch_ns = (t_after - t_launch).as_nanos() as u64, "step bound");
         if warming {
