@@ -11,9 +11,10 @@ Usage (GPU machine): python3 integration/diag/va_gap.py --vmm BIN --out DIR [--s
                      [--rows modes|completion|loops|timing] MODEL...
 --rows timing: VA-stable with XLA_VMM_STEP_TIMING=1, the default through the CLI and the plugin, and the
 plugin at threshold 0, at a cutoff that copies every slot it can and with one reservation, next to the
-plugin in graph-recapture (each step waited for): every step's GPU time (first binding copy to last
-copy-back) and the stream time since the previous step's end, medians over steps 2-7 and 8 on (where the plugin's gap starts), the host
-step time and the remaps and copies per step; each row's log (with the policy's plans) in DIR.
+plugin in graph-recapture (each step waited for): every step's GPU time (first binding copy to last copy-back)
+and the stream time since the previous step's end, medians over steps 2-7 and 8 on (where the
+plugin's gap starts), the host step time and the remaps and copies per step; each row's log (with the
+policy's plans) in DIR.
 It first runs ab.py for MODEL (stock cmdbuf on/off, to save the executable and its inputs in DIR).
 """
 import argparse
