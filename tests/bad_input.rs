@@ -230,3 +230,64 @@ fn mutated_fixtures_never_panic() {
         let _ = decode(&b); // must return, Ok or Err
     }
 }
+
+#[test]
+fn host_space_copies_decode_and_a_missing_copy_is_an_error() {
+    let slice = |offset, size| {
+        Some(px::ShapedSliceProto {
+            slice: Some(BufferAllocationSliceProto {
+                offset,
+                size,
+                buffer_allocation_index: 0,
+                element_type: 0,
+            }),
+            shape: None,
+        })
+    };
+    let copy = Some(px::gpu::CopyThunkProto {
+        source_buffer: slice(0, 256),
+        destination_buffer: slice(512, 256),
+        mem_size: 256,
+    });
+    let d2h = px::gpu::DeviceToHostCopyThunkProto {
+        copy_thunk: copy.clone(),
+    };
+    let h2d = px::gpu::HostToDeviceCopyThunkProto { copy_thunk: copy };
+    let plan = decode(&executable(&exe_with_thunks(vec![
+        thunk_bytes("copy-start", 4, &d2h.encode_to_vec()),
+        thunk_bytes("copy-start.1", 5, &h2d.encode_to_vec()),
+    ])))
+    .expect("decodes");
+    assert!(plan.unsupported().is_empty());
+    for (t, want) in plan
+        .thunks
+        .iter()
+        .zip(["device_to_host_copy", "host_to_device_copy"])
+    {
+        assert_eq!(t.kind_name(), want);
+        match &t.kind {
+            ThunkKind::DeviceToHostCopy(c) | ThunkKind::HostToDeviceCopy(c) => {
+                assert_eq!(
+                    (
+                        c.source.slice.offset,
+                        c.destination.slice.offset,
+                        c.mem_size
+                    ),
+                    (0, 512, 256)
+                );
+            }
+            k => panic!("{k:?}"),
+        }
+    }
+    // Without its copy: an error naming the thunk.
+    let empty = px::gpu::DeviceToHostCopyThunkProto { copy_thunk: None };
+    let e = err(&executable(&exe_with_thunks(vec![thunk_bytes(
+        "copy-start.2",
+        4,
+        &empty.encode_to_vec(),
+    )])));
+    assert!(
+        e.to_string().contains("copy-start.2") && e.to_string().contains("copy_thunk"),
+        "{e}"
+    );
+}

@@ -160,13 +160,21 @@ fn kind_of(
     let ctx = |what: &'static str| move || format!("{p}: {what}");
     Ok(Some(match number {
         3 => ThunkKind::Copy(copy(&decode_msg(data, "CopyThunkProto", p)?, allocs, p)?),
+        // The three copy kinds that wrap a `CopyThunkProto` as field 1.
+        4 => {
+            let m: pg::DeviceToHostCopyThunkProto =
+                decode_msg(data, "DeviceToHostCopyThunkProto", p)?;
+            ThunkKind::DeviceToHostCopy(wrapped_copy(m.copy_thunk, allocs, p)?)
+        }
+        5 => {
+            let m: pg::HostToDeviceCopyThunkProto =
+                decode_msg(data, "HostToDeviceCopyThunkProto", p)?;
+            ThunkKind::HostToDeviceCopy(wrapped_copy(m.copy_thunk, allocs, p)?)
+        }
         13 => {
             let m: pg::DeviceToDeviceCopyThunkProto =
                 decode_msg(data, "DeviceToDeviceCopyThunkProto", p)?;
-            let c = m
-                .copy_thunk
-                .ok_or_else(|| invalid(format!("{p}: missing copy_thunk")))?;
-            ThunkKind::DeviceToDeviceCopy(copy(&c, allocs, p)?)
+            ThunkKind::DeviceToDeviceCopy(wrapped_copy(m.copy_thunk, allocs, p)?)
         }
         8 => ThunkKind::Kernel(kernel(
             &decode_msg(data, "KernelThunkProto", p)?,
@@ -358,6 +366,17 @@ fn copy(m: &pg::CopyThunkProto, allocs: Allocs<'_>, p: &str) -> Result<CopyThunk
         destination,
         mem_size,
     })
+}
+
+/// The `copy_thunk` field of a device-to-device, device-to-host or
+/// host-to-device copy thunk.
+fn wrapped_copy(
+    m: Option<pg::CopyThunkProto>,
+    allocs: Allocs<'_>,
+    p: &str,
+) -> Result<CopyThunk, DecodeError> {
+    let c = m.ok_or_else(|| invalid(format!("{p}: missing copy_thunk")))?;
+    copy(&c, allocs, p)
 }
 
 fn dim3(d: Option<&se::Dim3DProto>, p: &str, what: &str) -> Result<Dim3, DecodeError> {

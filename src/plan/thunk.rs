@@ -46,6 +46,12 @@ pub enum ThunkKind {
     Gemm(Box<GemmThunk>),
     /// `device_to_device_copy_thunk` (13).
     DeviceToDeviceCopy(CopyThunk),
+    /// `device_to_host_copy_thunk` (4): a copy into XLA's host memory space
+    /// (host offload, `device_put` to `pinned_host` in a program). XLA runs
+    /// it as a memcpy on the thunk's stream, like the device copy.
+    DeviceToHostCopy(CopyThunk),
+    /// `host_to_device_copy_thunk` (5): the copy back from the host space.
+    HostToDeviceCopy(CopyThunk),
     /// `copy_thunk` (3): device-to-device copy (generic form).
     Copy(CopyThunk),
     /// `memzero_thunk` (19): set `dest` to zero bytes.

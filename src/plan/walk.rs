@@ -42,6 +42,8 @@ impl ThunkKind {
             ThunkKind::Gemm(_) => "gemm",
             ThunkKind::DeviceToDeviceCopy(_) => "device_to_device_copy",
             ThunkKind::Copy(_) => "copy",
+            ThunkKind::DeviceToHostCopy(_) => "device_to_host_copy",
+            ThunkKind::HostToDeviceCopy(_) => "host_to_device_copy",
             ThunkKind::Memzero { .. } => "memzero",
             ThunkKind::Memset32 { .. } => "memset32bit_value",
             ThunkKind::While(_) => "while",
@@ -164,7 +166,10 @@ impl Thunk {
                     out.push((w, Access::Overwrite));
                 }
             }
-            ThunkKind::DeviceToDeviceCopy(c) | ThunkKind::Copy(c) => {
+            ThunkKind::DeviceToDeviceCopy(c)
+            | ThunkKind::Copy(c)
+            | ThunkKind::DeviceToHostCopy(c)
+            | ThunkKind::HostToDeviceCopy(c) => {
                 out.push((c.source.slice, Access::Read));
                 out.push((c.destination.slice, Access::Overwrite));
             }

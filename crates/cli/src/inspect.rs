@@ -333,7 +333,10 @@ fn detail(t: &Thunk) -> String {
             )
         }
         ThunkKind::Kernel(k) => format!(" {} args {}", k.kernel_name, k.args.len()),
-        ThunkKind::DeviceToDeviceCopy(c) | ThunkKind::Copy(c) => format!(
+        ThunkKind::DeviceToDeviceCopy(c)
+        | ThunkKind::Copy(c)
+        | ThunkKind::DeviceToHostCopy(c)
+        | ThunkKind::HostToDeviceCopy(c) => format!(
             " #{}+{} -> #{}+{} ({} B)",
             c.source.slice.allocation,
             c.source.slice.offset,

@@ -375,7 +375,13 @@ impl<B: Backend> LoadCtx<'_, B> {
                      replaying it through cuBLASLt would not be bit-identical)",
                 ))
             }
-            ThunkKind::DeviceToDeviceCopy(c) | ThunkKind::Copy(c) => Op::Copy {
+            // A copy to or from the host memory space is the same copy: the
+            // runtime places host-space allocations (see `Program::load`) and
+            // host-space parameters are device-mapped pinned memory.
+            ThunkKind::DeviceToDeviceCopy(c)
+            | ThunkKind::Copy(c)
+            | ThunkKind::DeviceToHostCopy(c)
+            | ThunkKind::HostToDeviceCopy(c) => Op::Copy {
                 src: c.source.slice,
                 dst: c.destination.slice,
                 bytes: c.mem_size,

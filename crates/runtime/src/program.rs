@@ -133,6 +133,27 @@ impl<B: Backend> Program<B> {
             p.owned.push(buf);
             p.owned_index.push(index);
         }
+        // XLA's host memory space (host offload): the program's own
+        // allocations there are device memory here (the copies to and from
+        // them are the same bytes, so results do not change; the device
+        // memory offloading would save is not saved). Host-space parameters
+        // and results are the caller's pinned host memory.
+        let host_space: u64 = p
+            .plan
+            .allocations
+            .iter()
+            .filter(|a| {
+                a.color == xla_vmm::HOST_MEMORY_SPACE
+                    && !matches!(a.role, AllocationRole::Parameter { .. })
+            })
+            .map(|a| a.size)
+            .sum();
+        if host_space > 0 {
+            tracing::info!(
+                bytes = host_space,
+                "the program's host-memory-space allocations are placed in device memory"
+            );
+        }
         tracing::info!(
             ops = p.ops.len(),
             modules = p.modules.len(),

@@ -554,3 +554,60 @@ fn graph_captures_wait_for_foreign_work_in_flight() {
         assert!(took >= Duration::from_millis(80), "{mode:?}: {took:?}");
     }
 }
+
+/// Host offload as XLA compiles it: the parameter goes to XLA's host memory
+/// space (a device-to-host copy into a host-space temp), comes back (a
+/// host-to-device copy) and is scaled; the host-space temp is placed in
+/// device memory by this runtime.
+#[test]
+fn host_space_copies_run_as_copies_in_every_mode() {
+    let mut host_temp = alloc(2, 16, AllocationRole::Temp);
+    host_temp.color = HOST_MEMORY_SPACE;
+    let allocs = vec![
+        alloc(0, 16, param(0, false)),
+        alloc(1, 16, AllocationRole::Output { outputs: vec![] }),
+        host_temp,
+        alloc(3, 16, AllocationRole::Temp),
+    ];
+    let c = |src, dst| CopyThunk {
+        source: ShapedSlice {
+            slice: src,
+            shape: None,
+        },
+        destination: ShapedSlice {
+            slice: dst,
+            shape: None,
+        },
+        mem_size: 16,
+    };
+    let thunks = vec![
+        thunk(
+            "copy-start",
+            ThunkKind::DeviceToHostCopy(c(sl(0, 0, 16), sl(2, 0, 16))),
+        ),
+        thunk(
+            "copy-start.1",
+            ThunkKind::HostToDeviceCopy(c(sl(2, 0, 16), sl(3, 0, 16))),
+        ),
+        kernel(
+            "fusion",
+            "scale2",
+            vec![karg(sl(3, 0, 16), false), karg(sl(1, 0, 16), true)],
+            Some(vec![
+                KernelParam::ArgAddress { arg_index: 0 },
+                KernelParam::ArgAddress { arg_index: 1 },
+                KernelParam::Bytes {
+                    data: Blob(4u32.to_le_bytes().to_vec()),
+                },
+            ]),
+            1,
+        ),
+    ];
+    let p = plan(allocs, vec![f32s(4)], vec![(1, f32s(4))], thunks);
+    xla_vmm_runtime::ops::check_support(&p).expect("host-space copies are supported");
+    let b = backend();
+    for mode in [Mode::Eager, Mode::Graph, Mode::GraphRecapture] {
+        let out = run(&b, p.clone(), &[vec![1.0, -2.0, 3.5, 0.25]], mode).unwrap();
+        assert_eq!(out[0], vec![2.0, -4.0, 7.0, 0.5], "{mode:?}");
+    }
+}
