@@ -532,6 +532,72 @@ fn a_host_offloaded_output_is_in_pinned_host_memory() {
     assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
 }
 
+/// Host offload inside a program, as XLA compiles `device_put` to and from
+/// `pinned_host` in a jit: a pinned_host parameter comes to the device (a
+/// host-to-device copy), is incremented, and goes back to a pinned_host
+/// result (a device-to-host copy). It runs on our runtime (the client is
+/// strict), step after step in VA-stable mode, with fresh host buffers.
+#[test]
+fn host_space_copies_run_on_our_runtime_with_pinned_host_arguments() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let host_mem = memories(device)[1];
+    let mut on_host = f32s(4);
+    on_host.memory_space = HOST_MEMORY_SPACE;
+    let copy = |src, dst| CopyThunk {
+        source: ShapedSlice {
+            slice: src,
+            shape: None,
+        },
+        destination: ShapedSlice {
+            slice: dst,
+            shape: None,
+        },
+        mem_size: 16,
+    };
+    let param = AllocationRole::Parameter {
+        number: 0,
+        shape_index: vec![],
+        aliased_with_output: false,
+    };
+    let mut out = alloc(1, 16, AllocationRole::Output { outputs: vec![] });
+    out.color = HOST_MEMORY_SPACE;
+    let mut p = plan(
+        vec![alloc(0, 16, param), out, alloc(2, 16, AllocationRole::Temp)],
+        1,
+        vec![
+            thunk(
+                "copy-start",
+                ThunkKind::HostToDeviceCopy(copy(sl(0, 16), sl(2, 16))),
+            ),
+            inc(sl(2, 16), 4),
+            thunk(
+                "copy-start.1",
+                ThunkKind::DeviceToHostCopy(copy(sl(2, 16), sl(1, 16))),
+            ),
+        ],
+    );
+    p.program_shape.parameters = vec![on_host.clone()];
+    p.program_shape.result = on_host;
+    let exe = load(client, p);
+    for step in 0..4 {
+        let v = [step as f32, 1.5, -2.0, 8.0];
+        let x = from_host_in_memory(client, host_mem, PJRT_Buffer_Type_F32, &[4], &f32_bytes(&v))
+            .unwrap();
+        let y = execute(exe, &[x], &[]).unwrap();
+        assert_eq!(memory_kind(buffer_memory(y)), "pinned_host");
+        let want: Vec<f32> = v.iter().map(|x| x + 1.0).collect();
+        assert_eq!(f32_values(&to_host(y).unwrap()), want, "step {step}");
+        for b in [x, y] {
+            destroy_buffer(b);
+        }
+    }
+    destroy_exe(exe);
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
 /// A token parameter takes JAX's stand-in for a token at a program's
 /// boundary (a `bool[0]` array) or a token buffer; anything with bytes is
 /// refused as before.
