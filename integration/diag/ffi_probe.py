@@ -111,7 +111,8 @@ def probe_one(target, stage):
               error_create=error_create)
     md = Metadata(struct_size=C.sizeof(Metadata), api_version=ApiVersion(C.sizeof(ApiVersion), None, -1, -1))
     ext = MetadataExt(ExtBase(C.sizeof(MetadataExt), 1, None), C.pointer(md))
-    frame = CallFrame(struct_size=C.sizeof(CallFrame), extension_start=C.cast(C.pointer(ext), C.POINTER(ExtBase)),
+    # XLA_FFI_CallFrame_STRUCT_SIZE runs to `attrs` (the `future` out field is not counted).
+    frame = CallFrame(struct_size=CallFrame.attrs.offset + C.sizeof(Attrs), extension_start=C.cast(C.pointer(ext), C.POINTER(ExtBase)),
                       api=C.pointer(api), stage=3)
     for f in ("args", "rets"):
         getattr(frame, f).struct_size = C.sizeof(Args)
