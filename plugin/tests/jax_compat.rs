@@ -545,17 +545,6 @@ fn host_space_copies_run_on_our_runtime_with_pinned_host_arguments() {
     let host_mem = memories(device)[1];
     let mut on_host = f32s(4);
     on_host.memory_space = HOST_MEMORY_SPACE;
-    let copy = |src, dst| CopyThunk {
-        source: ShapedSlice {
-            slice: src,
-            shape: None,
-        },
-        destination: ShapedSlice {
-            slice: dst,
-            shape: None,
-        },
-        mem_size: 16,
-    };
     let param = AllocationRole::Parameter {
         number: 0,
         shape_index: vec![],
@@ -569,12 +558,12 @@ fn host_space_copies_run_on_our_runtime_with_pinned_host_arguments() {
         vec![
             thunk(
                 "copy-start",
-                ThunkKind::HostToDeviceCopy(copy(sl(0, 16), sl(2, 16))),
+                ThunkKind::HostToDeviceCopy(copy_of(sl(0, 16), sl(2, 16))),
             ),
             inc(sl(2, 16), 4),
             thunk(
                 "copy-start.1",
-                ThunkKind::DeviceToHostCopy(copy(sl(2, 16), sl(1, 16))),
+                ThunkKind::DeviceToHostCopy(copy_of(sl(2, 16), sl(1, 16))),
             ),
         ],
     );

@@ -96,6 +96,24 @@ fn run(
     Ok(result)
 }
 
+/// `scale2` over 4 f32 from `src` into `dst`, with packed parameters (the
+/// two addresses, then the count as bytes).
+fn scale2_4(name: &str, src: Slice, dst: Slice) -> Thunk {
+    kernel(
+        name,
+        "scale2",
+        vec![karg(src, false), karg(dst, true)],
+        Some(vec![
+            KernelParam::ArgAddress { arg_index: 0 },
+            KernelParam::ArgAddress { arg_index: 1 },
+            KernelParam::Bytes {
+                data: Blob(4u32.to_le_bytes().to_vec()),
+            },
+        ]),
+        1,
+    )
+}
+
 fn copy_memset_kernel_plan() -> Plan {
     let allocs = vec![
         alloc(0, 16, param(0, false)),
@@ -124,19 +142,7 @@ fn copy_memset_kernel_plan() -> Plan {
                     },
                 ),
                 copy("copy", sl(0, 0, 16), sl(2, 16, 16)),
-                kernel(
-                    "fusion.1",
-                    "scale2",
-                    vec![karg(sl(2, 16, 16), false), karg(sl(1, 0, 16), true)],
-                    Some(vec![
-                        KernelParam::ArgAddress { arg_index: 0 },
-                        KernelParam::ArgAddress { arg_index: 1 },
-                        KernelParam::Bytes {
-                            data: Blob(4u32.to_le_bytes().to_vec()),
-                        },
-                    ]),
-                    1,
-                ),
+                scale2_4("fusion.1", sl(2, 16, 16), sl(1, 0, 16)),
             ],
         },
     )];
@@ -569,39 +575,16 @@ fn host_space_copies_run_as_copies_in_every_mode() {
         host_temp,
         alloc(3, 16, AllocationRole::Temp),
     ];
-    let c = |src, dst| CopyThunk {
-        source: ShapedSlice {
-            slice: src,
-            shape: None,
-        },
-        destination: ShapedSlice {
-            slice: dst,
-            shape: None,
-        },
-        mem_size: 16,
-    };
     let thunks = vec![
         thunk(
             "copy-start",
-            ThunkKind::DeviceToHostCopy(c(sl(0, 0, 16), sl(2, 0, 16))),
+            ThunkKind::DeviceToHostCopy(copy_of(sl(0, 0, 16), sl(2, 0, 16))),
         ),
         thunk(
             "copy-start.1",
-            ThunkKind::HostToDeviceCopy(c(sl(2, 0, 16), sl(3, 0, 16))),
+            ThunkKind::HostToDeviceCopy(copy_of(sl(2, 0, 16), sl(3, 0, 16))),
         ),
-        kernel(
-            "fusion",
-            "scale2",
-            vec![karg(sl(3, 0, 16), false), karg(sl(1, 0, 16), true)],
-            Some(vec![
-                KernelParam::ArgAddress { arg_index: 0 },
-                KernelParam::ArgAddress { arg_index: 1 },
-                KernelParam::Bytes {
-                    data: Blob(4u32.to_le_bytes().to_vec()),
-                },
-            ]),
-            1,
-        ),
+        scale2_4("fusion", sl(3, 0, 16), sl(1, 0, 16)),
     ];
     let p = plan(allocs, vec![f32s(4)], vec![(1, f32s(4))], thunks);
     xla_vmm_runtime::ops::check_support(&p).expect("host-space copies are supported");

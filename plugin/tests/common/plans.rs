@@ -38,6 +38,16 @@ pub fn thunk(name: &str, kind: ThunkKind) -> Thunk {
     }
 }
 
+/// A copy of all of `src` into `dst` (the payload of every copy kind).
+pub fn copy_of(src: Slice, dst: Slice) -> CopyThunk {
+    let s = |slice| ShapedSlice { slice, shape: None };
+    CopyThunk {
+        source: s(src),
+        destination: s(dst),
+        mem_size: src.size,
+    }
+}
+
 /// `inc` over `n` f32 at `slice` (in place).
 pub fn inc(slice: Slice, n: u64) -> Thunk {
     thunk(

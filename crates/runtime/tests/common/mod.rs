@@ -45,16 +45,18 @@ pub fn thunk(name: &str, kind: ThunkKind) -> Thunk {
     }
 }
 
-pub fn copy(name: &str, src: Slice, dst: Slice) -> Thunk {
+/// A copy of all of `src` into `dst` (the payload of every copy kind).
+pub fn copy_of(src: Slice, dst: Slice) -> CopyThunk {
     let s = |slice| ShapedSlice { slice, shape: None };
-    thunk(
-        name,
-        ThunkKind::DeviceToDeviceCopy(CopyThunk {
-            source: s(src),
-            destination: s(dst),
-            mem_size: src.size,
-        }),
-    )
+    CopyThunk {
+        source: s(src),
+        destination: s(dst),
+        mem_size: src.size,
+    }
+}
+
+pub fn copy(name: &str, src: Slice, dst: Slice) -> Thunk {
+    thunk(name, ThunkKind::DeviceToDeviceCopy(copy_of(src, dst)))
 }
 
 pub fn plan(
