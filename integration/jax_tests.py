@@ -42,6 +42,25 @@ DEFAULT_FILES = ("api_test,lax_control_flow_test,lax_test,lax_autodiff_test,lax_
                  "debugging_primitives_test,pjit_test")
 # Lines of the plugin's log that say a program left our runtime (counted per file).
 FALLBACK_RE = re.compile(r"vendor runtime|falls back to the vendor|on the vendor fallback", re.I)
+# The plugin's warning for a program its runtime rejected: the program and why.
+REJECTED_RE = re.compile(r"rejected (\S+) \((.*)\); it runs on the vendor runtime")
+
+
+def fallbacks_in(text):
+    """(fallback warning lines, Counter of their reasons) in a test process's output. A reason is
+    what our runtime rejected, without the thunk's own name and numbers (`custom call
+    'xla_ffi_python_gpu_callback'`, `host_execute_start thunk '…': ...`)."""
+    n, reasons = 0, collections.Counter()
+    for ln in text.splitlines():
+        if not FALLBACK_RE.search(ln):
+            continue
+        n += 1
+        m = REJECTED_RE.search(ln)
+        why = m.group(2) if m else "other: " + ln.strip()
+        why = re.sub(r"^(loading \S+ on device \d+: )", "", why)
+        why = re.sub(r"(thunk|kernel|copy) '[^']*'", r"\1 '…'", why)
+        reasons[normalize(why)] += 1
+    return n, reasons
 MAX_RESTARTS = 40
 # The longest files, split over several processes so that the slice ends within one device call.
 DEFAULT_SHARDS = "api_test=4,lax_test=3,lax_control_flow_test=3,lax_numpy_test=2"
@@ -121,14 +140,15 @@ def seed(log, skip, earlier):
         if os.path.exists(p):
             os.remove(p)
     if not earlier:
-        return [], 0
+        return [], 0, collections.Counter()
     with open(log, "w", encoding="utf-8") as f:
         for t, (outcome, msg) in earlier["outcomes"].items():
             if outcome != "died":
                 f.write(json.dumps({"id": t, "outcome": outcome, "msg": msg}) + "\n")
     with open(skip, "w", encoding="utf-8") as f:
         f.write("\n".join(earlier["outcomes"]) + "\n")
-    return [dict(d) for d in earlier["deaths"]], earlier["fallback_lines"]
+    return ([dict(d) for d in earlier["deaths"]], earlier["fallback_lines"],
+            collections.Counter(earlier.get("fallback_reasons", {})))
 
 
 def parse_shards(text):
@@ -143,12 +163,15 @@ def parse_shards(text):
 
 def merge_shards(parts):
     """One file's result from its shards' results (each ran a disjoint share of its tests)."""
-    out = {"outcomes": {}, "deaths": [], "fallback_lines": 0, "cut": False}
+    out = {"outcomes": {}, "deaths": [], "fallback_lines": 0, "fallback_reasons": {}, "cut": False}
+    reasons = collections.Counter()
     for r in parts:
         out["outcomes"].update(r["outcomes"])
         out["deaths"] += r["deaths"]
         out["fallback_lines"] += r["fallback_lines"]
+        reasons.update(r.get("fallback_reasons", {}))
         out["cut"] = out["cut"] or r["cut"]
+    out["fallback_reasons"] = dict(reasons)
     return out
 
 
@@ -161,7 +184,7 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
     tag = "%s.%s" % (name, platform) + (".shard%dof%d" % (i, k) if k > 1 else "")
     log = os.path.join(work, tag + ".jsonl")
     skip = os.path.join(work, tag + ".skip")
-    deaths, fallbacks = seed(log, skip, earlier)
+    deaths, fallbacks, reasons = seed(log, skip, earlier)
     restarts, cut = 0, False
     file_deadline = time.time() + file_timeout
     while True:
@@ -190,11 +213,15 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
                 if not hung:
                     cut = True
                     out.seek(0)
-                    fallbacks += sum(1 for ln in out.read().splitlines() if FALLBACK_RE.search(ln))
+                    n, why = fallbacks_in(out.read())
+                    fallbacks += n
+                    reasons.update(why)
                     break
             out.seek(0)
             text = out.read()
-        fallbacks += sum(1 for ln in text.splitlines() if FALLBACK_RE.search(ln))
+        n, why = fallbacks_in(text)
+        fallbacks += n
+        reasons.update(why)
         outcomes, started = read_log(log)
         running = [t for t in started if t not in outcomes]
         normal = not hung and rc in (0, 1, 5)  # all passed / some failed / none collected
@@ -219,7 +246,8 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
     for d in deaths:
         if d["id"]:
             outcomes[d["id"]] = ("died", d["why"])
-    return {"outcomes": outcomes, "deaths": deaths, "fallback_lines": fallbacks, "cut": cut}
+    return {"outcomes": outcomes, "deaths": deaths, "fallback_lines": fallbacks,
+            "fallback_reasons": dict(reasons), "cut": cut}
 
 
 def normalize(msg):
@@ -280,6 +308,17 @@ def markdown(rows, groups, results, ref, dut, title):
         for (outcome, msg), ids in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             ex = ", ".join("`%s`" % i.split("::")[-1][:60] for i in ids[:3])
             out.append("| %d | %s | %s | %s |" % (len(ids), outcome, msg.replace("|", "\\|"), ex))
+    reasons = collections.defaultdict(collections.Counter)
+    for (name, plat), res in results.items():
+        if plat == dut:
+            for why, n in res.get("fallback_reasons", {}).items():
+                reasons[why][name] += n
+    if reasons:
+        out += ["", "## Fallback warnings on %s, by reason" % dut, "",
+                "| warnings | reason | files |", "|---|---|---|"]
+        for why, per_file in sorted(reasons.items(), key=lambda kv: -sum(kv[1].values())):
+            files_ = ", ".join("%s %d" % f for f in sorted(per_file.items(), key=lambda f: -f[1]))
+            out.append("| %d | %s | %s |" % (sum(per_file.values()), why.replace("|", "\\|"), files_))
     deaths = [(k, d) for k, res in sorted(results.items()) for d in res["deaths"]]
     if deaths:
         out += ["", "## Process deaths", ""]
@@ -359,7 +398,7 @@ def main():
         e = partial.get((f, p))
         if e is None or i == 0:
             return e
-        return {"outcomes": e["outcomes"], "deaths": [], "fallback_lines": 0}
+        return {"outcomes": e["outcomes"], "deaths": [], "fallback_lines": 0, "fallback_reasons": {}}
 
     parts = collections.defaultdict(list)
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:

@@ -191,6 +191,41 @@ class SliceRunner(unittest.TestCase):
         self.assertIn("Of 2 tests that pass on cuda, 1 (50.00%) pass on vmm", md)
 
 
+    def test_fallback_warnings_are_counted_by_reason(self):
+        jt = load_runner()
+        warn = ("W xla_vmm_plugin::executable: xla-vmm runtime rejected jit_f ({}); it runs on the vendor "
+                "runtime on xla-vmm buffers (set strict to make this an error)")
+        text = "\n".join([
+            warn.format("unsupported: custom call 'xla_ffi_python_gpu_callback': custom call "
+                        "'xla_ffi_python_gpu_callback'"),
+            warn.format("unsupported: host_execute_start thunk 'host-call.cloned.1.call-start.1': thunk "
+                        "kind not executed by this runtime"),
+            warn.format("unsupported: host_execute_start thunk 'host-call.7.call-start': thunk kind not "
+                        "executed by this runtime"),
+            "an unrelated line",
+            "the program falls back to the vendor runtime",
+        ])
+        n, reasons = jt.fallbacks_in(text)
+        self.assertEqual(n, 4)
+        self.assertEqual(reasons["unsupported: host_execute_start thunk '…': thunk kind not executed by "
+                                 "this runtime"], 2)
+        self.assertEqual(sum(reasons.values()), 4)
+        self.assertTrue(any(r.startswith("other: ") for r in reasons))
+        # Merged over shards and tabled per reason, with the files they came from.
+        m = jt.merge_shards([
+            {"outcomes": {}, "deaths": [], "fallback_lines": 2, "fallback_reasons": {"r1": 2}, "cut": False},
+            {"outcomes": {}, "deaths": [], "fallback_lines": 1, "fallback_reasons": {"r1": 1, "r2": 1},
+             "cut": False},
+            {"outcomes": {}, "deaths": [], "fallback_lines": 0, "cut": False},  # an older result
+        ])
+        self.assertEqual(m["fallback_reasons"], {"r1": 3, "r2": 1})
+        results = {("f", "cuda"): {"outcomes": {}, "deaths": [], "fallback_lines": 0, "cut": False},
+                   ("f", "vmm"): m}
+        rows, groups = jt.compare(results, ["f"], "cuda", "vmm")
+        md = jt.markdown(rows, groups, results, "cuda", "vmm", "t")
+        self.assertIn("## Fallback warnings on vmm, by reason", md)
+        self.assertIn("| 3 | r1 | f 3 |", md)
+
     def test_shards_split_a_file_and_merge_into_one_result(self):
         jt = load_runner()
         self.assertEqual(jt.parse_shards("api_test=4, lax_test.py=3,x=0"), {"api_test": 4, "lax_test": 3, "x": 1})
@@ -238,14 +273,14 @@ class SliceRunner(unittest.TestCase):
                    "fallback_lines": 3, "cut": True}
         with tempfile.TemporaryDirectory() as d:
             log, skip = os.path.join(d, "f.jsonl"), os.path.join(d, "f.skip")
-            deaths, fallbacks = jt.seed(log, skip, earlier)
-            self.assertEqual((len(deaths), fallbacks), (1, 3))
+            deaths, fallbacks, reasons = jt.seed(log, skip, earlier)
+            self.assertEqual((len(deaths), fallbacks, reasons), (1, 3, {}))
             outcomes, _ = jt.read_log(log)
             self.assertEqual(outcomes, {"t::a": ("passed", ""), "t::c": ("failed", "E")})
             with open(skip) as f:
                 self.assertEqual(set(f.read().split()), {"t::a", "t::b", "t::c"})
             # Without an earlier result: empty, and no stale files left.
-            self.assertEqual(jt.seed(log, skip, None), ([], 0))
+            self.assertEqual(jt.seed(log, skip, None), ([], 0, {}))
             self.assertFalse(os.path.exists(log) or os.path.exists(skip))
 
 
