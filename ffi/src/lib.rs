@@ -18,6 +18,10 @@
 //! - [`pjrt`] (always): the PJRT C API (`xla/pjrt/c/pjrt_c_api.h`), generated
 //!   by bindgen into `src/pjrt_c_api.rs` (checked in; `generate_pjrt.sh`
 //!   regenerates it). Types only: the plugin crate implements the entries.
+//! - [`xla_ffi`] (always): the XLA FFI C API at version 0.4, the ABI of
+//!   jaxlib 0.11.2's FFI handlers (host callbacks, cuSOLVER, ...), written
+//!   by hand from the header jaxlib's wheel ships (layouts checked in
+//!   `tests/xla_ffi_layout.rs`). Types only.
 
 #[cfg(feature = "cuda")]
 pub mod cuda {
@@ -51,3 +55,5 @@ pub mod pjrt {
     include!("pjrt_c_api.rs");
     include!("pjrt_ffi_extension.rs");
 }
+
+pub mod xla_ffi;
