@@ -77,45 +77,60 @@ fn version_metadata_and_extensions() {
 
 #[test]
 fn function_argument_structs() {
-    assert_eq!(
-        ss!(XLA_FFI_Error_Create_Args, errc, i32),
-        XLA_FFI_Error_Create_Args_STRUCT_SIZE
-    );
+    // (offsetof(last) + sizeof(last), the declared STRUCT_SIZE, the struct).
+    let sizes = [
+        (
+            ss!(XLA_FFI_Error_Create_Args, errc, i32),
+            XLA_FFI_Error_Create_Args_STRUCT_SIZE,
+            "Error_Create",
+        ),
+        (
+            ss!(XLA_FFI_Error_GetDetails_Args, errc, i32),
+            XLA_FFI_Error_GetDetails_Args_STRUCT_SIZE,
+            "Error_GetDetails",
+        ),
+        (
+            ss!(XLA_FFI_Error_Destroy_Args, error, usize),
+            XLA_FFI_Error_Destroy_Args_STRUCT_SIZE,
+            "Error_Destroy",
+        ),
+        (
+            ss!(XLA_FFI_Stream_Get_Args, stream, usize),
+            XLA_FFI_Stream_Get_Args_STRUCT_SIZE,
+            "Stream_Get",
+        ),
+        (
+            ss!(XLA_FFI_InvokeContext_Get_Args, data, usize),
+            XLA_FFI_InvokeContext_Get_Args_STRUCT_SIZE,
+            "InvokeContext_Get",
+        ),
+        (
+            ss!(XLA_FFI_State_Args, state, usize),
+            XLA_FFI_State_Args_STRUCT_SIZE,
+            "State_Set / State_Get",
+        ),
+        (
+            ss!(XLA_FFI_TypeInfo, deleter, usize),
+            XLA_FFI_TypeInfo_STRUCT_SIZE,
+            "TypeInfo",
+        ),
+        (
+            ss!(XLA_FFI_Type_Register_Args, type_id, usize),
+            XLA_FFI_Type_Register_Args_STRUCT_SIZE,
+            "Type_Register",
+        ),
+        (
+            ss!(XLA_FFI_DeviceOrdinal_Get_Args, device_ordinal, i32),
+            XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE,
+            "DeviceOrdinal_Get",
+        ),
+    ];
+    for (got, want, what) in sizes {
+        assert_eq!(got, want, "{what}");
+    }
     assert_eq!(offset_of!(XLA_FFI_Error_GetDetails_Args, message), 24);
-    assert_eq!(
-        ss!(XLA_FFI_Error_GetDetails_Args, errc, i32),
-        XLA_FFI_Error_GetDetails_Args_STRUCT_SIZE
-    );
-    assert_eq!(
-        ss!(XLA_FFI_Error_Destroy_Args, error, usize),
-        XLA_FFI_Error_Destroy_Args_STRUCT_SIZE
-    );
-    assert_eq!(
-        ss!(XLA_FFI_Stream_Get_Args, stream, usize),
-        XLA_FFI_Stream_Get_Args_STRUCT_SIZE
-    );
-    assert_eq!(
-        ss!(XLA_FFI_InvokeContext_Get_Args, data, usize),
-        XLA_FFI_InvokeContext_Get_Args_STRUCT_SIZE
-    );
     assert_eq!(offset_of!(XLA_FFI_State_Args, type_id), 32);
-    assert_eq!(
-        ss!(XLA_FFI_State_Args, state, usize),
-        XLA_FFI_State_Args_STRUCT_SIZE
-    );
-    assert_eq!(
-        ss!(XLA_FFI_TypeInfo, deleter, usize),
-        XLA_FFI_TypeInfo_STRUCT_SIZE
-    );
     assert_eq!(offset_of!(XLA_FFI_Type_Register_Args, type_id), 32);
-    assert_eq!(
-        ss!(XLA_FFI_Type_Register_Args, type_id, usize),
-        XLA_FFI_Type_Register_Args_STRUCT_SIZE
-    );
-    assert_eq!(
-        ss!(XLA_FFI_DeviceOrdinal_Get_Args, device_ordinal, i32),
-        XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE
-    );
 }
 
 #[test]

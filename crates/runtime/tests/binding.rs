@@ -97,6 +97,18 @@ impl Loop {
         Self::with(b, mode_threshold, if sub_alloc { 16 } else { 0 }, false)
     }
 
+    /// No sub-allocation; `cfg` with the test's costs (1 GiB free).
+    fn configured(b: &Arc<HostBackend>, cfg: BindingConfig) -> Loop {
+        let mut l = Self::new(b, None, false);
+        l.exe
+            .set_binding_config(BindingConfig {
+                costs: Some(costs(1 << 30)),
+                ..cfg
+            })
+            .unwrap();
+        l
+    }
+
     /// Buffers of at most `small` bytes are sub-allocated.
     fn with(
         b: &Arc<HostBackend>,
@@ -264,15 +276,14 @@ fn thresholds_decide_remap_or_copy_and_results_are_identical() {
 fn one_reservation_records_one_graph_and_remaps_what_alternates() {
     let b = backend();
     let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 6);
-    let mut l = Loop::new(&b, None, false);
-    l.exe
-        .set_binding_config(BindingConfig {
+    let l = Loop::configured(
+        &b,
+        BindingConfig {
             threshold: Threshold::from(0),
-            costs: Some(costs(1 << 30)),
             reservations: 1,
             ..Default::default()
-        })
-        .unwrap();
+        },
+    );
     let (got, l) = l.run(Mode::Graph, 6);
     assert_eq!(got, reference);
     let st = l.exe.stats().unwrap().clone();
@@ -289,15 +300,14 @@ fn one_reservation_records_one_graph_and_remaps_what_alternates() {
 fn step_timing_changes_no_result_and_leaves_no_event() {
     let b = backend();
     let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 6);
-    let mut l = Loop::new(&b, None, false);
-    l.exe
-        .set_binding_config(BindingConfig {
+    let l = Loop::configured(
+        &b,
+        BindingConfig {
             threshold: Threshold::from(1),
-            costs: Some(costs(1 << 30)),
             step_timing: true,
             ..Default::default()
-        })
-        .unwrap();
+        },
+    );
     let (got, l) = l.run(Mode::Graph, 6);
     assert_eq!(got, reference);
     drop(l);
