@@ -4,7 +4,7 @@
 // needs to call a handler (call frame, arguments, results, attributes, the API
 // table and the argument structs of its functions). Layouts are described in
 // `integration/results/ffi_abi_0.4.md` and checked in `tests/xla_ffi_layout.rs`.
-// Types only: nothing here is called.
+// Types only: the plugin serves the table (`plugin/src/xla_ffi_api.rs`).
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
 use core::ffi::{c_char, c_int, c_void};
@@ -313,6 +313,27 @@ pub struct XLA_FFI_DeviceOrdinal_Get_Args {
     pub device_ordinal: i32,
 }
 pub const XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE: usize = 28;
+
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct XLA_FFI_RunId_Get_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_InternalExtension,
+    pub ctx: *mut XLA_FFI_InvokeContext,
+    pub run_id: i64,
+}
+pub const XLA_FFI_RunId_Get_Args_STRUCT_SIZE: usize = 32;
+
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct XLA_FFI_InvokeContext_FindExtension_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_InternalExtension,
+    pub ctx: *mut XLA_FFI_InvokeContext,
+    pub extension_type: i64,
+    pub extension: *const c_void,
+}
+pub const XLA_FFI_InvokeContext_FindExtension_Args_STRUCT_SIZE: usize = 40;
 
 // ---- the API table -------------------------------------------------------------
 /// A table entry; every function takes a pointer to its argument struct.

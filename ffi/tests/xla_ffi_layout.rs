@@ -124,6 +124,16 @@ fn function_argument_structs() {
             XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE,
             "DeviceOrdinal_Get",
         ),
+        (
+            ss!(XLA_FFI_RunId_Get_Args, run_id, i64),
+            XLA_FFI_RunId_Get_Args_STRUCT_SIZE,
+            "RunId_Get",
+        ),
+        (
+            ss!(XLA_FFI_InvokeContext_FindExtension_Args, extension, usize),
+            XLA_FFI_InvokeContext_FindExtension_Args_STRUCT_SIZE,
+            "InvokeContext_FindExtension",
+        ),
     ];
     for (got, want, what) in sizes {
         assert_eq!(got, want, "{what}");

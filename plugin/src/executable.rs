@@ -559,7 +559,13 @@ impl Executable {
         }
         // The outputs live in the executable's memory until its next run:
         // keep the lock until their copies out are enqueued.
-        let outs = program.run_bound(&bound, handles)?;
+        // Custom calls run while the step is enqueued: the context is theirs
+        // for this run only.
+        program
+            .set_call_context(context.map(|c| c.clone() as Arc<dyn xla_vmm_runtime::CallContext>));
+        let outs = program.run_bound(&bound, handles);
+        program.set_call_context(None);
+        let outs = outs?;
         if part.stats_key.get().is_none() {
             if let Some(key) = program.stats_key() {
                 crate::stats::record_device(&key, part.device.id());

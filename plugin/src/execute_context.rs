@@ -5,11 +5,12 @@
 //!
 //! jaxlib creates a context for an `Execute`, adds its user data through
 //! our extension's `user_data_add`, and passes the context in the execute
-//! options. Our runtime runs no FFI handler itself; a program that needs
-//! one runs on the vendor runtime, and the context's user data is added to
-//! a vendor context made for that run (`vendor_exec.rs`). Handler and type
-//! registrations go to the vendor plugin: at once when it is loaded, else
-//! when it is (`vendor.rs` replays them).
+//! options. Our runtime's custom calls read it (`xla_ffi_api.rs`); a
+//! program on the vendor runtime gets it added to a vendor context made for
+//! that run (`vendor_exec.rs`). Typed-FFI handler registrations are kept
+//! for our runtime (`xla_ffi_api.rs`); handler and type registrations also
+//! go to the vendor plugin: at once when it is loaded, else when it is
+//! (`vendor.rs` replays them).
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
@@ -63,6 +64,19 @@ impl ExecuteContext {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+/// Custom calls on our runtime read the run's user data by type id
+/// (`XLA_FFI_InvokeContext_Get`).
+impl xla_vmm_runtime::CallContext for ExecuteContext {
+    fn user_data(&self, type_id: i64) -> Option<usize> {
+        self.user_data
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|u| u.type_id == type_id)
+            .map(|u| u.data)
     }
 }
 
@@ -133,6 +147,21 @@ fn register_handler(a: &mut PJRT_FFI_Register_Handler_Args) -> Result<()> {
     let platform = cabi::str(a.platform_name, a.platform_name_size, "platform_name")?;
     if a.handler.is_null() {
         return Err(Error::invalid(format!("handler for {target} is null")));
+    }
+    // A typed-FFI handler (API version 1 here) also runs on our runtime
+    // (its execute stage: the extension passes one function).
+    if a.api_version == 1 {
+        // SAFETY: non-null (checked): an `XLA_FFI_Handler` for API version 1.
+        let execute: xla_vmm_ffi::xla_ffi::XLA_FFI_Handler =
+            unsafe { std::mem::transmute(a.handler) };
+        crate::xla_ffi_api::register_handler(
+            target,
+            crate::xla_ffi_api::Handler {
+                execute,
+                instantiate: None,
+                traits: a.traits,
+            },
+        );
     }
     let r = Registration::Handler {
         target: target.as_bytes().to_vec(),

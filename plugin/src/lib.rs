@@ -66,6 +66,7 @@ pub mod vendor_exec;
 pub mod vendor_locate;
 mod watchdog;
 pub mod worker;
+pub mod xla_ffi_api;
 
 #[doc(hidden)]
 pub use api::raw;

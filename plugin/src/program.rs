@@ -7,7 +7,7 @@ use std::sync::Arc;
 use xla_vmm::Plan;
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::{Backend, DevicePtr};
-use xla_vmm_runtime::{BindingConfig, Executable, Mode, RuntimeError, UserBuffer};
+use xla_vmm_runtime::{BindingConfig, CallContext, Executable, Mode, RuntimeError, UserBuffer};
 
 use crate::assignment::MultiDevice;
 use crate::collectives::{self, Cliques};
@@ -41,6 +41,10 @@ pub trait Program: Send {
         self.run(args)
     }
 
+    /// The execute context the next runs' custom calls read (their user
+    /// data), `None` for none.
+    fn set_call_context(&mut self, _context: Option<Arc<dyn CallContext>>) {}
+
     /// The key of this program's binding stats in the runtime's registry
     /// (`name#n`), once it has some (after its first VA-stable run).
     fn stats_key(&self) -> Option<String> {
@@ -56,7 +60,7 @@ impl From<RuntimeError> for Error {
             RuntimeError::Unsupported(_) => PJRT_Error_Code_UNIMPLEMENTED,
             RuntimeError::InvalidProgram(_) => PJRT_Error_Code_INVALID_ARGUMENT,
             RuntimeError::InvalidArgument(_) => PJRT_Error_Code_INVALID_ARGUMENT,
-            RuntimeError::Io { .. } => PJRT_Error_Code_INTERNAL,
+            RuntimeError::Io { .. } | RuntimeError::Handler(_) => PJRT_Error_Code_INTERNAL,
         };
         Error::new(code, e.to_string())
     }
@@ -82,7 +86,13 @@ impl<B: Backend> RuntimeProgram<B> {
         multi: Option<(&MultiDevice, Arc<Cliques<B>>)>,
     ) -> Result<Self> {
         let exe = stream.with(|s| {
-            let mut exe = Executable::load(backend.clone(), plan, gemm, s)?;
+            let mut exe = Executable::load_with(
+                backend.clone(),
+                plan,
+                gemm,
+                Some(&crate::xla_ffi_api::Registry),
+                s,
+            )?;
             if let Some((m, cliques)) = multi {
                 collectives::attach(&mut exe, m, cliques)?;
             }
@@ -109,6 +119,12 @@ impl<B: Backend> Program for RuntimeProgram<B> {
 
     fn stats_key(&self) -> Option<String> {
         Some(self.exe.as_ref()?.stats()?.executable.clone())
+    }
+
+    fn set_call_context(&mut self, context: Option<Arc<dyn CallContext>>) {
+        if let Some(exe) = self.exe.as_mut() {
+            exe.set_call_context(context);
+        }
     }
 
     fn run_bound(

@@ -7,6 +7,7 @@ mod collective;
 mod constants;
 mod container;
 mod convert;
+mod ffi_attr;
 mod hlo_reduction;
 mod thunk;
 mod wire;

@@ -239,6 +239,7 @@ fn kind_of(
                 target_name: m.target_name,
                 opaque: m.opaque.into(),
                 api_version: m.api_version,
+                attributes: super::ffi_attr::attributes(m.attributes, &format!("{p}: attributes"))?,
                 called_computation: m.called_computation,
                 use_pdl: m.use_pdl,
             })

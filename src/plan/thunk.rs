@@ -228,7 +228,7 @@ pub struct AsyncStartThunk {
 }
 
 /// `CustomCallThunkProto`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CustomCallThunk {
     pub target_name: String,
     /// Operands (read); `None` = a null operand slot.
@@ -239,6 +239,8 @@ pub struct CustomCallThunk {
     pub opaque: Blob,
     /// `CustomCallApiVersion` number (4 = typed FFI).
     pub api_version: i32,
+    /// The typed-FFI attributes, sorted by name.
+    pub attributes: super::FfiAttrs,
     pub called_computation: Option<String>,
     pub use_pdl: bool,
 }

@@ -217,6 +217,10 @@ pub trait Backend: Send + Sync + 'static {
     fn stream_create(&self) -> Result<Self::Stream>;
     fn stream_destroy(&self, stream: Self::Stream) -> Result<()>;
     fn stream_synchronize(&self, stream: &Self::Stream) -> Result<()>;
+    /// The stream's native handle (`CUstream`, `hipStream_t`; the host
+    /// backend's stream id), for foreign code that enqueues work on it: the
+    /// XLA FFI handlers of custom calls (`XLA_FFI_Stream_Get`).
+    fn stream_native(&self, stream: &Self::Stream) -> usize;
     /// Make `stream` wait for `event` (device side; the host does not block).
     fn stream_wait_event(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()>;
     fn event_create(&self) -> Result<Self::Event>;

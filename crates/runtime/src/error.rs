@@ -19,6 +19,9 @@ pub enum RuntimeError {
     /// The caller passed wrong arguments (count, byte size, aliasing).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A custom call's handler failed at run time (its message).
+    #[error("{0}")]
+    Handler(String),
     /// Reading or writing a file (npz) failed.
     #[error("{path}: {message}")]
     Io { path: String, message: String },

@@ -15,8 +15,9 @@ use xla_vmm_device::blas::{GemmEngine, MatmulArgs};
 use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::collective::Resolved;
+use crate::custom_call::{CallBuffer, CallContext, Invocation};
 use crate::error::{Result, RuntimeError};
-use crate::ops::{AsyncStream, Op, ParamSpec};
+use crate::ops::{AsyncStream, CallOperand, CustomCallOp, Op, ParamSpec};
 use crate::slots::SlotTable;
 
 /// Everything the walk needs besides the ops and the slot table.
@@ -34,6 +35,8 @@ pub struct ExecEnv<'a, B: Backend> {
     pub logical: (u32, u32),
     /// Per async execution id: (start event, done event).
     pub events: &'a HashMap<u64, (B::Event, B::Event)>,
+    /// The run's execute context, for custom calls (their user data).
+    pub call_context: Option<&'a dyn CallContext>,
     /// The main stream is being captured into a graph.
     pub capturing: bool,
 }
@@ -276,6 +279,7 @@ fn run_op<B: Backend>(
             };
             be.memset_d32(slots.resolve(dst)?, v, 1, stream)?;
         }
+        Op::CustomCall(c) => run_custom_call(env, c, slots, stream)?,
         Op::AsyncDone { id } => {
             let (_, done) = env
                 .events
@@ -285,6 +289,51 @@ fn run_op<B: Backend>(
         }
     }
     Ok(())
+}
+
+/// XLA's `CustomCallThunk::ExecuteFfiHandler`: the handler gets the stream,
+/// the device, every operand and result as a typed buffer (a token as a
+/// `TOKEN` buffer without data) and the run's execute context.
+fn run_custom_call<B: Backend>(
+    env: &ExecEnv<'_, B>,
+    c: &CustomCallOp,
+    slots: &SlotTable,
+    stream: &B::Stream,
+) -> Result<()> {
+    if env.capturing && !c.call.graph_compatible() {
+        return Err(RuntimeError::unsupported(format!(
+            "custom call '{}': its handler is not command-buffer compatible, it cannot be captured",
+            c.target
+        )));
+    }
+    let buffers = |v: &[Option<CallOperand>]| -> Result<Vec<CallBuffer>> {
+        v.iter()
+            .map(|o| match o {
+                Some(o) => Ok(CallBuffer {
+                    dtype: o.dtype,
+                    data: slots.resolve(&o.slice)?,
+                    dims: o.dims.clone(),
+                }),
+                None => Ok(CallBuffer {
+                    dtype: xla_vmm::ElementType::TOKEN.0,
+                    data: DevicePtr::NULL,
+                    dims: Vec::new(),
+                }),
+            })
+            .collect()
+    };
+    let (args, rets) = (buffers(&c.operands)?, buffers(&c.results)?);
+    let call = Invocation {
+        stream: env.backend.stream_native(stream),
+        device_ordinal: env.backend.info().ordinal,
+        args: &args,
+        rets: &rets,
+        context: env.call_context,
+    };
+    tracing::trace!(target = %c.target, name = %c.name, "custom call");
+    c.call
+        .execute(&call)
+        .map_err(|e| RuntimeError::Handler(format!("custom call '{}' ({}): {e}", c.target, c.name)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -366,6 +415,10 @@ pub(crate) fn capture_blocker<B: Backend>(
             capture_blocker(condition, conditional_nodes)
                 .or_else(|| capture_blocker(body, conditional_nodes))
         }
+        Op::CustomCall(c) if !c.call.graph_compatible() => Some(format!(
+            "custom call '{}' ({}) has an FFI handler that is not command-buffer compatible",
+            c.target, c.name
+        )),
         Op::Sequential(ops) | Op::AsyncStart { ops, .. } => capture_blocker(ops, conditional_nodes),
         Op::DynamicSlice { embedded, .. } => capture_blocker(embedded, conditional_nodes),
         _ => None,

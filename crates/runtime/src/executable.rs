@@ -17,6 +17,7 @@ use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::binding::{BindingConfig, BindingStats, UserBuffer};
 use crate::collective::{CollectiveEnv, Resolved};
+use crate::custom_call::{CallContext, CustomCallRegistry};
 use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::run_seq;
 use crate::program::Program;
@@ -85,6 +86,8 @@ pub struct Executable<B: Backend> {
     coll_env: Option<CollectiveEnv<B>>,
     resolved: Vec<Resolved<B>>,
     logical: (u32, u32),
+    /// The next runs' execute context (custom calls' user data).
+    call_context: Option<Arc<dyn CallContext>>,
 }
 
 fn leaf_shape(result: &Shape, index: &[i64]) -> Option<Shape> {
@@ -105,7 +108,19 @@ impl<B: Backend> Executable<B> {
         gemm: Option<Arc<dyn GemmEngine<B>>>,
         stream: &B::Stream,
     ) -> Result<Self> {
-        let program = Program::load(backend, plan, gemm, stream)?;
+        Self::load_with(backend, plan, gemm, None, stream)
+    }
+
+    /// [`Executable::load`] with the handlers of the plan's typed-FFI custom
+    /// calls (without, a plan with one is rejected).
+    pub fn load_with(
+        backend: Arc<B>,
+        plan: Plan,
+        gemm: Option<Arc<dyn GemmEngine<B>>>,
+        custom_calls: Option<&dyn CustomCallRegistry>,
+        stream: &B::Stream,
+    ) -> Result<Self> {
+        let program = Program::load(backend, plan, gemm, custom_calls, stream)?;
         let slots = program.owned_slots()?;
         let nparams = program.parameter_shapes().len();
         Ok(Executable {
@@ -119,7 +134,14 @@ impl<B: Backend> Executable<B> {
             coll_env: None,
             resolved: Vec::new(),
             logical: (0, 0),
+            call_context: None,
         })
+    }
+
+    /// The execute context the following runs hand their custom calls
+    /// (`None`: none).
+    pub fn set_call_context(&mut self, context: Option<Arc<dyn CallContext>>) {
+        self.call_context = context;
     }
 
     /// The loaded program.
@@ -245,7 +267,12 @@ impl<B: Backend> Executable<B> {
         let program = &self.program;
         if self.va.is_none() {
             let mut va = VaStable::new(program, &self.binding)?;
-            let env = program.env(&self.resolved, self.logical, true);
+            let env = program.env(
+                &self.resolved,
+                self.logical,
+                self.call_context.as_deref(),
+                true,
+            );
             if let Err(e) = va.initialize(program, &env, &self.users, stream) {
                 let be = program.backend();
                 Teardown::new("a VA-stable runner that failed to initialize")
@@ -293,7 +320,12 @@ impl<B: Backend> Executable<B> {
         };
         match mode {
             Mode::Eager => {
-                let env = self.program.env(&self.resolved, self.logical, false);
+                let env = self.program.env(
+                    &self.resolved,
+                    self.logical,
+                    self.call_context.as_deref(),
+                    false,
+                );
                 run_seq(
                     &env,
                     self.program.ops(),
@@ -303,7 +335,12 @@ impl<B: Backend> Executable<B> {
                 )?;
             }
             Mode::GraphRecapture => {
-                let env = self.program.env(&self.resolved, self.logical, true);
+                let env = self.program.env(
+                    &self.resolved,
+                    self.logical,
+                    self.call_context.as_deref(),
+                    true,
+                );
                 self.recapture
                     .execute(&self.program, &env, &self.slots, stream)?;
             }

@@ -24,6 +24,7 @@
 pub mod binding;
 pub mod collective;
 pub mod copykernel;
+pub mod custom_call;
 pub mod dynamic_slice;
 pub mod elf;
 pub mod error;
@@ -39,6 +40,9 @@ pub mod vastable;
 
 pub use binding::{BindingConfig, BindingStats, CopyPath, RemapSource, UserBuffer};
 pub use collective::{Cliques, CollectiveEnv, DeviceAssignment, IdExchange, LocalExchange};
+pub use custom_call::{
+    BoundCall, CallBuffer, CallContext, CallSite, CustomCallRegistry, Invocation,
+};
 pub use error::{Result, RuntimeError};
 pub use executable::{Executable, Mode, Output};
 pub use program::Program;

@@ -13,6 +13,7 @@ use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId};
 use xla_vmm_device::{Backend, ImageKind, LaunchConfig, TensorMapDesc};
 
 use crate::collective::CollOp;
+use crate::custom_call::{BoundCall, CallSite, CustomCallRegistry, API_VERSION_TYPED_FFI};
 use crate::error::{Result, RuntimeError};
 
 /// How one kernel parameter is built at launch.
@@ -106,6 +107,57 @@ pub enum Op<B: Backend> {
         dst: Slice,
         partition: bool,
     },
+    /// A typed-FFI custom call, bound to its handler at load
+    /// ([`crate::custom_call`]).
+    CustomCall(Box<CustomCallOp>),
+}
+
+/// A loaded custom call.
+#[derive(Debug)]
+pub struct CustomCallOp {
+    pub name: String,
+    pub target: String,
+    pub call: std::sync::Arc<dyn BoundCall>,
+    /// Operands and results: slice, dtype, dims; `None` = a token.
+    pub operands: Vec<Option<CallOperand>>,
+    pub results: Vec<Option<CallOperand>>,
+}
+
+/// A buffer of a custom call, as loaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallOperand {
+    pub slice: Slice,
+    pub dtype: i32,
+    pub dims: Vec<i64>,
+}
+
+fn call_operands(v: &[Option<ShapedSlice>], what: &str) -> Result<Vec<Option<CallOperand>>> {
+    v.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let Some(s) = s else { return Ok(None) };
+            let shape = s.shape.as_ref().ok_or_else(|| {
+                RuntimeError::invalid(format!("custom call {what} {i} has no shape"))
+            })?;
+            Ok(Some(CallOperand {
+                slice: s.slice,
+                dtype: shape.element_type.0,
+                dims: shape.dimensions.clone(),
+            }))
+        })
+        .collect()
+}
+
+/// Legacy (untyped) custom calls are not run; typed-FFI ones are, given a
+/// registry.
+fn custom_call_support(c: &xla_vmm::CustomCallThunk) -> std::result::Result<(), String> {
+    if c.api_version != API_VERSION_TYPED_FFI {
+        return Err(format!(
+            "custom call '{}' of API version {} (only typed-FFI custom calls, version {API_VERSION_TYPED_FFI}, are run)",
+            c.target_name, c.api_version
+        ));
+    }
+    Ok(())
 }
 
 /// The stream an async start runs on: an extra compute stream
@@ -121,6 +173,8 @@ pub enum AsyncStream {
 pub struct LoadCtx<'a, B: Backend> {
     pub backend: &'a B,
     pub gemm: Option<&'a dyn GemmEngine<B>>,
+    /// The handlers of typed-FFI custom calls.
+    pub custom_calls: Option<&'a dyn CustomCallRegistry>,
     /// Loaded modules, owned by the executable.
     pub modules: Vec<B::Module>,
     /// Cubin bytes → index in `modules`.
@@ -459,10 +513,39 @@ impl<B: Backend> LoadCtx<'_, B> {
                 id: *async_execution_id,
             },
             ThunkKind::CustomCall(c) => {
-                return Err(RuntimeError::unsupported(format!(
-                    "custom call '{}' (custom calls are not executed by this runtime)",
-                    c.target_name
-                )))
+                custom_call_support(c).map_err(RuntimeError::Unsupported)?;
+                let registry = self.custom_calls.ok_or_else(|| {
+                    RuntimeError::unsupported(format!(
+                        "custom call '{}': this runtime was loaded without FFI handlers",
+                        c.target_name
+                    ))
+                })?;
+                let site = CallSite {
+                    target: &c.target_name,
+                    name: &t.info.profile_annotation,
+                    attributes: &c.attributes,
+                };
+                let call = registry
+                    .bind(&site)
+                    .map_err(|e| {
+                        RuntimeError::unsupported(format!(
+                            "custom call '{}': binding its FFI handler: {e}",
+                            c.target_name
+                        ))
+                    })?
+                    .ok_or_else(|| {
+                        RuntimeError::unsupported(format!(
+                            "custom call '{}': no FFI handler is registered for it",
+                            c.target_name
+                        ))
+                    })?;
+                Op::CustomCall(Box::new(CustomCallOp {
+                    name: t.info.profile_annotation.clone(),
+                    target: c.target_name.clone(),
+                    call,
+                    operands: call_operands(&c.operands, "operand")?,
+                    results: call_operands(&c.results, "result")?,
+                }))
             }
             ThunkKind::Collective(c) => {
                 let mut op =
@@ -624,7 +707,8 @@ pub fn load_check(plan: &Plan) -> Result<LoadCheck> {
 
 /// The load-time support check without a device: every thunk kind, kernel
 /// payload, stream and parameter shape this runtime must handle. `Ok` means
-/// loading can only fail on device errors (module load, memory, cuBLASLt).
+/// loading can only fail on device errors (module load, memory, cuBLASLt)
+/// or on a typed-FFI custom call whose handler is not registered.
 pub fn check_support(plan: &Plan) -> Result<()> {
     let mut err: Option<RuntimeError> = None;
     plan.walk(&mut |t, _| {
@@ -635,7 +719,7 @@ pub fn check_support(plan: &Plan) -> Result<()> {
             ThunkKind::Unsupported { .. } => {
                 Some("thunk kind not executed by this runtime".to_string())
             }
-            ThunkKind::CustomCall(c) => Some(format!("custom call '{}'", c.target_name)),
+            ThunkKind::CustomCall(c) => custom_call_support(c).err(),
             ThunkKind::Gemm(_) => Some("plain cuBLAS gemm".to_string()),
             // On ROCm the thunk runs through hipBLASLt (XLA's ROCm path:
             // `device::hip::blaslt`), on CUDA through cuBLASLt.

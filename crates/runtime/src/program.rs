@@ -19,6 +19,7 @@ use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::Backend;
 
 use crate::collective::{CollOp, Resolved};
+use crate::custom_call::{CallContext, CustomCallRegistry};
 use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::ExecEnv;
 use crate::ops::{LoadCtx, Op};
@@ -47,12 +48,14 @@ pub struct Program<B: Backend> {
 }
 
 impl<B: Backend> Program<B> {
-    /// Load `plan`: check every thunk, load kernels, prepare GEMMs, upload
+    /// Load `plan`: check every thunk, load kernels, prepare GEMMs, bind
+    /// custom calls to their handlers (from `custom_calls`), upload
     /// constants, allocate temps and outputs. `stream` orders the uploads.
     pub fn load(
         backend: Arc<B>,
         plan: Plan,
         gemm: Option<Arc<dyn GemmEngine<B>>>,
+        custom_calls: Option<&dyn CustomCallRegistry>,
         stream: &B::Stream,
     ) -> Result<Self> {
         // Support check first (cheap, names the first offender).
@@ -61,6 +64,7 @@ impl<B: Backend> Program<B> {
         let mut ctx = LoadCtx {
             backend: &*backend,
             gemm: gemm.as_deref(),
+            custom_calls,
             modules: Vec::new(),
             module_index: HashMap::new(),
             main_module: None,
@@ -218,6 +222,7 @@ impl<B: Backend> Program<B> {
         &'a self,
         collectives: &'a [Resolved<B>],
         logical: (u32, u32),
+        call_context: Option<&'a dyn CallContext>,
         capturing: bool,
     ) -> ExecEnv<'a, B> {
         ExecEnv {
@@ -228,6 +233,7 @@ impl<B: Backend> Program<B> {
             collectives,
             logical,
             events: &self.events,
+            call_context,
             capturing,
         }
     }

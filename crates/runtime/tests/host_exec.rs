@@ -354,6 +354,7 @@ fn unsupported_thunks_are_rejected_at_load_naming_kind_and_annotation() {
             results: vec![],
             opaque: Blob::default(),
             api_version: 4,
+            attributes: vec![],
             called_computation: None,
             use_pdl: false,
         }),

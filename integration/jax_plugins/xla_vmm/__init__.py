@@ -88,10 +88,143 @@ def gpu_platform():
     return found[1] if found else "cuda"
 
 
+# jaxlib's GPU plugin extension modules (their FFI handlers: host callbacks, buffer callbacks), in
+# preference order, and XLA's name of their platform.
+FFI_EXTENSIONS = (
+    ("jax_cuda13_plugin.cuda_plugin_extension", "CUDA"),
+    ("jax_cuda12_plugin.cuda_plugin_extension", "CUDA"),
+    ("jaxlib.cuda.cuda_plugin_extension", "CUDA"),
+    ("jax_rocm7_plugin.rocm_plugin_extension", "ROCM"),
+    ("jax_rocm6_plugin.rocm_plugin_extension", "ROCM"),
+)
+_ffi_registered = False
+
+
+def _capsule_pointer(capsule):
+    """The pointer a PyCapsule holds (whatever its name)."""
+    import ctypes
+
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule))
+
+
+class _Ffi:
+    """The plugin library's FFI registration entry points (ctypes)."""
+
+    def __init__(self, library):
+        import ctypes
+
+        self.lib = ctypes.CDLL(library)
+        self.lib.xla_vmm_ffi_register_handler.restype = ctypes.c_void_p
+        self.lib.xla_vmm_ffi_register_handler.argtypes = [
+            ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+        ]
+        self.lib.xla_vmm_ffi_register_type.restype = ctypes.c_void_p
+        self.lib.xla_vmm_ffi_register_type.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self.lib.xla_vmm_stats_free.restype = None
+        self.lib.xla_vmm_stats_free.argtypes = [ctypes.c_void_p]
+
+    def _check(self, err, what):
+        import ctypes
+
+        if err:
+            try:
+                message = ctypes.string_at(err).decode(errors="replace")
+            finally:
+                self.lib.xla_vmm_stats_free(err)
+            logger.warning("xla-vmm: FFI %s: %s", what, message)
+            return False
+        return True
+
+    def handler(self, name, fn, traits=-1):
+        """Register `fn` (a capsule, or jaxlib's dict of stages) as `name`'s typed-FFI handler."""
+        stages = fn if isinstance(fn, dict) else {"execute": fn}
+        if "execute" not in stages:
+            logger.warning("xla-vmm: FFI handler %s has no execute stage; not registered", name)
+            return False
+        unserved = sorted(set(stages) - {"execute", "instantiate"})
+        if unserved:
+            logger.warning("xla-vmm: FFI handler %s has stages %s that xla-vmm does not run; "
+                           "not registered (its programs run on the vendor runtime)", name, unserved)
+            return False
+        encoded = name.encode()
+        execute = _capsule_pointer(stages["execute"])
+        instantiate = _capsule_pointer(stages["instantiate"]) if "instantiate" in stages else None
+        return self._check(
+            self.lib.xla_vmm_ffi_register_handler(encoded, len(encoded), execute, instantiate, traits),
+            f"handler {name}")
+
+    def type(self, name, value):
+        """Register an FFI type's deleter (jaxlib's {"type_id": capsule, "type_info": capsule})."""
+        if not isinstance(value, dict) or "type_id" not in value or "type_info" not in value:
+            return False
+        return self._check(
+            self.lib.xla_vmm_ffi_register_type(
+                _capsule_pointer(value["type_id"]), _capsule_pointer(value["type_info"])),
+            f"type {name}")
+
+
+def _register_ffi_handlers():
+    """Give the plugin jaxlib's GPU FFI handlers (host callbacks, buffer callbacks) so that programs
+    with them run on xla-vmm's runtime, and pass on later typed-FFI registrations for the GPU
+    platform (``jax.ffi.register_ffi_target(..., platform="CUDA")``). Once per process."""
+    global _ffi_registered
+    if _ffi_registered:
+        return
+    _ffi_registered = True
+    path = library_path()
+    if path is None:
+        return
+    try:
+        ffi = _Ffi(path)
+    except (OSError, AttributeError) as e:
+        logger.warning("xla-vmm: FFI registration unavailable (%s)", e)
+        return
+    for module, platform in FFI_EXTENSIONS:
+        try:
+            ext = importlib.import_module(module)
+        except ImportError:
+            continue
+        types = ext.ffi_types() if hasattr(ext, "ffi_types") else {}
+        for name, value in types.items():
+            ffi.type(name, value)
+        handlers = ext.ffi_handlers() if hasattr(ext, "ffi_handlers") else {}
+        done = [name for name, fn in handlers.items() if ffi.handler(name, fn)]
+        logger.debug("xla-vmm: FFI handlers of %s: %s", module, done)
+        _forward_registrations(ffi, platform)
+        break
+
+
+def _forward_registrations(ffi, platform):
+    """Wrap jaxlib's custom call handler of `platform` so that typed-FFI targets registered from now
+    on reach xla-vmm too (the vendor plugin keeps getting them)."""
+    try:
+        from jax._src.lib import xla_client
+    except ImportError:
+        return
+    handlers = getattr(xla_client, "_custom_callback_handler", None)
+    if not isinstance(handlers, dict) or platform not in handlers:
+        return
+    vendor = handlers[platform]
+
+    def both(name, fn, xla_platform_name, api_version, traits):
+        vendor(name, fn, xla_platform_name, api_version, traits)
+        if api_version == 1:
+            ffi.handler(name if isinstance(name, str) else name.decode(), fn, int(traits))
+
+    handlers[platform] = both
+
+
 def _client_options():
     """Client options from this package (JAX adds jax_pjrt_client_create_options on top)."""
     if _alias_platform:
         _install_gpu_alias(_alias_platform)
+    if os.environ.get("XLA_VMM_BACKEND", "").strip() != "host":
+        _register_ffi_handlers()
     if os.environ.get("XLA_VMM_VENDOR_PLUGIN"):
         return {}  # the plugin reads it itself
     if os.environ.get("XLA_VMM_BACKEND", "").strip() == "host":

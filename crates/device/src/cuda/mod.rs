@@ -338,6 +338,9 @@ impl Backend for CudaBackend {
             .map_err(|e| from_cudarc("cuStreamDestroy", e))
     }
 
+    fn stream_native(&self, stream: &CudaStream) -> usize {
+        stream.cu_stream() as usize
+    }
     fn stream_synchronize(&self, stream: &CudaStream) -> Result<()> {
         self.own(stream, "stream")?;
         self.bind()?;

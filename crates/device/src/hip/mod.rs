@@ -319,6 +319,9 @@ impl Backend for HipBackend {
         unsafe { result::stream::destroy(stream.raw) }
     }
 
+    fn stream_native(&self, stream: &HipStream) -> usize {
+        stream.hip_stream() as usize
+    }
     fn stream_synchronize(&self, stream: &HipStream) -> Result<()> {
         self.own(stream, "stream")?;
         self.bind()?;

@@ -177,6 +177,9 @@ impl Backend for HostBackend {
         self.finish_release(injected, Ok(()))
     }
 
+    fn stream_native(&self, stream: &HostStream) -> usize {
+        stream.id as usize
+    }
     fn stream_synchronize(&self, stream: &HostStream) -> Result<()> {
         self.check(stream.backend)?;
         let mut st = self.enter("stream_synchronize")?;
