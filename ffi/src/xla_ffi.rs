@@ -35,6 +35,7 @@ pub type XLA_FFI_Error_Code = c_int;
 pub const XLA_FFI_Error_Code_OK: XLA_FFI_Error_Code = 0;
 pub const XLA_FFI_Error_Code_INVALID_ARGUMENT: XLA_FFI_Error_Code = 3;
 pub const XLA_FFI_Error_Code_NOT_FOUND: XLA_FFI_Error_Code = 5;
+pub const XLA_FFI_Error_Code_RESOURCE_EXHAUSTED: XLA_FFI_Error_Code = 8;
 pub const XLA_FFI_Error_Code_UNIMPLEMENTED: XLA_FFI_Error_Code = 12;
 pub const XLA_FFI_Error_Code_INTERNAL: XLA_FFI_Error_Code = 13;
 
@@ -313,6 +314,29 @@ pub struct XLA_FFI_DeviceOrdinal_Get_Args {
     pub device_ordinal: i32,
 }
 pub const XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE: usize = 28;
+
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct XLA_FFI_DeviceMemory_Allocate_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_InternalExtension,
+    pub ctx: *mut XLA_FFI_InvokeContext,
+    pub size: usize,
+    pub alignment: usize,
+    pub data: *mut c_void,
+}
+pub const XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE: usize = 48;
+
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct XLA_FFI_DeviceMemory_Free_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_InternalExtension,
+    pub ctx: *mut XLA_FFI_InvokeContext,
+    pub size: usize,
+    pub data: *mut c_void,
+}
+pub const XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE: usize = 40;
 
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

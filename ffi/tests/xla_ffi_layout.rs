@@ -125,6 +125,16 @@ fn function_argument_structs() {
             "DeviceOrdinal_Get",
         ),
         (
+            ss!(XLA_FFI_DeviceMemory_Allocate_Args, data, usize),
+            XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE,
+            "DeviceMemory_Allocate",
+        ),
+        (
+            ss!(XLA_FFI_DeviceMemory_Free_Args, data, usize),
+            XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE,
+            "DeviceMemory_Free",
+        ),
+        (
             ss!(XLA_FFI_RunId_Get_Args, run_id, i64),
             XLA_FFI_RunId_Get_Args_STRUCT_SIZE,
             "RunId_Get",

@@ -259,15 +259,28 @@ def test_debug_print_runs_on_our_runtime(capfd):
     assert "xla-vmm sees 4.0" in capfd.readouterr().out
 
 
+def test_cusolver_custom_calls_run_on_our_runtime():
+    """LU and QR: jaxlib's cuSOLVER typed-FFI handlers with their workspaces
+    (XLA_FFI_DeviceMemory_Allocate) on our runtime (strict), matching LAPACK on the CPU."""
+    a = rand((16, 16), seed=5) + 4 * np.eye(16, dtype=np.float32)
+    lu_v, piv_v = jax.jit(jax.scipy.linalg.lu_factor)(jax.device_put(a, VMM))
+    lu_c, piv_c = jax.jit(jax.scipy.linalg.lu_factor)(jax.device_put(a, CPU))
+    np.testing.assert_array_equal(np.asarray(piv_v), np.asarray(piv_c))
+    np.testing.assert_allclose(np.asarray(lu_v), np.asarray(lu_c), rtol=1e-4, atol=1e-5)
+    q, r = jax.jit(jnp.linalg.qr)(jax.device_put(a, VMM))
+    np.testing.assert_allclose(np.asarray(q) @ np.asarray(r), a, rtol=1e-4, atol=1e-4)
+
+
 def test_an_op_our_runtime_lacks_is_a_python_error_under_strict():
-    """LU (cuSOLVER's typed-FFI custom call, whose handler jaxlib registers with the vendor plugin only):
-    under strict a clear error naming the custom call, not a dead process."""
-    a = jax.device_put(rand((4, 4)) + 4 * np.eye(4, dtype=np.float32), VMM)
+    """A cuDNN convolution (a thunk kind our runtime does not execute): under strict a clear error
+    naming it, not a dead process; the client keeps working."""
+    x = jax.device_put(rand((1, 3, 8, 8)), VMM)
+    w = jax.device_put(rand((4, 3, 3, 3)), VMM)
     try:
-        lu = jax.jit(jax.scipy.linalg.lu_factor)(a)
-        np.asarray(lu[0])  # allowed to work, should the handler become ours
+        y = jax.jit(lambda x, w: jax.lax.conv(x, w, (1, 1), "SAME"))(x, w)
+        np.asarray(y)  # allowed to work, should the thunk become ours
     except Exception as e:  # noqa: BLE001
-        assert "custom call" in str(e), str(e)
+        assert "convolution" in str(e) or "unsupported" in str(e), str(e)
     assert float(jax.jit(lambda v: v * 3)(jax.device_put(np.float32(2), VMM))) == 6.0
 
 

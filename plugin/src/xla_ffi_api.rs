@@ -39,7 +39,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use xla_vmm::{FfiAttr, FfiAttrs};
 use xla_vmm_ffi::xla_ffi::*;
 use xla_vmm_runtime::custom_call::{
-    BoundCall, CallBuffer, CallContext, CallSite, CustomCallRegistry, Invocation,
+    BoundCall, CallBuffer, CallContext, CallScratch, CallSite, CustomCallRegistry, Invocation,
 };
 
 /// A registered handler (its stages; traits as the handler declares them).
@@ -178,6 +178,8 @@ struct InvokeCtx<'a> {
     device_ordinal: i32,
     context: Option<&'a dyn CallContext>,
     state: &'a Mutex<Option<State>>,
+    /// Device memory for the call (none at instantiation).
+    scratch: Option<&'a dyn CallScratch>,
 }
 
 /// # Safety
@@ -452,8 +454,53 @@ macro_rules! not_served {
         }
     };
 }
-not_served!(device_memory_allocate, "XLA_FFI_DeviceMemory_Allocate");
-not_served!(device_memory_free, "XLA_FFI_DeviceMemory_Free");
+unsafe extern "C" fn device_memory_allocate(args: *mut c_void) -> *mut XLA_FFI_Error {
+    entry(
+        "XLA_FFI_DeviceMemory_Allocate",
+        args,
+        XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE,
+        |a: &mut XLA_FFI_DeviceMemory_Allocate_Args| {
+            // SAFETY: the frame's ctx.
+            let c = unsafe { invoke_ctx(a.ctx, "XLA_FFI_DeviceMemory_Allocate") }?;
+            let scratch = c
+                .scratch
+                .ok_or_else(|| unimplemented("XLA_FFI_DeviceMemory_Allocate at instantiation"))?;
+            let p = scratch
+                .allocate(a.size as u64, a.alignment as u64)
+                .map_err(|e| {
+                    (
+                        XLA_FFI_Error_Code_RESOURCE_EXHAUSTED,
+                        format!("XLA_FFI_DeviceMemory_Allocate of {} bytes: {e}", a.size),
+                    )
+                })?;
+            a.data = p.0 as *mut c_void;
+            Ok(())
+        },
+    )
+}
+
+unsafe extern "C" fn device_memory_free(args: *mut c_void) -> *mut XLA_FFI_Error {
+    entry(
+        "XLA_FFI_DeviceMemory_Free",
+        args,
+        XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE,
+        |a: &mut XLA_FFI_DeviceMemory_Free_Args| {
+            // SAFETY: the frame's ctx.
+            let c = unsafe { invoke_ctx(a.ctx, "XLA_FFI_DeviceMemory_Free") }?;
+            let scratch = c
+                .scratch
+                .ok_or_else(|| unimplemented("XLA_FFI_DeviceMemory_Free at instantiation"))?;
+            scratch
+                .free(xla_vmm_device::DevicePtr(a.data as u64))
+                .map_err(|e| {
+                    (
+                        XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        format!("XLA_FFI_DeviceMemory_Free: {e}"),
+                    )
+                })
+        },
+    )
+}
 not_served!(thread_pool_schedule, "XLA_FFI_ThreadPool_Schedule");
 not_served!(thread_pool_num_threads, "XLA_FFI_ThreadPool_NumThreads");
 not_served!(future_create, "XLA_FFI_Future_Create");
@@ -807,6 +854,7 @@ impl BoundCall for FfiCall {
             device_ordinal: call.device_ordinal as i32,
             context: call.context,
             state: &self.state,
+            scratch: Some(call.scratch),
         };
         invoke(
             self.handler.execute,
@@ -860,6 +908,7 @@ impl CustomCallRegistry for Registry {
                 device_ordinal: 0,
                 context: None,
                 state: &call.state,
+                scratch: None,
             };
             invoke(
                 inst,
@@ -1137,6 +1186,35 @@ mod tests {
             )
         }
         .map(|()| u.data as usize);
+        let mut m = XLA_FFI_DeviceMemory_Allocate_Args {
+            struct_size: XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE,
+            extension_start: std::ptr::null_mut(),
+            ctx: f.ctx,
+            size: 64,
+            alignment: 16,
+            data: std::ptr::null_mut(),
+        };
+        unsafe {
+            call(
+                api.XLA_FFI_DeviceMemory_Allocate,
+                &mut m as *mut _ as *mut c_void,
+            )
+        }
+        .unwrap();
+        let mut fr = XLA_FFI_DeviceMemory_Free_Args {
+            struct_size: XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE,
+            extension_start: std::ptr::null_mut(),
+            ctx: f.ctx,
+            size: 64,
+            data: m.data,
+        };
+        unsafe {
+            call(
+                api.XLA_FFI_DeviceMemory_Free,
+                &mut fr as *mut _ as *mut c_void,
+            )
+        }
+        .unwrap();
         let bufs = |n: i64, p: *mut *mut c_void| -> Vec<(i32, u64, Vec<i64>)> {
             (0..n as usize)
                 .map(|i| {
@@ -1147,13 +1225,27 @@ mod tests {
                 .collect()
         };
         SEEN.lock().unwrap().push(format!(
-            "attrs={names:?} stream={:#x} device={} state={state:?} user={user:?} args={:?} rets={:?}",
+            "attrs={names:?} stream={:#x} scratch={:#x} device={} state={state:?} user={user:?} args={:?} rets={:?}",
             s.stream as usize,
+            m.data as usize,
             d.device_ordinal,
             bufs(f.args.size, f.args.args),
             bufs(f.rets.size, f.rets.rets),
         ));
         std::ptr::null_mut()
+    }
+
+    /// Hands out `0x5000 + bytes`; frees only that.
+    struct TestScratch;
+    impl CallScratch for TestScratch {
+        fn allocate(&self, bytes: u64, _alignment: u64) -> Result<DevicePtr, String> {
+            Ok(DevicePtr(0x5000 + bytes))
+        }
+        fn free(&self, ptr: DevicePtr) -> Result<(), String> {
+            (ptr.0 >= 0x5000)
+                .then_some(())
+                .ok_or_else(|| "not ours".into())
+        }
     }
 
     struct Ctx;
@@ -1236,12 +1328,13 @@ mod tests {
             args: &args,
             rets: &rets,
             context: Some(&Ctx),
+            scratch: &TestScratch,
         };
         call.execute(&inv).unwrap();
         let seen = SEEN.lock().unwrap().pop().unwrap();
         assert_eq!(
             seen,
-            "attrs=[\"dims\", \"index\", \"name\", \"nested\"] stream=0xabc device=3 \
+            "attrs=[\"dims\", \"index\", \"name\", \"nested\"] stream=0xabc scratch=0x5040 device=3 \
              state=Ok(1005) user=Ok(48879) args=[(11, 4096, [2, 3]), (17, 0, [])] \
              rets=[(4, 8192, [])]"
         );
@@ -1278,6 +1371,7 @@ mod tests {
             args: &[],
             rets: &[],
             context: None,
+            scratch: &TestScratch,
         };
         let e = call.execute(&inv).unwrap_err();
         assert!(e.contains("unlucky index") && e.contains("code 3"), "{e}");
@@ -1319,9 +1413,9 @@ mod tests {
         // null and short args too.
         let api = unsafe { &*api() };
         let mut args = [16usize, 0, 0, 0, 0, 0];
-        let e = unsafe { call_fn(api.XLA_FFI_DeviceMemory_Allocate, args.as_mut_ptr().cast()) }
+        let e = unsafe { call_fn(api.XLA_FFI_ThreadPool_Schedule, args.as_mut_ptr().cast()) }
             .unwrap_err();
-        assert!(e.contains("XLA_FFI_DeviceMemory_Allocate"), "{e}");
+        assert!(e.contains("XLA_FFI_ThreadPool_Schedule"), "{e}");
         let e = unsafe { call_fn(api.XLA_FFI_Stream_Get, std::ptr::null_mut()) }.unwrap_err();
         assert!(e.contains("args is null"), "{e}");
         let e = unsafe { call_fn(api.XLA_FFI_Stream_Get, args.as_mut_ptr().cast()) }.unwrap_err();

@@ -45,6 +45,16 @@ pub trait CallContext: Send + Sync {
     fn user_data(&self, type_id: i64) -> Option<usize>;
 }
 
+/// Device memory a handler asks for during a call
+/// (`XLA_FFI_DeviceMemory_Allocate`: cuSOLVER's workspaces): valid until
+/// the call's work on its stream is done, released then (a `free` before
+/// that only says the handler is done with it, as with XLA's stream-ordered
+/// allocator).
+pub trait CallScratch {
+    fn allocate(&self, bytes: u64, alignment: u64) -> Result<DevicePtr, String>;
+    fn free(&self, ptr: DevicePtr) -> Result<(), String>;
+}
+
 /// One run of a bound call.
 pub struct Invocation<'a> {
     /// The stream's native handle ([`xla_vmm_device::Backend::stream_native`]).
@@ -53,6 +63,7 @@ pub struct Invocation<'a> {
     pub args: &'a [CallBuffer],
     pub rets: &'a [CallBuffer],
     pub context: Option<&'a dyn CallContext>,
+    pub scratch: &'a dyn CallScratch,
 }
 
 /// A call site bound to its handler (and the handler's per-site state).

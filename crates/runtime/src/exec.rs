@@ -12,17 +12,20 @@
 use std::collections::HashMap;
 
 use xla_vmm_device::blas::{GemmEngine, MatmulArgs};
+use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::collective::Resolved;
-use crate::custom_call::{CallBuffer, CallContext, Invocation};
+use crate::custom_call::{CallBuffer, CallContext, CallScratch, Invocation};
 use crate::error::{Result, RuntimeError};
 use crate::ops::{AsyncStream, CallOperand, CustomCallOp, Op, ParamSpec};
-use crate::slots::SlotTable;
+use crate::slots::{DeviceBuffer, SlotTable};
 
 /// Everything the walk needs besides the ops and the slot table.
 pub struct ExecEnv<'a, B: Backend> {
     pub backend: &'a B,
+    /// The program's VMM context (custom calls' scratch memory).
+    pub vmm: &'a VmmContext<B>,
     pub gemm: Option<&'a dyn GemmEngine<B>>,
     /// Extra compute streams (`computation_stream_id` i → `aux_streams[i]`).
     pub aux_streams: &'a [B::Stream],
@@ -323,17 +326,81 @@ fn run_custom_call<B: Backend>(
             .collect()
     };
     let (args, rets) = (buffers(&c.operands)?, buffers(&c.results)?);
+    let scratch = Scratch {
+        vmm: env.vmm,
+        capturing: env.capturing,
+        buffers: std::sync::Mutex::new(Vec::new()),
+    };
     let call = Invocation {
         stream: env.backend.stream_native(stream),
         device_ordinal: env.backend.info().ordinal,
         args: &args,
         rets: &rets,
         context: env.call_context,
+        scratch: &scratch,
     };
     tracing::trace!(target = %c.target, name = %c.name, "custom call");
-    c.call
-        .execute(&call)
-        .map_err(|e| RuntimeError::Handler(format!("custom call '{}' ({}): {e}", c.target, c.name)))
+    let r = c.call.execute(&call).map_err(|e| {
+        RuntimeError::Handler(format!("custom call '{}' ({}): {e}", c.target, c.name))
+    });
+    // Scratch memory outlives the work the handler enqueued on the stream.
+    let buffers = scratch
+        .buffers
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
+    let released = (|| -> Result<()> {
+        if !buffers.is_empty() {
+            env.backend.stream_synchronize(stream)?;
+            for b in buffers {
+                b.free()?;
+            }
+        }
+        Ok(())
+    })();
+    r.and(released)
+}
+
+/// A custom call's scratch memory: one VMM buffer per request, released
+/// after the call ([`run_custom_call`]).
+struct Scratch<'a, B: Backend> {
+    vmm: &'a VmmContext<B>,
+    capturing: bool,
+    buffers: std::sync::Mutex<Vec<DeviceBuffer<B>>>,
+}
+
+impl<B: Backend> CallScratch for Scratch<'_, B> {
+    fn allocate(&self, bytes: u64, alignment: u64) -> std::result::Result<DevicePtr, String> {
+        if self.capturing {
+            return Err("device memory for a custom call inside a graph capture".into());
+        }
+        let granule = self.vmm.backend().info().vmm_granularity.max(1);
+        if alignment > granule || (alignment > 0 && !alignment.is_power_of_two()) {
+            return Err(format!(
+                "alignment {alignment} (at most the {granule}-byte VMM granule, a power of two)"
+            ));
+        }
+        let b = DeviceBuffer::alloc_in(self.vmm, bytes).map_err(|e| e.to_string())?;
+        let p = b.ptr();
+        self.buffers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(b);
+        Ok(p)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> std::result::Result<(), String> {
+        let known = self
+            .buffers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|b| b.ptr() == ptr);
+        if known {
+            Ok(())
+        } else {
+            Err(format!("{ptr:?} was not allocated for this call"))
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

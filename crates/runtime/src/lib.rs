@@ -41,7 +41,7 @@ pub mod vastable;
 pub use binding::{BindingConfig, BindingStats, CopyPath, RemapSource, UserBuffer};
 pub use collective::{Cliques, CollectiveEnv, DeviceAssignment, IdExchange, LocalExchange};
 pub use custom_call::{
-    BoundCall, CallBuffer, CallContext, CallSite, CustomCallRegistry, Invocation,
+    BoundCall, CallBuffer, CallContext, CallScratch, CallSite, CustomCallRegistry, Invocation,
 };
 pub use error::{Result, RuntimeError};
 pub use executable::{Executable, Mode, Output};

@@ -227,6 +227,7 @@ impl<B: Backend> Program<B> {
     ) -> ExecEnv<'a, B> {
         ExecEnv {
             backend: &*self.backend,
+            vmm: &self.vmm,
             gemm: self.gemm.as_deref(),
             aux_streams: &self.aux_streams,
             comm_streams: &self.comm_streams,

@@ -49,6 +49,12 @@ impl BoundCall for Scale {
         if self.factor < 0.0 {
             return Err("negative factor".into());
         }
+        // Scratch memory: usable during the call, freed after it; only
+        // what was allocated for the call can be freed.
+        let tmp = call.scratch.allocate(16, 256)?;
+        call.scratch.free(tmp)?;
+        assert!(call.scratch.free(DevicePtr(tmp.0 + 8)).is_err());
+        assert!(call.scratch.allocate(16, 3).is_err());
         let s = self.backend.stream_create().map_err(|e| e.to_string())?;
         let mut b = vec![0u8; 16];
         self.backend
@@ -196,6 +202,11 @@ fn a_bound_handler_gets_stream_device_typed_buffers_tokens_and_the_context() {
     )
     .unwrap();
     assert_eq!(out, vec![3.0, 6.0, 9.0, 12.0]);
+    // The call's scratch buffer was released with it (and the program's
+    // own buffers with the program).
+    assert_eq!(b.call_count("mem_create"), b.call_count("mem_release"));
+    // Input, output and the call's scratch buffer.
+    assert!(b.call_count("mem_create") >= 3, "{:?}", b.call_counts());
     assert_eq!(*reg.bound.lock().unwrap(), ["scale custom-call.7"]);
     let seen = reg.seen.lock().unwrap();
     assert_eq!(seen.len(), 1);

@@ -97,6 +97,9 @@ FFI_EXTENSIONS = (
     ("jax_rocm7_plugin.rocm_plugin_extension", "ROCM"),
     ("jax_rocm6_plugin.rocm_plugin_extension", "ROCM"),
 )
+# jaxlib's GPU kernel modules whose typed-FFI targets (cuSOLVER, cuSPARSE, linalg, PRNG) jax registers
+# with the vendor plugin at import; each has `registrations()`: {platform: [(name, fn, api_version)]}.
+FFI_MODULES = ("jaxlib.gpu_solver", "jaxlib.gpu_linalg", "jaxlib.gpu_sparse", "jaxlib.gpu_prng")
 _ffi_registered = False
 
 
@@ -194,6 +197,13 @@ def _register_ffi_handlers():
             ffi.type(name, value)
         handlers = ext.ffi_handlers() if hasattr(ext, "ffi_handlers") else {}
         done = [name for name, fn in handlers.items() if ffi.handler(name, fn)]
+        for kernels in FFI_MODULES:
+            try:
+                registrations = importlib.import_module(kernels).registrations().get(platform, [])
+            except (ImportError, AttributeError):
+                continue
+            done += [name for name, fn, api_version in registrations
+                     if api_version == 1 and ffi.handler(name, fn)]
         logger.debug("xla-vmm: FFI handlers of %s: %s", module, done)
         _forward_registrations(ffi, platform)
         break
