@@ -286,3 +286,72 @@ class SliceRunner(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FfiRegistrationTest(unittest.TestCase):
+    """The package's hand-over of jaxlib's FFI handlers to the plugin (`_Ffi`, `_forward_registrations`),
+    against a stand-in of the plugin library and of jaxlib's xla_client."""
+
+    def setUp(self):
+        import ctypes
+
+        self.pkg = fresh_package()
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        self.capsule = lambda address: new(address, None, None)
+        self.calls = []
+        test = self
+
+        class Lib:
+            def xla_vmm_ffi_register_handler(self, name, length, execute, instantiate, traits):
+                test.calls.append(("handler", name[:length].decode(), execute, instantiate, traits))
+                return 0
+
+            def xla_vmm_ffi_register_type(self, type_id, type_info):
+                test.calls.append(("type", type_id, type_info))
+                return 0
+
+            def xla_vmm_stats_free(self, p):
+                test.calls.append(("free", p))
+
+        self.ffi = self.pkg._Ffi.__new__(self.pkg._Ffi)
+        self.ffi.lib = Lib()
+
+    def test_stages_and_plain_capsules_are_handed_over_with_their_pointers(self):
+        self.assertTrue(self.ffi.handler("cb", {"execute": self.capsule(0x1000),
+                                                "instantiate": self.capsule(0x2000)}))
+        self.assertTrue(self.ffi.handler("plain", self.capsule(0x3000), traits=1))
+        self.assertEqual(self.calls, [("handler", "cb", 0x1000, 0x2000, -1),
+                                      ("handler", "plain", 0x3000, None, 1)])
+
+    def test_stages_the_plugin_does_not_run_are_not_registered(self):
+        with self.assertLogs("jax_plugins.xla_vmm", "WARNING"):
+            self.assertFalse(self.ffi.handler("x", {"execute": self.capsule(0x1000),
+                                                    "prepare": self.capsule(0x2000)}))
+        with self.assertLogs("jax_plugins.xla_vmm", "WARNING"):
+            self.assertFalse(self.ffi.handler("y", {"instantiate": self.capsule(0x1000)}))
+        self.assertEqual(self.calls, [])
+
+    def test_types_are_handed_over_and_malformed_ones_skipped(self):
+        self.assertTrue(self.ffi.type("T", {"type_id": self.capsule(0x10), "type_info": self.capsule(0x20)}))
+        self.assertFalse(self.ffi.type("U", {"type_id": self.capsule(0x10)}))
+        self.assertEqual(self.calls, [("type", 0x10, 0x20)])
+
+    def test_later_typed_ffi_registrations_reach_the_vendor_and_us(self):
+        seen = []
+        xc = types.ModuleType("jax._src.lib.xla_client")
+        xc._custom_callback_handler = {"CUDA": lambda *a: seen.append(a)}
+        lib = types.ModuleType("jax._src.lib")
+        lib.xla_client = xc
+        sys.modules.update({"jax._src.lib": lib, "jax._src.lib.xla_client": xc})
+        try:
+            self.pkg._forward_registrations(self.ffi, "CUDA")
+            cap = self.capsule(0x4000)
+            xc._custom_callback_handler["CUDA"]("mine", cap, "CUDA", 1, 0)
+            xc._custom_callback_handler["CUDA"]("legacy", cap, "CUDA", 0, 0)
+        finally:
+            for m in ("jax._src.lib", "jax._src.lib.xla_client"):
+                sys.modules.pop(m, None)
+        self.assertEqual([a[0] for a in seen], ["mine", "legacy"])
+        self.assertEqual(self.calls, [("handler", "mine", 0x4000, None, 0)])

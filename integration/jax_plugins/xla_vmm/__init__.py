@@ -233,9 +233,8 @@ def _client_options():
     """Client options from this package (JAX adds jax_pjrt_client_create_options on top)."""
     if _alias_platform:
         _install_gpu_alias(_alias_platform)
-    if os.environ.get("XLA_VMM_BACKEND", "").strip() != "host":
-        _register_ffi_handlers()
     if os.environ.get("XLA_VMM_VENDOR_PLUGIN"):
+        _register_ffi_handlers()
         return {}  # the plugin reads it itself
     if os.environ.get("XLA_VMM_BACKEND", "").strip() == "host":
         return {}  # no GPU: no compiler wanted
@@ -247,6 +246,7 @@ def _client_options():
             ", ".join(p for p, _, _ in VENDOR_PACKAGES),
         )
         return {}
+    _register_ffi_handlers()
     path, platform = found
     logger.debug("xla-vmm: vendor plugin %s (%s)", path, platform)
     options = {"vendor_plugin_path": path}
