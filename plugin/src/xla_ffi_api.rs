@@ -198,6 +198,21 @@ unsafe fn invoke_ctx<'a>(
     Ok(unsafe { &*ctx.cast::<InvokeCtx<'a>>() })
 }
 
+/// The value of a handler's type id.
+///
+/// # Safety
+/// `p` is null or points to an `XLA_FFI_TypeId`.
+unsafe fn type_id_value(p: *const XLA_FFI_TypeId) -> Result<i64, (XLA_FFI_Error_Code, String)> {
+    if p.is_null() {
+        return Err((
+            XLA_FFI_Error_Code_INVALID_ARGUMENT,
+            "type_id is null".into(),
+        ));
+    }
+    // SAFETY: non-null (checked); the caller's contract.
+    Ok(unsafe { (*p).type_id })
+}
+
 fn unimplemented(name: &str) -> (XLA_FFI_Error_Code, String) {
     (
         XLA_FFI_Error_Code_UNIMPLEMENTED,
@@ -308,15 +323,10 @@ unsafe extern "C" fn type_register(args: *mut c_void) -> *mut XLA_FFI_Error {
         args,
         XLA_FFI_Type_Register_Args_STRUCT_SIZE,
         |a: &mut XLA_FFI_Type_Register_Args| {
-            if a.type_id.is_null() {
-                return Err((
-                    XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                    "type_id is null".into(),
-                ));
-            }
-            // SAFETY: non-null: the caller's type id (in-out).
-            let id = unsafe { &mut *a.type_id };
-            if id.type_id == 0 {
+            // SAFETY: null or the caller's type id (in-out).
+            if unsafe { type_id_value(a.type_id) }? == 0 {
+                // SAFETY: non-null (just read).
+                let id = unsafe { &mut *a.type_id };
                 id.type_id = NEXT_TYPE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             // `type_info` lies past the 0.4 STRUCT_SIZE: read only when the
@@ -344,14 +354,8 @@ unsafe extern "C" fn invoke_context_get(args: *mut c_void) -> *mut XLA_FFI_Error
         |a: &mut XLA_FFI_InvokeContext_Get_Args| {
             // SAFETY: the frame's ctx.
             let c = unsafe { invoke_ctx(a.ctx, "XLA_FFI_InvokeContext_Get") }?;
-            if a.type_id.is_null() {
-                return Err((
-                    XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                    "type_id is null".into(),
-                ));
-            }
-            // SAFETY: non-null: the handler's type id.
-            let id = unsafe { (*a.type_id).type_id };
+            // SAFETY: null or the handler's type id.
+            let id = unsafe { type_id_value(a.type_id) }?;
             match c.context.and_then(|x| x.user_data(id)) {
                 Some(d) => {
                     a.data = d as *mut c_void;
@@ -387,12 +391,8 @@ unsafe extern "C" fn state_set(args: *mut c_void) -> *mut XLA_FFI_Error {
                     "XLA_FFI_State_Set at a stage other than instantiate",
                 ));
             }
-            if a.type_id.is_null() {
-                return Err((
-                    XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                    "type_id is null".into(),
-                ));
-            }
+            // SAFETY: null or the handler's type id.
+            let type_id = unsafe { type_id_value(a.type_id) }?;
             let mut slot = lock(c.state);
             if slot.is_some() {
                 return Err((
@@ -402,8 +402,7 @@ unsafe extern "C" fn state_set(args: *mut c_void) -> *mut XLA_FFI_Error {
             }
             *slot = Some(State {
                 type_address: a.type_id as usize,
-                // SAFETY: non-null: the handler's type id.
-                type_id: unsafe { (*a.type_id).type_id },
+                type_id,
                 data: a.state as usize,
             });
             Ok(())
@@ -419,14 +418,8 @@ unsafe extern "C" fn state_get(args: *mut c_void) -> *mut XLA_FFI_Error {
         |a: &mut XLA_FFI_State_Args| {
             // SAFETY: the frame's ctx.
             let c = unsafe { invoke_ctx(a.ctx, "XLA_FFI_State_Get") }?;
-            if a.type_id.is_null() {
-                return Err((
-                    XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                    "type_id is null".into(),
-                ));
-            }
-            // SAFETY: non-null: the handler's type id.
-            let id = unsafe { (*a.type_id).type_id };
+            // SAFETY: null or the handler's type id.
+            let id = unsafe { type_id_value(a.type_id) }?;
             match &*lock(c.state) {
                 Some(s) if s.type_id == id || s.type_address == a.type_id as usize => {
                     a.state = s.data as *mut c_void;
@@ -1420,6 +1413,25 @@ mod tests {
         assert!(e.contains("args is null"), "{e}");
         let e = unsafe { call_fn(api.XLA_FFI_Stream_Get, args.as_mut_ptr().cast()) }.unwrap_err();
         assert!(e.contains("struct_size 16"), "{e}");
+        // Type_Register gives an unset id a value and keeps the deleter.
+        let mut id = XLA_FFI_TypeId { type_id: 0 };
+        let mut reg = XLA_FFI_Type_Register_Args {
+            struct_size: std::mem::size_of::<XLA_FFI_Type_Register_Args>(),
+            extension_start: std::ptr::null_mut(),
+            name: XLA_FFI_ByteSpan {
+                ptr: c"T".as_ptr(),
+                len: 1,
+            },
+            type_id: &mut id,
+            type_info: &STATE_INFO.0,
+        };
+        unsafe { call_fn(api.XLA_FFI_Type_Register, &mut reg as *mut _ as *mut c_void) }.unwrap();
+        assert_ne!(id.type_id, 0);
+        assert!(deleter(0, id.type_id).is_some());
+        reg.type_id = std::ptr::null_mut();
+        let e = unsafe { call_fn(api.XLA_FFI_Type_Register, &mut reg as *mut _ as *mut c_void) }
+            .unwrap_err();
+        assert!(e.contains("type_id is null"), "{e}");
         assert_eq!(api.struct_size, 200);
         assert_eq!(
             (api.api_version.major_version, api.api_version.minor_version),
