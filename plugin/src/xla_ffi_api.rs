@@ -1010,6 +1010,9 @@ pub unsafe extern "C" fn xla_vmm_ffi_register_type(
 }
 
 #[cfg(test)]
+// The test handlers are C-side code: every block dereferences the frame or
+// the args the API hands them, as a handler does.
+#[allow(clippy::undocumented_unsafe_blocks)]
 mod tests {
     //! The C side: handlers written against the 0.4 ABI (as jaxlib's are),
     //! registered through the exported functions, bound and run.

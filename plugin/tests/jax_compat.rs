@@ -1,7 +1,8 @@
 //! What JAX's own tests ask of a PJRT plugin, on the host backend: a program
 //! without outputs (jaxlib passes a null output list), a buffer donated and
-//! passed again in the same call, tokens, and the client's topology (JAX's
-//! compilation-cache key).
+//! passed again in the same call, tokens, the client's topology (JAX's
+//! compilation-cache key), and host callbacks' typed-FFI custom calls
+//! reading the execute context.
 #![allow(unsafe_code)]
 
 mod common;
@@ -619,6 +620,143 @@ fn a_token_parameter_takes_a_bool0_stand_in() {
     assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
     assert!(msg.contains("argument 1") && msg.contains("token"), "{msg}");
     for b in [x, stand_in, out, wrong] {
+        destroy_buffer(b);
+    }
+    destroy_exe(exe);
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
+/// What [`user_data_handler`] saw: the user data's address (0: none yet).
+static SEEN_USER_DATA: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A typed-FFI handler as jaxlib's host callbacks are: it reads its
+/// Python callables from the execute context (`XLA_FFI_InvokeContext_Get`,
+/// type id 42 here) and fails the call when they are not there.
+unsafe extern "C" fn user_data_handler(
+    frame: *mut xla_vmm_ffi::xla_ffi::XLA_FFI_CallFrame,
+) -> *mut xla_vmm_ffi::xla_ffi::XLA_FFI_Error {
+    use xla_vmm_ffi::xla_ffi::*;
+    let f = unsafe { &*frame };
+    if !f.extension_start.is_null() {
+        return null_mut(); // the metadata call: traits 0
+    }
+    let api = unsafe { &*f.api };
+    let mut id = XLA_FFI_TypeId { type_id: 42 };
+    let mut a = XLA_FFI_InvokeContext_Get_Args {
+        struct_size: XLA_FFI_InvokeContext_Get_Args_STRUCT_SIZE,
+        extension_start: null_mut(),
+        ctx: f.ctx,
+        type_id: &mut id,
+        data: null_mut(),
+    };
+    let e = unsafe {
+        api.XLA_FFI_InvokeContext_Get.unwrap()(
+            (&mut a as *mut XLA_FFI_InvokeContext_Get_Args).cast(),
+        )
+    };
+    if e.is_null() {
+        SEEN_USER_DATA.store(a.data as usize, std::sync::atomic::Ordering::SeqCst);
+    }
+    e
+}
+
+/// A program with a host callback (a typed-FFI custom call) runs on our
+/// runtime through the PJRT API: its handler gets the user data of the
+/// `Execute`'s context; without the context the handler's error is the
+/// step's error, and the client goes on.
+#[test]
+fn a_typed_ffi_custom_call_reads_the_execute_context_s_user_data() {
+    use xla_vmm_plugin::xla_ffi_api::{register_handler, Handler};
+    register_handler(
+        "xla_vmm_test_user_data",
+        Handler {
+            execute: user_data_handler,
+            instantiate: None,
+            traits: 0,
+        },
+    );
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let mut p = program(1, true, f32s(4), vec![0]);
+    p.thunks.push(thunk(
+        "custom-call.3",
+        ThunkKind::CustomCall(CustomCallThunk {
+            target_name: "xla_vmm_test_user_data".into(),
+            operands: vec![Some(ShapedSlice {
+                slice: sl(0, 16),
+                shape: Some(f32s(4)),
+            })],
+            results: vec![],
+            opaque: Blob::default(),
+            api_version: 4,
+            attributes: vec![("index".into(), FfiAttr::Scalar(FfiScalar::U64(0)))],
+            called_computation: None,
+            use_pdl: false,
+        }),
+    ));
+    let exe = load(client, p);
+    let ctx = call_ok!(
+        PJRT_ExecuteContext_Create,
+        PJRT_ExecuteContext_Create_Args,
+        |a| {}
+    );
+    let mut add: PJRT_FFI_UserData_Add_Args = unsafe { std::mem::zeroed() };
+    add.struct_size = PJRT_FFI_UserData_Add_Args_STRUCT_SIZE;
+    add.context = ctx.context;
+    add.user_data = PJRT_FFI_UserData {
+        type_id: 42,
+        data: 0x77usize as *mut std::ffi::c_void,
+        deleter: None,
+    };
+    assert_eq!(
+        take_error(unsafe { ffi_extension().user_data_add.unwrap()(&mut add) }),
+        None
+    );
+    let x = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
+    let mut out = [null_mut()];
+    let raw = RawExecute {
+        context: ctx.context,
+        ..RawExecute::new(std::slice::from_ref(&x))
+    };
+    let done = raw.run(exe, out.as_mut_ptr()).unwrap();
+    assert_eq!(await_event(done), None);
+    destroy_event(done);
+    assert_eq!(
+        SEEN_USER_DATA.load(std::sync::atomic::Ordering::SeqCst),
+        0x77
+    );
+    assert_eq!(
+        f32_values(&to_host(out[0]).unwrap()),
+        vec![2.0, 3.0, 4.0, 5.0]
+    );
+    // Without a context: the handler's error, naming the call.
+    let y = put_f32(client, device, &[0.0; 4]);
+    let (_, msg) = execute(exe, &[y], &[]).unwrap_err();
+    assert!(
+        msg.contains("xla_vmm_test_user_data") && msg.contains("no user data of FFI type id 42"),
+        "{msg}"
+    );
+    // The executable goes on: with the context again, the next run works.
+    let z = put_f32(client, device, &[0.0; 4]);
+    let raw = RawExecute {
+        context: ctx.context,
+        ..RawExecute::new(std::slice::from_ref(&z))
+    };
+    let mut out2 = [null_mut()];
+    let done = raw.run(exe, out2.as_mut_ptr()).unwrap();
+    assert_eq!(await_event(done), None);
+    destroy_event(done);
+    assert_eq!(f32_values(&to_host(out2[0]).unwrap()), vec![1.0; 4]);
+    call_ok!(
+        PJRT_ExecuteContext_Destroy,
+        PJRT_ExecuteContext_Destroy_Args,
+        |a| {
+            a.context = ctx.context;
+        }
+    );
+    for b in [x, out[0], y, z, out2[0]] {
         destroy_buffer(b);
     }
     destroy_exe(exe);

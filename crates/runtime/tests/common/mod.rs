@@ -46,6 +46,7 @@ pub fn thunk(name: &str, kind: ThunkKind) -> Thunk {
 }
 
 /// A copy of all of `src` into `dst` (the payload of every copy kind).
+#[allow(dead_code)] // not every test file copies
 pub fn copy_of(src: Slice, dst: Slice) -> CopyThunk {
     let s = |slice| ShapedSlice { slice, shape: None };
     CopyThunk {
@@ -55,6 +56,7 @@ pub fn copy_of(src: Slice, dst: Slice) -> CopyThunk {
     }
 }
 
+#[allow(dead_code)] // not every test file copies
 pub fn copy(name: &str, src: Slice, dst: Slice) -> Thunk {
     thunk(name, ThunkKind::DeviceToDeviceCopy(copy_of(src, dst)))
 }
