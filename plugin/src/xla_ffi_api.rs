@@ -622,8 +622,8 @@ fn boxed<T: 'static>(v: T, keep: &mut Vec<Box<dyn std::any::Any>>) -> *mut c_voi
     p
 }
 
-fn byte_span(s: &str, keep: &mut Vec<Box<dyn std::any::Any>>) -> XLA_FFI_ByteSpan {
-    let bytes: Box<[u8]> = s.as_bytes().into();
+fn byte_span(s: &[u8], keep: &mut Vec<Box<dyn std::any::Any>>) -> XLA_FFI_ByteSpan {
+    let bytes: Box<[u8]> = s.into();
     let span = XLA_FFI_ByteSpan {
         ptr: bytes.as_ptr().cast::<c_char>(),
         len: bytes.len(),
@@ -637,7 +637,7 @@ fn lay_out(attrs: &FfiAttrs, keep: &mut Vec<Box<dyn std::any::Any>>) -> XLA_FFI_
     let mut names = Vec::with_capacity(attrs.len());
     let mut values = Vec::with_capacity(attrs.len());
     for (name, a) in attrs {
-        let span = byte_span(name, keep);
+        let span = byte_span(name.as_bytes(), keep);
         names.push(boxed(span, keep).cast::<XLA_FFI_ByteSpan>());
         let (t, v) = match a {
             FfiAttr::Scalar(s) => {
@@ -1255,7 +1255,7 @@ mod tests {
         vec![
             ("dims".into(), FfiAttr::Array(FfiArray::S64(vec![2, 3]))),
             ("index".into(), FfiAttr::Scalar(FfiScalar::U64(index))),
-            ("name".into(), FfiAttr::Str("cb".into())),
+            ("name".into(), FfiAttr::Str(b"cb".to_vec())),
             (
                 "nested".into(),
                 FfiAttr::Dict(vec![("x".into(), FfiAttr::Scalar(FfiScalar::Pred(true)))]),

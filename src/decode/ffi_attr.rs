@@ -116,7 +116,10 @@ mod tests {
                 value: Some(S::U64(7)),
             })),
         );
-        m.attrs.insert("b_str".into(), attr(V::Str("hi".into())));
+        m.attrs.insert("b_str".into(), attr(V::Str(b"hi".to_vec())));
+        // Not UTF-8 (a Mosaic kernel): kept as bytes.
+        m.attrs
+            .insert("c_bin".into(), attr(V::Str(vec![0xff, 0x00, 0xfe])));
         m.attrs.insert(
             "a_dims".into(),
             attr(V::Array(ArrayProto {
@@ -126,14 +129,15 @@ mod tests {
         m.attrs.insert("d".into(), attr(V::Dict(inner)));
         let got = attributes(Some(m), "cc").unwrap();
         let names: Vec<_> = got.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["a_dims", "b_str", "d", "index"]);
+        assert_eq!(names, ["a_dims", "b_str", "c_bin", "d", "index"]);
         assert_eq!(got[0].1, FfiAttr::Array(FfiArray::S64(vec![2, 3])));
-        assert_eq!(got[1].1, FfiAttr::Str("hi".into()));
+        assert_eq!(got[1].1, FfiAttr::Str(b"hi".to_vec()));
+        assert_eq!(got[2].1, FfiAttr::Str(vec![0xff, 0x00, 0xfe]));
         assert_eq!(
-            got[2].1,
+            got[3].1,
             FfiAttr::Dict(vec![("k".into(), FfiAttr::Scalar(FfiScalar::S8(-3)))])
         );
-        assert_eq!(got[3].1, FfiAttr::Scalar(FfiScalar::U64(7)));
+        assert_eq!(got[4].1, FfiAttr::Scalar(FfiScalar::U64(7)));
         assert_eq!(FfiScalar::U64(7).bytes(), 7u64.to_ne_bytes());
         assert!(attributes(None, "cc").unwrap().is_empty());
     }

@@ -55,7 +55,9 @@ pub enum FfiArray {
 pub enum FfiAttr {
     Scalar(FfiScalar),
     Array(FfiArray),
-    Str(String),
+    /// A string attribute's bytes (UTF-8 as a rule; Pallas Mosaic GPU
+    /// custom calls carry binary kernels in one).
+    Str(Vec<u8>),
     Dict(FfiAttrs),
 }
 
