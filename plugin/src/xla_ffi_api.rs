@@ -716,6 +716,21 @@ fn invoke(
     args: &[CallBuffer],
     rets: &[CallBuffer],
 ) -> Result<(), String> {
+    let ctx = (ctx as *const InvokeCtx<'_>).cast_mut().cast();
+    call_frame(handler, stage, ctx, std::ptr::null_mut(), attrs, args, rets)
+}
+
+/// One call frame of XLA's layout (`extension` null, or XLA's metadata
+/// request), and the call.
+fn call_frame(
+    handler: XLA_FFI_Handler,
+    stage: XLA_FFI_ExecutionStage,
+    ctx: *mut XLA_FFI_InvokeContext,
+    extension: *mut XLA_FFI_InternalExtension,
+    attrs: &XLA_FFI_Attrs,
+    args: &[CallBuffer],
+    rets: &[CallBuffer],
+) -> Result<(), String> {
     let mut a = c_buffers(args);
     let mut r = c_buffers(rets);
     let mut a_ptrs: Vec<*mut c_void> = a
@@ -730,9 +745,9 @@ fn invoke(
     let mut r_types = vec![XLA_FFI_RetType_BUFFER; r.len()];
     let mut frame = XLA_FFI_CallFrame {
         struct_size: XLA_FFI_CallFrame_STRUCT_SIZE,
-        extension_start: std::ptr::null_mut(),
+        extension_start: extension,
         api: api(),
-        ctx: (ctx as *const InvokeCtx<'_>).cast_mut().cast(),
+        ctx,
         stage,
         args: XLA_FFI_Args {
             struct_size: XLA_FFI_Args_STRUCT_SIZE,
@@ -785,34 +800,17 @@ pub fn query_traits(handler: XLA_FFI_Handler) -> XLA_FFI_Handler_Traits {
         metadata: &mut md,
     };
     let empty = CAttrs::new(&Vec::new());
-    let mut frame = XLA_FFI_CallFrame {
-        struct_size: XLA_FFI_CallFrame_STRUCT_SIZE,
-        extension_start: (&mut ext as *mut XLA_FFI_Metadata_Extension).cast(),
-        api: api(),
-        ctx: std::ptr::null_mut(),
-        stage: XLA_FFI_ExecutionStage_EXECUTE,
-        args: XLA_FFI_Args {
-            struct_size: XLA_FFI_Args_STRUCT_SIZE,
-            extension_start: std::ptr::null_mut(),
-            size: 0,
-            types: std::ptr::null_mut(),
-            args: std::ptr::null_mut(),
-        },
-        rets: XLA_FFI_Rets {
-            struct_size: XLA_FFI_Rets_STRUCT_SIZE,
-            extension_start: std::ptr::null_mut(),
-            size: 0,
-            types: std::ptr::null_mut(),
-            rets: std::ptr::null_mut(),
-        },
-        attrs: empty.root,
-        future: std::ptr::null_mut(),
-    };
-    // SAFETY: a metadata call frame: the handler fills `md` and returns.
-    let err = unsafe { handler(&mut frame) };
-    if !err.is_null() {
-        // SAFETY: made with our `Error_Create`.
-        let (_, m) = unsafe { take_error(err) };
+    let extension = (&mut ext as *mut XLA_FFI_Metadata_Extension).cast();
+    let asked = call_frame(
+        handler,
+        XLA_FFI_ExecutionStage_EXECUTE,
+        std::ptr::null_mut(),
+        extension,
+        &empty.root,
+        &[],
+        &[],
+    );
+    if let Err(m) = asked {
         tracing::debug!("FFI metadata call: {m}; traits taken as 0");
         return 0;
     }
@@ -919,7 +917,10 @@ impl CustomCallRegistry for Registry {
 
 // ---- registration from Python (ctypes) -------------------------------------------
 
-fn c_result(r: Result<(), String>) -> *mut c_char {
+/// Run an exported function's body: null, or its error (or panic) as a C
+/// string to free with `xla_vmm_stats_free`.
+fn exported(body: impl FnOnce() -> Result<(), String>) -> *mut c_char {
+    let r = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| Err("panic in xla-vmm".into()));
     match r {
         Ok(()) => std::ptr::null_mut(),
         Err(m) => CString::new(m.replace('\0', " "))
@@ -945,7 +946,7 @@ pub unsafe extern "C" fn xla_vmm_ffi_register_handler(
     instantiate: *mut c_void,
     traits: i64,
 ) -> *mut c_char {
-    let r = catch_unwind(AssertUnwindSafe(|| {
+    exported(|| {
         if name.is_null() || execute.is_null() || name_len > 4096 {
             return Err(
                 "name or execute handler is null, or the name is over 4096 bytes".to_string(),
@@ -973,8 +974,7 @@ pub unsafe extern "C" fn xla_vmm_ffi_register_handler(
             },
         );
         Ok(())
-    }));
-    c_result(r.unwrap_or_else(|_| Err("panic in xla-vmm".into())))
+    })
 }
 
 /// Register an FFI type's deleter: `type_id` points to its `XLA_FFI_TypeId`,
@@ -989,7 +989,7 @@ pub unsafe extern "C" fn xla_vmm_ffi_register_type(
     type_id: *const c_void,
     type_info: *const c_void,
 ) -> *mut c_char {
-    let r = catch_unwind(AssertUnwindSafe(|| {
+    exported(|| {
         if type_id.is_null() || type_info.is_null() {
             return Err("type_id or type_info is null".to_string());
         }
@@ -1005,8 +1005,7 @@ pub unsafe extern "C" fn xla_vmm_ffi_register_type(
         // SAFETY: the type's `XLA_FFI_TypeId` static.
         unsafe { register_type(type_id.cast(), info.deleter) };
         Ok(())
-    }));
-    c_result(r.unwrap_or_else(|_| Err("panic in xla-vmm".into())))
+    })
 }
 
 #[cfg(test)]

@@ -512,8 +512,8 @@ impl<B: Backend> LoadCtx<'_, B> {
             ThunkKind::AsyncDone { async_execution_id } => Op::AsyncDone {
                 id: *async_execution_id,
             },
+            // (`check_support` has refused legacy custom calls.)
             ThunkKind::CustomCall(c) => {
-                custom_call_support(c).map_err(RuntimeError::Unsupported)?;
                 let registry = self.custom_calls.ok_or_else(|| {
                     RuntimeError::unsupported(format!(
                         "custom call '{}': this runtime was loaded without FFI handlers",
