@@ -291,3 +291,83 @@ fn host_space_copies_decode_and_a_missing_copy_is_an_error() {
         "{e}"
     );
 }
+
+#[test]
+fn triangular_solves_decode_with_their_sizes_and_bad_ones_are_named() {
+    // b: f32[2,3,4,2] at 0 (256 bytes), a: f32[2,3,4,4] at 256 (512 bytes),
+    // temp: 6 pointers x 2 arrays at 768 (96 bytes).
+    let shaped = |offset, size, dims: &[i64]| {
+        Some(px::ShapedSliceProto {
+            slice: Some(BufferAllocationSliceProto {
+                offset,
+                size,
+                buffer_allocation_index: 0,
+                element_type: 0,
+            }),
+            shape: Some(px::ShapeProto {
+                element_type: 11,
+                dimensions: dims.to_vec(),
+                ..Default::default()
+            }),
+        })
+    };
+    let solve = |transpose_a, b_size| px::gpu::TriangularSolveThunkProto {
+        options: Some(px::TriangularSolveOptions {
+            left_side: true,
+            lower: true,
+            unit_diagonal: false,
+            transpose_a,
+        }),
+        a_buffer: shaped(256, 512, &[2, 3, 4, 4]),
+        b_buffer: shaped(0, b_size, &[2, 3, 4, 2]),
+        temp_buffer: shaped(768, 96, &[96]),
+    };
+    let one = |name: &str, m: &px::gpu::TriangularSolveThunkProto| {
+        executable(&exe_with_thunks(vec![thunk_bytes(
+            name,
+            11,
+            &m.encode_to_vec(),
+        )]))
+    };
+    let plan = decode(&one("triangular-solve", &solve(3, 192))).expect("decodes");
+    assert!(plan.unsupported().is_empty());
+    assert_eq!(plan.thunks[0].kind_name(), "triangular_solve");
+    match &plan.thunks[0].kind {
+        ThunkKind::TriangularSolve(t) => {
+            assert_eq!((t.batch, t.m, t.n), (6, 4, 2));
+            assert_eq!(t.transpose_a, xla_vmm::SolveTranspose::Adjoint);
+            assert!(t.left_side && t.lower && !t.unit_diagonal);
+            assert_eq!((t.a.slice.offset, t.b.slice.offset), (256, 0));
+            assert_eq!(
+                (t.a_batch_stride(4), t.b_batch_stride(4)),
+                (Some(64), Some(32))
+            );
+            let uses = plan.thunks[0].uses();
+            assert_eq!(uses.len(), 3);
+        }
+        k => panic!("{k:?}"),
+    }
+    // An invalid transpose, a b slice too small for its shape: errors that
+    // name the thunk and what is wrong.
+    let e = err(&one("ts.bad", &solve(0, 192))).to_string();
+    assert!(e.contains("ts.bad") && e.contains("transpose_a 0"), "{e}");
+    let e = err(&one("ts.small", &solve(1, 100))).to_string();
+    assert!(
+        e.contains("ts.small") && e.contains("b needs 192 bytes") && e.contains("100"),
+        "{e}"
+    );
+    // A batch without room for its pointer arrays.
+    let mut m = solve(1, 192);
+    m.temp_buffer = shaped(768, 64, &[64]);
+    let e = err(&one("ts.temp", &m)).to_string();
+    assert!(e.contains("temp needs 96 bytes"), "{e}");
+    // b of rank 1, and an absurd batch.
+    let mut m = solve(1, 192);
+    m.b_buffer = shaped(0, 192, &[48]);
+    let e = err(&one("ts.rank", &m)).to_string();
+    assert!(e.contains("rank 2 or more"), "{e}");
+    let mut m = solve(1, 192);
+    m.b_buffer = shaped(0, 192, &[i64::MAX, 4, 4, 2]);
+    let e = err(&one("ts.huge", &m)).to_string();
+    assert!(e.contains("ts.huge") && e.contains("overflow"), "{e}");
+}

@@ -25,6 +25,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda {
+    pub use cudarc::cublas::sys as cublas;
     pub use cudarc::cublaslt::sys as cublaslt;
     pub use cudarc::driver::sys as driver;
 }

@@ -271,6 +271,76 @@ def test_cusolver_custom_calls_run_on_our_runtime():
     np.testing.assert_allclose(np.asarray(q) @ np.asarray(r), a, rtol=1e-4, atol=1e-4)
 
 
+# Triangular solves of every kind the cuBLAS thunk takes: one matrix and batches, left and right
+# side, lower and upper, transposed and adjoint, unit diagonal; f32, f64, c64, c128. `run(dev)`
+# returns each case's result as a numpy array.
+TRSM_CASES = """
+import numpy as np, jax
+from jax import lax
+jax.config.update("jax_enable_x64", True)
+
+def cases():
+    r = np.random.default_rng(11)
+    def mat(shape, dtype, diag=0.0):
+        v = r.standard_normal(shape)
+        if np.issubdtype(dtype, np.complexfloating):
+            v = v + 1j * r.standard_normal(shape)
+        if diag:
+            v = v + diag * np.eye(shape[-1])
+        return v.astype(dtype)
+    f32, f64, c64, c128 = np.float32, np.float64, np.complex64, np.complex128
+    # (a, b, left_side, lower, transpose_a, conjugate_a, unit_diagonal)
+    return [
+        (mat((8, 8), f32, 32), mat((8, 3), f32), True, True, False, False, False),
+        (mat((4, 8, 8), f32, 32), mat((4, 8, 3), f32), True, False, True, False, False),
+        (mat((2, 3, 6, 6), f64, 24), mat((2, 3, 5, 6), f64), False, True, False, False, True),
+        (mat((5, 5), c64, 20), mat((5, 2), c64), True, True, True, True, False),
+        (mat((3, 7, 7), c128, 28), mat((3, 4, 7), c128), False, False, True, False, False),
+    ]
+
+def run(dev):
+    out = []
+    for a, b, left, lower, trans, conj, unit in cases():
+        f = jax.jit(lambda a, b: lax.linalg.triangular_solve(
+            a, b, left_side=left, lower=lower, transpose_a=trans, conjugate_a=conj,
+            unit_diagonal=unit))
+        out.append(np.asarray(f(jax.device_put(a, dev), jax.device_put(b, dev))))
+    return out
+"""
+
+
+def test_triangular_solves_run_on_our_runtime_bit_identical_to_stock(tmp_path):
+    """XLA's triangular-solve thunk (cuBLAS trsm, and trsmBatched over the pointer arrays our runtime
+    writes) on our runtime (strict: no vendor fallback), every result bit-identical to stock XLA's on
+    the same GPU (a child process with JAX_PLATFORMS=cuda) and solving the system."""
+    stock = tmp_path / "stock.npz"
+    r = subprocess.run(
+        [sys.executable, "-c", TRSM_CASES + "\nnp.savez(%r, *run(jax.devices('cuda')[0]))\n" % str(stock)],
+        env=dict(os.environ, JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false"),
+        capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    want = np.load(stock)
+    ns = {}
+    with x64():
+        exec(TRSM_CASES, ns)
+        got = ns["run"](VMM)
+        cases = ns["cases"]()
+    for i, (g, (a, b, left, lower, trans, conj, unit)) in enumerate(zip(got, cases)):
+        w = want["arr_%d" % i]
+        assert g.dtype == w.dtype and g.shape == w.shape, i
+        assert g.tobytes() == w.tobytes(), "case %d differs from stock XLA" % i
+        # And it solves op(a) x = b (or x op(a) = b).
+        t = np.tril(a) if lower else np.triu(a)
+        if unit:
+            t = t - np.diagonal(t, axis1=-2, axis2=-1)[..., None] * np.eye(a.shape[-1]) + np.eye(a.shape[-1])
+        if trans:
+            t = np.swapaxes(t, -1, -2)
+        if conj:
+            t = np.conj(t)
+        lhs = t @ g if left else g @ t
+        np.testing.assert_allclose(lhs, b, rtol=1e-3, atol=1e-3, err_msg="case %d" % i)
+
+
 def test_an_op_our_runtime_lacks_is_a_python_error_under_strict():
     """A cuDNN convolution (a thunk kind our runtime does not execute): under strict a clear error
     naming it, not a dead process; the client keeps working."""

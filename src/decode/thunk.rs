@@ -14,8 +14,8 @@ use crate::plan::{
     thunk_kind_name, AsyncStartThunk, ConditionalThunk, CopyThunk, CublasLtMatmulThunk,
     CustomCallThunk, CustomKernelThunk, Dim3, DsfOffset, DsfParameter, DsfResult,
     DynamicSliceConfig, DynamicSliceFusionThunk, ExecutionStream, GemmConfig, GemmThunk, KernelArg,
-    KernelCode, KernelParam, KernelSpec, KernelThunk, LaunchDims, MatrixLayout, OffsetExpr, Thunk,
-    ThunkInfo, ThunkKind, TmaDescriptor, WhileThunk,
+    KernelCode, KernelParam, KernelSpec, KernelThunk, LaunchDims, MatrixLayout, OffsetExpr,
+    SolveTranspose, Thunk, ThunkInfo, ThunkKind, TmaDescriptor, TriangularSolveThunk, WhileThunk,
 };
 use crate::proto::stream_executor::{
     self as se, gpu::TmaMetadataProto, kernel_loader_spec_proto::Payload,
@@ -200,6 +200,11 @@ fn kind_of(
                 deterministic: m.deterministic,
             }))
         }
+        11 => ThunkKind::TriangularSolve(Box::new(triangular_solve(
+            &decode_msg(data, "TriangularSolveThunkProto", p)?,
+            allocs,
+            p,
+        )?)),
         19 => {
             let m: pg::MemzeroThunkProto = decode_msg(data, "MemzeroThunkProto", p)?;
             ThunkKind::Memzero {
@@ -835,4 +840,91 @@ fn dynamic_slice_fusion(
         embedded,
         verify_offsets: m.verify_offsets,
     })
+}
+
+/// `TriangularSolveThunkProto`, with the sizes XLA's thunk derives from
+/// `b`'s shape (batch, m, n) checked against the slices they address.
+fn triangular_solve(
+    m: &pg::TriangularSolveThunkProto,
+    allocs: Allocs<'_>,
+    p: &str,
+) -> Result<TriangularSolveThunk, DecodeError> {
+    let ctx = |what: &'static str| move || format!("{p}: {what}");
+    let o = m
+        .options
+        .as_ref()
+        .ok_or_else(|| invalid(format!("{p}: missing triangular solve options")))?;
+    let transpose_a = match o.transpose_a {
+        1 => SolveTranspose::NoTranspose,
+        2 => SolveTranspose::Transpose,
+        3 => SolveTranspose::Adjoint,
+        other => {
+            return Err(invalid(format!(
+                "{p}: triangular solve transpose_a {other} (1, 2 or 3 expected)"
+            )))
+        }
+    };
+    let a = allocs.req_shaped(&m.a_buffer, &ctx("a"))?;
+    let b = allocs.req_shaped(&m.b_buffer, &ctx("b"))?;
+    let temp = allocs.req_shaped(&m.temp_buffer, &ctx("temp"))?;
+    let shape = b
+        .shape
+        .clone()
+        .ok_or_else(|| invalid(format!("{p}: triangular solve b without a shape")))?;
+    let dims = &shape.dimensions;
+    if dims.len() < 2 || dims.iter().any(|&d| d < 0) {
+        return Err(invalid(format!(
+            "{p}: triangular solve b of dimensions {dims:?} (rank 2 or more, none negative)"
+        )));
+    }
+    let (m_rows, n_cols) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    let too_big = || {
+        invalid(format!(
+            "{p}: triangular solve b of dimensions {dims:?} overflows"
+        ))
+    };
+    let batch = dims[..dims.len() - 2]
+        .iter()
+        .try_fold(1i64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(too_big)?;
+    let t = TriangularSolveThunk {
+        left_side: o.left_side,
+        lower: o.lower,
+        unit_diagonal: o.unit_diagonal,
+        transpose_a,
+        element_type: shape.element_type,
+        batch,
+        m: m_rows,
+        n: n_cols,
+        a,
+        b,
+        temp,
+    };
+    // What the solve addresses must lie inside the slices (an element size
+    // is known for every type the BLAS accepts; others are refused at load).
+    if let Some(bits) = shape.element_type.bit_width() {
+        let bytes = u64::from(bits / 8).max(1);
+        let batch = batch as u64;
+        let need = |stride: Option<u64>| {
+            stride
+                .and_then(|s| s.checked_mul(batch))
+                .ok_or_else(too_big)
+        };
+        for (what, need, have) in [
+            ("a", need(t.a_batch_stride(bytes))?, t.a.slice.size),
+            ("b", need(t.b_batch_stride(bytes))?, t.b.slice.size),
+            (
+                "temp",
+                if batch > 1 { need(Some(16))? } else { 0 },
+                t.temp.slice.size,
+            ),
+        ] {
+            if need > have {
+                return Err(invalid(format!(
+                    "{p}: triangular solve {what} needs {need} bytes, its slice has {have}"
+                )));
+            }
+        }
+    }
+    Ok(t)
 }

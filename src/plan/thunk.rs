@@ -6,8 +6,8 @@
 use serde::Serialize;
 
 use super::{
-    Blob, BufferAllocation, CollectiveThunk, GemmConfig, KernelArg, KernelSpec, LaunchDims, Shape,
-    ShapedSlice, Slice,
+    Blob, BufferAllocation, CollectiveThunk, ElementType, GemmConfig, KernelArg, KernelSpec,
+    LaunchDims, Shape, ShapedSlice, Slice,
 };
 
 /// `ThunkInfoProto`: what every thunk carries.
@@ -44,6 +44,8 @@ pub enum ThunkKind {
     CublasLtMatmul(Box<CublasLtMatmulThunk>),
     /// `gemm_thunk` (9): a plain cuBLAS / hipBLAS gemm.
     Gemm(Box<GemmThunk>),
+    /// `triangular_solve_thunk` (11): BLAS trsm, in place in `b`.
+    TriangularSolve(Box<TriangularSolveThunk>),
     /// `device_to_device_copy_thunk` (13).
     DeviceToDeviceCopy(CopyThunk),
     /// `device_to_host_copy_thunk` (4): a copy into XLA's host memory space
@@ -171,6 +173,53 @@ pub struct GemmThunk {
     pub output: Slice,
     pub workspace: Option<Slice>,
     pub deterministic: bool,
+}
+
+/// How a triangular solve uses `a` (`TriangularSolveOptions.transpose_a`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SolveTranspose {
+    NoTranspose,
+    Transpose,
+    /// Conjugate transpose.
+    Adjoint,
+}
+
+/// `TriangularSolveThunkProto`: solves `op(a) x = b` (`left_side`) or
+/// `x op(a) = b` for x, in place in `b`, for every matrix of `b`'s batch
+/// (all dimensions but the last two). The matrices are column-major (XLA's
+/// layout assignment makes them so): `m` = `b`'s second-to-last dimension,
+/// `n` = its last, `a` is m×m (left side) or n×n. With a batch, `temp`
+/// holds the two arrays of per-matrix pointers cuBLAS's batched solve reads.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TriangularSolveThunk {
+    pub left_side: bool,
+    pub lower: bool,
+    pub unit_diagonal: bool,
+    pub transpose_a: SolveTranspose,
+    pub a: ShapedSlice,
+    pub b: ShapedSlice,
+    pub temp: ShapedSlice,
+    /// XLA `PrimitiveType` number of `b`'s elements.
+    pub element_type: ElementType,
+    /// Product of `b`'s batch dimensions (1 without any).
+    pub batch: i64,
+    pub m: i64,
+    pub n: i64,
+}
+
+impl TriangularSolveThunk {
+    /// Bytes between consecutive matrices of `a` (`None` on overflow).
+    pub fn a_batch_stride(&self, element_bytes: u64) -> Option<u64> {
+        let k = u64::try_from(if self.left_side { self.m } else { self.n }).ok()?;
+        k.checked_mul(k)?.checked_mul(element_bytes)
+    }
+
+    /// Bytes between consecutive matrices of `b` (`None` on overflow).
+    pub fn b_batch_stride(&self, element_bytes: u64) -> Option<u64> {
+        let (m, n) = (u64::try_from(self.m).ok()?, u64::try_from(self.n).ok()?);
+        m.checked_mul(n)?.checked_mul(element_bytes)
+    }
 }
 
 /// `CopyThunkProto` (also the payload of `DeviceToDeviceCopyThunkProto`).

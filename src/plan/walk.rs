@@ -40,6 +40,7 @@ impl ThunkKind {
             ThunkKind::Kernel(_) => "kernel",
             ThunkKind::CublasLtMatmul(_) => "cublas_lt_matmul",
             ThunkKind::Gemm(_) => "gemm",
+            ThunkKind::TriangularSolve(_) => "triangular_solve",
             ThunkKind::DeviceToDeviceCopy(_) => "device_to_device_copy",
             ThunkKind::Copy(_) => "copy",
             ThunkKind::DeviceToHostCopy(_) => "device_to_host_copy",
@@ -165,6 +166,11 @@ impl Thunk {
                 if let Some(w) = g.workspace {
                     out.push((w, Access::Overwrite));
                 }
+            }
+            ThunkKind::TriangularSolve(t) => {
+                out.push((t.a.slice, Access::Read));
+                out.push((t.b.slice, Access::Write));
+                out.push((t.temp.slice, Access::Overwrite));
             }
             ThunkKind::DeviceToDeviceCopy(c)
             | ThunkKind::Copy(c)

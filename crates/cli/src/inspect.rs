@@ -355,6 +355,21 @@ fn detail(t: &Thunk) -> String {
             m.d.slice.allocation, m.d.slice.offset, m.algorithm_idx
         ),
         ThunkKind::CustomCall(c) => format!(" target {}", c.target_name),
+        ThunkKind::TriangularSolve(t) => format!(
+            " {} {}x{} x{} ({} side, {}{}, {:?})",
+            t.element_type.name().unwrap_or("?"),
+            t.m,
+            t.n,
+            t.batch,
+            if t.left_side { "left" } else { "right" },
+            if t.lower { "lower" } else { "upper" },
+            if t.unit_diagonal {
+                ", unit diagonal"
+            } else {
+                ""
+            },
+            t.transpose_a
+        ),
         ThunkKind::Collective(c) => collective_detail(c),
         ThunkKind::ReplicaId { dest } | ThunkKind::PartitionId { dest } => {
             format!(" -> #{}+{} (multi-device)", dest.allocation, dest.offset)

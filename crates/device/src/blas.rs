@@ -315,6 +315,53 @@ pub struct MatmulArgs {
     pub workspace_bytes: u64,
 }
 
+/// A triangular solve as XLA's `RunTriangularSolve` hands it to the BLAS
+/// library: `op(a) x = alpha b` (left side) or `x op(a) = alpha b`, alpha =
+/// 1, solved in place in b; column-major matrices, `lda` = m (left) or n,
+/// `ldb` = m.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct TrsmSpec {
+    pub left_side: bool,
+    pub lower: bool,
+    pub unit_diagonal: bool,
+    pub transpose: Transpose,
+    /// XLA `PrimitiveType`: F32, F64, C64 or C128.
+    pub dtype: i32,
+    pub m: i32,
+    pub n: i32,
+    /// Matrices solved; more than one goes through the batched entry point.
+    pub batch: i32,
+}
+
+impl TrsmSpec {
+    /// The leading dimension of `a`.
+    pub fn lda(&self) -> i32 {
+        if self.left_side {
+            self.m
+        } else {
+            self.n
+        }
+    }
+
+    /// Is there anything to solve (the BLAS rejects a leading dimension of
+    /// 0, and a solve with no element writes nothing).
+    pub fn is_empty(&self) -> bool {
+        self.m == 0 || self.n == 0 || self.batch == 0
+    }
+}
+
+/// The device operands of one solve.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum TrsmArgs {
+    /// `batch` is 1: the matrices themselves.
+    Single { a: DevicePtr, b: DevicePtr },
+    /// Arrays of `batch` device pointers to the matrices of a and of b.
+    Batched {
+        a_ptrs: DevicePtr,
+        b_ptrs: DevicePtr,
+    },
+}
+
 /// A prepared matmul: descriptors built, algorithm chosen. Index into the
 /// engine's table.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -338,6 +385,21 @@ pub trait GemmEngine<B: Backend>: Send + Sync {
     /// Workspace bytes the chosen algorithm needs.
     fn workspace_needed(&self, plan: GemmPlanId) -> Result<u64>;
     fn run(&self, plan: GemmPlanId, args: &MatmulArgs, stream: &B::Stream) -> Result<()>;
+    /// At load time: can this engine run `spec` (the BLAS library with a
+    /// solver is found, the type is one it solves in)? An engine without
+    /// one says so.
+    fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {
+        Err(DeviceError::Unsupported(format!(
+            "triangular solve ({spec:?}): this backend's BLAS engine has no trsm"
+        )))
+    }
+    /// Enqueue a solve that [`GemmEngine::prepare_trsm`] accepted.
+    fn trsm(&self, spec: &TrsmSpec, args: TrsmArgs, stream: &B::Stream) -> Result<()> {
+        let _ = (args, stream);
+        Err(DeviceError::Unsupported(format!(
+            "triangular solve ({spec:?}): this backend's BLAS engine has no trsm"
+        )))
+    }
 }
 
 #[cfg(test)]

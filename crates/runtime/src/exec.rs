@@ -11,14 +11,14 @@
 
 use std::collections::HashMap;
 
-use xla_vmm_device::blas::{GemmEngine, MatmulArgs};
+use xla_vmm_device::blas::{GemmEngine, MatmulArgs, TrsmArgs};
 use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::collective::Resolved;
 use crate::custom_call::{CallBuffer, CallContext, CallScratch, Invocation};
 use crate::error::{Result, RuntimeError};
-use crate::ops::{AsyncStream, CallOperand, CustomCallOp, Op, ParamSpec};
+use crate::ops::{AsyncStream, CallOperand, CustomCallOp, Op, ParamSpec, TrsmOp};
 use crate::slots::{DeviceBuffer, SlotTable};
 
 /// Everything the walk needs besides the ops and the slot table.
@@ -283,6 +283,7 @@ fn run_op<B: Backend>(
             be.memset_d32(slots.resolve(dst)?, v, 1, stream)?;
         }
         Op::CustomCall(c) => run_custom_call(env, c, slots, stream)?,
+        Op::Trsm(t) => run_trsm(env, t, slots, stream)?,
         Op::AsyncDone { id } => {
             let (_, done) = env
                 .events
@@ -292,6 +293,43 @@ fn run_op<B: Backend>(
         }
     }
     Ok(())
+}
+
+/// XLA's `RunTriangularSolve`: one matrix is solved directly; a batch goes
+/// through the batched solve, whose two pointer arrays (`a + i * a_stride`,
+/// `b + i * b_stride`) are written into `temp` first, on the same stream, as
+/// 32-bit memsets (two per pointer: capturable on every backend; XLA
+/// launches a small kernel for the same).
+fn run_trsm<B: Backend>(
+    env: &ExecEnv<'_, B>,
+    t: &TrsmOp,
+    slots: &SlotTable,
+    stream: &B::Stream,
+) -> Result<()> {
+    let engine = env
+        .gemm
+        .ok_or_else(|| RuntimeError::unsupported("triangular solve: no BLAS engine"))?;
+    let (a, b) = (slots.resolve(&t.a)?, slots.resolve(&t.b)?);
+    let args = if t.spec.batch > 1 && !t.spec.is_empty() {
+        let count = t.spec.batch as u64;
+        let a_ptrs = slots.resolve(&t.temp)?;
+        let b_ptrs = a_ptrs.offset(8 * count);
+        for (table, base, stride) in [(a_ptrs, a, t.a_stride), (b_ptrs, b, t.b_stride)] {
+            for i in 0..count {
+                let p = base.0 + i * stride;
+                let at = table.offset(8 * i);
+                env.backend.memset_d32(at, p as u32, 1, stream)?;
+                env.backend
+                    .memset_d32(at.offset(4), (p >> 32) as u32, 1, stream)?;
+            }
+        }
+        TrsmArgs::Batched { a_ptrs, b_ptrs }
+    } else {
+        TrsmArgs::Single { a, b }
+    };
+    engine
+        .trsm(&t.spec, args, stream)
+        .map_err(|e| RuntimeError::invalid(format!("triangular solve '{}': {e}", t.name)))
 }
 
 /// XLA's `CustomCallThunk::ExecuteFfiHandler`: the handler gets the stream,
@@ -482,6 +520,10 @@ pub(crate) fn capture_blocker<B: Backend>(
             capture_blocker(condition, conditional_nodes)
                 .or_else(|| capture_blocker(body, conditional_nodes))
         }
+        Op::Trsm(t) => Some(format!(
+            "triangular solve {} runs through cuBLAS, which XLA does not capture either",
+            t.name
+        )),
         Op::CustomCall(c) if !c.call.graph_compatible() => Some(format!(
             "custom call '{}' ({}) has an FFI handler that is not command-buffer compatible",
             c.target, c.name

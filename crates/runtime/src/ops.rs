@@ -7,9 +7,9 @@ use std::collections::HashMap;
 
 use xla_vmm::{
     ComputeCapability, KernelArg, KernelCode, KernelParam, LaunchDims, Plan, ShapedSlice, Slice,
-    Thunk, ThunkKind,
+    SolveTranspose, Thunk, ThunkKind,
 };
-use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId};
+use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId, Transpose, TrsmSpec};
 use xla_vmm_device::{Backend, ImageKind, LaunchConfig, TensorMapDesc};
 
 use crate::collective::CollOp;
@@ -110,6 +110,66 @@ pub enum Op<B: Backend> {
     /// A typed-FFI custom call, bound to its handler at load
     /// ([`crate::custom_call`]).
     CustomCall(Box<CustomCallOp>),
+    /// A triangular solve through the BLAS engine (cuBLAS trsm).
+    Trsm(Box<TrsmOp>),
+}
+
+/// A loaded triangular solve: XLA's `RunTriangularSolve`. With a batch, the
+/// arrays of matrix pointers the batched solve reads are written into
+/// `temp` (a's first, b's after them) on the stream before it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrsmOp {
+    pub name: String,
+    pub spec: TrsmSpec,
+    pub a: Slice,
+    pub b: Slice,
+    pub temp: Slice,
+    /// Bytes between consecutive matrices of a and of b.
+    pub a_stride: u64,
+    pub b_stride: u64,
+}
+
+/// The solve as the BLAS takes it: 32-bit sizes, a type it solves in.
+fn trsm_op(name: &str, t: &xla_vmm::TriangularSolveThunk) -> Result<TrsmOp> {
+    use xla_vmm_device::blas::xla_type::{C128, C64, F32, F64};
+    let dtype = t.element_type.0;
+    if ![F32, F64, C64, C128].contains(&dtype) {
+        return Err(RuntimeError::unsupported(format!(
+            "triangular solve in {} (the BLAS solves F32, F64, C64 and C128)",
+            t.element_type.name().unwrap_or("an unknown element type")
+        )));
+    }
+    let int = |v: i64, what: &str| {
+        i32::try_from(v).map_err(|_| {
+            RuntimeError::unsupported(format!(
+                "triangular solve {what} {v} (the BLAS takes 32-bit sizes)"
+            ))
+        })
+    };
+    let bytes = u64::from(t.element_type.bit_width().unwrap_or(0) / 8);
+    let overflow = || RuntimeError::invalid("triangular solve batch stride overflows");
+    Ok(TrsmOp {
+        name: name.to_string(),
+        spec: TrsmSpec {
+            left_side: t.left_side,
+            lower: t.lower,
+            unit_diagonal: t.unit_diagonal,
+            transpose: match t.transpose_a {
+                SolveTranspose::NoTranspose => Transpose::NoTranspose,
+                SolveTranspose::Transpose => Transpose::Transpose,
+                SolveTranspose::Adjoint => Transpose::ConjugateTranspose,
+            },
+            dtype,
+            m: int(t.m, "m")?,
+            n: int(t.n, "n")?,
+            batch: int(t.batch, "batch")?,
+        },
+        a: t.a.slice,
+        b: t.b.slice,
+        temp: t.temp.slice,
+        a_stride: t.a_batch_stride(bytes).ok_or_else(overflow)?,
+        b_stride: t.b_batch_stride(bytes).ok_or_else(overflow)?,
+    })
 }
 
 /// A loaded custom call.
@@ -423,6 +483,14 @@ impl<B: Backend> LoadCtx<'_, B> {
                     workspace: s(&m.workspace),
                 }
             }
+            ThunkKind::TriangularSolve(ts) => {
+                let engine = self.gemm.ok_or_else(|| {
+                    RuntimeError::unsupported("triangular solve: no BLAS engine on this backend")
+                })?;
+                let op = trsm_op(&t.info.profile_annotation, ts)?;
+                engine.prepare_trsm(&op.spec)?;
+                Op::Trsm(Box::new(op))
+            }
             ThunkKind::Gemm(_) => {
                 return Err(RuntimeError::unsupported(
                     "plain cuBLAS gemm (XLA runs it through cublasGemmEx with its own algorithm; \
@@ -721,6 +789,7 @@ pub fn check_support(plan: &Plan) -> Result<()> {
             }
             ThunkKind::CustomCall(c) => custom_call_support(c).err(),
             ThunkKind::Gemm(_) => Some("plain cuBLAS gemm".to_string()),
+            ThunkKind::TriangularSolve(ts) => trsm_op("", ts).err().map(|e| e.to_string()),
             // On ROCm the thunk runs through hipBLASLt (XLA's ROCm path:
             // `device::hip::blaslt`), on CUDA through cuBLASLt.
             ThunkKind::CublasLtMatmul(m) => gemm_support(m).err(),

@@ -15,14 +15,15 @@
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use xla_vmm_ffi::cuda::cublaslt as sys;
 
+use super::cublas::Cublas;
 use super::{CudaBackend, CudaStream};
 use crate::blas::{
     xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs,
-    NormalizedGemm, Order, Transpose,
+    NormalizedGemm, Order, Transpose, TrsmArgs, TrsmSpec,
 };
 use crate::error::{DeviceError, Result};
 
@@ -105,9 +106,10 @@ struct Api {
 
 const LIB_NAMES: &[&str] = &["libcublasLt.so.13", "libcublasLt.so"];
 
-/// Candidate library paths in search order (existing files only), then bare
-/// names for the system loader.
-fn candidates() -> Vec<PathBuf> {
+/// Candidate paths of the library called one of `names`, in search order
+/// (existing files only), then the bare names for the system loader. Shared
+/// with cuBLAS ([`super::cublas`]), which comes from the same wheel.
+pub(super) fn candidates(names: &[&str]) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(ld) = std::env::var_os("LD_LIBRARY_PATH") {
         dirs.extend(std::env::split_paths(&ld));
@@ -118,10 +120,10 @@ fn candidates() -> Vec<PathBuf> {
     }
     let mut out: Vec<PathBuf> = dirs
         .iter()
-        .flat_map(|d| LIB_NAMES.iter().map(move |n| d.join(n)))
+        .flat_map(|d| names.iter().map(move |n| d.join(n)))
         .filter(|p| p.is_file())
         .collect();
-    out.extend(LIB_NAMES.iter().map(PathBuf::from));
+    out.extend(names.iter().map(PathBuf::from));
     out
 }
 
@@ -182,20 +184,26 @@ fn python_site_dirs() -> Vec<PathBuf> {
 
 /// Look up `name` in `lib` as a function pointer of type `T`.
 fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
-    // SAFETY: `T` is the function-pointer type declared for this symbol by
-    // the cuBLASLt header (cudarc's generated bindings); the library stays
-    // loaded as long as `Api` (which owns it) lives.
+    symbol(lib, "cuBLASLt", name)
+}
+
+/// Look up `name` in `lib` (`label` names the library in errors) as a
+/// function pointer of type `T`, which must be the symbol's C signature.
+pub(super) fn symbol<T: Copy>(lib: &libloading::Library, label: &str, name: &str) -> Result<T> {
+    // SAFETY: every caller declares `T` as the function-pointer type of this
+    // symbol in the library's header (cudarc's generated bindings); the
+    // library stays loaded as long as the API table that owns it lives.
     unsafe {
         lib.get::<T>(name.as_bytes())
             .map(|s| *s)
-            .map_err(|e| DeviceError::NotAvailable(format!("cuBLASLt symbol {name}: {e}")))
+            .map_err(|e| DeviceError::NotAvailable(format!("{label} symbol {name}: {e}")))
     }
 }
 
 impl Api {
     fn load() -> Result<(Api, String)> {
         let mut tried = Vec::new();
-        for path in candidates() {
+        for path in candidates(LIB_NAMES) {
             // SAFETY: loading cuBLASLt runs its initializers, which have no
             // preconditions beyond a sane process environment.
             match unsafe { libloading::Library::new(&path) } {
@@ -743,11 +751,15 @@ impl LtPlan {
 }
 
 /// The [`GemmEngine`] of a [`CudaBackend`]: one cuBLASLt handle, plans
-/// prepared at load time.
+/// prepared at load time; cuBLAS for triangular solves, loaded when the
+/// first program with one is loaded.
 pub struct CudaGemm {
     ctx: Arc<cudarc::driver::CudaContext>,
     lt: BlasLt,
     plans: Mutex<Vec<Arc<LtPlan>>>,
+    /// cuBLAS, or why it could not be loaded (said once, at every load that
+    /// needs it).
+    cublas: OnceLock<std::result::Result<Cublas, String>>,
     /// `tsl::tensor_float_32_execution_enabled()`: on in JAX by default.
     tf32: bool,
 }
@@ -763,6 +775,7 @@ impl CudaGemm {
             ctx: backend.ctx.clone(),
             lt: BlasLt::new()?,
             plans: Mutex::new(Vec::new()),
+            cublas: OnceLock::new(),
             tf32: true,
         })
     }
@@ -776,6 +789,18 @@ impl CudaGemm {
         self.ctx
             .bind_to_thread()
             .map_err(|e| super::result::from_cudarc("cuCtxSetCurrent", e))
+    }
+
+    /// cuBLAS, loaded on first use.
+    fn cublas(&self) -> Result<&Cublas> {
+        self.cublas
+            .get_or_init(|| {
+                self.bind()
+                    .and_then(|()| Cublas::new())
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| DeviceError::NotAvailable(e.clone()))
     }
 
     fn get(&self, plan: GemmPlanId) -> Result<Arc<LtPlan>> {
@@ -839,6 +864,21 @@ impl GemmEngine<CudaBackend> for CudaGemm {
         // which the decoder checked against allocation sizes.
         unsafe { plan.execute(&raw, stream.cu_stream().cast()) }
     }
+
+    fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {
+        Cublas::check_type(spec.dtype)?;
+        self.cublas().map(|_| ())
+    }
+
+    fn trsm(&self, spec: &TrsmSpec, args: TrsmArgs, stream: &CudaStream) -> Result<()> {
+        let cublas = self.cublas()?;
+        self.bind()?;
+        // SAFETY: the stream belongs to this context (bound above); the
+        // runtime resolves the operands from the executable's slices, which
+        // the decoder checked against the solve's sizes, and writes the
+        // pointer arrays of a batched solve before it on the same stream.
+        unsafe { cublas.trsm(spec, args, stream.cu_stream().cast()) }
+    }
 }
 
 #[cfg(test)]
@@ -847,7 +887,7 @@ mod tests {
 
     #[test]
     fn candidates_end_with_bare_names_for_the_system_loader() {
-        let c = candidates();
+        let c = candidates(LIB_NAMES);
         assert!(c.len() >= LIB_NAMES.len());
         let tail: Vec<_> = c[c.len() - LIB_NAMES.len()..].to_vec();
         assert_eq!(

@@ -15,6 +15,7 @@
 
 pub mod blaslt;
 mod conditional;
+pub mod cublas;
 pub mod handles;
 mod info;
 pub mod nccl;

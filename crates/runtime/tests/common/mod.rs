@@ -7,6 +7,7 @@ use xla_vmm::*;
 use xla_vmm_device::host::{arg_ptr, arg_u32};
 use xla_vmm_device::HostBackend;
 
+#[allow(dead_code)] // not every test file has f32 vectors
 pub fn f32s(n: usize) -> Shape {
     Shape {
         element_type: ElementType::F32,
