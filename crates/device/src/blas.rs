@@ -12,6 +12,9 @@
 //! - the scale type is f32 for an f32 computation (unless c is c64), else
 //!   the output type ([`scale_type`]).
 //!
+//! The engine also runs XLA's triangular solves ([`TrsmSpec`]: cuBLAS /
+//! rocBLAS `?trsm`, through `trsm_lib`).
+//!
 //! This file holds only plain data and pure functions; `cuda::blaslt` does
 //! the cuBLASLt calls.
 
@@ -367,7 +370,8 @@ pub enum TrsmArgs {
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GemmPlanId(pub usize);
 
-/// What the runtime needs from a BLAS-Lt library for backend `B`.
+/// What the runtime needs from a BLAS-Lt library (and, for triangular
+/// solves, its BLAS) for backend `B`.
 ///
 /// `prepare` runs at load time: it builds descriptors with XLA's rules,
 /// queries the heuristic for `max_algorithms` algorithms under

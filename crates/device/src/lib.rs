@@ -32,6 +32,8 @@ pub mod host;
 #[allow(unsafe_code)]
 mod nccl_common;
 pub mod probe;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod trsm_lib;
 pub mod vmm;
 
 pub use backend::{

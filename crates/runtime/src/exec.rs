@@ -521,7 +521,7 @@ pub(crate) fn capture_blocker<B: Backend>(
                 .or_else(|| capture_blocker(body, conditional_nodes))
         }
         Op::Trsm(t) => Some(format!(
-            "triangular solve {} runs through cuBLAS, which XLA does not capture either",
+            "triangular solve {} runs through the BLAS library (XLA keeps the thunk out of its command buffers too)",
             t.name
         )),
         Op::CustomCall(c) if !c.call.graph_compatible() => Some(format!(

@@ -19,13 +19,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use xla_vmm_ffi::cuda::cublaslt as sys;
 
-use super::cublas::Cublas;
 use super::{CudaBackend, CudaStream};
 use crate::blas::{
     xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs,
     NormalizedGemm, Order, Transpose, TrsmArgs, TrsmSpec,
 };
 use crate::error::{DeviceError, Result};
+use crate::trsm_lib::Solver;
 
 type Status = sys::cublasStatus_t;
 
@@ -184,19 +184,13 @@ fn python_site_dirs() -> Vec<PathBuf> {
 
 /// Look up `name` in `lib` as a function pointer of type `T`.
 fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
-    symbol(lib, "cuBLASLt", name)
-}
-
-/// Look up `name` in `lib` (`label` names the library in errors) as a
-/// function pointer of type `T`, which must be the symbol's C signature.
-pub(super) fn symbol<T: Copy>(lib: &libloading::Library, label: &str, name: &str) -> Result<T> {
-    // SAFETY: every caller declares `T` as the function-pointer type of this
-    // symbol in the library's header (cudarc's generated bindings); the
-    // library stays loaded as long as the API table that owns it lives.
+    // SAFETY: `T` is the function-pointer type declared for this symbol by
+    // the cuBLASLt header (cudarc's generated bindings); the library stays
+    // loaded as long as `Api` (which owns it) lives.
     unsafe {
         lib.get::<T>(name.as_bytes())
             .map(|s| *s)
-            .map_err(|e| DeviceError::NotAvailable(format!("{label} symbol {name}: {e}")))
+            .map_err(|e| DeviceError::NotAvailable(format!("cuBLASLt symbol {name}: {e}")))
     }
 }
 
@@ -759,7 +753,7 @@ pub struct CudaGemm {
     plans: Mutex<Vec<Arc<LtPlan>>>,
     /// cuBLAS, or why it could not be loaded (said once, at every load that
     /// needs it).
-    cublas: OnceLock<std::result::Result<Cublas, String>>,
+    cublas: OnceLock<std::result::Result<Solver, String>>,
     /// `tsl::tensor_float_32_execution_enabled()`: on in JAX by default.
     tf32: bool,
 }
@@ -792,11 +786,11 @@ impl CudaGemm {
     }
 
     /// cuBLAS, loaded on first use.
-    fn cublas(&self) -> Result<&Cublas> {
+    fn cublas(&self) -> Result<&Solver> {
         self.cublas
             .get_or_init(|| {
                 self.bind()
-                    .and_then(|()| Cublas::new())
+                    .and_then(|()| super::cublas::solver())
                     .map_err(|e| e.to_string())
             })
             .as_ref()
@@ -866,7 +860,7 @@ impl GemmEngine<CudaBackend> for CudaGemm {
     }
 
     fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {
-        Cublas::check_type(spec.dtype)?;
+        crate::trsm_lib::check_type(spec.dtype)?;
         self.cublas().map(|_| ())
     }
 

@@ -15,7 +15,7 @@
 
 pub mod blaslt;
 mod conditional;
-pub mod cublas;
+pub(crate) mod cublas;
 pub mod handles;
 mod info;
 pub mod nccl;

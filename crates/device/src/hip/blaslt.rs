@@ -30,14 +30,15 @@
 
 use std::ffi::{c_int, c_void};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::{HipBackend, HipStream};
 use crate::blas::{
     xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs,
-    NormalizedGemm, Order, Transpose,
+    NormalizedGemm, Order, Transpose, TrsmArgs, TrsmSpec,
 };
 use crate::error::{DeviceError, Result};
+use crate::trsm_lib::Solver;
 
 /// The hipBLASLt types and values we use, declared from its headers.
 mod sys {
@@ -190,9 +191,10 @@ const LIB_NAMES: &[&str] = &["libhipblaslt.so.1", "libhipblaslt.so.0", "libhipbl
 /// A path: the only hipBLASLt library tried (e.g. the HIP test shim).
 pub const LIBRARY_ENV: &str = "XLA_VMM_HIPBLASLT_LIBRARY";
 
-/// Candidate library paths in search order (existing files only), then bare
-/// names for the system loader.
-fn candidates() -> Vec<PathBuf> {
+/// Candidate paths of the library called one of `names` in search order
+/// (existing files only), then the bare names for the system loader. Shared
+/// with rocBLAS ([`super::rocblas`]).
+pub(super) fn candidates(names: &[&str]) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(ld) = std::env::var_os("LD_LIBRARY_PATH") {
         dirs.extend(std::env::split_paths(&ld));
@@ -203,10 +205,10 @@ fn candidates() -> Vec<PathBuf> {
     dirs.push(PathBuf::from("/opt/rocm/lib"));
     let mut out: Vec<PathBuf> = dirs
         .iter()
-        .flat_map(|d| LIB_NAMES.iter().map(move |n| d.join(n)))
+        .flat_map(|d| names.iter().map(move |n| d.join(n)))
         .filter(|p| p.is_file())
         .collect();
-    out.extend(LIB_NAMES.iter().map(PathBuf::from));
+    out.extend(names.iter().map(PathBuf::from));
     out
 }
 
@@ -231,7 +233,7 @@ impl Api {
                 .map_err(|e| DeviceError::NotAvailable(format!("{LIBRARY_ENV}: {e}")));
         }
         let mut tried = Vec::new();
-        for path in candidates() {
+        for path in candidates(LIB_NAMES) {
             match Self::open(&path) {
                 Ok(api) => return Ok((api, path.display().to_string())),
                 Err(e) => tried.push(e),
@@ -548,12 +550,15 @@ impl HipLtPlan {
 }
 
 /// The [`GemmEngine`] of a [`HipBackend`]: one hipBLASLt handle on its
-/// device, plans prepared at load time.
+/// device, plans prepared at load time; rocBLAS for triangular solves,
+/// loaded when the first program with one is loaded.
 pub struct HipGemm {
     ordinal: i32,
     lt: Arc<Inner>,
     library: String,
     plans: Mutex<Vec<Arc<HipLtPlan>>>,
+    /// rocBLAS, or why it could not be loaded.
+    rocblas: OnceLock<std::result::Result<Solver, String>>,
     /// `tsl::tensor_float_32_execution_enabled()`: on in JAX by default.
     tf32: bool,
 }
@@ -572,6 +577,7 @@ impl HipGemm {
             lt: Arc::new(Inner { api, handle }),
             library,
             plans: Mutex::new(Vec::new()),
+            rocblas: OnceLock::new(),
             tf32: true,
         })
     }
@@ -746,6 +752,18 @@ impl HipGemm {
         })
     }
 
+    /// rocBLAS, loaded on first use.
+    fn rocblas(&self) -> Result<&Solver> {
+        self.rocblas
+            .get_or_init(|| {
+                self.bind()
+                    .and_then(|()| super::rocblas::solver())
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| DeviceError::NotAvailable(e.clone()))
+    }
+
     fn get(&self, plan: GemmPlanId) -> Result<Arc<HipLtPlan>> {
         let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         plans
@@ -790,6 +808,21 @@ impl GemmEngine<HipBackend> for HipGemm {
         // decoder checked against allocation sizes.
         unsafe { plan.execute(args, stream.raw.cast()) }
     }
+
+    fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {
+        crate::trsm_lib::check_type(spec.dtype)?;
+        self.rocblas().map(|_| ())
+    }
+
+    fn trsm(&self, spec: &TrsmSpec, args: TrsmArgs, stream: &HipStream) -> Result<()> {
+        let rocblas = self.rocblas()?;
+        self.bind()?;
+        // SAFETY: the stream is this device's (bound above); the runtime
+        // resolves the operands from the executable's slices, which the
+        // decoder checked against the solve's sizes, and writes the pointer
+        // arrays of a batched solve before it on the same stream.
+        unsafe { rocblas.trsm(spec, args, stream.raw.cast()) }
+    }
 }
 
 #[cfg(test)]
@@ -819,7 +852,7 @@ mod tests {
 
     #[test]
     fn candidates_end_with_bare_names_for_the_system_loader() {
-        let c = candidates();
+        let c = candidates(LIB_NAMES);
         let tail: Vec<_> = c[c.len() - LIB_NAMES.len()..].to_vec();
         assert_eq!(
             tail,
@@ -829,7 +862,7 @@ mod tests {
 
     #[test]
     fn without_the_library_loading_is_an_error_not_a_crash() {
-        if candidates().iter().any(|p| p.is_absolute()) {
+        if candidates(LIB_NAMES).iter().any(|p| p.is_absolute()) {
             return; // a real hipBLASLt is installed here
         }
         let e = Api::load().err().expect("no hipBLASLt on this machine");

@@ -36,6 +36,7 @@ pub mod handles;
 mod info;
 pub mod rccl;
 pub mod result;
+pub(crate) mod rocblas;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
