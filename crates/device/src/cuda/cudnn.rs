@@ -16,7 +16,8 @@
 //!   f64 convolution);
 //! - the operation graph (the op, the handle), the engine (graph, global
 //!   index), the engine config (engine; the knob choices of every knob the
-//!   engine supports, -1 where none was recorded, when any was), the plan.
+//!   engine supports, -1 where none was recorded, when any was), the plan
+//!   (its engine config, and the handle).
 //!
 //! The library (`libcudnn.so.9`) is found where cuBLASLt is looked for,
 //! plus the `nvidia-cudnn` wheel's `nvidia/cudnn/lib`; it is loaded the
@@ -501,6 +502,14 @@ impl Cudnn {
         let cfg = cfg.finalize()?;
 
         let plan = Descriptor::new(api, D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
+        // cudnn-frontend 1.x leaves the plan's handle unset (it is for
+        // deserializing plans); older cuDNN 9 releases want it to finalize
+        // a plan. It picks no kernel, so we set it.
+        plan.set(
+            A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
+            T::CUDNN_TYPE_HANDLE,
+            &[self.inner.handle],
+        )?;
         plan.set(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, bd, &[cfg.raw])?;
         let plan = plan.finalize()?;
         let workspace =
