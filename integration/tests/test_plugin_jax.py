@@ -341,9 +341,10 @@ def test_triangular_solves_run_on_our_runtime_bit_identical_to_stock(tmp_path):
         np.testing.assert_allclose(lhs, b, rtol=1e-3, atol=1e-3, err_msg="case %d" % i)
 
 
-# Convolutions of the kinds our runtime runs (forward, and the backward-input / backward-filter
-# ones of their gradients): NCHW and NHWC, strides, dilation, feature groups, 1D; f32, bf16, f16.
-# `run(dev)` prints one line per case: its name and the result's bytes in hex.
+# Convolutions of the kinds our runtime runs: forward (NCHW and NHWC, strides, dilation, feature
+# groups, 1D; f32, bf16, f16) and the backward-input / backward-filter ones of a vjp (whose forward
+# result is unused, so the program holds only those). `run(dev)` prints one line per case: its
+# name and the result's bytes in hex, or `UNSUPPORTED` and the error where the program is refused.
 CONV_CASES = """
 import numpy as np, jax, jax.numpy as jnp
 from jax import lax
@@ -352,10 +353,11 @@ def cases():
     r = np.random.default_rng(3)
     f = lambda *s: r.standard_normal(s).astype(np.float32)
     conv = lax.conv_general_dilated
-    def loss_grads(dn):
-        def loss(x, w):
-            return jnp.sum(conv(x, w, (1, 1), "SAME", dimension_numbers=dn) ** 2)
-        return jax.grad(loss, argnums=(0, 1))
+    def vjp(dn, strides=(1, 1)):
+        def pull(x, w, ct):
+            fwd = lambda x, w: conv(x, w, strides, "SAME", dimension_numbers=dn)
+            return jax.vjp(fwd, x, w)[1](ct)
+        return pull
     return [
         ("nchw", lambda x, w: conv(x, w, (1, 1), "SAME"), f(2, 3, 9, 9), f(4, 3, 3, 3)),
         ("nhwc_stride_dilation", lambda x, w: conv(x, w, (2, 2), "VALID", rhs_dilation=(2, 2),
@@ -365,8 +367,9 @@ def cases():
          f(1, 4, 8, 8), f(6, 2, 3, 3)),
         ("one_d", lambda x, w: conv(x, w, (1,), [(1, 1)], dimension_numbers=("NWC", "WIO", "NWC")),
          f(2, 16, 3), f(3, 3, 4)),
-        ("grads_nchw", loss_grads(None), f(2, 3, 8, 8), f(4, 3, 3, 3)),
-        ("grads_nhwc", loss_grads(("NHWC", "HWIO", "NHWC")), f(2, 8, 8, 3), f(3, 3, 3, 4)),
+        ("vjp_nchw", vjp(None), f(2, 3, 8, 8), f(4, 3, 3, 3), f(2, 4, 8, 8)),
+        ("vjp_nhwc", vjp(("NHWC", "HWIO", "NHWC")), f(2, 8, 8, 3), f(3, 3, 3, 4), f(2, 8, 8, 4)),
+        ("vjp_stride", vjp(None, (2, 2)), f(2, 3, 8, 8), f(4, 3, 3, 3), f(2, 4, 4, 4)),
         ("bf16", lambda x, w: conv(x, w, (1, 1), "SAME"),
          f(2, 8, 9, 9).astype(jnp.bfloat16), f(8, 8, 3, 3).astype(jnp.bfloat16)),
         ("f16", lambda x, w: conv(x, w, (1, 1), "SAME"),
@@ -374,10 +377,13 @@ def cases():
     ]
 
 def run(dev):
-    for name, fn, x, w in cases():
-        out = jax.jit(fn)(jax.device_put(x, dev), jax.device_put(w, dev))
-        leaves = jax.tree.leaves(out)
-        print(name, "".join(np.asarray(l).tobytes().hex() for l in leaves), flush=True)
+    for name, fn, *args in cases():
+        try:
+            out = jax.jit(fn)(*(jax.device_put(a, dev) for a in args))
+            leaves = jax.tree.leaves(out)
+            print(name, "".join(np.asarray(l).tobytes().hex() for l in leaves), flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(name, "UNSUPPORTED", str(e).replace(chr(10), " ")[:300], flush=True)
 """
 
 
@@ -393,10 +399,14 @@ def test_convolutions_run_on_our_runtime_bit_identical_to_stock():
     parse = lambda out: dict(ln.split(" ", 1) for ln in out.splitlines() if " " in ln)
     s0, s1, got = parse(runs[0]), parse(runs[1]), parse(ours)
     assert set(got) == set(s0), (sorted(got), sorted(s0))
-    same = [k for k in s0 if s0[k] == s1[k]]
-    assert same, "stock XLA reproduced none of the cases"
-    for k in same:
-        assert got[k] == s0[k], "case %s differs from stock XLA" % k
+    refused = {k: v for k, v in got.items() if v.startswith("UNSUPPORTED")}
+    print("refused by our runtime:", refused)
+    print("stock not reproducing itself:", [k for k in s0 if s0[k] != s1[k]])
+    # Plain forward convolutions and the backward kinds of a vjp all run on our runtime.
+    assert not refused, refused
+    for k in s0:
+        if s0[k] == s1[k]:
+            assert got[k] == s0[k], "case %s differs from stock XLA" % k
 
 
 def test_an_op_our_runtime_lacks_is_a_python_error_under_strict():

@@ -39,9 +39,10 @@ enum Layout {
 
 /// The cuDNN tensor of `shape` whose logical dims are `[outer, inner,
 /// spatial..]` (batch and feature for activations, output and input
-/// feature for filters): dims and the strides of its layout. A 1D
-/// convolution's tensors get a trailing spatial dimension of 1, placed right
-/// after the real one in memory order (XLA's runner expresses 1D as 2D).
+/// feature for filters): dims and the strides of its layout. Tensors of a
+/// convolution with fewer than two spatial dimensions get trailing spatial
+/// dimensions of 1, placed right after the real ones in memory order (XLA's
+/// runner expresses 1D and 0D as 2D).
 fn tensor(
     shape: &Shape,
     outer: i64,
@@ -84,12 +85,9 @@ fn tensor(
             mtm.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
         )));
     };
-    // Sizes in logical order, plus the 1D convolution's singleton.
+    // Sizes in logical order, plus singletons up to two spatial dimensions.
     let mut dims: Vec<i64> = logical.iter().map(|&d| shape.dimensions[d]).collect();
-    let one_d = spatial.len() == 1;
-    if one_d {
-        dims.push(1);
-    }
+    dims.resize(dims.len().max(4), 1);
     // Memory order of the logical positions, major to minor.
     let n = dims.len();
     let spatial_pos: Vec<usize> = (2..n).collect();
@@ -169,9 +167,9 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
     // The window, as XLA's runner takes it.
     let nd = c.window.len();
     let d = &c.dnums;
-    if nd == 0 || nd > 3 {
+    if nd > 3 {
         return Err(unsupported(format!(
-            "{nd} spatial dimensions (1 to 3 are run)"
+            "{nd} spatial dimensions (up to 3 are run)"
         )));
     }
     if [
@@ -187,7 +185,7 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
             d.output_spatial.len()
         )));
     }
-    let reversal = c.window[0].window_reversal;
+    let reversal = c.window.first().is_some_and(|w| w.window_reversal);
     let mut padding = Vec::with_capacity(nd + 1);
     let mut strides = Vec::with_capacity(nd + 1);
     let mut dilations = Vec::with_capacity(nd + 1);
@@ -219,7 +217,7 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
         strides.push(w.stride);
         dilations.push(w.window_dilation);
     }
-    if nd == 1 {
+    for _ in nd..2 {
         padding.push(0);
         strides.push(1);
         dilations.push(1);
@@ -466,6 +464,38 @@ mod tests {
             (vec![2, 3, 10, 1], vec![30, 10, 1, 1])
         );
         assert_eq!(s.y.dims, vec![2, 4, 8, 1]);
+        assert_eq!(
+            (s.padding, s.strides, s.dilations),
+            (vec![0, 0], vec![1, 1], vec![1, 1])
+        );
+    }
+
+    #[test]
+    fn no_spatial_dimensions_become_two_singletons() {
+        // x f32[2,3] (N, C), w f32[4,3] (O, I), y f32[2,4]: a dot as a conv.
+        let mut c = nhwc_forward();
+        c.operand0_shape = shape(&[2, 3], &[1, 0]);
+        c.operand1_shape = shape(&[4, 3], &[1, 0]);
+        c.result_shape = shape(&[2, 4], &[1, 0]);
+        c.window = vec![];
+        c.dnums = ConvDims {
+            input_batch: 0,
+            input_feature: 1,
+            kernel_input_feature: 1,
+            kernel_output_feature: 0,
+            output_batch: 0,
+            output_feature: 1,
+            ..Default::default()
+        };
+        let s = load("conv.0d", &c).unwrap().spec;
+        assert_eq!(
+            (s.x.dims.clone(), s.x.strides.clone()),
+            (vec![2, 3, 1, 1], vec![3, 1, 1, 1])
+        );
+        assert_eq!(
+            (s.w.dims.clone(), s.y.dims.clone()),
+            (vec![4, 3, 1, 1], vec![2, 4, 1, 1])
+        );
         assert_eq!(
             (s.padding, s.strides, s.dilations),
             (vec![0, 0], vec![1, 1], vec![1, 1])
