@@ -342,7 +342,7 @@ def test_triangular_solves_run_on_our_runtime_bit_identical_to_stock(tmp_path):
 
 
 # Convolutions of the kinds our runtime runs: forward (NCHW and NHWC, strides, dilation, feature
-# groups, 1D; f32, bf16, f16) and the backward-input / backward-filter ones of a vjp (whose forward
+# groups, 1D, none; f32, bf16, f16) and the backward-input / backward-filter ones of a vjp (whose forward
 # result is unused, so the program holds only those). `run(dev)` prints one line per case: its
 # name and the result's bytes in hex, or `UNSUPPORTED` and the error where the program is refused.
 CONV_CASES = """
@@ -367,6 +367,7 @@ def cases():
          f(1, 4, 8, 8), f(6, 2, 3, 3)),
         ("one_d", lambda x, w: conv(x, w, (1,), [(1, 1)], dimension_numbers=("NWC", "WIO", "NWC")),
          f(2, 16, 3), f(3, 3, 4)),
+        ("zero_d", lambda x, w: conv(x, w, (), []), f(2, 3), f(4, 3)),
         ("vjp_nchw", vjp(None), f(2, 3, 8, 8), f(4, 3, 3, 3), f(2, 4, 8, 8)),
         ("vjp_nhwc", vjp(("NHWC", "HWIO", "NHWC")), f(2, 8, 8, 3), f(3, 3, 3, 4), f(2, 8, 8, 4)),
         ("vjp_stride", vjp(None, (2, 2)), f(2, 3, 8, 8), f(4, 3, 3, 3), f(2, 4, 4, 4)),
