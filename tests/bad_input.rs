@@ -404,7 +404,7 @@ fn convolutions_decode_their_descriptor_and_a_missing_one_is_named() {
     };
     let m = px::gpu::ConvolutionThunkProto {
         conv_descriptor: Some(px::gpu::GpuConvDescriptorProto {
-            kind: 3,
+            kind: 2,
             backend_config: Some(px::gpu::CudnnConvBackendConfig {
                 conv_result_scale: 1.0,
                 algorithm: Some(AlgorithmProto {

@@ -949,10 +949,13 @@ fn convolution(
         .conv_descriptor
         .as_ref()
         .ok_or_else(|| invalid(format!("{p}: convolution without conv_descriptor")))?;
+    // `stream_executor.dnn.ConvolutionKind` in jax 0.11.2's executables
+    // (later XLA has its own enum, where 2 and 3 trade places): the thunks
+    // XLA names `cudnn-conv-bw-filter` carry 2, `cudnn-conv-bw-input` 3.
     let kind = match d.kind {
         1 => ConvKind::Forward,
-        2 => ConvKind::BackwardInput,
-        3 => ConvKind::BackwardFilter,
+        2 => ConvKind::BackwardFilter,
+        3 => ConvKind::BackwardInput,
         4 => ConvKind::ForwardActivation,
         5 => ConvKind::ForwardGraph,
         other => return Err(invalid(format!("{p}: convolution kind {other}"))),
