@@ -16,7 +16,6 @@
 pub mod blaslt;
 mod conditional;
 pub(crate) mod cublas;
-pub mod cudnn;
 pub mod handles;
 mod info;
 pub mod nccl;
