@@ -337,6 +337,10 @@ pub struct TrsmSpec {
 }
 
 impl TrsmSpec {
+    /// The element types a BLAS solves in (XLA `PrimitiveType`), in the
+    /// order of its `s`, `d`, `c`, `z` entry points.
+    pub const TYPES: [i32; 4] = [xla_type::F32, xla_type::F64, xla_type::C64, xla_type::C128];
+
     /// The leading dimension of `a`.
     pub fn lda(&self) -> i32 {
         if self.left_side {

@@ -14,9 +14,9 @@
 
 use std::ffi::{c_int, c_void};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
-use crate::blas::{xla_type, Transpose, TrsmArgs, TrsmSpec};
+use crate::blas::{Transpose, TrsmArgs, TrsmSpec};
 use crate::error::{DeviceError, Result};
 
 /// How one BLAS library spells the solver API.
@@ -123,28 +123,45 @@ impl Api {
     }
 }
 
-/// Index into the solver table and alpha = 1 in the type's bytes (complex
-/// types: real part 1, imaginary 0).
+/// Index into the solver table ([`TrsmSpec::TYPES`]'s order) and alpha = 1
+/// in the type's bytes (complex types: real part 1, imaginary 0).
 fn solver_type(dtype: i32) -> Result<(usize, &'static [u8])> {
     static ONE_F32: [u8; 8] = [0, 0, 0x80, 0x3f, 0, 0, 0, 0];
     static ONE_F64: [u8; 16] = [0, 0, 0, 0, 0, 0, 0xf0, 0x3f, 0, 0, 0, 0, 0, 0, 0, 0];
-    Ok(match dtype {
-        xla_type::F32 => (0, &ONE_F32[..4]),
-        xla_type::F64 => (1, &ONE_F64[..8]),
-        xla_type::C64 => (2, &ONE_F32[..]),
-        xla_type::C128 => (3, &ONE_F64[..]),
-        other => {
-            return Err(DeviceError::Unsupported(format!(
-                "triangular solve in element type {other} (XLA PrimitiveType; the BLAS solves \
-                 F32, F64, C64 and C128)"
-            )))
-        }
-    })
+    let alphas: [&'static [u8]; 4] = [&ONE_F32[..4], &ONE_F64[..8], &ONE_F32, &ONE_F64];
+    let i = TrsmSpec::TYPES
+        .iter()
+        .position(|&t| t == dtype)
+        .ok_or_else(|| {
+            DeviceError::Unsupported(format!(
+                "triangular solve in element type {dtype} (XLA PrimitiveType; the BLAS solves \
+             F32, F64, C64 and C128)"
+            ))
+        })?;
+    Ok((i, alphas[i]))
 }
 
-/// Can [`Solver::trsm`] solve in this element type?
-pub(crate) fn check_type(dtype: i32) -> Result<()> {
-    solver_type(dtype).map(|_| ())
+/// A backend engine's solver, loaded the first time a program with a
+/// solve is loaded; a failed load is kept, and said again at every load
+/// that needs it.
+#[derive(Default)]
+pub(crate) struct LazySolver(OnceLock<std::result::Result<Solver, String>>);
+
+impl LazySolver {
+    /// The solver, `load`ing it the first time.
+    pub fn get(&self, load: impl FnOnce() -> Result<Solver>) -> Result<&Solver> {
+        self.0
+            .get_or_init(|| load().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| DeviceError::NotAvailable(e.clone()))
+    }
+
+    /// `GemmEngine::prepare_trsm`: a type the BLAS solves in, and the
+    /// library loaded.
+    pub fn prepare(&self, spec: &TrsmSpec, load: impl FnOnce() -> Result<Solver>) -> Result<()> {
+        solver_type(spec.dtype)?;
+        self.get(load).map(|_| ())
+    }
 }
 
 /// One handle of one device's BLAS. The device must be current on the
@@ -286,6 +303,7 @@ impl Drop for Solver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blas::xla_type;
 
     #[test]
     fn alpha_is_one_in_every_solver_type() {
@@ -301,7 +319,7 @@ mod tests {
         assert_eq!(i, 3);
         assert_eq!(f64::from_le_bytes(a[..8].try_into().unwrap()), 1.0);
         assert_eq!(f64::from_le_bytes(a[8..].try_into().unwrap()), 0.0);
-        let e = check_type(xla_type::BF16).unwrap_err().to_string();
+        let e = solver_type(xla_type::BF16).unwrap_err().to_string();
         assert!(e.contains("element type 16"), "{e}");
     }
 

@@ -131,9 +131,8 @@ pub struct TrsmOp {
 
 /// The solve as the BLAS takes it: 32-bit sizes, a type it solves in.
 fn trsm_op(name: &str, t: &xla_vmm::TriangularSolveThunk) -> Result<TrsmOp> {
-    use xla_vmm_device::blas::xla_type::{C128, C64, F32, F64};
     let dtype = t.element_type.0;
-    if ![F32, F64, C64, C128].contains(&dtype) {
+    if !TrsmSpec::TYPES.contains(&dtype) {
         return Err(RuntimeError::unsupported(format!(
             "triangular solve in {} (the BLAS solves F32, F64, C64 and C128)",
             t.element_type.name().unwrap_or("an unknown element type")

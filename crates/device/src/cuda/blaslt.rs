@@ -15,7 +15,7 @@
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use xla_vmm_ffi::cuda::cublaslt as sys;
 
@@ -25,7 +25,7 @@ use crate::blas::{
     NormalizedGemm, Order, Transpose, TrsmArgs, TrsmSpec,
 };
 use crate::error::{DeviceError, Result};
-use crate::trsm_lib::Solver;
+use crate::trsm_lib::{LazySolver, Solver};
 
 type Status = sys::cublasStatus_t;
 
@@ -751,9 +751,8 @@ pub struct CudaGemm {
     ctx: Arc<cudarc::driver::CudaContext>,
     lt: BlasLt,
     plans: Mutex<Vec<Arc<LtPlan>>>,
-    /// cuBLAS, or why it could not be loaded (said once, at every load that
-    /// needs it).
-    cublas: OnceLock<std::result::Result<Solver, String>>,
+    /// cuBLAS for triangular solves.
+    cublas: LazySolver,
     /// `tsl::tensor_float_32_execution_enabled()`: on in JAX by default.
     tf32: bool,
 }
@@ -769,7 +768,7 @@ impl CudaGemm {
             ctx: backend.ctx.clone(),
             lt: BlasLt::new()?,
             plans: Mutex::new(Vec::new()),
-            cublas: OnceLock::new(),
+            cublas: LazySolver::default(),
             tf32: true,
         })
     }
@@ -785,16 +784,9 @@ impl CudaGemm {
             .map_err(|e| super::result::from_cudarc("cuCtxSetCurrent", e))
     }
 
-    /// cuBLAS, loaded on first use.
-    fn cublas(&self) -> Result<&Solver> {
-        self.cublas
-            .get_or_init(|| {
-                self.bind()
-                    .and_then(|()| super::cublas::solver())
-                    .map_err(|e| e.to_string())
-            })
-            .as_ref()
-            .map_err(|e| DeviceError::NotAvailable(e.clone()))
+    /// How cuBLAS is loaded (on first use, with the device current).
+    fn load_cublas(&self) -> Result<Solver> {
+        self.bind().and_then(|()| super::cublas::solver())
     }
 
     fn get(&self, plan: GemmPlanId) -> Result<Arc<LtPlan>> {
@@ -860,12 +852,11 @@ impl GemmEngine<CudaBackend> for CudaGemm {
     }
 
     fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {
-        crate::trsm_lib::check_type(spec.dtype)?;
-        self.cublas().map(|_| ())
+        self.cublas.prepare(spec, || self.load_cublas())
     }
 
     fn trsm(&self, spec: &TrsmSpec, args: TrsmArgs, stream: &CudaStream) -> Result<()> {
-        let cublas = self.cublas()?;
+        let cublas = self.cublas.get(|| self.load_cublas())?;
         self.bind()?;
         // SAFETY: the stream belongs to this context (bound above); the
         // runtime resolves the operands from the executable's slices, which

@@ -30,7 +30,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use super::{HipBackend, HipStream};
 use crate::blas::{
@@ -38,7 +38,7 @@ use crate::blas::{
     NormalizedGemm, Order, Transpose, TrsmArgs, TrsmSpec,
 };
 use crate::error::{DeviceError, Result};
-use crate::trsm_lib::Solver;
+use crate::trsm_lib::{LazySolver, Solver};
 
 /// The hipBLASLt types and values we use, declared from its headers.
 mod sys {
@@ -557,8 +557,8 @@ pub struct HipGemm {
     lt: Arc<Inner>,
     library: String,
     plans: Mutex<Vec<Arc<HipLtPlan>>>,
-    /// rocBLAS, or why it could not be loaded.
-    rocblas: OnceLock<std::result::Result<Solver, String>>,
+    /// rocBLAS for triangular solves.
+    rocblas: LazySolver,
     /// `tsl::tensor_float_32_execution_enabled()`: on in JAX by default.
     tf32: bool,
 }
@@ -577,7 +577,7 @@ impl HipGemm {
             lt: Arc::new(Inner { api, handle }),
             library,
             plans: Mutex::new(Vec::new()),
-            rocblas: OnceLock::new(),
+            rocblas: LazySolver::default(),
             tf32: true,
         })
     }
@@ -752,16 +752,9 @@ impl HipGemm {
         })
     }
 
-    /// rocBLAS, loaded on first use.
-    fn rocblas(&self) -> Result<&Solver> {
-        self.rocblas
-            .get_or_init(|| {
-                self.bind()
-                    .and_then(|()| super::rocblas::solver())
-                    .map_err(|e| e.to_string())
-            })
-            .as_ref()
-            .map_err(|e| DeviceError::NotAvailable(e.clone()))
+    /// How rocBLAS is loaded (on first use, with the device current).
+    fn load_rocblas(&self) -> Result<Solver> {
+        self.bind().and_then(|()| super::rocblas::solver())
     }
 
     fn get(&self, plan: GemmPlanId) -> Result<Arc<HipLtPlan>> {
@@ -810,12 +803,11 @@ impl GemmEngine<HipBackend> for HipGemm {
     }
 
     fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {
-        crate::trsm_lib::check_type(spec.dtype)?;
-        self.rocblas().map(|_| ())
+        self.rocblas.prepare(spec, || self.load_rocblas())
     }
 
     fn trsm(&self, spec: &TrsmSpec, args: TrsmArgs, stream: &HipStream) -> Result<()> {
-        let rocblas = self.rocblas()?;
+        let rocblas = self.rocblas.get(|| self.load_rocblas())?;
         self.bind()?;
         // SAFETY: the stream is this device's (bound above); the runtime
         // resolves the operands from the executable's slices, which the
