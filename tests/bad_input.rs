@@ -371,3 +371,115 @@ fn triangular_solves_decode_with_their_sizes_and_bad_ones_are_named() {
     let e = err(&one("ts.huge", &m)).to_string();
     assert!(e.contains("ts.huge") && e.contains("overflow"), "{e}");
 }
+
+#[test]
+fn convolutions_decode_their_descriptor_and_a_missing_one_is_named() {
+    use xla_vmm::proto::stream_executor::dnn::AlgorithmProto;
+    let shaped = |offset, size| px::ShapedSliceProto {
+        slice: Some(BufferAllocationSliceProto {
+            offset,
+            size,
+            buffer_allocation_index: 0,
+            element_type: 0,
+        }),
+        shape: None,
+    };
+    let f32s = |dims: &[i64]| px::ShapeProto {
+        element_type: 11,
+        dimensions: dims.to_vec(),
+        layout: Some(px::LayoutProto {
+            minor_to_major: (0..dims.len() as i64).rev().collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let dim = px::WindowDimension {
+        size: 3,
+        stride: 1,
+        padding_low: 1,
+        padding_high: 1,
+        window_dilation: 1,
+        base_dilation: 1,
+        window_reversal: false,
+    };
+    let m = px::gpu::ConvolutionThunkProto {
+        conv_descriptor: Some(px::gpu::GpuConvDescriptorProto {
+            kind: 2,
+            backend_config: Some(px::gpu::CudnnConvBackendConfig {
+                conv_result_scale: 1.0,
+                algorithm: Some(AlgorithmProto {
+                    algo_id: 12,
+                    tuning_knobs: [(5, 1), (2, 3)].into_iter().collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            operand0_shape: Some(f32s(&[1, 2, 4, 4])),
+            operand1_shape: Some(f32s(&[1, 3, 4, 4])),
+            result_shape: Some(f32s(&[3, 2, 3, 3])),
+            scratch_size: 64,
+            window: Some(px::Window {
+                dimensions: vec![dim, dim],
+            }),
+            dnums: Some(px::ConvolutionDimensionNumbers {
+                input_feature_dimension: 1,
+                input_spatial_dimensions: vec![2, 3],
+                kernel_input_feature_dimension: 1,
+                kernel_spatial_dimensions: vec![2, 3],
+                output_feature_dimension: 1,
+                output_spatial_dimensions: vec![2, 3],
+                ..Default::default()
+            }),
+            feature_group_count: 1,
+        }),
+        operand_buffers: vec![shaped(0, 128), shaped(128, 192)],
+        result_buffers: vec![shaped(320, 216)],
+        scratch_buffer: Some(BufferAllocationSliceProto {
+            offset: 576,
+            size: 64,
+            buffer_allocation_index: 0,
+            element_type: 0,
+        }),
+    };
+    let plan = decode(&executable(&exe_with_thunks(vec![thunk_bytes(
+        "conv.bwd-filter",
+        25,
+        &m.encode_to_vec(),
+    )])))
+    .expect("decodes");
+    assert!(plan.unsupported().is_empty());
+    assert_eq!(plan.thunks[0].kind_name(), "convolution");
+    match &plan.thunks[0].kind {
+        ThunkKind::Convolution(c) => {
+            assert_eq!(c.kind, xla_vmm::ConvKind::BackwardFilter);
+            assert_eq!(c.algorithm.algo_id, 12);
+            assert_eq!(c.algorithm.knobs, vec![(2, 3), (5, 1)]);
+            assert_eq!(
+                (c.operands.len(), c.results.len(), c.scratch.offset),
+                (2, 1, 576)
+            );
+            assert_eq!(c.window.len(), 2);
+            assert_eq!(c.result_shape.dimensions, vec![3, 2, 3, 3]);
+            assert_eq!(plan.thunks[0].uses().len(), 4);
+        }
+        k => panic!("{k:?}"),
+    }
+    let mut bad = m.clone();
+    bad.conv_descriptor = None;
+    let e = err(&executable(&exe_with_thunks(vec![thunk_bytes(
+        "conv.7",
+        25,
+        &bad.encode_to_vec(),
+    )])))
+    .to_string();
+    assert!(e.contains("conv.7") && e.contains("conv_descriptor"), "{e}");
+    let mut bad = m;
+    bad.conv_descriptor.as_mut().unwrap().kind = 9;
+    let e = err(&executable(&exe_with_thunks(vec![thunk_bytes(
+        "conv.8",
+        25,
+        &bad.encode_to_vec(),
+    )])))
+    .to_string();
+    assert!(e.contains("convolution kind 9"), "{e}");
+}

@@ -27,6 +27,7 @@
 pub mod cuda {
     pub use cudarc::cublas::sys as cublas;
     pub use cudarc::cublaslt::sys as cublaslt;
+    pub use cudarc::cudnn::sys as cudnn;
     pub use cudarc::driver::sys as driver;
 }
 

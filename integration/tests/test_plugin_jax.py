@@ -341,14 +341,85 @@ def test_triangular_solves_run_on_our_runtime_bit_identical_to_stock(tmp_path):
         np.testing.assert_allclose(lhs, b, rtol=1e-3, atol=1e-3, err_msg="case %d" % i)
 
 
+# Convolutions of the kinds our runtime runs: forward (NCHW and NHWC, strides, dilation, feature
+# groups, 1D, none; f32, bf16, f16) and the backward-input / backward-filter ones of a vjp (whose forward
+# result is unused, so the program holds only those). `run(dev)` prints one line per case: its
+# name and the result's bytes in hex, or `UNSUPPORTED` and the error where the program is refused.
+CONV_CASES = """
+import numpy as np, jax, jax.numpy as jnp
+from jax import lax
+
+def cases():
+    r = np.random.default_rng(3)
+    f = lambda *s: r.standard_normal(s).astype(np.float32)
+    conv = lax.conv_general_dilated
+    def vjp(dn, strides=(1, 1)):
+        def pull(x, w, ct):
+            fwd = lambda x, w: conv(x, w, strides, "SAME", dimension_numbers=dn)
+            return jax.vjp(fwd, x, w)[1](ct)
+        return pull
+    return [
+        ("nchw", lambda x, w: conv(x, w, (1, 1), "SAME"), f(2, 3, 9, 9), f(4, 3, 3, 3)),
+        ("nhwc_stride_dilation", lambda x, w: conv(x, w, (2, 2), "VALID", rhs_dilation=(2, 2),
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC")),
+         f(2, 12, 12, 3), f(3, 3, 3, 5)),
+        ("groups", lambda x, w: conv(x, w, (1, 1), "SAME", feature_group_count=2),
+         f(1, 4, 8, 8), f(6, 2, 3, 3)),
+        ("one_d", lambda x, w: conv(x, w, (1,), [(1, 1)], dimension_numbers=("NWC", "WIO", "NWC")),
+         f(2, 16, 3), f(3, 3, 4)),
+        ("zero_d", lambda x, w: conv(x, w, (), []), f(2, 3), f(4, 3)),
+        ("vjp_nchw", vjp(None), f(2, 3, 8, 8), f(4, 3, 3, 3), f(2, 4, 8, 8)),
+        ("vjp_nhwc", vjp(("NHWC", "HWIO", "NHWC")), f(2, 8, 8, 3), f(3, 3, 3, 4), f(2, 8, 8, 4)),
+        ("vjp_stride", vjp(None, (2, 2)), f(2, 3, 8, 8), f(4, 3, 3, 3), f(2, 4, 4, 4)),
+        ("bf16", lambda x, w: conv(x, w, (1, 1), "SAME"),
+         f(2, 8, 9, 9).astype(jnp.bfloat16), f(8, 8, 3, 3).astype(jnp.bfloat16)),
+        ("f16", lambda x, w: conv(x, w, (1, 1), "SAME"),
+         f(2, 8, 9, 9).astype(np.float16), f(8, 8, 3, 3).astype(np.float16)),
+    ]
+
+def run(dev):
+    for name, fn, *args in cases():
+        try:
+            out = jax.jit(fn)(*(jax.device_put(a, dev) for a in args))
+            leaves = jax.tree.leaves(out)
+            print(name, "".join(np.asarray(l).tobytes().hex() for l in leaves), flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(name, "UNSUPPORTED", str(e).replace(chr(10), " ")[:300], flush=True)
+"""
+
+
+def test_convolutions_run_on_our_runtime_bit_identical_to_stock():
+    """cuDNN convolution thunks on our runtime (strict: no vendor fallback): the operation graph
+    XLA's runner builds, the engine and knobs the autotuner recorded. With autotuning off in both
+    processes (the same engine for the same program), every result is bit-identical to stock XLA's
+    (JAX_PLATFORMS=cuda) on the same GPU, except where stock does not reproduce itself."""
+    flags = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_autotune_level=0").strip()}
+    stock_env = dict(flags, JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    runs = [_python(CONV_CASES + "\nrun(jax.devices('cuda')[0])\n", stock_env) for _ in range(2)]
+    ours = _python(CHILD_SETUP + CONV_CASES + "\nrun(d)\n", flags)
+    parse = lambda out: dict(ln.split(" ", 1) for ln in out.splitlines() if " " in ln)
+    s0, s1, got = parse(runs[0]), parse(runs[1]), parse(ours)
+    assert set(got) == set(s0), (sorted(got), sorted(s0))
+    refused = {k: v for k, v in got.items() if v.startswith("UNSUPPORTED")}
+    print("refused by our runtime:", refused)
+    print("stock not reproducing itself:", [k for k in s0 if s0[k] != s1[k]])
+    for k in s0:
+        if s0[k] == s1[k] and k not in refused:
+            assert got[k] == s0[k], "case %s differs from stock XLA" % k
+    # Plain forward convolutions and the backward kinds of a vjp all run on our runtime.
+    assert not refused, refused
+
+
 def test_an_op_our_runtime_lacks_is_a_python_error_under_strict():
-    """A cuDNN convolution (a thunk kind our runtime does not execute): under strict a clear error
-    naming it, not a dead process; the client keeps working."""
+    """A convolution fused with bias and relu (cuDNN's forward-activation kind, which our runtime
+    does not run, where XLA fuses it): under strict a clear error naming it, not a dead process;
+    the client keeps working."""
     x = jax.device_put(rand((1, 3, 8, 8)), VMM)
     w = jax.device_put(rand((4, 3, 3, 3)), VMM)
+    b = jax.device_put(rand((1, 4, 1, 1)), VMM)
     try:
-        y = jax.jit(lambda x, w: jax.lax.conv(x, w, (1, 1), "SAME"))(x, w)
-        np.asarray(y)  # allowed to work, should the thunk become ours
+        y = jax.jit(lambda x, w, b: jax.nn.relu(jax.lax.conv(x, w, (1, 1), "SAME") + b))(x, w, b)
+        np.asarray(y)  # allowed to work, where XLA does not fuse it
     except Exception as e:  # noqa: BLE001
         assert "convolution" in str(e) or "unsupported" in str(e), str(e)
     assert float(jax.jit(lambda v: v * 3)(jax.device_put(np.float32(2), VMM))) == 6.0

@@ -7,15 +7,16 @@
 use prost::Message;
 
 use super::collective::{collective_kind, is_collective_field};
-use super::convert::{allocations, invalid, non_negative, opt_shape, Allocs};
+use super::convert::{allocations, invalid, non_negative, opt_shape, shape, Allocs};
 use super::wire::{Fields, WIRE_LEN};
 use super::DecodeError;
 use crate::plan::{
-    thunk_kind_name, AsyncStartThunk, ConditionalThunk, CopyThunk, CublasLtMatmulThunk,
-    CustomCallThunk, CustomKernelThunk, Dim3, DsfOffset, DsfParameter, DsfResult,
-    DynamicSliceConfig, DynamicSliceFusionThunk, ExecutionStream, GemmConfig, GemmThunk, KernelArg,
-    KernelCode, KernelParam, KernelSpec, KernelThunk, LaunchDims, MatrixLayout, OffsetExpr,
-    SolveTranspose, Thunk, ThunkInfo, ThunkKind, TmaDescriptor, TriangularSolveThunk, WhileThunk,
+    thunk_kind_name, AsyncStartThunk, ConditionalThunk, ConvAlgorithm, ConvDims, ConvKind,
+    ConvolutionThunk, CopyThunk, CublasLtMatmulThunk, CustomCallThunk, CustomKernelThunk, Dim3,
+    DsfOffset, DsfParameter, DsfResult, DynamicSliceConfig, DynamicSliceFusionThunk,
+    ExecutionStream, GemmConfig, GemmThunk, KernelArg, KernelCode, KernelParam, KernelSpec,
+    KernelThunk, LaunchDims, MatrixLayout, OffsetExpr, SolveTranspose, Thunk, ThunkInfo, ThunkKind,
+    TmaDescriptor, TriangularSolveThunk, WhileThunk, WindowDim,
 };
 use crate::proto::stream_executor::{
     self as se, gpu::TmaMetadataProto, kernel_loader_spec_proto::Payload,
@@ -202,6 +203,11 @@ fn kind_of(
         }
         11 => ThunkKind::TriangularSolve(Box::new(triangular_solve(
             &decode_msg(data, "TriangularSolveThunkProto", p)?,
+            allocs,
+            p,
+        )?)),
+        25 => ThunkKind::Convolution(Box::new(convolution(
+            &decode_msg(data, "ConvolutionThunkProto", p)?,
             allocs,
             p,
         )?)),
@@ -927,4 +933,97 @@ fn triangular_solve(
         }
     }
     Ok(t)
+}
+
+/// `ConvolutionThunkProto`: the descriptor (kind, shapes, window, dimension
+/// numbers, the autotuned algorithm) and the buffers, as recorded. Whether
+/// our runtime can run it is the runtime's check; here the proto must be
+/// complete and its buffers inside their allocations.
+fn convolution(
+    m: &pg::ConvolutionThunkProto,
+    allocs: Allocs<'_>,
+    p: &str,
+) -> Result<ConvolutionThunk, DecodeError> {
+    let ctx = |what: &'static str| move || format!("{p}: {what}");
+    let d = m
+        .conv_descriptor
+        .as_ref()
+        .ok_or_else(|| invalid(format!("{p}: convolution without conv_descriptor")))?;
+    // `stream_executor.dnn.ConvolutionKind` in jax 0.11.2's executables
+    // (later XLA has its own enum, where 2 and 3 trade places): the thunks
+    // XLA names `cudnn-conv-bw-filter` carry 2, `cudnn-conv-bw-input` 3.
+    let kind = match d.kind {
+        1 => ConvKind::Forward,
+        2 => ConvKind::BackwardFilter,
+        3 => ConvKind::BackwardInput,
+        4 => ConvKind::ForwardActivation,
+        5 => ConvKind::ForwardGraph,
+        other => return Err(invalid(format!("{p}: convolution kind {other}"))),
+    };
+    let req_shape = |s: &Option<px::ShapeProto>, what: &str| {
+        s.as_ref()
+            .ok_or_else(|| invalid(format!("{p}: convolution without {what}")))
+            .and_then(shape)
+    };
+    let cfg = d.backend_config.clone().unwrap_or_default();
+    let algo = cfg.algorithm.unwrap_or_default();
+    let mut knobs: Vec<(i64, i64)> = algo.tuning_knobs.into_iter().collect();
+    knobs.sort_unstable();
+    let dn = d
+        .dnums
+        .as_ref()
+        .ok_or_else(|| invalid(format!("{p}: convolution without dimension numbers")))?;
+    let shaped = |v: &[px::ShapedSliceProto], what: &'static str| {
+        v.iter()
+            .map(|s| allocs.shaped(s, &ctx(what)))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok(ConvolutionThunk {
+        kind,
+        operands: shaped(&m.operand_buffers, "operand")?,
+        results: shaped(&m.result_buffers, "result")?,
+        scratch: allocs.req_slice(&m.scratch_buffer, &ctx("scratch"))?,
+        operand0_shape: req_shape(&d.operand0_shape, "operand0_shape")?,
+        operand1_shape: req_shape(&d.operand1_shape, "operand1_shape")?,
+        result_shape: req_shape(&d.result_shape, "result_shape")?,
+        window: d
+            .window
+            .as_ref()
+            .map(|w| {
+                w.dimensions
+                    .iter()
+                    .map(|w| WindowDim {
+                        size: w.size,
+                        stride: w.stride,
+                        padding_low: w.padding_low,
+                        padding_high: w.padding_high,
+                        window_dilation: w.window_dilation,
+                        base_dilation: w.base_dilation,
+                        window_reversal: w.window_reversal,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        dnums: ConvDims {
+            input_batch: dn.input_batch_dimension,
+            input_feature: dn.input_feature_dimension,
+            input_spatial: dn.input_spatial_dimensions.clone(),
+            kernel_input_feature: dn.kernel_input_feature_dimension,
+            kernel_output_feature: dn.kernel_output_feature_dimension,
+            kernel_spatial: dn.kernel_spatial_dimensions.clone(),
+            output_batch: dn.output_batch_dimension,
+            output_feature: dn.output_feature_dimension,
+            output_spatial: dn.output_spatial_dimensions.clone(),
+        },
+        feature_group_count: d.feature_group_count,
+        algorithm: ConvAlgorithm {
+            algo_id: algo.algo_id,
+            knobs,
+            workspace_size: algo.workspace_size.map(|w| w.value),
+        },
+        conv_result_scale: cfg.conv_result_scale,
+        side_input_scale: cfg.side_input_scale,
+        activation_mode: cfg.activation_mode,
+        has_serialized_graph: cfg.serialized_graph.is_some(),
+    })
 }

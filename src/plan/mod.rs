@@ -11,6 +11,7 @@
 
 mod allocation;
 mod collective;
+mod conv;
 mod ffi_attr;
 mod gemm;
 mod kernel;
@@ -24,6 +25,7 @@ pub use allocation::{
     ShapedSlice, Slice,
 };
 pub use collective::{CollectiveBuffer, CollectiveOp, CollectiveThunk, GroupMode, ReductionKind};
+pub use conv::{ConvAlgorithm, ConvDims, ConvKind, ConvolutionThunk, WindowDim};
 pub use ffi_attr::{dtype as ffi_dtype, FfiArray, FfiAttr, FfiAttrs, FfiScalar};
 pub use gemm::{GemmConfig, MatrixLayout, BLAS_LT_EPILOGUE_NAMES};
 pub use kernel::{Dim3, KernelArg, KernelCode, KernelParam, KernelSpec, LaunchDims, TmaDescriptor};

@@ -6,8 +6,8 @@
 use serde::Serialize;
 
 use super::{
-    Blob, BufferAllocation, CollectiveThunk, ElementType, GemmConfig, KernelArg, KernelSpec,
-    LaunchDims, Shape, ShapedSlice, Slice,
+    Blob, BufferAllocation, CollectiveThunk, ConvolutionThunk, ElementType, GemmConfig, KernelArg,
+    KernelSpec, LaunchDims, Shape, ShapedSlice, Slice,
 };
 
 /// `ThunkInfoProto`: what every thunk carries.
@@ -46,6 +46,8 @@ pub enum ThunkKind {
     Gemm(Box<GemmThunk>),
     /// `triangular_solve_thunk` (11): BLAS trsm, in place in `b`.
     TriangularSolve(Box<TriangularSolveThunk>),
+    /// `convolution_thunk` (25): a cuDNN convolution.
+    Convolution(Box<ConvolutionThunk>),
     /// `device_to_device_copy_thunk` (13).
     DeviceToDeviceCopy(CopyThunk),
     /// `device_to_host_copy_thunk` (4): a copy into XLA's host memory space

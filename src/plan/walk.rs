@@ -41,6 +41,7 @@ impl ThunkKind {
             ThunkKind::CublasLtMatmul(_) => "cublas_lt_matmul",
             ThunkKind::Gemm(_) => "gemm",
             ThunkKind::TriangularSolve(_) => "triangular_solve",
+            ThunkKind::Convolution(_) => "convolution",
             ThunkKind::DeviceToDeviceCopy(_) => "device_to_device_copy",
             ThunkKind::Copy(_) => "copy",
             ThunkKind::DeviceToHostCopy(_) => "device_to_host_copy",
@@ -166,6 +167,15 @@ impl Thunk {
                 if let Some(w) = g.workspace {
                     out.push((w, Access::Overwrite));
                 }
+            }
+            ThunkKind::Convolution(c) => {
+                for o in &c.operands {
+                    out.push((o.slice, Access::Read));
+                }
+                for r in &c.results {
+                    out.push((r.slice, Access::Overwrite));
+                }
+                out.push((c.scratch, Access::Overwrite));
             }
             ThunkKind::TriangularSolve(t) => {
                 out.push((t.a.slice, Access::Read));

@@ -355,6 +355,14 @@ fn detail(t: &Thunk) -> String {
             m.d.slice.allocation, m.d.slice.offset, m.algorithm_idx
         ),
         ThunkKind::CustomCall(c) => format!(" target {}", c.target_name),
+        ThunkKind::Convolution(c) => format!(
+            " {:?} {} -> {} engine {} ({} knobs)",
+            c.kind,
+            c.operand0_shape.element_type.name().unwrap_or("?"),
+            c.result_shape.element_type.name().unwrap_or("?"),
+            c.algorithm.algo_id,
+            c.algorithm.knobs.len()
+        ),
         ThunkKind::TriangularSolve(t) => format!(
             " {} {}x{} x{} ({} side, {}{}, {:?})",
             t.element_type.name().unwrap_or("?"),

@@ -13,12 +13,14 @@
 //!   the output type ([`scale_type`]).
 //!
 //! The engine also runs XLA's triangular solves ([`TrsmSpec`]: cuBLAS /
-//! rocBLAS `?trsm`, through `trsm_lib`).
+//! rocBLAS `?trsm`, through `trsm_lib`) and its convolutions
+//! ([`crate::dnn::ConvSpec`]: cuDNN's backend API, `cuda::cudnn`).
 //!
 //! This file holds only plain data and pure functions; `cuda::blaslt` does
 //! the cuBLASLt calls.
 
 use crate::backend::{Backend, DevicePtr};
+use crate::dnn::{ConvArgs, ConvPlanId, ConvSpec};
 use crate::error::{DeviceError, Result};
 
 /// XLA `PrimitiveType` numbers used by GEMMs.
@@ -399,6 +401,30 @@ pub trait GemmEngine<B: Backend>: Send + Sync {
     fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {
         Err(DeviceError::Unsupported(format!(
             "triangular solve ({spec:?}): this backend's BLAS engine has no trsm"
+        )))
+    }
+    /// At load time: build the execution plan of a convolution (cuDNN's
+    /// engine by the recorded global index and knobs). An engine without a
+    /// DNN library says so.
+    fn prepare_conv(&self, spec: &ConvSpec) -> Result<ConvPlanId> {
+        Err(DeviceError::Unsupported(format!(
+            "convolution ({:?}): this backend's engine has no DNN library",
+            spec.op
+        )))
+    }
+    /// Workspace bytes a prepared convolution's plan needs.
+    fn conv_workspace(&self, plan: ConvPlanId) -> Result<u64> {
+        Err(DeviceError::Unsupported(format!(
+            "no convolution plan {}",
+            plan.0
+        )))
+    }
+    /// Enqueue a prepared convolution.
+    fn run_conv(&self, plan: ConvPlanId, args: &ConvArgs, stream: &B::Stream) -> Result<()> {
+        let _ = (args, stream);
+        Err(DeviceError::Unsupported(format!(
+            "no convolution plan {}",
+            plan.0
         )))
     }
     /// Enqueue a solve that [`GemmEngine::prepare_trsm`] accepted.

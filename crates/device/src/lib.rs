@@ -23,6 +23,7 @@ pub mod conformance;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 pub mod cuda;
+pub mod dnn;
 pub mod error;
 #[cfg(feature = "hip")]
 #[allow(unsafe_code)]

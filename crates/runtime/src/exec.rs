@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 
 use xla_vmm_device::blas::{GemmEngine, MatmulArgs, TrsmArgs};
+use xla_vmm_device::dnn::ConvArgs;
 use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::{Backend, DevicePtr};
 
@@ -284,6 +285,21 @@ fn run_op<B: Backend>(
         }
         Op::CustomCall(c) => run_custom_call(env, c, slots, stream)?,
         Op::Trsm(t) => run_trsm(env, t, slots, stream)?,
+        Op::Conv(c) => {
+            let engine = env
+                .gemm
+                .ok_or_else(|| RuntimeError::unsupported("convolution: no DNN engine"))?;
+            let args = ConvArgs {
+                x: slots.resolve(&c.run.x)?,
+                w: slots.resolve(&c.run.w)?,
+                y: slots.resolve(&c.run.y)?,
+                workspace: slots.resolve(&c.run.scratch)?,
+                workspace_bytes: c.run.scratch.size,
+            };
+            engine
+                .run_conv(c.plan, &args, stream)
+                .map_err(|e| RuntimeError::invalid(format!("convolution '{}': {e}", c.run.name)))?;
+        }
         Op::AsyncDone { id } => {
             let (_, done) = env
                 .events
@@ -520,6 +536,10 @@ pub(crate) fn capture_blocker<B: Backend>(
             capture_blocker(condition, conditional_nodes)
                 .or_else(|| capture_blocker(body, conditional_nodes))
         }
+        Op::Conv(c) => Some(format!(
+            "convolution {} runs through cuDNN's execution API (XLA keeps convolution thunks out of its command buffers too)",
+            c.run.name
+        )),
         Op::Trsm(t) => Some(format!(
             "triangular solve {} runs through the BLAS library (XLA keeps the thunk out of its command buffers too)",
             t.name

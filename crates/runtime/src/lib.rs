@@ -23,6 +23,7 @@
 
 pub mod binding;
 pub mod collective;
+pub mod conv;
 pub mod copykernel;
 pub mod custom_call;
 pub mod dynamic_slice;

@@ -10,6 +10,7 @@ use xla_vmm::{
     SolveTranspose, Thunk, ThunkKind,
 };
 use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId, Transpose, TrsmSpec};
+use xla_vmm_device::dnn::ConvPlanId;
 use xla_vmm_device::{Backend, ImageKind, LaunchConfig, TensorMapDesc};
 
 use crate::collective::CollOp;
@@ -110,8 +111,17 @@ pub enum Op<B: Backend> {
     /// A typed-FFI custom call, bound to its handler at load
     /// ([`crate::custom_call`]).
     CustomCall(Box<CustomCallOp>),
-    /// A triangular solve through the BLAS engine (cuBLAS trsm).
+    /// A triangular solve through the BLAS engine (cuBLAS / rocBLAS trsm).
     Trsm(Box<TrsmOp>),
+    /// A cuDNN convolution, its execution plan built at load.
+    Conv(Box<ConvOpLoaded>),
+}
+
+/// A loaded convolution: the buffers in their roles and the engine's plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvOpLoaded {
+    pub run: crate::conv::ConvRun,
+    pub plan: ConvPlanId,
 }
 
 /// A loaded triangular solve: XLA's `RunTriangularSolve`. With a batch, the
@@ -482,6 +492,23 @@ impl<B: Backend> LoadCtx<'_, B> {
                     workspace: s(&m.workspace),
                 }
             }
+            ThunkKind::Convolution(c) => {
+                let engine = self.gemm.ok_or_else(|| {
+                    RuntimeError::unsupported("convolution: no DNN engine on this backend")
+                })?;
+                let run = crate::conv::load(&t.info.profile_annotation, c)?;
+                let plan = engine.prepare_conv(&run.spec)?;
+                let need = engine.conv_workspace(plan)?;
+                if need > run.scratch.size {
+                    return Err(RuntimeError::unsupported(format!(
+                        "convolution {}: the cuDNN plan needs {need} bytes of workspace, the \
+                         executable's scratch buffer has {} (another cuDNN than the one it was \
+                         autotuned with?)",
+                        run.name, run.scratch.size
+                    )));
+                }
+                Op::Conv(Box::new(ConvOpLoaded { run, plan }))
+            }
             ThunkKind::TriangularSolve(ts) => {
                 let engine = self.gemm.ok_or_else(|| {
                     RuntimeError::unsupported("triangular solve: no BLAS engine on this backend")
@@ -789,6 +816,9 @@ pub fn check_support(plan: &Plan) -> Result<()> {
             ThunkKind::CustomCall(c) => custom_call_support(c).err(),
             ThunkKind::Gemm(_) => Some("plain cuBLAS gemm".to_string()),
             ThunkKind::TriangularSolve(ts) => trsm_op("", ts).err().map(|e| e.to_string()),
+            ThunkKind::Convolution(c) => crate::conv::load(&t.info.profile_annotation, c)
+                .err()
+                .map(|e| e.to_string()),
             // On ROCm the thunk runs through hipBLASLt (XLA's ROCm path:
             // `device::hip::blaslt`), on CUDA through cuBLASLt.
             ThunkKind::CublasLtMatmul(m) => gemm_support(m).err(),

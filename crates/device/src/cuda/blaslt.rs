@@ -15,15 +15,17 @@
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use xla_vmm_ffi::cuda::cublaslt as sys;
 
+use super::cudnn::{ConvPlan, Cudnn};
 use super::{CudaBackend, CudaStream};
 use crate::blas::{
     xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs,
     NormalizedGemm, Order, Transpose, TrsmArgs, TrsmSpec,
 };
+use crate::dnn::{ConvArgs, ConvPlanId, ConvSpec};
 use crate::error::{DeviceError, Result};
 use crate::trsm_lib::{LazySolver, Solver};
 
@@ -108,7 +110,8 @@ const LIB_NAMES: &[&str] = &["libcublasLt.so.13", "libcublasLt.so"];
 
 /// Candidate paths of the library called one of `names`, in search order
 /// (existing files only), then the bare names for the system loader. Shared
-/// with cuBLAS ([`super::cublas`]), which comes from the same wheel.
+/// with cuBLAS ([`super::cublas`]), which comes from the same wheel, and
+/// cuDNN ([`super::cudnn`], the `nvidia-cudnn` wheel).
 pub(super) fn candidates(names: &[&str]) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(ld) = std::env::var_os("LD_LIBRARY_PATH") {
@@ -117,6 +120,7 @@ pub(super) fn candidates(names: &[&str]) -> Vec<PathBuf> {
     for sp in python_site_dirs() {
         dirs.push(sp.join("nvidia/cu13/lib"));
         dirs.push(sp.join("nvidia/cublas/lib"));
+        dirs.push(sp.join("nvidia/cudnn/lib"));
     }
     let mut out: Vec<PathBuf> = dirs
         .iter()
@@ -753,6 +757,10 @@ pub struct CudaGemm {
     plans: Mutex<Vec<Arc<LtPlan>>>,
     /// cuBLAS for triangular solves.
     cublas: LazySolver,
+    /// cuDNN, or why it could not be loaded (said once, at every load that
+    /// needs it), and the convolution plans prepared with it.
+    cudnn: OnceLock<std::result::Result<Cudnn, String>>,
+    conv_plans: Mutex<Vec<Arc<ConvPlan>>>,
     /// `tsl::tensor_float_32_execution_enabled()`: on in JAX by default.
     tf32: bool,
 }
@@ -769,6 +777,8 @@ impl CudaGemm {
             lt: BlasLt::new()?,
             plans: Mutex::new(Vec::new()),
             cublas: LazySolver::default(),
+            cudnn: OnceLock::new(),
+            conv_plans: Mutex::new(Vec::new()),
             tf32: true,
         })
     }
@@ -787,6 +797,26 @@ impl CudaGemm {
     /// How cuBLAS is loaded (on first use, with the device current).
     fn load_cublas(&self) -> Result<Solver> {
         self.bind().and_then(|()| super::cublas::solver())
+    }
+
+    /// cuDNN, loaded on first use.
+    fn cudnn(&self) -> Result<&Cudnn> {
+        self.cudnn
+            .get_or_init(|| {
+                self.bind()
+                    .and_then(|()| Cudnn::new())
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| DeviceError::NotAvailable(e.clone()))
+    }
+
+    fn conv_plan(&self, plan: ConvPlanId) -> Result<Arc<ConvPlan>> {
+        let plans = self.conv_plans.lock().unwrap_or_else(|p| p.into_inner());
+        plans
+            .get(plan.0)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no convolution plan {}", plan.0)))
     }
 
     fn get(&self, plan: GemmPlanId) -> Result<Arc<LtPlan>> {
@@ -849,6 +879,29 @@ impl GemmEngine<CudaBackend> for CudaGemm {
         // runtime resolves every pointer from the executable's slices,
         // which the decoder checked against allocation sizes.
         unsafe { plan.execute(&raw, stream.cu_stream().cast()) }
+    }
+
+    fn prepare_conv(&self, spec: &ConvSpec) -> Result<ConvPlanId> {
+        let cudnn = self.cudnn()?;
+        self.bind()?;
+        let plan = cudnn.plan(spec)?;
+        tracing::debug!(?spec, workspace = plan.workspace_size(), "cuDNN plan");
+        let mut plans = self.conv_plans.lock().unwrap_or_else(|p| p.into_inner());
+        plans.push(Arc::new(plan));
+        Ok(ConvPlanId(plans.len() - 1))
+    }
+
+    fn conv_workspace(&self, plan: ConvPlanId) -> Result<u64> {
+        Ok(self.conv_plan(plan)?.workspace_size())
+    }
+
+    fn run_conv(&self, plan: ConvPlanId, args: &ConvArgs, stream: &CudaStream) -> Result<()> {
+        let plan = self.conv_plan(plan)?;
+        self.bind()?;
+        // SAFETY: the stream belongs to this context (bound above); the
+        // runtime resolves the tensors from the executable's slices, which
+        // it checked against the tensors' spans at load.
+        unsafe { plan.execute(args, stream.cu_stream().cast()) }
     }
 
     fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {

@@ -16,6 +16,7 @@
 pub mod blaslt;
 mod conditional;
 pub(crate) mod cublas;
+pub mod cudnn;
 pub mod handles;
 mod info;
 pub mod nccl;

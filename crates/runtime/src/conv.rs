@@ -1,0 +1,573 @@
+//! A convolution thunk → the cuDNN graph XLA's runner builds for it
+//! (`gpu_conv_runner.cc` `GetGpuConvConfig`, `stream_executor` `dnn.cc`
+//! descriptors): which buffers are x, w and y for the thunk's kind, their
+//! cuDNN dimensions in logical order with the strides of their XLA layout,
+//! and the window. What XLA's runner refuses is refused here, with the
+//! reason; a geometry that does not add up (which would mean we read the
+//! descriptor wrong) is an error too, never a guess.
+
+use xla_vmm::{ConvKind, ConvolutionThunk, ElementType, Shape, Slice};
+use xla_vmm_device::blas::xla_type;
+use xla_vmm_device::dnn::{ConvOp, ConvSpec, ConvTensor};
+
+use crate::error::{Result, RuntimeError};
+
+/// A convolution as loaded: the spec and the buffers in its roles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvRun {
+    pub name: String,
+    pub spec: ConvSpec,
+    pub x: Slice,
+    pub w: Slice,
+    pub y: Slice,
+    pub scratch: Slice,
+}
+
+fn unsupported(what: String) -> RuntimeError {
+    RuntimeError::unsupported(format!("convolution: {what}"))
+}
+
+/// The memory layout of one tensor, as cuDNN's runner classifies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// Batch (output feature), feature (input feature), spatial.. (NCHW /
+    /// OIHW), major to minor.
+    FeatureMajor,
+    /// Batch, spatial.., feature (NHWC / OHWI).
+    FeatureMinor,
+}
+
+/// The cuDNN tensor of `shape` whose logical dims are `[outer, inner,
+/// spatial..]` (batch and feature for activations, output and input
+/// feature for filters): dims and the strides of its layout. Tensors of a
+/// convolution with fewer than two spatial dimensions get trailing spatial
+/// dimensions of 1, placed right after the real ones in memory order (XLA's
+/// runner expresses 1D and 0D as 2D).
+fn tensor(
+    shape: &Shape,
+    outer: i64,
+    inner: i64,
+    spatial: &[i64],
+    dtype: i32,
+    what: &str,
+) -> Result<ConvTensor> {
+    let rank = shape.dimensions.len();
+    let dim_ok = |d: i64| usize::try_from(d).ok().filter(|&d| d < rank);
+    let logical: Vec<usize> = std::iter::once(outer)
+        .chain(std::iter::once(inner))
+        .chain(spatial.iter().copied())
+        .map(|d| {
+            dim_ok(d).ok_or_else(|| unsupported(format!("{what} dimension {d} of rank {rank}")))
+        })
+        .collect::<Result<_>>()?;
+    if rank != logical.len() {
+        return Err(unsupported(format!(
+            "{what} of rank {rank} with {} dimensions named",
+            logical.len()
+        )));
+    }
+    let mtm = shape
+        .minor_to_major
+        .as_ref()
+        .ok_or_else(|| unsupported(format!("{what} without a layout")))?;
+    let major_to_minor: Vec<usize> = mtm.iter().rev().map(|&d| d as usize).collect();
+    let feature_major: Vec<usize> = logical.clone();
+    let mut feature_minor: Vec<usize> = vec![logical[0]];
+    feature_minor.extend(&logical[2..]);
+    feature_minor.push(logical[1]);
+    let layout = if major_to_minor == feature_major {
+        Layout::FeatureMajor
+    } else if major_to_minor == feature_minor {
+        Layout::FeatureMinor
+    } else {
+        return Err(unsupported(format!(
+            "{what} layout {{{}}} (cuDNN's runner takes NCHW / NHWC and OIHW / OHWI)",
+            mtm.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+        )));
+    };
+    // Sizes in logical order, plus singletons up to two spatial dimensions.
+    let mut dims: Vec<i64> = logical.iter().map(|&d| shape.dimensions[d]).collect();
+    dims.resize(dims.len().max(4), 1);
+    // Memory order of the logical positions, major to minor.
+    let n = dims.len();
+    let spatial_pos: Vec<usize> = (2..n).collect();
+    let order: Vec<usize> = match layout {
+        Layout::FeatureMajor => [0, 1].into_iter().chain(spatial_pos).collect(),
+        Layout::FeatureMinor => std::iter::once(0)
+            .chain(spatial_pos)
+            .chain(std::iter::once(1))
+            .collect(),
+    };
+    let mut strides = vec![0i64; n];
+    let mut stride = 1i64;
+    for &pos in order.iter().rev() {
+        strides[pos] = stride;
+        stride = stride
+            .checked_mul(dims[pos].max(1))
+            .ok_or_else(|| unsupported(format!("{what} of dimensions {dims:?} overflows")))?;
+    }
+    Ok(ConvTensor {
+        dtype,
+        dims,
+        strides,
+    })
+}
+
+fn element_bytes(t: ElementType) -> u64 {
+    u64::from(t.bit_width().unwrap_or(8) / 8).max(1)
+}
+
+/// The cuDNN convolution of `c`, or why our runtime does not run it.
+pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
+    let op = match c.kind {
+        ConvKind::Forward => ConvOp::Forward,
+        ConvKind::BackwardInput => ConvOp::BackwardData,
+        ConvKind::BackwardFilter => ConvOp::BackwardFilter,
+        ConvKind::ForwardActivation => {
+            return Err(unsupported(
+                "fused bias / activation (forward activation kind) is not run".into(),
+            ))
+        }
+        ConvKind::ForwardGraph => {
+            return Err(unsupported(
+                "a serialized cuDNN graph (forward graph kind) is not run".into(),
+            ))
+        }
+    };
+    if c.operands.len() < 2 || c.results.is_empty() {
+        return Err(RuntimeError::invalid(format!(
+            "convolution with {} operands and {} results",
+            c.operands.len(),
+            c.results.len()
+        )));
+    }
+    if c.conv_result_scale != 1.0 {
+        return Err(unsupported(format!(
+            "result scale {} (XLA's runner only scales fused convolutions)",
+            c.conv_result_scale
+        )));
+    }
+    // XLA: x and w in the input type (operand 0's), y in the output type.
+    let input = c.operand0_shape.element_type;
+    let output = c.result_shape.element_type;
+    let float = [xla_type::F16, xla_type::BF16, xla_type::F32, xla_type::F64];
+    for t in [input, output] {
+        if !float.contains(&t.0) {
+            return Err(unsupported(format!(
+                "element type {} (F16, BF16, F32 and F64 are run)",
+                t.name().unwrap_or("unknown")
+            )));
+        }
+    }
+    let compute = if input.0 == xla_type::F64 {
+        xla_type::F64
+    } else {
+        xla_type::F32
+    };
+    // The window, as XLA's runner takes it.
+    let nd = c.window.len();
+    let d = &c.dnums;
+    if nd > 3 {
+        return Err(unsupported(format!(
+            "{nd} spatial dimensions (up to 3 are run)"
+        )));
+    }
+    if [
+        d.input_spatial.len(),
+        d.kernel_spatial.len(),
+        d.output_spatial.len(),
+    ] != [nd; 3]
+    {
+        return Err(RuntimeError::invalid(format!(
+            "convolution window of {nd} dimensions against {} / {} / {} spatial dimensions",
+            d.input_spatial.len(),
+            d.kernel_spatial.len(),
+            d.output_spatial.len()
+        )));
+    }
+    let reversal = c.window.first().is_some_and(|w| w.window_reversal);
+    let mut padding = Vec::with_capacity(nd + 1);
+    let mut strides = Vec::with_capacity(nd + 1);
+    let mut dilations = Vec::with_capacity(nd + 1);
+    for (i, w) in c.window.iter().enumerate() {
+        if w.window_reversal != reversal {
+            return Err(unsupported(
+                "a window reversed in some dimensions only".into(),
+            ));
+        }
+        if w.padding_low != w.padding_high || w.padding_low < 0 {
+            return Err(unsupported(format!(
+                "padding {} / {} in spatial dimension {i} (cuDNN's runner takes symmetric padding)",
+                w.padding_low, w.padding_high
+            )));
+        }
+        if w.base_dilation > 1 {
+            return Err(unsupported(format!(
+                "base dilation {} in spatial dimension {i}",
+                w.base_dilation
+            )));
+        }
+        if w.stride < 1 || w.window_dilation < 1 {
+            return Err(RuntimeError::invalid(format!(
+                "convolution stride {} / dilation {} in spatial dimension {i}",
+                w.stride, w.window_dilation
+            )));
+        }
+        padding.push(w.padding_low);
+        strides.push(w.stride);
+        dilations.push(w.window_dilation);
+    }
+    for _ in nd..2 {
+        padding.push(0);
+        strides.push(1);
+        dilations.push(1);
+    }
+    // Roles per kind: (x, w, y) buffers and shapes.
+    let (xs, ws, ys, x_shape, w_shape, y_shape) = match op {
+        ConvOp::Forward => (
+            &c.operands[0],
+            &c.operands[1],
+            &c.results[0],
+            &c.operand0_shape,
+            &c.operand1_shape,
+            &c.result_shape,
+        ),
+        ConvOp::BackwardData => (
+            &c.results[0],
+            &c.operands[1],
+            &c.operands[0],
+            &c.result_shape,
+            &c.operand1_shape,
+            &c.operand0_shape,
+        ),
+        ConvOp::BackwardFilter => (
+            &c.operands[0],
+            &c.results[0],
+            &c.operands[1],
+            &c.operand0_shape,
+            &c.result_shape,
+            &c.operand1_shape,
+        ),
+    };
+    let x = tensor(
+        x_shape,
+        d.input_batch,
+        d.input_feature,
+        &d.input_spatial,
+        input.0,
+        "input",
+    )?;
+    let w = tensor(
+        w_shape,
+        d.kernel_output_feature,
+        d.kernel_input_feature,
+        &d.kernel_spatial,
+        input.0,
+        "filter",
+    )?;
+    let y = tensor(
+        y_shape,
+        d.output_batch,
+        d.output_feature,
+        &d.output_spatial,
+        output.0,
+        "output",
+    )?;
+    // The geometry must add up: y's spatial sizes from x's, w's and the
+    // window; features and batch consistent with the group count.
+    let groups = c.feature_group_count.max(1);
+    let bad = |what: String| RuntimeError::invalid(format!("convolution {name}: {what}"));
+    if x.dims[0] != y.dims[0] || y.dims[1] != w.dims[0] || x.dims[1] != w.dims[1] * groups {
+        return Err(bad(format!(
+            "input {:?}, filter {:?} and output {:?} do not fit {groups} feature group(s)",
+            x.dims, w.dims, y.dims
+        )));
+    }
+    for i in 0..nd {
+        let (xi, ki, yi) = (x.dims[2 + i], w.dims[2 + i], y.dims[2 + i]);
+        let span = (ki - 1) * dilations[i] + 1;
+        let want = (xi + 2 * padding[i] - span).div_euclid(strides[i]) + 1;
+        if xi + 2 * padding[i] >= span && want != yi {
+            return Err(bad(format!(
+                "output size {yi} in spatial dimension {i}, the window gives {want}"
+            )));
+        }
+    }
+    for (what, t, s, ty) in [
+        ("input", &x, xs, input),
+        ("filter", &w, ws, input),
+        ("output", &y, ys, output),
+    ] {
+        let bytes = t
+            .span()
+            .and_then(|e| e.checked_mul(element_bytes(ty)))
+            .ok_or_else(|| bad(format!("{what} of dimensions {:?} overflows", t.dims)))?;
+        if bytes > s.slice.size {
+            return Err(bad(format!(
+                "{what} needs {bytes} bytes, its slice has {}",
+                s.slice.size
+            )));
+        }
+    }
+    Ok(ConvRun {
+        name: name.to_string(),
+        spec: ConvSpec {
+            op,
+            x,
+            w,
+            y,
+            compute,
+            cross_correlation: !reversal,
+            padding,
+            strides,
+            dilations,
+            engine: c.algorithm.algo_id,
+            knobs: c.algorithm.knobs.clone(),
+        },
+        x: xs.slice,
+        w: ws.slice,
+        y: ys.slice,
+        scratch: c.scratch,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xla_vmm::{ConvAlgorithm, ConvDims, ShapedSlice, WindowDim};
+
+    fn shape(dims: &[i64], minor_to_major: &[i64]) -> Shape {
+        Shape {
+            element_type: ElementType::F32,
+            dimensions: dims.to_vec(),
+            minor_to_major: Some(minor_to_major.to_vec()),
+            ..Default::default()
+        }
+    }
+
+    fn slice(allocation: usize, size: u64) -> ShapedSlice {
+        ShapedSlice {
+            slice: Slice {
+                allocation,
+                offset: 0,
+                size,
+            },
+            shape: None,
+        }
+    }
+
+    /// NHWC x f32[2,8,8,3], HWIO-as-OHWI... w f32[4,3,3,3] (O, H, W, I),
+    /// y f32[2,8,8,4]: a 3x3 SAME convolution, as `jax.lax.conv_general_dilated`
+    /// with ("NHWC", "OHWI", "NHWC") lowers.
+    fn nhwc_forward() -> ConvolutionThunk {
+        let dim = WindowDim {
+            size: 3,
+            stride: 1,
+            padding_low: 1,
+            padding_high: 1,
+            window_dilation: 1,
+            base_dilation: 1,
+            window_reversal: false,
+        };
+        ConvolutionThunk {
+            kind: ConvKind::Forward,
+            operands: vec![slice(0, 2 * 8 * 8 * 3 * 4), slice(1, 4 * 3 * 3 * 3 * 4)],
+            results: vec![slice(2, 2 * 8 * 8 * 4 * 4)],
+            scratch: Slice {
+                allocation: 3,
+                offset: 0,
+                size: 1024,
+            },
+            operand0_shape: shape(&[2, 8, 8, 3], &[3, 2, 1, 0]),
+            operand1_shape: shape(&[4, 3, 3, 3], &[3, 2, 1, 0]),
+            result_shape: shape(&[2, 8, 8, 4], &[3, 2, 1, 0]),
+            window: vec![dim, dim],
+            dnums: ConvDims {
+                input_batch: 0,
+                input_feature: 3,
+                input_spatial: vec![1, 2],
+                kernel_input_feature: 3,
+                kernel_output_feature: 0,
+                kernel_spatial: vec![1, 2],
+                output_batch: 0,
+                output_feature: 3,
+                output_spatial: vec![1, 2],
+            },
+            feature_group_count: 1,
+            algorithm: ConvAlgorithm {
+                algo_id: 7,
+                knobs: vec![(1, 2)],
+                workspace_size: Some(0),
+            },
+            conv_result_scale: 1.0,
+            side_input_scale: 0.0,
+            activation_mode: 0,
+            has_serialized_graph: false,
+        }
+    }
+
+    #[test]
+    fn nhwc_and_ohwi_become_nchw_dims_with_their_strides() {
+        let r = load("conv.1", &nhwc_forward()).unwrap();
+        let s = &r.spec;
+        assert_eq!(s.op, ConvOp::Forward);
+        assert_eq!(
+            (s.x.dims.clone(), s.x.strides.clone()),
+            (vec![2, 3, 8, 8], vec![192, 1, 24, 3])
+        );
+        assert_eq!(
+            (s.w.dims.clone(), s.w.strides.clone()),
+            (vec![4, 3, 3, 3], vec![27, 1, 9, 3])
+        );
+        assert_eq!(
+            (s.y.dims.clone(), s.y.strides.clone()),
+            (vec![2, 4, 8, 8], vec![256, 1, 32, 4])
+        );
+        assert_eq!(
+            (s.padding.clone(), s.strides.clone(), s.dilations.clone()),
+            (vec![1, 1], vec![1, 1], vec![1, 1])
+        );
+        assert!(s.cross_correlation);
+        assert_eq!(
+            (s.engine, s.knobs.clone(), s.compute),
+            (7, vec![(1, 2)], xla_type::F32)
+        );
+        assert_eq!((r.x.allocation, r.w.allocation, r.y.allocation), (0, 1, 2));
+    }
+
+    #[test]
+    fn nchw_one_d_gets_a_trailing_singleton() {
+        // x f32[2,3,10] (N, C, W), w f32[4,3,3] (O, I, W), y f32[2,4,8].
+        let mut c = nhwc_forward();
+        c.operand0_shape = shape(&[2, 3, 10], &[2, 1, 0]);
+        c.operand1_shape = shape(&[4, 3, 3], &[2, 1, 0]);
+        c.result_shape = shape(&[2, 4, 8], &[2, 1, 0]);
+        c.window = vec![WindowDim {
+            padding_low: 0,
+            padding_high: 0,
+            ..c.window[0]
+        }];
+        c.dnums = ConvDims {
+            input_batch: 0,
+            input_feature: 1,
+            input_spatial: vec![2],
+            kernel_input_feature: 1,
+            kernel_output_feature: 0,
+            kernel_spatial: vec![2],
+            output_batch: 0,
+            output_feature: 1,
+            output_spatial: vec![2],
+        };
+        let s = load("conv.2", &c).unwrap().spec;
+        assert_eq!(
+            (s.x.dims.clone(), s.x.strides.clone()),
+            (vec![2, 3, 10, 1], vec![30, 10, 1, 1])
+        );
+        assert_eq!(s.y.dims, vec![2, 4, 8, 1]);
+        assert_eq!(
+            (s.padding, s.strides, s.dilations),
+            (vec![0, 0], vec![1, 1], vec![1, 1])
+        );
+    }
+
+    #[test]
+    fn no_spatial_dimensions_become_two_singletons() {
+        // x f32[2,3] (N, C), w f32[4,3] (O, I), y f32[2,4]: a dot as a conv.
+        let mut c = nhwc_forward();
+        c.operand0_shape = shape(&[2, 3], &[1, 0]);
+        c.operand1_shape = shape(&[4, 3], &[1, 0]);
+        c.result_shape = shape(&[2, 4], &[1, 0]);
+        c.window = vec![];
+        c.dnums = ConvDims {
+            input_batch: 0,
+            input_feature: 1,
+            kernel_input_feature: 1,
+            kernel_output_feature: 0,
+            output_batch: 0,
+            output_feature: 1,
+            ..Default::default()
+        };
+        let s = load("conv.0d", &c).unwrap().spec;
+        assert_eq!(
+            (s.x.dims.clone(), s.x.strides.clone()),
+            (vec![2, 3, 1, 1], vec![3, 1, 1, 1])
+        );
+        assert_eq!(
+            (s.w.dims.clone(), s.y.dims.clone()),
+            (vec![4, 3, 1, 1], vec![2, 4, 1, 1])
+        );
+        assert_eq!(
+            (s.padding, s.strides, s.dilations),
+            (vec![0, 0], vec![1, 1], vec![1, 1])
+        );
+    }
+
+    #[test]
+    fn backward_kinds_take_their_buffers_in_xlas_roles() {
+        // Backward filter of the NHWC convolution: operands (x, dy), result dw.
+        let f = nhwc_forward();
+        let mut c = f.clone();
+        c.kind = ConvKind::BackwardFilter;
+        c.operands = vec![f.operands[0].clone(), f.results[0].clone()];
+        c.results = vec![f.operands[1].clone()];
+        c.operand1_shape = f.result_shape.clone();
+        c.result_shape = f.operand1_shape.clone();
+        let r = load("conv.3", &c).unwrap();
+        assert_eq!(r.spec.op, ConvOp::BackwardFilter);
+        assert_eq!((r.x.allocation, r.w.allocation, r.y.allocation), (0, 1, 2));
+        assert_eq!(r.spec.w.dims, vec![4, 3, 3, 3]);
+        // Backward input: operands (dy, w), result dx.
+        let mut c = f.clone();
+        c.kind = ConvKind::BackwardInput;
+        c.operands = vec![f.results[0].clone(), f.operands[1].clone()];
+        c.results = vec![f.operands[0].clone()];
+        c.operand0_shape = f.result_shape.clone();
+        c.result_shape = f.operand0_shape.clone();
+        let r = load("conv.4", &c).unwrap();
+        assert_eq!(r.spec.op, ConvOp::BackwardData);
+        assert_eq!((r.x.allocation, r.w.allocation, r.y.allocation), (0, 1, 2));
+        // The same buffers read as the other backward kind do not add up:
+        // an error, not a wrong convolution.
+        c.kind = ConvKind::BackwardFilter;
+        let e = load("conv.5", &c).unwrap_err().to_string();
+        assert!(e.contains("conv.5"), "{e}");
+    }
+
+    #[test]
+    fn what_xlas_runner_refuses_is_refused_with_the_reason() {
+        let mut c = nhwc_forward();
+        c.window[1].padding_high = 2;
+        let e = load("c", &c).unwrap_err().to_string();
+        assert!(e.contains("symmetric padding"), "{e}");
+        let mut c = nhwc_forward();
+        c.kind = ConvKind::ForwardActivation;
+        assert!(load("c", &c).unwrap_err().to_string().contains("fused"));
+        let mut c = nhwc_forward();
+        c.conv_result_scale = 0.5;
+        assert!(load("c", &c)
+            .unwrap_err()
+            .to_string()
+            .contains("result scale"));
+        let mut c = nhwc_forward();
+        c.operand0_shape.minor_to_major = Some(vec![0, 1, 2, 3]);
+        assert!(load("c", &c).unwrap_err().to_string().contains("layout"));
+        let mut c = nhwc_forward();
+        c.operand0_shape.element_type = ElementType(2);
+        assert!(load("c", &c)
+            .unwrap_err()
+            .to_string()
+            .contains("element type"));
+        let mut c = nhwc_forward();
+        c.results[0].slice.size = 100;
+        assert!(load("c", &c)
+            .unwrap_err()
+            .to_string()
+            .contains("output needs 2048 bytes"));
+        let mut c = nhwc_forward();
+        c.result_shape.dimensions = vec![2, 7, 8, 4];
+        assert!(load("c", &c)
+            .unwrap_err()
+            .to_string()
+            .contains("window gives 8"));
+    }
+}
