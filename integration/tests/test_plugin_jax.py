@@ -375,6 +375,13 @@ def cases():
          f(2, 8, 9, 9).astype(jnp.bfloat16), f(8, 8, 3, 3).astype(jnp.bfloat16)),
         ("f16", lambda x, w: conv(x, w, (1, 1), "SAME"),
          f(2, 8, 9, 9).astype(np.float16), f(8, 8, 3, 3).astype(np.float16)),
+        # Where XLA fuses a bias (and a relu) into the convolution: cuDNN's forward-activation kind.
+        ("bias", lambda x, w, b: conv(x, w, (1, 1), "SAME") + b, f(2, 3, 8, 8), f(4, 3, 3, 3), f(1, 4, 1, 1)),
+        ("bias_relu", lambda x, w, b: jax.nn.relu(conv(x, w, (1, 1), "SAME") + b),
+         f(2, 3, 8, 8), f(4, 3, 3, 3), f(1, 4, 1, 1)),
+        ("bias_relu_nhwc", lambda x, w, b: jax.nn.relu(conv(x, w, (1, 1), "SAME",
+                                                         dimension_numbers=("NHWC", "HWIO", "NHWC")) + b),
+         f(2, 8, 8, 3), f(3, 3, 3, 4), f(4)),
     ]
 
 def run(dev):

@@ -1024,6 +1024,7 @@ fn convolution(
         conv_result_scale: cfg.conv_result_scale,
         side_input_scale: cfg.side_input_scale,
         activation_mode: cfg.activation_mode,
+        leakyrelu_alpha: cfg.leakyrelu_alpha,
         has_serialized_graph: cfg.serialized_graph.is_some(),
     })
 }

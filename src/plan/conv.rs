@@ -79,6 +79,8 @@ pub struct ConvolutionThunk {
     pub side_input_scale: f64,
     /// `stream_executor.dnn.ActivationMode` (0 = none).
     pub activation_mode: i32,
+    /// Slope below 0 of a leaky relu activation.
+    pub leakyrelu_alpha: f64,
     /// A forward-graph convolution's serialized cuDNN graph is present.
     pub has_serialized_graph: bool,
 }

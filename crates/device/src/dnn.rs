@@ -3,7 +3,9 @@
 //! `GetCudnnOperationGraph`): three tensors in cuDNN's logical order
 //! (`[N, C, spatial..]` for x and y, `[O, I, spatial..]` for w) with the
 //! strides of their memory layout, the convolution's geometry, and the
-//! engine the autotuner chose (global index and knob choices). The engine
+//! engine the autotuner chose (global index and knob choices), and for a
+//! fused convolution the pointwise operations after it
+//! (`GetCudnnFusedOperationGraph`). The engine
 //! builds the same operation graph and execution plan from it
 //! (`cuda::cudnn`); this file holds only plain data.
 
@@ -50,8 +52,39 @@ impl ConvTensor {
     }
 }
 
+/// The activation at the end of a fused convolution (the
+/// `stream_executor.dnn.ActivationMode`s XLA's fused runner takes).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum Activation {
+    /// Identity: the bias add writes y.
+    None,
+    Relu,
+    /// Relu clipped at 6 from above.
+    Relu6,
+    Elu,
+    /// Relu with this slope below 0.
+    LeakyRelu(f64),
+}
+
+/// What XLA's fused runner (`GetCudnnFusedOperationGraph`) adds after the
+/// convolution, which then writes a virtual accumulator tensor: optionally
+/// `conv_scale * conv + side_input_scale * z` (z: the side input, y's dims,
+/// strides and type), then `+ b` (the bias, `[1, C, 1, 1]` in y's layout),
+/// then the activation into y. The virtual tensors after the convolution
+/// and the pointwise math are in `activation_type`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvFusion {
+    pub bias: ConvTensor,
+    /// XLA `PrimitiveType` of the pointwise math.
+    pub activation_type: i32,
+    pub activation: Activation,
+    /// `(conv_scale, side_input_scale)` when the side-input add is part of
+    /// the graph (XLA: `SideInputNeeded`).
+    pub side_input: Option<(f64, f64)>,
+}
+
 /// A convolution as cuDNN's backend API takes it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ConvSpec {
     pub op: ConvOp,
     pub x: ConvTensor,
@@ -71,6 +104,8 @@ pub struct ConvSpec {
     pub engine: i64,
     /// (`cudnnBackendKnobType_t`, choice), sorted.
     pub knobs: Vec<(i64, i64)>,
+    /// Bias, side input and activation fused after a forward convolution.
+    pub fusion: Option<ConvFusion>,
 }
 
 /// A prepared convolution: its execution plan built. Index into the
@@ -86,6 +121,16 @@ pub struct ConvArgs {
     pub y: DevicePtr,
     pub workspace: DevicePtr,
     pub workspace_bytes: u64,
+    /// A fused convolution's extra tensors.
+    pub fused: Option<FusedArgs>,
+}
+
+/// The side input (z; read only when the spec's fusion has a side-input
+/// add) and the bias (b) of a fused convolution.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct FusedArgs {
+    pub side_input: DevicePtr,
+    pub bias: DevicePtr,
 }
 
 #[cfg(test)]

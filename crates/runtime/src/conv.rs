@@ -8,12 +8,12 @@
 
 use xla_vmm::{ConvKind, ConvolutionThunk, ElementType, Shape, Slice};
 use xla_vmm_device::blas::xla_type;
-use xla_vmm_device::dnn::{ConvOp, ConvSpec, ConvTensor};
+use xla_vmm_device::dnn::{Activation, ConvFusion, ConvOp, ConvSpec, ConvTensor};
 
 use crate::error::{Result, RuntimeError};
 
 /// A convolution as loaded: the spec and the buffers in its roles.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ConvRun {
     pub name: String,
     pub spec: ConvSpec,
@@ -21,6 +21,17 @@ pub struct ConvRun {
     pub w: Slice,
     pub y: Slice,
     pub scratch: Slice,
+    /// A fused convolution's side input and bias.
+    pub fused: Option<FusedRun>,
+}
+
+/// The extra buffers of a fused convolution: the side input (operand 3, or
+/// y's buffer when there is none: XLA's runner passes it, and cuDNN does not
+/// read it at side-input scale 0) and the bias (operand 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedRun {
+    pub side_input: Slice,
+    pub bias: Slice,
 }
 
 fn unsupported(what: String) -> RuntimeError {
@@ -50,7 +61,7 @@ fn tensor(
     spatial: &[i64],
     dtype: i32,
     what: &str,
-) -> Result<ConvTensor> {
+) -> Result<(ConvTensor, Layout)> {
     let rank = shape.dimensions.len();
     let dim_ok = |d: i64| usize::try_from(d).ok().filter(|&d| d < rank);
     let logical: Vec<usize> = std::iter::once(outer)
@@ -88,6 +99,21 @@ fn tensor(
     // Sizes in logical order, plus singletons up to two spatial dimensions.
     let mut dims: Vec<i64> = logical.iter().map(|&d| shape.dimensions[d]).collect();
     dims.resize(dims.len().max(4), 1);
+    let strides = dense_strides(&dims, layout)
+        .ok_or_else(|| unsupported(format!("{what} of dimensions {dims:?} overflows")))?;
+    Ok((
+        ConvTensor {
+            dtype,
+            dims,
+            strides,
+        },
+        layout,
+    ))
+}
+
+/// The strides of a dense tensor of logical `dims` (`[outer, inner,
+/// spatial..]`) laid out as `layout`; None on overflow.
+fn dense_strides(dims: &[i64], layout: Layout) -> Option<Vec<i64>> {
     // Memory order of the logical positions, major to minor.
     let n = dims.len();
     let spatial_pos: Vec<usize> = (2..n).collect();
@@ -102,15 +128,9 @@ fn tensor(
     let mut stride = 1i64;
     for &pos in order.iter().rev() {
         strides[pos] = stride;
-        stride = stride
-            .checked_mul(dims[pos].max(1))
-            .ok_or_else(|| unsupported(format!("{what} of dimensions {dims:?} overflows")))?;
+        stride = stride.checked_mul(dims[pos].max(1))?;
     }
-    Ok(ConvTensor {
-        dtype,
-        dims,
-        strides,
-    })
+    Some(strides)
 }
 
 fn element_bytes(t: ElementType) -> u64 {
@@ -119,29 +139,26 @@ fn element_bytes(t: ElementType) -> u64 {
 
 /// The cuDNN convolution of `c`, or why our runtime does not run it.
 pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
+    let fused = c.kind == ConvKind::ForwardActivation;
     let op = match c.kind {
-        ConvKind::Forward => ConvOp::Forward,
+        ConvKind::Forward | ConvKind::ForwardActivation => ConvOp::Forward,
         ConvKind::BackwardInput => ConvOp::BackwardData,
         ConvKind::BackwardFilter => ConvOp::BackwardFilter,
-        ConvKind::ForwardActivation => {
-            return Err(unsupported(
-                "fused bias / activation (forward activation kind) is not run".into(),
-            ))
-        }
         ConvKind::ForwardGraph => {
             return Err(unsupported(
                 "a serialized cuDNN graph (forward graph kind) is not run".into(),
             ))
         }
     };
-    if c.operands.len() < 2 || c.results.is_empty() {
+    if c.operands.len() < 2 + usize::from(fused) || c.results.is_empty() {
         return Err(RuntimeError::invalid(format!(
-            "convolution with {} operands and {} results",
+            "{}convolution with {} operands and {} results",
+            if fused { "fused " } else { "" },
             c.operands.len(),
             c.results.len()
         )));
     }
-    if c.conv_result_scale != 1.0 {
+    if !fused && c.conv_result_scale != 1.0 {
         return Err(unsupported(format!(
             "result scale {} (XLA's runner only scales fused convolutions)",
             c.conv_result_scale
@@ -249,7 +266,7 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
             &c.operand1_shape,
         ),
     };
-    let x = tensor(
+    let (x, _) = tensor(
         x_shape,
         d.input_batch,
         d.input_feature,
@@ -257,7 +274,7 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
         input.0,
         "input",
     )?;
-    let w = tensor(
+    let (w, _) = tensor(
         w_shape,
         d.kernel_output_feature,
         d.kernel_input_feature,
@@ -265,7 +282,7 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
         input.0,
         "filter",
     )?;
-    let y = tensor(
+    let (y, y_layout) = tensor(
         y_shape,
         d.output_batch,
         d.output_feature,
@@ -293,19 +310,35 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
             )));
         }
     }
-    for (what, t, s, ty) in [
-        ("input", &x, xs, input),
-        ("filter", &w, ws, input),
-        ("output", &y, ys, output),
-    ] {
+    let fusion = if fused {
+        Some(fusion(c, &y, y_layout, input.0)?)
+    } else {
+        None
+    };
+    let fused = fusion.as_ref().map(|_| FusedRun {
+        side_input: c.operands.get(3).unwrap_or(ys).slice,
+        bias: c.operands[2].slice,
+    });
+    let mut checks = vec![
+        ("input", &x, xs.slice, input),
+        ("filter", &w, ws.slice, input),
+        ("output", &y, ys.slice, output),
+    ];
+    if let (Some(f), Some(run)) = (&fusion, &fused) {
+        checks.push(("bias", &f.bias, run.bias, input));
+        if f.side_input.is_some() {
+            checks.push(("side input", &y, run.side_input, output));
+        }
+    }
+    for (what, t, s, ty) in checks {
         let bytes = t
             .span()
             .and_then(|e| e.checked_mul(element_bytes(ty)))
             .ok_or_else(|| bad(format!("{what} of dimensions {:?} overflows", t.dims)))?;
-        if bytes > s.slice.size {
+        if bytes > s.size {
             return Err(bad(format!(
                 "{what} needs {bytes} bytes, its slice has {}",
-                s.slice.size
+                s.size
             )));
         }
     }
@@ -323,11 +356,73 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
             dilations,
             engine: c.algorithm.algo_id,
             knobs: c.algorithm.knobs.clone(),
+            fusion,
         },
         x: xs.slice,
         w: ws.slice,
         y: ys.slice,
         scratch: c.scratch,
+        fused,
+    })
+}
+
+/// What XLA's fused runner adds after the convolution
+/// (`RunGpuConvForwardActivation`, `GetCudnnFusedOperationGraph`), for an
+/// output `y` laid out as `layout` and convolution inputs of type `input`.
+fn fusion(c: &ConvolutionThunk, y: &ConvTensor, layout: Layout, input: i32) -> Result<ConvFusion> {
+    let activation = match c.activation_mode {
+        0 => Activation::None,
+        2 => Activation::Relu,
+        3 => Activation::Relu6,
+        7 => Activation::Elu,
+        8 => Activation::LeakyRelu(c.leakyrelu_alpha),
+        other => {
+            return Err(unsupported(format!(
+                "fused activation mode {other} (XLA's fused runner takes none, relu, relu6, elu \
+                 and leaky relu)"
+            )))
+        }
+    };
+    let (conv_scale, side_scale) = (c.conv_result_scale, c.side_input_scale);
+    if c.operands.len() < 4 && side_scale != 0.0 {
+        return Err(RuntimeError::invalid(format!(
+            "fused convolution with side-input scale {side_scale} and no side input"
+        )));
+    }
+    // XLA's `SideInputNeeded`: cuDNN's precompiled conv-add-bias-act
+    // kernels (identity and relu) take the add, the others only a scale.
+    let side_input = (matches!(activation, Activation::None | Activation::Relu)
+        || conv_scale != 1.0
+        || side_scale != 0.0)
+        .then_some((conv_scale, side_scale));
+    // The bias: [1, C, 1, 1(, 1)] in the output's layout, in the input's
+    // type (`BiasTypeForInputType` for floating point).
+    let mut dims = vec![1; y.dims.len()];
+    dims[1] = y.dims[1];
+    let strides = dense_strides(&dims, layout)
+        .ok_or_else(|| unsupported(format!("bias of dimensions {dims:?} overflows")))?;
+    if let Some(t) = c.operands[2].shape.as_ref().map(|s| s.element_type) {
+        if t.0 != input {
+            return Err(unsupported(format!(
+                "bias of element type {} against the input's {input} (XLA PrimitiveType)",
+                t.name().unwrap_or("unknown")
+            )));
+        }
+    }
+    // `GetConvActivationType`: f32 for half-precision inputs.
+    let activation_type = match input {
+        xla_type::F64 => xla_type::F64,
+        _ => xla_type::F32,
+    };
+    Ok(ConvFusion {
+        bias: ConvTensor {
+            dtype: input,
+            dims,
+            strides,
+        },
+        activation_type,
+        activation,
+        side_input,
     })
 }
 
@@ -402,6 +497,7 @@ mod tests {
             conv_result_scale: 1.0,
             side_input_scale: 0.0,
             activation_mode: 0,
+            leakyrelu_alpha: 0.0,
             has_serialized_graph: false,
         }
     }
@@ -540,8 +636,11 @@ mod tests {
         let e = load("c", &c).unwrap_err().to_string();
         assert!(e.contains("symmetric padding"), "{e}");
         let mut c = nhwc_forward();
-        c.kind = ConvKind::ForwardActivation;
-        assert!(load("c", &c).unwrap_err().to_string().contains("fused"));
+        c.kind = ConvKind::ForwardActivation; // without its bias operand
+        assert!(load("c", &c)
+            .unwrap_err()
+            .to_string()
+            .contains("fused convolution with 2 operands"));
         let mut c = nhwc_forward();
         c.conv_result_scale = 0.5;
         assert!(load("c", &c)
@@ -569,5 +668,97 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("window gives 8"));
+    }
+
+    /// The NHWC convolution fused with a bias f32[4] and `mode`, as XLA's
+    /// fused rewriter emits it (operands x, w, bias).
+    fn fused(mode: i32) -> ConvolutionThunk {
+        let mut c = nhwc_forward();
+        c.kind = ConvKind::ForwardActivation;
+        c.activation_mode = mode;
+        c.operands.push(slice(4, 16));
+        c
+    }
+
+    #[test]
+    fn a_fused_relu_gets_xlas_side_input_add_and_a_bias_in_the_output_layout() {
+        let r = load("fused.relu", &fused(2)).unwrap();
+        let f = r.spec.fusion.as_ref().unwrap();
+        assert_eq!(r.spec.op, ConvOp::Forward);
+        assert_eq!(f.activation, Activation::Relu);
+        // Relu (and identity) take cuDNN's conv-add-bias-act form: the add
+        // at scales 1 and 0, its side input y's own buffer.
+        assert_eq!(f.side_input, Some((1.0, 0.0)));
+        let run = r.fused.unwrap();
+        assert_eq!((run.bias.allocation, run.side_input.allocation), (4, 2));
+        // [1, C, 1, 1] with NHWC's strides.
+        assert_eq!(
+            (f.bias.dims.clone(), f.bias.strides.clone()),
+            (vec![1, 4, 1, 1], vec![4, 1, 4, 4])
+        );
+        assert_eq!(
+            (f.bias.dtype, f.activation_type),
+            (xla_type::F32, xla_type::F32)
+        );
+    }
+
+    #[test]
+    fn fused_activations_follow_xlas_runner() {
+        let mut c = fused(8);
+        c.leakyrelu_alpha = 0.25;
+        let f = load("c", &c).unwrap().spec.fusion.unwrap();
+        // Other activations drop the side-input add (XLA's SideInputNeeded).
+        assert_eq!(
+            (f.activation, f.side_input),
+            (Activation::LeakyRelu(0.25), None)
+        );
+        let f = load("c", &fused(0)).unwrap().spec.fusion.unwrap();
+        assert_eq!(
+            (f.activation, f.side_input),
+            (Activation::None, Some((1.0, 0.0)))
+        );
+        // A side input operand and its scale.
+        let mut c = fused(3);
+        c.operands.push(slice(5, 2 * 8 * 8 * 4 * 4));
+        c.side_input_scale = 0.5;
+        let r = load("c", &c).unwrap();
+        let f = r.spec.fusion.unwrap();
+        assert_eq!(
+            (f.activation, f.side_input),
+            (Activation::Relu6, Some((1.0, 0.5)))
+        );
+        assert_eq!(r.fused.unwrap().side_input.allocation, 5);
+        // bf16 convolutions do their pointwise math in f32.
+        let mut c = fused(2);
+        for s in [
+            &mut c.operand0_shape,
+            &mut c.operand1_shape,
+            &mut c.result_shape,
+        ] {
+            s.element_type = ElementType::BF16;
+        }
+        let f = load("c", &c).unwrap().spec.fusion.unwrap();
+        assert_eq!(
+            (f.bias.dtype, f.activation_type),
+            (xla_type::BF16, xla_type::F32)
+        );
+    }
+
+    #[test]
+    fn fused_convolutions_xlas_runner_refuses_are_refused() {
+        let e = load("c", &fused(1)).unwrap_err().to_string();
+        assert!(e.contains("fused activation mode 1"), "{e}");
+        let mut c = fused(2);
+        c.side_input_scale = 1.0;
+        let e = load("c", &c).unwrap_err().to_string();
+        assert!(e.contains("no side input"), "{e}");
+        let mut c = fused(2);
+        c.operands[2].slice.size = 8;
+        let e = load("c", &c).unwrap_err().to_string();
+        assert!(e.contains("bias needs 16 bytes, its slice has 8"), "{e}");
+        let mut c = fused(2);
+        c.operands.push(slice(5, 64));
+        let e = load("c", &c).unwrap_err().to_string();
+        assert!(e.contains("side input needs 2048 bytes"), "{e}");
     }
 }

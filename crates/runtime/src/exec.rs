@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use xla_vmm_device::blas::{GemmEngine, MatmulArgs, TrsmArgs};
-use xla_vmm_device::dnn::ConvArgs;
+use xla_vmm_device::dnn::{ConvArgs, FusedArgs};
 use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::{Backend, DevicePtr};
 
@@ -295,6 +295,13 @@ fn run_op<B: Backend>(
                 y: slots.resolve(&c.run.y)?,
                 workspace: slots.resolve(&c.run.scratch)?,
                 workspace_bytes: c.run.scratch.size,
+                fused: match &c.run.fused {
+                    Some(f) => Some(FusedArgs {
+                        side_input: slots.resolve(&f.side_input)?,
+                        bias: slots.resolve(&f.bias)?,
+                    }),
+                    None => None,
+                },
             };
             engine
                 .run_conv(c.plan, &args, stream)

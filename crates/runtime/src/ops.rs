@@ -118,7 +118,7 @@ pub enum Op<B: Backend> {
 }
 
 /// A loaded convolution: the buffers in their roles and the engine's plan.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ConvOpLoaded {
     pub run: crate::conv::ConvRun,
     pub plan: ConvPlanId,

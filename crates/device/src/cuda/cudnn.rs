@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use xla_vmm_ffi::cuda::cudnn as sys;
 
 use crate::blas::xla_type;
-use crate::dnn::{ConvArgs, ConvOp, ConvSpec, ConvTensor};
+use crate::dnn::{Activation, ConvArgs, ConvFusion, ConvOp, ConvSpec, ConvTensor};
 use crate::error::{DeviceError, Result};
 
 use sys::cudnnBackendAttributeName_t as A;
@@ -43,10 +43,18 @@ type Handle = *mut c_void;
 
 const LIB_NAMES: &[&str] = &["libcudnn.so.9", "libcudnn.so"];
 
-/// The unique ids XLA gives the three tensors: `'x'`, `'w'`, `'y'`.
+/// The unique ids XLA gives the tensors: `'x'`, `'w'`, `'y'`; a fused
+/// convolution's side input `'z'` and bias `'b'`, and its virtual tensors
+/// (the convolution's result `'C'`, the side-input sum `'A'`, the biased
+/// sum `'B'`).
 const UID_X: i64 = b'x' as i64;
 const UID_W: i64 = b'w' as i64;
 const UID_Y: i64 = b'y' as i64;
+const UID_Z: i64 = b'z' as i64;
+const UID_B: i64 = b'b' as i64;
+const UID_CONV: i64 = b'C' as i64;
+const UID_ADD: i64 = b'A' as i64;
+const UID_BIAS: i64 = b'B' as i64;
 
 /// The cuDNN entry points we call (C signatures of `cudnn_graph.h`; enums as
 /// `u32`, descriptors and handles as pointers).
@@ -239,6 +247,9 @@ pub struct ConvPlan {
     inner: Arc<Inner>,
     plan: Desc,
     workspace: u64,
+    /// None: unfused (x, w, y); else whether the side input z is a tensor
+    /// of the graph (x, w, z, b, y, or x, w, b, y).
+    fused_side_input: Option<bool>,
 }
 
 // SAFETY: a finalized plan descriptor is immutable; executions on it are
@@ -282,11 +293,34 @@ impl ConvPlan {
         }
         let api = &self.inner.api;
         let pack = Descriptor::new(api, D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-        let ptrs: [*mut c_void; 3] = [
-            args.x.0 as *mut c_void,
-            args.w.0 as *mut c_void,
-            args.y.0 as *mut c_void,
-        ];
+        let ptr = |p: crate::backend::DevicePtr| p.0 as *mut c_void;
+        // XLA's order: x, w, (z,) b, y for a fused convolution.
+        let mut ptrs = vec![ptr(args.x), ptr(args.w)];
+        let mut uids = vec![UID_X, UID_W];
+        match (self.fused_side_input, args.fused) {
+            (None, None) => {}
+            (Some(side), Some(f)) => {
+                if side {
+                    ptrs.push(ptr(f.side_input));
+                    uids.push(UID_Z);
+                }
+                ptrs.push(ptr(f.bias));
+                uids.push(UID_B);
+            }
+            (plan, run) => {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "convolution plan {} run {} bias / side-input buffers",
+                    if plan.is_some() {
+                        "fused, "
+                    } else {
+                        "unfused, "
+                    },
+                    if run.is_some() { "with" } else { "without" }
+                )))
+            }
+        }
+        ptrs.push(ptr(args.y));
+        uids.push(UID_Y);
         pack.set(
             A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
             T::CUDNN_TYPE_VOID_PTR,
@@ -295,7 +329,7 @@ impl ConvPlan {
         pack.set(
             A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
             T::CUDNN_TYPE_INT64,
-            &[UID_X, UID_W, UID_Y],
+            &uids,
         )?;
         pack.set(
             A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
@@ -348,6 +382,16 @@ impl Cudnn {
     }
 
     fn tensor(&self, t: &ConvTensor, uid: i64) -> Result<Descriptor<'_>> {
+        self.tensor_desc(t, uid, false)
+    }
+
+    /// A tensor of the graph only (no buffer): `t`'s dims and strides.
+    fn virtual_tensor(&self, t: &ConvTensor, dtype: i32, uid: i64) -> Result<Descriptor<'_>> {
+        let t = ConvTensor { dtype, ..t.clone() };
+        self.tensor_desc(&t, uid, true)
+    }
+
+    fn tensor_desc(&self, t: &ConvTensor, uid: i64, is_virtual: bool) -> Result<Descriptor<'_>> {
         let d = Descriptor::new(&self.inner.api, D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
         d.set(
             A::CUDNN_ATTR_TENSOR_DATA_TYPE,
@@ -370,16 +414,37 @@ impl Cudnn {
             T::CUDNN_TYPE_INT64,
             &[32i64],
         )?;
+        if is_virtual {
+            d.set(
+                A::CUDNN_ATTR_TENSOR_IS_VIRTUAL,
+                T::CUDNN_TYPE_BOOLEAN,
+                &[true],
+            )?;
+        }
         d.finalize()
     }
 
     /// Build the execution plan of `spec` (the device's context current).
     pub fn plan(&self, spec: &ConvSpec) -> Result<ConvPlan> {
         let api = &self.inner.api;
+        // XLA's creation order: x, y, (z,) w, (b and the virtual tensors).
         let x = self.tensor(&spec.x, UID_X)?;
         let y = self.tensor(&spec.y, UID_Y)?;
+        let z = match &spec.fusion {
+            Some(ConvFusion {
+                side_input: Some(_),
+                ..
+            }) => Some(self.tensor(&spec.y, UID_Z)?),
+            _ => None,
+        };
         let w = self.tensor(&spec.w, UID_W)?;
         let compute = data_type(spec.compute)?;
+        // A fused convolution writes a virtual tensor in the accumulator
+        // type, which the pointwise operations read.
+        let conv_out = match &spec.fusion {
+            Some(_) => Some(self.virtual_tensor(&spec.y, spec.compute, UID_CONV)?),
+            None => None,
+        };
         let conv = Descriptor::new(api, D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
         let mode = if spec.cross_correlation {
             sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION
@@ -463,7 +528,7 @@ impl Cudnn {
         let bd = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;
         op.set(ax, bd, &[x.raw])?;
         op.set(aw, bd, &[w.raw])?;
-        op.set(ay, bd, &[y.raw])?;
+        op.set(ay, bd, &[conv_out.as_ref().unwrap_or(&y).raw])?;
         op.set(ac, bd, &[conv.raw])?;
         if compute == sys::cudnnDataType_t::CUDNN_DATA_DOUBLE {
             op.set(aa, T::CUDNN_TYPE_DOUBLE, &[1.0f64])?;
@@ -473,9 +538,16 @@ impl Cudnn {
             op.set(ab, T::CUDNN_TYPE_FLOAT, &[0.0f32])?;
         }
         let op = op.finalize()?;
+        let mut ops = vec![op];
+        // The fused graph's other descriptors, kept until the plan is built.
+        let mut keep = Vec::new();
+        if let (Some(f), Some(conv_out)) = (&spec.fusion, &conv_out) {
+            self.fused_ops(f, &spec.y, conv_out, z.as_ref(), &y, &mut ops, &mut keep)?;
+        }
+        let op_raw: Vec<Desc> = ops.iter().map(|o| o.raw).collect();
 
         let graph = Descriptor::new(api, D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
-        graph.set(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, bd, &[op.raw])?;
+        graph.set(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, bd, &op_raw)?;
         graph.set(
             A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
             T::CUDNN_TYPE_HANDLE,
@@ -520,7 +592,172 @@ impl Cudnn {
             inner: self.inner.clone(),
             plan: raw,
             workspace,
+            fused_side_input: spec.fusion.as_ref().map(|f| f.side_input.is_some()),
         })
+    }
+
+    /// The pointwise operations XLA's fused runner puts after the
+    /// convolution (which wrote `conv_out`): the side-input add (alpha =
+    /// the convolution's scale, alpha2 = the side input's) when `z` is
+    /// there, the bias add, and the activation into `y` (the bias add
+    /// writes `y` itself when there is none). The operations go to `ops`,
+    /// the descriptors they refer to to `keep`.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_ops<'a>(
+        &'a self,
+        f: &ConvFusion,
+        y_tensor: &ConvTensor,
+        conv_out: &Descriptor<'a>,
+        z: Option<&Descriptor<'a>>,
+        y: &Descriptor<'a>,
+        ops: &mut Vec<Descriptor<'a>>,
+        keep: &mut Vec<Descriptor<'a>>,
+    ) -> Result<()> {
+        let prec = data_type(f.activation_type)?;
+        let b = self.tensor(&f.bias, UID_B)?;
+        let sum = self.virtual_tensor(y_tensor, f.activation_type, UID_ADD)?;
+        let biased = self.virtual_tensor(y_tensor, f.activation_type, UID_BIAS)?;
+        let side = match (z, f.side_input) {
+            (Some(z), Some((conv_scale, side_scale))) => {
+                let add = self.pointwise(None, prec)?;
+                // cudnn-frontend passes a pointwise op's alphas as FLOAT.
+                let scales = [conv_scale as f32, side_scale as f32];
+                ops.push(self.pointwise_op(&add, conv_out, Some(z), &sum, scales)?);
+                keep.push(add);
+                true
+            }
+            _ => false,
+        };
+        let bias_in = if side { &sum } else { conv_out };
+        let identity = f.activation == Activation::None;
+        let bias_out = if identity { y } else { &biased };
+        let bias_add = self.pointwise(None, prec)?;
+        ops.push(self.pointwise_op(&bias_add, bias_in, Some(&b), bias_out, [1.0, 1.0])?);
+        keep.push(bias_add);
+        if !identity {
+            let act = self.pointwise(Some(f.activation), prec)?;
+            ops.push(self.pointwise_op(&act, &biased, None, y, [1.0, 1.0])?);
+            keep.push(act);
+        }
+        keep.extend([b, sum, biased]);
+        Ok(())
+    }
+
+    /// A pointwise descriptor as cudnn-frontend's builder makes it: an add
+    /// (`act` None) or the activation, in precision `prec`; a relu with
+    /// NaN propagation, lower clip 0, upper clip (f32's largest value for
+    /// FLOAT math, else f64's, or 6) and lower-clip slope (0, or leaky
+    /// relu's); an elu with alpha 1.
+    fn pointwise(
+        &self,
+        act: Option<Activation>,
+        prec: sys::cudnnDataType_t,
+    ) -> Result<Descriptor<'_>> {
+        use sys::cudnnPointwiseMode_t as M;
+        let d = Descriptor::new(&self.inner.api, D::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
+        let mode = match act {
+            None => M::CUDNN_POINTWISE_ADD,
+            Some(Activation::Relu | Activation::Relu6 | Activation::LeakyRelu(_)) => {
+                M::CUDNN_POINTWISE_RELU_FWD
+            }
+            Some(Activation::Elu) => M::CUDNN_POINTWISE_ELU_FWD,
+            Some(Activation::None) => {
+                return Err(DeviceError::InvalidArgument(
+                    "an identity activation has no pointwise operation".into(),
+                ))
+            }
+        };
+        d.set(
+            A::CUDNN_ATTR_POINTWISE_MODE,
+            T::CUDNN_TYPE_POINTWISE_MODE,
+            &[mode as u32],
+        )?;
+        d.set(
+            A::CUDNN_ATTR_POINTWISE_MATH_PREC,
+            T::CUDNN_TYPE_DATA_TYPE,
+            &[prec as u32],
+        )?;
+        match act {
+            Some(a @ (Activation::Relu | Activation::Relu6 | Activation::LeakyRelu(_))) => {
+                let mut upper = if a == Activation::Relu6 {
+                    6.0
+                } else {
+                    f64::MAX
+                };
+                if prec == sys::cudnnDataType_t::CUDNN_DATA_FLOAT {
+                    upper = upper.min(f64::from(f32::MAX));
+                }
+                let slope = match a {
+                    Activation::LeakyRelu(s) => s,
+                    _ => 0.0,
+                };
+                d.set(
+                    A::CUDNN_ATTR_POINTWISE_NAN_PROPAGATION,
+                    T::CUDNN_TYPE_NAN_PROPOGATION,
+                    &[sys::cudnnNanPropagation_t::CUDNN_PROPAGATE_NAN as u32],
+                )?;
+                d.set(
+                    A::CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP,
+                    T::CUDNN_TYPE_DOUBLE,
+                    &[0.0f64],
+                )?;
+                d.set(
+                    A::CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP,
+                    T::CUDNN_TYPE_DOUBLE,
+                    &[upper],
+                )?;
+                d.set(
+                    A::CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE,
+                    T::CUDNN_TYPE_DOUBLE,
+                    &[slope],
+                )?;
+            }
+            Some(Activation::Elu) => d.set(
+                A::CUDNN_ATTR_POINTWISE_ELU_ALPHA,
+                T::CUDNN_TYPE_DOUBLE,
+                &[1.0f64],
+            )?,
+            _ => {}
+        }
+        d.finalize()
+    }
+
+    /// A pointwise operation: its descriptor, x, y, the two alphas (FLOAT)
+    /// and, for an add, b.
+    fn pointwise_op<'a>(
+        &'a self,
+        pw: &Descriptor<'a>,
+        x: &Descriptor<'a>,
+        b: Option<&Descriptor<'a>>,
+        y: &Descriptor<'a>,
+        alphas: [f32; 2],
+    ) -> Result<Descriptor<'a>> {
+        let bd = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;
+        let op = Descriptor::new(
+            &self.inner.api,
+            D::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+        )?;
+        op.set(
+            A::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
+            bd,
+            &[pw.raw],
+        )?;
+        op.set(A::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, bd, &[x.raw])?;
+        op.set(A::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, bd, &[y.raw])?;
+        op.set(
+            A::CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1,
+            T::CUDNN_TYPE_FLOAT,
+            &alphas[..1],
+        )?;
+        op.set(
+            A::CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2,
+            T::CUDNN_TYPE_FLOAT,
+            &alphas[1..],
+        )?;
+        if let Some(b) = b {
+            op.set(A::CUDNN_ATTR_OPERATION_POINTWISE_BDESC, bd, &[b.raw])?;
+        }
+        op.finalize()
     }
 
     /// XLA's engine config: when any recorded knob is one the engine
