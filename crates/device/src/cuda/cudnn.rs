@@ -141,6 +141,8 @@ impl Api {
 struct Descriptor<'a> {
     api: &'a Api,
     raw: Desc,
+    /// Its type, named in errors.
+    kind: D,
 }
 
 impl<'a> Descriptor<'a> {
@@ -150,7 +152,7 @@ impl<'a> Descriptor<'a> {
         api.check("cudnnBackendCreateDescriptor", unsafe {
             (api.desc_create)(kind as u32, &mut raw)
         })?;
-        Ok(Descriptor { api, raw })
+        Ok(Descriptor { api, raw, kind })
     }
 
     /// Set `name` to `values` (elements of the attribute type `ty`).
@@ -159,7 +161,7 @@ impl<'a> Descriptor<'a> {
         // names (the callers pair them: i64 for INT64, f32 for FLOAT, u32
         // enums, descriptor pointers for BACKEND_DESCRIPTOR); cuDNN copies
         // them before returning.
-        self.api.check("cudnnBackendSetAttribute", unsafe {
+        let s = unsafe {
             (self.api.set_attribute)(
                 self.raw,
                 name as u32,
@@ -167,15 +169,37 @@ impl<'a> Descriptor<'a> {
                 values.len() as i64,
                 values.as_ptr().cast(),
             )
-        })
+        };
+        self.api
+            .check("cudnnBackendSetAttribute", s)
+            .map_err(|e| self.name(e, Some(name)))
     }
 
     fn finalize(self) -> Result<Self> {
         // SAFETY: a descriptor of ours, not yet finalized.
-        self.api.check("cudnnBackendFinalize", unsafe {
-            (self.api.finalize)(self.raw)
-        })?;
+        let s = unsafe { (self.api.finalize)(self.raw) };
+        self.api
+            .check("cudnnBackendFinalize", s)
+            .map_err(|e| self.name(e, None))?;
         Ok(self)
+    }
+
+    /// `e` with this descriptor's type (and the attribute) in its message.
+    fn name(&self, e: DeviceError, attr: Option<A>) -> DeviceError {
+        match e {
+            DeviceError::Driver {
+                call, code, name, ..
+            } => DeviceError::Driver {
+                call,
+                code,
+                name,
+                message: match attr {
+                    Some(a) => format!("{:?} {a:?}", self.kind),
+                    None => format!("{:?}", self.kind),
+                },
+            },
+            e => e,
+        }
     }
 
     fn get_i64(&self, name: A) -> Result<i64> {
