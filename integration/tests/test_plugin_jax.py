@@ -385,10 +385,15 @@ def cases():
     ]
 
 def run(dev):
+    import re
     for name, fn, *args in cases():
         try:
-            out = jax.jit(fn)(*(jax.device_put(a, dev) for a in args))
-            leaves = jax.tree.leaves(out)
+            args = [jax.device_put(a, dev) for a in args]
+            f = jax.jit(fn)
+            # The cuDNN custom calls XLA made of the program (conv kinds), from its optimized HLO.
+            kinds = sorted(set(re.findall(r'__cudnn\$(\w+)', f.lower(*args).compile().as_text())))
+            print("#kinds", name, ",".join(kinds), flush=True)
+            leaves = jax.tree.leaves(f(*args))
             print(name, "".join(np.asarray(l).tobytes().hex() for l in leaves), flush=True)
         except Exception as e:  # noqa: BLE001
             print(name, "UNSUPPORTED", str(e).replace(chr(10), " ")[:300], flush=True)
@@ -404,9 +409,13 @@ def test_convolutions_run_on_our_runtime_bit_identical_to_stock():
     stock_env = dict(flags, JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false")
     runs = [_python(CONV_CASES + "\nrun(jax.devices('cuda')[0])\n", stock_env) for _ in range(2)]
     ours = _python(CHILD_SETUP + CONV_CASES + "\nrun(d)\n", flags)
-    parse = lambda out: dict(ln.split(" ", 1) for ln in out.splitlines() if " " in ln)
+    parse = lambda out: dict(ln.split(" ", 1) for ln in out.splitlines() if " " in ln and ln[0] != "#")
     s0, s1, got = parse(runs[0]), parse(runs[1]), parse(ours)
     assert set(got) == set(s0), (sorted(got), sorted(s0))
+    kinds = {k for ln in ours.splitlines() if ln.startswith("#kinds ") for k in ln.split(" ")[2:3][0].split(",") if k}
+    print("cuDNN custom calls in the programs:", sorted(kinds))
+    # Every kind our runtime runs is among the cases.
+    assert {"convForward", "convBackwardInput", "convBackwardFilter", "convBiasActivationForward"} <= kinds, kinds
     refused = {k: v for k, v in got.items() if v.startswith("UNSUPPORTED")}
     print("refused by our runtime:", refused)
     print("stock not reproducing itself:", [k for k in s0 if s0[k] != s1[k]])
@@ -418,17 +427,22 @@ def test_convolutions_run_on_our_runtime_bit_identical_to_stock():
 
 
 def test_an_op_our_runtime_lacks_is_a_python_error_under_strict():
-    """A convolution fused with bias and relu (cuDNN's forward-activation kind, which our runtime
-    does not run, where XLA fuses it): under strict a clear error naming it, not a dead process;
-    the client keeps working."""
-    x = jax.device_put(rand((1, 3, 8, 8)), VMM)
-    w = jax.device_put(rand((4, 3, 3, 3)), VMM)
-    b = jax.device_put(rand((1, 4, 1, 1)), VMM)
+    """Host-offloaded compute (`compute_on("device_host")`: a host_execute thunk, which runs a program
+    XLA compiled for the CPU and our runtime does not run): under strict a clear error naming it, not a
+    dead process; the client keeps working."""
+    from jax.experimental.compute_on import compute_on
+
+    @compute_on(compute_type="device_host", out_memory_spaces=jax.memory.Space.Device)
+    def on_host(v):
+        return v * 2
+
+    x = jax.device_put(np.arange(8, dtype=np.float32), VMM)
     try:
-        y = jax.jit(lambda x, w, b: jax.nn.relu(jax.lax.conv(x, w, (1, 1), "SAME") + b))(x, w, b)
-        np.asarray(y)  # allowed to work, where XLA does not fuse it
+        np.asarray(jax.jit(lambda v: on_host(v) * 3)(x))
     except Exception as e:  # noqa: BLE001
-        assert "convolution" in str(e) or "unsupported" in str(e), str(e)
+        assert "host_execute" in str(e), str(e)
+    else:
+        raise AssertionError("a host_execute program ran under XLA_VMM_STRICT=1")
     assert float(jax.jit(lambda v: v * 3)(jax.device_put(np.float32(2), VMM))) == 6.0
 
 
