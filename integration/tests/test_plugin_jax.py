@@ -391,7 +391,7 @@ def run(dev):
             args = [jax.device_put(a, dev) for a in args]
             f = jax.jit(fn)
             # The cuDNN custom calls XLA made of the program (conv kinds), from its optimized HLO.
-            kinds = sorted(set(re.findall(r'__cudnn\$(\w+)', f.lower(*args).compile().as_text())))
+            kinds = sorted(set(re.findall(r'__cudnn\\$(\\w+)', f.lower(*args).compile().as_text())))
             print("#kinds", name, ",".join(kinds), flush=True)
             leaves = jax.tree.leaves(f(*args))
             print(name, "".join(np.asarray(l).tobytes().hex() for l in leaves), flush=True)
