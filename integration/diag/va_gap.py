@@ -95,6 +95,9 @@ def timing_rows(vmm, out, model, steps):
         if only and row not in only:
             continue
         env = dict(os.environ, **TIMING_ENV)
+        # VA_GAP_LOG: another log filter (it must keep the step timing's xla_vmm_runtime=debug), e.g.
+        # with xla_vmm_device::vmm=trace for every allocation, in step order with the timed steps.
+        env["XLA_VMM_LOG"] = os.environ.get("VA_GAP_LOG", env["XLA_VMM_LOG"])
         env.pop("XLA_VMM_TMP_COPY_THRESHOLD", None)
         if path == "cli":
             argv = [vmm, "run", os.path.join(out, model + ".pjrt"), "--inputs",
