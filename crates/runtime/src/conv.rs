@@ -2,9 +2,11 @@
 //! (`gpu_conv_runner.cc` `GetGpuConvConfig`, `stream_executor` `dnn.cc`
 //! descriptors): which buffers are x, w and y for the thunk's kind, their
 //! cuDNN dimensions in logical order with the strides of their XLA layout,
-//! and the window. What XLA's runner refuses is refused here, with the
-//! reason; a geometry that does not add up (which would mean we read the
-//! descriptor wrong) is an error too, never a guess.
+//! the window, and for the fused kind (`cudnn-conv-bias-activation`) what
+//! XLA's fused runner adds after the convolution: the side-input add where
+//! it takes one, the bias, the activation. What XLA's runner refuses is
+//! refused here, with the reason; a geometry that does not add up (which
+//! would mean we read the descriptor wrong) is an error too, never a guess.
 
 use xla_vmm::{ConvKind, ConvolutionThunk, ElementType, Shape, Slice};
 use xla_vmm_device::blas::xla_type;

@@ -19,6 +19,15 @@
 //!   engine supports, -1 where none was recorded, when any was), the plan
 //!   (its engine config, and the handle).
 //!
+//! A fused convolution (XLA's `GetCudnnFusedOperationGraph`) adds the side
+//! input z (y's dims, strides and type, only where the side-input add is
+//! part of the graph), the bias b and the virtual tensors C, A and B (each
+//! with `IS_VIRTUAL`); the convolution writes C instead of y, then come the
+//! pointwise operations (mode, math precision and, for relu, NaN
+//! propagation and clips; x, y, the two alphas as FLOAT, b for an add): the
+//! side-input add C, z -> A, the bias add -> y or B, the activation B -> y.
+//! Its variant pack is x, w, (z,) b, y.
+//!
 //! The library (`libcudnn.so.9`) is found where cuBLASLt is looked for,
 //! plus the `nvidia-cudnn` wheel's `nvidia/cudnn/lib`; it is loaded the
 //! first time a program with a convolution is loaded. Every handle and
