@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use xla_vmm::*;
-use xla_vmm_device::blas::{xla_type, Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs};
+use xla_vmm_device::blas::{xla_type, GemmEngine};
 use xla_vmm_device::dnn::{Activation, ConvArgs, ConvOp, ConvPlanId, ConvSpec, ConvTensor};
-use xla_vmm_device::error::{DeviceError, Result as DeviceResult};
+use xla_vmm_device::error::Result as DeviceResult;
 use xla_vmm_device::host::HostStream;
 use xla_vmm_device::{Backend, DevicePtr, HostBackend};
 use xla_vmm_runtime::{DeviceBuffer, Executable, Mode};
@@ -44,24 +44,7 @@ fn at(v: &[f32], t: &ConvTensor, idx: [i64; 4]) -> f32 {
 }
 
 impl GemmEngine<HostBackend> for HostConv {
-    fn prepare(
-        &self,
-        _: &GemmConfig,
-        _: Epilogue,
-        _: usize,
-        _: usize,
-        _: u64,
-    ) -> DeviceResult<GemmPlanId> {
-        Err(DeviceError::Unsupported("matmul".into()))
-    }
-
-    fn workspace_needed(&self, _: GemmPlanId) -> DeviceResult<u64> {
-        Ok(0)
-    }
-
-    fn run(&self, _: GemmPlanId, _: &MatmulArgs, _: &HostStream) -> DeviceResult<()> {
-        Err(DeviceError::Unsupported("matmul".into()))
-    }
+    no_matmul!();
 
     fn prepare_conv(&self, spec: &ConvSpec) -> DeviceResult<ConvPlanId> {
         let mut specs = self.specs.lock().unwrap();

@@ -11,9 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use xla_vmm::*;
-use xla_vmm_device::blas::{
-    Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs, Transpose, TrsmArgs, TrsmSpec,
-};
+use xla_vmm_device::blas::{GemmEngine, Transpose, TrsmArgs, TrsmSpec};
 use xla_vmm_device::error::{DeviceError, Result as DeviceResult};
 use xla_vmm_device::host::HostStream;
 use xla_vmm_device::{Backend, DevicePtr, HostBackend};
@@ -51,24 +49,7 @@ impl HostSolver {
 }
 
 impl GemmEngine<HostBackend> for HostSolver {
-    fn prepare(
-        &self,
-        _: &GemmConfig,
-        _: Epilogue,
-        _: usize,
-        _: usize,
-        _: u64,
-    ) -> DeviceResult<GemmPlanId> {
-        Err(DeviceError::Unsupported("matmul".into()))
-    }
-
-    fn workspace_needed(&self, _: GemmPlanId) -> DeviceResult<u64> {
-        Ok(0)
-    }
-
-    fn run(&self, _: GemmPlanId, _: &MatmulArgs, _: &HostStream) -> DeviceResult<()> {
-        Err(DeviceError::Unsupported("matmul".into()))
-    }
+    no_matmul!();
 
     fn prepare_trsm(&self, spec: &TrsmSpec) -> DeviceResult<()> {
         if spec.dtype == xla_vmm_device::blas::xla_type::F32 {

@@ -182,3 +182,44 @@ pub fn kernel(name: &str, args: Vec<(Slice, bool)>, n: Option<u32>, grid: u64) -
         }),
     )
 }
+
+/// The matmul half of `GemmEngine` for a host engine that runs none (one
+/// that only solves or convolves): expands inside its
+/// `impl GemmEngine<HostBackend>`.
+#[allow(unused_macros)] // only the engines' test files use it
+macro_rules! no_matmul {
+    () => {
+        fn prepare(
+            &self,
+            _: &xla_vmm_device::blas::GemmConfig,
+            _: xla_vmm_device::blas::Epilogue,
+            _: usize,
+            _: usize,
+            _: u64,
+        ) -> xla_vmm_device::error::Result<xla_vmm_device::blas::GemmPlanId> {
+            Err(xla_vmm_device::error::DeviceError::Unsupported(
+                "matmul".into(),
+            ))
+        }
+
+        fn workspace_needed(
+            &self,
+            _: xla_vmm_device::blas::GemmPlanId,
+        ) -> xla_vmm_device::error::Result<u64> {
+            Ok(0)
+        }
+
+        fn run(
+            &self,
+            _: xla_vmm_device::blas::GemmPlanId,
+            _: &xla_vmm_device::blas::MatmulArgs,
+            _: &xla_vmm_device::host::HostStream,
+        ) -> xla_vmm_device::error::Result<()> {
+            Err(xla_vmm_device::error::DeviceError::Unsupported(
+                "matmul".into(),
+            ))
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use no_matmul;
