@@ -284,9 +284,6 @@ class SliceRunner(unittest.TestCase):
             self.assertFalse(os.path.exists(log) or os.path.exists(skip))
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class FfiRegistrationTest(unittest.TestCase):
     """The package's hand-over of jaxlib's FFI handlers to the plugin (`_Ffi`, `_forward_registrations`),
@@ -355,3 +352,55 @@ class FfiRegistrationTest(unittest.TestCase):
                 sys.modules.pop(m, None)
         self.assertEqual([a[0] for a in seen], ["mine", "legacy"])
         self.assertEqual(self.calls, [("handler", "mine", 0x4000, None, 0)])
+
+
+class HostComputeRegistrationTest(unittest.TestCase):
+    """The package's CPU compiler for host-offloaded compute (`_host_compute`): what it hands the
+    plugin library, and that its two C callbacks answer every failure with a message instead of
+    raising into C."""
+
+    def setUp(self):
+        self.hc = importlib.import_module(fresh_package().__name__ + "._host_compute")
+        self.hc._instance = None
+        self.calls = []
+        test = self
+
+        def register(load, run):
+            test.calls.append((load.value, run.value))
+            return 0
+
+        # A plain function (ctypes sets restype / argtypes on it, as on a CDLL's).
+        self.lib = types.SimpleNamespace(xla_vmm_host_compute_register=register)
+
+    def test_two_callbacks_are_registered_and_kept_alive(self):
+        self.assertTrue(self.hc.register(self.lib))
+        [(load, run)] = self.calls
+        self.assertTrue(load and run and load != run)
+        self.assertEqual(load, ctypes_address(self.hc._instance.load_fn))
+        self.assertFalse(self.hc.register(object()))  # a library without the entry point
+
+    def test_callback_failures_come_back_as_messages(self):
+        import ctypes
+
+        self.hc.register(self.lib)
+        load = self.hc.LOAD(self.calls[0][0])
+        run = self.hc.RUN(self.calls[0][1])
+        err = ctypes.create_string_buffer(64)
+        module = b"not an HloModuleProto"
+        handle = ctypes.c_uint64(0)
+        self.assertNotEqual(load(module, len(module), None, 0, ctypes.byref(handle), err, 64), 0)
+        self.assertTrue(err.value, "no message")
+        err = ctypes.create_string_buffer(64)
+        self.assertNotEqual(run(12345, None, 0, 0, err, 64), 0)
+        self.assertIn(b"no host computation 12345", err.value)
+        self.assertLess(len(err.value), 64)
+
+
+def ctypes_address(fn):
+    import ctypes
+
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -53,6 +53,7 @@ pub mod executable;
 pub mod execute;
 pub mod execute_context;
 pub mod handles;
+pub mod host_compute;
 pub mod kv;
 pub mod options;
 mod plugin;

@@ -913,13 +913,21 @@ impl CustomCallRegistry for Registry {
         }
         Ok(Some(Arc::new(call)))
     }
+
+    fn bind_host_program(
+        &self,
+        program: &xla_vmm::HostExecuteStartThunk,
+        name: &str,
+    ) -> Result<Option<Arc<dyn xla_vmm_runtime::HostProgram>>, String> {
+        Ok(crate::host_compute::bind(program, name))
+    }
 }
 
 // ---- registration from Python (ctypes) -------------------------------------------
 
 /// Run an exported function's body: null, or its error (or panic) as a C
 /// string to free with `xla_vmm_stats_free`.
-fn exported(body: impl FnOnce() -> Result<(), String>) -> *mut c_char {
+pub(crate) fn exported(body: impl FnOnce() -> Result<(), String>) -> *mut c_char {
     let r = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| Err("panic in xla-vmm".into()));
     match r {
         Ok(()) => std::ptr::null_mut(),

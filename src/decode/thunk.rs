@@ -14,9 +14,9 @@ use crate::plan::{
     thunk_kind_name, AsyncStartThunk, ConditionalThunk, ConvAlgorithm, ConvDims, ConvKind,
     ConvolutionThunk, CopyThunk, CublasLtMatmulThunk, CustomCallThunk, CustomKernelThunk, Dim3,
     DsfOffset, DsfParameter, DsfResult, DynamicSliceConfig, DynamicSliceFusionThunk,
-    ExecutionStream, GemmConfig, GemmThunk, KernelArg, KernelCode, KernelParam, KernelSpec,
-    KernelThunk, LaunchDims, MatrixLayout, OffsetExpr, SolveTranspose, Thunk, ThunkInfo, ThunkKind,
-    TmaDescriptor, TriangularSolveThunk, WhileThunk, WindowDim,
+    ExecutionStream, GemmConfig, GemmThunk, HostExecuteStartThunk, KernelArg, KernelCode,
+    KernelParam, KernelSpec, KernelThunk, LaunchDims, MatrixLayout, OffsetExpr, SolveTranspose,
+    Thunk, ThunkInfo, ThunkKind, TmaDescriptor, TriangularSolveThunk, WhileThunk, WindowDim,
 };
 use crate::proto::stream_executor::{
     self as se, gpu::TmaMetadataProto, kernel_loader_spec_proto::Payload,
@@ -260,6 +260,33 @@ fn kind_of(
             allocs,
             p,
         )?),
+        16 => {
+            let m: pg::HostExecuteStartThunkProto =
+                decode_msg(data, "HostExecuteStartThunkProto", p)?;
+            let exe = m
+                .executable_proto
+                .ok_or_else(|| invalid(format!("{p}: host execute without executable_proto")))?;
+            let shaped = |v: &[px::ShapedSliceProto], what: &'static str| {
+                v.iter()
+                    .map(|s| allocs.shaped(s, &ctx(what)))
+                    .collect::<Result<Vec<_>, _>>()
+            };
+            ThunkKind::HostExecuteStart(Box::new(HostExecuteStartThunk {
+                hlo_module: exe.hlo_module.into(),
+                executable_type: exe.executable_type,
+                aot_result: exe.aot_compilation_result.map(crate::plan::Blob::from),
+                args: shaped(&m.args, "arg")?,
+                results: shaped(&m.results, "result")?,
+                async_events_unique_id: m.async_events_unique_id,
+            }))
+        }
+        17 => {
+            let m: pg::HostExecuteDoneThunkProto =
+                decode_msg(data, "HostExecuteDoneThunkProto", p)?;
+            ThunkKind::HostExecuteDone {
+                async_events_unique_id: m.async_events_unique_id,
+            }
+        }
         58 => {
             let m: pg::AsyncDoneThunkProto = decode_msg(data, "AsyncDoneThunkProto", p)?;
             ThunkKind::AsyncDone {

@@ -34,8 +34,8 @@ pub use shape::{ElementType, ProgramShape, Shape, HOST_MEMORY_SPACE};
 pub use thunk::{
     AsyncStartThunk, ConditionalThunk, CopyThunk, CublasLtMatmulThunk, CustomCallThunk,
     CustomKernelThunk, DsfOffset, DsfParameter, DsfResult, DynamicSliceConfig,
-    DynamicSliceFusionThunk, ExecutionStream, GemmThunk, KernelThunk, OffsetExpr, SolveTranspose,
-    Thunk, ThunkInfo, ThunkKind, TriangularSolveThunk, WhileThunk,
+    DynamicSliceFusionThunk, ExecutionStream, GemmThunk, HostExecuteStartThunk, KernelThunk,
+    OffsetExpr, SolveTranspose, Thunk, ThunkInfo, ThunkKind, TriangularSolveThunk, WhileThunk,
 };
 pub use walk::Nested;
 

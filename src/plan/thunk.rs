@@ -78,6 +78,13 @@ pub enum ThunkKind {
     AsyncDone { async_execution_id: u64 },
     /// `custom_call_thunk` (30).
     CustomCall(CustomCallThunk),
+    /// `host_execute_start_thunk` (16): host-offloaded compute
+    /// (`compute_on("device_host")`), a program compiled for the host that
+    /// reads `args` and writes `results`.
+    HostExecuteStart(Box<HostExecuteStartThunk>),
+    /// `host_execute_done_thunk` (17): later work waits for the results of
+    /// the start with the same `async_events_unique_id`.
+    HostExecuteDone { async_events_unique_id: u64 },
     /// `all_gather_thunk` (38), `all_reduce_thunk` (39),
     /// `reduce_scatter_thunk` (40), `all_to_all_thunk` (41),
     /// `collective_permute_thunk` (43), `collective_broadcast_thunk` (46).
@@ -294,6 +301,26 @@ pub struct CustomCallThunk {
     pub attributes: super::FfiAttrs,
     pub called_computation: Option<String>,
     pub use_pdl: bool,
+}
+
+/// `HostExecuteStartThunkProto` with its `HostOffloadingExecutableProto`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HostExecuteStartThunk {
+    /// `hlo_module`: the host computation as its own `xla.HloModuleProto`
+    /// (its bytes; XLA extracts it from the program, with the program's
+    /// entry layouts and no alias config).
+    pub hlo_module: Blob,
+    /// `executable_type`: 1 PJRT, 2 NanoRt (what XLA's GPU compiler emits).
+    pub executable_type: i32,
+    /// `aot_compilation_result`: XLA:CPU's ahead-of-time compile of the
+    /// module (an `xla.cpu.CompilationResultProto`: native code for the
+    /// compiling host, the code XLA's own host thunk runs), when present.
+    pub aot_result: Option<Blob>,
+    /// One per leaf of each operand, in operand order.
+    pub args: Vec<ShapedSlice>,
+    /// One per leaf of the result.
+    pub results: Vec<ShapedSlice>,
+    pub async_events_unique_id: u64,
 }
 
 /// `DynamicSliceFusionThunkProto`: run `embedded` thunks against synthetic

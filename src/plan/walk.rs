@@ -55,6 +55,8 @@ impl ThunkKind {
             ThunkKind::AsyncStart(_) => "async_start",
             ThunkKind::AsyncDone { .. } => "async_done",
             ThunkKind::CustomCall(_) => "custom_call",
+            ThunkKind::HostExecuteStart(_) => "host_execute_start",
+            ThunkKind::HostExecuteDone { .. } => "host_execute_done",
             ThunkKind::Collective(c) if c.from_collective_kernel => "collective_kernel",
             ThunkKind::Collective(c) => c.op.name(),
             ThunkKind::ReplicaId { .. } => "replica_id",
@@ -219,6 +221,10 @@ impl Thunk {
                     shaped(&mut out, s, Access::Write);
                 }
             }
+            ThunkKind::HostExecuteStart(h) => {
+                out.extend(h.args.iter().map(|s| (s.slice, Access::Read)));
+                out.extend(h.results.iter().map(|s| (s.slice, Access::Overwrite)));
+            }
             ThunkKind::Collective(c) => collective_uses(c, &mut out),
             ThunkKind::ReplicaId { dest } | ThunkKind::PartitionId { dest } => {
                 out.push((*dest, Access::Overwrite))
@@ -226,6 +232,7 @@ impl Thunk {
             ThunkKind::Sequential { .. }
             | ThunkKind::AsyncStart(_)
             | ThunkKind::AsyncDone { .. }
+            | ThunkKind::HostExecuteDone { .. }
             | ThunkKind::Unsupported { .. } => {}
         }
         out

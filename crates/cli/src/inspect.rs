@@ -1,6 +1,7 @@
 //! `xla-vmm inspect FILE [--json] [--time N]`: decode a serialized XLA GPU
 //! executable and summarize it (allocations by role, thunk tree, kinds,
-//! unsupported thunks).
+//! unsupported thunks). `--host-modules DIR` writes the HLO module of each
+//! host-offloaded computation (`host_execute_start`) to DIR.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -22,6 +23,11 @@ pub struct Args {
     /// Also decode the file N times and report the decode time.
     #[arg(long, value_name = "N")]
     time: Option<u32>,
+    /// Write the `xla.HloModuleProto` of each host-offloaded computation to
+    /// DIR/THUNK_NAME.hlo.pb (and XLA:CPU's compile of it, when the
+    /// executable carries one, to DIR/THUNK_NAME.cpu_aot.pb).
+    #[arg(long, value_name = "DIR")]
+    host_modules: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -30,6 +36,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let plan =
         xla_vmm::decode(&bytes).with_context(|| format!("decoding {}", args.file.display()))?;
     let first = start.elapsed();
+    if let Some(dir) = &args.host_modules {
+        write_host_modules(&plan, dir)?;
+    }
     let timing = match args.time {
         Some(n) if n > 0 => Some(time_decode(&bytes, n)?),
         _ => None,
@@ -57,6 +66,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn write_host_modules(plan: &Plan, dir: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut err = None;
+    plan.walk(&mut |t, _| {
+        if let (ThunkKind::HostExecuteStart(h), None) = (&t.kind, &err) {
+            let name: String = t
+                .info
+                .profile_annotation
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let mut files = vec![(format!("{name}.hlo.pb"), &*h.hlo_module)];
+            if let Some(aot) = &h.aot_result {
+                files.push((format!("{name}.cpu_aot.pb"), &**aot));
+            }
+            for (file, bytes) in files {
+                let path = dir.join(file);
+                if let Err(e) = std::fs::write(&path, bytes) {
+                    err = Some(anyhow::anyhow!("writing {}: {e}", path.display()));
+                }
+            }
+        }
+    });
+    err.map_or(Ok(()), Err)
 }
 
 struct Timing {
@@ -355,6 +396,21 @@ fn detail(t: &Thunk) -> String {
             m.d.slice.allocation, m.d.slice.offset, m.algorithm_idx
         ),
         ThunkKind::CustomCall(c) => format!(" target {}", c.target_name),
+        ThunkKind::HostExecuteStart(h) => format!(
+            " id {} args {} results {} module {}{}",
+            h.async_events_unique_id,
+            h.args.len(),
+            h.results.len(),
+            human(h.hlo_module.len() as u64),
+            if h.aot_result.is_some() {
+                " (+ XLA:CPU AOT result)"
+            } else {
+                ""
+            }
+        ),
+        ThunkKind::HostExecuteDone {
+            async_events_unique_id,
+        } => format!(" id {async_events_unique_id}"),
         ThunkKind::Convolution(c) => format!(
             " {:?} {} -> {} engine {} ({} knobs)",
             c.kind,

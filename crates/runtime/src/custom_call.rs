@@ -81,6 +81,18 @@ pub trait CustomCallRegistry: Send + Sync {
     /// Bind `site` to the handler registered for its target; `Ok(None)`
     /// when there is none.
     fn bind(&self, site: &CallSite<'_>) -> Result<Option<Arc<dyn BoundCall>>, String>;
+
+    /// The host-offloaded computation of host-execute thunk `name` (its
+    /// HLO module, and XLA:CPU's compile of it when the executable carries
+    /// one), ready to run on the CPU ([`crate::host_execute`]); `Ok(None)`
+    /// when this registry has no CPU compiler.
+    fn bind_host_program(
+        &self,
+        _program: &xla_vmm::HostExecuteStartThunk,
+        _name: &str,
+    ) -> Result<Option<Arc<dyn crate::host_execute::HostProgram>>, String> {
+        Ok(None)
+    }
 }
 
 /// The typed-FFI custom call API version (`API_VERSION_TYPED_FFI`).

@@ -284,6 +284,15 @@ fn run_op<B: Backend>(
             be.memset_d32(slots.resolve(dst)?, v, 1, stream)?;
         }
         Op::CustomCall(c) => run_custom_call(env, c, slots, stream)?,
+        Op::HostExecute(h) => {
+            if env.capturing {
+                return Err(RuntimeError::unsupported(format!(
+                    "host compute '{}' cannot be captured into a graph",
+                    h.name
+                )));
+            }
+            crate::host_execute::run(be, h, slots, stream)?
+        }
         Op::Trsm(t) => run_trsm(env, t, slots, stream)?,
         Op::Conv(c) => {
             let engine = env
@@ -550,6 +559,10 @@ pub(crate) fn capture_blocker<B: Backend>(
         Op::Trsm(t) => Some(format!(
             "triangular solve {} runs through the BLAS library (XLA keeps the thunk out of its command buffers too)",
             t.name
+        )),
+        Op::HostExecute(h) => Some(format!(
+            "host compute {} runs on the host between device work (XLA keeps the host-execute thunks out of its command buffers too)",
+            h.name
         )),
         Op::CustomCall(c) if !c.call.graph_compatible() => Some(format!(
             "custom call '{}' ({}) has an FFI handler that is not command-buffer compatible",

@@ -32,6 +32,7 @@ pub mod error;
 pub mod exec;
 pub mod executable;
 pub mod gemm;
+pub mod host_execute;
 pub mod npz;
 pub mod ops;
 pub mod program;
@@ -46,6 +47,7 @@ pub use custom_call::{
 };
 pub use error::{Result, RuntimeError};
 pub use executable::{Executable, Mode, Output};
+pub use host_execute::{HostArray, HostArrayMut, HostProgram};
 pub use program::Program;
 pub use slots::{DeviceBuffer, SlotTable};
 pub use xla_vmm_policy::Threshold;

@@ -115,6 +115,8 @@ pub enum Op<B: Backend> {
     Trsm(Box<TrsmOp>),
     /// A cuDNN convolution, its execution plan built at load.
     Conv(Box<ConvOpLoaded>),
+    /// Host-offloaded compute ([`crate::host_execute`]).
+    HostExecute(Box<crate::host_execute::HostExecuteOp>),
 }
 
 /// A loaded convolution: the buffers in their roles and the engine's plan.
@@ -641,6 +643,33 @@ impl<B: Backend> LoadCtx<'_, B> {
                     results: call_operands(&c.results, "result")?,
                 }))
             }
+            ThunkKind::HostExecuteStart(h) => {
+                let (args, results, staging_bytes) =
+                    crate::host_execute::leaves(&h.args, &h.results)?;
+                let registry = self.custom_calls.ok_or_else(|| {
+                    RuntimeError::unsupported(
+                        "host compute: this runtime was loaded without a host-program source",
+                    )
+                })?;
+                let program = registry
+                    .bind_host_program(h, &t.info.profile_annotation)
+                    .map_err(|e| RuntimeError::unsupported(format!("host compute: {e}")))?
+                    .ok_or_else(|| {
+                        RuntimeError::unsupported(
+                            "host compute: no host-program source is registered \
+                             (the xla_vmm Python package registers JAX's CPU compiler)",
+                        )
+                    })?;
+                Op::HostExecute(Box::new(crate::host_execute::HostExecuteOp {
+                    name: t.info.profile_annotation.clone(),
+                    program,
+                    args,
+                    results,
+                    staging_bytes,
+                }))
+            }
+            // The start ran to completion on the stream: nothing to wait for.
+            ThunkKind::HostExecuteDone { .. } => Op::Sequential(Vec::new()),
             ThunkKind::Collective(c) => {
                 let mut op =
                     crate::collective::load(&t.info.profile_annotation, c, self.collectives.len())?;
@@ -814,6 +843,15 @@ pub fn check_support(plan: &Plan) -> Result<()> {
                 Some("thunk kind not executed by this runtime".to_string())
             }
             ThunkKind::CustomCall(c) => custom_call_support(c).err(),
+            ThunkKind::HostExecuteStart(h) => {
+                if h.hlo_module.is_empty() {
+                    Some("host compute without its HLO module".to_string())
+                } else {
+                    crate::host_execute::leaves(&h.args, &h.results)
+                        .err()
+                        .map(|e| e.to_string())
+                }
+            }
             ThunkKind::Gemm(_) => Some("plain cuBLAS gemm".to_string()),
             ThunkKind::TriangularSolve(ts) => trsm_op("", ts).err().map(|e| e.to_string()),
             ThunkKind::Convolution(c) => crate::conv::load(&t.info.profile_annotation, c)

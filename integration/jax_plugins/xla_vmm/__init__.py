@@ -172,8 +172,9 @@ class _Ffi:
 
 
 def _register_ffi_handlers():
-    """Give the plugin jaxlib's GPU FFI handlers (host callbacks, buffer callbacks) so that programs
-    with them run on xla-vmm's runtime, and pass on later typed-FFI registrations for the GPU
+    """Give the plugin jaxlib's GPU FFI handlers (host callbacks, buffer callbacks) and a CPU
+    compiler for host-offloaded compute, so that programs with them run on xla-vmm's runtime, and
+    pass on later typed-FFI registrations for the GPU
     platform (``jax.ffi.register_ffi_target(..., platform="CUDA")``). Once per process."""
     global _ffi_registered
     if _ffi_registered:
@@ -187,6 +188,11 @@ def _register_ffi_handlers():
     except (OSError, AttributeError) as e:
         logger.warning("xla-vmm: FFI registration unavailable (%s)", e)
         return
+    # Host-offloaded compute (compute_on("device_host")) through this jaxlib's CPU compiler.
+    from . import _host_compute
+
+    if not _host_compute.register(ffi.lib):
+        logger.warning("xla-vmm: host-offloaded compute is not available to the runtime")
     for module, platform in FFI_EXTENSIONS:
         try:
             ext = importlib.import_module(module)

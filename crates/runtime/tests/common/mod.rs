@@ -126,6 +126,7 @@ pub fn backend() -> Arc<HostBackend> {
     Arc::new(b)
 }
 
+#[allow(dead_code)] // not every test file has f32 data
 pub fn bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
