@@ -43,6 +43,8 @@ pub struct ExecEnv<'a, B: Backend> {
     pub call_context: Option<&'a dyn CallContext>,
     /// The main stream is being captured into a graph.
     pub capturing: bool,
+    /// Pinned staging buffers of host-offloaded compute, kept between runs.
+    pub host_staging: &'a crate::host_execute::StagingPool<B>,
 }
 
 /// Run `ops` in order on `stream`. `nest` holds the iteration of each
@@ -291,7 +293,7 @@ fn run_op<B: Backend>(
                     h.name
                 )));
             }
-            crate::host_execute::run(be, h, slots, stream)?
+            crate::host_execute::run(be, env.host_staging, h, slots, stream)?
         }
         Op::Trsm(t) => run_trsm(env, t, slots, stream)?,
         Op::Conv(c) => {

@@ -16,14 +16,17 @@
 //! (host-space ones too: one copy, the same bytes), wait, run the program
 //! over the staged bytes, every result leaf back to its slice, wait. The
 //! done thunk has nothing left to wait for. Like XLA's, neither thunk can
-//! be recorded into a graph: a program holding them runs eager.
+//! be recorded into a graph: a program holding them runs eager. Staging
+//! buffers are kept by the program between runs ([`StagingPool`]; XLA
+//! keeps a pinned-memory allocator for the same), so a step pays no
+//! pinned allocation once warm.
 //!
 //! The bytes are XLA's dense row-major layout (XLA's host thunk assumes the
 //! same: tiles are cleared from the host computation's shapes); sub-byte
 //! types stay packed as the device holds them. Loading refuses any other
 //! layout.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use xla_vmm::{ElementType, Plan, Shape, ShapedSlice, Slice};
 use xla_vmm_device::Backend;
@@ -154,14 +157,52 @@ fn check_leaf(shape: &Shape, slice: Slice, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Pinned staging buffers, reused from run to run (a program's; freed with
+/// it, [`StagingPool::drain`]).
+pub struct StagingPool<B: Backend>(Mutex<Vec<B::HostBuffer>>);
+
+impl<B: Backend> Default for StagingPool<B> {
+    fn default() -> Self {
+        Self(Mutex::new(Vec::new()))
+    }
+}
+
+impl<B: Backend> StagingPool<B> {
+    /// A buffer of at least `bytes`: the smallest kept one that is large
+    /// enough, else a new one.
+    fn take(&self, be: &B, bytes: usize) -> Result<B::HostBuffer> {
+        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let fit = pool
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| be.host_bytes(b).len() >= bytes)
+            .min_by_key(|(_, b)| be.host_bytes(b).len())
+            .map(|(i, _)| i);
+        match fit {
+            Some(i) => Ok(pool.swap_remove(i)),
+            None => Ok(be.host_alloc(bytes)?),
+        }
+    }
+
+    fn give_back(&self, buf: B::HostBuffer) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
+    }
+
+    /// Every kept buffer, for the owner to free.
+    pub(crate) fn drain(&self) -> Vec<B::HostBuffer> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
 /// The start thunk, synchronously (see the module docs).
 pub(crate) fn run<B: Backend>(
     be: &B,
+    pool: &StagingPool<B>,
     h: &HostExecuteOp,
     slots: &SlotTable,
     stream: &B::Stream,
 ) -> Result<()> {
-    let mut staging = be.host_alloc(h.staging_bytes.max(1))?;
+    let mut staging = pool.take(be, h.staging_bytes.max(1))?;
     let r = (|| -> Result<()> {
         for a in &h.args {
             let src = slots.resolve(&a.slice)?;
@@ -173,12 +214,28 @@ pub(crate) fn run<B: Backend>(
             let dst = slots.resolve(&r.slice)?;
             be.copy_h2d(dst, &staging, r.offset, r.slice.size as usize, stream)?;
         }
-        // The staging buffer is released below: the copies must be done.
+        // The staging buffer is reused: the copies must be done.
         be.stream_synchronize(stream)?;
         Ok(())
     })();
-    let freed = be.host_free(staging).map_err(RuntimeError::from);
-    r.and(freed)
+    match r {
+        Ok(()) => {
+            pool.give_back(staging);
+            Ok(())
+        }
+        // Copies may still be in flight after a failure: wait before
+        // freeing (a failed wait leaves the buffer allocated, not reused).
+        Err(e) => {
+            if be.stream_synchronize(stream).is_ok() {
+                if let Err(f) = be.host_free(staging) {
+                    tracing::warn!(error = %f, "freeing host compute staging memory");
+                }
+            } else {
+                std::mem::forget(staging);
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Run the program over the staged leaves (`staging`: operands, then

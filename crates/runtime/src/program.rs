@@ -45,6 +45,8 @@ pub struct Program<B: Backend> {
     collectives: Vec<CollOp>,
     /// Why this program cannot be captured (graph modes then run eager).
     capture_blocker: Option<String>,
+    /// Host-offloaded compute's pinned staging memory.
+    host_staging: crate::host_execute::StagingPool<B>,
 }
 
 impl<B: Backend> Program<B> {
@@ -104,6 +106,7 @@ impl<B: Backend> Program<B> {
             events: HashMap::new(),
             collectives,
             capture_blocker,
+            host_staging: Default::default(),
         };
         // From here on `Drop` releases whatever was made.
         for _ in 0..streams_needed {
@@ -237,6 +240,7 @@ impl<B: Backend> Program<B> {
             events: &self.events,
             call_context,
             capturing,
+            host_staging: &self.host_staging,
         }
     }
 }
@@ -279,6 +283,9 @@ impl<B: Backend> Drop for Program<B> {
         }
         for buf in self.owned.drain(..) {
             t.check("freeing a buffer", buf.free());
+        }
+        for buf in self.host_staging.drain() {
+            t.check("host_free", be.host_free(buf));
         }
         for e in self.vmm.take_deferred_errors() {
             t.check("freeing a buffer", Err::<(), _>(e));

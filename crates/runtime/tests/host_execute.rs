@@ -158,6 +158,17 @@ fn run(
     p: Plan,
     mode: Mode,
 ) -> Result<(Vec<i32>, Vec<u8>), RuntimeError> {
+    run_n(b, reg, p, mode, 1)
+}
+
+/// Load once, run `n` times; the last run's outputs.
+fn run_n(
+    b: &Arc<HostBackend>,
+    reg: Option<&Registry>,
+    p: Plan,
+    mode: Mode,
+    n: usize,
+) -> Result<(Vec<i32>, Vec<u8>), RuntimeError> {
     let stream = b.stream_create()?;
     let reg = reg.map(|r| r as &dyn CustomCallRegistry);
     let mut exe = Executable::load_with(b.clone(), p, None, reg, &stream)?;
@@ -168,18 +179,21 @@ fn run(
     b.write_sync(in1.ptr(), &[0x21, 0x43, 0x05], &stream)?;
     exe.bind_parameter(0, in0.ptr(), 24)?;
     exe.bind_parameter(1, in1.ptr(), 3)?;
-    let out = exe.run(&stream, mode).and_then(|outs| {
-        b.stream_synchronize(&stream)?;
-        let mut d = vec![0u8; 24];
-        b.read_sync(&mut d, outs[0].ptr, &stream)?;
-        let mut u = vec![0u8; 3];
-        b.read_sync(&mut u, outs[1].ptr, &stream)?;
-        let ints = d
-            .chunks(4)
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        Ok((ints, u))
-    });
+    let mut out = Err(RuntimeError::Handler("not run".into()));
+    for _ in 0..n {
+        out = exe.run(&stream, mode).and_then(|outs| {
+            b.stream_synchronize(&stream)?;
+            let mut d = vec![0u8; 24];
+            b.read_sync(&mut d, outs[0].ptr, &stream)?;
+            let mut u = vec![0u8; 3];
+            b.read_sync(&mut u, outs[1].ptr, &stream)?;
+            let ints = d
+                .chunks(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            Ok((ints, u))
+        });
+    }
     drop(exe);
     in0.free()?;
     in1.free()?;
@@ -207,9 +221,20 @@ fn the_program_gets_the_staged_leaves_and_its_results_reach_the_work_after_the_d
             "host-call.call-start".to_string()
         )]
     );
-    // The staging memory went back.
+    // The staging memory went back with the program.
     assert_eq!(b.call_count("host_alloc"), b.call_count("host_free"));
     assert!(b.call_count("host_alloc") >= 1, "{:?}", b.call_counts());
+}
+
+#[test]
+fn staging_memory_is_allocated_once_and_reused_by_later_runs() {
+    let b = backend();
+    let reg = Registry::default();
+    let (ints, _) = run_n(&b, Some(&reg), host_plan(), Mode::Eager, 4).unwrap();
+    assert_eq!(ints, vec![2, 4, 6, 8, 10, 12]);
+    assert_eq!(reg.program.seen.lock().unwrap().len(), 4);
+    assert_eq!(b.call_count("host_alloc"), 1, "{:?}", b.call_counts());
+    assert_eq!(b.call_count("host_free"), 1);
 }
 
 #[test]
