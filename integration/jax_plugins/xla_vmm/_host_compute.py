@@ -170,6 +170,7 @@ class HostCompute:
         self._by_module = {}  # module bytes -> handle
         self._programs = []  # handle -> (loaded executable, device)
         self.origins = []  # handle -> where its code came from
+        self._plans = {}  # handle -> (signature, operand plan, result plan): see _plan
         self._types = None
         # The C function pointers must outlive every call: kept here.
         self.load_fn = LOAD(self._load)
@@ -220,30 +221,56 @@ class HostCompute:
         if not 0 <= handle < len(self._programs):
             raise ValueError(f"no host computation {handle} was compiled")
         exe, device = self._programs[handle]
-        import jax
         import numpy as np
+        from jax._src.lib import _jax
 
+        signature = tuple((name, dims) for _, name, dims in args + results)
+        plan = self._plans.get(handle)
+        if plan is None or plan[0] != signature:
+            plan = self._plan(device, args, results, signature)
+            self._plans[handle] = plan
+        _, ins, outs = plan
         inputs = []
-        for data, name, dims in args:
-            dtype, bits = self._type(name)
+        for (data, _, _), (dtype, bits, count, dims, aval, sharding) in zip(args, ins):
             raw = np.frombuffer(data, np.uint8)
-            count = int(np.prod(dims, dtype=np.int64))
-            host = unpack(raw, count, bits, dtype) if bits < 8 else raw.view(dtype)
-            inputs.append(jax.device_put(host.reshape(dims), device))
-        outs = exe.execute_sharded(inputs).disassemble_into_single_device_arrays()
-        if len(outs) != len(results):
-            raise ValueError(f"the host computation returned {len(outs)} arrays, the thunk has "
+            host = (unpack(raw, count, bits, dtype) if bits < 8 else raw.view(dtype)).reshape(dims)
+            # A copy during the call: the staging memory is the runtime's again after it.
+            inputs.append(_jax.batched_device_put(aval, sharding, [host], [device], True, False,
+                                                  _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL))
+        produced = exe.execute_sharded(inputs).disassemble_into_single_device_arrays()
+        del inputs
+        if len(produced) != len(results):
+            raise ValueError(f"the host computation returned {len(produced)} arrays, the thunk has "
                              f"{len(results)} results")
-        for i, ((data, name, dims), out) in enumerate(zip(results, outs)):
+        for i, ((data, _, dims), out, (dtype, bits)) in enumerate(zip(results, produced, outs)):
             value = np.asarray(out[0])
-            dtype, bits = self._type(name)
-            if value.dtype != np.dtype(dtype) or tuple(value.shape) != tuple(dims):
+            if value.dtype != dtype or value.shape != dims:
                 raise ValueError(f"result {i}: the host computation gave {value.dtype}{list(value.shape)}, "
-                                 f"the thunk wants {np.dtype(dtype)}{list(dims)}")
-            raw = pack(value, bits) if bits < 8 else np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+                                 f"the thunk wants {dtype}{list(dims)}")
+            raw = pack(value, bits) if bits < 8 else value.reshape(-1).view(np.uint8)
             if raw.nbytes != len(data):
                 raise ValueError(f"result {i}: {raw.nbytes} bytes for a {len(data)}-byte slice")
             np.frombuffer(data, np.uint8)[:] = raw
+
+    def _plan(self, device, args, results, signature):
+        """What each call of a program with these leaves needs, worked out once: per operand
+        (NumPy dtype, bits per element, element count, dims, abstract value, sharding), per result
+        (NumPy dtype, bits per element)."""
+        import numpy as np
+        from jax._src import core
+        from jax.sharding import SingleDeviceSharding
+
+        sharding = SingleDeviceSharding(device)
+        ins = []
+        for _, name, dims in args:
+            dtype, bits = self._type(name)
+            ins.append((dtype, bits, int(np.prod(dims, dtype=np.int64)), dims,
+                        core.ShapedArray(dims, dtype), sharding))
+        outs = []
+        for _, name, _ in results:
+            dtype, bits = self._type(name)
+            outs.append((np.dtype(dtype), bits))
+        return signature, ins, outs
 
     def _type(self, name):
         found = self._types.get(name)
