@@ -157,8 +157,8 @@ fn check_leaf(shape: &Shape, slice: Slice, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Pinned staging buffers, reused from run to run (a program's; freed with
-/// it, [`StagingPool::drain`]).
+/// Pinned staging buffers, reused from run to run (a program's, freed
+/// with it).
 pub struct StagingPool<B: Backend>(Mutex<Vec<B::HostBuffer>>);
 
 impl<B: Backend> Default for StagingPool<B> {
