@@ -55,6 +55,7 @@ pub mod execute_context;
 pub mod handles;
 pub mod host_compute;
 pub mod kv;
+pub mod mosaic;
 pub mod options;
 mod plugin;
 pub mod program;

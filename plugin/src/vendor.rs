@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::vendor_exec::VendorExecutable;
 
 pub struct VendorPlugin {
-    _lib: libloading::Library,
+    lib: libloading::Library,
     api: CPtr<PJRT_Api>,
     pub path: String,
 }
@@ -71,7 +71,7 @@ impl VendorPlugin {
             )));
         }
         let plugin = Arc::new(VendorPlugin {
-            _lib: lib,
+            lib,
             api: CPtr(api as *mut PJRT_Api),
             path: shown,
         });
@@ -93,6 +93,15 @@ impl VendorPlugin {
             }
         }
         Ok(plugin)
+    }
+
+    /// The address of symbol `name` (NUL-terminated) the vendor library
+    /// exports, if it does.
+    pub fn symbol_address(&self, name: &[u8]) -> Option<*mut std::ffi::c_void> {
+        // SAFETY: looking a symbol up runs nothing; the address is only
+        // used by callers that know its type.
+        let sym: libloading::Symbol<*mut std::ffi::c_void> = unsafe { self.lib.get(name) }.ok()?;
+        Some(*sym)
     }
 
     /// The plugin loaded in this process, if any.
@@ -248,7 +257,7 @@ impl VendorPlugin {
     }
 
     fn api(&self) -> &PJRT_Api {
-        // SAFETY: the table is static in the plugin, which `_lib` keeps loaded.
+        // SAFETY: the table is static in the plugin, which `lib` keeps loaded.
         unsafe { &*self.api.0 }
     }
 

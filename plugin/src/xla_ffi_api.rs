@@ -885,6 +885,11 @@ pub struct Registry;
 impl CustomCallRegistry for Registry {
     fn bind(&self, site: &CallSite<'_>) -> Result<Option<Arc<dyn BoundCall>>, String> {
         let Some(h) = handler(site.target) else {
+            // Pallas Mosaic GPU kernels: their handler never reaches us,
+            // the vendor's compiler does (crate::mosaic).
+            if site.target == crate::mosaic::TARGET {
+                return crate::mosaic::bind(site);
+            }
             return Ok(None);
         };
         let call = FfiCall {
@@ -1305,6 +1310,7 @@ mod tests {
             target: "test_cb",
             name: "custom-call.1",
             attributes: &attrs,
+            device_ordinal: 0,
         };
         let call = Registry.bind(&site).unwrap().unwrap();
         assert!(call.graph_compatible());
@@ -1366,6 +1372,7 @@ mod tests {
             target: "test_cb_plain",
             name: "custom-call.2",
             attributes: &attrs,
+            device_ordinal: 0,
         };
         let call = Registry.bind(&site).unwrap().unwrap();
         let inv = Invocation {

@@ -37,6 +37,8 @@ pub struct CallSite<'a> {
     /// The thunk's `profile_annotation`.
     pub name: &'a str,
     pub attributes: &'a FfiAttrs,
+    /// The device the program is loaded for (the backend's ordinal).
+    pub device_ordinal: usize,
 }
 
 /// The user data of one run, by FFI type id (what `Execute`'s context

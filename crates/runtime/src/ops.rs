@@ -620,6 +620,7 @@ impl<B: Backend> LoadCtx<'_, B> {
                     target: &c.target_name,
                     name: &t.info.profile_annotation,
                     attributes: &c.attributes,
+                    device_ordinal: self.backend.info().ordinal,
                 };
                 let call = registry
                     .bind(&site)

@@ -134,6 +134,19 @@ impl CudaBackend {
         &self.ctx
     }
 
+    /// Make device `ordinal`'s primary context (the one every backend of
+    /// that device uses) current on this thread, for foreign code that works
+    /// in "the current context" (a kernel library loading its module).
+    pub fn bind_primary_context(ordinal: usize) -> Result<()> {
+        symbols::load()?;
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| from_cudarc("cuDevicePrimaryCtxRetain", e))?;
+        // The context stays current (and alive: its backend holds it) after
+        // this handle's release.
+        ctx.bind_to_thread()
+            .map_err(|e| from_cudarc("cuCtxSetCurrent", e))
+    }
+
     /// `XLA_VMM_EMULATE_REMAP_MS`: after an unmap or a set access that
     /// started at `t0`, wait for the device and pad the call (remap_cost.rs).
     fn pay_remap_cost(&self, t0: std::time::Instant) -> Result<()> {
