@@ -439,6 +439,23 @@ def test_an_op_our_runtime_lacks_is_a_python_error_under_strict():
     assert float(jax.jit(lambda v: v * 3)(jax.device_put(np.float32(2), VMM))) == 6.0
 
 
+def _all_cases_as_on_stock(cases):
+    """Run `cases` (code defining `run(device)`, which prints `name hex-of-outputs` per case, or `name
+    UNSUPPORTED why`) on stock XLA and on our runtime under strict: every case runs on both and gives
+    stock's bytes."""
+    stock = _python(cases + "\nrun(jax.devices('cuda')[0])\n",
+                    dict(JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false"))
+    ours = _python(CHILD_SETUP + cases + "\nrun(d)\n", {"XLA_VMM_STRICT": "1"})
+    parse = lambda out: dict(ln.split(" ", 1) for ln in out.splitlines() if " " in ln)
+    s, got = parse(stock), parse(ours)
+    assert not [k for k, v in s.items() if v.startswith("UNSUPPORTED")], s
+    refused = {k: v for k, v in got.items() if v.startswith("UNSUPPORTED")}
+    assert not refused, refused
+    assert set(got) == set(s), (sorted(got), sorted(s))
+    for k in s:
+        assert got[k] == s[k], "case %s differs from stock XLA" % k
+
+
 HOST_CASES = """
 import numpy as np, jax, jax.numpy as jnp
 from jax.experimental.compute_on import compute_on
@@ -493,17 +510,7 @@ def test_host_offloaded_compute_runs_on_our_runtime_bit_identical_to_stock():
     computation compiled by JAX's CPU client, operands and results staged through pinned host memory
     (pinned_host ones and donated ones too). Every result, and its memory kind, is what stock XLA
     (JAX_PLATFORMS=cuda, its host thunk on XLA:CPU) gives."""
-    stock = _python(HOST_CASES + "\nrun(jax.devices('cuda')[0])\n",
-                    dict(JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false"))
-    ours = _python(CHILD_SETUP + HOST_CASES + "\nrun(d)\n", {"XLA_VMM_STRICT": "1"})
-    parse = lambda out: dict(ln.split(" ", 1) for ln in out.splitlines() if " " in ln)
-    s, got = parse(stock), parse(ours)
-    assert not [k for k, v in s.items() if v.startswith("UNSUPPORTED")], s
-    refused = {k: v for k, v in got.items() if v.startswith("UNSUPPORTED")}
-    assert not refused, refused
-    assert set(got) == set(s), (sorted(got), sorted(s))
-    for k in s:
-        assert got[k] == s[k], "case %s differs from stock XLA" % k
+    _all_cases_as_on_stock(HOST_CASES)
 
 
 MOSAIC_CASES = """
@@ -545,17 +552,7 @@ def test_pallas_mosaic_gpu_kernels_run_on_our_runtime_bit_identical_to_stock():
     """Pallas Mosaic GPU kernels (custom call `mosaic_gpu_v2`, whose FFI handler jaxlib keeps inside the
     vendor plugin) on our runtime under strict, compiled by the vendor's exported Mosaic compiler:
     alone, between XLA ops, and on two compute streams. Every result is stock XLA's."""
-    stock = _python(MOSAIC_CASES + "\nrun(jax.devices('cuda')[0])\n",
-                    dict(JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false"))
-    ours = _python(CHILD_SETUP + MOSAIC_CASES + "\nrun(d)\n", {"XLA_VMM_STRICT": "1"})
-    parse = lambda out: dict(ln.split(" ", 1) for ln in out.splitlines() if " " in ln)
-    s, got = parse(stock), parse(ours)
-    assert not [k for k, v in s.items() if v.startswith("UNSUPPORTED")], s
-    refused = {k: v for k, v in got.items() if v.startswith("UNSUPPORTED")}
-    assert not refused, refused
-    assert set(got) == set(s), (sorted(got), sorted(s))
-    for k in s:
-        assert got[k] == s[k], "case %s differs from stock XLA" % k
+    _all_cases_as_on_stock(MOSAIC_CASES)
 
 
 def _python(code, env=None, timeout=300):
