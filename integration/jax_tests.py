@@ -46,12 +46,22 @@ FALLBACK_RE = re.compile(r"vendor runtime|falls back to the vendor|on the vendor
 REJECTED_RE = re.compile(r"rejected (\S+) \((.*)\); it runs on the vendor runtime")
 
 
+# What integration/jaxslice/plugin.py prints before each test.
+START_MARKER = "##jaxslice-start "
+# Tests named per fallback reason and file (the first ones seen).
+FALLBACK_EXAMPLES = 5
+
+
 def fallbacks_in(text):
-    """(fallback warning lines, Counter of their reasons) in a test process's output. A reason is
-    what our runtime rejected, without the thunk's own name and numbers (`custom call
-    'xla_ffi_python_gpu_callback'`, `host_execute_start thunk '…': ...`)."""
-    n, reasons = 0, collections.Counter()
+    """(fallback warning lines, Counter of their reasons, {reason: [tests]}) in a test process's
+    output. A reason is what our runtime rejected, without the thunk's own name and numbers (`custom
+    call 'xla_ffi_python_gpu_callback'`, `host_execute_start thunk '…': ...`); its tests are the ones
+    running when the warnings came (the plugin prints a marker before each), first ones first."""
+    n, reasons, tests, current = 0, collections.Counter(), {}, None
     for ln in text.splitlines():
+        if ln.startswith(START_MARKER):
+            current = ln[len(START_MARKER):].strip()
+            continue
         if not FALLBACK_RE.search(ln):
             continue
         n += 1
@@ -59,8 +69,19 @@ def fallbacks_in(text):
         why = m.group(2) if m else "other: " + ln.strip()
         why = re.sub(r"^(loading \S+ on device \d+: )", "", why)
         why = re.sub(r"(thunk|kernel|copy) '[^']*'", r"\1 '…'", why)
-        reasons[normalize(why)] += 1
-    return n, reasons
+        why = normalize(why)
+        reasons[why] += 1
+        named = tests.setdefault(why, [])
+        if current and current not in named and len(named) < FALLBACK_EXAMPLES:
+            named.append(current)
+    return n, reasons, tests
+
+
+def add_tests(into, more):
+    """Merge {reason: [tests]} `more` into `into`, keeping at most FALLBACK_EXAMPLES per reason."""
+    for why, ids in more.items():
+        named = into.setdefault(why, [])
+        named += [t for t in ids if t not in named][:max(0, FALLBACK_EXAMPLES - len(named))]
 MAX_RESTARTS = 40
 # The longest files, split over several processes so that the slice ends within one device call.
 DEFAULT_SHARDS = "api_test=4,lax_test=3,lax_control_flow_test=3,lax_numpy_test=2"
@@ -140,7 +161,7 @@ def seed(log, skip, earlier):
         if os.path.exists(p):
             os.remove(p)
     if not earlier:
-        return [], 0, collections.Counter()
+        return [], 0, collections.Counter(), {}
     with open(log, "w", encoding="utf-8") as f:
         for t, (outcome, msg) in earlier["outcomes"].items():
             if outcome != "died":
@@ -148,7 +169,8 @@ def seed(log, skip, earlier):
     with open(skip, "w", encoding="utf-8") as f:
         f.write("\n".join(earlier["outcomes"]) + "\n")
     return ([dict(d) for d in earlier["deaths"]], earlier["fallback_lines"],
-            collections.Counter(earlier.get("fallback_reasons", {})))
+            collections.Counter(earlier.get("fallback_reasons", {})),
+            {k: list(v) for k, v in earlier.get("fallback_tests", {}).items()})
 
 
 def parse_shards(text):
@@ -163,13 +185,15 @@ def parse_shards(text):
 
 def merge_shards(parts):
     """One file's result from its shards' results (each ran a disjoint share of its tests)."""
-    out = {"outcomes": {}, "deaths": [], "fallback_lines": 0, "fallback_reasons": {}, "cut": False}
+    out = {"outcomes": {}, "deaths": [], "fallback_lines": 0, "fallback_reasons": {}, "fallback_tests": {},
+           "cut": False}
     reasons = collections.Counter()
     for r in parts:
         out["outcomes"].update(r["outcomes"])
         out["deaths"] += r["deaths"]
         out["fallback_lines"] += r["fallback_lines"]
         reasons.update(r.get("fallback_reasons", {}))
+        add_tests(out["fallback_tests"], r.get("fallback_tests", {}))
         out["cut"] = out["cut"] or r["cut"]
     out["fallback_reasons"] = dict(reasons)
     return out
@@ -184,7 +208,7 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
     tag = "%s.%s" % (name, platform) + (".shard%dof%d" % (i, k) if k > 1 else "")
     log = os.path.join(work, tag + ".jsonl")
     skip = os.path.join(work, tag + ".skip")
-    deaths, fallbacks, reasons = seed(log, skip, earlier)
+    deaths, fallbacks, reasons, named = seed(log, skip, earlier)
     restarts, cut = 0, False
     file_deadline = time.time() + file_timeout
     while True:
@@ -213,15 +237,17 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
                 if not hung:
                     cut = True
                     out.seek(0)
-                    n, why = fallbacks_in(out.read())
+                    n, why, tests = fallbacks_in(out.read())
                     fallbacks += n
                     reasons.update(why)
+                    add_tests(named, tests)
                     break
             out.seek(0)
             text = out.read()
-        n, why = fallbacks_in(text)
+        n, why, tests = fallbacks_in(text)
         fallbacks += n
         reasons.update(why)
+        add_tests(named, tests)
         outcomes, started = read_log(log)
         running = [t for t in started if t not in outcomes]
         normal = not hung and rc in (0, 1, 5)  # all passed / some failed / none collected
@@ -247,7 +273,7 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
         if d["id"]:
             outcomes[d["id"]] = ("died", d["why"])
     return {"outcomes": outcomes, "deaths": deaths, "fallback_lines": fallbacks,
-            "fallback_reasons": dict(reasons), "cut": cut}
+            "fallback_reasons": dict(reasons), "fallback_tests": named, "cut": cut}
 
 
 def normalize(msg):
@@ -309,16 +335,20 @@ def markdown(rows, groups, results, ref, dut, title):
             ex = ", ".join("`%s`" % i.split("::")[-1][:60] for i in ids[:3])
             out.append("| %d | %s | %s | %s |" % (len(ids), outcome, msg.replace("|", "\\|"), ex))
     reasons = collections.defaultdict(collections.Counter)
-    for (name, plat), res in results.items():
+    named = collections.defaultdict(list)
+    for (name, plat), res in sorted(results.items()):
         if plat == dut:
             for why, n in res.get("fallback_reasons", {}).items():
                 reasons[why][name] += n
+            for why, ids in res.get("fallback_tests", {}).items():
+                named[why] += ids
     if reasons:
         out += ["", "## Fallback warnings on %s, by reason" % dut, "",
-                "| warnings | reason | files |", "|---|---|---|"]
+                "| warnings | reason | files | tests |", "|---|---|---|---|"]
         for why, per_file in sorted(reasons.items(), key=lambda kv: -sum(kv[1].values())):
             files_ = ", ".join("%s %d" % f for f in sorted(per_file.items(), key=lambda f: -f[1]))
-            out.append("| %d | %s | %s |" % (sum(per_file.values()), why.replace("|", "\\|"), files_))
+            ex = ", ".join("`%s`" % i.split("::")[-1][:60] for i in named.get(why, [])[:3])
+            out.append("| %d | %s | %s | %s |" % (sum(per_file.values()), why.replace("|", "\\|"), files_, ex))
     deaths = [(k, d) for k, res in sorted(results.items()) for d in res["deaths"]]
     if deaths:
         out += ["", "## Process deaths", ""]

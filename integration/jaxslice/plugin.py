@@ -3,7 +3,7 @@
 Loaded with `-p plugin` (this folder on PYTHONPATH). JAXSLICE_LOG is the file the lines go to:
 `{"start": id}` before a test runs (flushed and synced, so that a test that kills the process is
 known), then `{"id": id, "outcome": "passed" | "failed" | "skipped", "msg": first line}` once its
-outcome is known. JAXSLICE_SKIP names a file of test ids (one per line) left out of the run: those a
+outcome is known; `##jaxslice-start id` on stdout too (see START_MARKER). JAXSLICE_SKIP names a file of test ids (one per line) left out of the run: those a
 previous process already ran, or died in. JAXSLICE_SHARD "i/k" keeps the tests at positions i, i + k, ...
 of the collection (one of k processes sharing a file).
 """
@@ -61,8 +61,14 @@ def pytest_collection_modifyitems(session, config, items):
         items[:] = keep
 
 
+# Printed before each test (pytest runs with -s): the runner attributes the plugin's warnings that
+# follow it, vendor fallbacks, to that test.
+START_MARKER = "##jaxslice-start "
+
+
 def pytest_runtest_logstart(nodeid, location):
     _write({"start": nodeid})
+    print("\n" + START_MARKER + nodeid, flush=True)
 
 
 def pytest_runtest_logreport(report):

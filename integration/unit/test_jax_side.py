@@ -195,36 +195,44 @@ class SliceRunner(unittest.TestCase):
         jt = load_runner()
         warn = ("W xla_vmm_plugin::executable: xla-vmm runtime rejected jit_f ({}); it runs on the vendor "
                 "runtime on xla-vmm buffers (set strict to make this an error)")
+        host = "unsupported: host_execute_start thunk '…': thunk kind not executed by this runtime"
         text = "\n".join([
             warn.format("unsupported: custom call 'xla_ffi_python_gpu_callback': custom call "
                         "'xla_ffi_python_gpu_callback'"),
+            jt.START_MARKER + "memories_test.py::ComputeOffload::test_compute_on_basic",
             warn.format("unsupported: host_execute_start thunk 'host-call.cloned.1.call-start.1': thunk "
                         "kind not executed by this runtime"),
+            jt.START_MARKER + "memories_test.py::ComputeOffload::test_compute_on_2d",
             warn.format("unsupported: host_execute_start thunk 'host-call.7.call-start': thunk kind not "
                         "executed by this runtime"),
             "an unrelated line",
             "the program falls back to the vendor runtime",
         ])
-        n, reasons = jt.fallbacks_in(text)
+        n, reasons, tests = jt.fallbacks_in(text)
         self.assertEqual(n, 4)
-        self.assertEqual(reasons["unsupported: host_execute_start thunk '…': thunk kind not executed by "
-                                 "this runtime"], 2)
+        self.assertEqual(reasons[host], 2)
         self.assertEqual(sum(reasons.values()), 4)
         self.assertTrue(any(r.startswith("other: ") for r in reasons))
+        # Each warning is put on the test running when it came (none before the first marker).
+        self.assertEqual(tests[host], ["memories_test.py::ComputeOffload::test_compute_on_basic",
+                                       "memories_test.py::ComputeOffload::test_compute_on_2d"])
+        self.assertEqual(tests[[r for r in reasons if "python_gpu_callback" in r][0]], [])
         # Merged over shards and tabled per reason, with the files they came from.
         m = jt.merge_shards([
-            {"outcomes": {}, "deaths": [], "fallback_lines": 2, "fallback_reasons": {"r1": 2}, "cut": False},
+            {"outcomes": {}, "deaths": [], "fallback_lines": 2, "fallback_reasons": {"r1": 2},
+             "fallback_tests": {"r1": ["f.py::A::test_one"]}, "cut": False},
             {"outcomes": {}, "deaths": [], "fallback_lines": 1, "fallback_reasons": {"r1": 1, "r2": 1},
-             "cut": False},
+             "fallback_tests": {"r1": ["f.py::A::test_one", "f.py::A::test_two"]}, "cut": False},
             {"outcomes": {}, "deaths": [], "fallback_lines": 0, "cut": False},  # an older result
         ])
         self.assertEqual(m["fallback_reasons"], {"r1": 3, "r2": 1})
+        self.assertEqual(m["fallback_tests"], {"r1": ["f.py::A::test_one", "f.py::A::test_two"]})
         results = {("f", "cuda"): {"outcomes": {}, "deaths": [], "fallback_lines": 0, "cut": False},
                    ("f", "vmm"): m}
         rows, groups = jt.compare(results, ["f"], "cuda", "vmm")
         md = jt.markdown(rows, groups, results, "cuda", "vmm", "t")
         self.assertIn("## Fallback warnings on vmm, by reason", md)
-        self.assertIn("| 3 | r1 | f 3 |", md)
+        self.assertIn("| 3 | r1 | f 3 | `test_one`, `test_two` |", md)
 
     def test_shards_split_a_file_and_merge_into_one_result(self):
         jt = load_runner()
@@ -270,17 +278,17 @@ class SliceRunner(unittest.TestCase):
         earlier = {"outcomes": {"t::a": ["passed", ""], "t::b": ["died", "killed by SIGSEGV"],
                                 "t::c": ["failed", "E"]},
                    "deaths": [{"id": "t::b", "why": "killed by SIGSEGV", "words": []}],
-                   "fallback_lines": 3, "cut": True}
+                   "fallback_lines": 3, "fallback_tests": {"r": ["t::a"]}, "cut": True}
         with tempfile.TemporaryDirectory() as d:
             log, skip = os.path.join(d, "f.jsonl"), os.path.join(d, "f.skip")
-            deaths, fallbacks, reasons = jt.seed(log, skip, earlier)
-            self.assertEqual((len(deaths), fallbacks, reasons), (1, 3, {}))
+            deaths, fallbacks, reasons, tests = jt.seed(log, skip, earlier)
+            self.assertEqual((len(deaths), fallbacks, reasons, tests), (1, 3, {}, {"r": ["t::a"]}))
             outcomes, _ = jt.read_log(log)
             self.assertEqual(outcomes, {"t::a": ("passed", ""), "t::c": ("failed", "E")})
             with open(skip) as f:
                 self.assertEqual(set(f.read().split()), {"t::a", "t::b", "t::c"})
             # Without an earlier result: empty, and no stale files left.
-            self.assertEqual(jt.seed(log, skip, None), ([], 0, {}))
+            self.assertEqual(jt.seed(log, skip, None), ([], 0, {}, {}))
             self.assertFalse(os.path.exists(log) or os.path.exists(skip))
 
 
