@@ -52,11 +52,6 @@ fn hook() -> Option<Hook> {
     *HOOK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Is a CPU compiler registered?
-pub fn available() -> bool {
-    hook().is_some()
-}
-
 /// Room for a callback's error message.
 const ERR_CAP: usize = 4096;
 

@@ -272,8 +272,8 @@ fn run_program(h: &HostExecuteOp, staging: &mut [u8]) -> Result<()> {
 }
 
 /// Is every host-execute start of `plan` paired with a done (and the other
-/// way round)?
-pub fn check_pairs(plan: &Plan) -> Result<()> {
+/// way round)? Part of [`crate::ops::check_support`].
+pub(crate) fn check_pairs(plan: &Plan) -> Result<()> {
     use xla_vmm::ThunkKind;
     let (mut starts, mut dones) = (Vec::new(), Vec::new());
     plan.walk(&mut |t, _| match &t.kind {

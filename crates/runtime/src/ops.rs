@@ -902,7 +902,7 @@ pub fn check_support(plan: &Plan) -> Result<()> {
             _ => {}
         }
     }
-    Ok(())
+    crate::host_execute::check_pairs(plan)
 }
 
 /// The initial bytes of constant allocation `index`: its recorded content

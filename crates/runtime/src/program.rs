@@ -62,7 +62,6 @@ impl<B: Backend> Program<B> {
     ) -> Result<Self> {
         // Support check first (cheap, names the first offender).
         crate::ops::check_support(&plan)?;
-        crate::host_execute::check_pairs(&plan)?;
         let param_slots = parameter_slots(&plan)?;
         let mut ctx = LoadCtx {
             backend: &*backend,
