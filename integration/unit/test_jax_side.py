@@ -368,7 +368,8 @@ class HostComputeRegistrationTest(unittest.TestCase):
     raising into C."""
 
     def setUp(self):
-        self.hc = importlib.import_module(fresh_package().__name__ + "._host_compute")
+        pkg = fresh_package()
+        self.hc = importlib.import_module(pkg.__name__ + "._host_compute")
         self.hc._instance = None
         self.calls = []
         test = self
@@ -377,8 +378,11 @@ class HostComputeRegistrationTest(unittest.TestCase):
             test.calls.append((load.value, run.value))
             return 0
 
-        # A plain function (ctypes sets restype / argtypes on it, as on a CDLL's).
-        self.lib = types.SimpleNamespace(xla_vmm_host_compute_register=register)
+        # The package's _Ffi over a stand-in library: a plain function (ctypes sets restype / argtypes
+        # on it, as on a CDLL's).
+        self.lib = pkg._Ffi.__new__(pkg._Ffi)
+        self.lib.lib = types.SimpleNamespace(xla_vmm_host_compute_register=register,
+                                             xla_vmm_stats_free=lambda p: None)
 
     def test_two_callbacks_are_registered_and_kept_alive(self):
         self.assertTrue(self.hc.register(self.lib))

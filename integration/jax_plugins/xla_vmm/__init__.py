@@ -191,7 +191,7 @@ def _register_ffi_handlers():
     # Host-offloaded compute (compute_on("device_host")) through this jaxlib's CPU compiler.
     from . import _host_compute
 
-    if not _host_compute.register(ffi.lib):
+    if not _host_compute.register(ffi):
         logger.warning("xla-vmm: host-offloaded compute is not available to the runtime")
     for module, platform in FFI_EXTENSIONS:
         try:

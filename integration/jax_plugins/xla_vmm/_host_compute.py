@@ -315,21 +315,16 @@ class HostCompute:
 _instance = None
 
 
-def register(lib):
-    """Give the plugin library `lib` (a ctypes.CDLL) our CPU compiler; True when it took it."""
+def register(ffi):
+    """Give the plugin our CPU compiler through `ffi` (the package's `_Ffi`: the plugin library and its
+    error check); True when it took it."""
     global _instance
-    if not hasattr(lib, "xla_vmm_host_compute_register"):
+    fn = getattr(getattr(ffi, "lib", None), "xla_vmm_host_compute_register", None)
+    if fn is None:
         return False
     if _instance is None:
         _instance = HostCompute()
-    fn = lib.xla_vmm_host_compute_register
     fn.restype = ctypes.c_void_p
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     err = fn(ctypes.cast(_instance.load_fn, ctypes.c_void_p), ctypes.cast(_instance.run_fn, ctypes.c_void_p))
-    if err:
-        lib.xla_vmm_stats_free.argtypes = [ctypes.c_void_p]
-        message = ctypes.string_at(err).decode(errors="replace")
-        lib.xla_vmm_stats_free(err)
-        logger.warning("xla-vmm: host compute registration: %s", message)
-        return False
-    return True
+    return ffi._check(err, "host compute registration")
