@@ -555,6 +555,78 @@ def test_pallas_mosaic_gpu_kernels_run_on_our_runtime_bit_identical_to_stock():
     _all_cases_as_on_stock(MOSAIC_CASES)
 
 
+SELECT_K_CASES = """
+import numpy as np, jax
+
+# (shape, k, the thunk XLA makes of lax.top_k(..., is_stable=False)): f32 with n < 1024, n == 1024 and k > 12,
+# or n > 1024 and k >= 8 is a select_k thunk (raft on stock); other f32 rows of n >= 1024 are XLA's TopK kernel.
+SHAPES = [((8, 20), 3, "select_k"), ((2000,), 8, "select_k"), ((16, 1024), 13, "select_k"),
+          ((2, 32000), 16, "select_k"), ((4, 32000), 64, "select_k"), ((3, 70000), 9, "select_k"),
+          ((4, 1500), 3, "topk_kernel"), ((2, 4096), 7, "topk_kernel"), ((3, 1024), 12, "topk_kernel"),
+          ((2000,), 1, "topk_kernel")]
+
+def keys(rows, thunk):
+    # Our kernel's order keys: select_k's total order (NaN first), or the TopK kernel's float order (NaN last,
+    # -0 == +0).
+    b = rows.view(np.uint32).astype(np.int64)
+    if thunk == "topk_kernel":
+        b = np.where(b & 0x7FFFFFFF == 0, 0, b)
+    k = np.where(b >> 31 == 1, 0xFFFFFFFF - b, b | 0x80000000)
+    if thunk == "topk_kernel":
+        k = np.where(np.isnan(rows), 0, k)
+    return k
+
+def run(dev):
+    r = np.random.default_rng(3)
+    for shape, k, thunk in SHAPES:
+        n = shape[-1]
+        inputs = {"distinct": (r.permutation(int(np.prod(shape))) - 7.5).astype(np.float32).reshape(shape),
+                  "ties": r.integers(-3, 4, size=shape).astype(np.float32),
+                  "nan_zeros": r.choice(np.array([0.0, -0.0, 1.0, np.nan, -np.inf], np.float32), size=shape)}
+        f = jax.jit(lambda x: jax.lax.top_k(x, k, is_stable=False))
+        for kind, x in inputs.items():
+            name = "%s_%s_%s_k%d" % (thunk, kind, "x".join(map(str, shape)), k)
+            try:
+                vals, idx = (np.asarray(a) for a in f(jax.device_put(x, dev)))
+                rows = x.reshape(-1, n)
+                stable = np.argsort(-keys(rows, thunk), axis=1, kind="stable")[:, :k]
+                points = np.array_equal(np.take_along_axis(rows, idx.reshape(-1, k), 1).view(np.uint32),
+                                        vals.reshape(-1, k).view(np.uint32))
+                print(name, vals.tobytes().hex(), idx.tobytes().hex(),
+                      "stable" if np.array_equal(stable, idx.reshape(-1, k)) else "other",
+                      "points" if points else "WRONG", flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(name, "UNSUPPORTED", str(e).replace(chr(10), " ")[:300], flush=True)
+"""
+
+
+def test_top_k_runs_on_our_runtime_with_stocks_results():
+    """`lax.top_k(..., is_stable=False)` programs on our kernel under strict: the select_k thunks (raft's
+    select_k on stock) and XLA's own TopK kernel (an in-process symbol of the vendor plugin). Our indices are
+    the stable order of the thunk's keys (equal keys lowest index first) and point at the values. select_k:
+    values are stock's bits on every input, indices on inputs without ties (raft's warp sort orders ties its
+    own way). TopK kernel: values and indices are stock's on inputs with and without ties; with NaNs (its
+    float comparison leaves a NaN where its insertion sequence puts it) they are reported, not required."""
+    stock = _python(SELECT_K_CASES + "\nrun(jax.devices('cuda')[0])\n",
+                    dict(JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false"))
+    ours = _python(CHILD_SETUP + SELECT_K_CASES + "\nrun(d)\n", {"XLA_VMM_STRICT": "1"})
+    parse = lambda out: {ln.split(" ")[0]: ln.split(" ")[1:] for ln in out.splitlines() if " " in ln}
+    s, got = parse(stock), parse(ours)
+    refused = {k: v for k, v in got.items() if v[0] == "UNSUPPORTED"}
+    assert not refused, refused
+    assert set(got) == set(s) and len(s) == 30, (sorted(got), sorted(s))
+    print("stock's indices in our order:", sorted(k for k in s if s[k][2] == "stable"))
+    print("TopK-kernel cases with NaNs as on stock:",
+          sorted(k for k in s if k.startswith("topk_kernel_nan") and got[k][:2] == s[k][:2]))
+    for k in s:
+        assert got[k][2:] == ["stable", "points"], (k, got[k][2:])
+        if k.startswith("select_k"):
+            assert got[k][0] == s[k][0], "case %s: values differ from stock XLA" % k
+            if "_distinct_" in k:
+                assert got[k][1] == s[k][1], "case %s: indices differ from stock XLA" % k
+        elif "_nan_" not in k:
+            assert got[k][:2] == s[k][:2], "case %s differs from stock XLA" % k
+
 def _python(code, env=None, timeout=300):
     """Run `code` in a fresh python with the same plugin setup; return stdout."""
     e = dict(os.environ)

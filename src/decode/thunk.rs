@@ -15,8 +15,9 @@ use crate::plan::{
     ConvolutionThunk, CopyThunk, CublasLtMatmulThunk, CustomCallThunk, CustomKernelThunk, Dim3,
     DsfOffset, DsfParameter, DsfResult, DynamicSliceConfig, DynamicSliceFusionThunk,
     ExecutionStream, GemmConfig, GemmThunk, HostExecuteStartThunk, KernelArg, KernelCode,
-    KernelParam, KernelSpec, KernelThunk, LaunchDims, MatrixLayout, OffsetExpr, SolveTranspose,
-    Thunk, ThunkInfo, ThunkKind, TmaDescriptor, TriangularSolveThunk, WhileThunk, WindowDim,
+    KernelParam, KernelSpec, KernelThunk, LaunchDims, MatrixLayout, OffsetExpr, SelectKThunk,
+    SolveTranspose, Thunk, ThunkInfo, ThunkKind, TmaDescriptor, TriangularSolveThunk, WhileThunk,
+    WindowDim,
 };
 use crate::proto::stream_executor::{
     self as se, gpu::TmaMetadataProto, kernel_loader_spec_proto::Payload,
@@ -216,6 +217,26 @@ fn kind_of(
             ThunkKind::Memzero {
                 dest: allocs.req_shaped(&m.dest_buffer, &ctx("dest"))?,
             }
+        }
+        20 => {
+            let m: pg::SelectKThunkProto = decode_msg(data, "SelectKThunkProto", p)?;
+            // input, values, indices (and, in newer XLA, a scratch slice we do not need).
+            if !(3..=4).contains(&m.args.len()) {
+                return Err(invalid(format!(
+                    "{p}: select_k has {} buffer arguments, expected 3 (input, values, indices) or 4",
+                    m.args.len()
+                )));
+            }
+            let arg = |i: usize, what: &'static str| allocs.slice(&m.args[i], &ctx(what));
+            ThunkKind::SelectK(SelectKThunk {
+                input: arg(0, "input")?,
+                values: arg(1, "values")?,
+                indices: arg(2, "indices")?,
+                batch: m.batch_size,
+                num_elements: m.num_elements,
+                k: m.k,
+                element_type: crate::plan::ElementType(m.dtype),
+            })
         }
         28 => {
             let m: pg::Memset32BitValueThunkProto =

@@ -35,7 +35,8 @@ pub use thunk::{
     AsyncStartThunk, ConditionalThunk, CopyThunk, CublasLtMatmulThunk, CustomCallThunk,
     CustomKernelThunk, DsfOffset, DsfParameter, DsfResult, DynamicSliceConfig,
     DynamicSliceFusionThunk, ExecutionStream, GemmThunk, HostExecuteStartThunk, KernelThunk,
-    OffsetExpr, SolveTranspose, Thunk, ThunkInfo, ThunkKind, TriangularSolveThunk, WhileThunk,
+    OffsetExpr, SelectKThunk, SolveTranspose, Thunk, ThunkInfo, ThunkKind, TriangularSolveThunk,
+    WhileThunk,
 };
 pub use walk::Nested;
 

@@ -52,6 +52,7 @@ const ELEMENT_TYPES: &[(i32, &str, u32)] = &[
 impl ElementType {
     pub const PRED: Self = Self(1);
     pub const S32: Self = Self(4);
+    pub const U64: Self = Self(9);
     pub const F32: Self = Self(11);
     pub const BF16: Self = Self(16);
     pub const TUPLE: Self = Self(13);

@@ -60,6 +60,9 @@ pub enum ThunkKind {
     Copy(CopyThunk),
     /// `memzero_thunk` (19): set `dest` to zero bytes.
     Memzero { dest: ShapedSlice },
+    /// `select_k_thunk` (20): per-row top k (XLA's TopK when its emitter
+    /// picks raft's select_k).
+    SelectK(SelectKThunk),
     /// `memset32bit_value_thunk` (28): fill `dest` with the 32-bit `value`
     /// repeated (`dest.size` is a multiple of 4).
     Memset32 { dest: Slice, value: u32 },
@@ -301,6 +304,21 @@ pub struct CustomCallThunk {
     pub attributes: super::FfiAttrs,
     pub called_computation: Option<String>,
     pub use_pdl: bool,
+}
+
+/// `SelectKThunkProto`: for each of `batch` rows of `num_elements`
+/// elements of `element_type` in `input`, the `k` largest in descending
+/// order to `values` (`[batch, k]`, the input's type) and their indices to
+/// `indices` (`[batch, k]`, S32).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SelectKThunk {
+    pub input: Slice,
+    pub values: Slice,
+    pub indices: Slice,
+    pub batch: u32,
+    pub num_elements: u32,
+    pub k: u32,
+    pub element_type: ElementType,
 }
 
 /// `HostExecuteStartThunkProto` with its `HostOffloadingExecutableProto`.

@@ -47,6 +47,7 @@ impl ThunkKind {
             ThunkKind::DeviceToHostCopy(_) => "device_to_host_copy",
             ThunkKind::HostToDeviceCopy(_) => "host_to_device_copy",
             ThunkKind::Memzero { .. } => "memzero",
+            ThunkKind::SelectK(_) => "select_k",
             ThunkKind::Memset32 { .. } => "memset32bit_value",
             ThunkKind::While(_) => "while",
             ThunkKind::Conditional(_) => "conditional",
@@ -168,6 +169,20 @@ impl Thunk {
                 out.push((g.output, access));
                 if let Some(w) = g.workspace {
                     out.push((w, Access::Overwrite));
+                }
+            }
+            ThunkKind::SelectK(s) => {
+                out.push((s.input, Access::Read));
+                // The kernel writes [batch, k] of each; a larger slice keeps its tail.
+                let rows = u64::from(s.batch) * u64::from(s.k);
+                let elem = s.element_type.bit_width().map_or(0, |b| u64::from(b) / 8);
+                for (slice, bytes) in [(s.values, rows * elem), (s.indices, rows * 4)] {
+                    let access = if slice.size == bytes {
+                        Access::Overwrite
+                    } else {
+                        Access::Write
+                    };
+                    out.push((slice, access));
                 }
             }
             ThunkKind::Convolution(c) => {

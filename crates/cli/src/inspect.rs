@@ -396,6 +396,13 @@ fn detail(t: &Thunk) -> String {
             m.d.slice.allocation, m.d.slice.offset, m.algorithm_idx
         ),
         ThunkKind::CustomCall(c) => format!(" target {}", c.target_name),
+        ThunkKind::SelectK(s) => format!(
+            " {}[{}, {}] k {}",
+            s.element_type.name().unwrap_or("?").to_lowercase(),
+            s.batch,
+            s.num_elements,
+            s.k
+        ),
         ThunkKind::HostExecuteStart(h) => format!(
             " id {} args {} results {} module {}{}",
             h.async_events_unique_id,

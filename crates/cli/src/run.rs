@@ -167,7 +167,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The host backend (no GPU): every input checked and uploaded, the program
-/// loaded; it runs copies, memsets and the runtime's own copy kernels.
+/// loaded; it runs copies, memsets and the runtime's own kernels (the copy
+/// kernels, select_k).
 fn run_host(
     plan: xla_vmm::Plan,
     inputs: Vec<(String, NpyArray)>,
@@ -177,6 +178,7 @@ fn run_host(
 ) -> anyhow::Result<()> {
     let b = xla_vmm_device::HostBackend::new(xla_vmm_device::HostConfig::default())?;
     xla_vmm_runtime::copykernel::register_host_copy_kernel(&b);
+    xla_vmm_runtime::selectk::register_host_select_k(&b);
     replay(Arc::new(b), plan, None, inputs, args, mode, check)
 }
 

@@ -37,6 +37,7 @@ pub mod npz;
 pub mod ops;
 pub mod program;
 mod recapture;
+pub mod selectk;
 pub mod slots;
 pub mod vastable;
 

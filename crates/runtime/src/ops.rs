@@ -376,6 +376,25 @@ impl<B: Backend> LoadCtx<'_, B> {
         Ok(i)
     }
 
+    /// A select_k launch (`None`: nothing to select) on our kernel.
+    fn select_k(&mut self, t: &Thunk, loaded: Option<crate::selectk::Loaded>) -> Result<Op<B>> {
+        let Some(l) = loaded else {
+            return Ok(Op::Sequential(Vec::new()));
+        };
+        let (image, kind) = crate::selectk::image(self.backend.info().backend)?;
+        let module = self.module_for(&image, kind)?;
+        let function = self
+            .backend
+            .module_function(&self.modules[module], l.entry)?;
+        Ok(Op::Launch {
+            name: t.info.profile_annotation.clone(),
+            function,
+            config: l.config,
+            params: l.params,
+            zero: Vec::new(),
+        })
+    }
+
     fn main_module(&mut self, plan: &Plan) -> Result<usize> {
         if let Some(i) = self.main_module {
             return Ok(i);
@@ -419,9 +438,12 @@ impl<B: Backend> LoadCtx<'_, B> {
                     }
                     KernelCode::Ptx { text } => self.module_for(text.as_bytes(), ImageKind::Ptx)?,
                     KernelCode::InProcessSymbol { persistent_name } => {
-                        return Err(RuntimeError::unsupported(format!(
-                            "in-process kernel symbol '{persistent_name}'"
-                        )))
+                        return match crate::selectk::load_xla_top_k(persistent_name, k) {
+                            Some(loaded) => self.select_k(t, loaded?),
+                            None => Err(RuntimeError::unsupported(format!(
+                                "in-process kernel symbol '{persistent_name}'"
+                            ))),
+                        };
                     }
                     KernelCode::None => self.main_module(plan)?,
                 };
@@ -436,6 +458,23 @@ impl<B: Backend> LoadCtx<'_, B> {
                     zero: zero_slices(&k.args, &k.zeroed_output_buffer_indices)?,
                 }
             }
+            ThunkKind::SelectK(s) => match crate::selectk::load(s)? {
+                None => Op::Sequential(Vec::new()),
+                Some(l) => {
+                    let (image, kind) = crate::selectk::image(self.backend.info().backend)?;
+                    let module = self.module_for(&image, kind)?;
+                    let function = self
+                        .backend
+                        .module_function(&self.modules[module], l.entry)?;
+                    Op::Launch {
+                        name: t.info.profile_annotation.clone(),
+                        function,
+                        config: l.config,
+                        params: l.params,
+                        zero: Vec::new(),
+                    }
+                }
+            },
             ThunkKind::Kernel(k) => {
                 let module = self.main_module(plan)?;
                 let function = self
@@ -797,6 +836,8 @@ pub fn load_check(plan: &Plan) -> Result<LoadCheck> {
                     report.ptx_kernels += 1;
                     return;
                 }
+                // XLA's TopK kernel, run on ours (check_support vetted it).
+                KernelCode::InProcessSymbol { .. } => return,
                 _ if !plan.kernels.binary.is_empty() => (&plan.kernels.binary, &k.spec.kernel_name),
                 _ => {
                     report.ptx_kernels += 1;
@@ -854,6 +895,7 @@ pub fn check_support(plan: &Plan) -> Result<()> {
                 }
             }
             ThunkKind::Gemm(_) => Some("plain cuBLAS gemm".to_string()),
+            ThunkKind::SelectK(s) => crate::selectk::load(s).err().map(|e| e.to_string()),
             ThunkKind::TriangularSolve(ts) => trsm_op("", ts).err().map(|e| e.to_string()),
             ThunkKind::Convolution(c) => crate::conv::load(&t.info.profile_annotation, c)
                 .err()
@@ -863,7 +905,10 @@ pub fn check_support(plan: &Plan) -> Result<()> {
             ThunkKind::CublasLtMatmul(m) => gemm_support(m).err(),
             ThunkKind::CustomKernel(k) => match &k.spec.code {
                 KernelCode::InProcessSymbol { persistent_name } => {
-                    Some(format!("in-process kernel symbol '{persistent_name}'"))
+                    match crate::selectk::load_xla_top_k(persistent_name, k) {
+                        Some(loaded) => loaded.err().map(|e| e.to_string()),
+                        None => Some(format!("in-process kernel symbol '{persistent_name}'")),
+                    }
                 }
                 _ => param_specs(&k.args, k.spec.packing.as_deref())
                     .err()

@@ -1,5 +1,6 @@
-//! Our HIP kernels (the copy kernel `src/copykernel.hip` and the probe's
-//! `crates/device/src/probe_store.hip`, both compiled by hiprtc on AMD GPUs)
+//! Our HIP kernels (the copy kernel `src/copykernel.hip`, select_k
+//! `src/selectk.cu` and the probe's `crates/device/src/probe_store.hip`,
+//! all compiled by hiprtc on AMD GPUs)
 //! compile for real AMD targets (and, for the HIP test shim on NVIDIA, for
 //! NVPTX). No AMD GPU exists here, so this is the
 //! check they get: clang's HIP front end (what hiprtc is), device code
@@ -126,6 +127,17 @@ fn the_hip_kernels_compile_for_amd_targets() {
                 .lines()
                 .any(|l| l.contains("global_load") && l.contains("sc0 sc1")),
             "{arch}: system-scope loads (a table in host memory?)"
+        );
+
+        // select_k (src/selectk.cu): one entry per element type, with the block's barriers.
+        let text = compile(&cc, &here.join("src/selectk.cu"), arch, &[], &out_dir);
+        for t in ["f32", "bf16", "u64"] {
+            let name = format!("xla_vmm_select_k_{t}");
+            assert!(globl(&text, &name), "{arch}: no kernel symbol {name}");
+        }
+        assert!(
+            text.contains("s_barrier"),
+            "{arch}: select_k without barriers"
         );
     }
     std::fs::remove_dir_all(&out_dir).ok();

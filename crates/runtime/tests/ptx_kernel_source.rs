@@ -1,5 +1,5 @@
 //! Our PTX (the VA-stable copy kernels of `src/copykernel.rs`, at both table
-//! sizes) assembles for real NVIDIA targets. The driver JIT-compiles it on
+//! sizes, and select_k's `src/selectk.ptx`) assembles for real NVIDIA targets. The driver JIT-compiles it on
 //! the GPU, so a syntax or ISA error would otherwise show on a GPU only:
 //! here `ptxas` (from pip's `nvidia-cuda-nvcc`, no GPU needed) assembles it
 //! for Turing (the oldest target CUDA 13's ptxas knows; the 4 KiB table's
@@ -94,6 +94,23 @@ fn the_copy_kernels_assemble_for_nvidia_targets() {
                 String::from_utf8_lossy(&o.stderr)
             );
         }
+    }
+    // select_k (src/selectk.ptx, clang's PTX of src/selectk.cu; its `.maxntid 1024` makes ptxas fit a
+    // thread in 64 registers).
+    let src = dir.join("selectk.ptx");
+    std::fs::write(&src, xla_vmm_runtime::selectk::PTX).unwrap();
+    for arch in ["sm_75", "sm_90"] {
+        let o = Command::new(&ptxas)
+            .args([format!("-arch={arch}"), "-v".into(), "-o".into()])
+            .arg(dir.join(format!("selectk_{arch}.cubin")))
+            .arg(&src)
+            .output()
+            .expect("running ptxas");
+        assert!(
+            o.status.success(),
+            "ptxas -arch={arch} failed on select_k:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }
