@@ -176,7 +176,10 @@ impl Thunk {
                 // The kernel writes [batch, k] of each; a larger slice keeps its tail.
                 let rows = u64::from(s.batch) * u64::from(s.k);
                 let elem = s.element_type.bit_width().map_or(0, |b| u64::from(b) / 8);
-                for (slice, bytes) in [(s.values, rows * elem), (s.indices, rows * 4)] {
+                for (slice, bytes) in [
+                    (s.values, rows.saturating_mul(elem)),
+                    (s.indices, rows.saturating_mul(4)),
+                ] {
                     let access = if slice.size == bytes {
                         Access::Overwrite
                     } else {

@@ -458,23 +458,7 @@ impl<B: Backend> LoadCtx<'_, B> {
                     zero: zero_slices(&k.args, &k.zeroed_output_buffer_indices)?,
                 }
             }
-            ThunkKind::SelectK(s) => match crate::selectk::load(s)? {
-                None => Op::Sequential(Vec::new()),
-                Some(l) => {
-                    let (image, kind) = crate::selectk::image(self.backend.info().backend)?;
-                    let module = self.module_for(&image, kind)?;
-                    let function = self
-                        .backend
-                        .module_function(&self.modules[module], l.entry)?;
-                    Op::Launch {
-                        name: t.info.profile_annotation.clone(),
-                        function,
-                        config: l.config,
-                        params: l.params,
-                        zero: Vec::new(),
-                    }
-                }
-            },
+            ThunkKind::SelectK(s) => self.select_k(t, crate::selectk::load(s)?)?,
             ThunkKind::Kernel(k) => {
                 let module = self.main_module(plan)?;
                 let function = self

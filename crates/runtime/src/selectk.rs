@@ -20,10 +20,9 @@
 //! and smaller k) runs on the same kernel with that kernel's order: float
 //! comparison, equal values lowest index first (so -0 and +0 tie), NaN
 //! below every number ([`load_xla_top_k`]). Measured against stock: the same
-//! values and indices on inputs with ties; XLA's kernel places a NaN where
-//! its insertion sequence leaves it, which is below every number unless a
-//! NaN comes late in a thread's slice, so on inputs with NaNs the results
-//! can differ.
+//! values and indices on distinct, tied, signed-zero and sparsely-NaN
+//! inputs; where NaNs crowd the top k they differ (XLA's kernel compares
+//! with `>`, so a NaN lands where its insertion sequence leaves it).
 //!
 //! Kernels: CUDA runs [`PTX`] (`selectk.ptx`, made from `selectk.cu` by
 //! [`PTX_COMMAND`]; a test checks they agree), HIP compiles
@@ -256,12 +255,22 @@ fn launch(
             Ok(())
         }
     };
-    let (b, n64, k64) = (u64::from(batch), u64::from(n), u64::from(k));
-    need(&input, "input", n, b * n64 * elem)?;
-    need(&values, "values", k, b * k64 * elem)?;
-    need(&indices, "indices", k, b * k64 * 4)?;
+    // Saturating: a corrupt thunk's huge shape fails the size check instead of wrapping.
+    let bytes = |cols: u32, elem: u64| {
+        u64::from(batch)
+            .saturating_mul(u64::from(cols))
+            .saturating_mul(elem)
+    };
+    need(&input, "input", n, bytes(n, elem))?;
+    need(&values, "values", k, bytes(k, elem))?;
+    need(&indices, "indices", k, bytes(k, 4))?;
     if batch == 0 || k == 0 {
         return Ok(None);
+    }
+    if n > i32::MAX as u32 {
+        return Err(RuntimeError::unsupported(format!(
+            "select_k over rows of {n} elements (indices are S32)"
+        )));
     }
     if batch > i32::MAX as u32 {
         return Err(RuntimeError::unsupported(format!(
