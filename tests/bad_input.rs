@@ -483,3 +483,59 @@ fn convolutions_decode_their_descriptor_and_a_missing_one_is_named() {
     .to_string();
     assert!(e.contains("convolution kind 9"), "{e}");
 }
+
+#[test]
+fn select_k_decodes_and_a_wrong_argument_count_or_slice_is_named() {
+    let slice = |offset, size| BufferAllocationSliceProto {
+        offset,
+        size,
+        buffer_allocation_index: 0,
+        element_type: 0,
+    };
+    // f32[2, 20] at 0, values f32[2, 3] at 256, indices s32[2, 3] at 512; newer XLA adds a scratch slice.
+    let m = |args: Vec<BufferAllocationSliceProto>| px::gpu::SelectKThunkProto {
+        args,
+        batch_size: 2,
+        num_elements: 20,
+        k: 3,
+        dtype: 11,
+    };
+    let three = vec![slice(0, 160), slice(256, 24), slice(512, 24)];
+    let mut four = three.clone();
+    four.push(slice(768, 64));
+    for args in [three.clone(), four] {
+        let plan = decode(&executable(&exe_with_thunks(vec![thunk_bytes(
+            "custom-call.1",
+            20,
+            &m(args).encode_to_vec(),
+        )])))
+        .expect("decodes");
+        assert!(plan.unsupported().is_empty());
+        match &plan.thunks[0].kind {
+            ThunkKind::SelectK(s) => {
+                assert_eq!((s.batch, s.num_elements, s.k), (2, 20, 3));
+                assert_eq!(
+                    (s.input.offset, s.values.offset, s.indices.offset),
+                    (0, 256, 512)
+                );
+                assert_eq!(s.element_type, xla_vmm::ElementType::F32);
+            }
+            k => panic!("{k:?}"),
+        }
+    }
+    let e = err(&executable(&exe_with_thunks(vec![thunk_bytes(
+        "custom-call.2",
+        20,
+        &m(three[..2].to_vec()).encode_to_vec(),
+    )])));
+    assert!(
+        e.to_string().contains("custom-call.2") && e.to_string().contains("2 buffer arguments"),
+        "{e}"
+    );
+    let e = err(&executable(&exe_with_thunks(vec![thunk_bytes(
+        "custom-call.3",
+        20,
+        &m(vec![slice(0, 160), slice(1000, 48), slice(512, 24)]).encode_to_vec(),
+    )])));
+    assert!(e.to_string().contains("custom-call.3"), "{e}");
+}
