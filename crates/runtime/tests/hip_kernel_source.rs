@@ -13,36 +13,22 @@
 //! installs clang-15 and sets `XLA_VMM_REQUIRE_CLANG=1`, so there a missing
 //! compiler fails the test instead of skipping it.
 
+mod tools;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// CDNA 1/2/3 (MI100, MI200, MI300) and RDNA 2/3.
 const TARGETS: [&str; 5] = ["gfx908", "gfx90a", "gfx940", "gfx1030", "gfx1100"];
 
-fn clang() -> Option<PathBuf> {
-    let mut names: Vec<String> = std::env::var("XLA_VMM_CLANG").ok().into_iter().collect();
-    names.extend((15..=19).rev().map(|v| format!("clang-{v}")));
-    names.push("clang".into());
-    names.into_iter().map(PathBuf::from).find(|c| {
-        Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
 /// The clang to use, or `None` (saying so) to skip; under
 /// `XLA_VMM_REQUIRE_CLANG=1` (CI) a missing clang fails instead.
 fn clang_or_skip() -> Option<PathBuf> {
-    let cc = clang();
-    if cc.is_none() {
-        assert!(
-            std::env::var("XLA_VMM_REQUIRE_CLANG").as_deref() != Ok("1"),
-            "XLA_VMM_REQUIRE_CLANG=1 but no clang found (install clang-15 or set XLA_VMM_CLANG)"
-        );
-        eprintln!("SKIP: no clang to compile the HIP kernels (set XLA_VMM_CLANG)");
-    }
-    cc
+    tools::find_or_skip(
+        tools::versioned("XLA_VMM_CLANG", "clang"),
+        "XLA_VMM_REQUIRE_CLANG",
+        "clang to compile the HIP kernels (install clang-15 or set XLA_VMM_CLANG)",
+    )
 }
 
 /// Device-only assembly of `src` for `arch`.

@@ -10,19 +10,15 @@
 //! python3's `nvidia-cuda-nvcc` package. CI installs that package and sets
 //! `XLA_VMM_REQUIRE_PTXAS=1`, so there a missing assembler fails the test.
 
+mod tools;
+
 use std::path::PathBuf;
 use std::process::Command;
 
 use xla_vmm_runtime::copykernel::{ptx, ROWS_LARGE, ROWS_SMALL};
 
-fn runs(p: &PathBuf) -> bool {
-    Command::new(p)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn ptxas() -> Option<PathBuf> {
+/// ptxas candidates: `$XLA_VMM_PTXAS`, the PATH's, pip's CUDA 13 one.
+fn ptxas_candidates() -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = std::env::var("XLA_VMM_PTXAS")
         .ok()
         .map(PathBuf::from)
@@ -41,17 +37,16 @@ fn ptxas() -> Option<PathBuf> {
             found.push(String::from_utf8_lossy(&o.stdout).trim().into());
         }
     }
-    found.into_iter().find(runs)
+    found
 }
 
 #[test]
 fn the_copy_kernels_assemble_for_nvidia_targets() {
-    let Some(ptxas) = ptxas() else {
-        assert!(
-            std::env::var("XLA_VMM_REQUIRE_PTXAS").as_deref() != Ok("1"),
-            "XLA_VMM_REQUIRE_PTXAS=1 but no ptxas found (pip install nvidia-cuda-nvcc, or set XLA_VMM_PTXAS)"
-        );
-        eprintln!("SKIP: no ptxas to assemble the PTX kernels (set XLA_VMM_PTXAS)");
+    let Some(ptxas) = tools::find_or_skip(
+        ptxas_candidates(),
+        "XLA_VMM_REQUIRE_PTXAS",
+        "ptxas to assemble the PTX kernels (pip install nvidia-cuda-nvcc, or set XLA_VMM_PTXAS)",
+    ) else {
         return;
     };
     let dir = std::env::temp_dir().join(format!("xla-vmm-ptx-{}", std::process::id()));

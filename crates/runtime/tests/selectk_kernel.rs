@@ -13,8 +13,9 @@
 //! `XLA_VMM_REQUIRE_CLANG=1`, so there a missing compiler fails the tests.
 
 mod common;
+mod tools;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use common::*;
@@ -23,37 +24,19 @@ use xla_vmm_device::Backend;
 use xla_vmm_runtime::selectk::{register_host_select_k, PTX, PTX_COMMAND};
 use xla_vmm_runtime::{DeviceBuffer, Executable, Mode, RuntimeError};
 
-fn runs(c: &Path) -> bool {
-    Command::new(c)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// The first of `names` that runs, or `None` (saying so) to skip; under
-/// `XLA_VMM_REQUIRE_CLANG=1` a missing compiler fails instead.
-fn compiler(names: Vec<String>, what: &str) -> Option<PathBuf> {
-    let found = names.into_iter().map(PathBuf::from).find(|c| runs(c));
-    if found.is_none() {
-        assert!(
-            std::env::var("XLA_VMM_REQUIRE_CLANG").as_deref() != Ok("1"),
-            "XLA_VMM_REQUIRE_CLANG=1 but no {what} found"
-        );
-        eprintln!("SKIP: no {what}");
-    }
-    found
-}
-
 fn src_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
 #[test]
 fn the_kernel_on_cpu_threads_gives_each_rows_stable_order() {
-    let mut names: Vec<String> = std::env::var("XLA_VMM_CXX").ok().into_iter().collect();
-    names.extend((15..=19).rev().map(|v| format!("clang++-{v}")));
+    let mut names = tools::versioned("XLA_VMM_CXX", "clang++");
     names.push("c++".into());
-    let Some(cxx) = compiler(names, "C++20 compiler (set XLA_VMM_CXX)") else {
+    let Some(cxx) = tools::find_or_skip(
+        names,
+        "XLA_VMM_REQUIRE_CLANG",
+        "C++20 compiler (set XLA_VMM_CXX)",
+    ) else {
         return;
     };
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests");
@@ -80,7 +63,11 @@ fn the_kernel_on_cpu_threads_gives_each_rows_stable_order() {
 
 #[test]
 fn the_committed_ptx_is_what_clang_15_makes_of_the_source() {
-    let Some(cc) = compiler(vec![PTX_COMMAND[0].to_string()], PTX_COMMAND[0]) else {
+    let Some(cc) = tools::find_or_skip(
+        [PTX_COMMAND[0].into()],
+        "XLA_VMM_REQUIRE_CLANG",
+        PTX_COMMAND[0],
+    ) else {
         return;
     };
     let dir = std::env::temp_dir().join(format!("xla-vmm-selectk-ptx-{}", std::process::id()));
