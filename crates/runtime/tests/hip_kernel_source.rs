@@ -35,29 +35,23 @@ fn clang_or_skip() -> Option<PathBuf> {
 fn compile(cc: &Path, src: &Path, arch: &str, defines: &[&str], out_dir: &Path) -> String {
     let stem = src.file_stem().unwrap().to_string_lossy();
     let asm = out_dir.join(format!("{stem}-{arch}.s"));
-    let o = Command::new(cc)
-        .args([
-            "-x",
-            "hip",
-            "--cuda-device-only",
-            "-nogpulib",
-            "-nogpuinc",
-            "-O3",
-            "-S",
-        ])
-        .arg(format!("--offload-arch={arch}"))
-        .args(defines.iter().map(|d| format!("-D{d}")))
-        .arg("-o")
-        .arg(&asm)
-        .arg(src)
-        .output()
-        .expect("running clang");
-    assert!(
-        o.status.success(),
-        "{} failed on {} for {arch}:\n{}",
-        cc.display(),
-        src.display(),
-        String::from_utf8_lossy(&o.stderr)
+    tools::run_ok(
+        Command::new(cc)
+            .args([
+                "-x",
+                "hip",
+                "--cuda-device-only",
+                "-nogpulib",
+                "-nogpuinc",
+                "-O3",
+                "-S",
+            ])
+            .arg(format!("--offload-arch={arch}"))
+            .args(defines.iter().map(|d| format!("-D{d}")))
+            .arg("-o")
+            .arg(&asm)
+            .arg(src),
+        format_args!("{} on {} for {arch}", cc.display(), src.display()),
     );
     std::fs::read_to_string(&asm).unwrap()
 }
@@ -154,31 +148,25 @@ fn the_hip_kernels_compile_for_nvptx_too() {
         ),
     ] {
         let ptx = out_dir.join("k.ptx");
-        let o = Command::new(&cc)
-            .args([
-                "-x",
-                "cuda",
-                "--cuda-device-only",
-                "-nocudainc",
-                "-nocudalib",
-                "--cuda-gpu-arch=sm_80",
-                "-include",
-                "__clang_cuda_builtin_vars.h",
-                "-O3",
-                "-S",
-            ])
-            .arg(&rows)
-            .arg("-o")
-            .arg(&ptx)
-            .arg(&src)
-            .output()
-            .expect("running clang");
-        assert!(
-            o.status.success(),
-            "{} failed on {} for sm_80:\n{}",
-            cc.display(),
-            src.display(),
-            String::from_utf8_lossy(&o.stderr)
+        tools::run_ok(
+            Command::new(&cc)
+                .args([
+                    "-x",
+                    "cuda",
+                    "--cuda-device-only",
+                    "-nocudainc",
+                    "-nocudalib",
+                    "--cuda-gpu-arch=sm_80",
+                    "-include",
+                    "__clang_cuda_builtin_vars.h",
+                    "-O3",
+                    "-S",
+                ])
+                .arg(&rows)
+                .arg("-o")
+                .arg(&ptx)
+                .arg(&src),
+            format_args!("{} on {} for sm_80", cc.display(), src.display()),
         );
         let text = std::fs::read_to_string(&ptx).unwrap();
         for k in kernels {

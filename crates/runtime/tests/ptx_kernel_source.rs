@@ -76,17 +76,13 @@ fn the_copy_kernels_assemble_for_nvidia_targets() {
         let src = dir.join(format!("copy_{rows}.ptx"));
         std::fs::write(&src, &text).unwrap();
         for arch in ["sm_75", "sm_90"] {
-            let o = Command::new(&ptxas)
-                .arg(format!("-arch={arch}"))
-                .arg("-o")
-                .arg(dir.join(format!("copy_{rows}_{arch}.cubin")))
-                .arg(&src)
-                .output()
-                .expect("running ptxas");
-            assert!(
-                o.status.success(),
-                "ptxas -arch={arch} failed on the {rows}-row copy kernels:\n{}",
-                String::from_utf8_lossy(&o.stderr)
+            tools::run_ok(
+                Command::new(&ptxas)
+                    .arg(format!("-arch={arch}"))
+                    .arg("-o")
+                    .arg(dir.join(format!("copy_{rows}_{arch}.cubin")))
+                    .arg(&src),
+                format_args!("ptxas -arch={arch} on the {rows}-row copy kernels"),
             );
         }
     }
@@ -95,16 +91,12 @@ fn the_copy_kernels_assemble_for_nvidia_targets() {
     let src = dir.join("selectk.ptx");
     std::fs::write(&src, xla_vmm_runtime::selectk::PTX).unwrap();
     for arch in ["sm_75", "sm_90"] {
-        let o = Command::new(&ptxas)
-            .args([format!("-arch={arch}"), "-v".into(), "-o".into()])
-            .arg(dir.join(format!("selectk_{arch}.cubin")))
-            .arg(&src)
-            .output()
-            .expect("running ptxas");
-        assert!(
-            o.status.success(),
-            "ptxas -arch={arch} failed on select_k:\n{}",
-            String::from_utf8_lossy(&o.stderr)
+        tools::run_ok(
+            Command::new(&ptxas)
+                .args([format!("-arch={arch}"), "-v".into(), "-o".into()])
+                .arg(dir.join(format!("selectk_{arch}.cubin")))
+                .arg(&src),
+            format_args!("ptxas -arch={arch} on select_k"),
         );
     }
     std::fs::remove_dir_all(&dir).ok();

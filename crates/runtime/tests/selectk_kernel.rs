@@ -41,18 +41,13 @@ fn the_kernel_on_cpu_threads_gives_each_rows_stable_order() {
     };
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests");
     let exe = std::env::temp_dir().join(format!("xla-vmm-selectk-{}", std::process::id()));
-    let o = Command::new(&cxx)
-        .args(["-std=c++20", "-O2", "-pthread", "-Wall", "-Werror"])
-        .arg("-o")
-        .arg(&exe)
-        .arg(here.join("selectk_emulated.cpp"))
-        .output()
-        .expect("running the C++ compiler");
-    assert!(
-        o.status.success(),
-        "{} failed on selectk_emulated.cpp:\n{}",
-        cxx.display(),
-        String::from_utf8_lossy(&o.stderr)
+    tools::run_ok(
+        Command::new(&cxx)
+            .args(["-std=c++20", "-O2", "-pthread", "-Wall", "-Werror"])
+            .arg("-o")
+            .arg(&exe)
+            .arg(here.join("selectk_emulated.cpp")),
+        format_args!("{} on selectk_emulated.cpp", cxx.display()),
     );
     let r = Command::new(&exe).output().expect("running the emulation");
     std::fs::remove_file(&exe).ok();
@@ -77,15 +72,9 @@ fn the_committed_ptx_is_what_clang_15_makes_of_the_source() {
     let n = args.len();
     args[n - 2] = dir.join("selectk.ptx").display().to_string();
     args[n - 1] = src_dir().join("selectk.cu").display().to_string();
-    let o = Command::new(&cc)
-        .args(&args)
-        .output()
-        .expect("running clang");
-    assert!(
-        o.status.success(),
-        "{} failed on selectk.cu:\n{}",
-        cc.display(),
-        String::from_utf8_lossy(&o.stderr)
+    tools::run_ok(
+        Command::new(&cc).args(&args),
+        format_args!("{} on selectk.cu", cc.display()),
     );
     let made = std::fs::read_to_string(dir.join("selectk.ptx")).unwrap();
     std::fs::remove_dir_all(&dir).ok();

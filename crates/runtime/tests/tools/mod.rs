@@ -5,8 +5,9 @@
 
 #![allow(dead_code)] // each test file uses some of these
 
+use std::fmt::Display;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// Does `tool --version` run and succeed?
 pub fn runs(tool: &Path) -> bool {
@@ -48,4 +49,18 @@ pub fn find_or_skip(
         eprintln!("SKIP: no {what}");
     }
     found
+}
+
+/// Runs `cmd` and fails the test, with `what` and the tool's stderr, unless
+/// it exits successfully.
+pub fn run_ok(cmd: &mut Command, what: impl Display) -> Output {
+    let o = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {:?}: {e}", cmd.get_program()));
+    assert!(
+        o.status.success(),
+        "{what} failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
 }
