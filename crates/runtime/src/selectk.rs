@@ -43,7 +43,9 @@ use crate::ops::ParamSpec;
 pub const KERNEL_SOURCE: &str = include_str!("selectk.cu");
 /// `selectk.cu` compiled for NVPTX by [`PTX_COMMAND`].
 pub const PTX: &str = include_str!("selectk.ptx");
-/// How `selectk.ptx` is made (run in `crates/runtime/src`).
+/// How `selectk.ptx` is made (run in `crates/runtime/src`). No CUDA
+/// installation is used (`--cuda-path` names none): clang otherwise finds
+/// one through a `ptxas` on `PATH` and writes that CUDA's PTX ISA version.
 pub const PTX_COMMAND: &[&str] = &[
     "clang-15",
     "-x",
@@ -51,6 +53,7 @@ pub const PTX_COMMAND: &[&str] = &[
     "--cuda-device-only",
     "-nocudainc",
     "-nocudalib",
+    "--cuda-path=/nonexistent",
     "--cuda-gpu-arch=sm_70",
     "-include",
     "__clang_cuda_builtin_vars.h",
