@@ -5,13 +5,13 @@
 #     bash integration/gpu_check.sh .dev/gpu [SECTION...]
 # SECTION: device stock runtime plugin perf memcheck (default, in that order; runtime and perf need
 # stock's reference data in $WORK, made by `stock` or by perf itself; `multi compare` too when the machine
-# has 2+ GPUs). `perf` is the perf gate: bench.py (every stock configuration vs every mode of ours), a short
-# A/B through the plugin (ab.py), the copy-path diagnostic, and real MaxText tiny and 1B when its folder is
-# staged ($S/mt: stage_gpu.sh --perf); it FAILs when the default mode is slower than the best stock
-# configuration or than our eager or graph-recapture mode on any row (perf_gate.py). `perf-bench` and
-# `perf-mt` are its halves, for two device calls. Opt-in, only when named: `bench` (bench.py alone), `sanitize` (compute-sanitizer memcheck on a 200-step VA-stable loop at thresholds 0 / 1 / 4096),
+# has 2+ GPUs). `perf` is the perf gate, one run of at most 9 minutes: bench.py (every stock configuration
+# vs every mode of ours), a short A/B through the plugin (ab.py) and real MaxText tiny and 1B when its folder
+# is staged ($S/mt: stage_gpu.sh --perf); it FAILs when the default mode is slower than the best stock
+# configuration or than our eager or graph-recapture mode on any row, or its losses moved (perf_gate.py).
+# `perf-bench` and `perf-mt` are its halves, for narrow runs. Opt-in, only when named: `bench` (bench.py alone), `sanitize` (compute-sanitizer memcheck on a 200-step VA-stable loop at thresholds 0 / 1 / 4096),
 # `sanitize-jax` (memcheck over a short llama training through the plugin under JAX),
-# `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
+# `copy-paths` (the VA-stable copy paths' diagnostic), `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
 # `jax` (a slice of JAX's own test suite, stock then vmm, side by side: integration/jax_tests.py on the
 # tests staged at $S/jaxtests by `JAX_SRC=... stage_gpu.sh --perf`; JAX_SLICE_FILES / JAX_SLICE_BUDGET_S /
 # JAX_SLICE_REF (an earlier jax_tests.json[.gz] whose stock half is reused), JAX_SLICE_RESUME (an earlier
@@ -106,7 +106,7 @@ echo "================ xla-vmm GPU check summary ================"
 printf '%s\n' "${SUMMARY[@]}"
 echo "$pass passed, $fail failed, $skipped skipped"
 [ -f "$WORK/logs/bench.log" ] && { echo; grep -A20 '^| program' "$WORK/logs/bench.log"; }
-for g in "$WORK"/perf/gate*.md; do [ -f "$g" ] && { echo; cat "$g"; }; done
+for g in "$WORK"/perf/gate.md; do [ -f "$g" ] && { echo; cat "$g"; }; done
 [ -f "$WORK/perf/copy_paths.md" ] && { echo; cat "$WORK/perf/copy_paths.md"; }
 [ -f "$WORK/ab/ab.md" ] && { echo; cat "$WORK/ab/ab.md"; }
 [ -f "$WORK/ab_rocm/ab.md" ] && { echo; echo "A/B under ROCm's remap cost (XLA_VMM_EMULATE_REMAP_MS):"; cat "$WORK/ab_rocm/ab.md"; }
@@ -119,7 +119,7 @@ done
 if [ -n "${SAVE_TO:-}" ]; then
   mkdir -p "$SAVE_TO"
   printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed, $skipped skipped" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* va_gap/va_gap.* ab_rocm/ab.* 2>/dev/null)
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* 2>/dev/null)
 fi
 }
 CHILD=; CURRENT=
@@ -199,48 +199,59 @@ want plugin && check "plugin:pytest" python3 -m pytest -q -rs -p no:cacheprovide
 # 5. Benchmark (not a test, opt in: section `bench`): every stock configuration vs our modes, same executable.
 want bench && check "bench" python3 integration/bench.py --vmm "$VMM" --ref "$WORK/ref" llama_sgd_f32 llama_scan_bf16
 
-# 5b. The perf gate (section `perf`, default; or its halves `perf-bench`, `perf-mt`): benchmarks whose
-#     default-mode rows must not be slower than the best stock configuration or our eager / recapture modes.
-#     PERF_BENCH_ENV: extra bench rows ('NAME:K=V,K=V;NAME2:...'); MT_CONFIGS / MT_VARIANTS / MT_STEPS /
-#     MT_BUDGET_S: the MaxText part (integration/maxtext/run.py); PERF_AB_MODELS / PERF_AB_STEPS /
+# 5b. The perf gate (section `perf`, default): one run of at most 9 minutes that measures the default mode
+#     against the best stock configuration of the same run and against our own eager and graph-recapture
+#     modes on bench.py (the stock reference executables through the CLI), a short A/B through the plugin
+#     (ab.py) and real MaxText tiny and 1B when its folder is staged ($S/mt: stage_gpu.sh --perf), then ONE
+#     verdict over all of them (perf_gate.py -> $PERF/gate.md; FAIL: a default row slower than a reference,
+#     or its losses moved). GATE_BUDGET_S (default 530): the whole gate's seconds; the MaxText part gets
+#     what bench and A/B left. `perf-bench` and `perf-mt` are its halves, for narrow runs.
+#     PERF_BENCH_ENV: extra bench rows ('NAME:K=V,K=V;NAME2:...'); MT_CONFIGS / MT_VARIANTS / MT_STEPS:
+#     the MaxText part (integration/maxtext/run.py); PERF_AB_MODELS / PERF_AB_STEPS / PERF_AB_THRESHOLDS /
 #     PERF_AB_REPEAT (our rows run that many times in turn, the median shown): the A/B.
 PERF=$WORK/perf
+GATE_T0=$(date +%s)
 if want perf || want perf-bench; then
   mkdir -p "$PERF"
   [ -f "$WORK/ref/llama_scan_bf16.loop.json" ] && [ -f "$WORK/ref/llama_sgd_f32.loop.json" ] || \
     check "perf:stock-ref" python3 integration/stock_ref.py --out "$WORK/ref" --steps 30 llama_sgd_f32 llama_scan_bf16
-  check "perf:copy-paths" bash integration/diag/copy_paths.sh "$S" "$PERF"
   benv=()
   IFS=';' read -r -a _rows <<<"${PERF_BENCH_ENV:-}"
   for r in "${_rows[@]}"; do [ -n "$r" ] && benv+=(--vmm-env "$r"); done
   check "perf:bench" python3 integration/bench.py --vmm "$VMM" --ref "$WORK/ref" --steps 30 \
     --json "$PERF/bench.json" "${benv[@]}" llama_sgd_f32 llama_scan_bf16
   check "perf:ab" python3 integration/ab.py --out "$PERF/ab" --vmm "$VMM" --steps "${PERF_AB_STEPS:-20}" \
-    --repeat "${PERF_AB_REPEAT:-1}" \
-    --models "${PERF_AB_MODELS:-llama_small_f32,maxtext_tiny_bf16}" --thresholds 0,1 --modes eager,graph-recapture
-  ALWAYS=1 check "perf:gate-bench" python3 integration/perf_gate.py --bench "$PERF/bench.json" --ab "$PERF/ab/ab.json" \
-    --out "$PERF/gate_bench.md" --title "perf gate (bench + A/B), $(cat "$BIN/../COMMIT" 2>/dev/null || echo '?')"
+    --repeat "${PERF_AB_REPEAT:-1}" --models "${PERF_AB_MODELS:-llama_small_f32,maxtext_tiny_bf16}" \
+    --thresholds "${PERF_AB_THRESHOLDS:-1}" --modes eager,graph-recapture
 fi
-# 5b'. Where the default (VA-stable) step loses to graph-recapture (opt in: section `va-gap`): the A/B
-#      models' saved executables through the CLI and through the plugin, by mode, copy path and
-#      completion path (integration/diag/va_gap.py; results/va_gap_f66ded2.md). VA_GAP_MODELS, VA_GAP_ROWS.
-want va-gap && check "va-gap" python3 integration/diag/va_gap.py --vmm "$VMM" --out "$WORK/va_gap" --steps 30 \
-  --rows "${VA_GAP_ROWS:-modes}" ${VA_GAP_MODELS:-llama_small_f32 maxtext_tiny_bf16}
 if want perf || want perf-mt; then
   MT=${PERF_MT:-$S/mt}
   if [ -d "$MT/.mt" ]; then
     mkdir -p "$PERF/mt"
     wheel=$(ls "$S"/wheel/*.whl 2>/dev/null | head -1)
+    mt_budget=${MT_BUDGET_S:-$(( ${GATE_BUDGET_S:-530} - ($(date +%s) - GATE_T0) ))}
     check "perf:maxtext" python3 integration/maxtext/run.py --mt "$MT" --out "$PERF/mt" ${wheel:+--wheel "$wheel"} \
-      --configs "${MT_CONFIGS:-tiny,1B}" --variants "${MT_VARIANTS:-cuda,cuda_skip_temp,vmm_t1,vmm_eager}" \
-      --steps "${MT_STEPS:-15}" --budget-s "${MT_BUDGET_S:-420}"
-    ALWAYS=1 check "perf:gate-maxtext" python3 integration/perf_gate.py --mt "$PERF/mt/mt.json" \
-      --out "$PERF/gate_maxtext.md" --title "perf gate (MaxText), $(cat "$S/COMMIT" 2>/dev/null || echo '?')"
+      --configs "${MT_CONFIGS:-tiny,1B}" --variants "${MT_VARIANTS:-cuda,cuda_skip_temp,vmm_t1,vmm_eager,tiny:vmm_recapture}" \
+      --steps "${MT_STEPS:-15}" --budget-s "$mt_budget"
   else
     check "perf:maxtext" sh -c "echo 'no MaxText folder at $MT (integration/maxtext/prepare.sh, then stage_gpu.sh --perf)'; exit 1"
   fi
 fi
-
+if want perf || want perf-bench || want perf-mt; then
+  gate_in=()
+  [ -f "$PERF/bench.json" ] && gate_in+=(--bench "$PERF/bench.json")
+  [ -f "$PERF/ab/ab.json" ] && gate_in+=(--ab "$PERF/ab/ab.json")
+  [ -f "$PERF/mt/mt.json" ] && gate_in+=(--mt "$PERF/mt/mt.json")
+  ALWAYS=1 check "perf:gate" python3 integration/perf_gate.py "${gate_in[@]}" --out "$PERF/gate.md" \
+    --json "$PERF/gate.json" --title "perf gate, $(cat "$BIN/../COMMIT" 2>/dev/null || echo '?') ($(( $(date +%s) - GATE_T0 )) s)"
+fi
+# The copy-path diagnostic (opt in: section `copy-paths`): the VA-stable copies' paths on this device.
+want copy-paths && check "copy-paths" bash integration/diag/copy_paths.sh "$S" "$WORK/perf"
+# 5b'. Where the default (VA-stable) step loses to graph-recapture (opt in: section `va-gap`): the A/B
+#      models' saved executables through the CLI and through the plugin, by mode, copy path and
+#      completion path (integration/diag/va_gap.py; results/va_gap_f66ded2.md). VA_GAP_MODELS, VA_GAP_ROWS.
+want va-gap && check "va-gap" python3 integration/diag/va_gap.py --vmm "$VMM" --out "$WORK/va_gap" --steps 30 \
+  --rows "${VA_GAP_ROWS:-modes}" ${VA_GAP_MODELS:-llama_small_f32 maxtext_tiny_bf16}
 # 5c. JAX's own tests, stock vs vmm (opt in: section `jax`). Exit status 0 whatever the tests did: the
 #     table (jax_tests.md) is the result; process deaths are listed there with their last words.
 if want jax; then

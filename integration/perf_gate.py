@@ -6,8 +6,11 @@ eager and graph-recapture modes, on every row of every benchmark that ran (bench
 
 A row FAILs when the default mode's step time is more than --tolerance (a fraction: run-to-run noise)
 above the best stock configuration measured in the same run, or above our eager or graph-recapture mode
-(where they ran), or when the default did not run. Prints one Markdown table (also to --out); exit 1 on
-any FAIL, 3 when no input had rows.
+(where they ran), or when the default did not run, or when its losses moved: in the A/B (one serialized
+executable, deterministic ops) the default's loss bits must equal every other row's of ours and stock's
+with command buffers on (the compile they all run); in MaxText (a compile per run, losses printed with 3
+decimals) no step's loss may differ from stock's by more than --loss-tolerance. Prints one Markdown table
+(also to --out); exit 1 on any FAIL, 3 when no input had rows.
 """
 import argparse
 import json
@@ -22,16 +25,41 @@ SUITES = {
 
 
 def rows_of(suite, data):
-    """[(workload, config, ms)] of one benchmark's JSON."""
+    """[(workload, config, ms, row)] of one benchmark's JSON."""
     out = []
     for r in data.get("rows", []):
         if suite == "bench":
-            out.append((r["program"], r["config"], r.get("ms")))
+            out.append((r["program"], r["config"], r.get("ms"), r))
         elif suite == "ab":
-            out.append((r["model"], r["config"], r.get("median_ms")))
+            out.append((r["model"], r["config"], r.get("median_ms"), r))
         else:
-            out.append(("maxtext " + r["config"], r["variant"], r.get("median_ms")))
+            out.append(("maxtext " + r["config"], r["variant"], r.get("median_ms"), r))
     return out
+
+
+# The stock row of the A/B whose compile every vmm row runs (its losses are the same bits).
+AB_SAME_EXECUTABLE = "stock cmdbuf on"
+
+
+def loss_problems(suite, default, by_row, loss_tol):
+    """Why the default row's losses are not what they must be (empty: they are)."""
+    d = by_row.get(default)
+    if d is None:
+        return []
+    if suite == "ab":
+        mine = d.get("loss_bits")
+        if not mine:
+            return []
+        return ["losses differ from %s" % c for c, r in by_row.items()
+                if c != default and r.get("loss_bits") and (c == AB_SAME_EXECUTABLE or not is_stock(suite, c))
+                and r["loss_bits"] != mine]
+    if suite == "maxtext":
+        dl = d.get("max_dloss")
+        if isinstance(dl, (int, float)) and (dl != dl or dl > loss_tol):
+            return ["loss differs from stock's by %.3f (> %.3f)" % (dl, loss_tol)]
+        if any(v != v for v in d.get("losses", {}).values()):
+            return ["loss is NaN"]
+    return []
 
 
 def is_stock(suite, config):
@@ -42,12 +70,13 @@ def num(v):
     return v if isinstance(v, (int, float)) and v == v and v > 0 else None
 
 
-def verdicts(suite, rows, tol):
+def verdicts(suite, rows, tol, loss_tol=0.01):
     """One dict per workload of `rows`."""
     default, eager, recap = SUITES[suite]
     out = []
     for w in dict.fromkeys(r[0] for r in rows):
-        by = {c: num(ms) for wl, c, ms in rows if wl == w}
+        by = {c: num(ms) for wl, c, ms, _ in rows if wl == w}
+        by_row = {c: row for wl, c, _, row in rows if wl == w}
         stock = {c: ms for c, ms in by.items() if is_stock(suite, c) and ms}
         best_c = min(stock, key=stock.get) if stock else None
         d = by.get(default)
@@ -59,6 +88,7 @@ def verdicts(suite, rows, tol):
                                ("graph-recapture", by.get(recap))):
                 if ref and d > ref * (1 + tol):
                     problems.append("slower than %s (%.3f > %.3f ms)" % (label, d, ref))
+        problems += loss_problems(suite, default, by_row, loss_tol)
         others = {c: ms for c, ms in by.items() if ms and not is_stock(suite, c) and c not in (default, eager, recap)}
         out.append({"suite": suite, "workload": w, "best_stock": best_c, "best_stock_ms": stock.get(best_c),
                     "eager_ms": by.get(eager), "recapture_ms": by.get(recap), "default_ms": d,
@@ -94,6 +124,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--tolerance", type=float, default=0.02)
+    ap.add_argument("--loss-tolerance", type=float, default=0.01,
+                    help="MaxText: largest |loss - stock's loss| of a step (3 printed decimals, another compile)")
     ap.add_argument("--title", default="")
     a = ap.parse_args()
     vs = []
@@ -105,7 +137,7 @@ def main():
             except (OSError, ValueError) as e:
                 print("perf gate: %s: %s" % (p, e), file=sys.stderr)
                 continue
-            vs += verdicts(suite, rows_of(suite, data), a.tolerance)
+            vs += verdicts(suite, rows_of(suite, data), a.tolerance, a.loss_tolerance)
     text = markdown(vs, a.tolerance, a.title)
     print(text)
     if a.out:

@@ -9,15 +9,20 @@
 set -euo pipefail
 git_dir=${1:?usage: prepare.sh MIRROR_GIT_DIR DEST}
 dest=${2:?usage: prepare.sh MIRROR_GIT_DIR DEST}
-mt=$dest/.mt
+mt=$(mkdir -p "$dest" && cd "$dest" && pwd)/.mt
 rm -rf "$mt"; mkdir -p "$mt"
-# The mirror may lack some large blobs (tokenizers that synthetic data does not need): archive only what
-# it holds. git may still print "invalid object" for one of them; the archive is complete without it.
-missing=()
-while read -r _ _ sha _ path; do
-  git --git-dir="$git_dir" cat-file -e "$sha" 2>/dev/null || missing+=(":(exclude)$path")
-done < <(git --git-dir="$git_dir" ls-tree -r -l HEAD src/maxtext pyproject.toml LICENSE)
-git --git-dir="$git_dir" archive HEAD -- src/maxtext pyproject.toml LICENSE "${missing[@]}" | tar -x -C "$mt"
+# The mirror may lack some large blobs (tokenizers that synthetic data does not need), and `git archive`
+# fails on a missing blob even when a pathspec excludes it: the tree goes through a temporary index
+# without the missing blobs, and checkout-index writes what is left.
+index=$(mktemp); trap 'rm -f "$index"' EXIT
+export GIT_INDEX_FILE=$index
+git --git-dir="$git_dir" read-tree HEAD
+git --git-dir="$git_dir" ls-files -s -- src/maxtext pyproject.toml LICENSE | while read -r _ sha _ path; do
+  git --git-dir="$git_dir" cat-file -e "$sha" 2>/dev/null || printf '%s\n' "$path"
+done | git --git-dir="$git_dir" update-index --force-remove --stdin
+git --git-dir="$git_dir" ls-files -- src/maxtext pyproject.toml LICENSE \
+  | git --git-dir="$git_dir" checkout-index --prefix="$mt/" --stdin
+unset GIT_INDEX_FILE
 git --git-dir="$git_dir" rev-parse HEAD >"$mt/MAXTEXT_COMMIT"
 # Notebooks and tokenizers other than llama2's are not needed for synthetic data.
 find "$mt" -name '*.ipynb' -delete

@@ -231,6 +231,24 @@ class PerfGate(unittest.TestCase):
         self.assertIn("| maxtext | maxtext tiny | 12.000 (cuda) | - | - | - | - | - | - | FAIL; default did not run |",
                       text)
 
+    def test_losses_that_moved_fail_the_row(self):
+        ab = {"rows": [{"model": "m", "config": "stock cmdbuf on", "median_ms": 2.0, "loss_bits": [1, 2]},
+                       {"model": "m", "config": "stock SKIP_TEMP", "median_ms": 2.0, "loss_bits": [1, 3]},
+                       {"model": "m", "config": "vmm eager", "median_ms": 2.0, "loss_bits": [1, 2]},
+                       {"model": "m", "config": "vmm t=1", "median_ms": 1.0, "loss_bits": [1, 2]},
+                       {"model": "n", "config": "stock cmdbuf on", "median_ms": 2.0, "loss_bits": [1, 2]},
+                       {"model": "n", "config": "vmm eager", "median_ms": 2.0, "loss_bits": [1, 2]},
+                       {"model": "n", "config": "vmm t=1", "median_ms": 1.0, "loss_bits": [1, 4]}]}
+        mt = {"rows": [{"config": "tiny", "variant": "cuda", "median_ms": 12.0, "losses": {"0": 10.9}},
+                       {"config": "tiny", "variant": "vmm_t1", "median_ms": 6.0, "losses": {"0": 10.92},
+                        "max_dloss": 0.02}]}
+        code, text = self.run_gate(ab=ab, mt=mt)
+        self.assertEqual(code, 1)
+        # Another compile (stock SKIP_TEMP) may round differently: not compared.
+        self.assertRegex(text, r"\| ab \| m \|.*\| PASS \|")
+        self.assertIn("FAIL; losses differ from stock cmdbuf on; losses differ from vmm eager |", text)
+        self.assertIn("FAIL; loss differs from stock's by 0.020 (> 0.010) |", text)
+
     def test_no_input_is_not_a_pass(self):
         code, _ = quiet(self.m.main, ["perf_gate.py", "--bench", "/nonexistent.json"])
         self.assertEqual(code, 3)
