@@ -17,6 +17,10 @@ Step time: MaxText prints `seconds:` with 3 decimals, too coarse for the tiny co
 against the same config's `cuda` run. Writes OUT/mt.json and OUT/mt.md after every run (a call cut short
 keeps what it finished), and every run's log into OUT/mt_logs.tar.gz. --budget-s: no run starts once
 that many seconds have passed, and a run's timeout is cut to what is left.
+
+Half of a run's ~35 s is Python importing MaxText (no GPU work). So the next run's process is started, at
+low CPU priority, while the current one runs: it imports MaxText, says so, and waits; it is let go (its
+environment set from the start) once the current run has exited. A run's wall time counts from its go.
 """
 import argparse
 import glob
@@ -86,6 +90,56 @@ def parse_log(lines, tokens):
             ms = tokens / tps * 1e3 if tps > 0 else float(m.group(2)) * 1e3
             steps[int(m.group(1))] = (ms, float(m.group(4)))
     return steps
+
+
+# The process of one run: import MaxText's trainer (CPU only: jax creates no backend at import), say so
+# on stdout, wait for a line on stdin (the go), then run the trainer with argv[1:] as its arguments.
+PRELUDE = """
+import os, sys
+os.nice(10)
+import maxtext.trainers.pre_train.train as train
+print("xla-vmm harness: MaxText imported, waiting", flush=True)
+go = sys.stdin.readline()
+if go.strip() != "go":
+    sys.exit(0)
+os.nice(-10) if os.geteuid() == 0 else None
+from absl import app
+sys.argv = ["train"] + sys.argv[1:]
+app.run(train.main)
+"""
+
+
+class Prepared:
+    """A run's process, started ahead and waiting for its go (see PRELUDE)."""
+
+    def __init__(self, cmd, env, log):
+        self.log = log
+        self.fh = open(log, "w")
+        self.proc = subprocess.Popen([sys.executable, "-c", PRELUDE] + cmd, env=env, stdin=subprocess.PIPE,
+                                     stdout=self.fh, stderr=subprocess.STDOUT, text=True)
+
+    def go(self, timeout):
+        """Let it run; its exit status (124 when it outlived `timeout` seconds and was killed)."""
+        try:
+            self.proc.stdin.write("go\n")
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass  # it died while importing: its log says why
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            rc = 124
+        self.fh.close()
+        return rc
+
+    def cancel(self):
+        """Not to run after all: ended without its go."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.fh.close()
 
 
 def first_error(lines, rc):
@@ -167,57 +221,75 @@ def main():
         with tarfile.open(os.path.join(a.out, "mt_logs.tar.gz"), "w:gz") as tf:
             tf.add(logd, arcname="mt_logs")
 
-    for cfg in [c for c in a.configs.split(",") if c]:
-        args, tokens = CONFIGS[cfg]
-        for var in variants_of(a.variants, cfg):
-            env = variant_env(var)
-            row = {"config": cfg, "variant": var, "rc": "skip", "steps_done": 0, "median_ms": None,
-                   "max_dloss": None, "vmm_lines": 0, "error": "", "ms": {}, "losses": {}}
-            left = a.budget_s - (time.time() - t0) - 15
-            if env is None:
-                row["error"] = "unknown variant"
-            elif env["JAX_PLATFORMS"] == "vmm" and not have_vmm:
-                row["error"] = "no xla-vmm wheel"
-            elif left < 40:
-                row["error"] = "budget spent (--budget-s %g)" % a.budget_s
-            if row["error"]:
-                say("%s %s: skipped (%s)" % (cfg, var, row["error"]))
-                rows.append(row)
-                save()
-                continue
-            work = "/tmp/mt_ab_work/%s_%s" % (cfg, re.sub(r"[^A-Za-z0-9_]", "_", var))
-            os.makedirs(work + "/cache", exist_ok=True)
-            cmd = [sys.executable, "-m", "maxtext.trainers.pre_train.train",
-                   os.path.join(src, "maxtext", "configs", "base.yml"), "run_name=mt_%s_%s" % (cfg, var.split("@")[0]),
-                   "base_output_directory=" + work + "/out", "jax_cache_dir=" + work + "/cache",
-                   "model_name=llama2-7b", "override_model_config=true", "per_device_batch_size=1",
-                   "dataset_type=synthetic", "enable_checkpointing=false", "hardware=gpu", "attention=dot_product",
-                   "steps=%d" % a.steps] + args.split() + a.extra.split()
-            tmo = int(min(a.timeout, left))
-            say("%s %s: start (%s, timeout %ds)" % (cfg, var, " ".join("%s=%s" % kv for kv in env.items()
-                                                                        if kv[0] != "XLA_FLAGS" or kv[1]), tmo))
-            log = os.path.join(logd, "mt_%s_%s.log" % (cfg, re.sub(r"[^A-Za-z0-9_=.-]", "_", var)))
-            t1 = time.time()
-            with open(log, "w") as fh:
-                try:
-                    rc = subprocess.run(cmd, env=dict(env0, **env), stdout=fh, stderr=subprocess.STDOUT,
-                                        timeout=tmo).returncode
-                except subprocess.TimeoutExpired:
-                    rc = 124
-            lines = open(log, errors="replace").read().splitlines()
-            st = parse_log(lines, tokens)
-            later = [v[0] for k, v in st.items() if k >= 3]
-            base = next((r for r in rows if r["config"] == cfg and r["variant"] == "cuda"), None)
-            common = sorted(set(st) & set(int(k) for k in base["losses"])) if base and var != "cuda" else []
-            row.update(rc=rc, steps_done=len(st), wall_s=round(time.time() - t1, 1),
-                       median_ms=statistics.median(later) if later else None,
-                       ms={k: v[0] for k, v in st.items()}, losses={k: v[1] for k, v in st.items()},
-                       max_dloss=max(abs(st[k][1] - base["losses"][k]) for k in common) if common else None,
-                       vmm_lines=sum(1 for x in lines if VMM_LINE.search(x)), error=first_error(lines, rc))
+    plan = [(cfg, var) for cfg in [c for c in a.configs.split(",") if c] for var in variants_of(a.variants, cfg)]
+
+    def command(cfg, var):
+        args, _ = CONFIGS[cfg]
+        work = "/tmp/mt_ab_work/%s_%s" % (cfg, re.sub(r"[^A-Za-z0-9_]", "_", var))
+        os.makedirs(work + "/cache", exist_ok=True)
+        return [os.path.join(src, "maxtext", "configs", "base.yml"), "run_name=mt_%s_%s" % (cfg, var.split("@")[0]),
+                "base_output_directory=" + work + "/out", "jax_cache_dir=" + work + "/cache",
+                "model_name=llama2-7b", "override_model_config=true", "per_device_batch_size=1",
+                "dataset_type=synthetic", "enable_checkpointing=false", "hardware=gpu", "attention=dot_product",
+                "steps=%d" % a.steps] + args.split() + a.extra.split()
+
+    def prepare(k):
+        """Start run k's process ahead (None when its variant cannot run)."""
+        if k >= len(plan):
+            return None
+        cfg, var = plan[k]
+        env = variant_env(var)
+        if env is None or (env["JAX_PLATFORMS"] == "vmm" and not have_vmm):
+            return None
+        log = os.path.join(logd, "mt_%s_%s.log" % (cfg, re.sub(r"[^A-Za-z0-9_=.-]", "_", var)))
+        return Prepared(command(cfg, var), dict(env0, **env), log)
+
+    ahead = prepare(0)
+    for k, (cfg, var) in enumerate(plan):
+        _, tokens = CONFIGS[cfg]
+        env = variant_env(var)
+        current, ahead = ahead, None
+        row = {"config": cfg, "variant": var, "rc": "skip", "steps_done": 0, "median_ms": None,
+               "max_dloss": None, "vmm_lines": 0, "error": "", "ms": {}, "losses": {}}
+        left = a.budget_s - (time.time() - t0) - 15
+        if env is None:
+            row["error"] = "unknown variant"
+        elif env["JAX_PLATFORMS"] == "vmm" and not have_vmm:
+            row["error"] = "no xla-vmm wheel"
+        elif left < 40:
+            row["error"] = "budget spent (--budget-s %g)" % a.budget_s
+        if row["error"] or current is None:
+            if current is not None:
+                current.cancel()
+            row["error"] = row["error"] or "could not start"
+            ahead = prepare(k + 1)
+            say("%s %s: skipped (%s)" % (cfg, var, row["error"]))
             rows.append(row)
             save()
-            say("%s %s: rc=%s in %.0fs, %d steps, median %s ms/step" % (
-                cfg, var, rc, row["wall_s"], len(st), "%.3f" % row["median_ms"] if row["median_ms"] else "-"))
+            continue
+        tmo = int(min(a.timeout, left))
+        say("%s %s: go (%s, timeout %ds)" % (cfg, var, " ".join("%s=%s" % kv for kv in env.items()
+                                                                 if kv[0] != "XLA_FLAGS" or kv[1]), tmo))
+        t1 = time.time()
+        # The next run imports MaxText while this one runs (see the module's doc).
+        ahead = prepare(k + 1)
+        rc = current.go(tmo)
+        lines = open(current.log, errors="replace").read().splitlines()
+        st = parse_log(lines, tokens)
+        later = [v[0] for k2, v in st.items() if k2 >= 3]
+        base = next((r for r in rows if r["config"] == cfg and r["variant"] == "cuda"), None)
+        common = sorted(set(st) & set(int(k2) for k2 in base["losses"])) if base and var != "cuda" else []
+        row.update(rc=rc, steps_done=len(st), wall_s=round(time.time() - t1, 1),
+                   median_ms=statistics.median(later) if later else None,
+                   ms={k2: v[0] for k2, v in st.items()}, losses={k2: v[1] for k2, v in st.items()},
+                   max_dloss=max(abs(st[k2][1] - base["losses"][k2]) for k2 in common) if common else None,
+                   vmm_lines=sum(1 for x in lines if VMM_LINE.search(x)), error=first_error(lines, rc))
+        rows.append(row)
+        save()
+        say("%s %s: rc=%s in %.0fs, %d steps, median %s ms/step" % (
+            cfg, var, rc, row["wall_s"], len(st), "%.3f" % row["median_ms"] if row["median_ms"] else "-"))
+    if ahead is not None:
+        ahead.cancel()
     print(summarize(rows))
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import unittest
+from unittest import mock
 from contextlib import redirect_stdout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -278,6 +279,22 @@ class MaxText(unittest.TestCase):
         spec = "cuda,tiny:cuda_skip_profiled,vmm_t1,1B:vmm_t0@XLA_VMM_COPY_PATH=batch"
         self.assertEqual(self.m.variants_of(spec, "tiny"), ["cuda", "cuda_skip_profiled", "vmm_t1"])
         self.assertEqual(self.m.variants_of(spec, "1B"), ["cuda", "vmm_t1", "vmm_t0@XLA_VMM_COPY_PATH=batch"])
+
+
+    def test_a_prepared_run_waits_for_its_go(self):
+        # The harness's prelude without MaxText: import, say so, wait for the go, run with the arguments.
+        prelude = ("import sys\nprint('imported', flush=True)\nif sys.stdin.readline().strip() != 'go':\n"
+                   "    sys.exit(0)\nprint('ran', sys.argv[1:], flush=True)\n")
+        with tempfile.TemporaryDirectory() as d, mock.patch.object(self.m, "PRELUDE", prelude):
+            run = self.m.Prepared(["a=1", "b=2"], dict(os.environ), os.path.join(d, "run.log"))
+            self.assertEqual(run.go(30), 0)
+            with open(run.log) as fh:
+                self.assertEqual(fh.read().splitlines(), ["imported", "ran ['a=1', 'b=2']"])
+            never = self.m.Prepared([], dict(os.environ), os.path.join(d, "never.log"))
+            never.cancel()
+            self.assertIsNotNone(never.proc.returncode)
+            with open(never.log) as fh:
+                self.assertNotIn("ran", fh.read())
 
 
 class Bench(unittest.TestCase):
