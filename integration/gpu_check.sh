@@ -231,7 +231,7 @@ if want perf || want perf-mt; then
     wheel=$(ls "$S"/wheel/*.whl 2>/dev/null | head -1)
     mt_budget=${MT_BUDGET_S:-$(( ${GATE_BUDGET_S:-530} - ($(date +%s) - GATE_T0) ))}
     check "perf:maxtext" python3 integration/maxtext/run.py --mt "$MT" --out "$PERF/mt" ${wheel:+--wheel "$wheel"} \
-      --configs "${MT_CONFIGS:-tiny,1B}" --variants "${MT_VARIANTS:-cuda,cuda_skip_temp,vmm_t1,vmm_eager,tiny:vmm_recapture}" \
+      --configs "${MT_CONFIGS:-tiny,1B}" --variants "${MT_VARIANTS:-cuda,cuda_skip_temp,vmm_t1,vmm_eager,vmm_recapture}" \
       --steps "${MT_STEPS:-15}" --budget-s "$mt_budget"
   else
     check "perf:maxtext" sh -c "echo 'no MaxText folder at $MT (integration/maxtext/prepare.sh, then stage_gpu.sh --perf)'; exit 1"
