@@ -22,11 +22,12 @@ pub struct Args {
     /// Write the results as `out_0..out_m`.
     #[arg(long)]
     pub outputs: Option<PathBuf>,
-    /// `eager` (thunk by thunk), `graph` (VA-stable: one graph per fixed VA
-    /// reservation, recorded once; parameters bound by skip / remap / copy)
-    /// or `graph-recapture` (one graph, re-captured when parameter
-    /// addresses change).
-    #[arg(long, default_value = "eager")]
+    /// `graph` (the default, as in the plugin: VA-stable, one graph per
+    /// fixed VA reservation, recorded once; parameters bound by skip /
+    /// remap / copy), `eager` (thunk by thunk, the reference) or
+    /// `graph-recapture` (one graph, re-captured when parameter addresses
+    /// change).
+    #[arg(long, default_value = "graph")]
     pub mode: String,
     /// Copy threshold of graph mode: 0 = remap every slot (and no
     /// sub-allocated parameter buffers), 1 = auto, N = copy slots of at most
@@ -65,7 +66,8 @@ pub struct Args {
     pub device: usize,
     /// Device backend: `host` needs no GPU (inputs are read and checked and
     /// the program loaded; GPU kernels do not run there, so a real
-    /// executable stops at load with the thunk it cannot run).
+    /// executable stops at load: "inputs OK; this program needs a GPU
+    /// (the first GPU thunk it cannot run)", exit status 3).
     #[arg(long, value_enum, default_value = "cuda")]
     pub backend: crate::BackendKind,
     /// Run a multi-device executable on devices 0..N, one thread each
@@ -124,7 +126,91 @@ fn nondeterministic_outputs(path: &std::path::Path) -> anyhow::Result<Vec<String
         .collect()
 }
 
+/// Exit status of `xla-vmm run` when the inputs fit the program but the
+/// backend (`--backend host`) cannot run its GPU code: not a failure of the
+/// program or of the inputs (1), nor a usage error (2, clap's).
+pub const EXIT_NEEDS_GPU: u8 = 3;
+
+/// The inputs were checked and fit; the program has GPU code that the
+/// chosen backend (host) does not run. `reason`: the runtime's load error,
+/// naming the first thunk it cannot run.
+#[derive(Debug)]
+pub struct NeedsGpu {
+    pub reason: String,
+}
+
+impl std::fmt::Display for NeedsGpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "inputs OK; this program needs a GPU ({})", self.reason)
+    }
+}
+
+impl std::error::Error for NeedsGpu {}
+
+/// `"<kind> thunk '<name>': "` of every thunk of `plan` whose work is GPU
+/// code or a GPU library (compiled kernels, GEMMs, convolutions, triangular
+/// solves), as the runtime names a thunk in its load errors.
+fn gpu_thunks(plan: &xla_vmm::Plan) -> Vec<String> {
+    use xla_vmm::plan::ThunkKind as K;
+    let mut out = Vec::new();
+    plan.walk(&mut |t, _| {
+        if matches!(
+            t.kind,
+            K::Kernel(_)
+                | K::CustomKernel(_)
+                | K::CublasLtMatmul(_)
+                | K::Gemm(_)
+                | K::Convolution(_)
+                | K::TriangularSolve(_)
+        ) {
+            out.push(format!(
+                "{} thunk '{}': ",
+                t.kind_name(),
+                t.info.profile_annotation
+            ));
+        }
+    });
+    out
+}
+
+/// Is `e` (a host-backend load error) the runtime refusing one of the
+/// plan's GPU thunks (`gpu`, from [`gpu_thunks`]) as unsupported there?
+/// Then the reason, without the runtime's "invalid executable: " (the
+/// executable is fine). Any other load error stays an error.
+fn needs_gpu_reason(e: &xla_vmm_runtime::RuntimeError, gpu: &[String]) -> Option<String> {
+    use xla_vmm_runtime::RuntimeError as E;
+    let (message, unsupported) = match e {
+        E::Unsupported(m) => (m, true),
+        E::InvalidProgram(m) => (m, false),
+        _ => return None,
+    };
+    // The innermost thunk named (a while loop's body names the loop first).
+    let (at, prefix) = gpu
+        .iter()
+        .filter_map(|p| message.rfind(p.as_str()).map(|i| (i, p)))
+        .max_by_key(|(i, _)| *i)?;
+    let rest = &message[at + prefix.len()..];
+    // A device's "unsupported: ..." (the host runs no GPU code) or the
+    // runtime's own (no GEMM engine on this backend).
+    (unsupported || rest.starts_with("unsupported: ")).then(|| message.clone())
+}
+
+/// [`run_args`], exiting with [`EXIT_NEEDS_GPU`] (after saying why) when the
+/// host backend cannot run the program's GPU code.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    match run_args(args) {
+        Err(e) => match e.downcast_ref::<NeedsGpu>() {
+            Some(n) => {
+                eprintln!("{n}");
+                std::process::exit(EXIT_NEEDS_GPU.into())
+            }
+            None => Err(e),
+        },
+        ok => ok,
+    }
+}
+
+fn run_args(args: Args) -> anyhow::Result<()> {
     let mode = Mode::parse(&args.mode).map_err(|e| anyhow!("--mode: {e}"))?;
     let bytes = crate::read_executable(&args.file)?;
     // Constants XLA serialized without content take their value from the
@@ -293,7 +379,17 @@ pub fn replay<B: Backend>(
     let be = &*backend;
     let stream = be.stream_create()?;
     let t = Instant::now();
-    let mut exe = Executable::load(backend.clone(), plan, gemm, &stream)?;
+    let gpu = match args.backend {
+        crate::BackendKind::Host => gpu_thunks(&plan),
+        _ => Vec::new(),
+    };
+    let mut exe =
+        Executable::load(backend.clone(), plan, gemm, &stream).map_err(
+            |e| match needs_gpu_reason(&e, &gpu) {
+                Some(reason) => anyhow::Error::new(NeedsGpu { reason }),
+                None => e.into(),
+            },
+        )?;
     eprintln!("loaded in {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     let allocator = setup_binding(&backend, &mut exe, args)?;
 
@@ -776,4 +872,45 @@ pub(crate) fn time_steps<B: Backend>(
         println!("timed {}", timed.phases_line());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xla_vmm_runtime::RuntimeError as E;
+
+    #[test]
+    fn only_a_gpu_thunk_refused_as_unsupported_is_a_program_needing_a_gpu() {
+        let gpu = vec![
+            "custom_kernel thunk 'fusion': ".to_string(),
+            "cublas_lt_matmul thunk 'dot': ".to_string(),
+        ];
+        let kernel = "while thunk 'w': custom_kernel thunk 'fusion': unsupported: no GPU code here";
+        assert_eq!(
+            needs_gpu_reason(&E::InvalidProgram(kernel.into()), &gpu).as_deref(),
+            Some(kernel)
+        );
+        let gemm = "cublas_lt_matmul thunk 'dot': no BLAS-Lt engine on this backend";
+        assert_eq!(
+            needs_gpu_reason(&E::Unsupported(gemm.into()), &gpu).as_deref(),
+            Some(gemm)
+        );
+        // A malformed GPU thunk, a thunk that is not GPU work, an error of another kind: errors.
+        let bad = "custom_kernel thunk 'fusion': slice 3 outside allocation 1";
+        assert_eq!(needs_gpu_reason(&E::InvalidProgram(bad.into()), &gpu), None);
+        let copy = "copy thunk 'c': unsupported: something";
+        assert_eq!(
+            needs_gpu_reason(&E::InvalidProgram(copy.into()), &gpu),
+            None
+        );
+        let io = E::Io {
+            path: "x".into(),
+            message: "custom_kernel thunk 'fusion': unsupported: x".into(),
+        };
+        assert_eq!(needs_gpu_reason(&io, &gpu), None);
+        assert_eq!(
+            needs_gpu_reason(&E::InvalidProgram(kernel.into()), &[]),
+            None
+        );
+    }
 }
