@@ -7,9 +7,10 @@
 # HIP runtime and hipBLASLt are loaded at run time, so the one wheel needs no ROCm library to load and
 # runs on ROCm where they are (the package picks the HIP backend when a ROCm vendor plugin is installed).
 # Without the headers it is CUDA-only, and says so. The wheel's
-# console script `xla-vmm` runs the bundled CLI. --install then installs the wheel into this python
-# (`--no-deps`: running JAX programs needs jax[cuda13] 0.11.2 besides, `xla-vmm` and the package import
-# do not). Takes ~3 minutes from a clean checkout on 2 cores; prints the wheel's path.
+# console script `xla-vmm` runs the bundled CLI. --install then installs the wheel into this python,
+# which must be 3.12 or newer, as jax 0.11.2 is (`--no-deps`: running JAX programs needs jax[cuda13]
+# 0.11.2 besides, `xla-vmm` and the package import do not). Takes ~3 minutes from a clean checkout on 2
+# cores; prints the wheel's path.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 install=0
@@ -36,16 +37,26 @@ install -m 0755 "$ROOT/target/release/libxla_vmm_plugin.so" "$pkg/xla_vmm_plugin
 install -D -m 0755 "$ROOT/target/release/xla-vmm" "$pkg/bin/xla-vmm"
 strip "$pkg/xla_vmm_plugin.so" "$pkg/bin/xla-vmm" 2>/dev/null || true
 rm -f "$OUT"/jax_xla_vmm-*.whl
-# Without build isolation when setuptools + wheel are installed (offline machines).
+# Without build isolation when setuptools + wheel are installed (offline machines). The wheel is
+# py3-none-<platform>, the same whichever python builds it: --ignore-requires-python lets an older one
+# (Debian 12's 3.11) build it; the wheel's requires-python (>=3.12, jax 0.11.2's) is checked where it
+# is installed.
 if python3 -c 'import setuptools, wheel' 2>/dev/null; then
-  python3 -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" "$ROOT/integration"
+  python3 -m pip wheel -q --no-deps --ignore-requires-python --no-build-isolation -w "$OUT" "$ROOT/integration"
 else
-  python3 -m pip wheel -q --no-deps -w "$OUT" "$ROOT/integration"
+  python3 -m pip wheel -q --no-deps --ignore-requires-python -w "$OUT" "$ROOT/integration"
 fi
 rm -rf "$ROOT/integration/build" "$ROOT"/integration/*.egg-info
 whl=$(ls "$OUT"/jax_xla_vmm-*.whl)
 echo "wheel: $whl"
 if [ $install = 1 ]; then
+  if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
+    echo "build_wheel: not installed: $(command -v python3) is Python $(python3 -c 'import platform; print(platform.python_version())')," \
+         "and the wheel needs Python 3.12 or newer (jax 0.11.2 does). Install it into a python 3.12+" \
+         "(python3.12 -m venv .venv && . .venv/bin/activate, then: pip install $whl)." \
+         "The wheel is built: $whl" >&2
+    exit 1
+  fi
   python3 -m pip install -q --no-deps --force-reinstall "$whl" || {
     echo "pip could not install into $(command -v python3) (an externally managed python? use a venv:" \
          "python3 -m venv .venv && . .venv/bin/activate, then this command again)" >&2

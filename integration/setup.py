@@ -1,6 +1,7 @@
 """Marks the wheel as platform specific but Python-version independent: it bundles a native library
 (the PJRT plugin, loaded by jaxlib with dlopen, not a CPython extension), so one wheel serves every
-Python 3: tag py3-none-<platform>."""
+Python 3: tag py3-none-<platform>. Which Python 3 is pyproject.toml's requires-python (the one jax
+0.11.2 supports, 3.12+): pip refuses the wheel on an older one."""
 from setuptools import setup
 from setuptools.dist import Distribution
 

@@ -7,6 +7,7 @@ xla_bridge tables, and the JAX test-slice runner's bookkeeping (logs, deaths, co
 import dataclasses
 import importlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -27,8 +28,15 @@ class BackendRegistration:
     c_api: object = None
 
 
-def fake_jax(platforms):
-    """Stand-ins of the two jax modules the package touches, in sys.modules."""
+def supported_jax():
+    """The package's JAX_VERSION (read without jax)."""
+    return fresh_package().JAX_VERSION
+
+
+def fake_jax(platforms, version=None, jaxlib_version=None, create_options=""):
+    """Stand-ins of the jax modules the package touches (and of jaxlib's version), in sys.modules.
+    `version` / `jaxlib_version`: the installed jax's and jaxlib's (default: the supported one)."""
+    supported = supported_jax()
     xb = types.ModuleType("jax._src.xla_bridge")
     xb._backend_factories = {}
     xb._backends = {}
@@ -40,15 +48,47 @@ def fake_jax(platforms):
             lambda: ("client", name, options() if callable(options) else options), priority,
             c_api="c_api:" + name)
     xb.register_plugin = register_plugin
+
+    def register_backend_factory(name, factory, *, priority=0, fail_quietly=True, experimental=False,
+                                 **_):
+        xb._backend_factories[name] = BackendRegistration(factory, priority, fail_quietly, experimental)
+    xb.register_backend_factory = register_backend_factory
     cfg = types.ModuleType("jax._src.config")
     cfg.jax_platforms = types.SimpleNamespace(value=platforms)
+    cfg.jax_pjrt_client_create_options = types.SimpleNamespace(value=create_options)
     src = types.ModuleType("jax._src")
     src.xla_bridge, src.config = xb, cfg
     jax = types.ModuleType("jax")
     jax._src = src
+    jax_version = types.ModuleType("jax.version")
+    jax_version.__version__ = version or supported
+    jaxlib = types.ModuleType("jaxlib")
+    jaxlib_ver = types.ModuleType("jaxlib.version")
+    jaxlib_ver.__version__ = jaxlib_version or supported
     sys.modules.update({"jax": jax, "jax._src": src, "jax._src.xla_bridge": xb,
-                        "jax._src.config": cfg})
+                        "jax._src.config": cfg, "jax.version": jax_version, "jaxlib": jaxlib,
+                        "jaxlib.version": jaxlib_ver})
     return xb
+
+
+def forget_jax():
+    for m in [m for m in sys.modules
+              if m in ("jax", "jaxlib") or m.startswith(("jax.", "jaxlib.", "jax_plugins"))]:
+        del sys.modules[m]
+
+
+def fake_driver(pkg, loadable=(), device=True):
+    """The package sees exactly the libraries in `loadable` (its calls to the loader are recorded in
+    the returned list) and an NVIDIA device node when `device`."""
+    tried = []
+
+    def loads(names):
+        tried.extend(names)
+        return next((n for n in names if n in loadable), None)
+    pkg._loads = loads
+    # A path that exists (this file) stands for /dev/nvidia0.
+    pkg.NVIDIA_DEVICES = (os.path.abspath(__file__) if device else "/nonexistent/nvidia0",)
+    return tried
 
 
 def fresh_package():
@@ -68,8 +108,7 @@ class CudaAlias(unittest.TestCase):
     def tearDown(self):
         os.environ.clear()
         os.environ.update(self.env)
-        for m in [m for m in sys.modules if m == "jax" or m.startswith(("jax.", "jax_plugins"))]:
-            del sys.modules[m]
+        forget_jax()
 
     def backends(self, xb, order):
         """JAX's backends() loop, reduced: init each platform's factory in order."""
@@ -118,6 +157,7 @@ class CudaAlias(unittest.TestCase):
             xb = fake_jax("vmm")
             xb.register_plugin("rocm", priority=500, library_path="stock.so")
             pkg = fresh_package()
+            tried = fake_driver(pkg, loadable={"libamdhip64.so.6"})
             if pkg.vendor_plugin()[1] != "rocm":
                 self.skipTest("a CUDA vendor plugin is installed here (it is preferred)")
             pkg.initialize()
@@ -127,6 +167,8 @@ class CudaAlias(unittest.TestCase):
             options = xb._backends["vmm"][2]
             self.assertEqual(options["backend"], "hip")
             self.assertTrue(options["vendor_plugin_path"].endswith("xla_rocm7/xla_rocm_plugin.so"))
+            self.assertIn("libamdhip64.so.6", tried, "the HIP runtime is what the backend needs")
+            self.assertFalse([n for n in tried if "cuda" in n], tried)
         finally:
             sys.path.remove(vendor.name)
             vendor.cleanup()
@@ -135,6 +177,7 @@ class CudaAlias(unittest.TestCase):
         del os.environ["XLA_VMM_BACKEND"]
         fake_jax("vmm")
         pkg = fresh_package()
+        fake_driver(pkg, loadable={"libcuda.so.1"})
         pkg.VENDOR_PACKAGES = (("jax_plugins.no_such_vendor", "x.so", "cuda"),)
         with self.assertLogs("jax_plugins.xla_vmm", level="WARNING") as logs:
             self.assertEqual(pkg._client_options(), {})
@@ -147,6 +190,178 @@ class CudaAlias(unittest.TestCase):
         pkg = fresh_package()
         pkg.initialize()
         self.assertNotIn("vmm", xb._alias_to_platforms)
+
+
+class Registration(unittest.TestCase):
+    """Whether `initialize()` registers the plugin, against a stand-in of JAX and of the loader: when
+    JAX_PLATFORMS does not name vmm, only if the backend can start and the jax is the supported one
+    (JAX creates every registered plugin's client, so one that cannot start would break JAX);
+    when it does, always, and the error at client creation says what is missing and what to set."""
+
+    def setUp(self):
+        self.lib = tempfile.NamedTemporaryFile(suffix=".so")
+        self.env = dict(os.environ)
+        for v in ("XLA_VMM_BACKEND", "JAX_PLATFORMS", "XLA_VMM_HIP_LIBRARY", "XLA_VMM_VENDOR_PLUGIN",
+                  "CUDA_VISIBLE_DEVICES", "XLA_VMM_GPU_ALIAS"):
+            os.environ.pop(v, None)
+        os.environ["XLA_VMM_LIBRARY"] = self.lib.name
+
+    def tearDown(self):
+        os.environ.clear()
+        os.environ.update(self.env)
+        forget_jax()
+
+    def start(self, platforms="", loadable=(), device=True, **jax):
+        """(xla_bridge stand-in, package, libraries tried, log records) after initialize()."""
+        xb = fake_jax(platforms, **jax)
+        pkg = fresh_package()
+        pkg.VENDOR_PACKAGES = (("jax_plugins.no_such_vendor", "x.so", "cuda"),)
+        tried = fake_driver(pkg, loadable, device)
+        with _Records() as records:
+            pkg.initialize()
+        return xb, pkg, tried, records
+
+    def warnings(self, records):
+        return [r.getMessage() for r in records if r.levelno >= 30]
+
+    def test_without_the_driver_and_vmm_not_named_it_is_not_registered_and_says_so_quietly(self):
+        for platforms in ("", "cpu", "cuda,cpu"):
+            xb, pkg, tried, records = self.start(platforms)
+            self.assertNotIn("vmm", xb._backend_factories, platforms)
+            self.assertEqual(tried, ["libcuda.so.1", "libcuda.so"])
+            self.assertEqual(self.warnings(records), [], "no warning on a machine without a GPU")
+            [info] = [r.getMessage() for r in records]
+            self.assertIn("libcuda.so.1 is not found", info)
+            self.assertIn("XLA_VMM_BACKEND=host JAX_PLATFORMS=vmm", info)
+            pkg.initialize()  # once per process
+            self.assertNotIn("vmm", xb._backend_factories)
+
+    def test_without_the_driver_and_vmm_named_creating_the_client_says_what_is_missing(self):
+        for platforms in ("vmm", "vmm,cpu", "cpu,VMM"):
+            os.environ["JAX_PLATFORMS"] = platforms  # JAX_PLATFORMS read from the environment too
+            xb, _, _, records = self.start("" if platforms == "cpu,VMM" else platforms)
+            self.assertIn("vmm", xb._backend_factories, platforms)
+            self.assertEqual(self.warnings(records), [])
+            with self.assertRaises(RuntimeError) as e:
+                xb._backend_factories["vmm"].factory()
+            message = str(e.exception)
+            self.assertIn("the NVIDIA driver library libcuda.so.1 is not found", message)
+            self.assertIn("set XLA_VMM_BACKEND=host", message)
+            forget_jax()
+
+    def test_a_driver_without_a_gpu_device_is_not_registered_unless_named(self):
+        xb, _, _, records = self.start("", loadable={"libcuda.so.1"}, device=False)
+        self.assertNotIn("vmm", xb._backend_factories)
+        self.assertIn("no NVIDIA GPU device", records[0].getMessage())
+        forget_jax()
+        # Named: the plugin tries (the device check is JAX's heuristic, not a missing library).
+        xb, _, _, _ = self.start("vmm", loadable={"libcuda.so.1"}, device=False)
+        self.assertIn("vmm", xb._backend_factories)
+        self.assertEqual(xb._backend_factories["vmm"].factory()[2], {})
+
+    def test_cuda_visible_devices_hiding_every_gpu_is_not_a_gpu(self):
+        for hidden in ("", "-1"):
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
+            xb, _, _, records = self.start("", loadable={"libcuda.so.1"})
+            self.assertNotIn("vmm", xb._backend_factories)
+            self.assertIn("CUDA_VISIBLE_DEVICES", records[0].getMessage())
+            forget_jax()
+
+    def test_with_a_gpu_it_is_registered_without_being_named(self):
+        xb, _, _, records = self.start("", loadable={"libcuda.so.1"})
+        self.assertIn("vmm", xb._backend_factories)
+        self.assertEqual(xb._backend_factories["vmm"].priority, 300, "never JAX's default backend")
+        self.assertEqual(self.warnings(records), [])
+
+    def test_the_host_backend_needs_nothing(self):
+        os.environ["XLA_VMM_BACKEND"] = "host"
+        xb, _, tried, records = self.start("")
+        self.assertIn("vmm", xb._backend_factories)
+        self.assertEqual(tried, [])
+        self.assertEqual(xb._backend_factories["vmm"].factory()[2], {})
+        forget_jax()
+        # The client option wins over the environment, as in the plugin.
+        os.environ["XLA_VMM_BACKEND"] = "cuda"
+        xb, _, _, _ = self.start("", create_options="strict:true;backend:host")
+        self.assertIn("vmm", xb._backend_factories)
+
+    def test_hip_needs_the_hip_runtime(self):
+        os.environ["XLA_VMM_BACKEND"] = "rocm"
+        xb, _, tried, records = self.start("")
+        self.assertNotIn("vmm", xb._backend_factories)
+        self.assertEqual(tried[0], "libamdhip64.so.7")
+        self.assertFalse([n for n in tried if "cuda" in n], tried)
+        self.assertIn("XLA_VMM_HIP_LIBRARY", records[0].getMessage())
+        forget_jax()
+        xb, _, _, _ = self.start("", loadable={"libamdhip64.so.5"})
+        self.assertIn("vmm", xb._backend_factories)
+        forget_jax()
+        # XLA_VMM_HIP_LIBRARY, a path, is the only one tried (as in the plugin).
+        os.environ["XLA_VMM_HIP_LIBRARY"] = "/opt/x/libamdhip64.so"
+        xb, _, tried, records = self.start("vmm", loadable={"libamdhip64.so.5"})
+        self.assertEqual(tried, [], "named: the client's creation checks")
+        with self.assertRaises(RuntimeError) as e:
+            xb._backend_factories["vmm"].factory()
+        self.assertEqual(tried, ["/opt/x/libamdhip64.so"])
+        self.assertIn("XLA_VMM_HIP_LIBRARY=/opt/x/libamdhip64.so does not load", str(e.exception))
+        self.assertIn("XLA_VMM_BACKEND=host", str(e.exception))
+
+    def test_a_backend_the_plugin_refuses_is_not_registered_unless_named(self):
+        os.environ["XLA_VMM_BACKEND"] = "tpu"
+        xb, _, _, records = self.start("", loadable={"libcuda.so.1"})
+        self.assertNotIn("vmm", xb._backend_factories)
+        self.assertIn("'tpu' is not one of cuda, hip, host", records[0].getMessage())
+
+    def test_another_jax_is_one_warning_or_named_an_error_with_the_fix(self):
+        supported = supported_jax()
+        fix = 'pip install "jax[cuda13]==%s"' % supported
+        xb, _, _, records = self.start("", loadable={"libcuda.so.1"}, version="0.10.2",
+                                       jaxlib_version="0.10.2")
+        self.assertNotIn("vmm", xb._backend_factories)
+        [warning] = self.warnings(records)
+        self.assertEqual(len(records), 1)
+        for text in ("jax 0.10.2", "jaxlib 0.10.2", "built for jax " + supported, fix):
+            self.assertIn(text, warning)
+        forget_jax()
+        # Named: registered as a backend whose creation raises that (the library is not loaded).
+        xb, _, _, records = self.start("vmm", loadable={"libcuda.so.1"}, version="0.10.2",
+                                       jaxlib_version="0.10.2")
+        self.assertEqual(self.warnings(records), [])
+        registration = xb._backend_factories["vmm"]
+        self.assertIsNone(registration.c_api, "the plugin library is not loaded into another jaxlib")
+        self.assertFalse(registration.fail_quietly)
+        with self.assertRaises(RuntimeError) as e:
+            registration.factory()
+        for text in ("jax 0.10.2", "built for jax " + supported, fix):
+            self.assertIn(text, str(e.exception))
+
+    def test_only_the_release_of_jax_and_jaxlib_counts(self):
+        supported = supported_jax()
+        xb, pkg, _, records = self.start("", loadable={"libcuda.so.1"}, version=supported + ".dev20260101")
+        self.assertIn("vmm", xb._backend_factories)
+        self.assertEqual(self.warnings(records), [])
+        self.assertIsNone(pkg.version_problem({"jax": supported, "jaxlib": supported + "rc1"}))
+        self.assertIn("jaxlib 0.10.0", pkg.version_problem({"jax": supported, "jaxlib": "0.10.0"}))
+        self.assertIn("jax 1.0", pkg.version_problem({"jax": "1.0"}))
+
+
+class _Records(logging.Handler):
+    """The package logger's records (any level) while in the `with` block."""
+
+    def __enter__(self):
+        self.records = []
+        self.logger = logging.getLogger("jax_plugins.xla_vmm")
+        self.level = self.logger.level
+        self.logger.addHandler(self)
+        self.logger.setLevel(logging.DEBUG)
+        return self.records
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level)
 
 
 def load_runner():

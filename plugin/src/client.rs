@@ -347,7 +347,7 @@ fn new_gpu<B: xla_vmm_device::Backend + 'static>(
 ) -> Result<Arc<Client>> {
     let first = Arc::new(open(0).map_err(|e| {
         Error::from(e).context(&format!(
-            "creating the {name} backend (set backend=host to run without a GPU)"
+            "creating the {name} backend (to run without a GPU: set XLA_VMM_BACKEND=host, or the client option backend=host)"
         ))
     })?);
     let mut backends = vec![first];

@@ -16,6 +16,16 @@ The vendor XLA GPU plugin (the compiler) is found here, through importlib
 this interpreter), and passed as the ``vendor_plugin_path`` client option; a
 ``vendor_plugin_path`` in ``jax_pjrt_client_create_options`` or
 ``XLA_VMM_VENDOR_PLUGIN`` wins over it.
+
+Installing the package never breaks JAX: JAX creates the client of every
+registered plugin when ``JAX_PLATFORMS`` is unset, so when ``vmm`` is not named
+in ``JAX_PLATFORMS`` (or ``jax.config.jax_platforms``) the plugin is
+registered only if its backend can start (``XLA_VMM_BACKEND=host``: always;
+``hip``: the HIP runtime loads; ``cuda``, the default: the NVIDIA driver
+library ``libcuda.so.1`` loads and a GPU device node is there) and the
+installed jax is the one it is built for (:data:`JAX_VERSION`). When ``vmm``
+is named, a missing driver or another jax is an error at the first use of
+the backend that says what is missing and what to set or install.
 """
 
 import importlib.util
@@ -27,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "vmm"
 LIBRARY_NAME = "xla_vmm_plugin.so"
+# The jax (and jaxlib) release this plugin is built for: its PJRT C API, its vendor plugin, the
+# private jax tables the package touches. pyproject.toml pins the same (`jax==`).
+JAX_VERSION = "0.11.2"
 # Vendor plugin packages, in preference order, the library each holds and JAX's name of its platform.
 VENDOR_PACKAGES = (
     ("jax_plugins.xla_cuda13", "xla_cuda_plugin.so", "cuda"),
@@ -236,7 +249,13 @@ def _forward_registrations(ffi, platform):
 
 
 def _client_options():
-    """Client options from this package (JAX adds jax_pjrt_client_create_options on top)."""
+    """Client options from this package (JAX adds jax_pjrt_client_create_options on top). Raises,
+    with what is missing and what to set, when the backend's driver library is not there (JAX
+    then fails with that message instead of the plugin's)."""
+    problem = backend_problem(device_nodes=False)
+    if problem:
+        raise RuntimeError(f"xla-vmm: the 'vmm' backend cannot start: {problem}. To run without a "
+                           f"GPU set {HOST_HINT}; or leave vmm out of JAX_PLATFORMS")
     if _alias_platform:
         _install_gpu_alias(_alias_platform)
     if os.environ.get("XLA_VMM_VENDOR_PLUGIN"):
@@ -261,8 +280,135 @@ def _client_options():
     return options
 
 
+# What the client's backend needs: the HIP runtime as the plugin looks for it (ffi/src/hip/runtime.rs;
+# XLA_VMM_HIP_LIBRARY, a path, replaces the list), and the NVIDIA driver (cudarc's names).
+HIP_LIBRARIES = ("libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so",
+                 "/opt/rocm/lib/libamdhip64.so")
+CUDA_LIBRARIES = ("libcuda.so.1", "libcuda.so")
+# Device nodes of an NVIDIA GPU (JAX's own test before it creates its CUDA client).
+NVIDIA_DEVICES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg")
+HOST_SETTING = "XLA_VMM_BACKEND=host"
+HOST_HINT = HOST_SETTING + " (the host backend: no GPU; buffers and copies only, for tests)"
+
+
+def _loads(names):
+    """The first of `names` that the dynamic loader opens, or None (nothing is called in it)."""
+    import ctypes
+
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return name
+    return None
+
+
+def _create_options():
+    """jax.config.jax_pjrt_client_create_options as a dict ("key:value;key:value"), or {}."""
+    try:
+        from jax._src import config
+
+        value = config.jax_pjrt_client_create_options.value
+    except (ImportError, AttributeError):
+        return {}
+    if isinstance(value, dict):
+        return value
+    pairs = [item.split(":", 1) for item in (value or "").split(";") if ":" in item]
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def chosen_backend():
+    """The device backend the client would use: "cuda", "hip", "host" or a name the plugin refuses.
+    As the plugin decides: the ``backend`` client option, else ``XLA_VMM_BACKEND``, else "hip" under a
+    ROCm vendor plugin (see _client_options), else "cuda"."""
+    backend = str(_create_options().get("backend", "")).strip()
+    if not backend:
+        backend = os.environ.get("XLA_VMM_BACKEND", "").strip()
+    if not backend and not os.environ.get("XLA_VMM_VENDOR_PLUGIN"):
+        found = vendor_plugin()
+        backend = "hip" if found and found[1] == "rocm" else ""
+    return {"": "cuda", "gpu": "cuda", "rocm": "hip"}.get(backend, backend)
+
+
+def backend_problem(backend=None, device_nodes=True):
+    """Why the client's backend (`backend`, default :func:`chosen_backend`) cannot start on this
+    machine, or None. Only loads libraries (no device context is created). `device_nodes`: for
+    "cuda", also want an NVIDIA GPU device node (as JAX does before creating its CUDA client)."""
+    backend = chosen_backend() if backend is None else backend
+    if backend == "host":
+        return None
+    if backend == "hip":
+        explicit = os.environ.get("XLA_VMM_HIP_LIBRARY")
+        if explicit:
+            if _loads([explicit]) is None:
+                return f"the HIP runtime XLA_VMM_HIP_LIBRARY={explicit} does not load"
+            return None
+        if _loads(HIP_LIBRARIES) is None:
+            return ("the HIP runtime libamdhip64.so (ROCm) is not found (set XLA_VMM_HIP_LIBRARY to "
+                    "its path if it is installed elsewhere)")
+        return None
+    if backend == "cuda":
+        if _loads(CUDA_LIBRARIES) is None:
+            return "the NVIDIA driver library libcuda.so.1 is not found (no NVIDIA driver on this machine)"
+        if device_nodes and not any(os.path.exists(d) for d in NVIDIA_DEVICES):
+            return "no NVIDIA GPU device (%s)" % ", ".join(NVIDIA_DEVICES)
+        if device_nodes and os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+            return "CUDA_VISIBLE_DEVICES=%r hides every GPU" % os.environ["CUDA_VISIBLE_DEVICES"]
+        return None
+    return f"backend {backend!r} is not one of cuda, hip, host (XLA_VMM_BACKEND or the backend option)"
+
+
+def installed_jax_versions():
+    """{"jax": version, "jaxlib": version} of the jax this process imported (jaxlib left out when
+    it has no version module)."""
+    import importlib
+
+    versions = {"jax": importlib.import_module("jax.version").__version__}
+    try:
+        versions["jaxlib"] = importlib.import_module("jaxlib.version").__version__
+    except (ImportError, AttributeError):
+        pass
+    return versions
+
+
+def _release(version):
+    """(major, minor, patch) of a version string ("0.11.2.dev20260101" -> (0, 11, 2))."""
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", str(version))
+    return tuple(int(x or 0) for x in m.groups()) if m else None
+
+
+def version_problem(versions=None):
+    """Why the installed jax / jaxlib are not the ones this plugin is built for (with the pip
+    command that fixes it), or None."""
+    versions = installed_jax_versions() if versions is None else versions
+    want = _release(JAX_VERSION)
+    wrong = {name: v for name, v in versions.items() if _release(v) != want}
+    if not wrong:
+        return None
+    have = ", ".join(f"{name} {v}" for name, v in versions.items())
+    fix = f'pip install "jax[cuda13]=={JAX_VERSION}"' if gpu_platform() == "cuda" else \
+        f'pip install "jax=={JAX_VERSION}" with the ROCm plugin of jax {JAX_VERSION}'
+    return (f"the plugin is built for jax {JAX_VERSION} (jaxlib {JAX_VERSION}) and this python has "
+            f"{have}; install the supported one: {fix}")
+
+
+def jax_platforms():
+    """The platforms named by jax.config.jax_platforms and the JAX_PLATFORMS environment variable."""
+    value = os.environ.get("JAX_PLATFORMS", "")
+    try:
+        from jax._src import config
+
+        value += "," + (config.jax_platforms.value or "")
+    except (ImportError, AttributeError):
+        pass
+    return [p.strip().lower() for p in value.split(",") if p.strip()]
+
+
 def initialize():
-    """Register the plugin with JAX (idempotent)."""
+    """Register the plugin with JAX (idempotent); see the module's doc for when it does not."""
     global _registered
     if _registered:
         return
@@ -276,6 +422,31 @@ def initialize():
         return
     from jax._src import xla_bridge
 
+    _registered = True
+    named = PLUGIN_NAME in jax_platforms()
+    if not named:
+        # JAX creates every registered plugin's client: one that cannot start would break JAX.
+        problem = backend_problem()
+        if problem:
+            logger.info("xla-vmm: the 'vmm' backend is not registered: %s. On a GPU machine select it "
+                        "with JAX_PLATFORMS=vmm; without a GPU: %s JAX_PLATFORMS=vmm",
+                        problem, HOST_SETTING)
+            return
+        problem = version_problem()
+        if problem:
+            logger.warning("xla-vmm: the 'vmm' backend is not registered: %s", problem)
+            return
+    else:
+        problem = version_problem()
+        if problem:
+            # The library is not loaded into another jaxlib; JAX_PLATFORMS names vmm, so JAX raises
+            # this message when it creates the backend (the first jax call).
+            def refuse():
+                raise RuntimeError(f"xla-vmm: {problem}")
+
+            xla_bridge.register_backend_factory(PLUGIN_NAME, refuse, priority=300,
+                                                fail_quietly=False, experimental=False)
+            return
     # options: called when the client is created; JAX then applies
     # jax_pjrt_client_create_options on top (a user's vendor_plugin_path wins).
     # A low priority: installing the package does not change the default
@@ -286,7 +457,6 @@ def initialize():
     platform = gpu_platform()
     if os.environ.get("XLA_VMM_GPU_ALIAS", "1").strip() != "0" and _vmm_replaces_gpu():
         _alias_as_gpu(xla_bridge, platform)
-    _registered = True
 
 
 def _vmm_replaces_gpu():
