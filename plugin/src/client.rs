@@ -73,10 +73,9 @@ impl Client {
         backends: Vec<Arc<B>>,
         kv: Option<KvStore>,
     ) -> Result<Arc<Client>> {
-        let run = options.run_options();
         let mems = backends
             .into_iter()
-            .map(|b| VmmMemory::with_run_options(b, run))
+            .map(|b| VmmMemory::with_run_config(b, options.run.clone(), options.exec))
             .collect::<Result<Vec<_>>>()?;
         Self::with_memories(options, mems, kv)
     }
@@ -155,7 +154,7 @@ impl Client {
                 options.node_id,
                 options.num_nodes,
                 local.len(),
-                crate::kv::topology_timeout(),
+                options.topology_timeout,
             )?
         } else {
             vec![local.len()]
@@ -271,7 +270,10 @@ impl Client {
         if let Some(v) = slot.as_ref() {
             return Ok(v.clone());
         }
-        let path = vendor_locate::locate(self.options.vendor_plugin_path.as_deref())?;
+        let path = vendor_locate::locate(
+            self.options.vendor_plugin_path.as_deref(),
+            &self.options.search_env,
+        )?;
         let plugin = VendorPlugin::load(&path)?;
         let topology = VendorTopology {
             node_id: self.options.node_id,
@@ -364,7 +366,9 @@ fn new_gpu<B: xla_vmm_device::Backend + 'static>(
     let mut mems = Vec::with_capacity(backends.len());
     for backend in backends {
         let g = gemm(&backend);
-        mems.push(VmmMemory::with_run_options(backend, options.run_options())?.with_gemm(g));
+        mems.push(
+            VmmMemory::with_run_config(backend, options.run.clone(), options.exec)?.with_gemm(g),
+        );
     }
     let client = Client::with_memories(options, mems, kv)?;
     match client.vendor() {

@@ -116,7 +116,9 @@ pub struct Completions<B: Backend> {
 }
 
 impl<B: Backend> Completions<B> {
-    pub fn new(backend: Arc<B>) -> Result<Self> {
+    /// `plain_backoff`: poll with the earlier fixed 10-100 µs backoff
+    /// instead of pacing by the step time (`ExecOptions::plain_backoff`).
+    pub fn new(backend: Arc<B>, plain_backoff: bool) -> Result<Self> {
         let shared = Arc::new(Shared {
             backend,
             state: Mutex::new(PollState {
@@ -130,7 +132,7 @@ impl<B: Backend> Completions<B> {
         let thread = std::thread::Builder::new()
             .name("xla-vmm-events".into())
             .spawn(move || {
-                let plain = plain_backoff_from_env();
+                let plain = plain_backoff;
                 if !plain {
                     tighten_timer_slack();
                 }
@@ -203,10 +205,6 @@ impl<B: Backend> Drop for Completions<B> {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-fn plain_backoff_from_env() -> bool {
-    std::env::var("XLA_VMM_COMPLETION_POLL").as_deref() == Ok("backoff")
 }
 
 fn poll_loop<B: Backend>(shared: &Shared<B>, plain_backoff: bool) {

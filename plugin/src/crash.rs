@@ -38,15 +38,13 @@ extern "C" {
     fn backtrace_symbols_fd(buffer: *const *mut c_void, size: c_int, fd: c_int);
 }
 
-/// Install the report when `XLA_VMM_CRASH_REPORT` is set to something other
-/// than `0` (once per process; later calls do nothing).
-pub fn install_from_env() {
-    match std::env::var("XLA_VMM_CRASH_REPORT") {
-        Ok(v) if !v.is_empty() && v != "0" => {
-            static ONCE: Once = Once::new();
-            ONCE.call_once(install);
-        }
-        _ => {}
+/// Install the report when `wanted` (`XLA_VMM_CRASH_REPORT` set to
+/// something other than `0`: `ProcessOptions::crash_report`), once per
+/// process; later calls do nothing.
+pub fn install_if(wanted: bool) {
+    if wanted {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(install);
     }
 }
 

@@ -31,10 +31,12 @@ use crate::collectives::Cliques;
 use crate::completion::Completions;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::options::RunOptions;
 use crate::program::{Program, RuntimeProgram};
 use crate::staging::StagingPool;
 use xla_vmm_device::blas::GemmEngine;
+use xla_vmm_runtime::RunConfig;
+
+use crate::options::ExecOptions;
 use xla_vmm_runtime::Threshold;
 
 /// At most this many executions (device events) in flight per client:
@@ -42,14 +44,6 @@ use xla_vmm_runtime::Threshold;
 /// arbitrarily far ahead (memory freed in stream order is reusable only
 /// once the device gets there).
 pub const MAX_IN_FLIGHT: usize = 32;
-
-/// Is synchronous execution asked for (`XLA_VMM_SYNC_EXECUTE=1`)?
-pub fn sync_execute_from_env() -> bool {
-    matches!(
-        std::env::var("XLA_VMM_SYNC_EXECUTE").as_deref(),
-        Ok("1") | Ok("true")
-    )
-}
 
 /// The client's stream, shared by its device memory and its programs
 /// (`None` once shut down).
@@ -206,8 +200,8 @@ pub struct VmmMemory<B: Backend> {
     completions: Completions<B>,
     sync: bool,
     gemm: Option<Arc<dyn GemmEngine<B>>>,
-    /// How the client runs its programs (mode, copy threshold).
-    run: RunOptions,
+    /// How the client runs its programs (mode, guard, binding).
+    run: RunConfig,
     /// The client's collective cliques (shared by all its devices).
     cliques: Option<Arc<Cliques<B>>>,
     /// Pinned buffers of asynchronous uploads.
@@ -218,14 +212,14 @@ pub struct VmmMemory<B: Backend> {
 
 impl<B: Backend> VmmMemory<B> {
     pub fn new(backend: Arc<B>) -> Result<Self> {
-        Self::with_run_options(backend, RunOptions::default())
+        Self::with_run_config(backend, RunConfig::default(), ExecOptions::default())
     }
 
     /// Device memory for a client whose programs run as `run` says: under
     /// copy threshold 0 (remap everything) no buffer is sub-allocated, so
     /// every buffer is its own remappable allocation, as XLA's own VMM
     /// allocator does.
-    pub fn with_run_options(backend: Arc<B>, run: RunOptions) -> Result<Self> {
+    pub fn with_run_config(backend: Arc<B>, run: RunConfig, exec: ExecOptions) -> Result<Self> {
         let stream = backend.stream_create()?;
         let transfer = match backend.stream_create() {
             Ok(t) => t,
@@ -234,7 +228,7 @@ impl<B: Backend> VmmMemory<B> {
                 return Err(e.into());
             }
         };
-        let cfg = if run.threshold == Threshold::RemapAll {
+        let cfg = if run.binding.threshold == Threshold::RemapAll {
             VmmConfig {
                 small_threshold: 0,
                 ..VmmConfig::default()
@@ -242,7 +236,7 @@ impl<B: Backend> VmmMemory<B> {
         } else {
             VmmConfig::default()
         };
-        let completions = match Completions::new(backend.clone()) {
+        let completions = match Completions::new(backend.clone(), exec.plain_backoff) {
             Ok(c) => c,
             Err(e) => {
                 let _ = backend.stream_destroy(stream);
@@ -264,7 +258,7 @@ impl<B: Backend> VmmMemory<B> {
             allocator,
             stream: Arc::new(SharedStream(Mutex::new(Some(stream)))),
             completions,
-            sync: sync_execute_from_env(),
+            sync: exec.sync,
             gemm: None,
             run,
             cliques: None,
@@ -495,7 +489,7 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
             self.allocator.backend().clone(),
             plan,
             self.gemm.clone(),
-            self.run,
+            &self.run,
             self.stream.clone(),
             collectives,
         )?;

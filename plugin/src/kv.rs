@@ -242,12 +242,3 @@ impl KvExchange {
             .collect()
     }
 }
-
-/// How long client creation waits for the other processes.
-pub fn topology_timeout() -> Duration {
-    let secs = std::env::var("XLA_VMM_TOPOLOGY_TIMEOUT_S")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(300);
-    Duration::from_secs(secs)
-}

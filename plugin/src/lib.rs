@@ -102,16 +102,18 @@ pub fn live_objects() -> LiveObjects {
     }
 }
 
-/// Install a `tracing` subscriber reading `XLA_VMM_LOG` (e.g. `info`,
-/// `xla_vmm_plugin=debug`; default `warn`, so fallbacks and hangs are
-/// reported), once, unless the host process installed one.
-pub fn init_logging() {
+/// Install a `tracing` subscriber with `process`'s filter (`XLA_VMM_LOG`,
+/// e.g. `info`, `xla_vmm_plugin=debug`; default `warn`, so fallbacks and
+/// hangs are reported), once, unless the host process installed one. Colour
+/// only on a terminal (not in a log file or a CI log), and never under
+/// `NO_COLOR` (no-color.org).
+pub fn init_logging(process: &options::ProcessOptions) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let filter = std::env::var("XLA_VMM_LOG").unwrap_or_else(|_| "warn".into());
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(&process.log_filter))
             .with_writer(std::io::stderr)
+            .with_ansi(process.color)
             .try_init();
     });
 }

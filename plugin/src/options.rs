@@ -4,27 +4,34 @@
 //! |---|---|---|
 //! | `backend` | string | `cuda` (default) or `host` (CI / tests) |
 //! | `strict` | bool/int | a program our runtime rejects is an error, not a fallback to the vendor runtime |
-//! | `xla_vmm_tmp_copy_threshold` | int | 0 = remap every slot, 1 = auto (default), N = copy slots ≤ N bytes |
-//! | `exec_mode` | string | `graph` (VA-stable, the default), `graph-recapture` or `eager` |
+//! | the run options of `xla_vmm_runtime::OPTIONS` | string/int | `exec_mode`, `guard`, `xla_vmm_tmp_copy_threshold`, `copy_path`, `reservations`, `probe`, `step_timing` (each with its `XLA_VMM_*` variable as fallback) |
 //! | `vendor_plugin_path` | string | the vendor XLA GPU plugin used as the compiler |
 //! | `host_devices` | int | host backend: number of emulated devices (default 1) |
 //! | `max_devices` | int | use at most this many local devices (default: all visible) |
 //! | `node_id` / `num_nodes` | int | this process and the number of processes (`jax.distributed`) |
+//! | `sync_execute` | bool | wait for every execution before returning (debugging, A/B) |
 //!
 //! Environment defaults: `XLA_VMM_BACKEND`, `XLA_VMM_STRICT`,
-//! `XLA_VMM_TMP_COPY_THRESHOLD`, `XLA_VMM_EXEC_MODE`, `XLA_VMM_VENDOR_PLUGIN`,
-//! `XLA_VMM_HOST_DEVICES`, `XLA_VMM_MAX_DEVICES`. `node_id` / `num_nodes`
+//! `XLA_VMM_VENDOR_PLUGIN`, `XLA_VMM_HOST_DEVICES`, `XLA_VMM_MAX_DEVICES`,
+//! `XLA_VMM_SYNC_EXECUTE`, and the run options' variables
+//! (`XLA_VMM_EXEC_MODE`, ...). Environment only: `XLA_VMM_COMPLETION_POLL`
+//! (`backoff`: the completion thread's earlier fixed backoff, for A/B) and
+//! `XLA_VMM_TOPOLOGY_TIMEOUT_S`; and before any client, at plugin
+//! initialization ([`ProcessOptions`]): `XLA_VMM_LOG`, `NO_COLOR`,
+//! `XLA_VMM_CRASH_REPORT`. This module is the plugin's only reader of the
+//! environment (the vendor plugin's search, `vendor_locate`, gets a
+//! [`SearchEnv`] read here). `node_id` / `num_nodes`
 //! come from `jax.distributed` (with the key-value store through which the
 //! processes exchange their device counts; `XLA_VMM_TOPOLOGY_TIMEOUT_S`,
 //! default 300, bounds the wait for the other processes). Options JAX passes
 //! to GPU plugins that do not apply to us are accepted and logged; any other
 //! unknown option is an error (a typo must not be silently ignored). How
-//! programs run (mode and copy threshold) is parsed here once and travels to
-//! every program as one [`RunOptions`].
+//! programs run is parsed here once and travels to every program as one
+//! [`RunConfig`].
 
 use crate::cabi::Value;
 use crate::error::{Error, Result};
-use xla_vmm_runtime::{Mode, Threshold};
+use xla_vmm_runtime::RunConfig;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
@@ -38,9 +45,8 @@ pub enum BackendKind {
 pub struct ClientOptions {
     pub backend: BackendKind,
     pub strict: bool,
-    pub tmp_copy_threshold: Threshold,
-    /// How programs run (`exec_mode`, `XLA_VMM_EXEC_MODE`).
-    pub exec_mode: Mode,
+    /// How programs run (mode, guard, binding: `xla_vmm_runtime::OPTIONS`).
+    pub run: RunConfig,
     pub vendor_plugin_path: Option<String>,
     /// Host backend: how many devices to emulate.
     pub host_devices: usize,
@@ -49,21 +55,64 @@ pub struct ClientOptions {
     /// This process (`jax.distributed` process id) and the process count.
     pub node_id: usize,
     pub num_nodes: usize,
+    /// How executions complete (synchronous mode, the completion thread).
+    pub exec: ExecOptions,
+    /// How long client creation waits for the other processes.
+    pub topology_timeout: std::time::Duration,
+    /// Where the vendor plugin is looked for.
+    pub search_env: SearchEnv,
 }
 
-/// How the client's programs run: the execution mode and VA-stable's copy
-/// threshold, from the client options.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RunOptions {
-    pub mode: Mode,
-    pub threshold: Threshold,
+/// How a client's executions complete.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecOptions {
+    /// Wait for every execution before returning (`sync_execute`,
+    /// `XLA_VMM_SYNC_EXECUTE=1`).
+    pub sync: bool,
+    /// The completion thread polls with the earlier fixed 10-100 µs backoff
+    /// instead of pacing by the step time (`XLA_VMM_COMPLETION_POLL=backoff`).
+    pub plain_backoff: bool,
 }
 
-impl Default for RunOptions {
-    fn default() -> Self {
-        RunOptions {
-            mode: Mode::Graph,
-            threshold: Threshold::Auto,
+/// Settings of the process, read once when the plugin is initialized.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessOptions {
+    /// `XLA_VMM_LOG` (a tracing filter), default `warn`.
+    pub log_filter: String,
+    /// Colour in the log: stderr is a terminal and `NO_COLOR` is unset.
+    pub color: bool,
+    /// `XLA_VMM_CRASH_REPORT` set to anything but empty or `0`.
+    pub crash_report: bool,
+}
+
+impl ProcessOptions {
+    pub fn from_env() -> Self {
+        ProcessOptions {
+            log_filter: std::env::var("XLA_VMM_LOG").unwrap_or_else(|_| "warn".into()),
+            color: std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+            crash_report: std::env::var("XLA_VMM_CRASH_REPORT")
+                .is_ok_and(|v| !v.is_empty() && v != "0"),
+        }
+    }
+}
+
+/// What the search for the vendor XLA GPU plugin reads of the environment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SearchEnv {
+    pub pythonpath: Option<String>,
+    pub virtual_env: Option<String>,
+    pub path: Option<std::ffi::OsString>,
+    pub home: Option<String>,
+}
+
+impl SearchEnv {
+    pub fn from_env() -> Self {
+        SearchEnv {
+            pythonpath: std::env::var("PYTHONPATH").ok(),
+            virtual_env: std::env::var("VIRTUAL_ENV").ok(),
+            path: std::env::var_os("PATH"),
+            home: std::env::var("HOME").ok(),
         }
     }
 }
@@ -95,19 +144,14 @@ impl ClientOptions {
             Ok(v) => parse_backend(&v)?,
             Err(_) => BackendKind::Cuda,
         };
-        let tmp_copy_threshold =
-            Threshold::from_env().map_err(|e| Error::invalid(e.to_string()))?;
-        let exec_mode = match std::env::var("XLA_VMM_EXEC_MODE") {
-            Ok(v) => parse_mode("XLA_VMM_EXEC_MODE", &v)?,
-            Err(_) => Mode::Graph,
-        };
+        let run = RunConfig::from_lookup(|v| std::env::var(v).ok())
+            .map_err(|e| Error::invalid(e.to_string()))?;
         Ok(ClientOptions {
             backend,
             strict: std::env::var("XLA_VMM_STRICT")
                 .map(|v| env_bool(&v))
                 .unwrap_or(false),
-            tmp_copy_threshold,
-            exec_mode,
+            run,
             vendor_plugin_path: std::env::var("XLA_VMM_VENDOR_PLUGIN").ok(),
             host_devices: host_devices(
                 "XLA_VMM_HOST_DEVICES",
@@ -116,6 +160,17 @@ impl ClientOptions {
             max_devices: env_count("XLA_VMM_MAX_DEVICES")?,
             node_id: 0,
             num_nodes: 1,
+            exec: ExecOptions {
+                sync: std::env::var("XLA_VMM_SYNC_EXECUTE").is_ok_and(|v| env_bool(&v)),
+                plain_backoff: std::env::var("XLA_VMM_COMPLETION_POLL").as_deref() == Ok("backoff"),
+            },
+            topology_timeout: std::time::Duration::from_secs(
+                std::env::var("XLA_VMM_TOPOLOGY_TIMEOUT_S")
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(300),
+            ),
+            search_env: SearchEnv::from_env(),
         })
     }
 
@@ -128,19 +183,29 @@ impl ClientOptions {
                 ("strict", Value::Bool(b)) => o.strict = *b,
                 ("strict", Value::Int(i)) => o.strict = *i != 0,
                 ("strict", Value::Str(s)) => o.strict = env_bool(s),
-                ("xla_vmm_tmp_copy_threshold", Value::Int(i)) if *i >= 0 => {
-                    o.tmp_copy_threshold = Threshold::from(*i as u64)
-                }
                 // jax passes `jax_pjrt_client_create_options` values as strings.
-                ("xla_vmm_tmp_copy_threshold", Value::Str(s)) => {
-                    o.tmp_copy_threshold = Threshold::parse(s)
-                        .map_err(|e| Error::invalid(format!("xla_vmm_tmp_copy_threshold: {e}")))?
+                (n, v) if RunConfig::knows(n) => {
+                    let text = match v {
+                        Value::Str(s) => s.clone(),
+                        Value::Int(i) => i.to_string(),
+                        Value::Bool(b) => u8::from(*b).to_string(),
+                        other => {
+                            return Err(Error::invalid(format!(
+                                "client option {n} = {other:?}: expected a string or a number"
+                            )))
+                        }
+                    };
+                    o.run
+                        .set(n, &text)
+                        .map_err(|e| Error::invalid(format!("client option {e}")))?
                 }
-                ("exec_mode", Value::Str(s)) => o.exec_mode = parse_mode(name, s)?,
                 ("vendor_plugin_path", Value::Str(s)) => o.vendor_plugin_path = Some(s.clone()),
                 ("host_devices", v) => o.host_devices = host_devices(name, count(name, v)?)?,
                 ("max_devices", v) => o.max_devices = Some(count(name, v)?),
                 ("node_id", v) => o.node_id = int(name, v)?,
+                ("sync_execute", Value::Bool(b)) => o.exec.sync = *b,
+                ("sync_execute", Value::Int(i)) => o.exec.sync = *i != 0,
+                ("sync_execute", Value::Str(s)) => o.exec.sync = env_bool(s),
                 ("num_nodes", v) => o.num_nodes = int(name, v)?,
                 (n, _) if IGNORED.contains(&n) => {
                     tracing::debug!("client option {n} ignored by xla-vmm")
@@ -148,8 +213,13 @@ impl ClientOptions {
                 (n, v) => {
                     return Err(Error::invalid(format!(
                         "unknown or mistyped client option {n} = {v:?} (known: backend, strict, \
-                         xla_vmm_tmp_copy_threshold, exec_mode, vendor_plugin_path, host_devices, \
-                         max_devices, node_id, num_nodes)"
+                         vendor_plugin_path, host_devices, max_devices, node_id, num_nodes, \
+                         sync_execute, {})",
+                        xla_vmm_runtime::OPTIONS
+                            .iter()
+                            .map(|s| s.key)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )))
                 }
             }
@@ -162,20 +232,6 @@ impl ClientOptions {
         }
         Ok(o)
     }
-
-    /// How the client's programs run.
-    pub fn run_options(&self) -> RunOptions {
-        RunOptions {
-            mode: self.exec_mode,
-            threshold: self.tmp_copy_threshold,
-        }
-    }
-}
-
-/// An execution mode as users name it ([`Mode::parse`]), for option or
-/// variable `name`.
-fn parse_mode(name: &str, v: &str) -> Result<Mode> {
-    Mode::parse(v).map_err(|e| Error::invalid(format!("{name}: {e}")))
 }
 
 /// A non-negative integer option (int, or a string holding one).
@@ -242,6 +298,7 @@ fn parse_backend(s: &str) -> Result<BackendKind> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xla_vmm_runtime::{Mode, Threshold};
 
     #[test]
     fn options_override_and_reject_typos() {
@@ -254,21 +311,23 @@ mod tests {
         .unwrap();
         assert_eq!(o.backend, BackendKind::Host);
         assert!(o.strict);
-        assert_eq!(o.tmp_copy_threshold, Threshold::Bytes(4096));
+        assert_eq!(o.run.binding.threshold, Threshold::Bytes(4096));
         let o = ClientOptions::parse(&[
             ("strict".into(), Value::Str("true".into())),
             ("xla_vmm_tmp_copy_threshold".into(), Value::Str("0".into())),
         ])
         .unwrap();
         assert!(o.strict);
-        assert_eq!(o.tmp_copy_threshold, Threshold::RemapAll);
+        assert_eq!(o.run.binding.threshold, Threshold::RemapAll);
         let e = ClientOptions::parse(&[("stric".into(), Value::Bool(true))]).unwrap_err();
         assert!(e.message.contains("stric"), "{}", e.message);
         let e = ClientOptions::parse(&[("backend".into(), Value::Str("tpu".into()))]).unwrap_err();
         assert!(e.message.contains("tpu"));
         let o = ClientOptions::parse(&[("exec_mode".into(), Value::Str("graph-recapture".into()))])
             .unwrap();
-        assert_eq!(o.run_options().mode, Mode::GraphRecapture);
+        assert_eq!(o.run.mode, Mode::GraphRecapture);
+        let o = ClientOptions::parse(&[("guard".into(), Value::Int(0))]).unwrap();
+        assert!(!o.run.guard);
         let e =
             ClientOptions::parse(&[("exec_mode".into(), Value::Str("grpah".into()))]).unwrap_err();
         assert!(e.message.contains("grpah"), "{}", e.message);

@@ -32,8 +32,9 @@ fn build() -> NamedValues {
 }
 
 pub fn initialize(_a: &mut PJRT_Plugin_Initialize_Args) -> Result<()> {
-    crate::init_logging();
-    crate::crash::install_from_env();
+    let process = crate::options::ProcessOptions::from_env();
+    crate::init_logging(&process);
+    crate::crash::install_if(process.crash_report);
     Ok(())
 }
 

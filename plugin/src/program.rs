@@ -7,13 +7,12 @@ use std::sync::Arc;
 use xla_vmm::Plan;
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::{Backend, DevicePtr};
-use xla_vmm_runtime::{BindingConfig, CallContext, Executable, Mode, RuntimeError, UserBuffer};
+use xla_vmm_runtime::{CallContext, Executable, RunConfig, RuntimeError, UserBuffer};
 
 use crate::assignment::MultiDevice;
 use crate::collectives::{self, Cliques};
 use crate::devmem::SharedStream;
 use crate::error::{Error, Result};
-use crate::options::RunOptions;
 
 /// One result leaf of a run (valid until the next run).
 #[derive(Clone, Debug)]
@@ -71,35 +70,33 @@ pub struct RuntimeProgram<B: Backend> {
     exe: Option<Executable<B>>,
     /// The client's stream: runs are ordered with the buffers' copies.
     stream: Arc<SharedStream<B>>,
-    mode: Mode,
 }
 
 impl<B: Backend> RuntimeProgram<B> {
-    /// `run`: how the client runs its programs (mode, VA-stable's copy
-    /// threshold).
+    /// `run`: how the client runs its programs (mode, guard, binding).
     pub fn load(
         backend: Arc<B>,
         plan: Plan,
         gemm: Option<Arc<dyn GemmEngine<B>>>,
-        run: RunOptions,
+        run: &RunConfig,
         stream: Arc<SharedStream<B>>,
         multi: Option<(&MultiDevice, Arc<Cliques<B>>)>,
     ) -> Result<Self> {
         let exe = stream.with(|s| {
+            // PJRT buffers never change content except through donation.
+            let mut config = run.clone();
+            config.binding.immutable_buffers = true;
             let mut exe = Executable::load_with(
                 backend.clone(),
                 plan,
                 gemm,
                 Some(&crate::xla_ffi_api::Registry),
+                &config,
                 s,
             )?;
             if let Some((m, cliques)) = multi {
                 collectives::attach(&mut exe, m, cliques)?;
             }
-            // PJRT buffers never change content except through donation.
-            let mut cfg = BindingConfig::resolve(Some(run.threshold))?;
-            cfg.immutable_buffers = true;
-            exe.set_binding_config(cfg)?;
             backend.stream_synchronize(s)?;
             Ok::<_, Error>(exe)
         })?;
@@ -107,7 +104,6 @@ impl<B: Backend> RuntimeProgram<B> {
             backend,
             exe: Some(exe),
             stream,
-            mode: run.mode,
         })
     }
 }
@@ -165,8 +161,7 @@ impl<B: Backend> Program for RuntimeProgram<B> {
                 _ => exe.bind_parameter(i, ptr, bytes)?,
             }
         }
-        let mode = self.mode;
-        let outs = self.stream.with(|s| Ok(exe.run(s, mode)?))?;
+        let outs = self.stream.with(|s| Ok(exe.step(s)?))?;
         Ok(outs
             .into_iter()
             .map(|o| RunOutput {

@@ -19,6 +19,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::options::SearchEnv;
 
 /// Plugin files, relative to a site-packages directory, in preference order.
 pub const CANDIDATES: &[&str] = &[
@@ -110,22 +111,23 @@ fn invoked_exe(cmdline: &[u8], path_var: Option<&std::ffi::OsStr>) -> Option<Pat
         .find(|p| p.is_file())
 }
 
-/// Directories searched, in order, without duplicates.
-pub fn search_dirs() -> Vec<PathBuf> {
+/// Directories searched, in order, without duplicates (`env`: what the
+/// front door read of the environment).
+pub fn search_dirs(env: &SearchEnv) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    if let Ok(pp) = std::env::var("PYTHONPATH") {
-        dirs.extend(std::env::split_paths(&pp));
+    if let Some(pp) = &env.pythonpath {
+        dirs.extend(std::env::split_paths(pp));
     }
     let (site, libs) = std::fs::read_to_string("/proc/self/maps")
         .map(|m| dirs_from_maps(&m))
         .unwrap_or_default();
     dirs.extend(site);
-    if let Ok(venv) = std::env::var("VIRTUAL_ENV") {
-        python_dirs(&Path::new(&venv).join("lib"), &mut dirs);
+    if let Some(venv) = &env.virtual_env {
+        python_dirs(&Path::new(venv).join("lib"), &mut dirs);
     }
     let invoked = std::fs::read("/proc/self/cmdline")
         .ok()
-        .and_then(|c| invoked_exe(&c, std::env::var_os("PATH").as_deref()));
+        .and_then(|c| invoked_exe(&c, env.path.as_deref()));
     let resolved = std::env::current_exe().ok();
     for exe in invoked.iter().chain(resolved.iter()) {
         if let Some(prefix) = exe_prefix(exe) {
@@ -135,8 +137,8 @@ pub fn search_dirs() -> Vec<PathBuf> {
     for lib in &libs {
         python_dirs(lib, &mut dirs);
     }
-    if let Ok(home) = std::env::var("HOME") {
-        python_dirs(&Path::new(&home).join(".local/lib"), &mut dirs);
+    if let Some(home) = &env.home {
+        python_dirs(&Path::new(home).join(".local/lib"), &mut dirs);
     }
     python_dirs(Path::new("/usr/local/lib"), &mut dirs);
     python_dirs(Path::new("/usr/lib"), &mut dirs);
@@ -152,15 +154,17 @@ pub fn find_in(dirs: &[PathBuf]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The vendor plugin path for a client (`explicit` = the client option).
-pub fn locate(explicit: Option<&str>) -> Result<PathBuf> {
+/// The vendor plugin path for a client (`explicit` = the client option
+/// `vendor_plugin_path`, or `XLA_VMM_VENDOR_PLUGIN`), else found under the
+/// search directories of `env`.
+pub fn locate(explicit: Option<&str>, env: &SearchEnv) -> Result<PathBuf> {
     if let Some(p) = explicit {
-        return existing(p, "client option vendor_plugin_path");
+        return existing(
+            p,
+            "vendor_plugin_path (client option or XLA_VMM_VENDOR_PLUGIN)",
+        );
     }
-    if let Ok(p) = std::env::var("XLA_VMM_VENDOR_PLUGIN") {
-        return existing(&p, "XLA_VMM_VENDOR_PLUGIN");
-    }
-    let dirs = search_dirs();
+    let dirs = search_dirs(env);
     find_in(&dirs).ok_or_else(|| not_found_message(&dirs))
 }
 
@@ -233,7 +237,7 @@ mod tests {
             "{found:?}"
         );
         assert!(find_in(&[root.join("nowhere")]).is_none());
-        let e = locate(Some("/nonexistent/plugin.so")).unwrap_err();
+        let e = locate(Some("/nonexistent/plugin.so"), &SearchEnv::default()).unwrap_err();
         assert!(e.message.contains("vendor_plugin_path"));
         std::fs::remove_dir_all(&root).unwrap();
     }

@@ -31,6 +31,16 @@ pub fn read_executable(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading {}", path.display()))
 }
 
+/// How programs run (mode, guard, binding, probe) as the environment says
+/// (`XLA_VMM_EXEC_MODE`, `XLA_VMM_TMP_COPY_THRESHOLD`, ...: the table is
+/// `xla_vmm_runtime::OPTIONS`). The CLI's one reader of those variables; a
+/// command's flags win over what it returns.
+pub fn run_config_from_env() -> anyhow::Result<xla_vmm_runtime::RunConfig> {
+    Ok(xla_vmm_runtime::RunConfig::from_lookup(|v| {
+        std::env::var(v).ok()
+    })?)
+}
+
 /// Which device backend a command runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {

@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context};
 use xla_vmm_device::vmm::{Buffer, VmmAllocator, VmmConfig};
 use xla_vmm_device::Backend;
 use xla_vmm_runtime::npz::{self, NpyArray};
-use xla_vmm_runtime::{BindingConfig, Executable, Mode, Threshold};
+use xla_vmm_runtime::{Executable, Mode, RunConfig, Threshold};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -27,8 +27,12 @@ pub struct Args {
     /// remap / copy), `eager` (thunk by thunk, the reference) or
     /// `graph-recapture` (one graph, re-captured when parameter addresses
     /// change).
-    #[arg(long, default_value = "graph")]
-    pub mode: String,
+    /// Default: `XLA_VMM_EXEC_MODE`, else `graph`. In `graph` mode the
+    /// never-slower guard (`XLA_VMM_GUARD`, on by default) may run the
+    /// program as graph-recapture or eager after its first steps when that
+    /// is faster: the last lines say so (`guard: ...`).
+    #[arg(long)]
+    pub mode: Option<String>,
     /// Copy threshold of graph mode: 0 = remap every slot (and no
     /// sub-allocated parameter buffers), 1 = auto, N = copy slots of at most
     /// N bytes. Default: `XLA_VMM_TMP_COPY_THRESHOLD`, else auto.
@@ -38,6 +42,10 @@ pub struct Args {
     /// the executable keeps evolving; the timing is what is reported).
     #[arg(long, default_value_t = 0)]
     pub steps: usize,
+    /// Before the `--steps`, run this many untimed (the guard's trial, auto's
+    /// warm-up: what a long training run leaves behind).
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
     /// Time the `--steps` runs as a training loop does: all enqueued
     /// without waiting, one wait at the end (stream time per step, host
     /// enqueue time per step) instead of each step waited for.
@@ -211,7 +219,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn run_args(args: Args) -> anyhow::Result<()> {
-    let mode = Mode::parse(&args.mode).map_err(|e| anyhow!("--mode: {e}"))?;
+    let config = run_config(&args)?;
+    let mode = config.mode;
     let bytes = crate::read_executable(&args.file)?;
     // Constants XLA serialized without content take their value from the
     // HLO module in the decoder, as XLA's own deserialization does.
@@ -245,10 +254,10 @@ fn run_args(args: Args) -> anyhow::Result<()> {
         crate::BackendKind::Cuda if args.devices > 1 => {
             crate::run_multi::run(plan, &args, mode, check)
         }
-        crate::BackendKind::Cuda => run_cuda(plan, inputs, &args, mode, &check),
+        crate::BackendKind::Cuda => run_cuda(plan, inputs, &args, &config, &check),
         _ if args.devices > 1 => bail!("--devices {} needs --backend cuda", args.devices),
-        crate::BackendKind::Host => run_host(plan, inputs, &args, mode, &check),
-        crate::BackendKind::Hip => run_hip(plan, inputs, &args, mode, &check),
+        crate::BackendKind::Host => run_host(plan, inputs, &args, &config, &check),
+        crate::BackendKind::Hip => run_hip(plan, inputs, &args, &config, &check),
     }
 }
 
@@ -259,13 +268,13 @@ fn run_host(
     plan: xla_vmm::Plan,
     inputs: Vec<(String, NpyArray)>,
     args: &Args,
-    mode: Mode,
+    config: &RunConfig,
     check: &OutputCheck,
 ) -> anyhow::Result<()> {
     let b = xla_vmm_device::HostBackend::new(xla_vmm_device::HostConfig::default())?;
     xla_vmm_runtime::copykernel::register_host_copy_kernel(&b);
     xla_vmm_runtime::selectk::register_host_select_k(&b);
-    replay(Arc::new(b), plan, None, inputs, args, mode, check)
+    replay(Arc::new(b), plan, None, inputs, args, config, check)
 }
 
 /// A GPU backend's replay: its GEMM engine is made (and its library named
@@ -279,7 +288,7 @@ fn replay_gpu<B: Backend + 'static, G: xla_vmm_device::blas::GemmEngine<B> + 'st
     plan: xla_vmm::Plan,
     inputs: Vec<(String, NpyArray)>,
     args: &Args,
-    mode: Mode,
+    config: &RunConfig,
     check: &OutputCheck,
 ) -> anyhow::Result<()> {
     let gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<B>>> =
@@ -290,7 +299,7 @@ fn replay_gpu<B: Backend + 'static, G: xla_vmm_device::blas::GemmEngine<B> + 'st
         } else {
             None
         };
-    replay(Arc::new(backend), plan, gemm, inputs, args, mode, check)
+    replay(Arc::new(backend), plan, gemm, inputs, args, config, check)
 }
 
 /// The HIP backend (feature `hip`; hipBLASLt for `cublas_lt_matmul` thunks).
@@ -299,7 +308,7 @@ fn run_hip(
     plan: xla_vmm::Plan,
     inputs: Vec<(String, NpyArray)>,
     args: &Args,
-    mode: Mode,
+    config: &RunConfig,
     check: &OutputCheck,
 ) -> anyhow::Result<()> {
     use xla_vmm_device::hip::{blaslt::HipGemm, HipBackend};
@@ -309,7 +318,16 @@ fn run_hip(
         Ok((g, library))
     };
     let backend = HipBackend::new(args.device)?;
-    replay_gpu(backend, "hipBLASLt", gemm, plan, inputs, args, mode, check)
+    replay_gpu(
+        backend,
+        "hipBLASLt",
+        gemm,
+        plan,
+        inputs,
+        args,
+        config,
+        check,
+    )
 }
 
 #[cfg(not(feature = "hip"))]
@@ -317,7 +335,7 @@ fn run_hip(
     _plan: xla_vmm::Plan,
     _inputs: Vec<(String, NpyArray)>,
     _args: &Args,
-    _mode: Mode,
+    _config: &RunConfig,
     _check: &OutputCheck,
 ) -> anyhow::Result<()> {
     bail!("this xla-vmm was built without the HIP backend (cargo feature `hip`)")
@@ -328,7 +346,7 @@ fn run_cuda(
     plan: xla_vmm::Plan,
     inputs: Vec<(String, NpyArray)>,
     args: &Args,
-    mode: Mode,
+    config: &RunConfig,
     check: &OutputCheck,
 ) -> anyhow::Result<()> {
     use xla_vmm_device::cuda::{blaslt::CudaGemm, CudaBackend};
@@ -338,7 +356,7 @@ fn run_cuda(
         Ok((g, library))
     };
     let backend = CudaBackend::new(args.device)?;
-    replay_gpu(backend, "cuBLASLt", gemm, plan, inputs, args, mode, check)
+    replay_gpu(backend, "cuBLASLt", gemm, plan, inputs, args, config, check)
 }
 
 /// What `--compare` needs besides the arrays.
@@ -355,7 +373,7 @@ fn run_cuda(
     _plan: xla_vmm::Plan,
     _inputs: Vec<(String, NpyArray)>,
     _args: &Args,
-    _mode: Mode,
+    _config: &RunConfig,
     _check: &OutputCheck,
 ) -> anyhow::Result<()> {
     bail!("this build has no CUDA backend (build with feature `cuda`)")
@@ -373,7 +391,7 @@ pub fn replay<B: Backend>(
     gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<B>>>,
     inputs: Vec<(String, NpyArray)>,
     args: &Args,
-    mode: Mode,
+    config: &RunConfig,
     check: &OutputCheck,
 ) -> anyhow::Result<()> {
     let be = &*backend;
@@ -383,15 +401,14 @@ pub fn replay<B: Backend>(
         crate::BackendKind::Host => gpu_thunks(&plan),
         _ => Vec::new(),
     };
-    let mut exe =
-        Executable::load(backend.clone(), plan, gemm, &stream).map_err(
-            |e| match needs_gpu_reason(&e, &gpu) {
-                Some(reason) => anyhow::Error::new(NeedsGpu { reason }),
-                None => e.into(),
-            },
-        )?;
+    let mode = config.mode;
+    let mut exe = Executable::load_with(backend.clone(), plan, gemm, None, config, &stream)
+        .map_err(|e| match needs_gpu_reason(&e, &gpu) {
+            Some(reason) => anyhow::Error::new(NeedsGpu { reason }),
+            None => e.into(),
+        })?;
     eprintln!("loaded in {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
-    let allocator = setup_binding(&backend, &mut exe, args)?;
+    let allocator = setup_binding(&backend, &exe)?;
 
     let mut params: Vec<Buffer<B>> = Vec::new();
     let result = (|| -> anyhow::Result<()> {
@@ -407,7 +424,7 @@ pub fn replay<B: Backend>(
             &mut params,
         )?;
         let t = Instant::now();
-        let outs = exe.run(&stream, mode)?;
+        let outs = exe.step(&stream)?;
         be.stream_synchronize(&stream)?;
         eprintln!(
             "first run ({mode:?}) in {:.1} ms",
@@ -423,7 +440,10 @@ pub fn replay<B: Backend>(
             failed = !compare(&arrays, &npz::read_npz(path)?, path, check)?;
         }
         if args.steps > 0 {
-            time_steps(be, &mut exe, &stream, mode, args.steps, args.pipelined)?;
+            for _ in 0..args.warmup {
+                exe.step(&stream)?;
+            }
+            time_steps(be, &mut exe, &stream, None, args.steps, args.pipelined)?;
         }
         if args.loop_steps > 0 {
             if args.steps > 0 {
@@ -431,11 +451,22 @@ pub fn replay<B: Backend>(
                     "--loop-steps needs the state of the first run: do not combine it with --steps"
                 );
             }
-            failed |= !train_loop(be, &allocator, &mut exe, &stream, mode, &mut params, args)?;
+            failed |= !train_loop(be, &allocator, &mut exe, &stream, &mut params, args)?;
         }
         if let Some(st) = exe.stats() {
             println!("{}", st.line());
             println!("{}", st.phases_line());
+        }
+        if let Some(g) = exe.guard_report() {
+            let ms = |v: Option<f64>| v.map_or("-".to_string(), |u| format!("{:.3}", u / 1e3));
+            println!(
+                "guard: runs as {} from step {} (median step ms: va-stable {} recapture {} eager {})",
+                g.runner.name(),
+                g.decided_at_step,
+                ms(g.va_stable_us),
+                ms(g.recapture_us),
+                ms(g.eager_us)
+            );
         }
         if failed {
             bail!(
@@ -458,17 +489,28 @@ pub fn replay<B: Backend>(
     result
 }
 
-/// Binding as the loop needs it (threshold from `--threshold`, immutable
-/// buffers) and the allocator of the parameter buffers.
+/// How the command's programs run: the environment (`XLA_VMM_EXEC_MODE`,
+/// ...), then `--mode` and `--threshold`; buffers are immutable while bound
+/// (the loop writes a buffer only before binding it, a fresh buffer or a new
+/// generation of a reused block, or through donation).
+pub(crate) fn run_config(args: &Args) -> anyhow::Result<RunConfig> {
+    let mut config = crate::run_config_from_env()?;
+    if let Some(m) = &args.mode {
+        config.mode = Mode::parse(m).map_err(|e| anyhow!("--mode: {e}"))?;
+    }
+    if let Some(t) = args.threshold {
+        config.binding.threshold = Threshold::from(t);
+    }
+    config.binding.immutable_buffers = true;
+    Ok(config)
+}
+
+/// The allocator of the parameter buffers as `exe`'s binding wants it.
 pub(crate) fn setup_binding<B: Backend>(
     backend: &Arc<B>,
-    exe: &mut Executable<B>,
-    args: &Args,
+    exe: &Executable<B>,
 ) -> anyhow::Result<VmmAllocator<B>> {
-    let mut binding = BindingConfig::resolve(args.threshold.map(Threshold::from))?;
-    // The loop writes a buffer only before binding it (a fresh buffer or a
-    // new generation of a reused block) or through donation.
-    binding.immutable_buffers = true;
+    let binding = &exe.config().binding;
     // Under 0 every parameter buffer is its own remappable allocation (no
     // sub-allocation), as XLA's own VMM allocator does.
     let vmm_cfg = if binding.threshold.raw() == 0 {
@@ -479,7 +521,6 @@ pub(crate) fn setup_binding<B: Backend>(
     } else {
         VmmConfig::default()
     };
-    exe.set_binding_config(binding)?;
     Ok(VmmAllocator::new(backend.clone(), vmm_cfg)?)
 }
 
@@ -728,7 +769,6 @@ fn train_loop<B: Backend>(
     allocator: &VmmAllocator<B>,
     exe: &mut Executable<B>,
     stream: &B::Stream,
-    mode: Mode,
     params: &mut [Buffer<B>],
     args: &Args,
 ) -> anyhow::Result<bool> {
@@ -771,7 +811,7 @@ fn train_loop<B: Backend>(
             exe.bind_buffer(i, p)?;
             allocator.free(old, stream)?;
         }
-        exe.run(stream, mode)?;
+        exe.step(stream)?;
         be.stream_synchronize(stream)?;
         bits.push(read_loss(exe)?);
         step_ms.push(Some(t.elapsed().as_secs_f64() * 1e3));
@@ -809,21 +849,28 @@ fn train_loop<B: Backend>(
     Ok(first_diff.is_none())
 }
 
+/// Time `steps` steps: as the configuration says (`mode` `None`: guarded
+/// where it is on), or all in `mode`.
 pub(crate) fn time_steps<B: Backend>(
     be: &B,
     exe: &mut Executable<B>,
     stream: &B::Stream,
-    mode: Mode,
+    mode: Option<Mode>,
     steps: usize,
     pipelined: bool,
 ) -> anyhow::Result<()> {
+    let one = |exe: &mut Executable<B>| match mode {
+        Some(m) => exe.run(stream, m).map(drop),
+        None => exe.step(stream).map(drop),
+    };
+    let mode = mode.unwrap_or(exe.config().mode);
     let before = exe.stats().map(|s| (s.phases, s.counters.steps));
     let (start, end) = (be.event_create()?, be.event_create()?);
     if pipelined {
         let t = Instant::now();
         be.event_record(&start, stream)?;
         for _ in 0..steps {
-            exe.run(stream, mode)?;
+            one(exe)?;
         }
         be.event_record(&end, stream)?;
         let host = t.elapsed().as_secs_f64() * 1e3;
@@ -844,7 +891,7 @@ pub(crate) fn time_steps<B: Backend>(
     for _ in 0..steps {
         let t = Instant::now();
         be.event_record(&start, stream)?;
-        exe.run(stream, mode)?;
+        one(exe)?;
         be.event_record(&end, stream)?;
         be.event_synchronize(&end)?;
         wall.push(t.elapsed().as_secs_f64() * 1e3);

@@ -329,9 +329,10 @@ fn device_run<B: Backend>(
     let (backend, gemm) = make(k)?;
     let be = &*backend;
     let stream = be.stream_create()?;
-    let mut exe = Executable::load(backend.clone(), plan, gemm, &stream)?;
+    let config = crate::run::run_config(args)?;
+    let mut exe = Executable::load_with(backend.clone(), plan, gemm, None, &config, &stream)?;
     exe.set_collectives(env)?;
-    let allocator = crate::run::setup_binding(&backend, &mut exe, args)?;
+    let allocator = crate::run::setup_binding(&backend, &exe)?;
     let mut params: Vec<Buffer<B>> = Vec::new();
     let result = (|| -> anyhow::Result<DeviceRun> {
         let names = |i: usize| format!("in_{i}_{k}");
@@ -355,7 +356,14 @@ fn device_run<B: Backend>(
         let first_ms = t.elapsed().as_secs_f64() * 1e3;
         let arrays = crate::run::read_outputs(be, &outs, &stream)?;
         if args.steps > 0 {
-            crate::run::time_steps(be, &mut exe, &stream, mode, args.steps, args.pipelined)?;
+            crate::run::time_steps(
+                be,
+                &mut exe,
+                &stream,
+                Some(mode),
+                args.steps,
+                args.pipelined,
+            )?;
         }
         Ok(DeviceRun {
             arrays,
@@ -493,9 +501,10 @@ mod tests {
             file: dir.join("multi.pjrt"),
             inputs: dir.join("in.npz"),
             outputs: Some(dir.join("got.npz")),
-            mode: "eager".into(),
+            mode: Some("eager".into()),
             threshold: None,
             steps: 1,
+            warmup: 0,
             pipelined: false,
             compare: compare.then(|| dir.join("want.npz")),
             loop_steps: 0,

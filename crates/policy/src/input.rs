@@ -10,13 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{PolicyError, Result};
 
-/// Environment variable that sets the copy threshold (a client create option
-/// of the same meaning wins over it).
-pub const THRESHOLD_ENV: &str = "XLA_VMM_TMP_COPY_THRESHOLD";
-
 /// The copy-vs-remap setting: `0`, `1` or a byte count `N > 1`.
 ///
-/// In JSON and in the environment it is the raw number, so the setting reads
+/// In JSON, in the configuration and in the CLI it is the raw number, so the setting reads
 /// the same everywhere: `0` = [`Threshold::RemapAll`], `1` = [`Threshold::Auto`],
 /// anything larger = [`Threshold::Bytes`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,29 +64,6 @@ impl Threshold {
             .map_err(|_| PolicyError::InvalidThreshold {
                 text: text.to_owned(),
             })
-    }
-
-    /// The threshold in force: the client create option if given (it wins),
-    /// else [`THRESHOLD_ENV`], else [`Threshold::Auto`].
-    pub fn resolve(option: Option<&str>) -> Result<Self> {
-        match option {
-            Some(text) => Threshold::parse(text),
-            None => Threshold::from_env(),
-        }
-    }
-
-    /// Reads [`THRESHOLD_ENV`]; unset means [`Threshold::Auto`]. A value that
-    /// is set but not a number is an error (the caller decides whether to fall
-    /// back to auto with a warning): silently disabling the optimization would
-    /// hide a typo.
-    pub fn from_env() -> Result<Self> {
-        match std::env::var(THRESHOLD_ENV) {
-            Ok(text) => Threshold::parse(&text),
-            Err(std::env::VarError::NotPresent) => Ok(Threshold::Auto),
-            Err(std::env::VarError::NotUnicode(raw)) => Err(PolicyError::InvalidThreshold {
-                text: raw.to_string_lossy().into_owned(),
-            }),
-        }
     }
 }
 
@@ -482,18 +455,6 @@ mod tests {
             Threshold::parse("-1"),
             Err(PolicyError::InvalidThreshold { .. })
         ));
-    }
-
-    #[test]
-    fn client_option_wins_over_environment() {
-        // The environment is process-wide: this is the only test touching it.
-        std::env::set_var(THRESHOLD_ENV, "65536");
-        assert_eq!(Threshold::resolve(None).unwrap(), Threshold::Bytes(65536));
-        assert_eq!(Threshold::resolve(Some("0")).unwrap(), Threshold::RemapAll);
-        std::env::set_var(THRESHOLD_ENV, "lots");
-        assert!(Threshold::resolve(None).is_err());
-        std::env::remove_var(THRESHOLD_ENV);
-        assert_eq!(Threshold::resolve(None).unwrap(), Threshold::Auto);
     }
 
     #[test]

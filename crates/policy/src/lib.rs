@@ -215,7 +215,7 @@ pub mod tracker;
 
 pub use decide::decide;
 pub use error::{PolicyError, Result};
-pub use input::{DeviceCosts, Knobs, PolicyInput, SlotInfo, StepTimes, Threshold, THRESHOLD_ENV};
+pub use input::{DeviceCosts, Knobs, PolicyInput, SlotInfo, StepTimes, Threshold};
 pub use plan::{BindingPlan, Counts, Decision, ReferenceSummary, Rule};
 pub use stats::Stats;
 pub use tracker::{

@@ -109,7 +109,7 @@ pub struct BindingConfig {
     pub threshold: Threshold,
     /// Costs for auto, used as given. `None`: measured at the first
     /// VA-stable step by the in-process probe ([`measured_costs`]: once per
-    /// device per process, see [`PROBE_ENV`]), else the H200 figures of
+    /// device per process, see [`BindingConfig::probe`]), else the H200 figures of
     /// DESIGN §4 (remap 46 µs, copy 2.4 TB/s, 4 µs per copy launch); free and
     /// total memory are read at the first step, and with the copy kernel the
     /// per-direction launch is [`KERNEL_COPY_DIRECTION_US`]. Either way the
@@ -124,36 +124,19 @@ pub struct BindingConfig {
     pub immutable_buffers: bool,
     /// How a step's copies run (`XLA_VMM_COPY_PATH`).
     pub copy_path: CopyPath,
-    /// VA reservations (graphs) used in turn, 1 or 2 (`XLA_VMM_RESERVATIONS`,
-    /// default [`DEFAULT_RESERVATIONS`]): with two, buffers that alternate
+    /// VA reservations (graphs) used in turn, 1 or 2 (`reservations`,
+    /// `XLA_VMM_RESERVATIONS`; default [`DEFAULT_RESERVATIONS`]): with two, buffers that alternate
     /// between steps (state not donated) are all skips; with one, they remap.
     pub reservations: usize,
     /// Time every VA-stable step on the GPU (`XLA_VMM_STEP_TIMING=1`, a
     /// diagnostic: logged at debug level as `step timed`).
     pub step_timing: bool,
+    /// Whether auto measures the device's costs ([`measured_costs`]).
+    pub probe: Probe,
 }
 
-/// The environment variable of [`BindingConfig::reservations`].
-pub const RESERVATIONS_ENV: &str = "XLA_VMM_RESERVATIONS";
-/// VA reservations per executable unless `XLA_VMM_RESERVATIONS` says.
+/// VA reservations per executable unless the configuration says otherwise.
 pub const DEFAULT_RESERVATIONS: usize = 2;
-
-/// `XLA_VMM_RESERVATIONS`: 1 or 2, [`DEFAULT_RESERVATIONS`] when unset.
-pub fn reservations_from_env() -> Result<usize> {
-    std::env::var(RESERVATIONS_ENV).map_or(Ok(DEFAULT_RESERVATIONS), |v| parse_reservations(&v))
-}
-
-/// A value of `XLA_VMM_RESERVATIONS` (empty: the default).
-pub fn parse_reservations(s: &str) -> Result<usize> {
-    match s.trim() {
-        "" => Ok(DEFAULT_RESERVATIONS),
-        "1" => Ok(1),
-        "2" => Ok(2),
-        other => Err(RuntimeError::arg(format!(
-            "{RESERVATIONS_ENV}={other:?}: expected 1 or 2"
-        ))),
-    }
-}
 
 impl Default for BindingConfig {
     fn default() -> Self {
@@ -164,11 +147,26 @@ impl Default for BindingConfig {
             copy_path: CopyPath::Auto,
             reservations: DEFAULT_RESERVATIONS,
             step_timing: false,
+            probe: Probe::GpuOnly,
         }
     }
 }
 
-/// How VA-stable mode runs a step's copies (`XLA_VMM_COPY_PATH`).
+/// Whether auto measures the device's binding costs (`probe`,
+/// `XLA_VMM_PROBE`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Probe {
+    /// On GPU backends (CUDA, HIP) only: the host backend's costs are its
+    /// emulation's (`auto`, the default).
+    #[default]
+    GpuOnly,
+    /// On every backend, the host backend included (`1`).
+    Always,
+    /// Never: the DESIGN §4 constants (`0`).
+    Never,
+}
+
+/// How VA-stable mode runs a step's copies (`copy_path`, `XLA_VMM_COPY_PATH`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CopyPath {
     /// The runtime's choice (`auto`, the default).
@@ -181,9 +179,6 @@ pub enum CopyPath {
     Batch,
 }
 
-/// The environment variable [`CopyPath::from_env`] reads.
-pub const COPY_PATH_ENV: &str = "XLA_VMM_COPY_PATH";
-
 impl CopyPath {
     pub fn parse(s: &str) -> Result<Self> {
         match s.trim() {
@@ -191,14 +186,9 @@ impl CopyPath {
             "kernel" => Ok(CopyPath::Kernel),
             "batch" => Ok(CopyPath::Batch),
             other => Err(RuntimeError::arg(format!(
-                "{COPY_PATH_ENV}={other:?}: expected auto, kernel or batch"
+                "copy path {other:?}: expected auto, kernel or batch"
             ))),
         }
-    }
-
-    /// `XLA_VMM_COPY_PATH`, [`CopyPath::Auto`] when unset.
-    pub fn from_env() -> Result<Self> {
-        std::env::var(COPY_PATH_ENV).map_or(Ok(CopyPath::Auto), |v| Self::parse(&v))
     }
 
     /// Whether the copy kernel is tried.
@@ -219,12 +209,6 @@ pub const DEFAULT_COPY_LAUNCH_US: f64 = 4.0;
 /// launch-to-start inside a graph (the copy-path diagnostic measured ~1 µs
 /// per node on the H200, `integration/results/perf_baseline_a14eaf4.md`).
 pub const KERNEL_COPY_DIRECTION_US: f64 = 2.0;
-
-/// `XLA_VMM_PROBE`: `0` = never probe (DESIGN §4 constants), `1` = probe on
-/// every backend (including the host backend, whose costs are its
-/// emulation's), unset or anything else = probe on GPU backends (CUDA, HIP)
-/// only.
-pub const PROBE_ENV: &str = "XLA_VMM_PROBE";
 
 /// Bytes of the probe's large copy (bandwidth).
 pub const PROBE_COPY_BYTES: u64 = 64 << 20;
@@ -255,22 +239,22 @@ type ProbeKey = (&'static str, usize, String);
 /// Probe results per device of this process (`None`: it failed; not retried).
 static PROBES: Mutex<BTreeMap<ProbeKey, Option<QuickCosts>>> = Mutex::new(BTreeMap::new());
 
-fn probe_enabled(backend: &str) -> bool {
-    match std::env::var(PROBE_ENV).ok().as_deref().map(str::trim) {
-        Some("0") => false,
-        Some("1") => true,
-        _ => backend != "host",
+fn probe_enabled(probe: Probe, backend: &str) -> bool {
+    match probe {
+        Probe::Never => false,
+        Probe::Always => true,
+        Probe::GpuOnly => backend != "host",
     }
 }
 
 /// The in-process probe's result for `backend`'s device: measured once per
 /// device per process ([`probe_quick`]: three remaps of one granule, one
 /// copy of [`PROBE_COPY_BYTES`], eight tiny copies; a few ms) and cached;
-/// `None` when [`PROBE_ENV`] disables it or it failed (said once at info
-/// level either way, with the values when it worked).
-pub fn measured_costs<B: Backend>(backend: &B) -> Option<QuickCosts> {
+/// `None` when `probe` rules it out for this backend or it failed (said
+/// once at info level either way, with the values when it worked).
+pub fn measured_costs<B: Backend>(backend: &B, probe: Probe) -> Option<QuickCosts> {
     let info = backend.info();
-    if !probe_enabled(info.backend) {
+    if !probe_enabled(probe, info.backend) {
         return None;
     }
     let key = (info.backend, info.ordinal, info.name.clone());
@@ -298,23 +282,6 @@ pub fn measured_costs<B: Backend>(backend: &B) -> Option<QuickCosts> {
 }
 
 impl BindingConfig {
-    /// The threshold from `option` (wins) or `XLA_VMM_TMP_COPY_THRESHOLD`,
-    /// the copy path from `XLA_VMM_COPY_PATH`.
-    pub fn resolve(option: Option<Threshold>) -> Result<Self> {
-        let threshold = match option {
-            Some(t) => t,
-            None => Threshold::from_env().map_err(|e| RuntimeError::arg(e.to_string()))?,
-        };
-        Ok(BindingConfig {
-            threshold,
-            costs: None,
-            immutable_buffers: false,
-            copy_path: CopyPath::from_env()?,
-            reservations: reservations_from_env()?,
-            step_timing: crate::vastable::step_timing_from_env(),
-        })
-    }
-
     /// `threshold`, nothing else set (no costs, buffers may change between
     /// steps, the runtime's copy path): what an executable has until its
     /// caller sets the configuration it resolved (from the environment or a
@@ -327,6 +294,7 @@ impl BindingConfig {
             copy_path: CopyPath::Auto,
             reservations: DEFAULT_RESERVATIONS,
             step_timing: false,
+            probe: Probe::GpuOnly,
         }
     }
 
@@ -362,7 +330,7 @@ impl BindingConfig {
         let mut costs = self.costs_without_probe(backend)?;
         let mut source = CostSource::Default;
         // Only measured numbers the policy accepts replace the constants.
-        if let Some(q) = measured_costs(backend) {
+        if let Some(q) = measured_costs(backend, self.probe) {
             let ok = |v: f64| v.is_finite() && v > 0.0;
             if ok(q.remap_us) && ok(q.copy_bw_bytes_per_s) && q.copy_launch_us.is_finite() {
                 costs.remap_us = q.remap_us;
@@ -445,6 +413,10 @@ pub struct BindingStats {
     pub remapped: Vec<(usize, u64, u64)>,
     /// Host time of the steps by phase (setup and captures excluded).
     pub phases: PhaseNs,
+    /// What the never-slower guard decided for this program (`None`: not
+    /// yet, or no guard): after it, the steps may run as another runner and
+    /// these counters stop.
+    pub guard: Option<crate::guard::GuardReport>,
     #[serde(flatten)]
     pub counters: Stats,
 }

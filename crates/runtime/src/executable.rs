@@ -17,14 +17,15 @@ use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::binding::{BindingConfig, BindingStats, UserBuffer};
 use crate::collective::{CollectiveEnv, Resolved};
+use crate::config::RunConfig;
 use crate::custom_call::{CallContext, CustomCallRegistry};
 use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::run_seq;
+use crate::guard::{Guard, GuardReport};
 use crate::program::Program;
 use crate::recapture::Recapture;
 use crate::slots::SlotTable;
 use crate::vastable::VaStable;
-use xla_vmm_policy::Threshold;
 
 /// How [`Executable::run`] executes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -77,7 +78,11 @@ pub struct Executable<B: Backend> {
     slots: SlotTable,
     /// The caller's buffer of each entry parameter (VA-stable binding).
     users: Vec<Option<UserBuffer<B>>>,
-    binding: BindingConfig,
+    /// How [`Executable::step`] runs (mode, guard, binding).
+    config: RunConfig,
+    /// The never-slower guard of [`Mode::Graph`] (`config.guard`), from
+    /// the first [`Executable::step`].
+    guard: Option<Guard<B>>,
     va: Option<VaStable<B>>,
     recapture: Recapture<B>,
     warned_eager: bool,
@@ -90,6 +95,17 @@ pub struct Executable<B: Backend> {
     call_context: Option<Arc<dyn CallContext>>,
 }
 
+/// The binding settings an executable accepts.
+fn check_binding(cfg: &BindingConfig) -> Result<()> {
+    if !(1..=2).contains(&cfg.reservations) {
+        return Err(RuntimeError::arg(format!(
+            "{} VA reservations asked for: 1 or 2",
+            cfg.reservations
+        )));
+    }
+    Ok(())
+}
+
 fn leaf_shape(result: &Shape, index: &[i64]) -> Option<Shape> {
     let mut s = result;
     for &i in index {
@@ -100,26 +116,29 @@ fn leaf_shape(result: &Shape, index: &[i64]) -> Option<Shape> {
 
 impl<B: Backend> Executable<B> {
     /// Load `plan` ([`Program::load`]: check every thunk, load kernels,
-    /// prepare GEMMs, upload constants, allocate temps and outputs).
-    /// `stream` orders the uploads.
+    /// prepare GEMMs, upload constants, allocate temps and outputs) with the
+    /// default [`RunConfig`]. `stream` orders the uploads.
     pub fn load(
         backend: Arc<B>,
         plan: Plan,
         gemm: Option<Arc<dyn GemmEngine<B>>>,
         stream: &B::Stream,
     ) -> Result<Self> {
-        Self::load_with(backend, plan, gemm, None, stream)
+        Self::load_with(backend, plan, gemm, None, &RunConfig::default(), stream)
     }
 
     /// [`Executable::load`] with the handlers of the plan's typed-FFI custom
-    /// calls (without, a plan with one is rejected).
+    /// calls (without, a plan with one is rejected) and how it runs
+    /// (`config`: what [`Executable::step`] does).
     pub fn load_with(
         backend: Arc<B>,
         plan: Plan,
         gemm: Option<Arc<dyn GemmEngine<B>>>,
         custom_calls: Option<&dyn CustomCallRegistry>,
+        config: &RunConfig,
         stream: &B::Stream,
     ) -> Result<Self> {
+        check_binding(&config.binding)?;
         let program = Program::load(backend, plan, gemm, custom_calls, stream)?;
         let slots = program.owned_slots()?;
         let nparams = program.parameter_shapes().len();
@@ -127,7 +146,8 @@ impl<B: Backend> Executable<B> {
             program,
             slots,
             users: (0..nparams).map(|_| None).collect(),
-            binding: BindingConfig::with_threshold(Threshold::Auto),
+            config: config.clone(),
+            guard: None,
             va: None,
             recapture: Recapture::new(),
             warned_eager: false,
@@ -198,14 +218,37 @@ impl<B: Backend> Executable<B> {
                 "the binding configuration is frozen after the first VA-stable run",
             ));
         }
-        if !(1..=2).contains(&cfg.reservations) {
-            return Err(RuntimeError::arg(format!(
-                "{} VA reservations asked for: 1 or 2",
-                cfg.reservations
-            )));
-        }
-        self.binding = cfg;
+        check_binding(&cfg)?;
+        self.config.binding = cfg;
         Ok(())
+    }
+
+    /// How [`Executable::step`] runs.
+    pub fn config(&self) -> &RunConfig {
+        &self.config
+    }
+
+    /// What the never-slower guard decided (`None` before its decision, or
+    /// when it does not run: another mode, the guard off, a program that
+    /// cannot be captured).
+    pub fn guard_report(&self) -> Option<&GuardReport> {
+        self.guard.as_ref().and_then(|g| g.report())
+    }
+
+    /// The runner the next [`Executable::step`] uses, as users name it
+    /// (`va-stable graph`, `graph-recapture`, `eager`; during the guard's
+    /// trial, `guard trial`).
+    pub fn runner_name(&self) -> &'static str {
+        let mode = match (self.config.mode, self.program.capture_blocker()) {
+            (Mode::Graph | Mode::GraphRecapture, Some(_)) => Mode::Eager,
+            (m, _) => m,
+        };
+        match (mode, &self.guard) {
+            (Mode::Graph, Some(g)) => g.report().map_or("guard trial", |r| r.runner.name()),
+            (Mode::Graph, None) => "va-stable graph",
+            (Mode::GraphRecapture, _) => "graph-recapture",
+            (Mode::Eager, _) => "eager",
+        }
     }
 
     /// Run the collectives of this executable as device `env.device_id` of
@@ -266,7 +309,7 @@ impl<B: Backend> Executable<B> {
     fn run_va_stable(&mut self, stream: &B::Stream) -> Result<()> {
         let program = &self.program;
         if self.va.is_none() {
-            let mut va = VaStable::new(program, &self.binding)?;
+            let mut va = VaStable::new(program, &self.config.binding)?;
             let env = program.env(
                 &self.resolved,
                 self.logical,
@@ -288,8 +331,36 @@ impl<B: Backend> Executable<B> {
         va.run(program, &self.users, stream)
     }
 
-    /// Run once on `stream` (asynchronously: synchronize the stream before
-    /// reading outputs on the host). Every parameter must be bound.
+    /// Run one step on `stream` as the configuration says: its mode, and in
+    /// [`Mode::Graph`] with the guard on, the runner the never-slower guard
+    /// picks (see [`crate::guard`]). Asynchronous, as [`Executable::run`].
+    pub fn step(&mut self, stream: &B::Stream) -> Result<Vec<Output>> {
+        let guarded = self.config.mode == Mode::Graph
+            && self.config.guard
+            && self.program.capture_blocker().is_none();
+        if !guarded {
+            return self.run(stream, self.config.mode);
+        }
+        let be = self.program.backend_arc();
+        let guard = self.guard.get_or_insert_with(Guard::new);
+        let undecided = guard.report().is_none();
+        let runner = guard.begin_step(&*be, stream)?;
+        let out = self.run(stream, runner.mode());
+        if undecided {
+            if let Some(g) = self.guard.as_mut() {
+                g.end_step(&*be, &self.program.plan().module_name);
+                if let (Some(r), Some(va)) = (g.report(), self.va.as_mut()) {
+                    va.note_guard(r.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// Run once on `stream` in `mode`, whatever the configuration says (no
+    /// guard: diagnostics and side-by-side runs of the modes), asynchronously:
+    /// synchronize the stream before reading outputs on the host. Every
+    /// parameter must be bound.
     pub fn run(&mut self, stream: &B::Stream, mode: Mode) -> Result<Vec<Output>> {
         for (i, slots) in self.program.parameter_slots().iter().enumerate() {
             for &s in slots {
@@ -389,6 +460,9 @@ impl<B: Backend> Drop for Executable<B> {
     fn drop(&mut self) {
         let be = self.program.backend();
         self.recapture.release(be);
+        if let Some(g) = self.guard.as_mut() {
+            g.release(be);
+        }
         let mut t = Teardown::new("executable");
         for s in self.program.aux_and_comm_streams() {
             t.check("stream_synchronize", be.stream_synchronize(s));

@@ -2,10 +2,13 @@
 //! on any [`xla_vmm_device::Backend`], eagerly or as one captured graph.
 //!
 //! Where to start reading:
+//! - [`RunConfig`] (config.rs): how programs run, resolved once at a front
+//!   door (the plugin's client options, the CLI's flags).
 //! - [`Executable`] (executable.rs): load a plan, bind parameters, run,
 //!   outputs. The execution API, over an immutable [`Program`] (program.rs:
 //!   what loading builds) and one runner per mode (eager inline,
-//!   recapture.rs, vastable.rs).
+//!   recapture.rs, vastable.rs) and the never-slower guard that picks
+//!   among them (guard.rs).
 //! - [`ops`]: loading: kernels resolved, GEMM plans prepared, unsupported
 //!   thunks rejected at load time (naming kind and `profile_annotation`).
 //! - [`exec`]: the thunk semantics (XLA's `*_thunk.cc`, re-implemented).
@@ -23,6 +26,7 @@
 
 pub mod binding;
 pub mod collective;
+pub mod config;
 pub mod conv;
 pub mod copykernel;
 pub mod custom_call;
@@ -32,6 +36,7 @@ pub mod error;
 pub mod exec;
 pub mod executable;
 pub mod gemm;
+pub mod guard;
 pub mod host_execute;
 pub mod npz;
 pub mod ops;
@@ -41,13 +46,15 @@ pub mod selectk;
 pub mod slots;
 pub mod vastable;
 
-pub use binding::{BindingConfig, BindingStats, CopyPath, RemapSource, UserBuffer};
+pub use binding::{BindingConfig, BindingStats, CopyPath, Probe, RemapSource, UserBuffer};
 pub use collective::{Cliques, CollectiveEnv, DeviceAssignment, IdExchange, LocalExchange};
+pub use config::{OptionSpec, RunConfig, OPTIONS};
 pub use custom_call::{
     BoundCall, CallBuffer, CallContext, CallScratch, CallSite, CustomCallRegistry, Invocation,
 };
 pub use error::{Result, RuntimeError};
 pub use executable::{Executable, Mode, Output};
+pub use guard::{GuardReport, Runner};
 pub use host_execute::{HostArray, HostArrayMut, HostProgram};
 pub use program::Program;
 pub use slots::{DeviceBuffer, SlotTable};

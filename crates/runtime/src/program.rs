@@ -175,6 +175,11 @@ impl<B: Backend> Program<B> {
         &self.plan
     }
 
+    /// The backend, shared (to use it while the executable is borrowed).
+    pub fn backend_arc(&self) -> Arc<B> {
+        self.backend.clone()
+    }
+
     pub fn backend(&self) -> &B {
         &self.backend
     }

@@ -97,9 +97,7 @@ use xla_vmm_policy::{
     TrackerConfig,
 };
 
-use crate::binding::{
-    publish, register, BindingConfig, BindingStats, Lap, StatsSlot, UserBuffer, COPY_PATH_ENV,
-};
+use crate::binding::{publish, register, BindingConfig, BindingStats, Lap, StatsSlot, UserBuffer};
 use crate::copykernel::{CopyKernel, CopyOp, Table, IN, OUT};
 use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::ExecEnv;
@@ -111,8 +109,6 @@ mod mapping;
 mod step;
 mod timing;
 mod warmup;
-
-pub use timing::{step_timing_from_env, STEP_TIMING_ENV};
 
 use helpers::{bound, capture, contiguous, copy_batch, overlapping};
 use warmup::{push_sample, Warmup};
@@ -354,6 +350,15 @@ impl<B: Backend> VaStable<B> {
 
     pub(crate) fn stats(&self) -> &BindingStats {
         &self.stats
+    }
+
+    /// Publish the never-slower guard's decision with these stats.
+    pub(crate) fn note_guard(&mut self, report: crate::guard::GuardReport) {
+        self.stats.guard = Some(report);
+        let slot = self
+            .slot
+            .get_or_insert_with(|| register(&self.key, &self.stats));
+        publish(slot, &self.stats);
     }
 
     /// Reserve and map both reservations once the first plan is made (one
@@ -641,7 +646,7 @@ impl<B: Backend> VaStable<B> {
     /// the constants).
     fn prepare_costs(&mut self, be: &B) -> Result<()> {
         if !self.cfg.copy_path.wants_kernel() && self.kernel_error.is_none() {
-            self.kernel_error = Some(format!("{COPY_PATH_ENV}=batch"));
+            self.kernel_error = Some("copy_path=batch (XLA_VMM_COPY_PATH)".to_string());
         }
         if self.kernel.is_none() && self.kernel_error.is_none() {
             // Room for every slot as a copy (any slot may turn to copies

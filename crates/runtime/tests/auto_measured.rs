@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 
 use common::*;
 use xla_vmm::*;
@@ -15,16 +15,9 @@ use xla_vmm_device::vmm::Buffer;
 use xla_vmm_device::{Backend, HostBackend, VmmAllocator, VmmConfig};
 use xla_vmm_policy::tracker::DEFAULT_REPLAN_AFTER_STEPS;
 use xla_vmm_policy::Threshold;
-use xla_vmm_runtime::binding::{measured_costs, KERNEL_COPY_DIRECTION_US, PROBE_ENV};
+use xla_vmm_runtime::binding::{measured_costs, KERNEL_COPY_DIRECTION_US};
 use xla_vmm_runtime::copykernel::register_host_copy_kernel;
-use xla_vmm_runtime::{BindingConfig, BindingStats, Executable, Mode};
-
-static ENV: Once = Once::new();
-
-fn probe_on() {
-    // Every test of this binary wants the probe; set before any reads it.
-    ENV.call_once(|| std::env::set_var(PROBE_ENV, "1"));
-}
+use xla_vmm_runtime::{BindingConfig, BindingStats, Executable, Mode, Probe};
 
 const N: usize = 4;
 const BIG: u64 = 4 << 20;
@@ -95,6 +88,7 @@ fn run_loop(b: &Arc<HostBackend>, mode: Mode, threshold: Option<u64>, steps: usi
             threshold: Threshold::from(t),
             costs: None,
             immutable_buffers: false,
+            probe: Probe::Always,
             ..Default::default()
         })
         .unwrap();
@@ -148,7 +142,6 @@ const STEPS: usize = 14;
 
 #[test]
 fn probe_feeds_auto_and_replan_keeps_results_identical() {
-    probe_on();
     let b = backend();
     let (reference, _) = run_loop(&b, Mode::Eager, None, STEPS);
     assert_eq!(reference[3][1], vec![6.0, 8.0, -6.0, 14.0], "y = 2a");
@@ -158,7 +151,7 @@ fn probe_feeds_auto_and_replan_keeps_results_identical() {
     let warm = DEFAULT_REPLAN_AFTER_STEPS as usize;
     let st: Vec<BindingStats> = stats.into_iter().map(Option::unwrap).collect();
     // The probe's numbers (cached per device: the same on a second ask).
-    let q = measured_costs(&*b).expect("probe on the host backend");
+    let q = measured_costs(&*b, Probe::Always).expect("probe on the host backend");
     let first = &st[0];
     assert_eq!(first.costs_source, "probe", "{first:?}");
     assert_eq!(first.remap_us, q.remap_us);
@@ -205,7 +198,6 @@ fn probe_feeds_auto_and_replan_keeps_results_identical() {
 
 #[test]
 fn kernel_path_charges_the_kernel_node_per_direction() {
-    probe_on();
     let b = backend();
     register_host_copy_kernel(&b);
     let (reference, _) = run_loop(&b, Mode::Eager, None, 8);
@@ -220,7 +212,6 @@ fn kernel_path_charges_the_kernel_node_per_direction() {
 
 #[test]
 fn fixed_thresholds_neither_warm_up_nor_replan() {
-    probe_on();
     let b = backend();
     let (reference, _) = run_loop(&b, Mode::Eager, None, 8);
     for t in [0u64, 4096] {

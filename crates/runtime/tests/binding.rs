@@ -88,6 +88,9 @@ struct Loop {
     hoarding: bool,
     /// Arm a failure of this driver call right before the next run.
     inject: Option<&'static str>,
+    /// Steps go through `Executable::step` (the configured mode, guarded)
+    /// instead of `run` in the step's mode.
+    configured: bool,
 }
 
 impl Loop {
@@ -147,6 +150,7 @@ impl Loop {
             hoard: Vec::new(),
             hoarding: false,
             inject: None,
+            configured: false,
         }
     }
 
@@ -174,7 +178,11 @@ impl Loop {
                 b.inject_failure(call, 2);
             }
         }
-        let outs = self.exe.run(&self.stream, mode).unwrap();
+        let outs = if self.configured {
+            self.exe.step(&self.stream).unwrap()
+        } else {
+            self.exe.run(&self.stream, mode).unwrap()
+        };
         b.stream_synchronize(&self.stream).unwrap();
         let mut w = vec![0u8; W * 4];
         b.read_sync(&mut w, self.w.ptr(), &self.stream).unwrap();
@@ -221,6 +229,71 @@ fn vmm_calls(b: &HostBackend) -> u64 {
     .iter()
     .map(|c| b.call_count(c))
     .sum()
+}
+
+#[test]
+fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
+    use xla_vmm_runtime::guard::{Runner, SAMPLES, VA_WARM_STEPS};
+    let b = backend();
+    let steps = 30;
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, steps);
+    let mut l = Loop::new(&b, None, false);
+    l.configured = true;
+    assert!(l.exe.config().guard, "on by default");
+    assert_eq!(l.exe.runner_name(), "va-stable graph");
+    let (got, l) = l.run(Mode::Graph, steps);
+    assert_eq!(
+        got, reference,
+        "every runner, the trial's switches included"
+    );
+    let r = l
+        .exe
+        .guard_report()
+        .expect("decided within the steps")
+        .clone();
+    // Each step is waited for here, so the samples arrive at once: the
+    // decision comes right after the trial's last step.
+    let va = VA_WARM_STEPS + SAMPLES;
+    assert!(
+        (va as u64 + 2..=va as u64 + 2 + 2 * SAMPLES as u64).contains(&r.decided_at_step),
+        "{r:?}"
+    );
+    assert_eq!(r.samples[0], SAMPLES, "{r:?}");
+    assert!(r.va_stable_us.is_some_and(|u| u > 0.0), "{r:?}");
+    assert_eq!(l.exe.runner_name(), r.runner.name());
+    let st = l.exe.stats().expect("VA-stable ran first");
+    assert_eq!(st.guard.as_ref(), Some(&r), "in the published stats");
+    if r.runner != Runner::VaStable {
+        assert!(st.counters.steps < steps as u64, "VA-stable stopped");
+    }
+    drop(l);
+    let o = b.outstanding();
+    assert_eq!(o.events, 0, "the guard's events destroyed: {o:?}");
+}
+
+#[test]
+fn without_the_guard_graph_mode_stays_va_stable() {
+    let b = backend();
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, 20);
+    let cfg = xla_vmm_runtime::RunConfig {
+        guard: false,
+        ..Default::default()
+    };
+    let stream = b.stream_create().unwrap();
+    let mut l = Loop::new(&b, None, false);
+    l.exe = Executable::load_with(b.clone(), train_plan(), None, None, &cfg, &stream).unwrap();
+    l.configured = true;
+    let (got, l) = l.run(Mode::Eager, 20);
+    assert_eq!(got, reference);
+    assert!(l.exe.guard_report().is_none());
+    assert_eq!(l.exe.runner_name(), "va-stable graph");
+    assert_eq!(
+        l.exe.stats().unwrap().counters.steps,
+        20,
+        "every step VA-stable"
+    );
+    drop(l);
+    b.stream_destroy(stream).unwrap();
 }
 
 #[test]
@@ -317,12 +390,17 @@ fn step_timing_changes_no_result_and_leaves_no_event() {
 
 #[test]
 fn the_reservation_count_is_checked() {
-    use xla_vmm_runtime::binding::parse_reservations;
-    assert_eq!(parse_reservations("").unwrap(), 2);
-    assert_eq!(parse_reservations(" 1 ").unwrap(), 1);
-    let e = parse_reservations("3").unwrap_err().to_string();
+    let reservations = |text: &str| {
+        xla_vmm_runtime::RunConfig::from_lookup(|v| {
+            (v == "XLA_VMM_RESERVATIONS").then(|| text.to_string())
+        })
+        .map(|c| c.binding.reservations)
+    };
+    assert_eq!(reservations("").unwrap(), 2);
+    assert_eq!(reservations(" 1 ").unwrap(), 1);
+    let e = reservations("3").unwrap_err().to_string();
     assert!(
-        e.contains("XLA_VMM_RESERVATIONS") && e.contains("1 or 2"),
+        e.contains("XLA_VMM_RESERVATIONS") && e.contains("1, 2"),
         "{e}"
     );
     let b = backend();

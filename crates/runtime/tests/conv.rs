@@ -293,6 +293,7 @@ fn run(
         conv_plan(activation_mode, side_input),
         Some(conv),
         None,
+        &xla_vmm_runtime::RunConfig::default(),
         &stream,
     )
     .unwrap();
@@ -375,18 +376,32 @@ fn a_plan_needing_more_workspace_than_the_scratch_buffer_is_refused_at_load() {
     let b = backend();
     let stream = b.stream_create().unwrap();
     let conv: Arc<dyn GemmEngine<HostBackend>> = engine(&b, SCRATCH + 1);
-    let e = Executable::load_with(b.clone(), conv_plan(2, false), Some(conv), None, &stream)
-        .err()
-        .expect("workspace")
-        .to_string();
+    let e = Executable::load_with(
+        b.clone(),
+        conv_plan(2, false),
+        Some(conv),
+        None,
+        &xla_vmm_runtime::RunConfig::default(),
+        &stream,
+    )
+    .err()
+    .expect("workspace")
+    .to_string();
     assert!(
         e.contains("needs 257 bytes of workspace") && e.contains("scratch buffer has 256"),
         "{e}"
     );
-    let e = Executable::load_with(b.clone(), conv_plan(2, false), None, None, &stream)
-        .err()
-        .expect("no engine")
-        .to_string();
+    let e = Executable::load_with(
+        b.clone(),
+        conv_plan(2, false),
+        None,
+        None,
+        &xla_vmm_runtime::RunConfig::default(),
+        &stream,
+    )
+    .err()
+    .expect("no engine")
+    .to_string();
     assert!(e.contains("no DNN engine"), "{e}");
     b.stream_destroy(stream).unwrap();
 }

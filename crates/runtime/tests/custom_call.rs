@@ -170,7 +170,14 @@ fn run(
     context: Option<Arc<dyn CallContext>>,
 ) -> Result<Vec<f32>, RuntimeError> {
     let stream = b.stream_create()?;
-    let mut exe = Executable::load_with(b.clone(), p, None, Some(reg), &stream)?;
+    let mut exe = Executable::load_with(
+        b.clone(),
+        p,
+        None,
+        Some(reg),
+        &xla_vmm_runtime::RunConfig::default(),
+        &stream,
+    )?;
     exe.set_call_context(context);
     let input = DeviceBuffer::alloc(b, 16)?;
     b.write_sync(input.ptr(), &bytes(&[1.0, 2.0, 3.0, 4.0]), &stream)?;
@@ -243,6 +250,7 @@ fn graph_modes_run_an_incompatible_handler_eager_with_the_same_result() {
         call_plan("scale", 2.0, 4),
         None,
         Some(&reg),
+        &xla_vmm_runtime::RunConfig::default(),
         &stream,
     )
     .unwrap();
@@ -258,6 +266,7 @@ fn graph_modes_run_an_incompatible_handler_eager_with_the_same_result() {
         call_plan("scale", 2.0, 4),
         None,
         Some(&reg),
+        &xla_vmm_runtime::RunConfig::default(),
         &stream,
     )
     .unwrap();

@@ -171,7 +171,14 @@ fn run_n(
 ) -> Result<(Vec<i32>, Vec<u8>), RuntimeError> {
     let stream = b.stream_create()?;
     let reg = reg.map(|r| r as &dyn CustomCallRegistry);
-    let mut exe = Executable::load_with(b.clone(), p, None, reg, &stream)?;
+    let mut exe = Executable::load_with(
+        b.clone(),
+        p,
+        None,
+        reg,
+        &xla_vmm_runtime::RunConfig::default(),
+        &stream,
+    )?;
     let ints: Vec<u8> = (1..=6i32).flat_map(|v| v.to_le_bytes()).collect();
     let in0 = DeviceBuffer::alloc(b, 24)?;
     let in1 = DeviceBuffer::alloc(b, 3)?;
@@ -249,7 +256,15 @@ fn graph_modes_run_a_host_computation_eager_with_the_same_result() {
     }
     let stream = b.stream_create().unwrap();
     let reg = Registry::default();
-    let exe = Executable::load_with(b.clone(), host_plan(), None, Some(&reg), &stream).unwrap();
+    let exe = Executable::load_with(
+        b.clone(),
+        host_plan(),
+        None,
+        Some(&reg),
+        &xla_vmm_runtime::RunConfig::default(),
+        &stream,
+    )
+    .unwrap();
     let why = exe.program().capture_blocker().unwrap();
     assert!(why.contains("host compute host-call.call-start"), "{why}");
     drop(exe);
@@ -282,9 +297,16 @@ fn what_cannot_be_staged_or_compiled_is_refused_at_load_naming_it() {
     let load = |p: Plan, reg: Option<&Registry>| {
         let stream = b.stream_create().unwrap();
         let reg = reg.map(|r| r as &dyn CustomCallRegistry);
-        let e = Executable::load_with(b.clone(), p, None, reg, &stream)
-            .err()
-            .map(|e| e.to_string());
+        let e = Executable::load_with(
+            b.clone(),
+            p,
+            None,
+            reg,
+            &xla_vmm_runtime::RunConfig::default(),
+            &stream,
+        )
+        .err()
+        .map(|e| e.to_string());
         b.stream_destroy(stream).unwrap();
         e.expect("loaded")
     };

@@ -174,6 +174,7 @@ fn run(
         solve_plan(batch, ElementType::F32),
         Some(engine),
         None,
+        &xla_vmm_runtime::RunConfig::default(),
         &stream,
     )
     .unwrap();
@@ -282,6 +283,7 @@ fn loading_a_solve_needs_an_engine_that_solves_in_its_type() {
         solve_plan(BATCH, ElementType::F32),
         None,
         None,
+        &xla_vmm_runtime::RunConfig::default(),
         &stream,
     )
     .err()
@@ -298,10 +300,17 @@ fn loading_a_solve_needs_an_engine_that_solves_in_its_type() {
         "{e}"
     );
     let engine: Arc<dyn GemmEngine<HostBackend>> = solver(&b);
-    let e = Executable::load_with(b.clone(), bf16, Some(engine), None, &stream)
-        .err()
-        .expect("bf16")
-        .to_string();
+    let e = Executable::load_with(
+        b.clone(),
+        bf16,
+        Some(engine),
+        None,
+        &xla_vmm_runtime::RunConfig::default(),
+        &stream,
+    )
+    .err()
+    .expect("bf16")
+    .to_string();
     assert!(e.contains("BF16"), "{e}");
     b.stream_destroy(stream).unwrap();
 }

@@ -6,7 +6,6 @@
 use std::ffi::c_void;
 use std::mem::zeroed;
 use std::ptr::null_mut;
-use xla_vmm_runtime::Threshold;
 
 use xla_vmm_device::HostBackend;
 use xla_vmm_plugin::devmem::VmmMemory;
@@ -235,13 +234,15 @@ pub fn host_options() -> ClientOptions {
     ClientOptions {
         backend: BackendKind::Host,
         strict: true,
-        tmp_copy_threshold: Threshold::Auto,
-        exec_mode: xla_vmm_runtime::Mode::Graph,
+        run: xla_vmm_runtime::RunConfig::default(),
         vendor_plugin_path: None,
         host_devices: 1,
         max_devices: None,
         node_id: 0,
         num_nodes: 1,
+        exec: Default::default(),
+        topology_timeout: std::time::Duration::from_secs(300),
+        search_env: Default::default(),
     }
 }
 

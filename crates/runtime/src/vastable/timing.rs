@@ -20,17 +20,6 @@ use crate::error::{Result, Teardown};
 /// (32), so that a pipelined loop loses none.
 const RING: usize = 64;
 
-/// The environment variable that turns step timing on.
-pub const STEP_TIMING_ENV: &str = "XLA_VMM_STEP_TIMING";
-
-/// Is step timing asked for (`XLA_VMM_STEP_TIMING=1`)?
-pub fn step_timing_from_env() -> bool {
-    matches!(
-        std::env::var(STEP_TIMING_ENV).as_deref().map(str::trim),
-        Ok("1") | Ok("true")
-    )
-}
-
 struct Pair<B: Backend> {
     start: B::Event,
     end: B::Event,
