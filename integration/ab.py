@@ -43,7 +43,13 @@ THRESHOLDS = [0, 1, 4096, 65536, 1048576]
 DET = "--xla_gpu_deterministic_ops=true"
 
 
-def median_from(times, first=3):
+# The first step the medians count (--measure-from): later than the warm-up of every row (xla-vmm's
+# never-slower guard decides within its first ~16 steps of a program).
+MEASURE_FROM = 3
+
+
+def median_from(times, first=None):
+    first = MEASURE_FROM if first is None else first
     t = sorted(times[first:] if len(times) > first else times)
     return t[len(t) // 2] if t else float("nan")
 
@@ -199,6 +205,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--measure-from", type=int, default=3,
+                    help="medians over the steps from this one on (every row the same)")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
     ap.add_argument("--modes", default="eager,graph-recapture",
@@ -223,6 +231,8 @@ def main():
     ap.add_argument("--name")
     ap.add_argument("--save", action="store_true")
     a = ap.parse_args()
+    global MEASURE_FROM
+    MEASURE_FROM = a.measure_from
     d = os.path.abspath(a.out)
     os.makedirs(d, exist_ok=True)
     if a.child == "stock":

@@ -32,11 +32,11 @@ VMM_MODES = [
 DEFAULT_ROW = VMM_MODES[0][0]
 
 
-def vmm_run(vmm, ref, name, mode, threshold, steps, env=None):
+def vmm_run(vmm, ref, name, mode, threshold, steps, env=None, warmup=0):
     """(median wall ms, median stream ms, the `phases:` line or None) of `xla-vmm run --steps`, or
     (None, None, error). wall = host time of a step; stream = GPU time between events around it."""
     cmd = [vmm, "run", os.path.join(ref, name + ".pjrt"), "--inputs", os.path.join(ref, name + ".npz"),
-           "--mode", mode, "--steps", str(steps)]
+           "--mode", mode, "--steps", str(steps), "--warmup", str(warmup)]
     if threshold is not None:
         cmd += ["--threshold", str(threshold)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env or {})))
@@ -79,6 +79,8 @@ def main():
     ap.add_argument("--vmm", required=True)
     ap.add_argument("--ref", required=True, help="stock_ref.py output dir")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=20,
+                    help="untimed steps of ours before the timed ones (the never-slower guard decides in them)")
     ap.add_argument("--json", default=None, help="write the rows here (for perf_gate.py)")
     ap.add_argument("--stock-configs", default="all", choices=["all", "on"])
     ap.add_argument("--vmm-env", action="append", default=[], help="extra graph-mode row: 'NAME:K=V,K=V'")
@@ -100,10 +102,10 @@ def main():
                 ms, err = stock_run(name, a.steps, flags, tag)
                 add(name, config, ms, err=err)
         for config, mode, t in VMM_MODES:
-            wall, gpu, ph = vmm_run(a.vmm, a.ref, name, mode, t, a.steps)
+            wall, gpu, ph = vmm_run(a.vmm, a.ref, name, mode, t, a.steps, warmup=a.warmup)
             add(name, config, wall, gpu, ph if wall is not None else None, None if wall is not None else ph)
         for config, env in parse_env_rows(a.vmm_env):
-            wall, gpu, ph = vmm_run(a.vmm, a.ref, name, "graph", None, a.steps, env)
+            wall, gpu, ph = vmm_run(a.vmm, a.ref, name, "graph", None, a.steps, env, warmup=a.warmup)
             add(name, config, wall, gpu, ph if wall is not None else None, None if wall is not None else ph)
     print()
     print(markdown(rows))

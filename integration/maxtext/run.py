@@ -13,7 +13,7 @@ to run for that config only (`tiny:cuda_skip_profiled`).
 
 Step time: MaxText prints `seconds:` with 3 decimals, too coarse for the tiny config, and
 `Tokens/s/device:` with 3 decimals of tokens/s, which is exact enough: ms/step = tokens per step /
-(tokens/s). Median over steps >= 3. Losses (3 decimals, as MaxText prints them) are compared per step
+(tokens/s). Median over steps >= --measure-from (default 3; the gate: 20 of 40, after every row's warm-up). Losses (3 decimals, as MaxText prints them) are compared per step
 against the same config's `cuda` run. Writes OUT/mt.json and OUT/mt.md after every run (a call cut short
 keeps what it finished), and every run's log into OUT/mt_logs.tar.gz. --budget-s: no run starts once
 that many seconds have passed, and a run's timeout is cut to what is left.
@@ -162,10 +162,10 @@ def first_error(lines, rc):
     return ""
 
 
-def summarize(rows):
+def summarize(rows, first=3):
     """Markdown: per run the median ms/step, the ratio against the best stock of its config, loss drift."""
-    out = ["| config | variant | rc | steps | median ms/step (steps >= 3) | vs best stock | max abs dloss vs cuda "
-           "| vmm WARN/ERROR lines | first error |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| config | variant | rc | steps | median ms/step (steps >= %d) | vs best stock | max abs dloss vs cuda "
+           "| vmm WARN/ERROR lines | first error |" % first, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         stock = [x["median_ms"] for x in rows if x["config"] == r["config"] and x["variant"].startswith("cuda")
                  and x["median_ms"]]
@@ -186,6 +186,7 @@ def main():
     ap.add_argument("--configs", default="tiny,1B")
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--measure-from", type=int, default=3, help="medians over the steps from this one on")
     ap.add_argument("--timeout", type=int, default=150, help="per run, seconds")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--wheel", default=None)
@@ -215,9 +216,9 @@ def main():
 
     def save():
         with open(os.path.join(a.out, "mt.json"), "w") as fh:
-            json.dump({"steps": a.steps, "rows": rows}, fh, indent=1)
+            json.dump({"steps": a.steps, "measure_from": a.measure_from, "rows": rows}, fh, indent=1)
         with open(os.path.join(a.out, "mt.md"), "w") as fh:
-            fh.write(summarize(rows) + "\n")
+            fh.write(summarize(rows, a.measure_from) + "\n")
         with tarfile.open(os.path.join(a.out, "mt_logs.tar.gz"), "w:gz") as tf:
             tf.add(logd, arcname="mt_logs")
 
@@ -276,7 +277,7 @@ def main():
         rc = current.go(tmo)
         lines = open(current.log, errors="replace").read().splitlines()
         st = parse_log(lines, tokens)
-        later = [v[0] for k2, v in st.items() if k2 >= 3]
+        later = [v[0] for k2, v in st.items() if k2 >= a.measure_from]
         base = next((r for r in rows if r["config"] == cfg and r["variant"] == "cuda"), None)
         common = sorted(set(st) & set(int(k2) for k2 in base["losses"])) if base and var != "cuda" else []
         row.update(rc=rc, steps_done=len(st), wall_s=round(time.time() - t1, 1),
@@ -290,7 +291,7 @@ def main():
             cfg, var, rc, row["wall_s"], len(st), "%.3f" % row["median_ms"] if row["median_ms"] else "-"))
     if ahead is not None:
         ahead.cancel()
-    print(summarize(rows))
+    print(summarize(rows, a.measure_from))
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 
 
