@@ -1,6 +1,10 @@
 """The plugin under pressure, through JAX (issue 13, item 5): device memory exhausted, then
 training goes on; a process that exits with work in flight exits promptly.
 
+Memory runs out in two stages: past the device budget (XLA_VMM_DEVICE_MEMORY_LIMIT, 8 GiB here)
+buffers live in host memory mapped for the device; past the host limit (XLA_VMM_HOST_MEMORY_LIMIT,
+4 GiB here) allocation fails with RESOURCE_EXHAUSTED, every live buffer intact.
+
 Each scenario runs in its own interpreter, so that a crash is a failed test and the device
 memory is the process's alone.
 """
@@ -35,6 +39,8 @@ OOM = textwrap.dedent("""
     assert err is not None, "1 TiB allocated without running out"
     assert "RESOURCE_EXHAUSTED" in str(err), str(err)[:600]
     n = len(held)
+    # More than the device budget was held: the rest lived in host memory.
+    assert n > 8, ("no buffer went past the device budget", n)
     peak = d.memory_stats()["bytes_in_use"]
     first, last = held[0], held[-1]
     del held[1:-1]
@@ -65,8 +71,8 @@ EXIT_IN_FLIGHT = textwrap.dedent("""
 """) % PKG
 
 
-def run(script, timeout):
-    env = dict(os.environ, JAX_PLATFORMS="vmm,cpu")
+def run(script, timeout, **extra):
+    env = dict(os.environ, JAX_PLATFORMS="vmm,cpu", **extra)
     t = time.time()
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                        timeout=timeout)
@@ -74,7 +80,7 @@ def run(script, timeout):
 
 
 def test_device_oom_is_resource_exhausted_and_training_goes_on():
-    r, _ = run(OOM, 600)
+    r, _ = run(OOM, 600, XLA_VMM_DEVICE_MEMORY_LIMIT="8G", XLA_VMM_HOST_MEMORY_LIMIT="4G")
     assert r.returncode == 0 and "OOM-OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
     print(r.stdout.strip().splitlines()[-1])
 

@@ -220,6 +220,7 @@ impl<B: Backend> VmmMemory<B> {
     /// every buffer is its own remappable allocation, as XLA's own VMM
     /// allocator does.
     pub fn with_run_config(backend: Arc<B>, run: RunConfig, exec: ExecOptions) -> Result<Self> {
+        backend.budget().set_limits(run.memory);
         let stream = backend.stream_create()?;
         let transfer = match backend.stream_create() {
             Ok(t) => t,

@@ -395,6 +395,7 @@ pub fn replay<B: Backend>(
     check: &OutputCheck,
 ) -> anyhow::Result<()> {
     let be = &*backend;
+    be.budget().set_limits(config.memory);
     let stream = be.stream_create()?;
     let t = Instant::now();
     let gpu = match args.backend {

@@ -24,6 +24,7 @@
 //! the older methods can express it, a working default: see
 //! [`Backend::copy_d2d_batch`]).
 
+use crate::budget::{MemLocation, MemoryBudget};
 use crate::error::{DeviceError, Result};
 
 /// A device virtual address (what kernels see). Plain integer: the runtime
@@ -188,10 +189,78 @@ pub trait Backend: Send + Sync + 'static {
     fn mem_info(&self) -> Result<(u64, u64)>;
 
     // ---- VMM: physical memory, VA ranges, mappings ---------------------
-    /// Create `bytes` (multiple of granularity) of physical device memory.
-    fn mem_create(&self, bytes: u64) -> Result<Self::PhysMem>;
-    fn mem_release(&self, mem: Self::PhysMem) -> Result<()>;
+    /// The device's memory budget: every [`Backend::mem_create`] and
+    /// [`Backend::mem_create_at`] goes through it.
+    fn budget(&self) -> &MemoryBudget;
+    /// Create `bytes` (multiple of granularity) of physical memory at
+    /// `location`, whatever the budget says (the backends' own call; use
+    /// [`Backend::mem_create`]). [`MemLocation::Host`] is unsupported where
+    /// the driver cannot create host-located memory.
+    fn mem_create_raw(&self, bytes: u64, location: MemLocation) -> Result<Self::PhysMem>;
+    /// Release memory made by [`Backend::mem_create_raw`].
+    fn mem_release_raw(&self, mem: Self::PhysMem) -> Result<()>;
     fn mem_size(&self, mem: &Self::PhysMem) -> u64;
+    fn mem_location(&self, mem: &Self::PhysMem) -> MemLocation;
+
+    /// Create `bytes` (multiple of granularity) of physical memory where the
+    /// budget has room: on the device while its budget allows and the device
+    /// has memory, else on the host (counted as a spill) up to the host
+    /// limit, else out of memory.
+    fn mem_create(&self, bytes: u64) -> Result<Self::PhysMem> {
+        let budget = self.budget();
+        let why = if budget.try_take(MemLocation::Device, bytes) {
+            match self.mem_create_raw(bytes, MemLocation::Device) {
+                Ok(m) => return Ok(m),
+                Err(DeviceError::OutOfMemory { .. }) => {
+                    budget.give(MemLocation::Device, bytes);
+                    "the device is full"
+                }
+                Err(e) => {
+                    budget.give(MemLocation::Device, bytes);
+                    return Err(e);
+                }
+            }
+        } else {
+            "the device memory limit is reached"
+        };
+        let m = self
+            .mem_create_at(bytes, MemLocation::Host)
+            .map_err(|e| match e {
+                DeviceError::Unsupported(_) | DeviceError::OutOfMemory { .. } => {
+                    DeviceError::OutOfMemory {
+                        what: format!("{why}; host memory: {e}"),
+                        bytes,
+                    }
+                }
+                e => e,
+            })?;
+        budget.note_spill(bytes, why);
+        Ok(m)
+    }
+
+    /// Create `bytes` of physical memory at `location`, within its limit.
+    fn mem_create_at(&self, bytes: u64, location: MemLocation) -> Result<Self::PhysMem> {
+        let budget = self.budget();
+        if !budget.try_take(location, bytes) {
+            return Err(DeviceError::OutOfMemory {
+                what: budget.exhausted(bytes),
+                bytes,
+            });
+        }
+        self.mem_create_raw(bytes, location).inspect_err(|_| {
+            budget.give(location, bytes);
+        })
+    }
+
+    /// Release physical memory (and its share of the budget).
+    fn mem_release(&self, mem: Self::PhysMem) -> Result<()> {
+        let (bytes, location) = (self.mem_size(&mem), self.mem_location(&mem));
+        let r = self.mem_release_raw(mem);
+        if r.is_ok() {
+            self.budget().give(location, bytes);
+        }
+        r
+    }
     /// Reserve `bytes` of virtual address space aligned to `align` (0 = granularity).
     fn va_reserve(&self, bytes: u64, align: u64) -> Result<Self::VaRange>;
     fn va_free(&self, va: Self::VaRange) -> Result<()>;

@@ -1,6 +1,8 @@
 //! xla-vmm device layer.
 //!
 //! - [`backend`]: the [`Backend`] trait (the driver contract; start reading here).
+//! - [`budget`]: where physical memory lives (device or host) and the
+//!   device's memory budget every allocation goes through.
 //! - [`host`]: a backend on host memory that emulates VMM (granularity, VA
 //!   ranges, mappings) and its failure modes, and really moves bytes: all
 //!   code above the backend is tested on it in CI.
@@ -15,6 +17,7 @@
 
 pub mod backend;
 pub mod blas;
+pub mod budget;
 pub mod capture_gate;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod checks;
@@ -41,6 +44,7 @@ pub use backend::{
     merge_copies, Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig,
     TensorMapDesc,
 };
+pub use budget::{MemLocation, MemoryBudget, MemoryLimits, MemoryUsage};
 pub use collective::{CliqueId, CommType, Communicator, ReduceOp};
 pub use error::{DeviceError, Result};
 pub use host::{HostBackend, HostConfig};

@@ -133,7 +133,7 @@ fn with_mapping<B: Backend, T>(
     bytes: u64,
     f: impl FnOnce(&B::VaRange) -> Result<T>,
 ) -> Result<T> {
-    let mem = b.mem_create(bytes)?;
+    let mem = b.mem_create_at(bytes, crate::budget::MemLocation::Device)?;
     let va = match b.va_reserve(bytes, 0) {
         Ok(va) => va,
         Err(e) => {
@@ -164,7 +164,7 @@ fn round_up(v: u64, g: u64) -> u64 {
 }
 
 fn probe_remap<B: Backend>(b: &B, bytes: u64, iters: usize) -> Result<RemapCost> {
-    let mem = b.mem_create(bytes)?;
+    let mem = b.mem_create_at(bytes, crate::budget::MemLocation::Device)?;
     let va = match b.va_reserve(bytes, 0) {
         Ok(va) => va,
         Err(e) => {

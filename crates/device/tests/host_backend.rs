@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use xla_vmm_device::host::{arg_ptr, arg_u32, HostKernelFn};
+use xla_vmm_device::MemLocation;
 use xla_vmm_device::{
     Backend, DeviceError, DevicePtr, EventStatus, HostBackend, HostConfig, ImageKind, LaunchConfig,
 };
@@ -155,13 +156,20 @@ fn out_of_memory_is_reported_and_recoverable() {
     let b = backend();
     let big = b.mem_create(60 * G).unwrap();
     assert_eq!(b.mem_info().unwrap(), (4 * G, 64 * G));
-    match b.mem_create(8 * G) {
+    match b.mem_create_at(8 * G, MemLocation::Device) {
         Err(DeviceError::OutOfMemory { bytes, .. }) => assert_eq!(bytes, 8 * G),
         other => panic!("expected out of memory, got {other:?}"),
     }
+    // Placed by the budget, the same allocation goes to host memory.
+    let spilled = b.mem_create(8 * G).unwrap();
+    assert_eq!(b.mem_location(&spilled), MemLocation::Host);
+    b.mem_release(spilled).unwrap();
     b.mem_release(big).unwrap();
     let p = b.mem_create(8 * G).unwrap();
+    assert_eq!(b.mem_location(&p), MemLocation::Device);
     b.mem_release(p).unwrap();
+    let u = b.budget().usage();
+    assert_eq!((u.device_bytes, u.host_bytes), (0, 0));
 }
 
 #[test]

@@ -207,6 +207,11 @@ fn threshold_zero_never_sub_allocates() {
 #[test]
 fn out_of_memory_trims_the_cache_then_fails_cleanly() {
     let b = backend(8);
+    // No host memory to go to past the device (that is tests/budget.rs).
+    b.budget().set_limits(xla_vmm_device::MemoryLimits {
+        device: None,
+        host: Some(0),
+    });
     let a = allocator(&b);
     let x = a.alloc(4 * G).unwrap();
     drop(x);

@@ -12,6 +12,8 @@
 use crate::binding::{BindingConfig, CopyPath, Probe};
 use crate::error::{Result, RuntimeError};
 use crate::executable::Mode;
+use xla_vmm_device::budget::parse_bytes;
+use xla_vmm_device::MemoryLimits;
 use xla_vmm_policy::Threshold;
 
 /// One option of [`RunConfig`].
@@ -77,6 +79,21 @@ pub const OPTIONS: &[OptionSpec] = &[
               only)",
     },
     OptionSpec {
+        key: "device_memory_limit",
+        env: "XLA_VMM_DEVICE_MEMORY_LIMIT",
+        values: "bytes (16G, 512M, ...)",
+        default: "the device's memory",
+        doc: "device memory this process may use; allocations past it live in host memory, \
+              mapped for the device (a model larger than the GPU runs, over the host link)",
+    },
+    OptionSpec {
+        key: "host_memory_limit",
+        env: "XLA_VMM_HOST_MEMORY_LIMIT",
+        values: "bytes (0: none)",
+        default: "half the host's memory",
+        doc: "pinned host memory allocations past the device may take; past it, RESOURCE_EXHAUSTED",
+    },
+    OptionSpec {
         key: "step_timing",
         env: "XLA_VMM_STEP_TIMING",
         values: "0, 1",
@@ -93,6 +110,9 @@ pub struct RunConfig {
     pub guard: bool,
     /// VA-stable binding: threshold, copy path, reservations, costs, probe.
     pub binding: BindingConfig,
+    /// The device memory budget (set on each device's backend by the front
+    /// door: `backend.budget().set_limits(config.memory)`).
+    pub memory: MemoryLimits,
 }
 
 impl Default for RunConfig {
@@ -101,6 +121,7 @@ impl Default for RunConfig {
             mode: Mode::Graph,
             guard: true,
             binding: BindingConfig::default(),
+            memory: MemoryLimits::default(),
         }
     }
 }
@@ -166,6 +187,8 @@ impl RunConfig {
                 }
             }
             "step_timing" => self.binding.step_timing = parse_bool(text).ok_or_else(bad)?,
+            "device_memory_limit" => self.memory.device = Some(parse_bytes(text).ok_or_else(bad)?),
+            "host_memory_limit" => self.memory.host = Some(parse_bytes(text).ok_or_else(bad)?),
             _ => return Err(RuntimeError::arg(format!("unknown run option {key:?}"))),
         }
         Ok(())
@@ -195,6 +218,8 @@ mod tests {
             ("XLA_VMM_RESERVATIONS", "1"),
             ("XLA_VMM_PROBE", "0"),
             ("XLA_VMM_STEP_TIMING", "1"),
+            ("XLA_VMM_DEVICE_MEMORY_LIMIT", "16G"),
+            ("XLA_VMM_HOST_MEMORY_LIMIT", "0"),
         ]
         .into();
         assert_eq!(env.len(), OPTIONS.len(), "one case per option");
@@ -206,6 +231,8 @@ mod tests {
         assert_eq!(cfg.binding.reservations, 1);
         assert_eq!(cfg.binding.probe, Probe::Never);
         assert!(cfg.binding.step_timing);
+        assert_eq!(cfg.memory.device, Some(16 << 30));
+        assert_eq!(cfg.memory.host, Some(0));
         assert_eq!(
             RunConfig::from_lookup(|_| None).unwrap(),
             RunConfig::default()

@@ -19,6 +19,7 @@ pub struct CudaPhysMem {
     pub(super) owner: u64,
     pub(super) handle: sys::CUmemGenericAllocationHandle,
     pub(super) bytes: u64,
+    pub(super) location: crate::budget::MemLocation,
 }
 
 /// A VA reservation (`cuMemAddressReserve`).

@@ -34,6 +34,7 @@ use xla_vmm_ffi::cuda::driver as sys;
 use crate::backend::{
     merge_copies, Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig,
 };
+use crate::budget::{MemLocation, MemoryBudget};
 use crate::checks::{host_range, ArgChecks};
 use crate::error::{DeviceError, Result};
 use handles::ModuleInner;
@@ -59,6 +60,10 @@ pub struct CudaBackend {
     batch_off: AtomicBool,
     /// ROCm's remap cost emulated (`XLA_VMM_EMULATE_REMAP_MS`; A/B only).
     remap_cost: Option<remap_cost::RemapCost>,
+    budget: MemoryBudget,
+    /// Host-located memory: the host NUMA node next to the device and its
+    /// granularity, or why the driver cannot make it.
+    host_memory: std::result::Result<(i32, u64), String>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -77,6 +82,31 @@ impl ArgChecks for CudaBackend {
     fn granularity(&self) -> u64 {
         self.info.vmm_granularity
     }
+}
+
+/// The host NUMA node of `ctx`'s device (0 where the driver does not say)
+/// and the granularity of pinned memory there, when the driver can create
+/// host-located memory whose granularity divides the device's (so that a
+/// device-sized block can live there).
+fn host_memory(
+    ctx: &Arc<CudaContext>,
+    device_granularity: u64,
+) -> std::result::Result<(i32, u64), String> {
+    use xla_vmm_ffi::cuda::driver::CUdevice_attribute as A;
+    // SAFETY: the device behind a live context.
+    let numa =
+        unsafe { result::device::attribute(ctx.cu_device(), A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID) }
+            .ok()
+            .filter(|&n| n >= 0)
+            .unwrap_or(0);
+    // SAFETY: the driver is initialized (the context exists).
+    let g = unsafe { result::vmm::host_granularity(numa) }.map_err(|e| e.to_string())?;
+    if g == 0 || device_granularity == 0 || !device_granularity.is_multiple_of(g) {
+        return Err(format!(
+            "host granularity {g} does not divide the device's {device_granularity}"
+        ));
+    }
+    Ok((numa, g))
 }
 
 impl CudaBackend {
@@ -106,8 +136,9 @@ impl CudaBackend {
                 remap_cost::ENV
             );
         }
+        let host_memory = host_memory(&ctx, info.vmm_granularity);
         tracing::info!(ordinal, name = %info.name, memcpy_batch = symbols.memcpy_batch,
-            "cuda backend ready");
+            host_memory = ?host_memory, "cuda backend ready");
         Ok(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             ordinal: ordinal_i32,
@@ -117,6 +148,8 @@ impl CudaBackend {
             set_condition: OnceLock::new(),
             batch_off: AtomicBool::new(false),
             remap_cost,
+            budget: MemoryBudget::default(),
+            host_memory,
         })
     }
 
@@ -231,22 +264,41 @@ impl Backend for CudaBackend {
     }
 
     // ---- VMM ----------------------------------------------------------------
-    fn mem_create(&self, bytes: u64) -> Result<CudaPhysMem> {
+    fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    fn mem_create_raw(&self, bytes: u64, location: MemLocation) -> Result<CudaPhysMem> {
         self.aligned("size", bytes)?;
         if bytes == 0 {
             return Err(DeviceError::InvalidArgument("mem_create of 0 bytes".into()));
         }
         self.bind()?;
-        // SAFETY: context current, size checked against the granularity.
-        let handle = unsafe { result::vmm::create(self.ordinal, bytes)? };
+        let handle = match location {
+            // SAFETY: context current, size checked against the granularity.
+            MemLocation::Device => unsafe { result::vmm::create(self.ordinal, bytes)? },
+            MemLocation::Host => {
+                let (numa, _) = self.host_memory.as_ref().map_err(|why| {
+                    DeviceError::Unsupported(format!("host-located memory: {why}"))
+                })?;
+                // SAFETY: driver initialized; `bytes` is a multiple of the
+                // device granularity, which the host granularity divides.
+                unsafe { result::vmm::create_host(*numa, bytes)? }
+            }
+        };
         Ok(CudaPhysMem {
             owner: self.id,
             handle,
             bytes,
+            location,
         })
     }
 
-    fn mem_release(&self, mem: CudaPhysMem) -> Result<()> {
+    fn mem_location(&self, mem: &CudaPhysMem) -> MemLocation {
+        mem.location
+    }
+
+    fn mem_release_raw(&self, mem: CudaPhysMem) -> Result<()> {
         self.own(&mem, "physical memory")?;
         self.bind()?;
         // SAFETY: `mem` is ours and consumed here, so released once. The

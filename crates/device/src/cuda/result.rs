@@ -142,6 +142,53 @@ pub mod vmm {
         prop
     }
 
+    /// Properties of a pinned allocation in host memory of NUMA node `numa`
+    /// (mapped for the device with [`set_access`] like device memory).
+    fn pinned_host_prop(numa: i32) -> sys::CUmemAllocationProp {
+        // SAFETY: as in `pinned_device_prop`.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        prop.location.id = numa;
+        prop
+    }
+
+    /// Minimum granularity of pinned host allocations on NUMA node `numa`
+    /// (an error where the driver cannot create host-located memory).
+    ///
+    /// # Safety
+    /// The driver is initialized.
+    pub unsafe fn host_granularity(numa: i32) -> Result<u64> {
+        let prop = pinned_host_prop(numa);
+        let mut g = 0usize;
+        check(
+            "cuMemGetAllocationGranularity",
+            sys::cuMemGetAllocationGranularity(
+                &mut g,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            ),
+        )?;
+        Ok(g as u64)
+    }
+
+    /// Create `bytes` of pinned host memory on NUMA node `numa`.
+    ///
+    /// See [cuMemCreate](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__VA.html#group__CUDA__VA_1g899d69a862bba36449789c64b430dc7c)
+    ///
+    /// # Safety
+    /// The driver is initialized; `bytes` is a multiple of [`host_granularity`].
+    pub unsafe fn create_host(numa: i32, bytes: u64) -> Result<sys::CUmemGenericAllocationHandle> {
+        let prop = pinned_host_prop(numa);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        check_alloc(
+            "cuMemCreate (host NUMA)",
+            sys::cuMemCreate(&mut handle, bytes as usize, &prop, 0),
+            bytes,
+        )?;
+        Ok(handle)
+    }
+
     /// Minimum granularity of pinned device allocations on `ordinal`.
     ///
     /// See [cuMemGetAllocationGranularity](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__VA.html#group__CUDA__VA_1g30ee906c2cf66a0347b3dfec3d7eb31a)

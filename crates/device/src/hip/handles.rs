@@ -16,6 +16,7 @@ pub struct HipPhysMem {
     pub(super) owner: u64,
     pub(super) handle: sys::hipMemGenericAllocationHandle_t,
     pub(super) bytes: u64,
+    pub(super) location: crate::budget::MemLocation,
 }
 
 /// A VA reservation (`hipMemAddressReserve`).

@@ -43,6 +43,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
+use crate::budget::{MemLocation, MemoryBudget};
 use crate::checks::{host_range, ArgChecks};
 use crate::error::{DeviceError, Result};
 use handles::ModuleInner;
@@ -59,6 +60,11 @@ pub struct HipBackend {
     id: u64,
     ordinal: i32,
     info: DeviceInfo,
+    budget: MemoryBudget,
+    /// Host-located memory: NUMA node 0's granularity, or why HIP cannot
+    /// make it (ROCm before host-NUMA `hipMemCreate`). Unverified on an AMD
+    /// GPU: it mirrors the CUDA backend.
+    host_memory: std::result::Result<u64, String>,
 }
 
 /// A device of HIP's NVIDIA platform (its ISA name is CUDA's `sm_NN`, as
@@ -104,10 +110,21 @@ impl HipBackend {
         unsafe { result::device::set(ord) }.map_err(unavailable)?;
         let info = info::read(ord)?;
         tracing::info!(ordinal, name = %info.name, "hip backend ready (unverified on hardware)");
+        // SAFETY: HIP is initialized (the device was selected above).
+        let host_memory = match unsafe { result::vmm::host_granularity(0) } {
+            Ok(g) if g > 0 && info.vmm_granularity.is_multiple_of(g) => Ok(g),
+            Ok(g) => Err(format!(
+                "host granularity {g} does not divide the device's {}",
+                info.vmm_granularity
+            )),
+            Err(e) => Err(e.to_string()),
+        };
         Ok(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             ordinal: ord,
             info,
+            budget: MemoryBudget::default(),
+            host_memory,
         })
     }
 
@@ -209,22 +226,41 @@ impl Backend for HipBackend {
     }
 
     // ---- VMM ----------------------------------------------------------------
-    fn mem_create(&self, bytes: u64) -> Result<HipPhysMem> {
+    fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    fn mem_create_raw(&self, bytes: u64, location: MemLocation) -> Result<HipPhysMem> {
         self.aligned("size", bytes)?;
         if bytes == 0 {
             return Err(DeviceError::InvalidArgument("mem_create of 0 bytes".into()));
         }
         self.bind()?;
-        // SAFETY: device current, size checked.
-        let handle = unsafe { result::vmm::create(self.ordinal, bytes)? };
+        let handle = match location {
+            // SAFETY: device current, size checked.
+            MemLocation::Device => unsafe { result::vmm::create(self.ordinal, bytes)? },
+            MemLocation::Host => {
+                self.host_memory.as_ref().map_err(|why| {
+                    DeviceError::Unsupported(format!("host-located memory: {why}"))
+                })?;
+                // SAFETY: HIP initialized; `bytes` is a multiple of the device
+                // granularity, which the host granularity divides.
+                unsafe { result::vmm::create_host(0, bytes)? }
+            }
+        };
         Ok(HipPhysMem {
             owner: self.id,
             handle,
             bytes,
+            location,
         })
     }
 
-    fn mem_release(&self, mem: HipPhysMem) -> Result<()> {
+    fn mem_location(&self, mem: &HipPhysMem) -> MemLocation {
+        mem.location
+    }
+
+    fn mem_release_raw(&self, mem: HipPhysMem) -> Result<()> {
         self.own(&mem, "physical memory")?;
         self.bind()?;
         // SAFETY: ours, consumed here so released once.

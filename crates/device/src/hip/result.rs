@@ -197,6 +197,63 @@ pub mod vmm {
         prop
     }
 
+    /// `hipMemLocationTypeHostNuma` (3 in ROCm's hip_runtime_api.h since
+    /// host-located `hipMemCreate` exists; the ROCm 5 headers CI compiles
+    /// against stop at `hipMemLocationTypeDevice`).
+    const LOCATION_HOST_NUMA: u32 = 3;
+
+    /// Properties of a pinned allocation in host memory of NUMA node `numa`.
+    fn pinned_host_prop(numa: i32) -> sys::hipMemAllocationProp {
+        let mut prop = pinned_device_prop(0);
+        // SAFETY: `type_` is a C enum (4 bytes, `#[repr(u32)]` in the
+        // bindings); the value is written as its integer and never read back
+        // as the Rust enum: the struct only travels to HIP by pointer.
+        unsafe {
+            std::ptr::addr_of_mut!(prop.location.type_)
+                .cast::<u32>()
+                .write(LOCATION_HOST_NUMA)
+        };
+        prop.location.id = numa;
+        prop
+    }
+
+    /// Granularity of pinned host memory on NUMA node `numa` (an error where
+    /// HIP cannot create host-located memory).
+    ///
+    /// # Safety
+    /// HIP is initialized.
+    pub unsafe fn host_granularity(numa: i32) -> Result<u64> {
+        let prop = pinned_host_prop(numa);
+        let mut g = 0usize;
+        check(
+            "hipMemGetAllocationGranularity",
+            sys::hipMemGetAllocationGranularity(
+                &mut g,
+                &prop,
+                sys::hipMemAllocationGranularity_flags::hipMemAllocationGranularityMinimum,
+            ),
+        )?;
+        Ok(g as u64)
+    }
+
+    /// `hipMemCreate` of `bytes` of pinned host memory on NUMA node `numa`.
+    ///
+    /// # Safety
+    /// HIP is initialized; `bytes` is a multiple of [`host_granularity`].
+    pub unsafe fn create_host(
+        numa: i32,
+        bytes: u64,
+    ) -> Result<sys::hipMemGenericAllocationHandle_t> {
+        let prop = pinned_host_prop(numa);
+        let mut handle: sys::hipMemGenericAllocationHandle_t = std::ptr::null_mut();
+        check_alloc(
+            "hipMemCreate (host NUMA)",
+            sys::hipMemCreate(&mut handle, bytes as usize, &prop, 0),
+            bytes,
+        )?;
+        Ok(handle)
+    }
+
     /// See [hipMemGetAllocationGranularity](https://rocm.docs.amd.com/projects/HIP/en/latest/doxygen/html/group___virtual.html)
     ///
     /// # Safety

@@ -10,6 +10,7 @@ use super::{
     HostModule, HostPhys, HostPinned, HostStream, HostVa,
 };
 use crate::backend::{Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig};
+use crate::budget::{MemLocation, MemoryBudget};
 use crate::error::{DeviceError, Result};
 
 fn invalid(msg: impl Into<String>) -> DeviceError {
@@ -63,18 +64,30 @@ impl Backend for HostBackend {
     }
 
     // ---- VMM -----------------------------------------------------------------
-    fn mem_create(&self, bytes: u64) -> Result<HostPhys> {
+    fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    /// Host-located memory is emulated as device memory that does not count
+    /// against the emulated device's capacity (the host has room).
+    fn mem_create_raw(&self, bytes: u64, location: MemLocation) -> Result<HostPhys> {
         let mut st = self.enter("mem_create")?;
         let id = self.new_handle();
-        st.mem.phys_create(id, bytes)?;
+        st.mem
+            .phys_create(id, bytes, location == MemLocation::Host)?;
         Ok(HostPhys {
             backend: self.id,
             id,
             size: bytes,
+            location,
         })
     }
 
-    fn mem_release(&self, mem: HostPhys) -> Result<()> {
+    fn mem_location(&self, mem: &HostPhys) -> MemLocation {
+        mem.location
+    }
+
+    fn mem_release_raw(&self, mem: HostPhys) -> Result<()> {
         self.check(mem.backend)?;
         let injected = self.count("mem_release");
         let r = self.lock().mem.phys_release(mem.id);

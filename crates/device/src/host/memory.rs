@@ -26,6 +26,8 @@ fn invalid(msg: impl Into<String>) -> DeviceError {
 
 struct PhysEntry {
     data: Vec<u8>,
+    /// Host-located (not counted against the emulated device's capacity).
+    host: bool,
     /// The handle has not been released yet.
     handle_live: bool,
     /// Number of mappings that reference this allocation.
@@ -171,12 +173,14 @@ impl Memory {
         Ok(())
     }
 
-    pub fn phys_create(&mut self, id: u64, bytes: u64) -> Result<()> {
+    /// `host`: host-located memory, which the emulated device's capacity
+    /// does not bound.
+    pub fn phys_create(&mut self, id: u64, bytes: u64, host: bool) -> Result<()> {
         if bytes == 0 {
             return Err(invalid("mem_create of 0 bytes"));
         }
         self.check_granular("mem_create size", bytes)?;
-        if bytes > self.capacity - self.phys_bytes {
+        if !host && bytes > self.capacity - self.phys_bytes {
             return Err(DeviceError::OutOfMemory {
                 what: format!(
                     "host backend: {} of {} bytes in use",
@@ -190,11 +194,14 @@ impl Memory {
             id,
             PhysEntry {
                 data: vec![0; len],
+                host,
                 handle_live: true,
                 maps: 0,
             },
         );
-        self.phys_bytes += bytes;
+        if !host {
+            self.phys_bytes += bytes;
+        }
         Ok(())
     }
 
@@ -218,7 +225,9 @@ impl Memory {
     fn drop_phys_if_unused(&mut self, id: u64) {
         if let Some(p) = self.phys.get(&id) {
             if !p.handle_live && p.maps == 0 {
-                self.phys_bytes -= p.data.len() as u64;
+                if !p.host {
+                    self.phys_bytes -= p.data.len() as u64;
+                }
                 self.phys.remove(&id);
             }
         }

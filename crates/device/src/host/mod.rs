@@ -115,6 +115,7 @@ static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
 pub struct HostBackend {
     id: u64,
     info: DeviceInfo,
+    budget: crate::budget::MemoryBudget,
     state: Arc<Mutex<State>>,
     calls: Arc<Mutex<CallLog>>,
     next_handle: AtomicU64,
@@ -138,6 +139,7 @@ pub struct HostPhys {
     backend: u64,
     id: u64,
     size: u64,
+    location: crate::budget::MemLocation,
 }
 
 /// A reserved VA range of the host backend.
@@ -245,6 +247,7 @@ impl HostBackend {
         Ok(HostBackend {
             id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
             info,
+            budget: Default::default(),
             state: Arc::new(Mutex::new(State::new(Memory::new(
                 config.granularity,
                 config.capacity,

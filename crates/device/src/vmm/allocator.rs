@@ -7,6 +7,7 @@ use super::events::{EventKey, FreeEvents};
 use super::raii::{Phys, VaReservation, VmmContext};
 use super::{AllocationId, VmmConfig, VmmStats};
 use crate::backend::{Backend, DevicePtr};
+use crate::budget::MemLocation;
 use crate::error::{DeviceError, Result};
 
 /// A whole physical block with its own mapping. Field order is drop order:
@@ -465,15 +466,17 @@ impl<B: Backend> Inner<B> {
         size.next_power_of_two().max(self.cfg.small_min)
     }
 
-    /// `mem_create`, trimming the cache and retrying once on out of memory.
+    /// Device memory, else (the cache trimmed once) wherever the budget
+    /// has room: host memory past the device's budget (see
+    /// [`crate::budget`]), else out of memory.
     fn create_phys(&self, st: &mut State<B>, bytes: u64) -> Result<Arc<Phys<B>>> {
-        match Phys::create(&self.ctx, bytes) {
+        match Phys::create_at(&self.ctx, bytes, MemLocation::Device) {
             Err(DeviceError::OutOfMemory { .. }) => {
                 let freed = self.trim_locked(st)?;
                 tracing::debug!(
                     bytes,
                     freed,
-                    "vmm: out of memory, trimmed cache and retrying"
+                    "vmm: out of device memory, trimmed cache and retrying"
                 );
                 Ok(Arc::new(Phys::create(&self.ctx, bytes)?))
             }

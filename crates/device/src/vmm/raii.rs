@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, DevicePtr};
+use crate::budget::MemLocation;
 use crate::error::{DeviceError, Result};
 
 #[derive(Default, Debug)]
@@ -113,16 +114,32 @@ impl<B: Backend> std::fmt::Debug for Phys<B> {
 }
 
 impl<B: Backend> Phys<B> {
-    /// `mem_create(bytes)`; `bytes` must be a multiple of the granularity.
+    /// `mem_create(bytes)` (where the device's budget has room: see
+    /// [`crate::budget`]); `bytes` must be a multiple of the granularity.
     pub fn create(ctx: &VmmContext<B>, bytes: u64) -> Result<Self> {
         let raw = ctx.backend.mem_create(bytes)?;
+        Ok(Self::adopt(ctx, raw, bytes))
+    }
+
+    /// `mem_create_at(bytes, location)`: there or out of memory.
+    pub fn create_at(ctx: &VmmContext<B>, bytes: u64, location: MemLocation) -> Result<Self> {
+        let raw = ctx.backend.mem_create_at(bytes, location)?;
+        Ok(Self::adopt(ctx, raw, bytes))
+    }
+
+    fn adopt(ctx: &VmmContext<B>, raw: B::PhysMem, bytes: u64) -> Self {
         ctx.shared.phys_handles.fetch_add(1, Ordering::Relaxed);
         ctx.shared.phys_bytes.fetch_add(bytes, Ordering::Relaxed);
-        Ok(Phys {
+        Phys {
             ctx: ctx.clone(),
             raw: Some(raw),
             size: bytes,
-        })
+        }
+    }
+
+    /// Where the memory lives.
+    pub fn location(&self) -> MemLocation {
+        self.ctx.backend.mem_location(self.raw())
     }
 
     /// The backend handle (to map it elsewhere with `Backend::map`).

@@ -1,0 +1,121 @@
+//! The device memory budget on the host backend: allocations past the
+//! device budget are host-located at ordinary device addresses and keep
+//! their bytes; past the host limit, out of memory with every live buffer
+//! intact; the budget's counts return to zero.
+
+use std::sync::Arc;
+
+use xla_vmm_device::{
+    Backend, DeviceError, HostBackend, HostConfig, MemLocation, MemoryLimits, VmmAllocator,
+    VmmConfig,
+};
+
+const G: u64 = 64 << 10;
+
+fn setup(device: u64, host: u64, capacity: u64) -> (Arc<HostBackend>, VmmAllocator<HostBackend>) {
+    let b = Arc::new(
+        HostBackend::new(HostConfig {
+            granularity: G,
+            capacity: capacity * G,
+            ..HostConfig::default()
+        })
+        .unwrap(),
+    );
+    b.budget().set_limits(MemoryLimits {
+        device: Some(device * G),
+        host: Some(host * G),
+    });
+    let a = VmmAllocator::new(
+        b.clone(),
+        VmmConfig {
+            small_threshold: 0,
+            ..VmmConfig::default()
+        },
+    )
+    .unwrap();
+    (b, a)
+}
+
+fn fill(k: usize) -> Vec<u8> {
+    (0..G as usize).map(|i| (i * 7 + k * 13) as u8).collect()
+}
+
+#[test]
+fn past_the_device_budget_buffers_live_on_the_host_and_keep_their_bytes() {
+    let (b, a) = setup(4, 3, 64);
+    let s = b.stream_create().unwrap();
+    let mut bufs = Vec::new();
+    for k in 0..7 {
+        let buf = a.alloc(G).unwrap();
+        b.write_sync(buf.ptr(), &fill(k), &s).unwrap();
+        bufs.push(buf);
+    }
+    let at: Vec<MemLocation> = bufs.iter().map(|x| x.phys().location()).collect();
+    assert_eq!(&at[..4], &[MemLocation::Device; 4]);
+    assert_eq!(&at[4..], &[MemLocation::Host; 3]);
+    // Device code reaches host-located memory like any other: a copy across.
+    b.copy_d2d(bufs[0].ptr(), bufs[6].ptr(), G, &s).unwrap();
+    let u = b.budget().usage();
+    assert_eq!((u.device_bytes, u.host_bytes, u.spilled), (4 * G, 3 * G, 3));
+
+    // Past the host limit: out of memory, naming both limits, and nothing lost.
+    let e = a.alloc(G).unwrap_err();
+    assert!(matches!(e, DeviceError::OutOfMemory { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("XLA_VMM_HOST_MEMORY_LIMIT") && msg.contains("host"),
+        "{msg}"
+    );
+    for (k, buf) in bufs.iter().enumerate() {
+        let mut got = vec![0u8; G as usize];
+        b.read_sync(&mut got, buf.ptr(), &s).unwrap();
+        assert_eq!(got, fill(if k == 0 { 6 } else { k }), "buffer {k}");
+    }
+
+    // Freed device memory is used again before any more host memory.
+    let freed = bufs.remove(1);
+    a.free(freed, &s).unwrap();
+    b.stream_synchronize(&s).unwrap();
+    let again = a.alloc(G).unwrap();
+    assert_eq!(again.phys().location(), MemLocation::Device);
+    bufs.push(again);
+    drop(bufs);
+    a.trim().unwrap();
+    let u = b.budget().usage();
+    assert_eq!((u.device_bytes, u.host_bytes), (0, 0), "{u:?}");
+    assert_eq!((u.device_peak_bytes, u.host_peak_bytes), (4 * G, 3 * G));
+    b.stream_destroy(s).unwrap();
+}
+
+#[test]
+fn a_full_device_spills_without_a_limit_and_no_host_memory_means_out_of_memory() {
+    // The emulated device holds 2 granules; no device limit of ours.
+    let b = Arc::new(
+        HostBackend::new(HostConfig {
+            granularity: G,
+            capacity: 2 * G,
+            ..HostConfig::default()
+        })
+        .unwrap(),
+    );
+    b.budget().set_limits(MemoryLimits {
+        device: None,
+        host: Some(G),
+    });
+    let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
+    let x = a.alloc(2 * G).unwrap();
+    let y = a.alloc(G).unwrap();
+    assert_eq!(x.phys().location(), MemLocation::Device);
+    assert_eq!(y.phys().location(), MemLocation::Host, "the device is full");
+    drop((x, y));
+    a.trim().unwrap();
+    b.budget().set_limits(MemoryLimits {
+        device: Some(G),
+        host: Some(0),
+    });
+    let _x = a.alloc(G).unwrap();
+    let e = a.alloc(G).unwrap_err();
+    assert!(matches!(e, DeviceError::OutOfMemory { .. }), "{e}");
+    // Placing at a location obeys that location's limit alone.
+    assert!(b.mem_create_at(G, MemLocation::Host).is_err());
+}
