@@ -7,9 +7,10 @@
 # HIP runtime and hipBLASLt are loaded at run time, so the one wheel needs no ROCm library to load and
 # runs on ROCm where they are (the package picks the HIP backend when a ROCm vendor plugin is installed).
 # Without the headers it is CUDA-only, and says so. The wheel's
-# console script `xla-vmm` runs the bundled CLI. --install then installs the wheel into this python,
-# which must be 3.12 or newer, as jax 0.11.2 is (`--no-deps`: running JAX programs needs jax[cuda13]
-# 0.11.2 besides, `xla-vmm` and the package import do not). Takes ~3 minutes from a clean checkout on 2
+# console script `xla-vmm` runs the bundled CLI. --install then installs the wheel into this python
+# (`--no-deps`: running JAX programs needs Python 3.12+ and jax[cuda13] 0.11.2 besides; `xla-vmm` and
+# the package import do not, so on an older python, Debian 12's 3.11, the wheel is installed for its
+# CLI with --ignore-requires-python and a note says what JAX needs). Takes ~3 minutes from a clean checkout on 2
 # cores; prints the wheel's path.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -50,14 +51,14 @@ rm -rf "$ROOT/integration/build" "$ROOT"/integration/*.egg-info
 whl=$(ls "$OUT"/jax_xla_vmm-*.whl)
 echo "wheel: $whl"
 if [ $install = 1 ]; then
+  pipflags=(--no-deps --force-reinstall)
   if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
-    echo "build_wheel: not installed: $(command -v python3) is Python $(python3 -c 'import platform; print(platform.python_version())')," \
-         "and the wheel needs Python 3.12 or newer (jax 0.11.2 does). Install it into a python 3.12+" \
-         "(python3.12 -m venv .venv && . .venv/bin/activate, then: pip install $whl)." \
-         "The wheel is built: $whl" >&2
-    exit 1
+    echo "build_wheel: $(command -v python3) is Python $(python3 -c 'import platform; print(platform.python_version())'):" \
+         "installing the wheel for its xla-vmm CLI only. Running JAX programs on it needs Python 3.12+" \
+         "with jax 0.11.2 (python3.12 -m venv .venv && . .venv/bin/activate && pip install \"$whl[cuda13]\")." >&2
+    pipflags+=(--ignore-requires-python)
   fi
-  python3 -m pip install -q --no-deps --force-reinstall "$whl" || {
+  python3 -m pip install -q "${pipflags[@]}" "$whl" || {
     echo "pip could not install into $(command -v python3) (an externally managed python? use a venv:" \
          "python3 -m venv .venv && . .venv/bin/activate, then this command again)" >&2
     exit 1
