@@ -1,7 +1,8 @@
 //! `xla-vmm inspect FILE [--json] [--time N]`: decode a serialized XLA GPU
 //! executable and summarize it (allocations by role, thunk tree, kinds,
 //! unsupported thunks). `--host-modules DIR` writes the HLO module of each
-//! host-offloaded computation (`host_execute_start`) to DIR.
+//! host-offloaded computation (`host_execute_start`) to DIR;
+//! `--memory-budget BYTES` adds its residency plan (residency.rs).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -28,6 +29,14 @@ pub struct Args {
     /// executable carries one, to DIR/THUNK_NAME.cpu_aot.pb).
     #[arg(long, value_name = "DIR")]
     host_modules: Option<PathBuf>,
+    /// Plan the program under this device memory budget (`16G`, `512M`,
+    /// bytes): which buffers stay in device memory, which are staged ahead
+    /// of their thunks, which are read in place from host memory, the bytes
+    /// over the link per step and the thunks expected to wait.
+    #[arg(long, value_name = "BYTES", value_parser = crate::residency::parse_budget)]
+    memory_budget: Option<u64>,
+    #[command(flatten)]
+    rates: crate::residency::RateArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -43,15 +52,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(n) if n > 0 => Some(time_decode(&bytes, n)?),
         _ => None,
     };
+    let residency = match args.memory_budget {
+        Some(b) => Some(crate::residency::plan(&plan, b, &args.rates)?),
+        None => None,
+    };
     if args.json {
         let mut v = summary_json(&plan);
         if let Some(t) = &timing {
             v["decode_time_us"] =
                 json!({"min": t.min.as_micros(), "median": t.median.as_micros(), "runs": t.runs});
         }
+        if let Some(r) = &residency {
+            v["residency"] = crate::residency::json(r);
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", summary_text(&plan, bytes.len()));
+        if let Some(r) = &residency {
+            print!("{}", crate::residency::text(&plan, r));
+        }
         match &timing {
             Some(t) => println!(
                 "decode time: min {:.3} ms, median {:.3} ms over {} runs",

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod inspect;
 mod policy;
 mod probe;
+mod residency;
 mod run;
 mod run_multi;
 

@@ -114,3 +114,47 @@ fn readable_summary_and_errors() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not an XLA serialized executable"), "{err}");
 }
+
+#[test]
+fn memory_budget_plans_stay_under_the_budget() {
+    let file = fixtures().join("llama_scan_bf16.pjrt");
+    let file = file.to_str().unwrap();
+    let plan = |budget: &str| -> serde_json::Value {
+        let out = inspect(&[file, "--json", "--memory-budget", budget]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["residency"].clone()
+    };
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    // Everything fits: nothing moves.
+    let roomy = plan("1G");
+    assert_eq!(n(&roomy, "bytes_in_per_step"), 0);
+    assert_eq!(n(&roomy, "peak_device_bytes"), n(&roomy, "total_bytes"));
+    // Half the program's bytes and a quarter: under the budget, bytes move.
+    let total = n(&roomy, "total_bytes");
+    let mut last_in = 0;
+    for budget in [total / 2, total / 4] {
+        let r = plan(&budget.to_string());
+        assert!(n(&r, "peak_device_bytes") <= budget, "{r}");
+        let bytes_in = n(&r, "bytes_in_per_step");
+        assert!(
+            bytes_in > last_in,
+            "a smaller budget moves more: {bytes_in} after {last_in}"
+        );
+        last_in = bytes_in;
+        n(&r, "bytes_out_per_step");
+        assert!(r["placements"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["placement"] == "staged"));
+    }
+    // A budget that is no number is refused by the flag.
+    let out = inspect(&[file, "--memory-budget", "lots"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected bytes"));
+}

@@ -15,6 +15,10 @@ pub enum PolicyError {
         /// What is wrong.
         reason: String,
     },
+    /// A residency input is malformed (a use of a missing buffer, a rate
+    /// that is not positive, ...).
+    #[error("invalid residency input: {0}")]
+    InvalidResidency(String),
     /// A tuning knob is out of range.
     #[error("invalid policy knob: {0}")]
     InvalidKnob(String),

@@ -210,6 +210,7 @@ mod decide;
 mod error;
 mod input;
 mod plan;
+pub mod residency;
 mod stats;
 pub mod tracker;
 

@@ -1,0 +1,1055 @@
+//! # Residency: which buffers live in device memory when a program does not fit
+//!
+//! The runtime knows, before the first step, every thunk of a program in
+//! order and every buffer each thunk reads and writes. With a device memory
+//! budget smaller than the program's buffers, this module decides from that
+//! plain data ([`ResidencyInput`]) where each buffer lives and what moves over
+//! the host link each step ([`ResidencyPlan`]), without a device and without
+//! a profiling pass (AutoUVM guesses the same from a profile).
+//!
+//! ## The model
+//!
+//! A step is the program's thunks in order, loops unrolled by their trip
+//! count (`steps`). A thunk's time is a roofline: the larger of its compute
+//! (`flops / flops_per_s`) and its memory time, where bytes of buffers in
+//! device memory move at HBM bandwidth and bytes read in place from host
+//! memory at the link's. Transfers (prefetches, write-backs) use the link,
+//! one at a time, overlapped with compute.
+//!
+//! A buffer is, for the whole step:
+//! - [`Placement::Device`]: resident in device memory;
+//! - [`Placement::Staged`]: at home in host memory, copied into a staging
+//!   area of device memory ahead of the thunks that use it, dropped (or
+//!   written back when dirty) when the area needs the room;
+//! - [`Placement::InPlace`]: in host memory, read and written there by the
+//!   kernels over the link.
+//!
+//! ## The rule
+//!
+//! 1. Everything fits: everything on the device, nothing moves.
+//! 2. Per buffer, what it costs off the device per step: staged, its bytes
+//!    over the link once in (and once out if the step writes it and it lives
+//!    across steps); in place, every byte its thunks touch. A buffer whose
+//!    thunks touch fewer bytes than staging would move (an embedding row
+//!    lookup) is read in place: its kernel's stall is small. Otherwise it is
+//!    staged: its copy overlaps other thunks' compute, where reading it in
+//!    place would stall its own thunk at the link's speed (the roofline
+//!    gate).
+//! 3. Resident set: buffers by off-device cost per byte, highest first, while
+//!    they fit next to the staging area the rest needs: twice the largest
+//!    thunk's staged bytes, so that one thunk's operands arrive while the
+//!    previous one computes.
+//! 4. Staging, per step in order, with the next use of every buffer known
+//!    (Belady's choice is available): a staged buffer is fetched before its
+//!    first use in a window, unless that use overwrites it whole or it is a
+//!    temporary's first use in the step (it holds nothing yet); when the
+//!    area is full the buffer used farthest in the future is evicted,
+//!    written back only if dirty and read again. Steps repeat, so
+//!    the schedule is computed over two steps and the second is kept: a
+//!    weight used first thing in step i+1 is fetched at the end of step i.
+//! 5. Each fetch is issued as early as the link and the area allow, so that
+//!    it lands before its thunk; a thunk whose bytes are late waits
+//!    ([`Wait`]).
+//!
+//! Everything is checked by [`ResidencyInput::validate`]; bad input is a
+//! [`PolicyError`], never a panic.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{PolicyError, Result};
+
+/// One buffer of the program: an XLA buffer allocation, or a segment of one
+/// (XLA packs a program's temporaries into one allocation whose regions
+/// hold different values over the step: each region its slices use is
+/// planned on its own).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Buffer {
+    /// Its allocation index.
+    pub id: usize,
+    /// Where the segment starts in the allocation (0: the whole allocation).
+    #[serde(default)]
+    pub offset: u64,
+    /// What it is (for people: `param 3`, `temp`, ...).
+    pub name: String,
+    /// Its size.
+    pub bytes: u64,
+    /// It lives across steps (a parameter, a constant, a live-out output):
+    /// its bytes must be at home after the step when it is not resident.
+    pub persistent: bool,
+}
+
+/// One use of a buffer by a thunk.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Use {
+    /// Index into [`ResidencyInput::buffers`].
+    pub buffer: usize,
+    /// Bytes the thunk touches (its slice).
+    pub bytes: u64,
+    /// The thunk reads them.
+    pub read: bool,
+    /// The thunk writes them.
+    pub write: bool,
+}
+
+/// One thunk execution, in program order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThunkStep {
+    /// Kind and `profile_annotation`.
+    pub name: String,
+    /// The buffers it reads and writes.
+    pub uses: Vec<Use>,
+    /// Arithmetic of the thunk when known (GEMMs), else 0 (then its time
+    /// is its memory traffic's).
+    pub flops: f64,
+}
+
+/// The device's rates.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rates {
+    /// Host link, bytes/s, each way (H200: 55e9 measured).
+    pub link_bytes_per_s: f64,
+    /// Device memory, bytes/s (H200: 4.2e12 measured reads).
+    pub hbm_bytes_per_s: f64,
+    /// Arithmetic, flop/s (H200 dense bf16: ~7.9e14).
+    pub flops_per_s: f64,
+}
+
+impl Rates {
+    /// The H200 figures measured on the GPU machine (host_vmm_probe).
+    pub const H200: Rates = Rates {
+        link_bytes_per_s: 55e9,
+        hbm_bytes_per_s: 4.2e12,
+        flops_per_s: 7.9e14,
+    };
+}
+
+/// What the plan is made from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResidencyInput {
+    /// The program's buffers.
+    pub buffers: Vec<Buffer>,
+    /// Its thunks in execution order (loops unrolled).
+    pub steps: Vec<ThunkStep>,
+    /// The device's rates.
+    pub rates: Rates,
+    /// Device memory the program's buffers may hold (resident + staging).
+    pub budget_bytes: u64,
+}
+
+/// Where a buffer lives during the step.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// Resident in device memory.
+    Device,
+    /// At home in host memory, staged into device memory ahead of its uses.
+    Staged,
+    /// In host memory, read and written there over the link.
+    InPlace,
+}
+
+/// A copy from host memory into the staging area.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Prefetch {
+    /// The buffer (index into the input's buffers).
+    pub buffer: usize,
+    /// Its size.
+    pub bytes: u64,
+    /// Issued before this thunk (index into the step), on the copy stream.
+    pub issue_before: usize,
+    /// First thunk that needs it.
+    pub needed_by: usize,
+    /// Issued during the previous step (the step's end, for its start).
+    pub from_previous_step: bool,
+}
+
+/// A buffer leaving the staging area.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Eviction {
+    /// The buffer (index into the input's buffers).
+    pub buffer: usize,
+    /// After this thunk (index into the step).
+    pub after: usize,
+    /// Written back to its home first (it was written since its fetch).
+    pub write_back: bool,
+}
+
+/// A thunk expected to wait for its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Wait {
+    /// The thunk (index into the step).
+    pub thunk: usize,
+    /// The buffer it waits for.
+    pub buffer: usize,
+    /// How long, µs.
+    pub wait_us: f64,
+}
+
+/// The plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ResidencyPlan {
+    /// The budget the plan was made for.
+    pub budget_bytes: u64,
+    /// Bytes of every buffer: what the program would hold with no budget.
+    pub total_bytes: u64,
+    /// The input's buffers (what the indices below name).
+    pub buffers: Vec<Buffer>,
+    /// Per buffer, in order.
+    pub placements: Vec<Placement>,
+    /// Bytes of the resident buffers.
+    pub resident_bytes: u64,
+    /// The staging area (the most staged bytes held at once).
+    pub staging_bytes: u64,
+    /// Resident + staging: never above the budget.
+    pub peak_device_bytes: u64,
+    /// Host to device per step (prefetches).
+    pub bytes_in_per_step: u64,
+    /// Device to host per step (write-backs of dirty staged buffers).
+    pub bytes_out_per_step: u64,
+    /// Bytes kernels read or write in host memory per step.
+    pub bytes_in_place_per_step: u64,
+    /// The copies into the staging area, in order.
+    pub prefetches: Vec<Prefetch>,
+    /// The buffers leaving it, in order.
+    pub evictions: Vec<Eviction>,
+    /// The thunks expected to wait for their bytes.
+    pub waits: Vec<Wait>,
+    /// Estimated step time with this plan, µs.
+    pub step_us: f64,
+    /// Estimated step time with every buffer on the device (the ceiling), µs.
+    pub unbudgeted_step_us: f64,
+    /// The link bound: bytes that must cross per step over the link, µs.
+    pub link_bound_us: f64,
+}
+
+impl ResidencyInput {
+    /// Check every number and index.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(PolicyError::InvalidResidency(m));
+        let r = &self.rates;
+        for (name, v) in [
+            ("link_bytes_per_s", r.link_bytes_per_s),
+            ("hbm_bytes_per_s", r.hbm_bytes_per_s),
+            ("flops_per_s", r.flops_per_s),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(format!("rates.{name} = {v}: must be finite and positive"));
+            }
+        }
+        for (i, t) in self.steps.iter().enumerate() {
+            if !(t.flops.is_finite() && t.flops >= 0.0) {
+                return bad(format!("thunk {i} ({}): flops = {}", t.name, t.flops));
+            }
+            for u in &t.uses {
+                let Some(b) = self.buffers.get(u.buffer) else {
+                    return bad(format!(
+                        "thunk {i} ({}): buffer {} of {}",
+                        t.name,
+                        u.buffer,
+                        self.buffers.len()
+                    ));
+                };
+                if u.bytes > b.bytes {
+                    return bad(format!(
+                        "thunk {i} ({}): touches {} bytes of buffer {} ({} bytes)",
+                        t.name, u.bytes, b.id, b.bytes
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Per-buffer facts of one step.
+struct Facts {
+    /// Bytes its thunks touch per step.
+    touched: u64,
+    written: bool,
+    used: bool,
+}
+
+fn facts(input: &ResidencyInput) -> Vec<Facts> {
+    let mut f: Vec<Facts> = input
+        .buffers
+        .iter()
+        .map(|_| Facts {
+            touched: 0,
+            written: false,
+            used: false,
+        })
+        .collect();
+    for t in &input.steps {
+        for u in &t.uses {
+            let x = &mut f[u.buffer];
+            x.touched = x.touched.saturating_add(traffic(u));
+            x.written |= u.write;
+            x.used = true;
+        }
+    }
+    f
+}
+
+/// Bytes a use moves: its slice read, written, or both.
+fn traffic(u: &Use) -> u64 {
+    u.bytes * (u64::from(u.read) + u64::from(u.write)).max(1)
+}
+
+/// µs of one thunk: compute against memory traffic (device at HBM speed,
+/// host bytes at the link's).
+fn thunk_us(t: &ThunkStep, placements: &[Placement], r: &Rates) -> f64 {
+    let (mut dev, mut host) = (0.0, 0.0);
+    for u in &t.uses {
+        match placements[u.buffer] {
+            Placement::InPlace => host += traffic(u) as f64,
+            _ => dev += traffic(u) as f64,
+        }
+    }
+    let mem = dev / r.hbm_bytes_per_s + host / r.link_bytes_per_s;
+    (t.flops / r.flops_per_s).max(mem) * 1e6
+}
+
+/// Decide where each buffer lives (see the module docs).
+pub fn plan_residency(input: &ResidencyInput) -> Result<ResidencyPlan> {
+    input.validate()?;
+    let n = input.buffers.len();
+    let total: u64 = input.buffers.iter().map(|b| b.bytes).sum();
+    let f = facts(input);
+    let link = input.rates.link_bytes_per_s;
+    let all_device = vec![Placement::Device; n];
+    let unbudgeted: f64 = input
+        .steps
+        .iter()
+        .map(|t| thunk_us(t, &all_device, &input.rates))
+        .sum();
+    if total <= input.budget_bytes {
+        return Ok(ResidencyPlan {
+            budget_bytes: input.budget_bytes,
+            total_bytes: total,
+            buffers: input.buffers.clone(),
+            placements: all_device,
+            resident_bytes: total,
+            staging_bytes: 0,
+            peak_device_bytes: total,
+            bytes_in_per_step: 0,
+            bytes_out_per_step: 0,
+            bytes_in_place_per_step: 0,
+            prefetches: Vec::new(),
+            evictions: Vec::new(),
+            waits: Vec::new(),
+            step_us: unbudgeted,
+            unbudgeted_step_us: unbudgeted,
+            link_bound_us: 0.0,
+        });
+    }
+    // Off the device, each buffer's way and the link bytes it costs per
+    // step: read in place when that moves fewer bytes than staging (a light
+    // touch, whose stall is small), else staged (its copies overlap other
+    // thunks' compute, where in-place reads would stall its own).
+    let off: Vec<(Placement, f64)> = input
+        .buffers
+        .iter()
+        .zip(&f)
+        .map(|(b, x)| {
+            let out = if x.written && b.persistent {
+                b.bytes
+            } else {
+                0
+            };
+            let staged = b.bytes + out;
+            if !x.used {
+                (Placement::InPlace, 0.0)
+            } else if x.touched < staged {
+                (Placement::InPlace, x.touched as f64 / link)
+            } else {
+                (Placement::Staged, staged as f64 / link)
+            }
+        })
+        .collect();
+    // The staging area the staged rest needs at the least: the largest
+    // thunk's staged bytes (its operands are present at once).
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| {
+        let d = |i: usize| off[i].1 / input.buffers[i].bytes.max(1) as f64;
+        d(b).total_cmp(&d(a)).then(a.cmp(&b))
+    });
+    // Two ways to leave room for the staging area: the staged rest's
+    // largest thunk once, or twice (double buffering: the next thunk's bytes
+    // arrive while this one computes); the faster plan wins.
+    let mut best: Option<ResidencyPlan> = None;
+    for buffering in [1u64, 2] {
+        let p = plan_with(input, &f, &off, &order, buffering, total, unbudgeted);
+        if best.as_ref().is_none_or(|b| p.step_us < b.step_us) {
+            best = Some(p);
+        }
+    }
+    Ok(best.expect("two plans"))
+}
+
+/// [`plan_residency`] with room for `buffering` times the staged rest's
+/// largest thunk.
+fn plan_with(
+    input: &ResidencyInput,
+    f: &[Facts],
+    off: &[(Placement, f64)],
+    order: &[usize],
+    buffering: u64,
+    total: u64,
+    unbudgeted: f64,
+) -> ResidencyPlan {
+    let n = input.buffers.len();
+    let link = input.rates.link_bytes_per_s;
+    let mut placements: Vec<Placement> = off.iter().map(|o| o.0).collect();
+    let mut resident = 0u64;
+    for &i in order {
+        let b = input.buffers[i].bytes;
+        if off[i].1 <= 0.0 {
+            continue;
+        }
+        let mut trial = placements.clone();
+        trial[i] = Placement::Device;
+        let need = buffering * largest_staged_thunk(input, &trial);
+        if resident + b + need <= input.budget_bytes {
+            placements[i] = Placement::Device;
+            resident += b;
+        }
+    }
+    // A staged buffer bigger than the area can never be staged: in place.
+    loop {
+        let cap = input.budget_bytes - resident;
+        let need = largest_staged_thunk(input, &placements);
+        if need <= cap {
+            break;
+        }
+        // The biggest staged buffer of the worst thunk goes in place.
+        let worst = input
+            .steps
+            .iter()
+            .max_by_key(|t| staged_bytes(t, &placements, &input.buffers))
+            .expect("a thunk needs staging");
+        let victim = worst
+            .uses
+            .iter()
+            .filter(|u| placements[u.buffer] == Placement::Staged)
+            .max_by_key(|u| input.buffers[u.buffer].bytes)
+            .expect("a staged use")
+            .buffer;
+        placements[victim] = Placement::InPlace;
+    }
+    let cap = input.budget_bytes - resident;
+    let in_place_bytes = |placements: &[Placement]| -> u64 {
+        (0..n)
+            .filter(|&i| placements[i] == Placement::InPlace)
+            .map(|i| f[i].touched)
+            .sum()
+    };
+    // Belady's choice moves the fewest bytes; choosing victims idle for a
+    // copy's whole lead lets copies start early. The faster schedule wins.
+    // A buffer the area is too small for (fetched again and again: more
+    // bytes over the link than its thunks touch) is read in place instead,
+    // and the staging planned again.
+    let sched = loop {
+        let inplace = in_place_bytes(&placements);
+        let sched = [false, true]
+            .into_iter()
+            .map(|early| schedule(input, &placements, cap, early, inplace))
+            .min_by(|a, b| a.step_us.total_cmp(&b.step_us))
+            .expect("two schedules");
+        let mut moved = vec![0u64; n];
+        for p in &sched.prefetches {
+            moved[p.buffer] += p.bytes;
+        }
+        for e in sched.evictions.iter().filter(|e| e.write_back) {
+            moved[e.buffer] += input.buffers[e.buffer].bytes;
+        }
+        let thrashing = (0..n)
+            .filter(|&i| placements[i] == Placement::Staged && moved[i] > f[i].touched)
+            .max_by_key(|&i| moved[i] - f[i].touched);
+        match thrashing {
+            Some(i) => placements[i] = Placement::InPlace,
+            None => break sched,
+        }
+    };
+    let in_place = in_place_bytes(&placements);
+    let link_bound = (sched.bytes_in + sched.bytes_out + in_place) as f64 / link * 1e6;
+    ResidencyPlan {
+        budget_bytes: input.budget_bytes,
+        total_bytes: total,
+        buffers: input.buffers.clone(),
+        resident_bytes: resident,
+        staging_bytes: sched.peak,
+        peak_device_bytes: resident + sched.peak,
+        bytes_in_per_step: sched.bytes_in,
+        bytes_out_per_step: sched.bytes_out,
+        bytes_in_place_per_step: in_place,
+        prefetches: sched.prefetches,
+        evictions: sched.evictions,
+        waits: sched.waits,
+        step_us: sched.step_us,
+        unbudgeted_step_us: unbudgeted,
+        link_bound_us: link_bound,
+        placements,
+    }
+}
+
+/// Bytes of `t`'s distinct staged buffers.
+fn staged_bytes(t: &ThunkStep, placements: &[Placement], buffers: &[Buffer]) -> u64 {
+    let mut ids: Vec<usize> = t
+        .uses
+        .iter()
+        .filter(|u| placements[u.buffer] == Placement::Staged)
+        .map(|u| u.buffer)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.iter().map(|&i| buffers[i].bytes).sum()
+}
+
+fn largest_staged_thunk(input: &ResidencyInput, placements: &[Placement]) -> u64 {
+    input
+        .steps
+        .iter()
+        .map(|t| staged_bytes(t, placements, &input.buffers))
+        .max()
+        .unwrap_or(0)
+}
+
+struct Schedule {
+    peak: u64,
+    bytes_in: u64,
+    bytes_out: u64,
+    prefetches: Vec<Prefetch>,
+    evictions: Vec<Eviction>,
+    waits: Vec<Wait>,
+    step_us: f64,
+}
+
+/// One staged buffer in the area.
+struct Held {
+    buffer: usize,
+    dirty: bool,
+}
+
+/// Belady staging over two repetitions of the step; the second is reported
+/// (see the module docs). `early`: victims are taken among the buffers idle
+/// for the fetch's whole lead when there are such (Belady among them), so
+/// that its copy can start early; else Belady among all.
+fn schedule(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    cap: u64,
+    early: bool,
+    in_place_bytes: u64,
+) -> Schedule {
+    let steps = &input.steps;
+    let m = steps.len();
+    let buffers = &input.buffers;
+    let link = input.rates.link_bytes_per_s;
+    // Uses of staged buffers at each position of the doubled sequence.
+    let at = |k: usize| &steps[k % m];
+    // Per staged buffer of thunk k: (buffer, written, its old bytes are
+    // needed: read, or not wholly overwritten).
+    // A temporary holds nothing at the start of a step: its first use in a
+    // step needs no bytes, whatever the access says.
+    let mut first_use = vec![usize::MAX; buffers.len()];
+    for (k, t) in steps.iter().enumerate() {
+        for u in &t.uses {
+            first_use[u.buffer] = first_use[u.buffer].min(k);
+        }
+    }
+    let needs_bytes = |k: usize, b: usize| -> bool {
+        if !buffers[b].persistent && first_use[b] == k % m {
+            return false;
+        }
+        let uses = at(k).uses.iter().filter(|u| u.buffer == b);
+        let (mut read, mut whole) = (false, false);
+        for u in uses {
+            read |= u.read;
+            whole |= u.write && u.bytes == buffers[b].bytes;
+        }
+        read || !whole
+    };
+    let staged_at = |k: usize| -> Vec<(usize, bool, bool)> {
+        let mut v: Vec<(usize, bool, bool)> = Vec::new();
+        for u in &at(k).uses {
+            if placements[u.buffer] != Placement::Staged {
+                continue;
+            }
+            match v.iter_mut().find(|x| x.0 == u.buffer) {
+                Some(x) => x.1 |= u.write,
+                None => v.push((u.buffer, u.write, needs_bytes(k, u.buffer))),
+            }
+        }
+        v
+    };
+    let next_use = |b: usize, after: usize| -> usize {
+        (after + 1..2 * m + m)
+            .find(|&k| at(k).uses.iter().any(|u| u.buffer == b))
+            .unwrap_or(usize::MAX)
+    };
+    let dur: Vec<f64> = (0..m)
+        .map(|k| thunk_us(&steps[k], placements, &input.rates))
+        .collect();
+    // Belady over positions 0..2m: fetches (position needed, and the first
+    // position the area has room for them) and evictions. A victim leaves
+    // right after its last use before the fetch that needs its room, so
+    // the fetch can start there.
+    let mut held: Vec<Held> = Vec::new();
+    let mut used = 0u64;
+    let mut peak = 0u64;
+    let mut last_use = vec![0usize; buffers.len()];
+    let mut fetches: Vec<(usize, usize, usize)> = Vec::new(); // (position, buffer, room from)
+    let mut evictions: Vec<(usize, usize, bool)> = Vec::new(); // (after position, buffer, write back)
+    for k in 0..2 * m {
+        let need = staged_at(k);
+        for &(b, _, wants_bytes) in &need {
+            if held.iter().any(|h| h.buffer == b) {
+                continue;
+            }
+            let bytes = buffers[b].bytes;
+            // Where its copy should start to land in time, and the victims:
+            // Belady's (farthest next use) among the buffers idle since
+            // then, else since later, so that the copy can start early.
+            let lead_us = bytes as f64 / link * 1e6;
+            let mut want = k;
+            let mut ahead = 0.0;
+            while want > 0 && ahead < lead_us {
+                want -= 1;
+                ahead += dur[want % m];
+            }
+            let mut room_from = 0;
+            let mut idle_since = if early { want } else { k };
+            while used + bytes > cap {
+                let victim = held
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, h)| !need.iter().any(|x| x.0 == h.buffer))
+                    .filter(|(_, h)| last_use[h.buffer] < idle_since.max(1) || idle_since >= k)
+                    .map(|(i, h)| (i, next_use(h.buffer, k)))
+                    .max_by_key(|&(_, nu)| nu);
+                let Some((vi, _)) = victim else {
+                    if idle_since >= k {
+                        // Only this thunk's own buffers are held: they fit
+                        // (the area holds the largest thunk), so never here.
+                        break;
+                    }
+                    idle_since += 1;
+                    continue;
+                };
+                let h = held.remove(vi);
+                used -= buffers[h.buffer].bytes;
+                let after = last_use[h.buffer];
+                room_from = room_from.max(after + 1);
+                // Dirty bytes go home if anyone reads them again: the step
+                // after (a persistent buffer), or its next use.
+                let next = next_use(h.buffer, k);
+                let wanted = buffers[h.buffer].persistent
+                    || (next != usize::MAX && needs_bytes(next, h.buffer));
+                evictions.push((after, h.buffer, h.dirty && wanted));
+            }
+            held.push(Held {
+                buffer: b,
+                dirty: false,
+            });
+            used += bytes;
+            // Wholly overwritten before any read: room, no copy.
+            if wants_bytes {
+                fetches.push((k, b, room_from));
+            }
+        }
+        for &(b, w, _) in &need {
+            last_use[b] = k;
+            if w {
+                if let Some(h) = held.iter_mut().find(|h| h.buffer == b) {
+                    h.dirty = true;
+                }
+            }
+        }
+        peak = peak.max(used);
+        // A persistent buffer written this step goes home at the step's end
+        // (it stays staged, clean, for the next step's use).
+        if k % m == m - 1 {
+            for h in held.iter_mut() {
+                if h.dirty && buffers[h.buffer].persistent {
+                    evictions.push((k, h.buffer, true));
+                    h.dirty = false;
+                }
+            }
+        }
+    }
+    // Link timeline over the doubled sequence: each fetch in need order, as
+    // early as its room and the previous fetch allow, but no earlier than
+    // it takes to land in time (an early fetch holds the area longer).
+    let mut start_us = vec![0.0; 2 * m + 1];
+    for k in 0..2 * m {
+        start_us[k + 1] = start_us[k] + dur[k % m];
+    }
+    let mut link_free = 0.0f64;
+    let mut waits_all: Vec<(usize, usize, f64)> = Vec::new();
+    let mut delay = 0.0f64; // accumulated waits shift later thunks
+    let mut issue: Vec<(usize, usize, usize)> = Vec::new(); // (issue position, needed position, buffer)
+    let mut prev_issue = 0usize;
+    for &(k, b, room_from) in &fetches {
+        let earliest = room_from.max(prev_issue).min(k);
+        let dur_us = buffers[b].bytes as f64 / link * 1e6;
+        let mut p = k;
+        while p > earliest && start_us[k] - start_us[p] < dur_us {
+            p -= 1;
+        }
+        let t0 = (start_us[p] + delay).max(link_free);
+        let t1 = t0 + dur_us;
+        link_free = t1;
+        let late = t1 - (start_us[k] + delay);
+        if late > 0.0 {
+            delay += late;
+            waits_all.push((k, b, late));
+        }
+        prev_issue = p;
+        issue.push((p, k, b));
+    }
+    // Report the second repetition (steady state).
+    let second = |k: usize| k >= m && k < 2 * m;
+    let bytes_in: u64 = issue
+        .iter()
+        .filter(|x| second(x.1))
+        .map(|x| buffers[x.2].bytes)
+        .sum();
+    let bytes_out: u64 = evictions
+        .iter()
+        .filter(|e| e.2 && second(e.0))
+        .map(|e| buffers[e.1].bytes)
+        .sum();
+    let prefetches = issue
+        .iter()
+        .filter(|x| second(x.1))
+        .map(|&(p, k, b)| Prefetch {
+            buffer: b,
+            bytes: buffers[b].bytes,
+            issue_before: p % m,
+            needed_by: k % m,
+            from_previous_step: p < m,
+        })
+        .collect();
+    let evictions = evictions
+        .iter()
+        .filter(|e| second(e.0))
+        .map(|&(after, buffer, write_back)| Eviction {
+            buffer,
+            after: after % m,
+            write_back,
+        })
+        .collect();
+    let waits: Vec<Wait> = waits_all
+        .iter()
+        .filter(|w| second(w.0))
+        .map(|&(k, buffer, wait_us)| Wait {
+            thunk: k % m,
+            buffer,
+            wait_us,
+        })
+        .collect();
+    let compute: f64 = dur.iter().sum();
+    let waited: f64 = waits.iter().map(|w| w.wait_us).sum();
+    // The link carries the step's transfers and in-place traffic: it
+    // bounds the step too.
+    let link_us = (bytes_in + bytes_out + in_place_bytes) as f64 / link * 1e6;
+    Schedule {
+        peak,
+        bytes_in,
+        bytes_out,
+        prefetches,
+        evictions,
+        waits,
+        step_us: (compute + waited).max(link_us),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: u64 = 1 << 20;
+
+    fn buf(id: usize, mb: u64, persistent: bool) -> Buffer {
+        Buffer {
+            id,
+            offset: 0,
+            name: format!("b{id}"),
+            bytes: mb * MB,
+            persistent,
+        }
+    }
+
+    fn uses(list: &[(usize, u64, bool)]) -> Vec<Use> {
+        list.iter()
+            .map(|&(b, mb, w)| Use {
+                buffer: b,
+                bytes: mb * MB,
+                read: !w,
+                write: w,
+            })
+            .collect()
+    }
+
+    fn step(name: &str, list: &[(usize, u64, bool)], flops: f64) -> ThunkStep {
+        ThunkStep {
+            name: name.into(),
+            uses: uses(list),
+            flops,
+        }
+    }
+
+    /// A layered model: 8 weights of 100 MB read once each by a matmul that
+    /// computes 1 ms; an activation of 10 MB read and written by every layer.
+    fn layers(budget_mb: u64) -> ResidencyInput {
+        let mut buffers: Vec<Buffer> = (0..8).map(|i| buf(i, 100, true)).collect();
+        buffers.push(buf(8, 10, false));
+        let steps = (0..8)
+            .map(|i| {
+                step(
+                    &format!("layer{i}"),
+                    &[(i, 100, false), (8, 10, true)],
+                    7.9e11,
+                )
+            })
+            .collect();
+        ResidencyInput {
+            buffers,
+            steps,
+            rates: Rates::H200,
+            budget_bytes: budget_mb * MB,
+        }
+    }
+
+    #[test]
+    fn everything_fits_nothing_moves() {
+        let p = plan_residency(&layers(1000)).unwrap();
+        assert!(p.placements.iter().all(|x| *x == Placement::Device));
+        assert_eq!((p.bytes_in_per_step, p.bytes_out_per_step), (0, 0));
+        assert_eq!(p.peak_device_bytes, 810 * MB);
+        assert!(p.waits.is_empty());
+    }
+
+    #[test]
+    fn at_twice_the_budget_weights_are_staged_under_the_budget_with_belady() {
+        let input = layers(405);
+        let p = plan_residency(&input).unwrap();
+        assert!(p.peak_device_bytes <= input.budget_bytes, "{p:?}");
+        // The activation is reused by every layer: resident.
+        assert_eq!(p.placements[8], Placement::Device);
+        let staged = p
+            .placements
+            .iter()
+            .filter(|x| **x == Placement::Staged)
+            .count();
+        let resident = p
+            .placements
+            .iter()
+            .filter(|x| **x == Placement::Device)
+            .count();
+        assert!(staged >= 4 && resident >= 2, "{:?}", p.placements);
+        // Read-only weights are dropped, never written back.
+        assert_eq!(p.bytes_out_per_step, 0, "{:?}", p.evictions);
+        // A staged weight crosses at most once per step; what the area
+        // keeps across the step boundary (Belady) does not cross at all.
+        assert!(p.bytes_in_per_step <= staged as u64 * 100 * MB, "{p:?}");
+        assert!(
+            p.bytes_in_per_step + p.staging_bytes >= staged as u64 * 100 * MB,
+            "{p:?}"
+        );
+        assert!(p.evictions.iter().all(|e| !e.write_back));
+        // 100 MB at 55 GB/s is 1.8 ms against 1 ms of compute per layer:
+        // the step is link bound, within the bytes that must cross.
+        assert!(p.step_us >= p.link_bound_us * 0.99, "{p:?}");
+        assert!(p.step_us > p.unbudgeted_step_us);
+        // Double buffered: each weight is fetched while the thunk before its
+        // own computes (or in the previous step, for the step's first).
+        for f in &p.prefetches {
+            assert!(
+                f.issue_before < f.needed_by || f.from_previous_step,
+                "{f:?}"
+            );
+        }
+        assert!(p.staging_bytes >= 200 * MB, "{p:?}");
+    }
+
+    #[test]
+    fn a_lightly_touched_buffer_is_read_in_place() {
+        // An embedding table of 400 MB of which a step reads 1 MB of rows.
+        let mut input = layers(500);
+        input.buffers.push(buf(9, 400, true));
+        input
+            .steps
+            .insert(0, step("gather", &[(9, 1, false), (8, 10, true)], 0.0));
+        let p = plan_residency(&input).unwrap();
+        assert_eq!(p.placements[9], Placement::InPlace);
+        assert_eq!(p.bytes_in_place_per_step, MB);
+        assert!(p.peak_device_bytes <= input.budget_bytes);
+    }
+
+    #[test]
+    fn written_persistent_buffers_go_home_once_per_step() {
+        // Optimizer state: read and written by one thunk each step.
+        let buffers = vec![buf(0, 300, true), buf(1, 300, true), buf(2, 300, true)];
+        let steps = vec![
+            step("adam0", &[(0, 300, false), (0, 300, true)], 1e9),
+            step("adam1", &[(1, 300, false), (1, 300, true)], 1e9),
+            step("adam2", &[(2, 300, false), (2, 300, true)], 1e9),
+        ];
+        let input = ResidencyInput {
+            buffers,
+            steps,
+            rates: Rates::H200,
+            budget_bytes: 700 * MB,
+        };
+        let p = plan_residency(&input).unwrap();
+        assert!(p.peak_device_bytes <= input.budget_bytes);
+        let staged: Vec<usize> = (0..3)
+            .filter(|&i| p.placements[i] == Placement::Staged)
+            .collect();
+        assert!(!staged.is_empty(), "{:?}", p.placements);
+        // Each is written every step and goes home at its end; what stays
+        // in the area across the step boundary is not fetched again.
+        assert_eq!(
+            p.bytes_out_per_step,
+            staged.len() as u64 * 300 * MB,
+            "{:?}",
+            p.evictions
+        );
+        assert!(
+            p.bytes_in_per_step + p.staging_bytes >= p.bytes_out_per_step,
+            "{p:?}"
+        );
+        assert!(p.bytes_in_per_step <= p.bytes_out_per_step, "{p:?}");
+    }
+
+    #[test]
+    fn a_wholly_overwritten_buffer_takes_room_but_no_copy() {
+        // Two big temporaries, each written whole by one thunk, then read.
+        let buffers = vec![buf(0, 200, false), buf(1, 200, false), buf(2, 200, false)];
+        let w = |b: usize| Use {
+            buffer: b,
+            bytes: 200 * MB,
+            read: false,
+            write: true,
+        };
+        let r = |b: usize| Use {
+            buffer: b,
+            bytes: 200 * MB,
+            read: true,
+            write: false,
+        };
+        let steps = vec![
+            ThunkStep {
+                name: "make0".into(),
+                uses: vec![w(0)],
+                flops: 0.0,
+            },
+            ThunkStep {
+                name: "use0".into(),
+                uses: vec![r(0), w(1)],
+                flops: 0.0,
+            },
+            ThunkStep {
+                name: "use1".into(),
+                uses: vec![r(1), w(2)],
+                flops: 0.0,
+            },
+            ThunkStep {
+                name: "use2".into(),
+                uses: vec![r(2)],
+                flops: 0.0,
+            },
+        ];
+        let input = ResidencyInput {
+            buffers,
+            steps,
+            rates: Rates::H200,
+            budget_bytes: 420 * MB,
+        };
+        let p = plan_residency(&input).unwrap();
+        assert!(p.peak_device_bytes <= input.budget_bytes, "{p:?}");
+        // Not persistent, overwritten before read: nothing crosses for the
+        // staged ones.
+        assert_eq!((p.bytes_in_per_step, p.bytes_out_per_step), (0, 0), "{p:?}");
+    }
+
+    #[test]
+    fn random_programs_stay_under_their_budgets() {
+        // A small xorshift: deterministic, no dependency.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n.max(1)
+        };
+        for case in 0..300 {
+            let nb = 1 + rnd(12) as usize;
+            let buffers: Vec<Buffer> = (0..nb).map(|i| buf(i, 1 + rnd(200), rnd(2) == 0)).collect();
+            let steps: Vec<ThunkStep> = (0..1 + rnd(20))
+                .map(|t| {
+                    let list: Vec<(usize, u64, bool)> = (0..1 + rnd(4))
+                        .map(|_| {
+                            let b = rnd(nb as u64) as usize;
+                            (b, 1 + rnd(buffers[b].bytes / MB), rnd(3) == 0)
+                        })
+                        .collect();
+                    step(&format!("t{t}"), &list, rnd(1_000_000_000_000) as f64)
+                })
+                .collect();
+            let total: u64 = buffers.iter().map(|b| b.bytes).sum();
+            let budget = 1 + rnd(total + total / 4);
+            let input = ResidencyInput {
+                buffers,
+                steps,
+                rates: Rates::H200,
+                budget_bytes: budget,
+            };
+            let p = plan_residency(&input).unwrap();
+            assert!(p.peak_device_bytes <= budget, "case {case}: {p:?}");
+            assert!(p.step_us.is_finite() && p.step_us >= 0.0, "case {case}");
+            let staged: u64 = (0..input.buffers.len())
+                .filter(|&i| p.placements[i] == Placement::Staged)
+                .map(|i| input.buffers[i].bytes)
+                .sum();
+            // No staged buffer moves more bytes than its thunks touch (else
+            // it is read in place); the step is no faster than its link.
+            let touched: u64 = input
+                .steps
+                .iter()
+                .flat_map(|t| &t.uses)
+                .filter(|u| p.placements[u.buffer] == Placement::Staged)
+                .map(|u| u.bytes)
+                .sum();
+            assert!(
+                p.bytes_in_per_step + p.bytes_out_per_step <= touched.max(2 * staged),
+                "case {case}: {p:?}"
+            );
+            assert!(p.step_us >= p.link_bound_us * 0.999, "case {case}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn a_thunk_larger_than_the_area_reads_in_place_and_bad_input_is_an_error() {
+        // One thunk needs 500 MB at once under a 300 MB budget.
+        let input = ResidencyInput {
+            buffers: vec![buf(0, 250, true), buf(1, 250, true)],
+            steps: vec![step("big", &[(0, 250, false), (1, 250, false)], 1e12)],
+            rates: Rates::H200,
+            budget_bytes: 300 * MB,
+        };
+        let p = plan_residency(&input).unwrap();
+        assert!(p.peak_device_bytes <= input.budget_bytes, "{p:?}");
+        assert!(p.placements.contains(&Placement::InPlace));
+        let mut bad = input.clone();
+        bad.steps[0].uses[0].buffer = 7;
+        assert!(plan_residency(&bad).is_err());
+        let mut bad = input.clone();
+        bad.rates.link_bytes_per_s = 0.0;
+        assert!(plan_residency(&bad).is_err());
+        let mut bad = input;
+        bad.steps[0].uses[0].bytes = 251 * MB;
+        assert!(plan_residency(&bad).is_err());
+    }
+}
