@@ -24,8 +24,8 @@
 //! faster (it is the default, and noise must not move a program). The
 //! decision is logged once at info level and kept in [`GuardReport`].
 //!
-//! The plan of what to run next is a pure value ([`Trial`]); the events are
-//! [`Guard`]'s.
+//! The plan of what to run next is a pure value ([`Trial`]); the events and
+//! the decision are the executable's guard's.
 
 use std::collections::VecDeque;
 
