@@ -11,7 +11,8 @@
 # configuration or than our eager or graph-recapture mode on any row, or its losses moved (perf_gate.py).
 # `perf-bench` and `perf-mt` are its halves, for narrow runs. Opt-in, only when named: `bench` (bench.py alone), `sanitize` (compute-sanitizer memcheck on a 200-step VA-stable loop at thresholds 0 / 1 / 4096),
 # `sanitize-jax` (memcheck over a short llama training through the plugin under JAX),
-# `copy-paths` (the VA-stable copy paths' diagnostic), `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
+# `copy-paths` (the VA-stable copy paths' diagnostic), `budget` (programs past a device memory budget,
+# bit-identical to stock), `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
 # `jax` (a slice of JAX's own test suite, stock then vmm, side by side: integration/jax_tests.py on the
 # tests staged at $S/jaxtests by `JAX_SRC=... stage_gpu.sh --perf`; JAX_SLICE_FILES / JAX_SLICE_BUDGET_S /
 # JAX_SLICE_REF (an earlier jax_tests.json[.gz] whose stock half is reused), JAX_SLICE_RESUME (an earlier
@@ -256,6 +257,36 @@ want copy-paths && check "copy-paths" bash integration/diag/copy_paths.sh "$S" "
 #      completion path (integration/diag/va_gap.py; results/va_gap_f66ded2.md). VA_GAP_MODELS, VA_GAP_ROWS.
 want va-gap && check "va-gap" python3 integration/diag/va_gap.py --vmm "$VMM" --out "$WORK/va_gap" --steps 30 \
   --rows "${VA_GAP_ROWS:-modes}" ${VA_GAP_MODELS:-llama_small_f32 maxtext_tiny_bf16}
+# 5b''. Programs past a device memory budget (opt in: section `budget`, issue 29): the fixtures and the
+#       stock references with XLA_VMM_DEVICE_MEMORY_LIMIT far below their buffers, so that most of them live
+#       in host memory mapped for the device (cuMemCreate, host NUMA): outputs bit-identical to stock's in
+#       eager and VA-stable graph mode, the 50-step loops' losses too, and the step time against no budget.
+#       BUDGET_LIMIT (default 8M).
+if want budget; then
+  for f in small loop mlp_adam_donated llama_scan_bf16; do
+    read -r pj nz <<<"$(fx_pair "$f")"
+    [ -n "$pj" ] || continue
+    nd=()
+    [ "$f" = llama_scan_bf16 ] && [ -f "$WORK/ref/$f.loop.json" ] && nd=(--nondeterministic "$WORK/ref/$f.loop.json")
+    for mode in eager graph; do
+      check "budget:$f:$mode" env XLA_VMM_DEVICE_MEMORY_LIMIT="${BUDGET_LIMIT:-8M}" \
+        "$VMM" run "$pj" --inputs "$nz" --compare "$nz" --mode "$mode" "${nd[@]}"
+    done
+  done
+  for f in llama_sgd_f32 llama_scan_bf16; do
+    [ -f "$WORK/ref-det/$f.pjrt" ] || continue
+    check "budget:loop$STEPS:$f:graph" env XLA_VMM_DEVICE_MEMORY_LIMIT="${BUDGET_LIMIT:-8M}" \
+      "$VMM" run "$WORK/ref-det/$f.pjrt" --inputs "$WORK/ref-det/$f.npz" --mode graph \
+      --loop-steps "$STEPS" --loop-ref "$WORK/ref-det/$f.loop.json"
+    for lim in none "${BUDGET_LIMIT:-8M}"; do
+      benv=(); [ "$lim" != none ] && benv=(XLA_VMM_DEVICE_MEMORY_LIMIT="$lim")
+      check "budget:time:$f:$lim" env "${benv[@]}" "$VMM" run "$WORK/ref-det/$f.pjrt" --inputs "$WORK/ref-det/$f.npz" \
+        --steps 30 --warmup 20
+    done
+    check "budget:plan:$f" "$VMM" inspect "$WORK/ref-det/$f.pjrt" --memory-budget "${BUDGET_LIMIT:-8M}"
+  done
+fi
+
 # 5c. JAX's own tests, stock vs vmm (opt in: section `jax`). Exit status 0 whatever the tests did: the
 #     table (jax_tests.md) is the result; process deaths are listed there with their last words.
 if want jax; then

@@ -458,6 +458,13 @@ pub fn replay<B: Backend>(
             println!("{}", st.line());
             println!("{}", st.phases_line());
         }
+        let m = be.budget().usage();
+        if m.spilled > 0 || m.limits.device.is_some() {
+            println!(
+                "memory: device {} bytes (peak {}), host {} bytes (peak {}), {} allocations past the device budget",
+                m.device_bytes, m.device_peak_bytes, m.host_bytes, m.host_peak_bytes, m.spilled
+            );
+        }
         if let Some(g) = exe.guard_report() {
             let ms = |v: Option<f64>| v.map_or("-".to_string(), |u| format!("{:.3}", u / 1e3));
             println!(
