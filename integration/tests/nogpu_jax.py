@@ -126,11 +126,18 @@ class NoGpu(unittest.TestCase):
                 "print('platform', jax.devices()[0].platform, len(jax.devices()))\n"
                 "x = jax.device_put(np.arange(4, dtype=np.float32))\n"
                 "print('round trip', np.asarray(x).tolist())\n"
+                "import jax_plugins.xla_vmm as vmm\n"
+                "r = vmm.report()\n"
+                "print('report', r['programs'], [d['device'].split()[0] for d in r['devices']])\n"
+                "print(r)\n"
                 "import jax.numpy as jnp\n"
                 "jnp.ones(3) + 1\n")
         p = jax_run(code, True, JAX_PLATFORMS="vmm", XLA_VMM_BACKEND="host")
         self.assertIn("platform gpu 1", p.stdout, p.stderr)  # vmm answers as JAX's GPU (the alias)
         self.assertIn("round trip [0.0, 1.0, 2.0, 3.0]", p.stdout, p.stderr)
+        # The report: no program yet, the host device's memory (16 B live).
+        self.assertIn("report [] ['host']", p.stdout, p.stderr)
+        self.assertIn("device host 0", p.stdout, p.stderr)
         self.assertNotEqual(p.returncode, 0)
         error = last_error(p)
         self.assertIn("no vendor XLA GPU plugin found", error)

@@ -718,3 +718,33 @@ assert yo.sharding.memory_kind == "pinned_host"
 print("ok")
 """, env={"XLA_VMM_STRICT": "1"})
     assert out.strip().endswith("ok")
+
+
+def test_report_lists_the_programs_and_the_guard_picks_one_runner():
+    """report(): every loaded program with its mode and runner; a training loop's program is
+    decided by the never-slower guard within its first steps, its results unchanged."""
+    import jax_plugins.xla_vmm as vmm
+
+    step = jax.jit(lambda w, x: (w - 0.01 * (x.T @ (x @ w)), jnp.sum(x @ w)), donate_argnums=0)
+    x = jax.device_put(rand((16, 32), seed=5), VMM)
+    w = jax.device_put(rand((32, 32), seed=6), VMM)
+    losses = []
+    for _ in range(30):
+        w, loss = step(w, x)
+        losses.append(float(loss))
+    r = vmm.report()
+    mine = [p for p in r["programs"] if "lambda" in p["program"] and p["steps"] >= 30]
+    assert mine, r["programs"]
+    p = mine[-1]
+    assert p["mode"] == "graph"
+    assert p["guard"] is not None and p["runner"] in ("va-stable graph", "graph-recapture", "eager"), p
+    assert p["runner"] == {"va-stable": "va-stable graph", "recapture": "graph-recapture",
+                           "eager": "eager"}[p["guard"]["runner"]]
+    assert r["devices"] and r["devices"][0]["memory"]["device_bytes"] > 0
+    assert "runs as" in str(r)
+    # Every runner runs the same kernels: the losses follow the CPU's through the trial's switches
+    # (bit-identity across the switch is the GPU check's loop50 rows, on one executable).
+    wc, xc = jax.device_put(rand((32, 32), seed=6), CPU), jax.device_put(rand((16, 32), seed=5), CPU)
+    for k in range(30):
+        wc, lc = step(wc, xc)
+        np.testing.assert_allclose(losses[k], float(lc), rtol=1e-4)

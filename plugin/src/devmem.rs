@@ -221,6 +221,7 @@ impl<B: Backend> VmmMemory<B> {
     /// allocator does.
     pub fn with_run_config(backend: Arc<B>, run: RunConfig, exec: ExecOptions) -> Result<Self> {
         backend.budget().set_limits(run.memory);
+        crate::stats::record_memory(&backend);
         let stream = backend.stream_create()?;
         let transfer = match backend.stream_create() {
             Ok(t) => t,

@@ -150,8 +150,8 @@ pub(crate) enum Runner {
     /// Our runtime (always, under `strict`).
     Runtime(Box<dyn Program>),
     /// The vendor runtime on views of our buffers: our runtime rejected the
-    /// program (the reason was logged once, at load).
-    Vendor(VendorExecutable),
+    /// program (the reason was logged once, at load, and is in the report).
+    Vendor(VendorExecutable, xla_vmm_runtime::report::ReportSlot),
 }
 
 pub struct LoadedExecutable(pub Arc<Executable>);
@@ -330,7 +330,16 @@ impl Executable {
                              on xla-vmm buffers (set strict to make this an error)",
                             e.message
                         );
-                        Runner::Vendor(v)
+                        let line = xla_vmm_runtime::report::ReportSlot::register(
+                            xla_vmm_runtime::report::ProgramReport {
+                                program: name.clone(),
+                                mode: client.options.run.mode.name(),
+                                runner: "vendor fallback",
+                                reason: Some(e.message.clone()),
+                                ..Default::default()
+                            },
+                        );
+                        Runner::Vendor(v, line)
                     }
                     _ => {
                         return Err(e.context(&format!("loading {name} on device {}", device.id())))
@@ -532,8 +541,9 @@ impl Executable {
                     self.name
                 )))
             }
-            Some(Runner::Vendor(v)) => {
-                return self.execute_vendor(part, v, args, non_donatable, context)
+            Some(Runner::Vendor(v, line)) => {
+                line.update(|r| r.steps += 1);
+                return self.execute_vendor(part, v, args, non_donatable, context);
             }
             Some(Runner::Runtime(p)) => p,
         };

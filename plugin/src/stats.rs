@@ -2,6 +2,10 @@
 //! `xla_vmm_stats_json()` returns a JSON object `{executable: stats}` (see
 //! `xla_vmm_runtime::BindingStats`) as a C string the caller frees with
 //! `xla_vmm_stats_free()`. `jax_plugins.xla_vmm.stats` wraps both.
+//! `xla_vmm_report_json()` returns `{"programs": [...], "devices": [...]}`:
+//! every loaded program's mode, runner and reason
+//! (`xla_vmm_runtime::report`) and each device's memory budget use
+//! (`jax_plugins.xla_vmm.report`).
 //!
 //! Multi-device: each device's program has its own entry (`name#n`); the
 //! entries of programs this plugin ran carry `"device"`, the global id of
@@ -10,6 +14,53 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::sync::Mutex;
+
+type UsageFn = Box<dyn Fn() -> Option<xla_vmm_device::MemoryUsage> + Send + Sync>;
+
+/// Each device's memory budget use, while its backend lives.
+static MEMORY: Mutex<Vec<(String, UsageFn)>> = Mutex::new(Vec::new());
+
+/// Report `backend`'s memory budget (its device's) in `report_json`.
+pub fn record_memory<B: xla_vmm_device::Backend>(backend: &std::sync::Arc<B>) {
+    let info = backend.info();
+    let name = format!("{} {} ({})", info.backend, info.ordinal, info.name);
+    let weak = std::sync::Arc::downgrade(backend);
+    let mut m = MEMORY.lock().unwrap_or_else(|p| p.into_inner());
+    m.retain(|(_, f)| f().is_some());
+    m.push((
+        name,
+        Box::new(move || weak.upgrade().map(|b| b.budget().usage())),
+    ));
+}
+
+/// `{"programs": [...], "devices": [...]}` (see the module docs).
+pub fn report_json() -> String {
+    let devices: Vec<serde_json::Value> = MEMORY
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(|(name, f)| {
+            let u = f()?;
+            Some(serde_json::json!({"device": name, "memory": u}))
+        })
+        .collect();
+    serde_json::json!({
+        "programs": xla_vmm_runtime::report::all_reports(),
+        "devices": devices,
+    })
+    .to_string()
+}
+
+/// [`report_json`] as a C string (never null; free it with
+/// [`xla_vmm_stats_free`]).
+// SAFETY (no_mangle): project-prefixed name, exported for ctypes only.
+#[allow(unsafe_code)]
+#[no_mangle]
+pub extern "C" fn xla_vmm_report_json() -> *mut c_char {
+    CString::new(report_json())
+        .unwrap_or_else(|_| CString::from(c"{}"))
+        .into_raw()
+}
 
 /// Runtime stats key (`name#n`) -> global device id.
 static DEVICES: Mutex<Option<HashMap<String, i32>>> = Mutex::new(None);
@@ -74,6 +125,39 @@ pub unsafe extern "C" fn xla_vmm_stats_free(s: *mut c_char) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_report_lists_live_devices_and_programs() {
+        let b = std::sync::Arc::new(xla_vmm_device::HostBackend::default());
+        record_memory(&b);
+        let line =
+            xla_vmm_runtime::report::ReportSlot::register(xla_vmm_runtime::report::ProgramReport {
+                program: "stats_rs_report_test".into(),
+                runner: "vendor fallback",
+                ..Default::default()
+            });
+        let v: serde_json::Value = serde_json::from_str(&report_json()).unwrap();
+        let programs = v["programs"].as_array().unwrap();
+        assert!(programs
+            .iter()
+            .any(|p| p["program"] == "stats_rs_report_test" && p["runner"] == "vendor fallback"));
+        let host = |v: &serde_json::Value| {
+            v["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["device"].as_str().is_some_and(|n| n.starts_with("host")))
+        };
+        assert!(host(&v), "{v}");
+        assert!(v["devices"][0]["memory"]["device_bytes"].is_u64(), "{v}");
+        drop((b, line));
+        let v: serde_json::Value = serde_json::from_str(&report_json()).unwrap();
+        assert!(!v["programs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["program"] == "stats_rs_report_test"));
+    }
 
     #[test]
     #[allow(unsafe_code)]

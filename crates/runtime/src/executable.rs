@@ -24,6 +24,7 @@ use crate::exec::run_seq;
 use crate::guard::{Guard, GuardReport};
 use crate::program::Program;
 use crate::recapture::Recapture;
+use crate::report::{ProgramReport, ReportSlot};
 use crate::slots::SlotTable;
 use crate::vastable::VaStable;
 
@@ -40,6 +41,17 @@ pub enum Mode {
     /// The user's `graph-recapture`: the whole executable captured into a
     /// graph, replayed each run, re-captured when parameter addresses change.
     GraphRecapture,
+}
+
+impl Mode {
+    /// The mode as users name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Graph => "graph",
+            Mode::GraphRecapture => "graph-recapture",
+            Mode::Eager => "eager",
+        }
+    }
 }
 
 impl Mode {
@@ -93,6 +105,8 @@ pub struct Executable<B: Backend> {
     logical: (u32, u32),
     /// The next runs' execute context (custom calls' user data).
     call_context: Option<Arc<dyn CallContext>>,
+    /// This program's line of the report (`crate::report`).
+    report: ReportSlot,
 }
 
 /// The binding settings an executable accepts.
@@ -142,7 +156,13 @@ impl<B: Backend> Executable<B> {
         let program = Program::load(backend, plan, gemm, custom_calls, stream)?;
         let slots = program.owned_slots()?;
         let nparams = program.parameter_shapes().len();
-        Ok(Executable {
+        let report = ReportSlot::register(ProgramReport {
+            program: program.plan().module_name.clone(),
+            mode: config.mode.name(),
+            reason: program.capture_blocker().map(str::to_string),
+            ..Default::default()
+        });
+        let exe = Executable {
             program,
             slots,
             users: (0..nparams).map(|_| None).collect(),
@@ -155,7 +175,11 @@ impl<B: Backend> Executable<B> {
             resolved: Vec::new(),
             logical: (0, 0),
             call_context: None,
-        })
+            report,
+        };
+        let runner = exe.runner_name();
+        exe.report.update(|r| r.runner = runner);
+        Ok(exe)
     }
 
     /// The execute context the following runs hand their custom calls
@@ -349,8 +373,15 @@ impl<B: Backend> Executable<B> {
         if undecided {
             if let Some(g) = self.guard.as_mut() {
                 g.end_step(&*be, &self.program.plan().module_name);
-                if let (Some(r), Some(va)) = (g.report(), self.va.as_mut()) {
-                    va.note_guard(r.clone());
+                if let Some(r) = g.report() {
+                    if let Some(va) = self.va.as_mut() {
+                        va.note_guard(r.clone());
+                    }
+                    let (r, name) = (r.clone(), self.runner_name());
+                    self.report.update(|x| {
+                        x.guard = Some(r);
+                        x.runner = name;
+                    });
                 }
             }
         }
@@ -417,6 +448,15 @@ impl<B: Backend> Executable<B> {
             }
             Mode::Graph => self.run_va_stable(stream)?,
         }
+        let stats_key = (mode == Mode::Graph && self.va.is_some())
+            .then(|| self.va.as_ref().map(|v| v.stats().executable.as_str()))
+            .flatten();
+        self.report.update(|r| {
+            r.steps += 1;
+            if r.binding_stats.is_none() {
+                r.binding_stats = stats_key.map(str::to_string);
+            }
+        });
         self.outputs()
     }
 

@@ -42,6 +42,7 @@ pub mod npz;
 pub mod ops;
 pub mod program;
 mod recapture;
+pub mod report;
 pub mod residency;
 pub mod selectk;
 pub mod slots;

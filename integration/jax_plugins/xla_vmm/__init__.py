@@ -510,4 +510,4 @@ def _install_gpu_alias(platform):
     xla_bridge._backend_factories[platform] = new
 
 
-from ._stats import stats  # noqa: E402,F401  (jax_plugins.xla_vmm.stats())
+from ._stats import report, stats  # noqa: E402,F401  (jax_plugins.xla_vmm.report(), .stats())

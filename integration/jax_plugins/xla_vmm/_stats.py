@@ -10,8 +10,8 @@ import ctypes
 import json
 
 
-def stats(library=None):
-    """Per-executable binding stats of this process (``{}`` before any VA-stable run)."""
+def _json_from(library, symbol):
+    """The JSON a `char *symbol(void)` of the plugin library returns (freed after)."""
     if library is None:
         from . import library_path
 
@@ -20,13 +20,52 @@ def stats(library=None):
         raise RuntimeError("xla-vmm: no plugin library (set XLA_VMM_LIBRARY)")
     # The same path jax loaded: dlopen returns that library (its statics).
     lib = ctypes.CDLL(library)
-    lib.xla_vmm_stats_json.restype = ctypes.c_void_p
-    lib.xla_vmm_stats_json.argtypes = []
+    fn = getattr(lib, symbol)
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = []
     lib.xla_vmm_stats_free.restype = None
     lib.xla_vmm_stats_free.argtypes = [ctypes.c_void_p]
-    p = lib.xla_vmm_stats_json()
+    p = fn()
     try:
         text = ctypes.string_at(p).decode()
     finally:
         lib.xla_vmm_stats_free(p)
     return json.loads(text)
+
+
+class Report(dict):
+    """``report()``'s data (``programs``, ``devices``); ``str()`` of it is a table."""
+
+    def __str__(self):
+        rows = [("program", "mode", "runs as", "steps", "why not the fast path / guard")]
+        for p in self.get("programs", []):
+            why = p.get("reason") or ""
+            g = p.get("guard")
+            if g:
+                ms = lambda k: "-" if g.get(k) is None else "%.3f" % (g[k] / 1e3)  # noqa: E731
+                why = "guard at step %d: va-stable %s, recapture %s, eager %s ms" % (
+                    g["decided_at_step"], ms("va_stable_us"), ms("recapture_us"), ms("eager_us"))
+            rows.append((p["program"], p["mode"], p["runner"], str(p["steps"]), why[:100]))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+        for d in self.get("devices", []):
+            m = d["memory"]
+            lim = m["limits"].get("device")
+            lines.append("device %s: %.2f GiB on the device%s, %.2f GiB in host memory (%d allocations past "
+                         "the device budget)" % (d["device"], m["device_bytes"] / 2**30,
+                                                 "" if lim is None else " (limit %.2f GiB)" % (lim / 2**30),
+                                                 m["host_bytes"] / 2**30, m["spilled"]))
+        return "\n".join(lines)
+
+
+def report(library=None):
+    """Every loaded program of this process with its mode, how it runs now (``va-stable graph``,
+    ``graph-recapture``, ``eager``, ``guard trial``, ``vendor fallback``) and why when that is not the
+    VA-stable graph, its steps and the never-slower guard's decision; and each device's memory budget
+    use (device and host bytes). Returns a dict; ``print(report())`` shows a table."""
+    return Report(_json_from(library, "xla_vmm_report_json"))
+
+
+def stats(library=None):
+    """Per-executable binding stats of this process (``{}`` before any VA-stable run)."""
+    return _json_from(library, "xla_vmm_stats_json")

@@ -1,0 +1,102 @@
+//! What every loaded program is doing, for people: its mode, the runner it
+//! uses now (and why not the fast one), its steps, the guard's decision.
+//! Every [`crate::Executable`] holds a [`ReportSlot`] from load to drop (so
+//! the list is the programs alive: it does not grow with programs dropped);
+//! the plugin adds the programs it runs on the vendor runtime. Read with
+//! [`all_reports`] (the plugin's `xla_vmm_report_json`, Python's
+//! `jax_plugins.xla_vmm.report()`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use crate::guard::GuardReport;
+
+/// One program's line of the report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ProgramReport {
+    /// The HLO module's name.
+    pub program: String,
+    /// The mode it was configured with (`graph`, `graph-recapture`, `eager`).
+    pub mode: &'static str,
+    /// How its steps run now: `va-stable graph`, `graph-recapture`, `eager`,
+    /// `guard trial` (the guard is still measuring) or `vendor fallback`.
+    pub runner: &'static str,
+    /// Why it does not run as a graph (a capture blocker), or why it runs on
+    /// the vendor runtime.
+    pub reason: Option<String>,
+    pub steps: u64,
+    /// The never-slower guard's decision, once taken.
+    pub guard: Option<GuardReport>,
+    /// Its entry in the binding stats (`stats()`), once it ran VA-stable.
+    pub binding_stats: Option<String>,
+}
+
+type Slot = Arc<Mutex<ProgramReport>>;
+
+static PROGRAMS: Mutex<BTreeMap<u64, Slot>> = Mutex::new(BTreeMap::new());
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A program's place in the report, removed when it is dropped.
+pub struct ReportSlot {
+    id: u64,
+    slot: Slot,
+}
+
+impl ReportSlot {
+    /// Add `report` to the report.
+    pub fn register(report: ProgramReport) -> Self {
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let slot = Arc::new(Mutex::new(report));
+        lock(&PROGRAMS).insert(id, slot.clone());
+        ReportSlot { id, slot }
+    }
+
+    /// Change the line (an uncontended lock: cheap enough for every step).
+    pub fn update(&self, f: impl FnOnce(&mut ProgramReport)) {
+        f(&mut lock(&self.slot));
+    }
+}
+
+impl Drop for ReportSlot {
+    fn drop(&mut self) {
+        lock(&PROGRAMS).remove(&self.id);
+    }
+}
+
+/// The lines of every program alive, in load order.
+pub fn all_reports() -> Vec<ProgramReport> {
+    let slots: Vec<Slot> = lock(&PROGRAMS).values().cloned().collect();
+    slots.iter().map(|s| lock(s).clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_live_as_long_as_their_programs() {
+        let a = ReportSlot::register(ProgramReport {
+            program: "report_test_a".into(),
+            ..Default::default()
+        });
+        let b = ReportSlot::register(ProgramReport {
+            program: "report_test_b".into(),
+            ..Default::default()
+        });
+        a.update(|r| r.steps += 3);
+        let mine = |name: &str| all_reports().into_iter().find(|r| r.program == name);
+        assert_eq!(mine("report_test_a").map(|r| r.steps), Some(3));
+        drop(a);
+        assert!(mine("report_test_a").is_none());
+        assert!(mine("report_test_b").is_some());
+        drop(b);
+        assert!(mine("report_test_b").is_none());
+    }
+}
