@@ -1,6 +1,6 @@
 //! The vendor XLA GPU plugin (`xla_cuda_plugin.so`), used as a compiler only.
 //!
-//! Compile path (see `DESIGN.md` §1): `PJRT_Client_Compile` on our client
+//! Compile path (see `docs/DESIGN.md` §1): `PJRT_Client_Compile` on our client
 //! forwards the program and the serialized `CompileOptionsProto` to the
 //! vendor client ([`VendorClient::compile`]); the vendor executable's
 //! `PJRT_Executable_Serialize` bytes go to `xla_vmm::decode`

@@ -3,7 +3,7 @@
 
 use xla_vmm_policy::{DeviceCosts, Knobs, PolicyInput, SlotInfo, Threshold};
 
-/// DESIGN.md §4's H200 numbers (remap 46 µs per 2 MiB slot, ~2.4 TB/s D2D,
+/// docs/DESIGN.md §4's H200 numbers (remap 46 µs per 2 MiB slot, ~2.4 TB/s D2D,
 /// ~4 µs per copy launch), 100 GiB free of 141 GiB.
 pub fn h200() -> DeviceCosts {
     DeviceCosts {
