@@ -67,6 +67,16 @@ fx_pair() {
   fi
 }
 
+# fx_setup NAME: pj, nz and nd (--nondeterministic for the outputs stock XLA does not reproduce itself)
+# of a fixture; false when it has neither a staged .npz nor a stock reference.
+fx_setup() {
+  read -r pj nz <<<"$(fx_pair "$1")"
+  [ -n "$pj" ] || return 1
+  nd=()
+  [ "$1" = llama_scan_bf16 ] && [ -f "$WORK/ref/$1.loop.json" ] && nd=(--nondeterministic "$WORK/ref/$1.loop.json")
+  return 0
+}
+
 declare -a SUMMARY=()
 pass=0; fail=0; skipped=0
 START_NS=$(date +%s%N)
@@ -159,12 +169,9 @@ for t in "$BIN"/test-xla-vmm-runtime-*; do
   [ -x "$t" ] && check "runtime:$(basename "$t" | sed 's/test-xla-vmm-runtime-//')" "$t" --include-ignored --test-threads=1
 done
 for f in small loop mlp_adam_donated llama_scan_bf16; do
-  read -r pj nz <<<"$(fx_pair "$f")"
-  [ -n "$pj" ] || { echo "== fixture:$f: no .npz staged and no stock reference (section stock)"; continue; }
-  nd=()
-  # llama_scan_bf16 has outputs written by atomic scatter-adds; which ones stock XLA does not
-  # reproduce comes from the fresh stock compile of the same program above.
-  [ "$f" = llama_scan_bf16 ] && [ -f "$WORK/ref/$f.loop.json" ] && nd=(--nondeterministic "$WORK/ref/$f.loop.json")
+  # (llama_scan_bf16 has outputs written by atomic scatter-adds; which ones stock XLA does not
+  # reproduce comes from the fresh stock compile of the same program above.)
+  fx_setup "$f" || { echo "== fixture:$f: no .npz staged and no stock reference (section stock)"; continue; }
   for mode in eager graph; do
     check "fixture:$f:$mode" "$VMM" run "$pj" --inputs "$nz" --compare "$nz" --mode "$mode" "${nd[@]}"
   done
@@ -264,10 +271,7 @@ want va-gap && check "va-gap" python3 integration/diag/va_gap.py --vmm "$VMM" --
 #       BUDGET_LIMIT (default 8M).
 if want budget; then
   for f in small loop mlp_adam_donated llama_scan_bf16; do
-    read -r pj nz <<<"$(fx_pair "$f")"
-    [ -n "$pj" ] || continue
-    nd=()
-    [ "$f" = llama_scan_bf16 ] && [ -f "$WORK/ref/$f.loop.json" ] && nd=(--nondeterministic "$WORK/ref/$f.loop.json")
+    fx_setup "$f" || continue
     for mode in eager graph; do
       check "budget:$f:$mode" env XLA_VMM_DEVICE_MEMORY_LIMIT="${BUDGET_LIMIT:-8M}" \
         "$VMM" run "$pj" --inputs "$nz" --compare "$nz" --mode "$mode" "${nd[@]}"
@@ -304,10 +308,7 @@ fi
 # 6. compute-sanitizer memcheck on the fixture suite.
 if want memcheck && command -v compute-sanitizer >/dev/null; then
   for f in small loop mlp_adam_donated llama_scan_bf16; do
-    read -r pj nz <<<"$(fx_pair "$f")"
-    [ -n "$pj" ] || continue
-    nd=()
-    [ "$f" = llama_scan_bf16 ] && [ -f "$WORK/ref/$f.loop.json" ] && nd=(--nondeterministic "$WORK/ref/$f.loop.json")
+    fx_setup "$f" || continue
     for mode in eager graph; do
       check "memcheck:$f:$mode" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
         "$VMM" run "$pj" --inputs "$nz" --compare "$nz" --mode "$mode" "${nd[@]}"

@@ -799,6 +799,15 @@ mod tests {
         }
     }
 
+    fn input(buffers: Vec<Buffer>, steps: Vec<ThunkStep>, budget_mb: u64) -> ResidencyInput {
+        ResidencyInput {
+            buffers,
+            steps,
+            rates: Rates::H200,
+            budget_bytes: budget_mb * MB,
+        }
+    }
+
     /// A layered model: 8 weights of 100 MB read once each by a matmul that
     /// computes 1 ms; an activation of 10 MB read and written by every layer.
     fn layers(budget_mb: u64) -> ResidencyInput {
@@ -896,12 +905,7 @@ mod tests {
             step("adam1", &[(1, 300, false), (1, 300, true)], 1e9),
             step("adam2", &[(2, 300, false), (2, 300, true)], 1e9),
         ];
-        let input = ResidencyInput {
-            buffers,
-            steps,
-            rates: Rates::H200,
-            budget_bytes: 700 * MB,
-        };
+        let input = input(buffers, steps, 700);
         let p = plan_residency(&input).unwrap();
         assert!(p.peak_device_bytes <= input.budget_bytes);
         let staged: Vec<usize> = (0..3)
@@ -961,12 +965,7 @@ mod tests {
                 flops: 0.0,
             },
         ];
-        let input = ResidencyInput {
-            buffers,
-            steps,
-            rates: Rates::H200,
-            budget_bytes: 420 * MB,
-        };
+        let input = input(buffers, steps, 420);
         let p = plan_residency(&input).unwrap();
         assert!(p.peak_device_bytes <= input.budget_bytes, "{p:?}");
         // Not persistent, overwritten before read: nothing crosses for the
@@ -1033,12 +1032,11 @@ mod tests {
     #[test]
     fn a_thunk_larger_than_the_area_reads_in_place_and_bad_input_is_an_error() {
         // One thunk needs 500 MB at once under a 300 MB budget.
-        let input = ResidencyInput {
-            buffers: vec![buf(0, 250, true), buf(1, 250, true)],
-            steps: vec![step("big", &[(0, 250, false), (1, 250, false)], 1e12)],
-            rates: Rates::H200,
-            budget_bytes: 300 * MB,
-        };
+        let input = input(
+            vec![buf(0, 250, true), buf(1, 250, true)],
+            vec![step("big", &[(0, 250, false), (1, 250, false)], 1e12)],
+            300,
+        );
         let p = plan_residency(&input).unwrap();
         assert!(p.peak_device_bytes <= input.budget_bytes, "{p:?}");
         assert!(p.placements.contains(&Placement::InPlace));
