@@ -12,7 +12,8 @@ use xla_vmm_device::{
 
 const G: u64 = 64 << 10;
 
-fn setup(device: u64, host: u64, capacity: u64) -> (Arc<HostBackend>, VmmAllocator<HostBackend>) {
+/// A host backend of `capacity` granules with `limits` on its budget.
+fn host_backend(capacity: u64, limits: MemoryLimits) -> Arc<HostBackend> {
     let b = Arc::new(
         HostBackend::new(HostConfig {
             granularity: G,
@@ -21,10 +22,18 @@ fn setup(device: u64, host: u64, capacity: u64) -> (Arc<HostBackend>, VmmAllocat
         })
         .unwrap(),
     );
-    b.budget().set_limits(MemoryLimits {
-        device: Some(device * G),
-        host: Some(host * G),
-    });
+    b.budget().set_limits(limits);
+    b
+}
+
+fn setup(device: u64, host: u64, capacity: u64) -> (Arc<HostBackend>, VmmAllocator<HostBackend>) {
+    let b = host_backend(
+        capacity,
+        MemoryLimits {
+            device: Some(device * G),
+            host: Some(host * G),
+        },
+    );
     let a = VmmAllocator::new(
         b.clone(),
         VmmConfig {
@@ -90,18 +99,13 @@ fn past_the_device_budget_buffers_live_on_the_host_and_keep_their_bytes() {
 #[test]
 fn a_full_device_spills_without_a_limit_and_no_host_memory_means_out_of_memory() {
     // The emulated device holds 2 granules; no device limit of ours.
-    let b = Arc::new(
-        HostBackend::new(HostConfig {
-            granularity: G,
-            capacity: 2 * G,
-            ..HostConfig::default()
-        })
-        .unwrap(),
+    let b = host_backend(
+        2,
+        MemoryLimits {
+            device: None,
+            host: Some(G),
+        },
     );
-    b.budget().set_limits(MemoryLimits {
-        device: None,
-        host: Some(G),
-    });
     let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
     let x = a.alloc(2 * G).unwrap();
     let y = a.alloc(G).unwrap();
