@@ -465,6 +465,13 @@ pub fn replay<B: Backend>(
                 m.device_bytes, m.device_peak_bytes, m.host_bytes, m.host_peak_bytes, m.spilled
             );
         }
+        if let Some(s) = exe.program().staging_summary() {
+            println!(
+                "staging: area {} bytes; {} buffers staged ({} bytes), {} read in place ({} bytes), {} bytes on the device; per step {} bytes in, {} out",
+                s.area_bytes, s.staged, s.staged_bytes, s.in_place, s.in_place_bytes,
+                s.device_bytes, s.bytes_in_per_step, s.bytes_out_per_step
+            );
+        }
         if let Some(g) = exe.guard_report() {
             let ms = |v: Option<f64>| v.map_or("-".to_string(), |u| format!("{:.3}", u / 1e3));
             println!(

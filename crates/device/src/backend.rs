@@ -202,26 +202,31 @@ pub trait Backend: Send + Sync + 'static {
     fn mem_size(&self, mem: &Self::PhysMem) -> u64;
     fn mem_location(&self, mem: &Self::PhysMem) -> MemLocation;
 
-    /// Create `bytes` (multiple of granularity) of physical memory where the
-    /// budget has room: on the device while its budget allows and the device
-    /// has memory, else on the host (counted as a spill) up to the host
-    /// limit, else out of memory.
-    fn mem_create(&self, bytes: u64) -> Result<Self::PhysMem> {
+    /// Create `bytes` (multiple of granularity) of device memory for an
+    /// ordinary allocation: within the device budget less the staging
+    /// reserve ([`MemoryBudget::ordinary_device_ceiling`]), else out of
+    /// memory saying which.
+    fn mem_create_device(&self, bytes: u64) -> Result<Self::PhysMem> {
         let budget = self.budget();
-        let why = if budget.try_take(MemLocation::Device, bytes) {
-            match self.mem_create_raw(bytes, MemLocation::Device) {
-                Ok(m) => return Ok(m),
-                Err(DeviceError::OutOfMemory { .. }) => {
-                    budget.give(MemLocation::Device, bytes);
-                    "the device is full"
-                }
-                Err(e) => {
-                    budget.give(MemLocation::Device, bytes);
-                    return Err(e);
-                }
-            }
-        } else {
-            "the device memory limit is reached"
+        let ceiling = budget.ordinary_device_ceiling(self.info().total_memory);
+        if !budget.try_take_below(MemLocation::Device, bytes, ceiling) {
+            return Err(DeviceError::OutOfMemory {
+                what: "the device memory limit, less the staging reserve, is reached".into(),
+                bytes,
+            });
+        }
+        self.mem_create_raw(bytes, MemLocation::Device)
+            .inspect_err(|_| budget.give(MemLocation::Device, bytes))
+    }
+
+    /// Create `bytes` (multiple of granularity) of physical memory where the
+    /// budget has room: [`Backend::mem_create_device`], else on the host
+    /// (counted as a spill) up to the host limit, else out of memory.
+    fn mem_create(&self, bytes: u64) -> Result<Self::PhysMem> {
+        let why = match self.mem_create_device(bytes) {
+            Ok(m) => return Ok(m),
+            Err(DeviceError::OutOfMemory { what, .. }) => what,
+            Err(e) => return Err(e),
         };
         let m = self
             .mem_create_at(bytes, MemLocation::Host)
@@ -234,7 +239,7 @@ pub trait Backend: Send + Sync + 'static {
                 }
                 e => e,
             })?;
-        budget.note_spill(bytes, why);
+        self.budget().note_spill(bytes, &why);
         Ok(m)
     }
 

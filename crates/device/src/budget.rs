@@ -40,7 +40,18 @@ pub struct MemoryLimits {
     /// host memory. `None`: half the host's physical memory
     /// ([`default_host_limit`]; pinned memory is not swappable).
     pub host: Option<u64>,
+    /// Percent of the device memory (the limit, else the device's own)
+    /// that ordinary allocations leave free for staging areas
+    /// (`XLA_VMM_STAGING_RESERVE`): past the rest they are host-located,
+    /// and the programs using them stage them through the reserve. `None`:
+    /// [`DEFAULT_STAGING_RESERVE_PCT`].
+    pub staging_reserve: Option<u32>,
 }
+
+/// The staging reserve by default: a quarter, which leaves ordinary
+/// allocations the three quarters of the device a stock JAX process
+/// preallocates.
+pub const DEFAULT_STAGING_RESERVE_PCT: u32 = 25;
 
 /// Half the host's physical memory (`MemTotal` of `/proc/meminfo`), the
 /// host limit when none is given; unbounded where it cannot be read.
@@ -78,6 +89,7 @@ pub struct MemoryBudget {
     device_peak: AtomicU64,
     host_peak: AtomicU64,
     spilled: AtomicU64,
+    reserve_pct: AtomicU64,
     /// The first spill has been said (once per budget, at info level).
     said: AtomicBool,
 }
@@ -93,6 +105,7 @@ impl Default for MemoryBudget {
             device_peak: AtomicU64::new(0),
             host_peak: AtomicU64::new(0),
             spilled: AtomicU64::new(0),
+            reserve_pct: AtomicU64::new(u64::from(DEFAULT_STAGING_RESERVE_PCT)),
             said: AtomicBool::new(false),
         }
     }
@@ -111,12 +124,18 @@ impl MemoryBudget {
         let host = limits.host.or_else(default_host_limit);
         self.host_limit
             .store(host.unwrap_or(NONE), Ordering::Relaxed);
+        let pct = limits
+            .staging_reserve
+            .unwrap_or(DEFAULT_STAGING_RESERVE_PCT)
+            .min(90);
+        self.reserve_pct.store(u64::from(pct), Ordering::Relaxed);
     }
 
     pub fn limits(&self) -> MemoryLimits {
         MemoryLimits {
             device: opt(self.device_limit.load(Ordering::Relaxed)),
             host: opt(self.host_limit.load(Ordering::Relaxed)),
+            staging_reserve: Some(self.reserve_pct.load(Ordering::Relaxed) as u32),
         }
     }
 
@@ -138,10 +157,29 @@ impl MemoryBudget {
         }
     }
 
+    /// Device bytes ordinary allocations may hold: the limit (else
+    /// `device_total`, the device's memory, when known) less the staging
+    /// reserve.
+    pub fn ordinary_device_ceiling(&self, device_total: u64) -> u64 {
+        let full = match self.device_limit.load(Ordering::Relaxed) {
+            NONE if device_total > 0 => device_total,
+            NONE => return NONE,
+            l if device_total > 0 => l.min(device_total),
+            l => l,
+        };
+        let pct = self.reserve_pct.load(Ordering::Relaxed);
+        full - (u128::from(full) * u128::from(pct) / 100) as u64
+    }
+
     /// Take `bytes` at `at` if its limit allows (false: it does not).
     pub fn try_take(&self, at: MemLocation, bytes: u64) -> bool {
+        self.try_take_below(at, bytes, NONE)
+    }
+
+    /// Take `bytes` at `at` if its limit and `ceiling` allow.
+    pub fn try_take_below(&self, at: MemLocation, bytes: u64, ceiling: u64) -> bool {
         let (used, limit, peak) = self.counters(at);
-        let limit = limit.load(Ordering::Relaxed);
+        let limit = limit.load(Ordering::Relaxed).min(ceiling);
         let took = used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
             u.checked_add(bytes).filter(|&n| n <= limit)
         });
@@ -230,7 +268,11 @@ mod tests {
         b.set_limits(MemoryLimits {
             device: Some(100),
             host: Some(50),
+            staging_reserve: Some(20),
         });
+        assert_eq!(b.ordinary_device_ceiling(0), 80);
+        assert_eq!(b.ordinary_device_ceiling(90), 72, "the device is smaller");
+        assert!(!b.try_take_below(MemLocation::Device, 81, 80));
         assert!(b.try_take(MemLocation::Device, 60));
         assert!(!b.try_take(MemLocation::Device, 41), "60 + 41 > 100");
         assert!(b.try_take(MemLocation::Device, 40));

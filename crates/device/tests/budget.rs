@@ -32,6 +32,7 @@ fn setup(device: u64, host: u64, capacity: u64) -> (Arc<HostBackend>, VmmAllocat
         MemoryLimits {
             device: Some(device * G),
             host: Some(host * G),
+            staging_reserve: Some(0),
         },
     );
     let a = VmmAllocator::new(
@@ -104,6 +105,7 @@ fn a_full_device_spills_without_a_limit_and_no_host_memory_means_out_of_memory()
         MemoryLimits {
             device: None,
             host: Some(G),
+            staging_reserve: Some(0),
         },
     );
     let a = VmmAllocator::new(b.clone(), VmmConfig::default()).unwrap();
@@ -116,10 +118,44 @@ fn a_full_device_spills_without_a_limit_and_no_host_memory_means_out_of_memory()
     b.budget().set_limits(MemoryLimits {
         device: Some(G),
         host: Some(0),
+        staging_reserve: Some(0),
     });
     let _x = a.alloc(G).unwrap();
     let e = a.alloc(G).unwrap_err();
     assert!(matches!(e, DeviceError::OutOfMemory { .. }), "{e}");
     // Placing at a location obeys that location's limit alone.
     assert!(b.mem_create_at(G, MemLocation::Host).is_err());
+}
+
+#[test]
+fn ordinary_allocations_leave_the_staging_reserve_to_explicit_device_memory() {
+    let b = host_backend(
+        64,
+        MemoryLimits {
+            device: Some(4 * G),
+            host: Some(8 * G),
+            staging_reserve: Some(50),
+        },
+    );
+    let a = VmmAllocator::new(
+        b.clone(),
+        VmmConfig {
+            small_threshold: 0,
+            ..VmmConfig::default()
+        },
+    )
+    .unwrap();
+    let bufs: Vec<_> = (0..3).map(|_| a.alloc(G).unwrap()).collect();
+    let at: Vec<MemLocation> = bufs.iter().map(|x| x.phys().location()).collect();
+    assert_eq!(
+        at,
+        [MemLocation::Device, MemLocation::Device, MemLocation::Host]
+    );
+    // The reserve is there for memory asked of the device by name.
+    let area = b.mem_create_at(2 * G, MemLocation::Device).unwrap();
+    assert!(
+        b.mem_create_at(G, MemLocation::Device).is_err(),
+        "the limit holds"
+    );
+    b.mem_release(area).unwrap();
 }

@@ -154,6 +154,11 @@ fn released_memory_lives_while_mapped() {
 #[test]
 fn out_of_memory_is_reported_and_recoverable() {
     let b = backend();
+    // The whole emulated device for ordinary allocations (no staging reserve).
+    b.budget().set_limits(xla_vmm_device::MemoryLimits {
+        staging_reserve: Some(0),
+        ..b.budget().limits()
+    });
     let big = b.mem_create(60 * G).unwrap();
     assert_eq!(b.mem_info().unwrap(), (4 * G, 64 * G));
     match b.mem_create_at(8 * G, MemLocation::Device) {

@@ -211,6 +211,7 @@ fn out_of_memory_trims_the_cache_then_fails_cleanly() {
     b.budget().set_limits(xla_vmm_device::MemoryLimits {
         device: None,
         host: Some(0),
+        staging_reserve: Some(0),
     });
     let a = allocator(&b);
     let x = a.alloc(4 * G).unwrap();

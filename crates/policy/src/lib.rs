@@ -211,6 +211,7 @@ mod error;
 mod input;
 mod plan;
 pub mod residency;
+pub mod staging;
 mod stats;
 pub mod tracker;
 

@@ -76,6 +76,23 @@ pub struct Buffer {
     /// It lives across steps (a parameter, a constant, a live-out output):
     /// its bytes must be at home after the step when it is not resident.
     pub persistent: bool,
+    /// Where its bytes are now, when the caller cannot move them (the
+    /// runtime plans a bound program: its memory is allocated already).
+    #[serde(default)]
+    pub home: Home,
+}
+
+/// Where a buffer's bytes live, as far as the plan may choose.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Home {
+    /// Anywhere: the plan places it (what `inspect` plans).
+    #[default]
+    Movable,
+    /// In device memory already: resident, outside the budget.
+    Device,
+    /// In host memory: staged or read in place, never resident.
+    Host,
 }
 
 /// One use of a buffer by a thunk.
@@ -196,7 +213,9 @@ pub struct ResidencyPlan {
     pub buffers: Vec<Buffer>,
     /// Per buffer, in order.
     pub placements: Vec<Placement>,
-    /// Bytes of the resident buffers.
+    /// Bytes of the buffers the plan makes resident (those already in
+    /// device memory, [`Home::Device`], not counted: they are outside the
+    /// budget).
     pub resident_bytes: u64,
     /// The staging area (the most staged bytes held at once).
     pub staging_bytes: u64,
@@ -322,15 +341,17 @@ pub fn plan_residency(input: &ResidencyInput) -> Result<ResidencyPlan> {
         .iter()
         .map(|t| thunk_us(t, &all_device, &input.rates))
         .sum();
-    if total <= input.budget_bytes {
+    let fixed = |h: Home| input.buffers.iter().filter(move |b| b.home == h);
+    let movable: u64 = total - fixed(Home::Device).map(|b| b.bytes).sum::<u64>();
+    if fixed(Home::Host).next().is_none() && movable <= input.budget_bytes {
         return Ok(ResidencyPlan {
             budget_bytes: input.budget_bytes,
             total_bytes: total,
             buffers: input.buffers.clone(),
             placements: all_device,
-            resident_bytes: total,
+            resident_bytes: movable,
             staging_bytes: 0,
-            peak_device_bytes: total,
+            peak_device_bytes: movable,
             bytes_in_per_step: 0,
             bytes_out_per_step: 0,
             bytes_in_place_per_step: 0,
@@ -399,11 +420,18 @@ fn plan_with(
 ) -> ResidencyPlan {
     let n = input.buffers.len();
     let link = input.rates.link_bytes_per_s;
-    let mut placements: Vec<Placement> = off.iter().map(|o| o.0).collect();
+    let mut placements: Vec<Placement> = off
+        .iter()
+        .zip(&input.buffers)
+        .map(|(o, b)| match b.home {
+            Home::Device => Placement::Device,
+            _ => o.0,
+        })
+        .collect();
     let mut resident = 0u64;
     for &i in order {
         let b = input.buffers[i].bytes;
-        if off[i].1 <= 0.0 {
+        if off[i].1 <= 0.0 || input.buffers[i].home != Home::Movable {
             continue;
         }
         let mut trial = placements.clone();
@@ -777,6 +805,7 @@ mod tests {
             name: format!("b{id}"),
             bytes: mb * MB,
             persistent,
+            home: Home::Movable,
         }
     }
 
@@ -894,6 +923,30 @@ mod tests {
         assert_eq!(p.placements[9], Placement::InPlace);
         assert_eq!(p.bytes_in_place_per_step, MB);
         assert!(p.peak_device_bytes <= input.budget_bytes);
+    }
+
+    #[test]
+    fn fixed_homes_stay_where_they_are() {
+        // Everything would fit; but buffer 0 is in host memory (never made
+        // resident) and buffer 1 on the device already (outside the budget).
+        let mut input = layers(1000);
+        input.buffers[0].home = Home::Host;
+        input.buffers[1].home = Home::Device;
+        let p = plan_residency(&input).unwrap();
+        assert_eq!(p.placements[0], Placement::Staged);
+        assert_eq!(p.placements[1], Placement::Device);
+        assert!(p.staging_bytes >= input.buffers[0].bytes);
+        // Resident: the movable rest; the fixed buffer is not counted.
+        let total: u64 = input.buffers.iter().map(|b| b.bytes).sum();
+        let (b0, b1) = (input.buffers[0].bytes, input.buffers[1].bytes);
+        assert_eq!(p.resident_bytes, total - b0 - b1);
+        assert!(p.peak_device_bytes <= input.budget_bytes);
+        // Only device homes: everything resident, none counted.
+        let mut all = layers(1);
+        all.buffers.iter_mut().for_each(|b| b.home = Home::Device);
+        let p = plan_residency(&all).unwrap();
+        assert!(p.placements.iter().all(|&x| x == Placement::Device));
+        assert_eq!((p.resident_bytes, p.bytes_in_per_step), (0, 0));
     }
 
     #[test]

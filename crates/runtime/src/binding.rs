@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use xla_vmm_device::probe::{probe_quick, QuickCosts};
 use xla_vmm_device::vmm::{Buffer, Phys};
-use xla_vmm_device::{Backend, DevicePtr};
+use xla_vmm_device::{Backend, DevicePtr, MemLocation};
 use xla_vmm_policy::{DeviceCosts, Stats, Threshold};
 
 use crate::error::{Result, RuntimeError};
@@ -47,6 +47,8 @@ pub struct UserBuffer<B: Backend> {
     /// the id it names the buffer's content under immutable semantics.
     pub generation: u64,
     pub remap: Option<RemapSource<B>>,
+    /// Where its bytes live (`None`: unknown, raw memory).
+    pub location: Option<MemLocation>,
 }
 
 impl<B: Backend> Clone for UserBuffer<B> {
@@ -57,6 +59,7 @@ impl<B: Backend> Clone for UserBuffer<B> {
             id: self.id,
             generation: self.generation,
             remap: self.remap.clone(),
+            location: self.location,
         }
     }
 }
@@ -81,6 +84,7 @@ impl<B: Backend> UserBuffer<B> {
             id: None,
             generation: 0,
             remap: None,
+            location: None,
         }
     }
 
@@ -97,6 +101,7 @@ impl<B: Backend> UserBuffer<B> {
                 offset: buf.phys_offset(),
                 capacity: buf.capacity(),
             }),
+            location: Some(buf.phys().location()),
         }
     }
 }

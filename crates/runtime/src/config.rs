@@ -94,6 +94,14 @@ pub const OPTIONS: &[OptionSpec] = &[
         doc: "pinned host memory allocations past the device may take; past it, RESOURCE_EXHAUSTED",
     },
     OptionSpec {
+        key: "staging_reserve",
+        env: "XLA_VMM_STAGING_RESERVE",
+        values: "percent, 0 to 90",
+        default: "25",
+        doc: "share of the device memory (the limit, else the device's) that ordinary allocations \
+              leave free: programs whose memory went to host memory stage it through there",
+    },
+    OptionSpec {
         key: "step_timing",
         env: "XLA_VMM_STEP_TIMING",
         values: "0, 1",
@@ -189,6 +197,10 @@ impl RunConfig {
             "step_timing" => self.binding.step_timing = parse_bool(text).ok_or_else(bad)?,
             "device_memory_limit" => self.memory.device = Some(parse_bytes(text).ok_or_else(bad)?),
             "host_memory_limit" => self.memory.host = Some(parse_bytes(text).ok_or_else(bad)?),
+            "staging_reserve" => {
+                let pct = text.trim().trim_end_matches('%').parse::<u32>();
+                self.memory.staging_reserve = Some(pct.ok().filter(|&p| p <= 90).ok_or_else(bad)?)
+            }
             _ => return Err(RuntimeError::arg(format!("unknown run option {key:?}"))),
         }
         Ok(())
@@ -220,6 +232,7 @@ mod tests {
             ("XLA_VMM_STEP_TIMING", "1"),
             ("XLA_VMM_DEVICE_MEMORY_LIMIT", "16G"),
             ("XLA_VMM_HOST_MEMORY_LIMIT", "0"),
+            ("XLA_VMM_STAGING_RESERVE", "10"),
         ]
         .into();
         assert_eq!(env.len(), OPTIONS.len(), "one case per option");
@@ -233,6 +246,7 @@ mod tests {
         assert!(cfg.binding.step_timing);
         assert_eq!(cfg.memory.device, Some(16 << 30));
         assert_eq!(cfg.memory.host, Some(0));
+        assert_eq!(cfg.memory.staging_reserve, Some(10));
         assert_eq!(
             RunConfig::from_lookup(|_| None).unwrap(),
             RunConfig::default()
@@ -256,6 +270,7 @@ mod tests {
         assert_eq!(cfg.binding.threshold, Threshold::Bytes(65536));
         assert!(cfg.set("exec_mod", "eager").is_err());
         assert!(cfg.set("reservations", "3").is_err());
+        assert!(cfg.set("staging_reserve", "95").is_err());
         assert!(RunConfig::knows("guard") && !RunConfig::knows("guards"));
     }
 }

@@ -45,6 +45,23 @@ pub struct ExecEnv<'a, B: Backend> {
     pub capturing: bool,
     /// Pinned staging buffers of host-offloaded compute, kept between runs.
     pub host_staging: &'a crate::host_execute::StagingPool<B>,
+    /// The program's staging through device memory, when part of its
+    /// memory is in host memory ([`crate::staging`]).
+    pub(crate) staging: Option<&'a crate::staging::Staging<B>>,
+}
+
+/// Run a program's top-level `ops` on `stream`: with its staging when it
+/// has one, else as [`run_seq`].
+pub fn run_program<B: Backend>(
+    env: &ExecEnv<'_, B>,
+    ops: &[Op<B>],
+    slots: &SlotTable,
+    stream: &B::Stream,
+) -> Result<()> {
+    match env.staging {
+        Some(s) => s.run(env, ops, slots, stream),
+        None => run_seq(env, ops, slots, stream, &mut Vec::new()),
+    }
 }
 
 /// Run `ops` in order on `stream`. `nest` holds the iteration of each
@@ -109,7 +126,7 @@ fn read_scalar<B: Backend>(
     Ok(out)
 }
 
-fn run_op<B: Backend>(
+pub(crate) fn run_op<B: Backend>(
     env: &ExecEnv<'_, B>,
     op: &Op<B>,
     slots: &SlotTable,

@@ -20,7 +20,7 @@ use crate::collective::{CollectiveEnv, Resolved};
 use crate::config::RunConfig;
 use crate::custom_call::{CallContext, CustomCallRegistry};
 use crate::error::{Result, RuntimeError, Teardown};
-use crate::exec::run_seq;
+use crate::exec::run_program;
 use crate::guard::{Guard, GuardReport};
 use crate::program::Program;
 use crate::recapture::Recapture;
@@ -107,6 +107,8 @@ pub struct Executable<B: Backend> {
     call_context: Option<Arc<dyn CallContext>>,
     /// This program's line of the report (`crate::report`).
     report: ReportSlot,
+    /// Its staging was planned (at the first run, for the memory bound).
+    staging_planned: bool,
 }
 
 /// The binding settings an executable accepts.
@@ -176,6 +178,7 @@ impl<B: Backend> Executable<B> {
             logical: (0, 0),
             call_context: None,
             report,
+            staging_planned: false,
         };
         let runner = exe.runner_name();
         exe.report.update(|r| r.runner = runner);
@@ -403,6 +406,20 @@ impl<B: Backend> Executable<B> {
             }
         }
         self.resolve_collectives()?;
+        if !self.staging_planned {
+            self.staging_planned = true;
+            let params: Vec<_> = self
+                .program
+                .parameter_slots()
+                .iter()
+                .zip(&self.users)
+                .flat_map(|(slots, u)| {
+                    let at = u.as_ref().and_then(|u| u.location);
+                    slots.iter().map(move |&s| (s, at))
+                })
+                .collect();
+            self.program.plan_staging(&params);
+        }
         if mode != Mode::Graph {
             if let Some(va) = self.va.as_mut() {
                 // The run may write donated buffers the shadows claim to hold.
@@ -428,13 +445,7 @@ impl<B: Backend> Executable<B> {
                     self.call_context.as_deref(),
                     false,
                 );
-                run_seq(
-                    &env,
-                    self.program.ops(),
-                    &self.slots,
-                    stream,
-                    &mut Vec::new(),
-                )?;
+                run_program(&env, self.program.ops(), &self.slots, stream)?;
             }
             Mode::GraphRecapture => {
                 let env = self.program.env(

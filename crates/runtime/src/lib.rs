@@ -46,6 +46,7 @@ pub mod report;
 pub mod residency;
 pub mod selectk;
 pub mod slots;
+pub mod staging;
 pub mod vastable;
 
 pub use binding::{BindingConfig, BindingStats, CopyPath, Probe, RemapSource, UserBuffer};
@@ -59,5 +60,6 @@ pub use executable::{Executable, Mode, Output};
 pub use guard::{GuardReport, Runner};
 pub use host_execute::{HostArray, HostArrayMut, HostProgram};
 pub use program::Program;
-pub use slots::{DeviceBuffer, SlotTable};
+pub use slots::{DeviceBuffer, Redirect, SlotTable};
+pub use staging::StagingSummary;
 pub use xla_vmm_policy::Threshold;

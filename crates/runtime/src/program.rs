@@ -16,7 +16,7 @@ use std::sync::Arc;
 use xla_vmm::{AllocationRole, Plan, Shape};
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::vmm::VmmContext;
-use xla_vmm_device::Backend;
+use xla_vmm_device::{Backend, MemLocation};
 
 use crate::collective::{CollOp, Resolved};
 use crate::custom_call::{CallContext, CustomCallRegistry};
@@ -24,6 +24,7 @@ use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::ExecEnv;
 use crate::ops::{LoadCtx, Op};
 use crate::slots::{DeviceBuffer, SlotTable};
+use crate::staging::Staging;
 
 /// A loaded program on one backend.
 pub struct Program<B: Backend> {
@@ -47,6 +48,9 @@ pub struct Program<B: Backend> {
     capture_blocker: Option<String>,
     /// Host-offloaded compute's pinned staging memory.
     host_staging: crate::host_execute::StagingPool<B>,
+    /// Staging through device memory when part of the program's memory is
+    /// in host memory (planned at the first run).
+    staging: Option<Staging<B>>,
 }
 
 impl<B: Backend> Program<B> {
@@ -106,6 +110,7 @@ impl<B: Backend> Program<B> {
             collectives,
             capture_blocker,
             host_staging: Default::default(),
+            staging: None,
         };
         // From here on `Drop` releases whatever was made.
         for _ in 0..streams_needed {
@@ -245,7 +250,36 @@ impl<B: Backend> Program<B> {
             call_context,
             capturing,
             host_staging: &self.host_staging,
+            staging: self.staging.as_ref(),
         }
+    }
+
+    /// Plan the staging for the memory bound now: the program's own buffers
+    /// where they are, each parameter allocation's location as given
+    /// (`None`: raw device memory). A failure is said and leaves the
+    /// program reading host memory in place (correct, slower).
+    pub(crate) fn plan_staging(&mut self, params: &[(usize, Option<MemLocation>)]) {
+        let owned = self.owned_buffers().map(|(a, b)| (a, b.location()));
+        let homes =
+            crate::staging::homes(self.plan.allocations.len(), owned, params.iter().copied());
+        let made = Staging::plan(&self.vmm, &self.plan, &self.ops, &homes);
+        let old = match made {
+            Ok(s) => std::mem::replace(&mut self.staging, s),
+            Err(e) => {
+                tracing::warn!(executable = %self.plan.module_name, error = %e,
+                    "part of it is in host memory but it cannot be staged; read in place");
+                self.staging.take()
+            }
+        };
+        if let Some(old) = old {
+            let mut t = Teardown::new("a program's previous staging");
+            old.release(&self.backend, &mut t);
+        }
+    }
+
+    /// What its staging does per step (`None`: nothing is staged).
+    pub fn staging_summary(&self) -> Option<&crate::staging::StagingSummary> {
+        self.staging.as_ref().map(|s| s.summary())
     }
 }
 
@@ -282,6 +316,9 @@ impl<B: Backend> Drop for Program<B> {
     fn drop(&mut self) {
         let be = &*self.backend;
         let mut t = Teardown::new("program");
+        if let Some(s) = self.staging.take() {
+            s.release(be, &mut t);
+        }
         for s in self.aux_streams.iter().chain(&self.comm_streams) {
             t.check("stream_synchronize", be.stream_synchronize(s));
         }

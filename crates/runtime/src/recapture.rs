@@ -6,7 +6,7 @@
 use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::error::{Result, Teardown};
-use crate::exec::{run_seq, ExecEnv};
+use crate::exec::{run_program, ExecEnv};
 use crate::program::Program;
 use crate::slots::SlotTable;
 
@@ -45,7 +45,7 @@ impl<B: Backend> Recapture<B> {
             // No vendor work while the stream captures (capture_gate).
             let gate = xla_vmm_device::capture_gate::capture();
             be.stream_begin_capture(stream)?;
-            let walked = run_seq(env, program.ops(), slots, stream, &mut Vec::new());
+            let walked = run_program(env, program.ops(), slots, stream);
             let captured = be.stream_end_capture(stream);
             drop(gate);
             walked?;

@@ -15,7 +15,7 @@
 
 use xla_vmm::{AllocationRole, GemmConfig, Plan, Thunk, ThunkKind};
 use xla_vmm_policy::residency::{
-    plan_residency, Buffer, Rates, ResidencyInput, ResidencyPlan, ThunkStep, Use,
+    plan_residency, Buffer, Home, Rates, ResidencyInput, ResidencyPlan, ThunkStep, Use,
 };
 
 use crate::error::{Result, RuntimeError};
@@ -47,7 +47,12 @@ fn flops(t: &Thunk) -> f64 {
     }
 }
 
-fn flatten(thunks: &[Thunk], segs: &[(usize, u64, u64)], out: &mut Vec<ThunkStep>, cut: &mut bool) {
+pub(crate) fn flatten(
+    thunks: &[Thunk],
+    segs: &[(usize, u64, u64)],
+    out: &mut Vec<ThunkStep>,
+    cut: &mut bool,
+) {
     for t in thunks {
         if out.len() >= MAX_STEPS {
             *cut = true;
@@ -85,9 +90,12 @@ fn flatten(thunks: &[Thunk], segs: &[(usize, u64, u64)], out: &mut Vec<ThunkStep
     }
 }
 
+/// (allocation, start, end) of each segment, sorted.
+pub(crate) type Segments = Vec<(usize, u64, u64)>;
+
 /// The segments of every allocation: (allocation, start, end) sorted, from
 /// the slices the thunks use (an allocation no thunk uses is one segment).
-fn segments(plan: &Plan) -> Vec<(usize, u64, u64)> {
+pub(crate) fn segments(plan: &Plan) -> Segments {
     let mut ranges: Vec<Vec<(u64, u64)>> = vec![Vec::new(); plan.allocations.len()];
     plan.walk(&mut |t, _| {
         // Embedded thunks address synthetic allocations: their parent's own
@@ -175,6 +183,7 @@ pub fn residency_input(plan: &Plan, budget_bytes: u64, rates: Rates) -> Result<R
                 name,
                 bytes: end - start,
                 persistent,
+                home: Home::Movable,
             }
         })
         .collect::<Vec<_>>();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use xla_vmm::Slice;
 
 use xla_vmm_device::vmm::{Phys, VaReservation, VmmContext};
-use xla_vmm_device::{Backend, DevicePtr};
+use xla_vmm_device::{Backend, DevicePtr, MemLocation};
 
 use crate::error::{Result, RuntimeError};
 
@@ -18,6 +18,18 @@ use crate::error::{Result, RuntimeError};
 pub struct SlotTable {
     bases: Vec<DevicePtr>,
     sizes: Vec<u64>,
+    /// Byte ranges served from elsewhere for now (staged copies in device
+    /// memory, [`crate::staging`]); empty unless a program is staged.
+    redirects: Vec<Redirect>,
+}
+
+/// Bytes `start..end` of slot `allocation` are at `to` for now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Redirect {
+    pub allocation: usize,
+    pub start: u64,
+    pub end: u64,
+    pub to: DevicePtr,
 }
 
 impl SlotTable {
@@ -26,6 +38,7 @@ impl SlotTable {
         SlotTable {
             bases: vec![DevicePtr::NULL; n],
             sizes: vec![0; n],
+            redirects: Vec::new(),
         }
     }
 
@@ -85,7 +98,38 @@ impl SlotTable {
                 slice.allocation
             )));
         }
+        if !self.redirects.is_empty() {
+            if let Some(to) = self.redirected(slice)? {
+                return Ok(to);
+            }
+        }
         Ok(base.offset(slice.offset))
+    }
+
+    /// Where a redirect serves `slice` (a slice straddling one's edge is
+    /// an error: the staging plan stages whole segments).
+    fn redirected(&self, slice: &Slice) -> Result<Option<DevicePtr>> {
+        for r in &self.redirects {
+            if r.allocation != slice.allocation || slice.size == 0 {
+                continue;
+            }
+            if r.start <= slice.offset && slice.end() <= r.end {
+                return Ok(Some(r.to.offset(slice.offset - r.start)));
+            }
+            if slice.offset < r.end && r.start < slice.end() {
+                return Err(RuntimeError::invalid(format!(
+                    "slice {}+{} of slot {} straddles its staged bytes {}..{}",
+                    slice.offset, slice.size, slice.allocation, r.start, r.end
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Serve these ranges from elsewhere from now on (replacing the last).
+    pub fn set_redirects(&mut self, redirects: &[Redirect]) {
+        self.redirects.clear();
+        self.redirects.extend_from_slice(redirects);
     }
 
     /// All bases, for cache keys (a captured graph is valid for one table).
@@ -117,9 +161,22 @@ impl<B: Backend> DeviceBuffer<B> {
     /// Allocate at least `size` bytes in `ctx` (whose deferred errors and
     /// handle counts it shares).
     pub fn alloc_in(ctx: &VmmContext<B>, size: u64) -> Result<Self> {
+        Self::alloc_where(ctx, size, None)
+    }
+
+    /// Allocate at least `size` bytes in `ctx` at `location`, within the
+    /// budget (never spilled elsewhere).
+    pub fn alloc_at(ctx: &VmmContext<B>, size: u64, location: MemLocation) -> Result<Self> {
+        Self::alloc_where(ctx, size, Some(location))
+    }
+
+    fn alloc_where(ctx: &VmmContext<B>, size: u64, at: Option<MemLocation>) -> Result<Self> {
         let gran = ctx.backend().info().vmm_granularity.max(1);
         let mapped = size.max(1).div_ceil(gran) * gran;
-        let phys = Arc::new(Phys::create(ctx, mapped)?);
+        let phys = Arc::new(match at {
+            Some(l) => Phys::create_at(ctx, mapped, l)?,
+            None => Phys::create(ctx, mapped)?,
+        });
         let mut va = VaReservation::reserve(ctx, mapped, 0)?;
         va.map_rw(0, &phys, 0, mapped)?;
         Ok(DeviceBuffer { va, phys, size })
@@ -136,6 +193,11 @@ impl<B: Backend> DeviceBuffer<B> {
     /// Bytes mapped (the size rounded up to the granularity).
     pub fn mapped(&self) -> u64 {
         self.phys.size()
+    }
+
+    /// Where its memory lives.
+    pub fn location(&self) -> MemLocation {
+        self.phys.location()
     }
 
     /// The physical memory (for mapping it again elsewhere).
@@ -177,5 +239,16 @@ mod tests {
         assert_eq!(t.resolve(&s(1, 0, 0)).unwrap(), DevicePtr::NULL);
         assert!(t.resolve(&s(2, 0, 0)).is_err());
         assert!(t.bind(5, DevicePtr(1), 1).is_err());
+        t.set_redirects(&[Redirect {
+            allocation: 0,
+            start: 16,
+            end: 32,
+            to: DevicePtr(0x9000),
+        }]);
+        assert_eq!(t.resolve(&s(0, 20, 8)).unwrap(), DevicePtr(0x9004));
+        assert_eq!(t.resolve(&s(0, 32, 8)).unwrap(), DevicePtr(0x1020));
+        assert!(t.resolve(&s(0, 8, 16)).is_err(), "straddles the redirect");
+        t.set_redirects(&[]);
+        assert_eq!(t.resolve(&s(0, 20, 8)).unwrap(), DevicePtr(0x1014));
     }
 }

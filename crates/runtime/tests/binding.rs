@@ -454,6 +454,7 @@ fn user(
             offset: 0,
             capacity: gran,
         }),
+        location: None,
     }
 }
 

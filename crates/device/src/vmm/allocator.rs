@@ -7,7 +7,6 @@ use super::events::{EventKey, FreeEvents};
 use super::raii::{Phys, VaReservation, VmmContext};
 use super::{AllocationId, VmmConfig, VmmStats};
 use crate::backend::{Backend, DevicePtr};
-use crate::budget::MemLocation;
 use crate::error::{DeviceError, Result};
 
 /// A whole physical block with its own mapping. Field order is drop order:
@@ -470,7 +469,7 @@ impl<B: Backend> Inner<B> {
     /// has room: host memory past the device's budget (see
     /// [`crate::budget`]), else out of memory.
     fn create_phys(&self, st: &mut State<B>, bytes: u64) -> Result<Arc<Phys<B>>> {
-        match Phys::create_at(&self.ctx, bytes, MemLocation::Device) {
+        match Phys::create_device(&self.ctx, bytes) {
             Err(DeviceError::OutOfMemory { .. }) => {
                 let freed = self.trim_locked(st)?;
                 tracing::debug!(

@@ -121,6 +121,13 @@ impl<B: Backend> Phys<B> {
         Ok(Self::adopt(ctx, raw, bytes))
     }
 
+    /// `mem_create_device(bytes)`: device memory for an ordinary
+    /// allocation (the staging reserve left free), or out of memory.
+    pub fn create_device(ctx: &VmmContext<B>, bytes: u64) -> Result<Self> {
+        let raw = ctx.backend.mem_create_device(bytes)?;
+        Ok(Self::adopt(ctx, raw, bytes))
+    }
+
     /// `mem_create_at(bytes, location)`: there or out of memory.
     pub fn create_at(ctx: &VmmContext<B>, bytes: u64, location: MemLocation) -> Result<Self> {
         let raw = ctx.backend.mem_create_at(bytes, location)?;

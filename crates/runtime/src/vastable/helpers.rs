@@ -7,7 +7,7 @@ use super::{CopyOp, ParamSlot, IN, OUT};
 use crate::binding::UserBuffer;
 use crate::copykernel::{CopyKernel, Table};
 use crate::error::{Result, RuntimeError, Teardown};
-use crate::exec::run_seq;
+use crate::exec::run_program;
 use crate::exec::ExecEnv;
 use crate::program::Program;
 use crate::slots::SlotTable;
@@ -122,7 +122,7 @@ pub(super) fn capture<B: Backend>(
         if let (Some(k), Some(t)) = (kernel, &empty) {
             k.launch(be, IN, t, stream)?;
         }
-        run_seq(env, program.ops(), table, stream, &mut Vec::new())?;
+        run_program(env, program.ops(), table, stream)?;
         if let (Some(k), Some(t)) = (kernel, &empty) {
             k.launch(be, OUT, t, stream)?;
         }

@@ -1,0 +1,515 @@
+//! # Staging: the residency plan as copies at addresses
+//!
+//! [`crate::residency`] decides which buffers are staged and what the link
+//! carries; it counts bytes. To run the plan, the runtime needs more: where
+//! in the staging area each staged buffer lives while it is there, which
+//! copy is issued before which thunk, which thunk waits for which copy, and
+//! which copy goes home after which thunk. [`stage`] computes that for one
+//! step, as pure data ([`Staging`]), from the plan's placements.
+//!
+//! ## The rule
+//!
+//! The area is empty at the start of a step and dropped at its end (every
+//! staged buffer written in the step and living across steps goes home
+//! before the step ends), so that every step runs the same copies and a
+//! step needs nothing of the one before. Thunk by thunk, in order:
+//!
+//! - every staged buffer the thunk uses must be in the area: a free range
+//!   that fits is taken (the one free the earliest, so that its copy can be
+//!   issued the earliest), else the held buffer used the farthest in the
+//!   future, and not by this thunk, is evicted (Belady; among equals the one
+//!   idle the longest) until one fits;
+//! - its copy in is issued right after the range's last user (and that
+//!   user's copy home, if it was dirty) and waited for just before the
+//!   thunk; a buffer this thunk overwrites whole, or a temporary's first
+//!   use in the step, needs no copy in;
+//! - an evicted buffer goes home only when it was written and someone reads
+//!   it again (the next step when it lives across steps).
+//!
+//! Offsets are aligned to `align`. An area too small or too fragmented for
+//! one thunk's buffers is an error ([`PolicyError::InvalidResidency`]): the
+//! caller stages less.
+
+use serde::Serialize;
+
+use crate::error::{PolicyError, Result};
+use crate::residency::{Placement, ResidencyInput};
+
+/// A copy of a buffer from its home into the area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CopyIn {
+    /// The buffer (index into the input's buffers).
+    pub buffer: usize,
+    /// Its place in the area.
+    pub offset: u64,
+    /// Issued before this thunk (on the copy stream, after every earlier
+    /// thunk and copy home).
+    pub issue_before: usize,
+    /// The thunk that waits for it.
+    pub needed_by: usize,
+}
+
+/// A copy of a buffer from the area back home.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CopyOut {
+    /// The buffer (index into the input's buffers).
+    pub buffer: usize,
+    /// Its place in the area.
+    pub offset: u64,
+    /// Issued after this thunk (its last writer or later).
+    pub after: usize,
+}
+
+/// One stay of a staged buffer in the area: the thunks `first..=last`
+/// find it at `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Stay {
+    /// The buffer (index into the input's buffers).
+    pub buffer: usize,
+    /// Its place in the area.
+    pub offset: u64,
+    /// First thunk of the stay.
+    pub first: usize,
+    /// Last thunk of the stay that uses it.
+    pub last: usize,
+}
+
+/// One step's copies and addresses.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Staging {
+    /// Bytes of area the step uses (the highest end of a stay).
+    pub area_bytes: u64,
+    /// Copies in, in issue order.
+    pub copies_in: Vec<CopyIn>,
+    /// Copies home, in issue order.
+    pub copies_out: Vec<CopyOut>,
+    /// Where each staged buffer is, thunk by thunk.
+    pub stays: Vec<Stay>,
+    /// Bytes copied in per step.
+    pub bytes_in: u64,
+    /// Bytes copied home per step.
+    pub bytes_out: u64,
+}
+
+/// A free range of the area: `[start, end)`, free for thunks from
+/// `free_from` on.
+#[derive(Clone, Copy, Debug)]
+struct Free {
+    start: u64,
+    end: u64,
+    free_from: usize,
+}
+
+struct Held {
+    buffer: usize,
+    offset: u64,
+    size: u64,
+    first: usize,
+    dirty: bool,
+}
+
+fn align_up(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+/// Give `[start, end)` back, free from `free_from`, joining neighbours (a
+/// joined range is free from the later of the two).
+fn give_back(free: &mut Vec<Free>, start: u64, end: u64, free_from: usize) {
+    let i = free.partition_point(|f| f.start < start);
+    free.insert(
+        i,
+        Free {
+            start,
+            end,
+            free_from,
+        },
+    );
+    if i + 1 < free.len() && free[i].end == free[i + 1].start {
+        let next = free.remove(i + 1);
+        free[i].end = next.end;
+        free[i].free_from = free[i].free_from.max(next.free_from);
+    }
+    if i > 0 && free[i - 1].end == free[i].start {
+        let cur = free.remove(i);
+        free[i - 1].end = cur.end;
+        free[i - 1].free_from = free[i - 1].free_from.max(cur.free_from);
+    }
+}
+
+/// Take `size` bytes from the range free the earliest that fits: (offset,
+/// free from).
+fn take(free: &mut Vec<Free>, size: u64) -> Option<(u64, usize)> {
+    let i = (0..free.len())
+        .filter(|&i| free[i].end - free[i].start >= size)
+        .min_by_key(|&i| (free[i].free_from, free[i].start))?;
+    let f = free[i];
+    if f.end - f.start == size {
+        free.remove(i);
+    } else {
+        free[i].start += size;
+    }
+    Some((f.start, f.free_from))
+}
+
+/// The copies and addresses of one step of `input` with `placements` (the
+/// residency plan's), in an area of `area_bytes`, offsets aligned to
+/// `align` (see the module docs).
+pub fn stage(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    area_bytes: u64,
+    align: u64,
+) -> Result<Staging> {
+    input.validate()?;
+    let bufs = &input.buffers;
+    if placements.len() != bufs.len() {
+        return Err(PolicyError::InvalidResidency(format!(
+            "{} placements for {} buffers",
+            placements.len(),
+            bufs.len()
+        )));
+    }
+    let align = align.max(1);
+    let steps = &input.steps;
+    let m = steps.len();
+    // Per thunk, its staged buffers: (buffer, writes, needs its bytes).
+    let mut first_use = vec![usize::MAX; bufs.len()];
+    let mut per: Vec<Vec<(usize, bool, bool)>> = Vec::with_capacity(m);
+    for (k, t) in steps.iter().enumerate() {
+        let mut v: Vec<(usize, bool, bool, bool)> = Vec::new(); // buffer, read, write, whole write
+        for u in &t.uses {
+            if placements[u.buffer] != Placement::Staged {
+                continue;
+            }
+            let whole = u.write && u.bytes == bufs[u.buffer].bytes;
+            match v.iter_mut().find(|x| x.0 == u.buffer) {
+                Some(x) => {
+                    x.1 |= u.read;
+                    x.2 |= u.write;
+                    x.3 |= whole;
+                }
+                None => v.push((u.buffer, u.read, u.write, whole)),
+            }
+        }
+        per.push(
+            v.into_iter()
+                .map(|(b, read, write, whole)| {
+                    // A temporary holds nothing before its first use.
+                    let fresh = !bufs[b].persistent && first_use[b] == usize::MAX;
+                    first_use[b] = first_use[b].min(k);
+                    (b, write, !fresh && (read || !whole))
+                })
+                .collect(),
+        );
+    }
+    let next_use = |b: usize, after: usize| -> usize {
+        (after + 1..m)
+            .find(|&k| per[k].iter().any(|x| x.0 == b))
+            .unwrap_or(usize::MAX)
+    };
+    // Its bytes are read again after `after` (this step, or the next one's
+    // when it lives across steps).
+    let wanted_after = |b: usize, after: usize| -> bool {
+        bufs[b].persistent
+            || (after + 1..m)
+                .find(|&k| per[k].iter().any(|x| x.0 == b))
+                .is_some_and(|k| per[k].iter().any(|x| x.0 == b && x.2))
+    };
+    let mut out = Staging::default();
+    let mut free = vec![Free {
+        start: 0,
+        end: area_bytes,
+        free_from: 0,
+    }];
+    let mut held: Vec<Held> = Vec::new();
+    let mut last_use = vec![0usize; bufs.len()];
+    let evict = |h: Held, out: &mut Staging, free: &mut Vec<Free>, last: usize| {
+        // A dirty buffer goes home after its last use, the range is free
+        // after that copy (issued after the same thunk).
+        if h.dirty && wanted_after(h.buffer, last) {
+            out.copies_out.push(CopyOut {
+                buffer: h.buffer,
+                offset: h.offset,
+                after: last,
+            });
+            out.bytes_out += bufs[h.buffer].bytes;
+        }
+        out.stays.push(Stay {
+            buffer: h.buffer,
+            offset: h.offset,
+            first: h.first,
+            last,
+        });
+        give_back(free, h.offset, h.offset + h.size, last + 1);
+    };
+    for k in 0..m {
+        for &(b, _, wants) in &per[k] {
+            if held.iter().any(|h| h.buffer == b) {
+                continue;
+            }
+            let size = align_up(bufs[b].bytes.max(1), align);
+            let (offset, free_from) = loop {
+                if let Some(got) = take(&mut free, size) {
+                    break got;
+                }
+                let victim = held
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, h)| !per[k].iter().any(|x| x.0 == h.buffer))
+                    // Ties (never used again): the one idle the longest,
+                    // whose range frees the earliest.
+                    .max_by_key(|(_, h)| {
+                        (next_use(h.buffer, k), std::cmp::Reverse(last_use[h.buffer]))
+                    })
+                    .map(|(i, _)| i);
+                let Some(vi) = victim else {
+                    return Err(PolicyError::InvalidResidency(format!(
+                        "thunk {k} ({}): its staged buffers do not fit a {area_bytes}-byte area",
+                        steps[k].name
+                    )));
+                };
+                let h = held.remove(vi);
+                let last = last_use[h.buffer];
+                evict(h, &mut out, &mut free, last);
+            };
+            held.push(Held {
+                buffer: b,
+                offset,
+                size,
+                first: k,
+                dirty: false,
+            });
+            out.area_bytes = out.area_bytes.max(offset + size);
+            if wants {
+                out.copies_in.push(CopyIn {
+                    buffer: b,
+                    offset,
+                    issue_before: free_from.min(k),
+                    needed_by: k,
+                });
+                out.bytes_in += bufs[b].bytes;
+            }
+        }
+        for &(b, w, _) in &per[k] {
+            last_use[b] = k;
+            if w {
+                if let Some(h) = held.iter_mut().find(|h| h.buffer == b) {
+                    h.dirty = true;
+                }
+            }
+        }
+    }
+    // The step's end: what lives across steps goes home, the area empties.
+    for h in std::mem::take(&mut held) {
+        let last = last_use[h.buffer];
+        evict(h, &mut out, &mut free, last);
+    }
+    // Copies are issued in thunk order; within a thunk, in planning order.
+    out.copies_in.sort_by_key(|c| c.issue_before);
+    out.copies_out.sort_by_key(|c| c.after);
+    out.stays.sort_by_key(|s| (s.first, s.buffer));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::residency::{plan_residency, Buffer, Home, Rates, ThunkStep, Use};
+
+    const MB: u64 = 1 << 20;
+
+    fn buf(id: usize, mb: u64, persistent: bool) -> Buffer {
+        Buffer {
+            id,
+            offset: 0,
+            name: format!("b{id}"),
+            bytes: mb * MB,
+            persistent,
+            home: Home::Host,
+        }
+    }
+
+    fn step(uses: &[(usize, u64, bool, bool)]) -> ThunkStep {
+        ThunkStep {
+            name: "t".into(),
+            uses: uses
+                .iter()
+                .map(|&(buffer, mb, read, write)| Use {
+                    buffer,
+                    bytes: mb * MB,
+                    read,
+                    write,
+                })
+                .collect(),
+            flops: 1e9,
+        }
+    }
+
+    fn input(buffers: Vec<Buffer>, steps: Vec<ThunkStep>, budget_mb: u64) -> ResidencyInput {
+        ResidencyInput {
+            buffers,
+            steps,
+            rates: Rates::H200,
+            budget_bytes: budget_mb * MB,
+        }
+    }
+
+    /// Replays the staging and checks it: every staged use finds its buffer
+    /// in a stay that covers it, stays never overlap in the area while both
+    /// are live, copies in land in a range free since their issue, bytes a
+    /// thunk reads were copied in (or written in the area before).
+    fn check(input: &ResidencyInput, placements: &[Placement], s: &Staging, area: u64) {
+        for (k, t) in input.steps.iter().enumerate() {
+            for u in &t.uses {
+                if placements[u.buffer] != Placement::Staged {
+                    continue;
+                }
+                let stay = s
+                    .stays
+                    .iter()
+                    .find(|st| st.buffer == u.buffer && st.first <= k && k <= st.last)
+                    .unwrap_or_else(|| panic!("thunk {k}: buffer {} not staged", u.buffer));
+                assert!(stay.offset + input.buffers[u.buffer].bytes <= area);
+            }
+        }
+        for (i, a) in s.stays.iter().enumerate() {
+            for b in &s.stays[i + 1..] {
+                let live = a.first <= b.last && b.first <= a.last;
+                let (ae, be) = (
+                    a.offset + input.buffers[a.buffer].bytes,
+                    b.offset + input.buffers[b.buffer].bytes,
+                );
+                let overlap = a.offset < be && b.offset < ae;
+                assert!(!(live && overlap), "stays {a:?} and {b:?} collide");
+            }
+        }
+        for c in &s.copies_in {
+            assert!(c.issue_before <= c.needed_by);
+            // Nothing else lives in its range between issue and need.
+            let ce = c.offset + input.buffers[c.buffer].bytes;
+            for st in s
+                .stays
+                .iter()
+                .filter(|st| st.buffer != c.buffer || st.first != c.needed_by)
+            {
+                let se = st.offset + input.buffers[st.buffer].bytes;
+                let overlap = c.offset < se && st.offset < ce;
+                let live = st.last >= c.issue_before && st.first <= c.needed_by;
+                assert!(!(overlap && live), "copy {c:?} lands on {st:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn layers_rotate_through_an_area_with_early_copies() {
+        // Four 100 MB weights read once each by one thunk, an area for two.
+        let buffers = (0..4).map(|i| buf(i, 100, true)).collect();
+        let steps = (0..4).map(|i| step(&[(i, 100, true, false)])).collect();
+        let input = input(buffers, steps, 200);
+        let placements = vec![Placement::Staged; 4];
+        let s = stage(&input, &placements, 200 * MB, 256).unwrap();
+        check(&input, &placements, &s, 200 * MB);
+        assert_eq!(s.bytes_in, 400 * MB);
+        assert_eq!(s.bytes_out, 0, "read-only weights never go home");
+        // The first two at once, each later one right after a range frees.
+        let issues: Vec<usize> = s.copies_in.iter().map(|c| c.issue_before).collect();
+        assert_eq!(issues, vec![0, 0, 1, 2]);
+        assert_eq!(s.area_bytes, 200 * MB);
+    }
+
+    #[test]
+    fn written_buffers_go_home_and_temporaries_need_no_first_copy() {
+        // b0 persistent, read and written; b1 a temporary written then read.
+        let buffers = vec![buf(0, 10, true), buf(1, 10, false)];
+        let steps = vec![
+            step(&[(0, 10, true, true), (1, 10, false, true)]),
+            step(&[(1, 10, true, false)]),
+        ];
+        let input = input(buffers, steps, 20);
+        let placements = vec![Placement::Staged; 2];
+        let s = stage(&input, &placements, 20 * MB, 256).unwrap();
+        check(&input, &placements, &s, 20 * MB);
+        assert_eq!(s.copies_in.len(), 1);
+        assert_eq!(s.copies_in[0].buffer, 0);
+        assert_eq!(
+            s.copies_out,
+            vec![CopyOut {
+                buffer: 0,
+                offset: s.copies_in[0].offset,
+                after: 0
+            }]
+        );
+    }
+
+    #[test]
+    fn an_evicted_dirty_temporary_read_later_goes_home_and_comes_back() {
+        // t0 writes temp b0; t1 needs b1 and b2 (the area holds two); t2
+        // reads b0 again.
+        let buffers = vec![buf(0, 10, false), buf(1, 10, true), buf(2, 10, true)];
+        let steps = vec![
+            step(&[(0, 10, false, true)]),
+            step(&[(1, 10, true, false), (2, 10, true, false)]),
+            step(&[(0, 10, true, false)]),
+        ];
+        let input = input(buffers, steps, 20);
+        let placements = vec![Placement::Staged; 3];
+        let s = stage(&input, &placements, 20 * MB, 256).unwrap();
+        check(&input, &placements, &s, 20 * MB);
+        assert!(s.copies_out.iter().any(|c| c.buffer == 0 && c.after == 0));
+        assert!(s
+            .copies_in
+            .iter()
+            .any(|c| c.buffer == 0 && c.needed_by == 2));
+    }
+
+    #[test]
+    fn a_plan_for_random_programs_stages_without_collisions() {
+        let mut seed = 0x2545f4914f6cdd1du64;
+        let mut rnd = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for _ in 0..200 {
+            let nb = 2 + rnd(12) as usize;
+            let buffers: Vec<Buffer> = (0..nb).map(|i| buf(i, 1 + rnd(64), rnd(2) == 0)).collect();
+            let steps: Vec<ThunkStep> = (0..1 + rnd(30))
+                .map(|_| {
+                    let a = rnd(nb as u64) as usize;
+                    let b = rnd(nb as u64) as usize;
+                    let (ba, bb) = (buffers[a].bytes / MB, buffers[b].bytes / MB);
+                    if a == b {
+                        step(&[(a, ba, true, rnd(2) == 0)])
+                    } else {
+                        step(&[(a, ba, true, false), (b, bb, rnd(2) == 0, true)])
+                    }
+                })
+                .collect();
+            let total: u64 = buffers.iter().map(|b| b.bytes / MB).sum();
+            let input = input(buffers, steps, (total / 2).max(1));
+            let plan = plan_residency(&input).unwrap();
+            let area = input.budget_bytes - plan.resident_bytes;
+            match stage(&input, &plan.placements, area, 2 * MB) {
+                Ok(s) => {
+                    check(&input, &plan.placements, &s, area);
+                    assert!(s.area_bytes <= area);
+                }
+                // Fragmentation: said, never a collision.
+                Err(e) => assert!(e.to_string().contains("do not fit"), "{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn too_small_an_area_is_an_error() {
+        let input = input(
+            vec![buf(0, 10, true), buf(1, 10, true)],
+            vec![step(&[(0, 10, true, false), (1, 10, true, true)])],
+            15,
+        );
+        let e = stage(&input, &[Placement::Staged; 2], 15 * MB, 256).unwrap_err();
+        assert!(e.to_string().contains("do not fit"), "{e}");
+        assert!(stage(&input, &[Placement::Staged], 15 * MB, 256).is_err());
+    }
+}

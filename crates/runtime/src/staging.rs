@@ -1,0 +1,474 @@
+//! # Staging: running a program whose memory is partly in host memory
+//!
+//! Past the device memory budget, allocations are host-located VMM memory
+//! (`xla_vmm_device::budget`): kernels can read them in place, over the host
+//! link, which is right for a light touch and ruinous for a GEMM that reads
+//! its weights once per tile. At a program's first run, if any of its
+//! memory (parameters as bound, its own temporaries and outputs) is in host
+//! memory, the residency planner ([`xla_vmm_policy::residency`]) decides per
+//! buffer: staged into a device staging area ahead of the thunks that use
+//! it, or read in place; [`xla_vmm_policy::staging::stage`] turns that into
+//! copies at area offsets. This module runs them.
+//!
+//! ## How a step runs
+//!
+//! The thunks are the program's top-level ops (sequences flattened; a loop
+//! or a conditional is one unit, what any of its thunks touches staged
+//! for all of it). On a copy stream forked from the compute stream at the
+//! step's start: before thunk `k`, the copies in issued there (after an
+//! event on the compute stream: every earlier thunk is done with the
+//! range); the compute stream waits for each copy's event just before the
+//! thunk that needs it; that thunk resolves the staged slices to the area
+//! (a redirect of the slot table); after thunk `k`, the copies home issued
+//! there (dirty buffers read again). At the end the compute stream joins
+//! the copy stream. The same calls are captured into a graph in the graph
+//! modes (the copy stream joins the capture through the fork event), so
+//! every mode runs the same copies; with nothing in host memory nothing
+//! here runs.
+//!
+//! The plan is made for the memory bound at the first run. A later run
+//! whose buffers sit elsewhere is still correct (a staged buffer already in
+//! device memory is copied device to device, one in host memory the plan
+//! did not stage is read in place); only its speed is the plan's for the
+//! first binding.
+
+use serde::Serialize;
+use xla_vmm::{Plan, Slice, Thunk, ThunkKind};
+use xla_vmm_device::vmm::VmmContext;
+use xla_vmm_device::{Backend, MemLocation};
+use xla_vmm_policy::residency::{plan_residency, Home, Placement, Rates, ResidencyInput, Use};
+use xla_vmm_policy::staging::stage;
+
+use crate::error::{Result, RuntimeError, Teardown};
+use crate::exec::{run_op, ExecEnv};
+use crate::ops::Op;
+use crate::slots::{DeviceBuffer, Redirect, SlotTable};
+
+/// Device memory left free next to the area when the device has no
+/// configured limit (the vendor libraries' workspaces, other programs).
+const HEADROOM_BYTES: u64 = 1 << 30;
+
+/// Area offsets are aligned to this (every kernel's operand alignment).
+const ALIGN: u64 = 512;
+
+/// What staging does for one program, per step (`report()`, the CLI).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StagingSummary {
+    /// The device staging area.
+    pub area_bytes: u64,
+    /// Buffers (allocation segments) staged, and their bytes.
+    pub staged: usize,
+    pub staged_bytes: u64,
+    /// Buffers read and written in host memory in place, and their bytes.
+    pub in_place: usize,
+    pub in_place_bytes: u64,
+    /// Bytes of the program already in device memory.
+    pub device_bytes: u64,
+    /// Host to device and device to host per step.
+    pub bytes_in_per_step: u64,
+    pub bytes_out_per_step: u64,
+    /// The planner's step estimate, and with everything on the device, µs.
+    pub estimated_step_us: f64,
+    pub unbudgeted_step_us: f64,
+}
+
+/// One copy: the buffer's bytes at home, its place in the area.
+struct Copy {
+    home: Slice,
+    area: u64,
+}
+
+/// What happens around one top-level op.
+#[derive(Default)]
+struct Around {
+    /// Copies in issued before it (indices into `ins`), after `issue`.
+    ins: Vec<usize>,
+    issue: Option<usize>,
+    /// Copies in it waits for.
+    waits: Vec<usize>,
+    /// Copies home issued after it, after `after`.
+    outs: Vec<usize>,
+    after: Option<usize>,
+    /// Its staged bytes, in the area.
+    redirects: Vec<Redirect>,
+}
+
+/// A program's staging: the area, the copy stream, the events and the
+/// per-op actions.
+pub(crate) struct Staging<B: Backend> {
+    area: DeviceBuffer<B>,
+    copy_stream: B::Stream,
+    /// Fork (compute → copy) at the start, join (copy → compute) at the end.
+    fork: B::Event,
+    join: B::Event,
+    ins: Vec<Copy>,
+    outs: Vec<Copy>,
+    /// One per copy in: it has landed.
+    landed: Vec<B::Event>,
+    /// Recorded on the compute stream before issuing copies in / home.
+    marks: Vec<B::Event>,
+    around: Vec<Around>,
+    summary: StagingSummary,
+}
+
+/// The top-level thunks, sequences flattened.
+fn thunk_units<'a>(thunks: &'a [Thunk], out: &mut Vec<&'a Thunk>) {
+    for t in thunks {
+        match &t.kind {
+            ThunkKind::Sequential { thunks } => thunk_units(thunks, out),
+            _ => out.push(t),
+        }
+    }
+}
+
+/// The top-level ops, sequences flattened (one per [`thunk_units`] entry:
+/// a thunk loads into one op).
+fn op_units<'a, B: Backend>(ops: &'a [Op<B>], out: &mut Vec<&'a Op<B>>) {
+    for op in ops {
+        match op {
+            Op::Sequential(ops) => op_units(ops, out),
+            _ => out.push(op),
+        }
+    }
+}
+
+fn has_async<B: Backend>(ops: &[&Op<B>]) -> bool {
+    ops.iter()
+        .any(|o| matches!(o, Op::AsyncStart { .. } | Op::AsyncDone { .. }))
+}
+
+/// The planner's input with one step per top-level unit, its uses the
+/// union over the unit's thunks (loops unrolled for the arithmetic), the
+/// buffers' homes as given per allocation.
+fn unit_input(
+    plan: &Plan,
+    homes: &[Home],
+    budget_bytes: u64,
+    rates: Rates,
+) -> Result<(ResidencyInput, crate::residency::Segments)> {
+    let full = crate::residency::residency_input(plan, budget_bytes, rates)?;
+    let segs = crate::residency::segments(plan);
+    let mut units = Vec::new();
+    thunk_units(&plan.thunks, &mut units);
+    let mut steps = Vec::with_capacity(units.len());
+    for t in units {
+        let mut inner = Vec::new();
+        let mut cut = false;
+        crate::residency::flatten(std::slice::from_ref(t), &segs, &mut inner, &mut cut);
+        let mut uses: Vec<Use> = Vec::new();
+        for u in inner.iter().flat_map(|s| &s.uses) {
+            match uses.iter_mut().find(|x| x.buffer == u.buffer) {
+                Some(x) => {
+                    x.bytes = x.bytes.max(u.bytes);
+                    x.read |= u.read;
+                    x.write |= u.write;
+                }
+                None => uses.push(*u),
+            }
+        }
+        steps.push(xla_vmm_policy::residency::ThunkStep {
+            name: format!("{} '{}'", t.kind_name(), t.info.profile_annotation),
+            uses,
+            flops: inner.iter().map(|s| s.flops).sum(),
+        });
+    }
+    let mut buffers = full.buffers;
+    for b in &mut buffers {
+        b.home = homes.get(b.id).copied().unwrap_or(Home::Host);
+    }
+    Ok((
+        ResidencyInput {
+            buffers,
+            steps,
+            rates,
+            budget_bytes,
+        },
+        segs,
+    ))
+}
+
+/// Device bytes a staging area may take now: what the configured limit
+/// leaves, else the device's free memory less a headroom.
+fn room<B: Backend>(be: &B) -> u64 {
+    let usage = be.budget().usage();
+    let free = be.mem_info().map(|(free, _)| free).unwrap_or(0);
+    match usage.limits.device {
+        Some(limit) => limit.saturating_sub(usage.device_bytes).min(free),
+        None => free.saturating_sub(HEADROOM_BYTES),
+    }
+}
+
+impl<B: Backend> Staging<B> {
+    /// The staging of `plan` whose allocations live at `homes` (`None`:
+    /// nothing is in host memory, or nothing pays to stage; said at info
+    /// level). `ops` are the loaded ops of `plan`.
+    pub(crate) fn plan(
+        ctx: &VmmContext<B>,
+        plan: &Plan,
+        ops: &[Op<B>],
+        homes: &[Home],
+    ) -> Result<Option<Self>> {
+        if !homes.contains(&Home::Host) {
+            return Ok(None);
+        }
+        let be = ctx.backend();
+        let name = &plan.module_name;
+        let mut units = Vec::new();
+        op_units(ops, &mut units);
+        let mut thunks = Vec::new();
+        thunk_units(&plan.thunks, &mut thunks);
+        if units.len() != thunks.len() || has_async(&units) {
+            tracing::info!(executable = %name,
+                "part of it is in host memory; not staged (async work), read in place");
+            return Ok(None);
+        }
+        let gran = be.info().vmm_granularity.max(1);
+        let room = room(&**be) / gran * gran;
+        let (input, segs) = unit_input(plan, homes, room, Rates::H200)?;
+        let residency =
+            plan_residency(&input).map_err(|e| RuntimeError::invalid(format!("residency: {e}")))?;
+        let mut placements = residency.placements.clone();
+        // An area too fragmented for a thunk's buffers: stage less.
+        let steps = loop {
+            match stage(&input, &placements, room, ALIGN) {
+                Ok(s) => break s,
+                Err(e) => {
+                    let largest = (0..placements.len())
+                        .filter(|&i| placements[i] == Placement::Staged)
+                        .max_by_key(|&i| input.buffers[i].bytes);
+                    let Some(i) = largest else {
+                        return Err(RuntimeError::invalid(format!("staging: {e}")));
+                    };
+                    placements[i] = Placement::InPlace;
+                }
+            }
+        };
+        if steps.stays.is_empty() {
+            tracing::info!(executable = %name, room,
+                "part of it is in host memory; nothing pays to stage, read in place");
+            return Ok(None);
+        }
+        let area = DeviceBuffer::alloc_at(ctx, steps.area_bytes, MemLocation::Device)?;
+        let summary = summarize(&input, &placements, &residency, &steps, area.mapped());
+        tracing::info!(executable = %name, area = summary.area_bytes, staged = summary.staged,
+            staged_bytes = summary.staged_bytes, in_place = summary.in_place,
+            in_place_bytes = summary.in_place_bytes, device_bytes = summary.device_bytes,
+            bytes_in = summary.bytes_in_per_step, bytes_out = summary.bytes_out_per_step,
+            "part of it is in host memory: staged through a device area");
+        let slice = |b: usize| {
+            let (allocation, start, end) = segs[b];
+            Slice {
+                allocation,
+                offset: start,
+                size: end - start,
+            }
+        };
+        let mut around: Vec<Around> = (0..units.len()).map(|_| Around::default()).collect();
+        let (mut n_marks, mut ins, mut outs) = (0, Vec::new(), Vec::new());
+        for (i, c) in steps.copies_in.iter().enumerate() {
+            let a = &mut around[c.issue_before];
+            a.ins.push(i);
+            if a.issue.is_none() {
+                a.issue = Some(n_marks);
+                n_marks += 1;
+            }
+            around[c.needed_by].waits.push(i);
+            ins.push(Copy {
+                home: slice(c.buffer),
+                area: c.offset,
+            });
+        }
+        for (i, c) in steps.copies_out.iter().enumerate() {
+            let a = &mut around[c.after];
+            a.outs.push(i);
+            if a.after.is_none() {
+                a.after = Some(n_marks);
+                n_marks += 1;
+            }
+            outs.push(Copy {
+                home: slice(c.buffer),
+                area: c.offset,
+            });
+        }
+        for s in &steps.stays {
+            let h = slice(s.buffer);
+            let r = Redirect {
+                allocation: h.allocation,
+                start: h.offset,
+                end: h.end(),
+                to: area.ptr().offset(s.offset),
+            };
+            for a in &mut around[s.first..=s.last] {
+                a.redirects.push(r);
+            }
+        }
+        // Streams and events: on an error, what was made is released.
+        let mut t = Teardown::new("a staging that failed to set up");
+        let copy_stream = be.stream_create()?;
+        let mut events = Vec::new();
+        let made = (|| -> Result<()> {
+            for _ in 0..2 + ins.len() + n_marks {
+                events.push(be.event_create()?);
+            }
+            Ok(())
+        })();
+        if let Err(e) = made {
+            for ev in events {
+                t.check("event_destroy", be.event_destroy(ev));
+            }
+            t.check("stream_destroy", be.stream_destroy(copy_stream));
+            return Err(e);
+        }
+        let mut events = events.into_iter();
+        let mut next = || events.next().expect("made above");
+        let (fork, join) = (next(), next());
+        let landed = (0..ins.len()).map(|_| next()).collect();
+        let marks = (0..n_marks).map(|_| next()).collect();
+        Ok(Some(Staging {
+            area,
+            copy_stream,
+            fork,
+            join,
+            ins,
+            outs,
+            landed,
+            marks,
+            around,
+            summary,
+        }))
+    }
+
+    pub(crate) fn summary(&self) -> &StagingSummary {
+        &self.summary
+    }
+
+    /// Run `ops` (the program's) on `stream` with their staging.
+    pub(crate) fn run(
+        &self,
+        env: &ExecEnv<'_, B>,
+        ops: &[Op<B>],
+        slots: &SlotTable,
+        stream: &B::Stream,
+    ) -> Result<()> {
+        let be = env.backend;
+        let mut units = Vec::with_capacity(self.around.len());
+        op_units(ops, &mut units);
+        if units.len() != self.around.len() {
+            return Err(RuntimeError::invalid(format!(
+                "staging planned for {} ops, the program has {}",
+                self.around.len(),
+                units.len()
+            )));
+        }
+        let cs = &self.copy_stream;
+        be.event_record(&self.fork, stream)?;
+        be.stream_wait_event(cs, &self.fork)?;
+        let mut table = slots.clone();
+        let mut nest = Vec::new();
+        for (op, a) in units.iter().zip(&self.around) {
+            if let Some(m) = a.issue {
+                be.event_record(&self.marks[m], stream)?;
+                be.stream_wait_event(cs, &self.marks[m])?;
+                for &i in &a.ins {
+                    let c = &self.ins[i];
+                    let to = self.area.ptr().offset(c.area);
+                    be.copy_d2d(to, slots.resolve(&c.home)?, c.home.size, cs)?;
+                    be.event_record(&self.landed[i], cs)?;
+                }
+            }
+            for &i in &a.waits {
+                be.stream_wait_event(stream, &self.landed[i])?;
+            }
+            table.set_redirects(&a.redirects);
+            run_op(env, op, &table, stream, &mut nest)?;
+            if let Some(m) = a.after {
+                be.event_record(&self.marks[m], stream)?;
+                be.stream_wait_event(cs, &self.marks[m])?;
+                for &i in &a.outs {
+                    let c = &self.outs[i];
+                    let from = self.area.ptr().offset(c.area);
+                    be.copy_d2d(slots.resolve(&c.home)?, from, c.home.size, cs)?;
+                }
+            }
+        }
+        be.event_record(&self.join, cs)?;
+        be.stream_wait_event(stream, &self.join)?;
+        Ok(())
+    }
+
+    /// Wait for the copy stream, release everything (failures in `t`).
+    pub(crate) fn release(self, be: &B, t: &mut Teardown) {
+        t.check(
+            "stream_synchronize",
+            be.stream_synchronize(&self.copy_stream),
+        );
+        for e in [self.fork, self.join]
+            .into_iter()
+            .chain(self.landed)
+            .chain(self.marks)
+        {
+            t.check("event_destroy", be.event_destroy(e));
+        }
+        t.check("stream_destroy", be.stream_destroy(self.copy_stream));
+        t.check("freeing the staging area", self.area.free());
+    }
+}
+
+fn summarize(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    residency: &xla_vmm_policy::residency::ResidencyPlan,
+    steps: &xla_vmm_policy::staging::Staging,
+    area_bytes: u64,
+) -> StagingSummary {
+    let mut s = StagingSummary {
+        area_bytes,
+        bytes_in_per_step: steps.bytes_in,
+        bytes_out_per_step: steps.bytes_out,
+        estimated_step_us: residency.step_us,
+        unbudgeted_step_us: residency.unbudgeted_step_us,
+        ..Default::default()
+    };
+    for (b, p) in input.buffers.iter().zip(placements) {
+        match (b.home, p) {
+            (Home::Device, _) => s.device_bytes += b.bytes,
+            (_, Placement::Staged) => {
+                s.staged += 1;
+                s.staged_bytes += b.bytes;
+            }
+            _ => {
+                s.in_place += 1;
+                s.in_place_bytes += b.bytes;
+            }
+        }
+    }
+    s
+}
+
+/// Where each of a program's `n` allocations lives: its own buffers'
+/// locations, its parameters' (per allocation; `None`: raw memory, taken
+/// for device memory); an allocation of neither (size 0) counts as on the
+/// device.
+pub(crate) fn homes(
+    n: usize,
+    owned: impl Iterator<Item = (usize, MemLocation)>,
+    params: impl Iterator<Item = (usize, Option<MemLocation>)>,
+) -> Vec<Home> {
+    let mut homes = vec![Home::Device; n];
+    let home = |l: Option<MemLocation>| match l {
+        Some(MemLocation::Host) => Home::Host,
+        // Raw memory (not our allocator's) is device memory.
+        _ => Home::Device,
+    };
+    for (a, l) in owned {
+        if let Some(h) = homes.get_mut(a) {
+            *h = home(Some(l));
+        }
+    }
+    for (a, l) in params {
+        if let Some(h) = homes.get_mut(a) {
+            *h = home(l);
+        }
+    }
+    homes
+}
