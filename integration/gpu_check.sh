@@ -266,26 +266,35 @@ want va-gap && check "va-gap" python3 integration/diag/va_gap.py --vmm "$VMM" --
   --rows "${VA_GAP_ROWS:-modes}" ${VA_GAP_MODELS:-llama_small_f32 maxtext_tiny_bf16}
 # 5b''. Programs past a device memory budget (opt in: section `budget`, issue 29): the fixtures and the
 #       stock references with XLA_VMM_DEVICE_MEMORY_LIMIT far below their buffers, so that most of them live
-#       in host memory mapped for the device (cuMemCreate, host NUMA): outputs bit-identical to stock's in
-#       eager and VA-stable graph mode, the 50-step loops' losses too, and the step time against no budget.
-#       BUDGET_LIMIT (default 8M).
+#       in host memory mapped for the device (cuMemCreate, host NUMA) and what the staging reserve allows is
+#       staged through device memory: outputs bit-identical to stock's in eager and VA-stable graph mode at
+#       each of BUDGET_LIMITS (default 8M 64M), the 50-step loops' losses too, and the step time at each of
+#       BUDGET_TIME_LIMITS (default none 8M 128M 384M; `none`: no budget) with staging and, at each limit,
+#       with the whole budget for ordinary allocations (XLA_VMM_STAGING_RESERVE=0: read in place).
 if want budget; then
-  for f in small loop mlp_adam_donated llama_scan_bf16; do
-    fx_setup "$f" || continue
-    for mode in eager graph; do
-      check "budget:$f:$mode" env XLA_VMM_DEVICE_MEMORY_LIMIT="${BUDGET_LIMIT:-8M}" \
-        "$VMM" run "$pj" --inputs "$nz" --compare "$nz" --mode "$mode" "${nd[@]}"
+  for lim in ${BUDGET_LIMITS:-8M 64M}; do
+    for f in small loop mlp_adam_donated llama_scan_bf16; do
+      fx_setup "$f" || continue
+      for mode in eager graph; do
+        check "budget:$lim:$f:$mode" env XLA_VMM_DEVICE_MEMORY_LIMIT="$lim" \
+          "$VMM" run "$pj" --inputs "$nz" --compare "$nz" --mode "$mode" "${nd[@]}"
+      done
     done
   done
   for f in llama_sgd_f32 llama_scan_bf16; do
     [ -f "$WORK/ref-det/$f.pjrt" ] || continue
-    check "budget:loop$STEPS:$f:graph" env XLA_VMM_DEVICE_MEMORY_LIMIT="${BUDGET_LIMIT:-8M}" \
-      "$VMM" run "$WORK/ref-det/$f.pjrt" --inputs "$WORK/ref-det/$f.npz" --mode graph \
-      --loop-steps "$STEPS" --loop-ref "$WORK/ref-det/$f.loop.json"
-    for lim in none "${BUDGET_LIMIT:-8M}"; do
-      benv=(); [ "$lim" != none ] && benv=(XLA_VMM_DEVICE_MEMORY_LIMIT="$lim")
-      check "budget:time:$f:$lim" env "${benv[@]}" "$VMM" run "$WORK/ref-det/$f.pjrt" --inputs "$WORK/ref-det/$f.npz" \
-        --steps 30 --warmup 20
+    for lim in ${BUDGET_LIMITS:-8M 64M}; do
+      check "budget:$lim:loop$STEPS:$f:graph" env XLA_VMM_DEVICE_MEMORY_LIMIT="$lim" \
+        "$VMM" run "$WORK/ref-det/$f.pjrt" --inputs "$WORK/ref-det/$f.npz" --mode graph \
+        --loop-steps "$STEPS" --loop-ref "$WORK/ref-det/$f.loop.json"
+    done
+    for lim in ${BUDGET_TIME_LIMITS:-none 8M 128M 384M}; do
+      for reserve in 25 0; do
+        benv=(XLA_VMM_STAGING_RESERVE=$reserve); [ "$lim" != none ] && benv+=(XLA_VMM_DEVICE_MEMORY_LIMIT="$lim")
+        [ "$lim" = none ] && [ $reserve = 0 ] && continue
+        check "budget:time:$f:$lim:reserve$reserve" env "${benv[@]}" "$VMM" run "$WORK/ref-det/$f.pjrt" \
+          --inputs "$WORK/ref-det/$f.npz" --steps 30 --warmup 20
+      done
     done
     check "budget:plan:$f" "$VMM" inspect "$WORK/ref-det/$f.pjrt" --memory-budget "${BUDGET_LIMIT:-8M}"
   done

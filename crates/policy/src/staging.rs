@@ -20,13 +20,15 @@
 //!   future, and not by this thunk, is evicted (Belady; among equals the one
 //!   idle the longest) until one fits;
 //! - its copy in is issued right after the range's last user (and that
-//!   user's copy home, if it was dirty) and waited for just before the
-//!   thunk; a buffer this thunk overwrites whole, or a temporary's first
+//!   user's copy home, if it was dirty), and after the buffer's own
+//!   previous stay in the area ended (its bytes are home by then), and
+//!   waited for just before the thunk; a buffer this thunk overwrites whole, or a temporary's first
 //!   use in the step, needs no copy in;
 //! - an evicted buffer goes home only when it was written and someone reads
 //!   it again (the next step when it lives across steps).
 //!
-//! Offsets are aligned to `align`. An area too small or too fragmented for
+//! A buffer sits in the area at its home offset modulo `align`, so that
+//! every slice keeps its home alignment. An area too small or too fragmented for
 //! one thunk's buffers is an error ([`PolicyError::InvalidResidency`]): the
 //! caller stages less.
 
@@ -223,6 +225,10 @@ pub fn stage(
     }];
     let mut held: Vec<Held> = Vec::new();
     let mut last_use = vec![0usize; bufs.len()];
+    // Per buffer, the thunk after which its previous stay (and its copy
+    // home) is issued: a copy in of it again must come later, or it reads
+    // home before its bytes are there.
+    let mut left_after: Vec<Option<usize>> = vec![None; bufs.len()];
     let evict = |h: Held, out: &mut Staging, free: &mut Vec<Free>, last: usize| {
         // A dirty buffer goes home after its last use, the range is free
         // after that copy (issued after the same thunk).
@@ -240,15 +246,19 @@ pub fn stage(
             first: h.first,
             last,
         });
-        give_back(free, h.offset, h.offset + h.size, last + 1);
+        let start = h.offset - h.offset % align;
+        give_back(free, start, start + h.size, last + 1);
     };
     for k in 0..m {
         for &(b, _, wants) in &per[k] {
             if held.iter().any(|h| h.buffer == b) {
                 continue;
             }
-            let size = align_up(bufs[b].bytes.max(1), align);
-            let (offset, free_from) = loop {
+            // In the area at its home offset modulo `align`, so that every
+            // slice keeps its home alignment.
+            let skew = bufs[b].offset % align;
+            let size = align_up(bufs[b].bytes.max(1) + skew, align);
+            let (start, free_from) = loop {
                 if let Some(got) = take(&mut free, size) {
                     break got;
                 }
@@ -270,8 +280,10 @@ pub fn stage(
                 };
                 let h = held.remove(vi);
                 let last = last_use[h.buffer];
+                left_after[h.buffer] = Some(last);
                 evict(h, &mut out, &mut free, last);
             };
+            let offset = start + skew;
             held.push(Held {
                 buffer: b,
                 offset,
@@ -279,12 +291,13 @@ pub fn stage(
                 first: k,
                 dirty: false,
             });
-            out.area_bytes = out.area_bytes.max(offset + size);
+            out.area_bytes = out.area_bytes.max(start + size);
             if wants {
+                let after_left = left_after[b].map_or(0, |l| l + 1);
                 out.copies_in.push(CopyIn {
                     buffer: b,
                     offset,
-                    issue_before: free_from.min(k),
+                    issue_before: free_from.max(after_left).min(k),
                     needed_by: k,
                 });
                 out.bytes_in += bufs[b].bytes;
@@ -385,6 +398,19 @@ mod tests {
         }
         for c in &s.copies_in {
             assert!(c.issue_before <= c.needed_by);
+            let b = &input.buffers[c.buffer];
+            assert_eq!(c.offset % 512, b.offset % 512, "home alignment kept");
+            // Its previous stay, and so its copy home, is issued before it.
+            for st in s
+                .stays
+                .iter()
+                .filter(|st| st.buffer == c.buffer && st.last < c.needed_by)
+            {
+                assert!(
+                    st.last < c.issue_before,
+                    "copy {c:?} reads home before {st:?} left"
+                );
+            }
             // Nothing else lives in its range between issue and need.
             let ce = c.offset + input.buffers[c.buffer].bytes;
             for st in s
@@ -471,7 +497,7 @@ mod tests {
             seed ^= seed << 17;
             seed % n
         };
-        for _ in 0..200 {
+        for _ in 0..2000 {
             let nb = 2 + rnd(12) as usize;
             let buffers: Vec<Buffer> = (0..nb).map(|i| buf(i, 1 + rnd(64), rnd(2) == 0)).collect();
             let steps: Vec<ThunkStep> = (0..1 + rnd(30))
@@ -490,7 +516,7 @@ mod tests {
             let input = input(buffers, steps, (total / 2).max(1));
             let plan = plan_residency(&input).unwrap();
             let area = input.budget_bytes - plan.resident_bytes;
-            match stage(&input, &plan.placements, area, 2 * MB) {
+            match stage(&input, &plan.placements, area, 512) {
                 Ok(s) => {
                     check(&input, &plan.placements, &s, area);
                     assert!(s.area_bytes <= area);

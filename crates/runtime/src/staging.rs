@@ -20,7 +20,10 @@
 //! range); the compute stream waits for each copy's event just before the
 //! thunk that needs it; that thunk resolves the staged slices to the area
 //! (a redirect of the slot table); after thunk `k`, the copies home issued
-//! there (dirty buffers read again). At the end the compute stream joins
+//! there (dirty buffers read again). A thunk that writes a staged buffer
+//! into area bytes no copy in filled (a whole overwrite, a temporary's
+//! first use) first waits for the copies home issued before it: the
+//! range's previous occupant may still be on its way out. At the end the compute stream joins
 //! the copy stream. The same calls are captured into a graph in the graph
 //! modes (the copy stream joins the capture through the fork event), so
 //! every mode runs the same copies; with nothing in host memory nothing
@@ -86,9 +89,15 @@ struct Around {
     issue: Option<usize>,
     /// Copies in it waits for.
     waits: Vec<usize>,
-    /// Copies home issued after it, after `after`.
+    /// Copies home issued after it, after `after`; `outs_done` is recorded
+    /// on the copy stream behind them.
     outs: Vec<usize>,
     after: Option<usize>,
+    outs_done: Option<usize>,
+    /// It writes a staged buffer into area bytes that no copy in filled:
+    /// it waits for the copies home issued before it (the range's last
+    /// occupant may still be on its way home).
+    waits_outs: bool,
     /// Its staged bytes, in the area.
     redirects: Vec<Redirect>,
 }
@@ -283,7 +292,8 @@ impl<B: Backend> Staging<B> {
             a.outs.push(i);
             if a.after.is_none() {
                 a.after = Some(n_marks);
-                n_marks += 1;
+                a.outs_done = Some(n_marks + 1);
+                n_marks += 2;
             }
             outs.push(Copy {
                 home: slice(c.buffer),
@@ -291,6 +301,11 @@ impl<B: Backend> Staging<B> {
             });
         }
         for s in &steps.stays {
+            let filled = steps
+                .copies_in
+                .iter()
+                .any(|c| c.buffer == s.buffer && c.needed_by == s.first);
+            around[s.first].waits_outs |= !filled;
             let h = slice(s.buffer);
             let r = Redirect {
                 allocation: h.allocation,
@@ -365,6 +380,8 @@ impl<B: Backend> Staging<B> {
         be.stream_wait_event(cs, &self.fork)?;
         let mut table = slots.clone();
         let mut nest = Vec::new();
+        // The copies home issued last (their `outs_done` event).
+        let mut outs_done: Option<&B::Event> = None;
         for (op, a) in units.iter().zip(&self.around) {
             if let Some(m) = a.issue {
                 be.event_record(&self.marks[m], stream)?;
@@ -379,6 +396,11 @@ impl<B: Backend> Staging<B> {
             for &i in &a.waits {
                 be.stream_wait_event(stream, &self.landed[i])?;
             }
+            if a.waits_outs {
+                if let Some(e) = outs_done.take() {
+                    be.stream_wait_event(stream, e)?;
+                }
+            }
             table.set_redirects(&a.redirects);
             run_op(env, op, &table, stream, &mut nest)?;
             if let Some(m) = a.after {
@@ -388,6 +410,10 @@ impl<B: Backend> Staging<B> {
                     let c = &self.outs[i];
                     let from = self.area.ptr().offset(c.area);
                     be.copy_d2d(slots.resolve(&c.home)?, from, c.home.size, cs)?;
+                }
+                if let Some(d) = a.outs_done {
+                    be.event_record(&self.marks[d], cs)?;
+                    outs_done = Some(&self.marks[d]);
                 }
             }
         }
