@@ -298,6 +298,17 @@ if want budget; then
     done
     check "budget:plan:$f" "$VMM" inspect "$WORK/ref-det/$f.pjrt" --memory-budget "${BUDGET_LIMIT:-8M}"
   done
+  # compute-sanitizer memcheck over 20 staged steps (llama_scan_bf16 at 64M: 86 buffers staged through a
+  # 16 MiB area; llama_sgd_f32 at 384M: 65 through 96 MiB), losses against stock's.
+  if command -v compute-sanitizer >/dev/null; then
+    for fl in llama_scan_bf16:64M llama_sgd_f32:384M; do
+      f=${fl%%:*}; lim=${fl#*:}
+      [ -f "$WORK/ref-det/$f.pjrt" ] || continue
+      check "budget:memcheck20:$f:$lim" env XLA_VMM_DEVICE_MEMORY_LIMIT="$lim" compute-sanitizer --tool memcheck \
+        --report-api-errors no --error-exitcode 9 "$VMM" run "$WORK/ref-det/$f.pjrt" --inputs "$WORK/ref-det/$f.npz" \
+        --mode graph --loop-steps 20 --loop-ref "$WORK/ref-det/$f.loop.json"
+    done
+  fi
 fi
 
 # 5c. JAX's own tests, stock vs vmm (opt in: section `jax`). Exit status 0 whatever the tests did: the

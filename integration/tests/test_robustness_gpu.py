@@ -70,6 +70,44 @@ EXIT_IN_FLIGHT = textwrap.dedent("""
     print("EXITING", flush=True)
 """) % PKG
 
+# A model past the device budget, trained as a user would (issue 29, item 5): 48 MiB of weights and
+# 96 MiB of Adam state against a 64 MiB budget, so that most of them live in host memory and the
+# training step stages them through device memory. Prints each loss's bits and the step's staging.
+TRAIN_PAST_BUDGET = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, %r)
+    import numpy as np, jax, jax.numpy as jnp
+    from jax_plugins import xla_vmm
+    d = jax.devices("vmm")[0]
+    rng = np.random.default_rng(0)
+    ws = [jax.device_put((rng.standard_normal((1024, 1024)) / 32).astype(np.float32), d) for _ in range(12)]
+    ms = [jnp.zeros_like(w) for w in ws]
+    vs = [jnp.zeros_like(w) for w in ws]
+    x = jax.device_put(rng.standard_normal((256, 1024)).astype(np.float32), d)
+
+    def loss(ws):
+        h = x
+        for w in ws:
+            h = jnp.tanh(h @ w)
+        return jnp.mean(h * h)
+
+    @jax.jit
+    def step(ws, ms, vs):
+        l, g = jax.value_and_grad(loss)(ws)
+        ms = [0.9 * m + 0.1 * gi for m, gi in zip(ms, g)]
+        vs = [0.999 * v + 0.001 * gi * gi for v, gi in zip(vs, g)]
+        ws = [w - 1e-3 * m / (jnp.sqrt(v) + 1e-8) for w, m, v in zip(ws, ms, vs)]
+        return l, ws, ms, vs
+
+    for i in range(8):
+        l, ws, ms, vs = step(ws, ms, vs)
+        print("LOSS %%d %%08x" %% (i, np.asarray(l, np.float32).view(np.uint32)))
+    for p in xla_vmm.report()["programs"]:
+        if p.get("staging"):
+            s = p["staging"]
+            print("STAGED %%s %%d %%d %%d" %% (p["program"], s["staged"], s["bytes_in_per_step"], s["in_place"]))
+""") % PKG
+
 
 def run(script, timeout, **extra):
     env = dict(os.environ, JAX_PLATFORMS="vmm,cpu", **extra)
@@ -92,3 +130,16 @@ def test_exit_with_work_in_flight_is_prompt():
     # bound is for the teardown (waiting for the stream, stopping threads), not the work.
     assert secs < 60, "exit took %.1f s" % secs
     print("exit with 300 steps in flight: %.1f s" % secs)
+
+
+def test_a_model_past_the_device_budget_trains_with_the_losses_of_no_budget():
+    free, _ = run(TRAIN_PAST_BUDGET, 300)
+    assert free.returncode == 0, free.stdout[-2000:] + free.stderr[-4000:]
+    tight, _ = run(TRAIN_PAST_BUDGET, 300, XLA_VMM_DEVICE_MEMORY_LIMIT="64M")
+    assert tight.returncode == 0, tight.stdout[-2000:] + tight.stderr[-4000:]
+    losses = lambda r: [l for l in r.stdout.splitlines() if l.startswith("LOSS")]  # noqa: E731
+    assert len(losses(free)) == 8 and losses(tight) == losses(free), (losses(tight), losses(free))
+    staged = [l for l in tight.stdout.splitlines() if l.startswith("STAGED")]
+    assert staged, "nothing was staged: " + tight.stdout[-2000:]
+    assert not [l for l in free.stdout.splitlines() if l.startswith("STAGED")]
+    print("\n".join(staged))

@@ -21,7 +21,7 @@ use crate::config::RunConfig;
 use crate::custom_call::{CallContext, CustomCallRegistry};
 use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::run_program;
-use crate::guard::{Guard, GuardReport};
+use crate::guard::{Guard, GuardReport, Runner};
 use crate::program::Program;
 use crate::recapture::Recapture;
 use crate::report::{ProgramReport, ReportSlot};
@@ -381,14 +381,35 @@ impl<B: Backend> Executable<B> {
                         va.note_guard(r.clone());
                     }
                     let (r, name) = (r.clone(), self.runner_name());
+                    let keep = r.runner;
                     self.report.update(|x| {
                         x.guard = Some(r);
                         x.runner = name;
                     });
+                    self.release_unchosen(stream, keep);
                 }
             }
         }
         out
+    }
+
+    /// Once the guard has chosen `keep`, the other runners' graphs, VA
+    /// reservations and shadows go (after the stream: this step's work may
+    /// use them). A failure to wait keeps them, said once.
+    fn release_unchosen(&mut self, stream: &B::Stream, keep: Runner) {
+        let be = self.program.backend_arc();
+        if let Err(e) = be.stream_synchronize(stream) {
+            tracing::warn!(error = %e, "the guard's unchosen runners are kept: the stream could not be waited for");
+            return;
+        }
+        if keep != Runner::Recapture {
+            self.recapture.release(&*be);
+        }
+        if keep != Runner::VaStable {
+            if let Some(va) = self.va.take() {
+                va.teardown(&*be);
+            }
+        }
     }
 
     /// Run once on `stream` in `mode`, whatever the configuration says (no
@@ -419,6 +440,8 @@ impl<B: Backend> Executable<B> {
                 })
                 .collect();
             self.program.plan_staging(&params);
+            let staging = self.program.staging_summary().cloned();
+            self.report.update(|r| r.staging = staging);
         }
         if mode != Mode::Graph {
             if let Some(va) = self.va.as_mut() {

@@ -9,9 +9,13 @@
 //! (a launch-bound step), the GPU waits for the next step's work, so the
 //! period is the host's time per step. Either way it is what a training loop
 //! sees, whatever the caller does between steps (the same for every runner).
-//! Events are read with queries only (never waited for), so the trial adds
-//! no synchronization; the decision waits until its samples have arrived,
-//! running the default meanwhile.
+//! Events are read with queries, so the trial adds no synchronization,
+//! except once: when every trial step is on the stream, the guard waits for
+//! the step after the last counted one to start (a host far ahead of the
+//! GPU, as under JAX's asynchronous dispatch, would otherwise leave the
+//! samples unread and the program undecided). A sample that could not be
+//! read does not hold the decision back: it is taken on the samples there
+//! are.
 //!
 //! The schedule ([`Trial`]): the VA-stable runner first (its own warm-up:
 //! capture, and auto's re-plan after
@@ -176,6 +180,11 @@ impl Trial {
             .min_by(f64::total_cmp)
     }
 
+    /// Every step of the schedule was handed out.
+    pub fn exhausted(&self) -> bool {
+        Self::schedule(self.issued).is_none()
+    }
+
     /// Every planned sample is in (a dropped runner needs no more).
     pub fn complete(&self) -> bool {
         Self::schedule(self.issued).is_none()
@@ -270,6 +279,14 @@ impl<B: Backend> Guard<B> {
             return;
         }
         let mut t = Teardown::new("the guard's events");
+        let exhausted = self.trial.exhausted();
+        if exhausted && self.marks.iter().any(|m| m.planned.counted) {
+            if let Some(last) = self.marks.back().filter(|m| !m.planned.counted) {
+                // Once per program: every counted period is closed by an
+                // event on the stream; wait for the last one.
+                let _ = be.event_synchronize(&last.event);
+            }
+        }
         // A period needs the next step's start event to have completed.
         while self.marks.len() >= 2 {
             let done = matches!(
@@ -287,7 +304,8 @@ impl<B: Backend> Guard<B> {
             }
             t.check("event_destroy", be.event_destroy(m.event));
         }
-        if self.trial.complete() {
+        let unread = self.marks.iter().any(|m| m.planned.counted);
+        if self.trial.complete() || (exhausted && !unread) {
             let d = self.trial.decide(self.step);
             let ms = |v: Option<f64>| v.map_or("-".to_string(), |u| format!("{:.3}", u / 1e3));
             tracing::info!(executable, runner = d.runner.name(), step = d.decided_at_step,

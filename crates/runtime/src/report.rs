@@ -32,6 +32,9 @@ pub struct ProgramReport {
     pub guard: Option<GuardReport>,
     /// Its entry in the binding stats (`stats()`), once it ran VA-stable.
     pub binding_stats: Option<String>,
+    /// What staging through device memory does per step, when part of its
+    /// memory is in host memory ([`crate::staging`]).
+    pub staging: Option<crate::staging::StagingSummary>,
 }
 
 type Slot = Arc<Mutex<ProgramReport>>;

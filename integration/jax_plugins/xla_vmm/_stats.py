@@ -48,6 +48,14 @@ class Report(dict):
             rows.append((p["program"], p["mode"], p["runner"], str(p["steps"]), why[:100]))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+        for p in self.get("programs", []):
+            s = p.get("staging")
+            if s:
+                lines.append("%s: part in host memory; %d buffers (%.1f MiB) staged through a %.1f MiB device "
+                             "area, %d (%.1f MiB) read in place; per step %.1f MiB in, %.1f MiB out"
+                             % (p["program"], s["staged"], s["staged_bytes"] / 2**20, s["area_bytes"] / 2**20,
+                                s["in_place"], s["in_place_bytes"] / 2**20, s["bytes_in_per_step"] / 2**20,
+                                s["bytes_out_per_step"] / 2**20))
         for d in self.get("devices", []):
             m = d["memory"]
             lim = m["limits"].get("device")
@@ -62,7 +70,8 @@ def report(library=None):
     """Every loaded program of this process with its mode, how it runs now (``va-stable graph``,
     ``graph-recapture``, ``eager``, ``guard trial``, ``vendor fallback``) and why when that is not the
     VA-stable graph, its steps and the never-slower guard's decision; and each device's memory budget
-    use (device and host bytes). Returns a dict; ``print(report())`` shows a table."""
+    use (device and host bytes); for a program whose memory is partly in host memory, what is staged
+    through device memory per step (``staging``). Returns a dict; ``print(report())`` shows a table."""
     return Report(_json_from(library, "xla_vmm_report_json"))
 
 
