@@ -744,8 +744,9 @@ def test_report_lists_the_programs_and_the_guard_picks_one_runner():
     assert "runs as" in str(r)
     # Every runner runs the same kernels: the losses follow the CPU's through the trial's switches
     # (bit-identity across the switch is the GPU check's loop50 rows, on one executable). 30 steps
-    # of f32 matmuls drift apart from the CPU's by 3.7e-4 at most (seen on the H200): 2e-3 here.
+    # of f32 matmuls (TF32 on the GPU) drift apart from the CPU's: by 4.3e-3 relative at most on the
+    # H200 with jax 0.11.2, the same before and after the guard's release of unchosen runners: 1e-2.
     wc, xc = jax.device_put(rand((32, 32), seed=6), CPU), jax.device_put(rand((16, 32), seed=5), CPU)
     for k in range(30):
         wc, lc = step(wc, xc)
-        np.testing.assert_allclose(losses[k], float(lc), rtol=2e-3)
+        np.testing.assert_allclose(losses[k], float(lc), rtol=1e-2)
