@@ -289,7 +289,7 @@ if want budget; then
         --loop-steps "$STEPS" --loop-ref "$WORK/ref-det/$f.loop.json"
     done
     for lim in ${BUDGET_TIME_LIMITS:-none 8M 128M 384M}; do
-      for reserve in 25 0; do
+      for reserve in ${BUDGET_RESERVES:-25 0}; do
         benv=(XLA_VMM_STAGING_RESERVE=$reserve); [ "$lim" != none ] && benv+=(XLA_VMM_DEVICE_MEMORY_LIMIT="$lim")
         [ "$lim" = none ] && [ $reserve = 0 ] && continue
         check "budget:time:$f:$lim:reserve$reserve" env "${benv[@]}" "$VMM" run "$WORK/ref-det/$f.pjrt" \

@@ -28,8 +28,10 @@
 //!
 //! 1. Everything fits: everything on the device, nothing moves.
 //! 2. Per buffer, what it costs off the device per step: staged, its bytes
-//!    over the link once in (and once out if the step writes it and it lives
-//!    across steps); in place, every byte its thunks touch. A buffer whose
+//!    over the link once in if it lives across steps and its first thunk
+//!    needs them (not a whole overwrite), once out if the step writes it and
+//!    it lives across steps (a temporary crosses nothing: it is born and
+//!    dies in the area); in place, every byte its thunks touch. A buffer whose
 //!    thunks touch fewer bytes than staging would move (an embedding row
 //!    lookup) is read in place: its kernel's stall is small. Otherwise it is
 //!    staged: its copy overlaps other thunks' compute, where reading it in
@@ -286,6 +288,9 @@ struct Facts {
     touched: u64,
     written: bool,
     used: bool,
+    /// Its first thunk in the step needs its bytes (reads them, or writes
+    /// only part of them).
+    first_needs: bool,
 }
 
 fn facts(input: &ResidencyInput) -> Vec<Facts> {
@@ -296,9 +301,25 @@ fn facts(input: &ResidencyInput) -> Vec<Facts> {
             touched: 0,
             written: false,
             used: false,
+            first_needs: false,
         })
         .collect();
     for t in &input.steps {
+        // The first thunk using a buffer: does it need what is there?
+        let mut first: Vec<(usize, bool, bool)> = Vec::new(); // buffer, reads, wholly written
+        for u in t.uses.iter().filter(|u| !f[u.buffer].used) {
+            let whole = u.write && u.bytes == input.buffers[u.buffer].bytes;
+            match first.iter_mut().find(|x| x.0 == u.buffer) {
+                Some(x) => {
+                    x.1 |= u.read;
+                    x.2 |= whole;
+                }
+                None => first.push((u.buffer, u.read, whole)),
+            }
+        }
+        for (b, reads, whole) in first {
+            f[b].first_needs = reads || !whole;
+        }
         for u in &t.uses {
             let x = &mut f[u.buffer];
             x.touched = x.touched.saturating_add(traffic(u));
@@ -372,12 +393,12 @@ pub fn plan_residency(input: &ResidencyInput) -> Result<ResidencyPlan> {
         .iter()
         .zip(&f)
         .map(|(b, x)| {
-            let out = if x.written && b.persistent {
-                b.bytes
-            } else {
-                0
-            };
-            let staged = b.bytes + out;
+            // Staged, what crosses per step: its bytes in when its first
+            // thunk needs them and they live across steps (a temporary
+            // holds nothing at the step's start), out when the step writes
+            // them and they live across steps.
+            let crossing = |yes: bool| if yes && b.persistent { b.bytes } else { 0 };
+            let staged = crossing(x.first_needs) + crossing(x.written);
             if !x.used {
                 (Placement::InPlace, 0.0)
             } else if x.touched < staged {
@@ -431,7 +452,7 @@ fn plan_with(
     let mut resident = 0u64;
     for &i in order {
         let b = input.buffers[i].bytes;
-        if off[i].1 <= 0.0 || input.buffers[i].home != Home::Movable {
+        if !f[i].used || input.buffers[i].home != Home::Movable {
             continue;
         }
         let mut trial = placements.clone();
@@ -947,6 +968,30 @@ mod tests {
         let p = plan_residency(&all).unwrap();
         assert!(p.placements.iter().all(|&x| x == Placement::Device));
         assert_eq!((p.resident_bytes, p.bytes_in_per_step), (0, 0));
+    }
+
+    #[test]
+    fn in_host_memory_temporaries_and_whole_overwrites_are_staged_not_read_in_place() {
+        // All in host memory: a weight read once (b0), a temporary written
+        // then read twice (b1), an output written whole once (b2).
+        let mut input = ResidencyInput {
+            buffers: vec![buf(0, 100, true), buf(1, 100, false), buf(2, 100, true)],
+            steps: vec![
+                step("a", &[(0, 100, false), (1, 100, true)], 1e9),
+                step("b", &[(1, 100, false), (2, 100, true)], 1e9),
+                step("c", &[(1, 100, false)], 1e9),
+            ],
+            rates: Rates::H200,
+            budget_bytes: 300 * MB,
+        };
+        input.buffers.iter_mut().for_each(|b| b.home = Home::Host);
+        let p = plan_residency(&input).unwrap();
+        assert_eq!(p.placements, vec![Placement::Staged; 3]);
+        // In: the weight at most (the area may keep it across steps); out:
+        // the output; the temporary never crosses.
+        assert!(p.bytes_in_per_step <= 100 * MB);
+        assert_eq!(p.bytes_out_per_step, 100 * MB);
+        assert_eq!(p.bytes_in_place_per_step, 0);
     }
 
     #[test]

@@ -44,11 +44,15 @@ pub struct CopyIn {
     pub buffer: usize,
     /// Its place in the area.
     pub offset: u64,
-    /// Issued before this thunk (on the copy stream, after every earlier
-    /// thunk and copy home).
+    /// Issued before this thunk (on the stream of copies in, after every
+    /// earlier thunk).
     pub issue_before: usize,
     /// The thunk that waits for it.
     pub needed_by: usize,
+    /// The last copy home it must follow (index into
+    /// [`Staging::copies_out`]): its own bytes' way home, or a copy out of
+    /// the area range it fills.
+    pub after_out: Option<usize>,
 }
 
 /// A copy of a buffer from the area back home.
@@ -74,6 +78,10 @@ pub struct Stay {
     pub first: usize,
     /// Last thunk of the stay that uses it.
     pub last: usize,
+    /// Without a copy in, its first thunk fills the range: the last copy
+    /// home out of that range it must wait for (index into
+    /// [`Staging::copies_out`]).
+    pub after_out: Option<usize>,
 }
 
 /// One step's copies and addresses.
@@ -245,6 +253,7 @@ pub fn stage(
             offset: h.offset,
             first: h.first,
             last,
+            after_out: None,
         });
         let start = h.offset - h.offset % align;
         give_back(free, start, start + h.size, last + 1);
@@ -299,6 +308,7 @@ pub fn stage(
                     offset,
                     issue_before: free_from.max(after_left).min(k),
                     needed_by: k,
+                    after_out: None,
                 });
                 out.bytes_in += bufs[b].bytes;
             }
@@ -321,6 +331,47 @@ pub fn stage(
     out.copies_in.sort_by_key(|c| c.issue_before);
     out.copies_out.sort_by_key(|c| c.after);
     out.stays.sort_by_key(|s| (s.first, s.buffer));
+    // Copies in and home run on two streams (the link carries both ways at
+    // once): each copy in, and each thunk filling a range without one,
+    // follows the last copy home issued before it that writes its home or
+    // reads its range.
+    let span = |b: usize, off: u64| (off, off + bufs[b].bytes);
+    let overlaps = |(a0, a1): (u64, u64), (b0, b1): (u64, u64)| a0 < b1 && b0 < a1;
+    let last_out = |before: usize, b: usize, off: u64| {
+        out.copies_out
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.after < before)
+            .filter(|(_, o)| o.buffer == b || overlaps(span(o.buffer, o.offset), span(b, off)))
+            .map(|(i, _)| i)
+            .next_back()
+    };
+    let ins: Vec<Option<usize>> = out
+        .copies_in
+        .iter()
+        .map(|c| last_out(c.issue_before, c.buffer, c.offset))
+        .collect();
+    let filled: Vec<Option<usize>> = out
+        .stays
+        .iter()
+        .map(|st| {
+            let copied = out
+                .copies_in
+                .iter()
+                .any(|c| c.buffer == st.buffer && c.needed_by == st.first);
+            if copied {
+                None
+            } else {
+                last_out(st.first, st.buffer, st.offset)
+            }
+        })
+        .collect();
+    for (c, d) in out.copies_in.iter_mut().zip(ins) {
+        c.after_out = d;
+    }
+    for (st, d) in out.stays.iter_mut().zip(filled) {
+        st.after_out = d;
+    }
     Ok(out)
 }
 
@@ -385,6 +436,25 @@ mod tests {
                 assert!(stay.offset + input.buffers[u.buffer].bytes <= area);
             }
         }
+        // A stay filled by its thunk waits for the copies home out of its range.
+        for st in &s.stays {
+            if s.copies_in
+                .iter()
+                .any(|c| c.buffer == st.buffer && c.needed_by == st.first)
+            {
+                continue;
+            }
+            let se = st.offset + input.buffers[st.buffer].bytes;
+            for (i, o) in s.copies_out.iter().enumerate() {
+                let oe = o.offset + input.buffers[o.buffer].bytes;
+                if o.after < st.first && o.offset < se && st.offset < oe {
+                    assert!(
+                        st.after_out.is_some_and(|j| j >= i),
+                        "{st:?} does not wait for {o:?}"
+                    );
+                }
+            }
+        }
         for (i, a) in s.stays.iter().enumerate() {
             for b in &s.stays[i + 1..] {
                 let live = a.first <= b.last && b.first <= a.last;
@@ -410,6 +480,18 @@ mod tests {
                     st.last < c.issue_before,
                     "copy {c:?} reads home before {st:?} left"
                 );
+            }
+            // It follows every earlier copy home of its bytes or its range.
+            let ce = c.offset + b.bytes;
+            for (i, o) in s.copies_out.iter().enumerate() {
+                let oe = o.offset + input.buffers[o.buffer].bytes;
+                let related = o.buffer == c.buffer || (o.offset < ce && c.offset < oe);
+                if related && o.after < c.issue_before {
+                    assert!(
+                        c.after_out.is_some_and(|j| j >= i),
+                        "{c:?} does not follow {o:?}"
+                    );
+                }
             }
             // Nothing else lives in its range between issue and need.
             let ce = c.offset + input.buffers[c.buffer].bytes;

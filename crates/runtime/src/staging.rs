@@ -14,19 +14,21 @@
 //!
 //! The thunks are the program's top-level ops (sequences flattened; a loop
 //! or a conditional is one unit, what any of its thunks touches staged
-//! for all of it). On a copy stream forked from the compute stream at the
-//! step's start: before thunk `k`, the copies in issued there (after an
-//! event on the compute stream: every earlier thunk is done with the
-//! range); the compute stream waits for each copy's event just before the
-//! thunk that needs it; that thunk resolves the staged slices to the area
-//! (a redirect of the slot table); after thunk `k`, the copies home issued
-//! there (dirty buffers read again). A thunk that writes a staged buffer
-//! into area bytes no copy in filled (a whole overwrite, a temporary's
-//! first use) first waits for the copies home issued before it: the
-//! range's previous occupant may still be on its way out. At the end the compute stream joins
-//! the copy stream. The same calls are captured into a graph in the graph
-//! modes (the copy stream joins the capture through the fork event), so
-//! every mode runs the same copies; with nothing in host memory nothing
+//! for all of it). Two copy streams, forked from the compute stream at the
+//! step's start, carry the copies in and the copies home (the link runs
+//! both ways at once). Before thunk `k`, the copies in issued there, after
+//! an event on the compute stream (every earlier thunk is done with the
+//! range) and after the copy home each must follow (its own bytes on their
+//! way home, or the last occupant of its range on its way out); the compute
+//! stream waits for each copy's event just before the thunk that needs it;
+//! that thunk resolves the staged slices to the area (a redirect of the
+//! slot table). A thunk that fills area bytes without a copy in (a whole
+//! overwrite, a temporary's first use) waits for the copies home out of
+//! that range. After thunk `k`, the copies home issued there (dirty bytes
+//! read again, this step or the next). At the end the compute stream joins
+//! both copy streams. The same calls are captured into a graph in the
+//! graph modes (the copy streams join the capture through the fork event),
+//! so every mode runs the same copies; with nothing in host memory nothing
 //! here runs.
 //!
 //! The plan is made for the memory bound at the first run. A later run
@@ -79,25 +81,24 @@ pub struct StagingSummary {
 struct Copy {
     home: Slice,
     area: u64,
+    /// The copy home it follows (a copy in; index into `outs`).
+    after_out: Option<usize>,
 }
 
 /// What happens around one top-level op.
 #[derive(Default)]
 struct Around {
-    /// Copies in issued before it (indices into `ins`), after `issue`.
+    /// Copies in issued before it (indices into `ins`), after the compute
+    /// stream's mark `issue`.
     ins: Vec<usize>,
     issue: Option<usize>,
     /// Copies in it waits for.
     waits: Vec<usize>,
-    /// Copies home issued after it, after `after`; `outs_done` is recorded
-    /// on the copy stream behind them.
+    /// Copies home it waits for (it fills area bytes they read).
+    waits_home: Vec<usize>,
+    /// Copies home issued after it, after the mark `after`.
     outs: Vec<usize>,
     after: Option<usize>,
-    outs_done: Option<usize>,
-    /// It writes a staged buffer into area bytes that no copy in filled:
-    /// it waits for the copies home issued before it (the range's last
-    /// occupant may still be on its way home).
-    waits_outs: bool,
     /// Its staged bytes, in the area.
     redirects: Vec<Redirect>,
 }
@@ -106,14 +107,19 @@ struct Around {
 /// per-op actions.
 pub(crate) struct Staging<B: Backend> {
     area: DeviceBuffer<B>,
-    copy_stream: B::Stream,
-    /// Fork (compute → copy) at the start, join (copy → compute) at the end.
+    /// Copies in and copies home run on streams of their own (the link
+    /// carries both ways at once).
+    in_stream: B::Stream,
+    out_stream: B::Stream,
+    /// Fork (compute → copy streams) at the start; joins (copy streams →
+    /// compute) at the end.
     fork: B::Event,
-    join: B::Event,
+    joins: [B::Event; 2],
     ins: Vec<Copy>,
     outs: Vec<Copy>,
-    /// One per copy in: it has landed.
+    /// One per copy in: it has landed; one per copy home: it is home.
     landed: Vec<B::Event>,
+    homed: Vec<B::Event>,
     /// Recorded on the compute stream before issuing copies in / home.
     marks: Vec<B::Event>,
     around: Vec<Around>,
@@ -285,6 +291,7 @@ impl<B: Backend> Staging<B> {
             ins.push(Copy {
                 home: slice(c.buffer),
                 area: c.offset,
+                after_out: c.after_out,
             });
         }
         for (i, c) in steps.copies_out.iter().enumerate() {
@@ -292,20 +299,18 @@ impl<B: Backend> Staging<B> {
             a.outs.push(i);
             if a.after.is_none() {
                 a.after = Some(n_marks);
-                a.outs_done = Some(n_marks + 1);
-                n_marks += 2;
+                n_marks += 1;
             }
             outs.push(Copy {
                 home: slice(c.buffer),
                 area: c.offset,
+                after_out: None,
             });
         }
         for s in &steps.stays {
-            let filled = steps
-                .copies_in
-                .iter()
-                .any(|c| c.buffer == s.buffer && c.needed_by == s.first);
-            around[s.first].waits_outs |= !filled;
+            if let Some(j) = s.after_out {
+                around[s.first].waits_home.push(j);
+            }
             let h = slice(s.buffer);
             let r = Redirect {
                 allocation: h.allocation,
@@ -319,10 +324,13 @@ impl<B: Backend> Staging<B> {
         }
         // Streams and events: on an error, what was made is released.
         let mut t = Teardown::new("a staging that failed to set up");
-        let copy_stream = be.stream_create()?;
+        let mut streams = Vec::new();
         let mut events = Vec::new();
         let made = (|| -> Result<()> {
-            for _ in 0..2 + ins.len() + n_marks {
+            for _ in 0..2 {
+                streams.push(be.stream_create()?);
+            }
+            for _ in 0..3 + ins.len() + outs.len() + n_marks {
                 events.push(be.event_create()?);
             }
             Ok(())
@@ -331,22 +339,32 @@ impl<B: Backend> Staging<B> {
             for ev in events {
                 t.check("event_destroy", be.event_destroy(ev));
             }
-            t.check("stream_destroy", be.stream_destroy(copy_stream));
+            for st in streams {
+                t.check("stream_destroy", be.stream_destroy(st));
+            }
             return Err(e);
         }
         let mut events = events.into_iter();
         let mut next = || events.next().expect("made above");
-        let (fork, join) = (next(), next());
+        let (fork, joins) = (next(), [next(), next()]);
         let landed = (0..ins.len()).map(|_| next()).collect();
+        let homed = (0..outs.len()).map(|_| next()).collect();
         let marks = (0..n_marks).map(|_| next()).collect();
+        let mut streams = streams.into_iter();
+        let (in_stream, out_stream) = (
+            streams.next().expect("made above"),
+            streams.next().expect("made above"),
+        );
         Ok(Some(Staging {
             area,
-            copy_stream,
+            in_stream,
+            out_stream,
             fork,
-            join,
+            joins,
             ins,
             outs,
             landed,
+            homed,
             marks,
             around,
             summary,
@@ -375,67 +393,69 @@ impl<B: Backend> Staging<B> {
                 units.len()
             )));
         }
-        let cs = &self.copy_stream;
+        let (cin, cout) = (&self.in_stream, &self.out_stream);
         be.event_record(&self.fork, stream)?;
-        be.stream_wait_event(cs, &self.fork)?;
+        be.stream_wait_event(cin, &self.fork)?;
+        be.stream_wait_event(cout, &self.fork)?;
         let mut table = slots.clone();
         let mut nest = Vec::new();
-        // The copies home issued last (their `outs_done` event).
-        let mut outs_done: Option<&B::Event> = None;
         for (op, a) in units.iter().zip(&self.around) {
             if let Some(m) = a.issue {
                 be.event_record(&self.marks[m], stream)?;
-                be.stream_wait_event(cs, &self.marks[m])?;
+                be.stream_wait_event(cin, &self.marks[m])?;
                 for &i in &a.ins {
                     let c = &self.ins[i];
+                    if let Some(j) = c.after_out {
+                        be.stream_wait_event(cin, &self.homed[j])?;
+                    }
                     let to = self.area.ptr().offset(c.area);
-                    be.copy_d2d(to, slots.resolve(&c.home)?, c.home.size, cs)?;
-                    be.event_record(&self.landed[i], cs)?;
+                    be.copy_d2d(to, slots.resolve(&c.home)?, c.home.size, cin)?;
+                    be.event_record(&self.landed[i], cin)?;
                 }
             }
             for &i in &a.waits {
                 be.stream_wait_event(stream, &self.landed[i])?;
             }
-            if a.waits_outs {
-                if let Some(e) = outs_done.take() {
-                    be.stream_wait_event(stream, e)?;
-                }
+            for &j in &a.waits_home {
+                be.stream_wait_event(stream, &self.homed[j])?;
             }
             table.set_redirects(&a.redirects);
             run_op(env, op, &table, stream, &mut nest)?;
             if let Some(m) = a.after {
                 be.event_record(&self.marks[m], stream)?;
-                be.stream_wait_event(cs, &self.marks[m])?;
-                for &i in &a.outs {
-                    let c = &self.outs[i];
+                be.stream_wait_event(cout, &self.marks[m])?;
+                for &j in &a.outs {
+                    let c = &self.outs[j];
                     let from = self.area.ptr().offset(c.area);
-                    be.copy_d2d(slots.resolve(&c.home)?, from, c.home.size, cs)?;
-                }
-                if let Some(d) = a.outs_done {
-                    be.event_record(&self.marks[d], cs)?;
-                    outs_done = Some(&self.marks[d]);
+                    be.copy_d2d(slots.resolve(&c.home)?, from, c.home.size, cout)?;
+                    be.event_record(&self.homed[j], cout)?;
                 }
             }
         }
-        be.event_record(&self.join, cs)?;
-        be.stream_wait_event(stream, &self.join)?;
+        for (e, s) in self.joins.iter().zip([cin, cout]) {
+            be.event_record(e, s)?;
+            be.stream_wait_event(stream, e)?;
+        }
         Ok(())
     }
 
-    /// Wait for the copy stream, release everything (failures in `t`).
+    /// Wait for the copy streams, release everything (failures in `t`).
     pub(crate) fn release(self, be: &B, t: &mut Teardown) {
-        t.check(
-            "stream_synchronize",
-            be.stream_synchronize(&self.copy_stream),
-        );
-        for e in [self.fork, self.join]
+        for s in [&self.in_stream, &self.out_stream] {
+            t.check("stream_synchronize", be.stream_synchronize(s));
+        }
+        let [j0, j1] = self.joins;
+        for e in [self.fork, j0, j1]
             .into_iter()
             .chain(self.landed)
+            .chain(self.homed)
             .chain(self.marks)
         {
             t.check("event_destroy", be.event_destroy(e));
         }
-        t.check("stream_destroy", be.stream_destroy(self.copy_stream));
+        for s in [self.in_stream, self.out_stream] {
+            t.check("stream_destroy", be.stream_destroy(s));
+        }
         t.check("freeing the staging area", self.area.free());
     }
 }
