@@ -26,6 +26,18 @@ fn host_backend(capacity: u64, limits: MemoryLimits) -> Arc<HostBackend> {
     b
 }
 
+/// An allocator whose every buffer is its own physical block.
+fn allocator(b: &Arc<HostBackend>) -> VmmAllocator<HostBackend> {
+    VmmAllocator::new(
+        b.clone(),
+        VmmConfig {
+            small_threshold: 0,
+            ..VmmConfig::default()
+        },
+    )
+    .unwrap()
+}
+
 fn setup(device: u64, host: u64, capacity: u64) -> (Arc<HostBackend>, VmmAllocator<HostBackend>) {
     let b = host_backend(
         capacity,
@@ -35,14 +47,7 @@ fn setup(device: u64, host: u64, capacity: u64) -> (Arc<HostBackend>, VmmAllocat
             staging_reserve: Some(0),
         },
     );
-    let a = VmmAllocator::new(
-        b.clone(),
-        VmmConfig {
-            small_threshold: 0,
-            ..VmmConfig::default()
-        },
-    )
-    .unwrap();
+    let a = allocator(&b);
     (b, a)
 }
 
@@ -137,14 +142,7 @@ fn ordinary_allocations_leave_the_staging_reserve_to_explicit_device_memory() {
             staging_reserve: Some(50),
         },
     );
-    let a = VmmAllocator::new(
-        b.clone(),
-        VmmConfig {
-            small_threshold: 0,
-            ..VmmConfig::default()
-        },
-    )
-    .unwrap();
+    let a = allocator(&b);
     let bufs: Vec<_> = (0..3).map(|_| a.alloc(G).unwrap()).collect();
     let at: Vec<MemLocation> = bufs.iter().map(|x| x.phys().location()).collect();
     assert_eq!(

@@ -813,13 +813,15 @@ fn schedule(
     }
 }
 
+/// Small builders for the planner's tests (here and in `crate::staging`).
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
 
-    const MB: u64 = 1 << 20;
+    pub const MB: u64 = 1 << 20;
 
-    fn buf(id: usize, mb: u64, persistent: bool) -> Buffer {
+    /// Buffer `id` of `mb` MiB, anywhere.
+    pub fn buf(id: usize, mb: u64, persistent: bool) -> Buffer {
         Buffer {
             id,
             offset: 0,
@@ -830,32 +832,42 @@ mod tests {
         }
     }
 
-    fn uses(list: &[(usize, u64, bool)]) -> Vec<Use> {
-        list.iter()
-            .map(|&(b, mb, w)| Use {
-                buffer: b,
-                bytes: mb * MB,
-                read: !w,
-                write: w,
-            })
-            .collect()
-    }
-
-    fn step(name: &str, list: &[(usize, u64, bool)], flops: f64) -> ThunkStep {
+    /// A thunk using `(buffer, MiB, read, write)`.
+    pub fn thunk(name: &str, list: &[(usize, u64, bool, bool)], flops: f64) -> ThunkStep {
         ThunkStep {
             name: name.into(),
-            uses: uses(list),
+            uses: list
+                .iter()
+                .map(|&(buffer, mb, read, write)| Use {
+                    buffer,
+                    bytes: mb * MB,
+                    read,
+                    write,
+                })
+                .collect(),
             flops,
         }
     }
 
-    fn input(buffers: Vec<Buffer>, steps: Vec<ThunkStep>, budget_mb: u64) -> ResidencyInput {
+    pub fn input(buffers: Vec<Buffer>, steps: Vec<ThunkStep>, budget_mb: u64) -> ResidencyInput {
         ResidencyInput {
             buffers,
             steps,
             rates: Rates::H200,
             budget_bytes: budget_mb * MB,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    /// A thunk using `(buffer, MiB, written)`: read when not written.
+    fn step(name: &str, list: &[(usize, u64, bool)], flops: f64) -> ThunkStep {
+        let four: Vec<_> = list.iter().map(|&(b, mb, w)| (b, mb, !w, w)).collect();
+        thunk(name, &four, flops)
     }
 
     /// A layered model: 8 weights of 100 MB read once each by a matmul that

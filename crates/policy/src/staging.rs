@@ -378,44 +378,19 @@ pub fn stage(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::residency::{plan_residency, Buffer, Home, Rates, ThunkStep, Use};
+    use crate::residency::testing::{input, thunk, MB};
+    use crate::residency::{plan_residency, Buffer, Home, ThunkStep};
 
-    const MB: u64 = 1 << 20;
-
+    /// Buffer `id` of `mb` MiB in host memory.
     fn buf(id: usize, mb: u64, persistent: bool) -> Buffer {
         Buffer {
-            id,
-            offset: 0,
-            name: format!("b{id}"),
-            bytes: mb * MB,
-            persistent,
             home: Home::Host,
+            ..crate::residency::testing::buf(id, mb, persistent)
         }
     }
 
     fn step(uses: &[(usize, u64, bool, bool)]) -> ThunkStep {
-        ThunkStep {
-            name: "t".into(),
-            uses: uses
-                .iter()
-                .map(|&(buffer, mb, read, write)| Use {
-                    buffer,
-                    bytes: mb * MB,
-                    read,
-                    write,
-                })
-                .collect(),
-            flops: 1e9,
-        }
-    }
-
-    fn input(buffers: Vec<Buffer>, steps: Vec<ThunkStep>, budget_mb: u64) -> ResidencyInput {
-        ResidencyInput {
-            buffers,
-            steps,
-            rates: Rates::H200,
-            budget_bytes: budget_mb * MB,
-        }
+        thunk("t", uses, 1e9)
     }
 
     /// Replays the staging and checks it: every staged use finds its buffer
