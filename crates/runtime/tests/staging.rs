@@ -13,44 +13,43 @@ use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::{Backend, HostBackend, MemLocation, MemoryLimits};
 use xla_vmm_runtime::{DeviceBuffer, Executable, Mode, StagingSummary, UserBuffer};
 
-/// p0, p1 read; p2 donated and incremented; a temp in two segments;
-/// out0 = 2·p1, out1 = 2·p0 (through the temp), p2 += 1.
-fn program() -> Plan {
+/// Over `n` f32: p0, p1 read; p2 donated and incremented; a temp in two
+/// segments; out0 = 2·p1, out1 = 2·p0 (through the temp), p2 += 1.
+fn program(n: u64) -> Plan {
+    let (v, k) = (4 * n, n as u32);
     let allocs = vec![
-        alloc(0, 16, param(0, false)),
-        alloc(1, 16, param(1, false)),
-        alloc(2, 16, param(2, true)),
-        alloc(3, 16, AllocationRole::Output { outputs: vec![] }),
-        alloc(4, 64, AllocationRole::Temp),
-        alloc(5, 16, AllocationRole::Output { outputs: vec![] }),
+        alloc(0, v, param(0, false)),
+        alloc(1, v, param(1, false)),
+        alloc(2, v, param(2, true)),
+        alloc(3, v, AllocationRole::Output { outputs: vec![] }),
+        alloc(4, 4 * v, AllocationRole::Temp),
+        alloc(5, v, AllocationRole::Output { outputs: vec![] }),
     ];
-    let thunks = vec![thunk(
-        "seq",
-        ThunkKind::Sequential {
-            thunks: vec![
-                copy("copy.0", sl(0, 0, 16), sl(4, 0, 16)),
-                kernel(
-                    "scale2",
-                    vec![(sl(4, 0, 16), false), (sl(4, 32, 16), true)],
-                    Some(4),
-                    1,
-                ),
-                kernel(
-                    "scale2",
-                    vec![(sl(1, 0, 16), false), (sl(3, 0, 16), true)],
-                    Some(4),
-                    1,
-                ),
-                copy("copy.3", sl(4, 32, 16), sl(5, 0, 16)),
-            ],
-        },
-    )];
-    let mut thunks = thunks;
-    thunks.push(kernel("inc", vec![(sl(2, 0, 16), true)], None, 4));
+    let seq = vec![
+        copy("copy.0", sl(0, 0, v), sl(4, 0, v)),
+        kernel(
+            "scale2",
+            vec![(sl(4, 0, v), false), (sl(4, 2 * v, v), true)],
+            Some(k),
+            1,
+        ),
+        kernel(
+            "scale2",
+            vec![(sl(1, 0, v), false), (sl(3, 0, v), true)],
+            Some(k),
+            1,
+        ),
+        copy("copy.3", sl(4, 2 * v, v), sl(5, 0, v)),
+    ];
+    let thunks = vec![
+        thunk("seq", ThunkKind::Sequential { thunks: seq }),
+        kernel("inc", vec![(sl(2, 0, v), true)], None, n),
+    ];
+    let f = f32s(n as usize);
     plan(
         allocs,
-        vec![f32s(4), f32s(4), f32s(4)],
-        vec![(3, f32s(4)), (5, f32s(4)), (2, f32s(4))],
+        vec![f.clone(), f.clone(), f.clone()],
+        vec![(3, f.clone()), (5, f.clone()), (2, f)],
         thunks,
     )
 }
@@ -58,42 +57,50 @@ fn program() -> Plan {
 fn f32s_of(
     b: &Arc<HostBackend>,
     ptr: xla_vmm_device::DevicePtr,
+    n: usize,
     stream: &<HostBackend as Backend>::Stream,
 ) -> Vec<f32> {
-    let mut d = vec![0u8; 16];
+    let mut d = vec![0u8; 4 * n];
     b.read_sync(&mut d, ptr, stream).unwrap();
     d.chunks(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
 
-/// Two steps of `program` in `mode` with the parameters at `at`, under a
-/// device limit of `limit` bytes: the outputs of the second step and
-/// whether it was staged.
-fn two_steps(
-    mode: Mode,
-    at: MemLocation,
-    limit: Option<u64>,
-) -> (Vec<Vec<f32>>, Option<StagingSummary>) {
+/// A host backend with a device limit of `limit` bytes, all of it for
+/// ordinary allocations.
+fn backend_with(limit: Option<u64>) -> Arc<HostBackend> {
     let b = backend();
     b.budget().set_limits(MemoryLimits {
         device: limit,
         host: None,
         staging_reserve: Some(0),
     });
+    b
+}
+
+/// Two steps of `program(n)` on `b` in `mode` with the parameters at `at`
+/// (p0 = 1.., p1 = 5.., p2 = 10, 20, ..): the outputs of the second step
+/// and its staging; everything it made is released before it returns.
+fn two_steps_on(
+    b: &Arc<HostBackend>,
+    n: usize,
+    mode: Mode,
+    at: MemLocation,
+) -> (Vec<Vec<f32>>, Option<StagingSummary>) {
     let ctx = VmmContext::new(b.clone());
     let stream = b.stream_create().unwrap();
-    let mut exe = Executable::load(b.clone(), program(), None, &stream).unwrap();
-    let inputs = [
-        [1.0f32, 2.0, 3.0, 4.0],
-        [5.0, 6.0, 7.0, 8.0],
-        [10.0, 20.0, 30.0, 40.0],
+    let mut exe = Executable::load(b.clone(), program(n as u64), None, &stream).unwrap();
+    let inputs: [Vec<f32>; 3] = [
+        (0..n).map(|i| 1.0 + i as f32).collect(),
+        (0..n).map(|i| 5.0 + i as f32).collect(),
+        (0..n).map(|i| 10.0 * (i + 1) as f32).collect(),
     ];
     let mut bufs = Vec::new();
     for (i, v) in inputs.iter().enumerate() {
-        let buf = DeviceBuffer::alloc_at(&ctx, 16, at).unwrap();
+        let buf = DeviceBuffer::alloc_at(&ctx, 4 * n as u64, at).unwrap();
         b.write_sync(buf.ptr(), &bytes(v), &stream).unwrap();
-        let mut user = UserBuffer::raw(buf.ptr(), 16);
+        let mut user = UserBuffer::raw(buf.ptr(), 4 * n as u64);
         user.location = Some(buf.location());
         exe.bind_user_buffer(i, user).unwrap();
         bufs.push(buf);
@@ -103,7 +110,7 @@ fn two_steps(
         outs = exe.run(&stream, mode).unwrap();
     }
     b.stream_synchronize(&stream).unwrap();
-    let got = outs.iter().map(|o| f32s_of(&b, o.ptr, &stream)).collect();
+    let got = outs.iter().map(|o| f32s_of(b, o.ptr, n, &stream)).collect();
     let staged = exe.program().staging_summary().cloned();
     drop(exe);
     for buf in bufs {
@@ -111,6 +118,15 @@ fn two_steps(
     }
     b.stream_destroy(stream).unwrap();
     (got, staged)
+}
+
+/// [`two_steps_on`] for 4 f32 on a fresh backend with a device `limit`.
+fn two_steps(
+    mode: Mode,
+    at: MemLocation,
+    limit: Option<u64>,
+) -> (Vec<Vec<f32>>, Option<StagingSummary>) {
+    two_steps_on(&backend_with(limit), 4, mode, at)
 }
 
 #[test]
@@ -142,4 +158,32 @@ fn with_no_room_for_an_area_host_memory_is_read_in_place() {
         assert_eq!(got[2], vec![12.0, 22.0, 32.0, 42.0]);
         assert_eq!(got[0], vec![10.0, 12.0, 14.0, 16.0]);
     }
+}
+
+#[test]
+fn programs_loaded_staged_run_and_dropped_by_the_hundred_leave_nothing_behind() {
+    // One backend, programs of varied shapes in every mode, half of them
+    // with their parameters in host memory (staged): after each is
+    // dropped, the backend holds what it held before (issue 34, item 2).
+    let b = backend_with(Some(64 << 20));
+    let before = b.outstanding();
+    for i in 0..120usize {
+        let n = 4 + 4 * (i % 7);
+        let mode = [Mode::Eager, Mode::GraphRecapture, Mode::Graph][i % 3];
+        let at = [MemLocation::Device, MemLocation::Host][(i / 3) % 2];
+        let (got, staged) = two_steps_on(&b, n, mode, at);
+        assert_eq!(staged.is_some(), at == MemLocation::Host, "program {i}");
+        let want_p2: Vec<f32> = (0..n).map(|k| 10.0 * (k + 1) as f32 + 2.0).collect();
+        let want_out1: Vec<f32> = (0..n).map(|k| 2.0 * (1.0 + k as f32)).collect();
+        assert_eq!(
+            (&got[2], &got[1]),
+            (&want_p2, &want_out1),
+            "program {i}: {mode:?} {at:?}"
+        );
+    }
+    assert_eq!(
+        b.outstanding(),
+        before,
+        "every program's memory, streams, events and graphs released"
+    );
 }
