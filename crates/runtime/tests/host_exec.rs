@@ -243,6 +243,74 @@ fn while_with_trip_count_and_loop_dependent_windows_eager_and_graph() {
     }
 }
 
+/// Two runs of `p` in `mode` on a backend with a 4 MiB device limit, half
+/// of it kept for staging (the program's first own buffer gets the other
+/// half, the rest are host-located and staged): the second run's outputs,
+/// and whether the program was staged.
+fn run_staged(b: &Arc<HostBackend>, p: Plan, input: &[f32], mode: Mode) -> (Vec<Vec<f32>>, bool) {
+    b.budget().set_limits(xla_vmm_device::MemoryLimits {
+        device: Some(4 << 20),
+        host: None,
+        staging_reserve: Some(50),
+    });
+    let stream = b.stream_create().unwrap();
+    let mut exe = Executable::load(b.clone(), p, None, &stream).unwrap();
+    let bytes_in = (input.len() * 4) as u64;
+    let buf = DeviceBuffer::alloc(b, bytes_in).unwrap();
+    b.write_sync(buf.ptr(), &bytes(input), &stream).unwrap();
+    exe.bind_parameter(0, buf.ptr(), bytes_in).unwrap();
+    let mut outs = Vec::new();
+    for _ in 0..2 {
+        outs = exe.run(&stream, mode).unwrap();
+    }
+    b.stream_synchronize(&stream).unwrap();
+    let got = outs
+        .iter()
+        .map(|o| {
+            let mut d = vec![0u8; o.bytes as usize];
+            b.read_sync(&mut d, o.ptr, &stream).unwrap();
+            d.chunks(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        })
+        .collect();
+    let staged = exe
+        .program()
+        .staging_summary()
+        .is_some_and(|s| s.staged > 0);
+    drop(exe);
+    buf.free().unwrap();
+    b.stream_destroy(stream).unwrap();
+    (got, staged)
+}
+
+#[test]
+fn loops_whose_own_buffers_are_in_host_memory_are_staged_with_the_same_results() {
+    for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
+        // A loop with a trip count and windows that move with it: one unit.
+        let (out, staged) = run_staged(&backend(), loop_plan(Some(3)), &[10.0, 20.0], mode);
+        assert!(staged, "{mode:?}");
+        assert_eq!(out[0], vec![13.0, 23.0], "{mode:?}");
+        assert_eq!(out[1], vec![7.0, 7.0, 7.0, 0.0], "{mode:?}");
+        // A loop whose condition is read on the host (eager) or is a WHILE
+        // node (graphs), its predicate in the staging area.
+        let b = backend();
+        b.register_kernel(
+            "less_than_5",
+            Arc::new(|ctx, args, _cfg| {
+                let (x, pred) = (arg_ptr(args, 0)?, arg_ptr(args, 1)?);
+                let v = ctx.read_f32(x, 1)?[0];
+                ctx.write(pred, &[u8::from(v < 5.0)])
+            }),
+        );
+        for window in [false, true] {
+            let (out, staged) = run_staged(&b, counting_loop_plan(window), &[1.5, 10.0], mode);
+            assert!(staged, "{mode:?}");
+            assert_eq!(out[0], vec![5.5, 14.0], "{mode:?} window {window}");
+        }
+    }
+}
+
 #[test]
 fn async_start_done_runs_on_a_second_stream_and_joins() {
     let b = backend();
