@@ -295,14 +295,7 @@ fn loops_whose_own_buffers_are_in_host_memory_are_staged_with_the_same_results()
         // A loop whose condition is read on the host (eager) or is a WHILE
         // node (graphs), its predicate in the staging area.
         let b = backend();
-        b.register_kernel(
-            "less_than_5",
-            Arc::new(|ctx, args, _cfg| {
-                let (x, pred) = (arg_ptr(args, 0)?, arg_ptr(args, 1)?);
-                let v = ctx.read_f32(x, 1)?[0];
-                ctx.write(pred, &[u8::from(v < 5.0)])
-            }),
-        );
+        register_less_than_5(&b);
         for window in [false, true] {
             let (out, staged) = run_staged(&b, counting_loop_plan(window), &[1.5, 10.0], mode);
             assert!(staged, "{mode:?}");
@@ -439,6 +432,18 @@ fn unsupported_thunks_are_rejected_at_load_naming_kind_and_annotation() {
 
 /// while (acc[0] < 5) { acc += 1 }: the condition is a host kernel writing
 /// the predicate; no trip count.
+/// The counting loop's condition kernel: pred = x[0] < 5.
+fn register_less_than_5(b: &HostBackend) {
+    b.register_kernel(
+        "less_than_5",
+        Arc::new(|ctx, args, _cfg| {
+            let (x, pred) = (arg_ptr(args, 0)?, arg_ptr(args, 1)?);
+            let v = ctx.read_f32(x, 1)?[0];
+            ctx.write(pred, &[u8::from(v < 5.0)])
+        }),
+    );
+}
+
 fn counting_loop_plan(with_window: bool) -> Plan {
     let allocs = vec![
         alloc(0, 8, param(0, false)),
@@ -479,14 +484,7 @@ fn counting_loop_plan(with_window: bool) -> Plan {
 #[test]
 fn while_without_trip_count_reads_the_condition_eagerly_and_is_a_while_node_in_graphs() {
     let b = backend();
-    b.register_kernel(
-        "less_than_5",
-        Arc::new(|ctx, args, _cfg| {
-            let (x, pred) = (arg_ptr(args, 0)?, arg_ptr(args, 1)?);
-            let v = ctx.read_f32(x, 1)?[0];
-            ctx.write(pred, &[u8::from(v < 5.0)])
-        }),
-    );
+    register_less_than_5(&b);
     for mode in [Mode::Eager, Mode::GraphRecapture] {
         let out = run(&b, counting_loop_plan(false), &[vec![1.5, 10.0]], mode).unwrap();
         // 1.5 -> 2.5 -> 3.5 -> 4.5 -> 5.5: four iterations.
