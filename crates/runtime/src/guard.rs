@@ -163,20 +163,10 @@ impl Trial {
         }
     }
 
-    fn median(v: &[f64]) -> Option<f64> {
-        let mut w = v.to_vec();
-        w.sort_by(f64::total_cmp);
-        match w.len() {
-            0 => None,
-            n if n % 2 == 1 => Some(w[n / 2]),
-            n => Some((w[n / 2 - 1] + w[n / 2]) / 2.0),
-        }
-    }
-
     fn best_median(&self) -> Option<f64> {
         Runner::ALL
             .iter()
-            .filter_map(|r| Self::median(&self.samples[r.index()]))
+            .filter_map(|r| median(&self.samples[r.index()]))
             .min_by(f64::total_cmp)
     }
 
@@ -196,7 +186,7 @@ impl Trial {
 
     /// The decision (once [`Trial::complete`]).
     pub fn decide(&self, step: u64) -> GuardReport {
-        let m = |r: Runner| Self::median(&self.samples[r.index()]);
+        let m = |r: Runner| median(&self.samples[r.index()]);
         let va = m(Runner::VaStable);
         let mut runner = Runner::VaStable;
         let mut best = va.unwrap_or(f64::INFINITY);
@@ -220,6 +210,18 @@ impl Trial {
             eager_us: m(Runner::Eager),
             samples: [0, 1, 2].map(|i| self.samples[i].len()),
         }
+    }
+}
+
+/// The median of `v` (`None`: empty); the guard's and the VA-stable
+/// warm-up's.
+pub(crate) fn median(v: &[f64]) -> Option<f64> {
+    let mut w = v.to_vec();
+    w.sort_by(f64::total_cmp);
+    match w.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(w[n / 2]),
+        n => Some((w[n / 2 - 1] + w[n / 2]) / 2.0),
     }
 }
 

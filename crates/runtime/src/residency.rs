@@ -156,8 +156,9 @@ fn leaf(t: &Thunk, flops: f64, segs: &[(usize, u64, u64)]) -> ThunkStep {
     }
 }
 
-/// The planner's input for `plan` under `budget_bytes` with `rates`.
-pub fn residency_input(plan: &Plan, budget_bytes: u64, rates: Rates) -> Result<ResidencyInput> {
+/// The program's buffers (one per segment of [`segments`]), anywhere;
+/// an allocation index that is not its position is an error.
+pub(crate) fn buffers(plan: &Plan, segs: &Segments) -> Result<Vec<Buffer>> {
     for (i, a) in plan.allocations.iter().enumerate() {
         if a.index != i {
             return Err(RuntimeError::invalid(format!(
@@ -166,8 +167,7 @@ pub fn residency_input(plan: &Plan, budget_bytes: u64, rates: Rates) -> Result<R
             )));
         }
     }
-    let segs = segments(plan);
-    let buffers = segs
+    Ok(segs
         .iter()
         .map(|&(a, start, end)| {
             let alloc = &plan.allocations[a];
@@ -186,7 +186,13 @@ pub fn residency_input(plan: &Plan, budget_bytes: u64, rates: Rates) -> Result<R
                 home: Home::Movable,
             }
         })
-        .collect::<Vec<_>>();
+        .collect())
+}
+
+/// The planner's input for `plan` under `budget_bytes` with `rates`.
+pub fn residency_input(plan: &Plan, budget_bytes: u64, rates: Rates) -> Result<ResidencyInput> {
+    let segs = segments(plan);
+    let buffers = buffers(plan, &segs)?;
     let mut steps = Vec::new();
     let mut cut = false;
     flatten(&plan.thunks, &segs, &mut steps, &mut cut);

@@ -161,8 +161,8 @@ fn unit_input(
     budget_bytes: u64,
     rates: Rates,
 ) -> Result<(ResidencyInput, crate::residency::Segments)> {
-    let full = crate::residency::residency_input(plan, budget_bytes, rates)?;
     let segs = crate::residency::segments(plan);
+    let mut buffers = crate::residency::buffers(plan, &segs)?;
     let mut units = Vec::new();
     thunk_units(&plan.thunks, &mut units);
     let mut steps = Vec::with_capacity(units.len());
@@ -187,7 +187,6 @@ fn unit_input(
             flops: inner.iter().map(|s| s.flops).sum(),
         });
     }
-    let mut buffers = full.buffers;
     for b in &mut buffers {
         b.home = homes.get(b.id).copied().unwrap_or(Home::Host);
     }

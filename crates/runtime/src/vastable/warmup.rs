@@ -27,14 +27,9 @@ pub(super) struct Warmup {
     pub(super) last_end: Option<Instant>,
 }
 
+/// The median of `v`, 0 when empty.
 fn median(v: &[f64]) -> f64 {
-    let mut w = v.to_vec();
-    w.sort_by(f64::total_cmp);
-    match w.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => w[n / 2],
-        n => (w[n / 2 - 1] + w[n / 2]) / 2.0,
-    }
+    crate::guard::median(v).unwrap_or(0.0)
 }
 
 pub(super) fn push_sample(v: &mut Vec<f64>, x: f64) {
