@@ -278,17 +278,7 @@ fn one_matrix_is_solved_directly_and_graph_modes_run_eager() {
 fn loading_a_solve_needs_an_engine_that_solves_in_its_type() {
     let b = backend();
     let stream = b.stream_create().unwrap();
-    let e = Executable::load_with(
-        b.clone(),
-        solve_plan(BATCH, ElementType::F32),
-        None,
-        None,
-        &xla_vmm_runtime::RunConfig::default(),
-        &stream,
-    )
-    .err()
-    .expect("no engine")
-    .to_string();
+    let e = load_error_without_engines(&b, solve_plan(BATCH, ElementType::F32), &stream);
     assert!(e.contains("no BLAS engine"), "{e}");
     // BF16: the runtime's own check, before any engine (as check_support).
     let bf16 = solve_plan(BATCH, ElementType(16));

@@ -224,3 +224,18 @@ macro_rules! no_matmul {
 }
 #[allow(unused_imports)]
 pub(crate) use no_matmul;
+
+/// Why loading `p` with no GEMM / DNN engine and no custom calls fails (the
+/// default configuration): the error's text.
+#[allow(dead_code)] // not every test file loads without engines
+pub fn load_error_without_engines(
+    b: &Arc<HostBackend>,
+    p: Plan,
+    stream: &xla_vmm_device::host::HostStream,
+) -> String {
+    let cfg = xla_vmm_runtime::RunConfig::default();
+    xla_vmm_runtime::Executable::load_with(b.clone(), p, None, None, &cfg, stream)
+        .err()
+        .expect("loading without engines fails")
+        .to_string()
+}
