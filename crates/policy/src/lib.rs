@@ -213,6 +213,7 @@ mod plan;
 pub mod residency;
 pub mod staging;
 mod stats;
+pub mod step;
 pub mod tracker;
 
 pub use decide::decide;

@@ -4,7 +4,9 @@
 //! [`SlotTracker`] says. Two stages, as XLA's thunks have:
 //! `VaStable::initialize` once (costs, plan, lay-out, both reservations
 //! bound to the first step's memory and recorded) and `VaStable::run` per
-//! step (bind, copy, launch, record).
+//! step: plan (the tracker's actions, made a [`StepPlan`] with addresses by
+//! the policy's [`StepPlanner`]), apply (`apply.rs`: the driver calls),
+//! submit (`submit.rs`: copies, launch, event).
 //!
 //! Layout of a reservation (the same in both): `[ parameter regions | owned
 //! regions ]`
@@ -91,22 +93,20 @@ use std::time::Instant;
 use xla_vmm::AllocationRole;
 use xla_vmm_device::vmm::Phys;
 use xla_vmm_device::{Backend, DevicePtr};
+use xla_vmm_policy::step::{Bound, SlotRegion, StepPlan, StepPlanner};
 use xla_vmm_policy::tracker::DEFAULT_REPLAN_AFTER_STEPS;
-use xla_vmm_policy::{
-    Binding, Decision, FailedCall, SlotAction, SlotInfo, SlotTracker, StepActions, Threshold,
-    TrackerConfig,
-};
+use xla_vmm_policy::{Binding, SlotInfo, SlotTracker, StepActions, Threshold, TrackerConfig};
 
 use crate::binding::{publish, register, BindingConfig, BindingStats, Lap, StatsSlot, UserBuffer};
-use crate::copykernel::{CopyKernel, CopyOp, Table, IN, OUT};
+use crate::copykernel::{CopyKernel, CopyOp, Table};
 use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::ExecEnv;
 use crate::program::Program;
 use crate::slots::SlotTable;
 
+mod apply;
 mod helpers;
-mod mapping;
-mod step;
+mod submit;
 mod timing;
 mod warmup;
 
@@ -120,62 +120,99 @@ fn policy_err(e: xla_vmm_policy::PolicyError) -> RuntimeError {
     RuntimeError::arg(format!("binding policy: {e}"))
 }
 
-/// One parameter slot as the tracker sees it.
+/// One parameter slot: its allocation and parameter (its region in the
+/// reservations is the planner's).
 #[derive(Clone, Debug)]
 struct ParamSlot {
     allocation: usize,
     param: usize,
     size: u64,
-    /// Offset of its region in the reservation.
-    offset: u64,
-    /// Region length (granule multiple).
-    region: u64,
-    /// The graph writes the slot.
-    written: bool,
 }
 
+/// What the driver has mapped at a slot's region (the planner's [`Held`]
+/// is what the step decides on; this is what teardown unmaps and what
+/// keeps a mapped caller allocation alive).
+///
+/// [`Held`]: xla_vmm_policy::step::Held
 enum Mapped<B: Backend> {
     Nothing,
-    /// The caller's allocation `id`, bound at address `addr`.
+    /// The caller's allocation, kept alive while mapped.
     Caller {
-        id: u64,
-        addr: u64,
         _phys: Arc<Phys<B>>,
     },
     Shadow,
 }
 
+/// Kernel path: a reservation graph's copy nodes (IN, OUT), the copies each
+/// holds now, and whether that direction's copies overflowed its table
+/// (then they run as a batch and the node holds none).
+struct CopyNodes<B: Backend> {
+    nodes: [B::GraphNode; 2],
+    holds: [Vec<CopyOp>; 2],
+    overflow: [bool; 2],
+}
+
 struct Reservation<B: Backend> {
     va: Option<B::VaRange>,
-    base: DevicePtr,
     table: SlotTable,
     mapped: Vec<Mapped<B>>,
     /// Mapped ranges other than parameter regions: (offset, bytes).
     fixed_maps: Vec<(u64, u64)>,
     graph: Option<(B::Graph, B::GraphExec)>,
+    nodes: Option<CopyNodes<B>>,
     done: Option<B::Event>,
     used: bool,
-    /// Kernel path: the graph's copy nodes (IN, OUT), the copies each holds
-    /// now, and whether that direction's copies overflowed its table (then
-    /// they run as a batch and the node holds none).
-    nodes: Option<[B::GraphNode; 2]>,
-    node_copies: [Vec<CopyOp>; 2],
-    overflow: [bool; 2],
     /// Recorded before the graph launch during auto's warm-up.
     start: Option<B::Event>,
     /// A timed step is in flight on this reservation: its modelled copy µs.
     timed: Option<f64>,
 }
 
+/// How the copies run: the copy kernel's nodes in the graph (`kernel`), or
+/// batched driver copies (`None`, `error` says why).
+struct CopyPath<B: Backend> {
+    kernel: Option<CopyKernel<B>>,
+    /// Why the copy kernel could not be loaded (logged at lay-out).
+    error: Option<String>,
+    /// Scratch for the copy nodes' tables.
+    table: Table,
+}
+
+/// Step counting and auto's warm-up measurement.
+struct Pace<B: Backend> {
+    step: u64,
+    /// Auto re-plans after warm-up (measures while it has not).
+    replan: bool,
+    warm: Warmup,
+    /// `XLA_VMM_STEP_TIMING=1`: the event pairs around each step.
+    timing: Option<timing::StepTiming<B>>,
+    /// Waited for reservations since the last phase lap, ns (counted in
+    /// the `wait` phase, not in the phase around it).
+    waited_ns: u64,
+}
+
+/// What the executable publishes.
+struct Published {
+    stats: BindingStats,
+    /// Where `stats` is published (registered at the first step).
+    slot: Option<StatsSlot>,
+    /// Per slot: how often the caller's memory was mapped there.
+    maps: Vec<u64>,
+    unmap_failures: u64,
+}
+
 /// What a step builds and the next step reuses (no allocation per step).
 struct Scratch {
     /// The tracker's actions.
     actions: StepActions,
-    /// The step's binding of each slot.
+    /// The step's binding of each slot, as the tracker and the planner see it.
     bindings: Vec<Binding>,
+    bound: Vec<Bound>,
+    /// The step's plan.
+    plan: StepPlan,
     /// Slots mapped anew this step.
     new_maps: Vec<usize>,
-    /// The copies in and out.
+    /// The plan's copies in and out, as the copy paths take them.
     ins: Vec<CopyOp>,
     outs: Vec<CopyOp>,
     /// Sort space of the overlap check of the copies out.
@@ -190,6 +227,8 @@ impl Scratch {
                 ..Default::default()
             },
             bindings: Vec::with_capacity(n),
+            bound: Vec::with_capacity(n),
+            plan: StepPlan::default(),
             new_maps: Vec::with_capacity(n),
             ins: Vec::with_capacity(n),
             outs: Vec::with_capacity(n),
@@ -198,43 +237,25 @@ impl Scratch {
     }
 }
 
-/// Per-executable state of VA-stable mode.
+/// Per-executable state of VA-stable mode. A step is planned (the tracker's
+/// actions, then the planner's [`StepPlan`] with addresses), applied
+/// (`apply.rs`: the driver calls it names) and submitted (`submit.rs`: copy
+/// nodes or batches, launch, copies back, the reservation's event).
 pub(crate) struct VaStable<B: Backend> {
     key: String,
     tracker: SlotTracker,
     slots: Vec<ParamSlot>,
+    planner: StepPlanner,
     res: Vec<Reservation<B>>,
     /// [`VaStable::initialize`] has run to its end (laid out, both graphs).
     initialized: bool,
     /// Shadow of each slot (shared by the reservations), once needed.
     shadows: Vec<Option<B::PhysMem>>,
-    /// (allocation id, generation) whose content the shadow holds.
-    shadow_holds: Vec<Option<(u64, u64)>>,
-    immutable: bool,
-    step: u64,
-    unmap_failures: u64,
-    stats: BindingStats,
-    /// Where `stats` is published (registered at the first step).
-    slot: Option<StatsSlot>,
-    /// The copy kernel (`None`: batched copies).
-    kernel: Option<CopyKernel<B>>,
-    /// Why the copy kernel could not be loaded (logged at lay-out).
-    kernel_error: Option<String>,
-    /// Scratch for the copy nodes' tables.
-    table: Table,
+    copies: CopyPath<B>,
     cfg: BindingConfig,
-    /// Auto re-plans after warm-up (measures while it has not).
-    replan: bool,
-    warm: Warmup,
-    /// Per-step scratch, kept to avoid allocating every step.
+    pace: Pace<B>,
+    out: Published,
     scratch: Scratch,
-    /// Waited for reservations since the last phase lap, ns (counted in
-    /// the `wait` phase, not in the phase around it).
-    waited_ns: u64,
-    /// Per slot: how often the caller's memory was mapped there.
-    maps: Vec<u64>,
-    /// `XLA_VMM_STEP_TIMING=1`: the event pairs around each step.
-    timing: Option<timing::StepTiming<B>>,
 }
 
 /// The copy kernel is unavailable: said once per process at info level.
@@ -258,8 +279,12 @@ impl<B: Backend> VaStable<B> {
                 }
             }
         });
+        // One granule-aligned region per slot, in slot order.
+        let gran = program.backend().info().vmm_granularity.max(1);
         let mut slots = Vec::new();
+        let mut regions = Vec::new();
         let mut infos = Vec::new();
+        let mut off = 0u64;
         for a in &plan.allocations {
             if let AllocationRole::Parameter {
                 number,
@@ -274,10 +299,15 @@ impl<B: Backend> VaStable<B> {
                     allocation: a.index,
                     param: *number as usize,
                     size: a.size,
-                    offset: 0,
-                    region: 0,
+                });
+                let region = a.size.div_ceil(gran) * gran;
+                regions.push(SlotRegion {
+                    offset: off,
+                    region,
+                    size: a.size,
                     written: written[a.index],
                 });
+                off += region;
                 // A donated parameter aliased with an output keeps its
                 // buffer from step to step (churn 0); others may change.
                 let churn = if *aliased_with_output { 0.0 } else { 1.0 };
@@ -299,7 +329,7 @@ impl<B: Backend> VaStable<B> {
         // Shadows are whole granules, one per copy slot shared by the
         // reservations (see `map_shadow`): the policy counts them so, and
         // its shadow bytes are what is allocated.
-        costs.granularity_bytes = program.backend().info().vmm_granularity.max(1);
+        costs.granularity_bytes = gran;
         let replan = cfg.threshold == Threshold::Auto;
         let mut tc = TrackerConfig::new(costs, cfg.threshold);
         tc.reservations = cfg.reservations;
@@ -320,45 +350,47 @@ impl<B: Backend> VaStable<B> {
             key,
             tracker,
             slots,
+            planner: StepPlanner::new(regions, cfg.immutable_buffers),
             res: Vec::new(),
             initialized: false,
             shadows: (0..n).map(|_| None).collect(),
-            shadow_holds: vec![None; n],
-            immutable: cfg.immutable_buffers,
-            step: 0,
-            unmap_failures: 0,
-            stats,
-            slot: None,
-            kernel: None,
-            kernel_error: None,
-            table: Table::empty(1),
+            copies: CopyPath {
+                kernel: None,
+                error: None,
+                table: Table::empty(1),
+            },
             cfg: cfg.clone(),
-            replan,
-            warm: Warmup::new(),
+            pace: Pace {
+                step: 0,
+                replan,
+                warm: Warmup::new(),
+                timing: None,
+                waited_ns: 0,
+            },
+            out: Published {
+                stats,
+                slot: None,
+                maps: vec![0; n],
+                unmap_failures: 0,
+            },
             scratch: Scratch::with_capacity(n),
-            waited_ns: 0,
-            maps: vec![0; n],
-            timing: None,
         })
     }
 
     /// The shadows' contents are unknown from now on (a run outside this
     /// mode may have written the caller's buffers).
     pub(crate) fn forget_shadow_contents(&mut self) {
-        self.shadow_holds.iter_mut().for_each(|h| *h = None);
+        self.planner.forget_shadow_contents();
     }
 
     pub(crate) fn stats(&self) -> &BindingStats {
-        &self.stats
+        &self.out.stats
     }
 
     /// Publish the never-slower guard's decision with these stats.
     pub(crate) fn note_guard(&mut self, report: crate::guard::GuardReport) {
-        self.stats.guard = Some(report);
-        let slot = self
-            .slot
-            .get_or_insert_with(|| register(&self.key, &self.stats));
-        publish(slot, &self.stats);
+        self.out.stats.guard = Some(report);
+        self.out.publish(&self.key);
     }
 
     /// Reserve and map both reservations once the first plan is made (one
@@ -370,12 +402,11 @@ impl<B: Backend> VaStable<B> {
         if self.tracker.plan().is_none() {
             return Err(RuntimeError::invalid("binding plan not made"));
         }
-        let mut off = 0u64;
-        for s in self.slots.iter_mut() {
-            s.region = s.size.div_ceil(gran) * gran;
-            s.offset = off;
-            off += s.region;
-        }
+        let mut off = self
+            .planner
+            .regions()
+            .last()
+            .map_or(0, |r| r.offset + r.region);
         let mut owned = Vec::new();
         for (idx, buf) in program.owned_buffers() {
             owned.push((idx, off, buf));
@@ -388,23 +419,20 @@ impl<B: Backend> VaStable<B> {
             // Pushed first so that a failure below is torn down.
             self.res.push(Reservation {
                 va: Some(va),
-                base,
                 table: SlotTable::new(program.plan().allocations.len()),
                 mapped: self.slots.iter().map(|_| Mapped::Nothing).collect(),
                 fixed_maps: Vec::new(),
                 graph: None,
+                nodes: None,
                 done: None,
                 used: false,
-                nodes: None,
-                node_copies: [Vec::new(), Vec::new()],
-                overflow: [false; 2],
                 start: None,
                 timed: None,
             });
-            let r_i = self.res.len() - 1;
+            let r_i = self.planner.add_reservation(base.0);
             let r = &mut self.res[r_i];
             r.done = Some(be.event_create()?);
-            if self.replan {
+            if self.pace.replan {
                 r.start = Some(be.event_create()?);
             }
             let va = r.va.as_ref().expect("just reserved");
@@ -414,8 +442,8 @@ impl<B: Backend> VaStable<B> {
                 be.set_access(va, *o, buf.mapped())?;
                 r.table.bind(*idx, base.offset(*o), buf.size())?;
             }
-            for s in &self.slots {
-                r.table.bind(s.allocation, base.offset(s.offset), s.size)?;
+            for (s, g) in self.slots.iter().zip(self.planner.regions()) {
+                r.table.bind(s.allocation, base.offset(g.offset), s.size)?;
             }
         }
         self.setup_copy_kernel(be);
@@ -425,10 +453,10 @@ impl<B: Backend> VaStable<B> {
     /// Say which copy path this executable takes (the kernel was loaded,
     /// or failed to, at initialize by `prepare_costs`).
     fn setup_copy_kernel(&mut self, be: &B) {
-        match (&self.kernel, self.kernel_error.take()) {
+        match (&self.copies.kernel, self.copies.error.take()) {
             (Some(k), _) => {
-                self.stats.copy_path = "kernel";
-                self.table = Table::empty(k.capacity());
+                self.out.stats.copy_path = "kernel";
+                self.copies.table = Table::empty(k.capacity());
             }
             (None, e) => {
                 let e = e.unwrap_or_else(|| "not loaded".into());
@@ -439,10 +467,10 @@ impl<B: Backend> VaStable<B> {
 
     /// The batch path from now on, said once per process at info level.
     fn kernel_unavailable(&mut self, be: &B, why: &str) {
-        if let Some(k) = self.kernel.take() {
+        if let Some(k) = self.copies.kernel.take() {
             k.unload(be);
         }
-        self.stats.copy_path = "batch";
+        self.out.stats.copy_path = "batch";
         if !KERNEL_FALLBACK_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::info!(reason = %why, backend = be.info().backend,
                 "VA-stable copies are batched driver copies (no copy kernel)");
@@ -467,12 +495,12 @@ impl<B: Backend> VaStable<B> {
             program,
             env,
             &self.res[r].table,
-            self.kernel.as_ref(),
+            self.copies.kernel.as_ref(),
             stream,
         );
         let (graph, exec, nodes) = match got {
             Ok(c) => c,
-            Err(e) if self.kernel.is_some() && first => {
+            Err(e) if self.copies.kernel.is_some() && first => {
                 self.kernel_unavailable(be, &format!("capturing the copy nodes: {e}"));
                 capture(program, env, &self.res[r].table, None, stream)?
             }
@@ -480,8 +508,12 @@ impl<B: Backend> VaStable<B> {
         };
         let res = &mut self.res[r];
         res.graph = Some((graph, exec));
-        res.nodes = nodes;
-        self.stats.captures += 1;
+        res.nodes = nodes.map(|nodes| CopyNodes {
+            nodes,
+            holds: [Vec::new(), Vec::new()],
+            overflow: [false; 2],
+        });
+        self.out.stats.captures += 1;
         Ok(())
     }
 
@@ -503,13 +535,11 @@ impl<B: Backend> VaStable<B> {
         }
         let be = program.backend();
         // Slots whose first buffer cannot be mapped are copy-only.
-        let gran = be.info().vmm_granularity.max(1);
         let mut any_mappable = false;
-        for (i, s) in self.slots.iter().enumerate() {
-            let region = s.size.div_ceil(gran) * gran;
+        for (i, (s, g)) in self.slots.iter().zip(self.planner.regions()).enumerate() {
             let u = bound(users, s)?;
             let mappable =
-                u.id.is_some() && u.remap.as_ref().is_some_and(|src| src.capacity >= region);
+                u.id.is_some() && u.remap.as_ref().is_some_and(|src| src.capacity >= g.region);
             if !mappable {
                 self.tracker.set_remappable(i, false).map_err(policy_err)?;
             }
@@ -517,13 +547,13 @@ impl<B: Backend> VaStable<B> {
         }
         // Copy-only slots are copied whatever is measured: no warm-up
         // (and no timing calls) when no slot could be anything else.
-        self.replan &= any_mappable;
+        self.pace.replan &= any_mappable;
         self.prepare_costs(be)?;
         self.tracker.make_plan().map_err(policy_err)?;
         self.refresh_plan_stats();
         self.lay_out(program)?;
         if self.cfg.step_timing {
-            self.timing = Some(timing::StepTiming::new(be)?);
+            self.pace.timing = Some(timing::StepTiming::new(be)?);
         }
         // The driver checks a recorded copy's addresses: every slot holds
         // memory before its reservation is recorded.
@@ -536,8 +566,9 @@ impl<B: Backend> VaStable<B> {
     }
 
     /// XLA's execute stage, once per step ([`VaStable::initialize`] first):
-    /// bind the step's buffers (`users`) by skip, remap or copy, launch the
-    /// reservation's graph, copy out.
+    /// plan the step (the tracker's actions, the planner's addresses), apply
+    /// it (map the step's buffers `users` or the shadows), submit it (copies
+    /// in, the reservation's graph, copies out).
     pub(crate) fn run(
         &mut self,
         program: &Program<B>,
@@ -549,24 +580,21 @@ impl<B: Backend> VaStable<B> {
         }
         let t0 = Instant::now();
         let mut lap = Lap::start();
-        self.waited_ns = 0;
+        self.pace.waited_ns = 0;
         let be = program.backend();
-        let r = (self.step % self.res.len() as u64) as usize;
-        let warming = self.replan && !self.tracker.replanned();
+        let r = (self.pace.step % self.res.len() as u64) as usize;
+        let warming = self.pace.replan && !self.tracker.replanned();
         if warming {
-            self.warm.observe(be, self.step, &mut self.res, t0);
-            self.stats.bound = self.warm.bound();
-            self.stats.step_host_us = self.warm.host_us();
-            self.stats.step_gpu_us = self.warm.gpu_us();
+            let w = &mut self.pace.warm;
+            w.observe(be, self.pace.step, &mut self.res, t0);
+            self.out.stats.bound = w.bound();
+            self.out.stats.step_host_us = w.host_us();
+            self.out.stats.step_gpu_us = w.gpu_us();
         }
-        self.scratch.bindings.clear();
-        for s in &self.slots {
-            let u = bound(users, s)?;
-            let id = u.id.unwrap_or(RAW_ID_BIT | u.ptr.0);
-            self.scratch.bindings.push(Binding { id, addr: u.ptr.0 });
-        }
+        // Plan.
+        self.bind_buffers(users)?;
         if warming && self.tracker.stats().steps >= DEFAULT_REPLAN_AFTER_STEPS {
-            if let Some(m) = self.warm.measurement() {
+            if let Some(m) = self.pace.warm.measurement() {
                 self.tracker.set_warmup_measurement(m);
             }
         }
@@ -577,66 +605,63 @@ impl<B: Backend> VaStable<B> {
         if warming && self.tracker.replanned() {
             self.refresh_plan_stats();
         }
-        let (copy_in_bytes, copy_out_bytes) = (step.copy_in_bytes, step.copy_out_bytes);
-        let mut actions = std::mem::take(&mut step.actions);
-        lap.to(&mut self.stats.phases.plan, 0);
-        let mut synced = self.bind_caller_memory(be, r, users, &mut actions)?;
-        lap.to(
-            &mut self.stats.phases.vmm,
-            std::mem::take(&mut self.waited_ns),
-        );
-        let (ins, outs) = self.copy_lists(be, r, users, &actions, &mut synced)?;
-        lap.to(
-            &mut self.stats.phases.plan,
-            std::mem::take(&mut self.waited_ns),
-        );
-        if let Some(t) = self.timing.as_mut() {
-            for x in t.start(be, self.step, stream)? {
-                tracing::debug!(executable = %self.key, step = x.step, gpu_us = x.gpu_us,
-                    since_previous_us = x.since_previous_us, dropped = t.dropped(), "step timed");
-            }
-        }
-        let back = self.enqueue_copies_in(be, r, &ins, &outs, stream, &mut lap)?;
-        lap.to(&mut self.stats.phases.copies, 0);
-        let t_bind = t0.elapsed();
-        let (t_launch, t_after) =
-            self.launch(be, r, warming, (copy_in_bytes, copy_out_bytes), stream)?;
-        lap.to(&mut self.stats.phases.launch, 0);
-        self.copy_back(be, &outs, back, stream)?;
-        if let Some(t) = self.timing.as_mut() {
-            t.end(be, self.step, stream)?;
-        }
-        lap.to(&mut self.stats.phases.copies, 0);
-        let res = &mut self.res[r];
-        be.event_record(res.done.as_ref().expect("created"), stream)?;
-        res.used = true;
-        self.scratch.ins = ins;
-        self.scratch.outs = outs;
-        step.actions = actions;
+        let copy_bytes = (step.copy_in_bytes, step.copy_out_bytes);
+        let mut plan = std::mem::take(&mut self.scratch.plan);
+        self.planner
+            .plan(r, &step.actions, &self.scratch.bound, &mut plan);
         self.scratch.actions = step;
+        lap.to(&mut self.out.stats.phases.plan, 0);
+        // Apply.
+        self.apply(be, users, &mut plan, false)?;
+        let waited = std::mem::take(&mut self.pace.waited_ns);
+        lap.to(&mut self.out.stats.phases.vmm, waited);
+        self.out.stats.copies_elided += plan.elided;
+        self.out.stats.bytes_elided += plan.elided_bytes;
+        // Submit.
+        let t_bind = t0.elapsed();
+        let (t_launch, t_after) = self.submit(be, &plan, warming, copy_bytes, stream, &mut lap)?;
+        self.scratch.plan = plan;
         // Binding time: everything but the launch call.
         let ns = (t_bind + t_after.elapsed()).as_nanos() as u64;
         self.tracker.record_binding_time(ns);
-        self.step += 1;
-        self.stats.counters = *self.tracker.stats();
-        self.stats.counters.bytes_copied = self
-            .stats
+        self.pace.step += 1;
+        let stats = &mut self.out.stats;
+        stats.counters = *self.tracker.stats();
+        stats.counters.bytes_copied = stats
             .counters
             .bytes_copied
-            .saturating_sub(self.stats.bytes_elided);
+            .saturating_sub(stats.bytes_elided);
         // Every failed unmap call, including those a retry recovered.
-        self.stats.counters.unmap_errors = self.unmap_failures;
-        lap.to(&mut self.stats.phases.record, 0);
-        let slot = self
-            .slot
-            .get_or_insert_with(|| register(&self.key, &self.stats));
-        publish(slot, &self.stats);
-        tracing::debug!(executable = %self.key, step = self.step - 1, reservation = r,
-            remaps_total = self.stats.counters.remaps, copies_total = self.stats.counters.copies,
-            copy_in_bytes, copy_out_bytes, host_ns = ns,
+        stats.counters.unmap_errors = self.out.unmap_failures;
+        lap.to(&mut self.out.stats.phases.record, 0);
+        self.out.publish(&self.key);
+        let c = &self.out.stats.counters;
+        tracing::debug!(executable = %self.key, step = self.pace.step - 1, reservation = r,
+            remaps_total = c.remaps, copies_total = c.copies,
+            copy_in_bytes = copy_bytes.0, copy_out_bytes = copy_bytes.1, host_ns = ns,
             launch_ns = (t_after - t_launch).as_nanos() as u64, "step bound");
         if warming {
-            self.warm.last_end = Some(Instant::now());
+            self.pace.warm.last_end = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// The step's buffers as the tracker (`bindings`) and the planner
+    /// (`bound`) see them.
+    fn bind_buffers(&mut self, users: &[Option<UserBuffer<B>>]) -> Result<()> {
+        self.scratch.bindings.clear();
+        self.scratch.bound.clear();
+        for s in &self.slots {
+            let u = bound(users, s)?;
+            let binding = Binding {
+                id: u.id.unwrap_or(RAW_ID_BIT | u.ptr.0),
+                addr: u.ptr.0,
+            };
+            self.scratch.bindings.push(binding);
+            self.scratch.bound.push(Bound {
+                binding,
+                generation: u.id.map(|_| u.generation),
+            });
         }
         Ok(())
     }
@@ -645,10 +670,11 @@ impl<B: Backend> VaStable<B> {
     /// what a copy costs) and give the tracker the costs (given, probed or
     /// the constants).
     fn prepare_costs(&mut self, be: &B) -> Result<()> {
-        if !self.cfg.copy_path.wants_kernel() && self.kernel_error.is_none() {
-            self.kernel_error = Some("copy_path=batch (XLA_VMM_COPY_PATH)".to_string());
+        let c = &mut self.copies;
+        if !self.cfg.copy_path.wants_kernel() && c.error.is_none() {
+            c.error = Some("copy_path=batch (XLA_VMM_COPY_PATH)".to_string());
         }
-        if self.kernel.is_none() && self.kernel_error.is_none() {
+        if c.kernel.is_none() && c.error.is_none() {
             // Room for every slot as a copy (any slot may turn to copies
             // later), up to what the backend's tables hold.
             let rows = self
@@ -657,16 +683,17 @@ impl<B: Backend> VaStable<B> {
                 .map(|s| crate::copykernel::rows(s.size))
                 .sum();
             match CopyKernel::load(be, rows) {
-                Ok(k) => self.kernel = Some(k),
-                Err(e) => self.kernel_error = Some(e.to_string()),
+                Ok(k) => c.kernel = Some(k),
+                Err(e) => c.error = Some(e.to_string()),
             }
         }
-        let (mut costs, source) = self.cfg.costs_for(be, self.kernel.is_some())?;
+        let (mut costs, source) = self.cfg.costs_for(be, c.kernel.is_some())?;
         costs.granularity_bytes = be.info().vmm_granularity.max(1);
-        self.stats.costs_source = source.as_str();
-        self.stats.remap_us = costs.remap_us;
-        self.stats.copy_gbps = costs.copy_bw_bytes_per_s / 1e9;
-        self.stats.copy_launch_us = costs.copy_launch_us;
+        let stats = &mut self.out.stats;
+        stats.costs_source = source.as_str();
+        stats.remap_us = costs.remap_us;
+        stats.copy_gbps = costs.copy_bw_bytes_per_s / 1e9;
+        stats.copy_launch_us = costs.copy_launch_us;
         self.tracker.set_device_costs(costs).map_err(policy_err)
     }
 
@@ -675,13 +702,13 @@ impl<B: Backend> VaStable<B> {
         let mut list: Vec<(usize, u64, u64)> = self
             .slots
             .iter()
-            .zip(&self.maps)
+            .zip(&self.out.maps)
             .filter(|(_, &n)| n > 0)
             .map(|(s, &n)| (s.param, s.size, n))
             .collect();
         list.sort_by_key(|&(p, _, n)| (std::cmp::Reverse(n), p));
         list.truncate(crate::binding::REMAPPED_LISTED);
-        self.stats.remapped = list;
+        self.out.stats.remapped = list;
     }
 
     /// The plan's figures in the stats (initialize, and auto's re-plan).
@@ -689,17 +716,19 @@ impl<B: Backend> VaStable<B> {
         let Some(plan) = self.tracker.plan() else {
             return;
         };
+        use xla_vmm_policy::Decision;
         let count = |d: Decision| plan.decisions.iter().filter(|x| **x == d).count();
-        self.stats.copy_slots = count(Decision::Copy);
-        self.stats.plan_skip = count(Decision::Skip);
-        self.stats.plan_remap = count(Decision::Remap);
-        self.stats.plan_copy = self.stats.copy_slots;
-        self.stats.copy_only_slots = plan.counts.copy_only;
-        self.stats.threshold_bytes = plan.threshold_bytes;
-        self.stats.shadow_cap_bytes = plan.shadow_cap_bytes;
-        self.stats.replanned = self.tracker.replanned();
-        if self.stats.bound.is_empty() {
-            self.stats.bound = "unknown";
+        let stats = &mut self.out.stats;
+        stats.copy_slots = count(Decision::Copy);
+        stats.plan_skip = count(Decision::Skip);
+        stats.plan_remap = count(Decision::Remap);
+        stats.plan_copy = stats.copy_slots;
+        stats.copy_only_slots = plan.counts.copy_only;
+        stats.threshold_bytes = plan.threshold_bytes;
+        stats.shadow_cap_bytes = plan.shadow_cap_bytes;
+        stats.replanned = self.tracker.replanned();
+        if stats.bound.is_empty() {
+            stats.bound = "unknown";
         }
     }
 
@@ -716,9 +745,9 @@ impl<B: Backend> VaStable<B> {
                 t.check("event_destroy", be.event_destroy(e));
             }
             if let Some(va) = r.va.take() {
-                for (i, s) in self.slots.iter().enumerate() {
-                    if !matches!(r.mapped[i], Mapped::Nothing) {
-                        t.check("unmap", be.unmap(&va, s.offset, s.region));
+                for (m, g) in r.mapped.iter().zip(self.planner.regions()) {
+                    if !matches!(m, Mapped::Nothing) {
+                        t.check("unmap", be.unmap(&va, g.offset, g.region));
                     }
                 }
                 for (o, len) in &r.fixed_maps {
@@ -731,12 +760,20 @@ impl<B: Backend> VaStable<B> {
         for m in self.shadows.drain(..).flatten() {
             t.check("mem_release", be.mem_release(m));
         }
-        if let Some(k) = self.kernel.take() {
+        if let Some(k) = self.copies.kernel.take() {
             k.unload(be);
         }
-        if let Some(mut timing) = self.timing.take() {
+        if let Some(mut timing) = self.pace.timing.take() {
             timing.teardown(be);
         }
         self.tracker.log_stats();
+    }
+}
+
+impl Published {
+    /// Publish the stats where `stats()` reads them (registered once).
+    fn publish(&mut self, key: &str) {
+        let slot = self.slot.get_or_insert_with(|| register(key, &self.stats));
+        publish(slot, &self.stats);
     }
 }

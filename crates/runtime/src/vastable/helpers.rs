@@ -3,9 +3,11 @@
 
 use xla_vmm_device::{merge_copies, Backend, DevicePtr};
 
-use super::{CopyOp, ParamSlot, IN, OUT};
+use xla_vmm_policy::step::SlotRegion;
+
+use super::{CopyOp, ParamSlot};
 use crate::binding::UserBuffer;
-use crate::copykernel::{CopyKernel, Table};
+use crate::copykernel::{CopyKernel, Table, IN, OUT};
 use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::run_program;
 use crate::exec::ExecEnv;
@@ -46,7 +48,7 @@ pub(super) fn overlapping(list: &[CopyOp], scratch: &mut Vec<(u64, u64)>) -> boo
 }
 
 /// Runs of slot indices (in `idx` order) whose regions touch.
-pub(super) fn contiguous(idx: &[usize], slots: &[ParamSlot]) -> Vec<Vec<usize>> {
+pub(super) fn contiguous(idx: &[usize], slots: &[SlotRegion]) -> Vec<Vec<usize>> {
     let mut sorted = idx.to_vec();
     sorted.sort_by_key(|&i| slots[i].offset);
     let mut out: Vec<Vec<usize>> = Vec::new();
