@@ -109,6 +109,18 @@ pub struct StepPlan {
     pub elided_bytes: u64,
 }
 
+impl StepPlan {
+    /// Empty, for a step on `reservation` (capacity kept).
+    fn reset(&mut self, reservation: usize) {
+        self.reservation = reservation;
+        self.maps.clear();
+        self.ins.clear();
+        self.outs.clear();
+        self.elided = 0;
+        self.elided_bytes = 0;
+    }
+}
+
 /// Turns the tracker's actions into [`StepPlan`]s and remembers what the
 /// regions and the shadows hold (see the module docs).
 #[derive(Clone, Debug)]
@@ -170,12 +182,7 @@ impl StepPlanner {
     /// the first step's buffer where the plan maps it (skip or remap) and
     /// its shadow where it copies. No copies: nothing has run yet.
     pub fn prebind(&mut self, reservation: usize, decisions: &[Decision], out: &mut StepPlan) {
-        out.reservation = reservation;
-        out.maps.clear();
-        out.ins.clear();
-        out.outs.clear();
-        out.elided = 0;
-        out.elided_bytes = 0;
+        out.reset(reservation);
         for (slot, d) in decisions.iter().enumerate() {
             let target = if *d == Decision::Copy {
                 Target::Shadow
@@ -210,12 +217,7 @@ impl StepPlanner {
         bound: &[Bound],
         out: &mut StepPlan,
     ) {
-        out.reservation = reservation;
-        out.maps.clear();
-        out.ins.clear();
-        out.outs.clear();
-        out.elided = 0;
-        out.elided_bytes = 0;
+        out.reset(reservation);
         for (slot, (&action, b)) in actions.iter().zip(bound).enumerate() {
             let held = self.held[reservation][slot];
             match action {
