@@ -19,6 +19,18 @@ pub enum PolicyError {
     /// that is not positive, ...).
     #[error("invalid residency input: {0}")]
     InvalidResidency(String),
+    /// A thunk's staged buffers do not fit the staging area (too small, or
+    /// too fragmented by what it holds): the caller stages less
+    /// ([`crate::residency::demote`]).
+    #[error("thunk {thunk} ({name}): its staged buffers do not fit a {area_bytes}-byte area")]
+    AreaTooSmall {
+        /// The thunk's index in the step.
+        thunk: usize,
+        /// Its name.
+        name: String,
+        /// The area's bytes.
+        area_bytes: u64,
+    },
     /// A tuning knob is out of range.
     #[error("invalid policy knob: {0}")]
     InvalidKnob(String),

@@ -470,20 +470,13 @@ fn plan_with(
         if need <= cap {
             break;
         }
-        // The biggest staged buffer of the worst thunk goes in place.
-        let worst = input
-            .steps
-            .iter()
-            .max_by_key(|t| staged_bytes(t, &placements, &input.buffers))
+        // A staged buffer of the worst thunk goes in place: the one that
+        // loses the least there.
+        let worst = (0..input.steps.len())
+            .max_by_key(|&k| staged_bytes(&input.steps[k], &placements, &input.buffers))
             .expect("a thunk needs staging");
-        let victim = worst
-            .uses
-            .iter()
-            .filter(|u| placements[u.buffer] == Placement::Staged)
-            .max_by_key(|u| input.buffers[u.buffer].bytes)
-            .expect("a staged use")
-            .buffer;
-        placements[victim] = Placement::InPlace;
+        let touched: Vec<u64> = f.iter().map(|x| x.touched).collect();
+        demote(input, &touched, &mut placements, Some(worst)).expect("a staged use");
     }
     let cap = input.budget_bytes - resident;
     let in_place_bytes = |placements: &[Placement]| -> u64 {
@@ -539,6 +532,44 @@ fn plan_with(
         link_bound_us: link_bound,
         placements,
     }
+}
+
+/// Bytes each buffer's thunks touch per step (reads and writes of their
+/// slices), what reading it in place would move over the link.
+pub fn touched_bytes(input: &ResidencyInput) -> Vec<u64> {
+    facts(input).iter().map(|x| x.touched).collect()
+}
+
+/// Read one staged buffer in place instead, to leave the staging area more
+/// room: among those thunk `among` uses (any, when `None`), the one that
+/// loses the least there, i.e. touches the fewest bytes per step per byte of
+/// area it frees (`touched`: [`touched_bytes`]); among equals the largest.
+/// A weight read once per step moves its bytes over the link either way;
+/// a temporary that thunk after thunk reads and writes would move its bytes
+/// many times. Returns the buffer, `None` when nothing is staged there.
+pub fn demote(
+    input: &ResidencyInput,
+    touched: &[u64],
+    placements: &mut [Placement],
+    among: Option<usize>,
+) -> Option<usize> {
+    let staged = |i: &usize| placements.get(*i) == Some(&Placement::Staged);
+    let loss = |i: usize| {
+        let b = input.buffers[i].bytes.max(1);
+        (touched.get(i).copied().unwrap_or(0) as f64 / b as f64, b)
+    };
+    let pick = |cands: &mut dyn Iterator<Item = usize>| {
+        cands.filter(staged).min_by(|&a, &b| {
+            let ((la, ba), (lb, bb)) = (loss(a), loss(b));
+            la.total_cmp(&lb).then(bb.cmp(&ba)).then(a.cmp(&b))
+        })
+    };
+    let victim = match among.and_then(|k| input.steps.get(k)) {
+        Some(t) => pick(&mut t.uses.iter().map(|u| u.buffer)),
+        None => pick(&mut (0..input.buffers.len())),
+    }?;
+    placements[victim] = Placement::InPlace;
+    Some(victim)
 }
 
 /// Bytes of `t`'s distinct staged buffers.
@@ -1137,6 +1168,49 @@ mod tests {
             );
             assert!(p.step_us >= p.link_bound_us * 0.999, "case {case}: {p:?}");
         }
+    }
+
+    #[test]
+    fn an_area_too_small_reads_in_place_what_loses_least_there_a_weight_not_a_temporary() {
+        // In host memory: two weights read once per step, a temporary that
+        // five thunks read and write. The last thunk needs a weight and the
+        // temporary at once (100 MB) in a 90 MB area: the weight, read once
+        // either way, goes in place; the temporary stays staged.
+        let host = |id, mb, persistent| Buffer {
+            home: Home::Host,
+            ..buf(id, mb, persistent)
+        };
+        let mut steps = vec![thunk(
+            "w0",
+            &[(0, 40, true, false), (2, 60, false, true)],
+            1e9,
+        )];
+        for k in 0..4 {
+            steps.push(thunk(&format!("t{k}"), &[(2, 60, true, true)], 1e9));
+        }
+        steps.push(thunk(
+            "w1",
+            &[(1, 40, true, false), (2, 60, true, false)],
+            1e9,
+        ));
+        let input = input(
+            vec![host(0, 40, true), host(1, 40, true), host(2, 60, false)],
+            steps,
+            90,
+        );
+        let p = plan_residency(&input).unwrap();
+        assert_eq!(p.placements[2], Placement::Staged, "{:?}", p.placements);
+        assert_eq!(p.placements[1], Placement::InPlace, "{:?}", p.placements);
+        assert!(p.peak_device_bytes <= input.budget_bytes);
+        // `demote` alone: among the last thunk's buffers, then among all.
+        let touched = touched_bytes(&input);
+        assert_eq!(touched, vec![40 * MB, 40 * MB, 60 * MB * 10]);
+        let mut pl = vec![Placement::Staged; 3];
+        assert_eq!(demote(&input, &touched, &mut pl, Some(5)), Some(1));
+        assert_eq!(demote(&input, &touched, &mut pl, Some(5)), Some(2));
+        assert_eq!(demote(&input, &touched, &mut pl, Some(5)), None);
+        assert_eq!(demote(&input, &touched, &mut pl, None), Some(0));
+        assert_eq!(pl, vec![Placement::InPlace; 3]);
     }
 
     #[test]

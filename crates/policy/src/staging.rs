@@ -29,8 +29,8 @@
 //!
 //! A buffer sits in the area at its home offset modulo `align`, so that
 //! every slice keeps its home alignment. An area too small or too fragmented for
-//! one thunk's buffers is an error ([`PolicyError::InvalidResidency`]): the
-//! caller stages less.
+//! one thunk's buffers is an error ([`PolicyError::AreaTooSmall`]): the
+//! caller stages less ([`crate::residency::demote`]).
 
 use serde::Serialize;
 
@@ -282,10 +282,11 @@ pub fn stage(
                     })
                     .map(|(i, _)| i);
                 let Some(vi) = victim else {
-                    return Err(PolicyError::InvalidResidency(format!(
-                        "thunk {k} ({}): its staged buffers do not fit a {area_bytes}-byte area",
-                        steps[k].name
-                    )));
+                    return Err(PolicyError::AreaTooSmall {
+                        thunk: k,
+                        name: steps[k].name.clone(),
+                        area_bytes,
+                    });
                 };
                 let h = held.remove(vi);
                 let last = last_use[h.buffer];

@@ -41,8 +41,11 @@ use serde::Serialize;
 use xla_vmm::{Plan, Slice, Thunk, ThunkKind};
 use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::{Backend, MemLocation};
-use xla_vmm_policy::residency::{plan_residency, Home, Placement, Rates, ResidencyInput, Use};
+use xla_vmm_policy::residency::{
+    demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, Use,
+};
 use xla_vmm_policy::staging::stage;
+use xla_vmm_policy::PolicyError;
 
 use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::{run_op, ExecEnv};
@@ -242,19 +245,15 @@ impl<B: Backend> Staging<B> {
         let residency =
             plan_residency(&input).map_err(|e| RuntimeError::invalid(format!("residency: {e}")))?;
         let mut placements = residency.placements.clone();
-        // An area too fragmented for a thunk's buffers: stage less.
+        // An area too fragmented for a thunk's buffers: that thunk's buffer
+        // that loses the least in place is read there.
+        let touched = touched_bytes(&input);
         let steps = loop {
             match stage(&input, &placements, room, ALIGN) {
                 Ok(s) => break s,
-                Err(e) => {
-                    let largest = (0..placements.len())
-                        .filter(|&i| placements[i] == Placement::Staged)
-                        .max_by_key(|&i| input.buffers[i].bytes);
-                    let Some(i) = largest else {
-                        return Err(RuntimeError::invalid(format!("staging: {e}")));
-                    };
-                    placements[i] = Placement::InPlace;
-                }
+                Err(PolicyError::AreaTooSmall { thunk, .. })
+                    if demote(&input, &touched, &mut placements, Some(thunk)).is_some() => {}
+                Err(e) => return Err(RuntimeError::invalid(format!("staging: {e}"))),
             }
         };
         if steps.stays.is_empty() {
