@@ -471,6 +471,12 @@ pub fn replay<B: Backend>(
                 s.area_bytes, s.staged, s.staged_bytes, s.in_place, s.in_place_bytes,
                 s.device_bytes, s.bytes_in_per_step, s.bytes_out_per_step
             );
+            if s.timed_steps > 0 {
+                println!(
+                    "staging, last eager step timed: {:.1} us on the device, copies in {:.1} us at {:.1} GB/s, compute waited {:.1} us, link {:.0}% busy",
+                    s.gpu_step_us, s.copy_in_us, s.copy_in_gbps, s.waited_us, 100.0 * s.link_utilisation
+                );
+            }
         }
         if let Some(g) = exe.guard_report() {
             let ms = |v: Option<f64>| v.map_or("-".to_string(), |u| format!("{:.3}", u / 1e3));

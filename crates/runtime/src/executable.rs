@@ -440,7 +440,7 @@ impl<B: Backend> Executable<B> {
                 })
                 .collect();
             self.program.plan_staging(&params);
-            let staging = self.program.staging_summary().cloned();
+            let staging = self.program.staging_summary();
             self.report.update(|r| r.staging = staging);
         }
         if mode != Mode::Graph {
@@ -485,10 +485,15 @@ impl<B: Backend> Executable<B> {
         let stats_key = (mode == Mode::Graph && self.va.is_some())
             .then(|| self.va.as_ref().map(|v| v.stats().executable.as_str()))
             .flatten();
+        // A staged program's step read back this run reaches the report.
+        let staging = self.program.staging_reading();
         self.report.update(|r| {
             r.steps += 1;
             if r.binding_stats.is_none() {
                 r.binding_stats = stats_key.map(str::to_string);
+            }
+            if staging.is_some() {
+                r.staging = staging;
             }
         });
         self.outputs()

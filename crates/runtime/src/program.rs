@@ -277,9 +277,17 @@ impl<B: Backend> Program<B> {
         }
     }
 
+    /// Its staging's summary when a timed step was read back since the
+    /// last call (one mutex per call otherwise).
+    pub(crate) fn staging_reading(&self) -> Option<crate::staging::StagingSummary> {
+        let s = self.staging.as_ref()?;
+        s.take_fresh().then(|| s.summary(self.backend()))
+    }
+
     /// What its staging does per step (`None`: nothing is staged).
-    pub fn staging_summary(&self) -> Option<&crate::staging::StagingSummary> {
-        self.staging.as_ref().map(|s| s.summary())
+    pub fn staging_summary(&self) -> Option<crate::staging::StagingSummary> {
+        let be = self.backend();
+        self.staging.as_ref().map(|s| s.summary(be))
     }
 }
 

@@ -40,7 +40,7 @@
 use serde::Serialize;
 use xla_vmm::{Plan, Slice, Thunk, ThunkKind};
 use xla_vmm_device::vmm::VmmContext;
-use xla_vmm_device::{Backend, MemLocation};
+use xla_vmm_device::{Backend, EventStatus, MemLocation};
 use xla_vmm_policy::residency::{
     demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, Use,
 };
@@ -78,6 +78,52 @@ pub struct StagingSummary {
     /// The planner's step estimate, and with everything on the device, µs.
     pub estimated_step_us: f64,
     pub unbudgeted_step_us: f64,
+    /// Measured on the device, the last step timed (`timed_steps` read
+    /// back so far; 0: none yet): its time on the compute stream, µs; the
+    /// link busy with its copies in, µs, and the rate they ran at, GB/s; the
+    /// compute stream waiting for copies in, µs; its bytes in and out at
+    /// the link's rate over its time. Eager runs time one step in
+    /// [`CLOCK_EVERY`] (graph modes: not measured yet), read back when the
+    /// device has passed it, never waited for: at the next run, or when the
+    /// summary is asked for.
+    pub timed_steps: u64,
+    pub gpu_step_us: f64,
+    pub copy_in_us: f64,
+    pub copy_in_gbps: f64,
+    pub waited_us: f64,
+    pub link_utilisation: f64,
+}
+
+/// One step in this many is timed and read back (the read-back makes one
+/// driver call per copy in and per waiting op).
+pub const CLOCK_EVERY: u64 = 8;
+
+/// The events that time a step (all on the device's clock, recorded only on
+/// timed steps, apart from the events the step itself needs) and what the
+/// last one measured.
+struct Clock<B: Backend> {
+    /// On the compute stream at the step's start, and after the joins.
+    start: B::Event,
+    end: B::Event,
+    /// Per copy in, on the stream of copies in, around it.
+    started: Vec<B::Event>,
+    done: Vec<B::Event>,
+    /// Per op that waits for copies in: (op, before its waits, after them).
+    waits: Vec<(usize, B::Event, B::Event)>,
+    state: std::sync::Mutex<ClockState>,
+}
+
+#[derive(Default)]
+struct ClockState {
+    /// Eager runs so far.
+    runs: u64,
+    /// A timed step's events are recorded and not read back yet.
+    unread: bool,
+    /// A step was read back since [`Staging::take_fresh`] last asked.
+    fresh: bool,
+    reads: u64,
+    /// The last step read back: (step, copying in, waited), µs.
+    last: (f64, f64, f64),
 }
 
 /// One copy: the buffer's bytes at home, its place in the area.
@@ -126,6 +172,7 @@ pub(crate) struct Staging<B: Backend> {
     /// Recorded on the compute stream before issuing copies in / home.
     marks: Vec<B::Event>,
     around: Vec<Around>,
+    clock: Clock<B>,
     summary: StagingSummary,
 }
 
@@ -328,7 +375,8 @@ impl<B: Backend> Staging<B> {
             for _ in 0..2 {
                 streams.push(be.stream_create()?);
             }
-            for _ in 0..3 + ins.len() + outs.len() + n_marks {
+            let n_waiting = around.iter().filter(|a| !a.waits.is_empty()).count();
+            for _ in 0..5 + 3 * ins.len() + outs.len() + n_marks + 2 * n_waiting {
                 events.push(be.event_create()?);
             }
             Ok(())
@@ -348,6 +396,17 @@ impl<B: Backend> Staging<B> {
         let landed = (0..ins.len()).map(|_| next()).collect();
         let homed = (0..outs.len()).map(|_| next()).collect();
         let marks = (0..n_marks).map(|_| next()).collect();
+        let clock = Clock {
+            start: next(),
+            end: next(),
+            started: (0..ins.len()).map(|_| next()).collect(),
+            done: (0..ins.len()).map(|_| next()).collect(),
+            waits: (0..around.len())
+                .filter(|&k| !around[k].waits.is_empty())
+                .map(|k| (k, next(), next()))
+                .collect(),
+            state: Default::default(),
+        };
         let mut streams = streams.into_iter();
         let (in_stream, out_stream) = (
             streams.next().expect("made above"),
@@ -365,12 +424,96 @@ impl<B: Backend> Staging<B> {
             homed,
             marks,
             around,
+            clock,
             summary,
         }))
     }
 
-    pub(crate) fn summary(&self) -> &StagingSummary {
-        &self.summary
+    /// The plan's figures and the measured ones.
+    pub(crate) fn summary(&self, be: &B) -> StagingSummary {
+        {
+            // Asked from any thread: not while a stream captures (a query
+            // of an event a capture is recording).
+            let _gate = xla_vmm_device::capture_gate::foreign();
+            self.read_clock(be);
+        }
+        let mut s = self.summary.clone();
+        let c = self.clock.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (step, copying, waited) = c.last;
+        s.timed_steps = c.reads;
+        if c.reads > 0 {
+            s.gpu_step_us = step;
+            s.copy_in_us = copying;
+            s.waited_us = waited;
+            if copying > 0.0 {
+                s.copy_in_gbps = s.bytes_in_per_step as f64 / (copying * 1e3);
+            }
+            if step > 0.0 {
+                let link_us = (s.bytes_in_per_step + s.bytes_out_per_step) as f64
+                    / Rates::H200.link_bytes_per_s
+                    * 1e6;
+                s.link_utilisation = link_us / step;
+            }
+        }
+        s
+    }
+
+    /// Read the timed step's events back if there is one and the device
+    /// has passed it (never waits).
+    fn read_clock(&self, be: &B) {
+        let mut c = self.clock.state.lock().unwrap_or_else(|e| e.into_inner());
+        let k = &self.clock;
+        if !c.unread || !matches!(be.event_query(&k.end), Ok(EventStatus::Complete)) {
+            return;
+        }
+        c.unread = false;
+        let us =
+            |a: &B::Event, b: &B::Event| be.event_elapsed_ms(a, b).map(|ms| f64::from(ms) * 1e3);
+        let read = (|| -> Result<(f64, f64, f64)> {
+            let step = us(&k.start, &k.end)?;
+            let mut copying = 0.0;
+            for (a, b) in k.started.iter().zip(&k.done) {
+                copying += us(a, b)?;
+            }
+            let mut waited = 0.0;
+            for (_, a, b) in &k.waits {
+                waited += us(a, b)?;
+            }
+            Ok((step, copying, waited))
+        })();
+        if let Ok(last) = read {
+            c.reads += 1;
+            c.last = last;
+            c.fresh = true;
+            tracing::debug!(
+                step_us = last.0,
+                copy_in_us = last.1,
+                waited_us = last.2,
+                "staged step timed"
+            );
+        }
+    }
+
+    /// A step was read back since the last call.
+    pub(crate) fn take_fresh(&self) -> bool {
+        let mut c = self.clock.state.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut c.fresh)
+    }
+
+    /// Whether this run records the timing events: an eager run, one in
+    /// [`CLOCK_EVERY`] once the last is read back; never a capture (an
+    /// event recorded in a capture orders the capture's streams, it is not
+    /// recorded again when the graph runs).
+    fn clock_tick(&self, be: &B, capturing: bool) -> bool {
+        if capturing {
+            return false;
+        }
+        self.read_clock(be);
+        let mut c = self.clock.state.lock().unwrap_or_else(|e| e.into_inner());
+        let timed = !c.unread && c.runs % CLOCK_EVERY == 0;
+        c.runs += 1;
+        c.unread |= timed;
+        timed
     }
 
     /// Run `ops` (the program's) on `stream` with their staging.
@@ -392,12 +535,17 @@ impl<B: Backend> Staging<B> {
             )));
         }
         let (cin, cout) = (&self.in_stream, &self.out_stream);
+        let timed = self.clock_tick(be, env.capturing);
+        let mut waits = self.clock.waits.iter().peekable();
+        if timed {
+            be.event_record(&self.clock.start, stream)?;
+        }
         be.event_record(&self.fork, stream)?;
         be.stream_wait_event(cin, &self.fork)?;
         be.stream_wait_event(cout, &self.fork)?;
         let mut table = slots.clone();
         let mut nest = Vec::new();
-        for (op, a) in units.iter().zip(&self.around) {
+        for (n, (op, a)) in units.iter().zip(&self.around).enumerate() {
             if let Some(m) = a.issue {
                 be.event_record(&self.marks[m], stream)?;
                 be.stream_wait_event(cin, &self.marks[m])?;
@@ -407,12 +555,28 @@ impl<B: Backend> Staging<B> {
                         be.stream_wait_event(cin, &self.homed[j])?;
                     }
                     let to = self.area.ptr().offset(c.area);
+                    if timed {
+                        be.event_record(&self.clock.started[i], cin)?;
+                    }
                     be.copy_d2d(to, slots.resolve(&c.home)?, c.home.size, cin)?;
+                    if timed {
+                        be.event_record(&self.clock.done[i], cin)?;
+                    }
                     be.event_record(&self.landed[i], cin)?;
                 }
             }
+            let pair = match waits.peek() {
+                Some((k, ..)) if *k == n => waits.next(),
+                _ => None,
+            };
+            if let (true, Some((_, before, _))) = (timed, pair) {
+                be.event_record(before, stream)?;
+            }
             for &i in &a.waits {
                 be.stream_wait_event(stream, &self.landed[i])?;
+            }
+            if let (true, Some((_, _, after))) = (timed, pair) {
+                be.event_record(after, stream)?;
             }
             for &j in &a.waits_home {
                 be.stream_wait_event(stream, &self.homed[j])?;
@@ -434,6 +598,9 @@ impl<B: Backend> Staging<B> {
             be.event_record(e, s)?;
             be.stream_wait_event(stream, e)?;
         }
+        if timed {
+            be.event_record(&self.clock.end, stream)?;
+        }
         Ok(())
     }
 
@@ -443,11 +610,15 @@ impl<B: Backend> Staging<B> {
             t.check("stream_synchronize", be.stream_synchronize(s));
         }
         let [j0, j1] = self.joins;
-        for e in [self.fork, j0, j1]
+        let clock = self.clock;
+        for e in [self.fork, j0, j1, clock.start, clock.end]
             .into_iter()
             .chain(self.landed)
             .chain(self.homed)
             .chain(self.marks)
+            .chain(clock.started)
+            .chain(clock.done)
+            .chain(clock.waits.into_iter().flat_map(|(_, a, b)| [a, b]))
         {
             t.check("event_destroy", be.event_destroy(e));
         }

@@ -111,7 +111,7 @@ fn two_steps_on(
     }
     b.stream_synchronize(&stream).unwrap();
     let got = outs.iter().map(|o| f32s_of(b, o.ptr, n, &stream)).collect();
-    let staged = exe.program().staging_summary().cloned();
+    let staged = exe.program().staging_summary();
     drop(exe);
     for buf in bufs {
         buf.free().unwrap();
@@ -146,6 +146,12 @@ fn parameters_in_host_memory_are_staged_in_every_mode_with_the_same_results() {
         assert_eq!((s.staged, s.staged_bytes), (3, 48), "{mode:?}");
         assert_eq!((s.bytes_in_per_step, s.bytes_out_per_step), (48, 16));
         assert_eq!(on_host, want, "{mode:?} staged");
+        // Eager: a step timed and read back, its copies in and its waits
+        // within it (one stream each). Graphs: not timed.
+        assert_eq!(s.timed_steps >= 1, mode == Mode::Eager, "{mode:?}: {s:?}");
+        assert!(s.gpu_step_us.is_finite() && s.gpu_step_us >= 0.0, "{s:?}");
+        assert!(s.copy_in_us <= s.gpu_step_us + 1.0, "{mode:?}: {s:?}");
+        assert!(s.waited_us <= s.gpu_step_us + 1.0, "{mode:?}: {s:?}");
     }
 }
 
