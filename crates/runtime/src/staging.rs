@@ -251,6 +251,32 @@ fn unit_input(
     ))
 }
 
+/// Two streams and `n` events; on an error, what was made is released.
+fn streams_and_events<B: Backend>(be: &B, n: usize) -> Result<(Vec<B::Stream>, Vec<B::Event>)> {
+    let mut streams = Vec::new();
+    let mut events = Vec::new();
+    let made = (|| -> Result<()> {
+        for _ in 0..2 {
+            streams.push(be.stream_create()?);
+        }
+        for _ in 0..n {
+            events.push(be.event_create()?);
+        }
+        Ok(())
+    })();
+    if let Err(e) = made {
+        let mut t = Teardown::new("a staging that failed to set up");
+        for ev in events {
+            t.check("event_destroy", be.event_destroy(ev));
+        }
+        for st in streams {
+            t.check("stream_destroy", be.stream_destroy(st));
+        }
+        return Err(e);
+    }
+    Ok((streams, events))
+}
+
 /// Device bytes a staging area may take now: what the configured limit
 /// leaves, else the device's free memory less a headroom.
 fn room<B: Backend>(be: &B) -> u64 {
@@ -367,29 +393,9 @@ impl<B: Backend> Staging<B> {
                 a.redirects.push(r);
             }
         }
-        // Streams and events: on an error, what was made is released.
-        let mut t = Teardown::new("a staging that failed to set up");
-        let mut streams = Vec::new();
-        let mut events = Vec::new();
-        let made = (|| -> Result<()> {
-            for _ in 0..2 {
-                streams.push(be.stream_create()?);
-            }
-            let n_waiting = around.iter().filter(|a| !a.waits.is_empty()).count();
-            for _ in 0..5 + 3 * ins.len() + outs.len() + n_marks + 2 * n_waiting {
-                events.push(be.event_create()?);
-            }
-            Ok(())
-        })();
-        if let Err(e) = made {
-            for ev in events {
-                t.check("event_destroy", be.event_destroy(ev));
-            }
-            for st in streams {
-                t.check("stream_destroy", be.stream_destroy(st));
-            }
-            return Err(e);
-        }
+        let n_waiting = around.iter().filter(|a| !a.waits.is_empty()).count();
+        let n_events = 5 + 3 * ins.len() + outs.len() + n_marks + 2 * n_waiting;
+        let (streams, events) = streams_and_events(&**be, n_events)?;
         let mut events = events.into_iter();
         let mut next = || events.next().expect("made above");
         let (fork, joins) = (next(), [next(), next()]);
