@@ -928,3 +928,38 @@ fn a_steps_copies_are_one_batch_per_direction() {
         );
     }
 }
+
+#[test]
+fn eight_threads_running_programs_on_one_device_get_the_serial_results() {
+    // Issue 34, item 3 on the host backend: eight threads, each with its
+    // own program, stream and allocator on one device, in every mode (the
+    // guarded default among them), at once; each thread's results equal
+    // a serial run's, and the device is left as it was.
+    let b = backend();
+    let steps = 120;
+    let (reference, l) = Loop::new(&b, None, false).run(Mode::Eager, steps);
+    drop(l);
+    let before = b.outstanding();
+    let modes = [Mode::Eager, Mode::GraphRecapture, Mode::Graph];
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let b = b.clone();
+                let reference = &reference;
+                s.spawn(move || {
+                    let mut l = Loop::new(&b, if t % 2 == 0 { Some(1) } else { None }, false);
+                    l.configured = t == 7;
+                    let (got, l) = l.run(modes[t % 3], steps);
+                    assert_eq!(&got, reference, "thread {t} in {:?}", modes[t % 3]);
+                    drop(l);
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("no thread panicked");
+        }
+    });
+    let after = b.outstanding();
+    assert_eq!(after.events, before.events, "{after:?}");
+    assert_eq!(after.graphs, before.graphs, "{after:?}");
+}
