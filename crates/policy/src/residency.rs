@@ -614,13 +614,22 @@ struct Held {
 /// (see the module docs). `early`: victims are taken among the buffers idle
 /// for the fetch's whole lead when there are such (Belady among them), so
 /// that its copy can start early; else Belady among all.
-fn schedule(
+/// A fetch: (position needed, buffer, first position the area has room).
+type Fetch = (usize, usize, usize);
+/// An eviction: (after position, buffer, written back).
+type Evict = (usize, usize, bool);
+
+/// Belady over two repetitions of the step: the fetches (position needed,
+/// buffer, first position the area has room for it), the evictions (after
+/// position, buffer, written back) and the peak bytes held. `dur`: each
+/// thunk's µs.
+fn belady(
     input: &ResidencyInput,
     placements: &[Placement],
     cap: u64,
     early: bool,
-    in_place_bytes: u64,
-) -> Schedule {
+    dur: &[f64],
+) -> (Vec<Fetch>, Vec<Evict>, u64) {
     let steps = &input.steps;
     let m = steps.len();
     let buffers = &input.buffers;
@@ -667,9 +676,6 @@ fn schedule(
             .find(|&k| at(k).uses.iter().any(|u| u.buffer == b))
             .unwrap_or(usize::MAX)
     };
-    let dur: Vec<f64> = (0..m)
-        .map(|k| thunk_us(&steps[k], placements, &input.rates))
-        .collect();
     // Belady over positions 0..2m: fetches (position needed, and the first
     // position the area has room for them) and evictions. A victim leaves
     // right after its last use before the fetch that needs its room, so
@@ -678,8 +684,8 @@ fn schedule(
     let mut used = 0u64;
     let mut peak = 0u64;
     let mut last_use = vec![0usize; buffers.len()];
-    let mut fetches: Vec<(usize, usize, usize)> = Vec::new(); // (position, buffer, room from)
-    let mut evictions: Vec<(usize, usize, bool)> = Vec::new(); // (after position, buffer, write back)
+    let mut fetches: Vec<Fetch> = Vec::new();
+    let mut evictions: Vec<Evict> = Vec::new();
     for k in 0..2 * m {
         let need = staged_at(k);
         for &(b, _, wants_bytes) in &need {
@@ -757,6 +763,20 @@ fn schedule(
             }
         }
     }
+    (fetches, evictions, peak)
+}
+
+/// The link's timeline over the doubled sequence: each fetch's issue
+/// position, (issue position, needed position, buffer), and the waits
+/// (position, buffer, µs late).
+fn link_timeline(
+    input: &ResidencyInput,
+    fetches: &[Fetch],
+    dur: &[f64],
+) -> (Vec<(usize, usize, usize)>, Vec<(usize, usize, f64)>) {
+    let m = input.steps.len();
+    let buffers = &input.buffers;
+    let link = input.rates.link_bytes_per_s;
     // Link timeline over the doubled sequence: each fetch in need order, as
     // early as its room and the previous fetch allow, but no earlier than
     // it takes to land in time (an early fetch holds the area longer).
@@ -769,7 +789,7 @@ fn schedule(
     let mut delay = 0.0f64; // accumulated waits shift later thunks
     let mut issue: Vec<(usize, usize, usize)> = Vec::new(); // (issue position, needed position, buffer)
     let mut prev_issue = 0usize;
-    for &(k, b, room_from) in &fetches {
+    for &(k, b, room_from) in fetches {
         let earliest = room_from.max(prev_issue).min(k);
         let dur_us = buffers[b].bytes as f64 / link * 1e6;
         let mut p = k;
@@ -787,6 +807,24 @@ fn schedule(
         prev_issue = p;
         issue.push((p, k, b));
     }
+    (issue, waits_all)
+}
+
+fn schedule(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    cap: u64,
+    early: bool,
+    in_place_bytes: u64,
+) -> Schedule {
+    let m = input.steps.len();
+    let buffers = &input.buffers;
+    let link = input.rates.link_bytes_per_s;
+    let dur: Vec<f64> = (0..m)
+        .map(|k| thunk_us(&input.steps[k], placements, &input.rates))
+        .collect();
+    let (fetches, evictions, peak) = belady(input, placements, cap, early, &dur);
+    let (issue, waits_all) = link_timeline(input, &fetches, &dur);
     // Report the second repetition (steady state).
     let second = |k: usize| k >= m && k < 2 * m;
     let bytes_in: u64 = issue

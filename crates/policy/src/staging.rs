@@ -161,31 +161,13 @@ fn take(free: &mut Vec<Free>, size: u64) -> Option<(u64, usize)> {
     Some((f.start, f.free_from))
 }
 
-/// The copies and addresses of one step of `input` with `placements` (the
-/// residency plan's), in an area of `area_bytes`, offsets aligned to
-/// `align` (see the module docs).
-pub fn stage(
-    input: &ResidencyInput,
-    placements: &[Placement],
-    area_bytes: u64,
-    align: u64,
-) -> Result<Staging> {
-    input.validate()?;
+/// Per thunk, its staged buffers: (buffer, writes, needs its bytes: reads
+/// them or writes part of them, unless a temporary's first use).
+fn staged_uses(input: &ResidencyInput, placements: &[Placement]) -> Vec<Vec<(usize, bool, bool)>> {
     let bufs = &input.buffers;
-    if placements.len() != bufs.len() {
-        return Err(PolicyError::InvalidResidency(format!(
-            "{} placements for {} buffers",
-            placements.len(),
-            bufs.len()
-        )));
-    }
-    let align = align.max(1);
-    let steps = &input.steps;
-    let m = steps.len();
-    // Per thunk, its staged buffers: (buffer, writes, needs its bytes).
     let mut first_use = vec![usize::MAX; bufs.len()];
-    let mut per: Vec<Vec<(usize, bool, bool)>> = Vec::with_capacity(m);
-    for (k, t) in steps.iter().enumerate() {
+    let mut per: Vec<Vec<(usize, bool, bool)>> = Vec::with_capacity(input.steps.len());
+    for (k, t) in input.steps.iter().enumerate() {
         let mut v: Vec<(usize, bool, bool, bool)> = Vec::new(); // buffer, read, write, whole write
         for u in &t.uses {
             if placements[u.buffer] != Placement::Staged {
@@ -212,6 +194,76 @@ pub fn stage(
                 .collect(),
         );
     }
+    per
+}
+
+/// Set what each copy in, and each stay filled without one, must follow.
+fn follow_copies_home(out: &mut Staging, bufs: &[crate::residency::Buffer]) {
+    // Copies in and home run on two streams (the link carries both ways at
+    // once): each copy in, and each thunk filling a range without one,
+    // follows the last copy home issued before it that writes its home or
+    // reads its range.
+    let span = |b: usize, off: u64| (off, off + bufs[b].bytes);
+    let overlaps = |(a0, a1): (u64, u64), (b0, b1): (u64, u64)| a0 < b1 && b0 < a1;
+    let last_out = |before: usize, b: usize, off: u64| {
+        out.copies_out
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.after < before)
+            .filter(|(_, o)| o.buffer == b || overlaps(span(o.buffer, o.offset), span(b, off)))
+            .map(|(i, _)| i)
+            .next_back()
+    };
+    let ins: Vec<Option<usize>> = out
+        .copies_in
+        .iter()
+        .map(|c| last_out(c.issue_before, c.buffer, c.offset))
+        .collect();
+    let filled: Vec<Option<usize>> = out
+        .stays
+        .iter()
+        .map(|st| {
+            let copied = out
+                .copies_in
+                .iter()
+                .any(|c| c.buffer == st.buffer && c.needed_by == st.first);
+            if copied {
+                None
+            } else {
+                last_out(st.first, st.buffer, st.offset)
+            }
+        })
+        .collect();
+    for (c, d) in out.copies_in.iter_mut().zip(ins) {
+        c.after_out = d;
+    }
+    for (st, d) in out.stays.iter_mut().zip(filled) {
+        st.after_out = d;
+    }
+}
+
+/// The copies and addresses of one step of `input` with `placements` (the
+/// residency plan's), in an area of `area_bytes`, offsets aligned to
+/// `align` (see the module docs).
+pub fn stage(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    area_bytes: u64,
+    align: u64,
+) -> Result<Staging> {
+    input.validate()?;
+    let bufs = &input.buffers;
+    if placements.len() != bufs.len() {
+        return Err(PolicyError::InvalidResidency(format!(
+            "{} placements for {} buffers",
+            placements.len(),
+            bufs.len()
+        )));
+    }
+    let align = align.max(1);
+    let steps = &input.steps;
+    let m = steps.len();
+    let per = staged_uses(input, placements);
     let next_use = |b: usize, after: usize| -> usize {
         (after + 1..m)
             .find(|&k| per[k].iter().any(|x| x.0 == b))
@@ -332,47 +384,7 @@ pub fn stage(
     out.copies_in.sort_by_key(|c| c.issue_before);
     out.copies_out.sort_by_key(|c| c.after);
     out.stays.sort_by_key(|s| (s.first, s.buffer));
-    // Copies in and home run on two streams (the link carries both ways at
-    // once): each copy in, and each thunk filling a range without one,
-    // follows the last copy home issued before it that writes its home or
-    // reads its range.
-    let span = |b: usize, off: u64| (off, off + bufs[b].bytes);
-    let overlaps = |(a0, a1): (u64, u64), (b0, b1): (u64, u64)| a0 < b1 && b0 < a1;
-    let last_out = |before: usize, b: usize, off: u64| {
-        out.copies_out
-            .iter()
-            .enumerate()
-            .filter(|(_, o)| o.after < before)
-            .filter(|(_, o)| o.buffer == b || overlaps(span(o.buffer, o.offset), span(b, off)))
-            .map(|(i, _)| i)
-            .next_back()
-    };
-    let ins: Vec<Option<usize>> = out
-        .copies_in
-        .iter()
-        .map(|c| last_out(c.issue_before, c.buffer, c.offset))
-        .collect();
-    let filled: Vec<Option<usize>> = out
-        .stays
-        .iter()
-        .map(|st| {
-            let copied = out
-                .copies_in
-                .iter()
-                .any(|c| c.buffer == st.buffer && c.needed_by == st.first);
-            if copied {
-                None
-            } else {
-                last_out(st.first, st.buffer, st.offset)
-            }
-        })
-        .collect();
-    for (c, d) in out.copies_in.iter_mut().zip(ins) {
-        c.after_out = d;
-    }
-    for (st, d) in out.stays.iter_mut().zip(filled) {
-        st.after_out = d;
-    }
+    follow_copies_home(&mut out, bufs);
     Ok(out)
 }
 
