@@ -618,6 +618,10 @@ struct Held {
 type Fetch = (usize, usize, usize);
 /// An eviction: (after position, buffer, written back).
 type Evict = (usize, usize, bool);
+/// An issued fetch: (issue position, needed position, buffer).
+type Issued = (usize, usize, usize);
+/// A wait: (position, buffer, µs late).
+type Late = (usize, usize, f64);
 
 /// Belady over two repetitions of the step: the fetches (position needed,
 /// buffer, first position the area has room for it), the evictions (after
@@ -773,7 +777,7 @@ fn link_timeline(
     input: &ResidencyInput,
     fetches: &[Fetch],
     dur: &[f64],
-) -> (Vec<(usize, usize, usize)>, Vec<(usize, usize, f64)>) {
+) -> (Vec<Issued>, Vec<Late>) {
     let m = input.steps.len();
     let buffers = &input.buffers;
     let link = input.rates.link_bytes_per_s;
@@ -785,9 +789,9 @@ fn link_timeline(
         start_us[k + 1] = start_us[k] + dur[k % m];
     }
     let mut link_free = 0.0f64;
-    let mut waits_all: Vec<(usize, usize, f64)> = Vec::new();
+    let mut waits_all: Vec<Late> = Vec::new();
     let mut delay = 0.0f64; // accumulated waits shift later thunks
-    let mut issue: Vec<(usize, usize, usize)> = Vec::new(); // (issue position, needed position, buffer)
+    let mut issue: Vec<Issued> = Vec::new();
     let mut prev_issue = 0usize;
     for &(k, b, room_from) in fetches {
         let earliest = room_from.max(prev_issue).min(k);
