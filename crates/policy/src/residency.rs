@@ -108,6 +108,34 @@ pub struct Use {
     pub read: bool,
     /// The thunk writes them.
     pub write: bool,
+    /// Times the thunk reads the bytes when they lie in host memory: a GEMM
+    /// reads an operand larger than the device's cache once per tile of the
+    /// other side ([`gemm_reuse`]); 1 for everything else.
+    #[serde(default = "one")]
+    pub reuse: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// Operand bytes a GEMM's re-reads of host memory stay in the device's
+/// cache below (half of the H200's 50 MB L2).
+pub const CACHE_BYTES: u64 = 24 << 20;
+
+/// The output tile of a GEMM kernel along each side, elements.
+pub const GEMM_TILE: f64 = 128.0;
+
+/// How often a GEMM reads an operand of `bytes` that lies in host memory
+/// when the output has `other` rows (or columns) the operand does not
+/// span: once per output tile along them, unless the operand fits the
+/// cache.
+pub fn gemm_reuse(bytes: u64, other: f64) -> f64 {
+    if bytes <= CACHE_BYTES || !other.is_finite() {
+        1.0
+    } else {
+        (other / GEMM_TILE).ceil().max(1.0)
+    }
 }
 
 /// One thunk execution, in program order.
@@ -276,6 +304,12 @@ impl ResidencyInput {
                         t.name, u.bytes, b.id, b.bytes
                     ));
                 }
+                if !(u.reuse.is_finite() && u.reuse >= 1.0) {
+                    return bad(format!(
+                        "thunk {i} ({}): reads buffer {} {} times",
+                        t.name, b.id, u.reuse
+                    ));
+                }
             }
         }
         Ok(())
@@ -284,7 +318,7 @@ impl ResidencyInput {
 
 /// Per-buffer facts of one step.
 struct Facts {
-    /// Bytes its thunks touch per step.
+    /// Bytes its thunks move per step when it is read in place.
     touched: u64,
     written: bool,
     used: bool,
@@ -322,7 +356,7 @@ fn facts(input: &ResidencyInput) -> Vec<Facts> {
         }
         for u in &t.uses {
             let x = &mut f[u.buffer];
-            x.touched = x.touched.saturating_add(traffic(u));
+            x.touched = x.touched.saturating_add(in_place_traffic(u));
             x.written |= u.write;
             x.used = true;
         }
@@ -330,7 +364,20 @@ fn facts(input: &ResidencyInput) -> Vec<Facts> {
     f
 }
 
-/// Bytes a use moves: its slice read, written, or both.
+/// Bytes a use moves over the link when its buffer is read and written in
+/// host memory: its reads (with a GEMM's re-reads) and its writes.
+fn in_place_traffic(u: &Use) -> u64 {
+    let reads = if u.read {
+        (u.bytes as f64 * u.reuse.max(1.0)).min(u64::MAX as f64) as u64
+    } else {
+        0
+    };
+    reads
+        .saturating_add(if u.write { u.bytes } else { 0 })
+        .max(u.bytes)
+}
+
+/// Bytes a use moves in device memory: its slice read, written, or both.
 fn traffic(u: &Use) -> u64 {
     u.bytes * (u64::from(u.read) + u64::from(u.write)).max(1)
 }
@@ -341,7 +388,7 @@ fn thunk_us(t: &ThunkStep, placements: &[Placement], r: &Rates) -> f64 {
     let (mut dev, mut host) = (0.0, 0.0);
     for u in &t.uses {
         match placements[u.buffer] {
-            Placement::InPlace => host += traffic(u) as f64,
+            Placement::InPlace => host += in_place_traffic(u) as f64,
             _ => dev += traffic(u) as f64,
         }
     }
@@ -916,6 +963,7 @@ pub(crate) mod testing {
                     bytes: mb * MB,
                     read,
                     write,
+                    reuse: 1.0,
                 })
                 .collect(),
             flops,
@@ -1119,12 +1167,14 @@ mod tests {
             bytes: 200 * MB,
             read: false,
             write: true,
+            reuse: 1.0,
         };
         let r = |b: usize| Use {
             buffer: b,
             bytes: 200 * MB,
             read: true,
             write: false,
+            reuse: 1.0,
         };
         let steps = vec![
             ThunkStep {
@@ -1253,6 +1303,45 @@ mod tests {
         assert_eq!(demote(&input, &touched, &mut pl, Some(5)), None);
         assert_eq!(demote(&input, &touched, &mut pl, None), Some(0));
         assert_eq!(pl, vec![Placement::InPlace; 3]);
+    }
+
+    #[test]
+    fn a_gemm_that_rereads_its_weight_keeps_it_staged_over_a_temporary() {
+        // As above, but the last thunk is a prefill GEMM: it reads its
+        // 40 MB weight once per 128 rows of a 4096-row output (32 times)
+        // when the weight is in host memory; the temporary (10 touches per
+        // byte) is what goes in place now.
+        assert_eq!(gemm_reuse(40 * MB, 4096.0), 32.0);
+        assert_eq!(gemm_reuse(40 * MB, 8.0), 1.0, "decode: one tile");
+        assert_eq!(gemm_reuse(CACHE_BYTES, 4096.0), 1.0, "in the cache");
+        assert_eq!(gemm_reuse(40 * MB, f64::NAN), 1.0);
+        let host = |id, mb, persistent| Buffer {
+            home: Home::Host,
+            ..buf(id, mb, persistent)
+        };
+        let mut steps = vec![thunk(
+            "w0",
+            &[(0, 40, true, false), (2, 60, false, true)],
+            1e9,
+        )];
+        for k in 0..4 {
+            steps.push(thunk(&format!("t{k}"), &[(2, 60, true, true)], 1e9));
+        }
+        let mut gemm = thunk("w1", &[(1, 40, true, false), (2, 60, true, false)], 1e12);
+        gemm.uses[0].reuse = gemm_reuse(40 * MB, 4096.0);
+        steps.push(gemm);
+        let input = input(
+            vec![host(0, 40, true), host(1, 40, true), host(2, 60, false)],
+            steps,
+            90,
+        );
+        assert_eq!(touched_bytes(&input)[1], 32 * 40 * MB);
+        let p = plan_residency(&input).unwrap();
+        assert_eq!(p.placements[1], Placement::Staged, "{:?}", p.placements);
+        assert_eq!(p.placements[2], Placement::InPlace, "{:?}", p.placements);
+        let mut bad = input;
+        bad.steps[5].uses[0].reuse = 0.5;
+        assert!(plan_residency(&bad).is_err());
     }
 
     #[test]

@@ -13,9 +13,9 @@
 //! traffic's: for Triton GEMM fusions an underestimate, which only makes
 //! prefetches start earlier).
 
-use xla_vmm::{AllocationRole, GemmConfig, Plan, Thunk, ThunkKind};
+use xla_vmm::{AllocationRole, GemmConfig, Plan, Slice, Thunk, ThunkKind};
 use xla_vmm_policy::residency::{
-    plan_residency, Buffer, Home, Rates, ResidencyInput, ResidencyPlan, ThunkStep, Use,
+    gemm_reuse, plan_residency, Buffer, Home, Rates, ResidencyInput, ResidencyPlan, ThunkStep, Use,
 };
 
 use crate::error::{Result, RuntimeError};
@@ -130,6 +130,48 @@ pub(crate) fn segments(plan: &Plan) -> Segments {
     out
 }
 
+/// A GEMM's operands and how often it reads each when it lies in host
+/// memory ([`gemm_reuse`]): cuBLAS GEMMs from their output's rows and
+/// columns; XLA's Triton GEMM fusions (`gemm_fusion*`) from their two
+/// largest inputs and their output, taken as 2-byte elements
+/// (`|A| = 2mk`, `|B| = 2kn`, `|C| = 2mn`: `n = sqrt(|B||C| / 2|A|)`).
+fn operand_reuse(t: &Thunk) -> Vec<(Slice, f64)> {
+    let dims = |c: &GemmConfig| {
+        let o = &c.output_layout;
+        (o.num_rows.max(0) as f64, o.num_cols.max(0) as f64)
+    };
+    let pair = |a: Slice, b: Slice, (m, n): (f64, f64)| {
+        vec![(a, gemm_reuse(a.size, n)), (b, gemm_reuse(b.size, m))]
+    };
+    match &t.kind {
+        ThunkKind::CublasLtMatmul(g) => g
+            .gemm_config
+            .as_ref()
+            .map(|c| pair(g.a.slice, g.b.slice, dims(c)))
+            .unwrap_or_default(),
+        ThunkKind::Gemm(g) => pair(g.lhs, g.rhs, dims(&g.config)),
+        _ if t.info.profile_annotation.starts_with("gemm_fusion") => {
+            let uses = t.own_uses();
+            let mut reads: Vec<Slice> = uses.iter().filter(|u| u.1.reads()).map(|u| u.0).collect();
+            reads.sort_by_key(|s| std::cmp::Reverse(s.size));
+            let out = uses.iter().filter(|u| u.1.writes()).map(|u| u.0.size).max();
+            match (reads.as_slice(), out) {
+                ([a, b, ..], Some(c)) if a.size > 0 && b.size > 0 => {
+                    let other = |x: &Slice, y: &Slice| {
+                        (y.size as f64 * c as f64 / (2.0 * x.size as f64)).sqrt()
+                    };
+                    vec![
+                        (*a, gemm_reuse(a.size, other(a, b))),
+                        (*b, gemm_reuse(b.size, other(b, a))),
+                    ]
+                }
+                _ => Vec::new(),
+            }
+        }
+        _ => Vec::new(),
+    }
+}
+
 fn leaf(t: &Thunk, flops: f64, segs: &[(usize, u64, u64)]) -> ThunkStep {
     // A slice lies in one segment (segments join overlapping slices).
     let seg = |a: usize, off: u64| {
@@ -137,6 +179,7 @@ fn leaf(t: &Thunk, flops: f64, segs: &[(usize, u64, u64)]) -> ThunkStep {
             .checked_sub(1)
             .filter(|&i| segs[i].0 == a)
     };
+    let reuse = operand_reuse(t);
     ThunkStep {
         name: format!("{} '{}'", t.kind_name(), t.info.profile_annotation),
         uses: t
@@ -149,6 +192,7 @@ fn leaf(t: &Thunk, flops: f64, segs: &[(usize, u64, u64)]) -> ThunkStep {
                     bytes: s.size,
                     read: a.reads(),
                     write: a.writes(),
+                    reuse: reuse.iter().find(|x| x.0 == s).map_or(1.0, |x| x.1),
                 })
             })
             .collect(),

@@ -227,6 +227,7 @@ fn unit_input(
                     x.bytes = x.bytes.max(u.bytes);
                     x.read |= u.read;
                     x.write |= u.write;
+                    x.reuse = x.reuse.max(u.reuse);
                 }
                 None => uses.push(*u),
             }
@@ -251,8 +252,11 @@ fn unit_input(
     ))
 }
 
+/// A staging's copy streams and events.
+type StreamsAndEvents<B> = (Vec<<B as Backend>::Stream>, Vec<<B as Backend>::Event>);
+
 /// Two streams and `n` events; on an error, what was made is released.
-fn streams_and_events<B: Backend>(be: &B, n: usize) -> Result<(Vec<B::Stream>, Vec<B::Event>)> {
+fn streams_and_events<B: Backend>(be: &B, n: usize) -> Result<StreamsAndEvents<B>> {
     let mut streams = Vec::new();
     let mut events = Vec::new();
     let made = (|| -> Result<()> {
@@ -516,7 +520,7 @@ impl<B: Backend> Staging<B> {
         }
         self.read_clock(be);
         let mut c = self.clock.state.lock().unwrap_or_else(|e| e.into_inner());
-        let timed = !c.unread && c.runs % CLOCK_EVERY == 0;
+        let timed = !c.unread && c.runs.is_multiple_of(CLOCK_EVERY);
         c.runs += 1;
         c.unread |= timed;
         timed

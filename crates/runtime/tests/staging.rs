@@ -193,3 +193,45 @@ fn programs_loaded_staged_run_and_dropped_by_the_hundred_leave_nothing_behind() 
         "every program's memory, streams, events and graphs released"
     );
 }
+
+#[test]
+fn a_triton_gemm_rereads_its_large_operands_from_host_memory_and_other_kernels_do_not() {
+    // Three 64 MiB operands: as a `gemm_fusion` (square bf16, m = n = k ~
+    // 5793) each input is read once per 128 output rows or columns; the same
+    // arguments in another kernel are read once.
+    const S: u64 = 64 << 20;
+    let plan_of = |name: &str| {
+        plan(
+            vec![
+                alloc(0, S, AllocationRole::Temp),
+                alloc(1, S, AllocationRole::Temp),
+                alloc(2, S, AllocationRole::Temp),
+            ],
+            vec![],
+            vec![],
+            vec![kernel(
+                name,
+                vec![
+                    (sl(0, 0, S), false),
+                    (sl(1, 0, S), false),
+                    (sl(2, 0, S), true),
+                ],
+                None,
+                1,
+            )],
+        )
+    };
+    let reuse = |name: &str| -> Vec<f64> {
+        let input = xla_vmm_runtime::residency::residency_input(
+            &plan_of(name),
+            1 << 30,
+            xla_vmm_policy::residency::Rates::H200,
+        )
+        .unwrap();
+        input.steps[0].uses.iter().map(|u| u.reuse).collect()
+    };
+    let m = ((S / 2) as f64).sqrt();
+    let tiles = (m / 128.0).ceil();
+    assert_eq!(reuse("gemm_fusion_dot.1"), vec![tiles, tiles, 1.0]);
+    assert_eq!(reuse("loop_fusion.1"), vec![1.0, 1.0, 1.0]);
+}
