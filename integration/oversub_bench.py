@@ -120,6 +120,9 @@ def run(a, mode, ratio, wbytes, total_dev):
     argv = [sys.executable, HERE, "--child", "--mode", mode, "--ratio", str(ratio)] + [
         "--%s=%s" % (k, getattr(a, k)) for k in ("layers", "dim", "ffn", "vocab", "batch", "seq", "steps", "warmup")]
     budget = int(wbytes / ratio) if ratio else None
+    # Every row compiles the same programs the same way (no timing-based autotuning, deterministic
+    # reductions), so that outputs can be compared bit for bit across the rows' processes.
+    env.setdefault("XLA_FLAGS", "--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0")
     if mode == "vmm":
         env["JAX_PLATFORMS"] = "vmm"
         if budget:
