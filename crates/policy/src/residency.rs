@@ -1262,12 +1262,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn an_area_too_small_reads_in_place_what_loses_least_there_a_weight_not_a_temporary() {
-        // In host memory: two weights read once per step, a temporary that
-        // five thunks read and write. The last thunk needs a weight and the
-        // temporary at once (100 MB) in a 90 MB area: the weight, read once
-        // either way, goes in place; the temporary stays staged.
+    /// In host memory: two 40 MB weights read once per step, a 60 MB
+    /// temporary that five thunks read and write. The last thunk needs a
+    /// weight (read `reuse` times in place) and the temporary at once
+    /// (100 MB) in a 90 MB area.
+    fn weights_and_a_temporary(reuse: f64) -> ResidencyInput {
         let host = |id, mb, persistent| Buffer {
             home: Home::Host,
             ..buf(id, mb, persistent)
@@ -1280,16 +1279,21 @@ mod tests {
         for k in 0..4 {
             steps.push(thunk(&format!("t{k}"), &[(2, 60, true, true)], 1e9));
         }
-        steps.push(thunk(
-            "w1",
-            &[(1, 40, true, false), (2, 60, true, false)],
-            1e9,
-        ));
-        let input = input(
+        let mut last = thunk("w1", &[(1, 40, true, false), (2, 60, true, false)], 1e12);
+        last.uses[0].reuse = reuse;
+        steps.push(last);
+        input(
             vec![host(0, 40, true), host(1, 40, true), host(2, 60, false)],
             steps,
             90,
-        );
+        )
+    }
+
+    #[test]
+    fn an_area_too_small_reads_in_place_what_loses_least_there_a_weight_not_a_temporary() {
+        // The weight, read once either way, goes in place; the temporary
+        // stays staged.
+        let input = weights_and_a_temporary(1.0);
         let p = plan_residency(&input).unwrap();
         assert_eq!(p.placements[2], Placement::Staged, "{:?}", p.placements);
         assert_eq!(p.placements[1], Placement::InPlace, "{:?}", p.placements);
@@ -1307,34 +1311,14 @@ mod tests {
 
     #[test]
     fn a_gemm_that_rereads_its_weight_keeps_it_staged_over_a_temporary() {
-        // As above, but the last thunk is a prefill GEMM: it reads its
-        // 40 MB weight once per 128 rows of a 4096-row output (32 times)
-        // when the weight is in host memory; the temporary (10 touches per
-        // byte) is what goes in place now.
+        // A prefill GEMM reads its 40 MB weight once per 128 rows of a
+        // 4096-row output (32 times) in place: the temporary (10 touches
+        // per byte) is what goes in place now.
         assert_eq!(gemm_reuse(40 * MB, 4096.0), 32.0);
         assert_eq!(gemm_reuse(40 * MB, 8.0), 1.0, "decode: one tile");
         assert_eq!(gemm_reuse(CACHE_BYTES, 4096.0), 1.0, "in the cache");
         assert_eq!(gemm_reuse(40 * MB, f64::NAN), 1.0);
-        let host = |id, mb, persistent| Buffer {
-            home: Home::Host,
-            ..buf(id, mb, persistent)
-        };
-        let mut steps = vec![thunk(
-            "w0",
-            &[(0, 40, true, false), (2, 60, false, true)],
-            1e9,
-        )];
-        for k in 0..4 {
-            steps.push(thunk(&format!("t{k}"), &[(2, 60, true, true)], 1e9));
-        }
-        let mut gemm = thunk("w1", &[(1, 40, true, false), (2, 60, true, false)], 1e12);
-        gemm.uses[0].reuse = gemm_reuse(40 * MB, 4096.0);
-        steps.push(gemm);
-        let input = input(
-            vec![host(0, 40, true), host(1, 40, true), host(2, 60, false)],
-            steps,
-            90,
-        );
+        let input = weights_and_a_temporary(gemm_reuse(40 * MB, 4096.0));
         assert_eq!(touched_bytes(&input)[1], 32 * 40 * MB);
         let p = plan_residency(&input).unwrap();
         assert_eq!(p.placements[1], Placement::Staged, "{:?}", p.placements);
