@@ -94,6 +94,12 @@ def child(a):
     out = {"mode": a.mode, "ratio": a.ratio}
     for phase, shape in (("prefill", (a.batch, a.seq)), ("decode", (a.batch, 1))):
         tokens = jax.device_put(rng.integers(0, a.vocab, size=shape, dtype=np.int32), dev)
+        if a.save_exe:
+            # The serialized executable, for `xla-vmm inspect PHASE.pjrt --memory-budget BYTES`.
+            import stock_ref
+            blob = fwd.lower(params, tokens).compile().runtime_executable().serialize()
+            with open(os.path.join(a.save_exe, phase + ".pjrt"), "wb") as fh:
+                fh.write(stock_ref.pjrt_bytes(blob))
         for _ in range(a.warmup):
             fwd(params, tokens).block_until_ready()
         times = []
@@ -157,6 +163,8 @@ def main():
     ap.add_argument("--link-gbps", type=float, default=55.0)
     ap.add_argument("--device-gib", type=float, default=139.8, help="the GPU's memory (stock's fraction)")
     ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--save-exe", default=None, help="with --child: also write each phase's serialized "
+                    "executable to this folder (PHASE.pjrt)")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--mode", default="vmm")
     ap.add_argument("--ratio", type=float, default=0.0)
