@@ -963,3 +963,59 @@ fn eight_threads_running_programs_on_one_device_get_the_serial_results() {
     assert_eq!(after.events, before.events, "{after:?}");
     assert_eq!(after.graphs, before.graphs, "{after:?}");
 }
+
+/// Array elements and object members of a JSON value, all levels down.
+fn json_size(v: &serde_json::Value) -> usize {
+    match v {
+        serde_json::Value::Array(a) => a.len() + a.iter().map(json_size).sum::<usize>(),
+        serde_json::Value::Object(o) => o.len() + o.values().map(json_size).sum::<usize>(),
+        _ => 0,
+    }
+}
+
+#[test]
+fn a_long_run_grows_no_stats_report_or_device_state_per_step() {
+    // Issue 34, item 6 on the host backend: after the guard's trial, every
+    // step of a guarded loop leaves the published stats, the program
+    // report and the device's objects (memory, mappings, events, graphs)
+    // the same size; only counters move.
+    let b = backend();
+    let mut l = Loop::new(&b, None, false);
+    l.configured = true;
+    let mut keep = None;
+    let key_of = |l: &Loop| l.exe.stats().map(|s| s.executable.clone());
+    // This program's report: the one of its step count (other tests'
+    // programs of the same name run in this process at the same time).
+    let sizes = |l: &Loop, b: &HostBackend, steps: u64| {
+        let stats = key_of(l)
+            .and_then(|k| xla_vmm_runtime::binding::all_stats().remove(&k))
+            .map(|s| json_size(&serde_json::to_value(s).unwrap()));
+        let report: Vec<usize> = xla_vmm_runtime::report::all_reports()
+            .iter()
+            .filter(|r| r.program == "train" && r.steps == steps)
+            .map(|r| json_size(&serde_json::to_value(r).unwrap()))
+            .collect();
+        let o = b.outstanding();
+        (
+            stats,
+            report,
+            o.phys_allocations,
+            o.mappings,
+            o.events,
+            o.graphs,
+            o.va_ranges,
+        )
+    };
+    for k in 0..67 {
+        l.step(Mode::Graph, k as f32, &mut keep);
+    }
+    let warm = sizes(&l, &b, 67);
+    assert_eq!(warm.1.len(), 1, "{warm:?}");
+    for k in 67..2003 {
+        l.step(Mode::Graph, k as f32, &mut keep);
+    }
+    assert_eq!(sizes(&l, &b, 2003), warm, "after 2,003 steps as after 67");
+    if let Some(x) = keep {
+        l.alloc.free(x, &l.stream).unwrap();
+    }
+}
