@@ -1,0 +1,203 @@
+"""Kernel by kernel: the same training executable on stock XLA and on xla-vmm, GPU time per kernel, the
+step's span on the GPU and its idle fraction (issue 30, items 1-2: where a compute-bound step loses).
+
+For each model: a stock child (JAX_PLATFORMS=cuda) compiles the A/B program (integration/tests/llama_ab.py),
+saves the executable, runs --warmup steps and then --steps steps under jax.profiler.trace; a vmm child
+(JAX_PLATFORMS=vmm,cuda: the CUDA plugin's profiler, CUPTI, records every kernel of the process, ours
+included) loads the same executable through the plugin (no recompilation) and does the same after the
+never-slower guard's trial. Each trace's GPU planes give, per step: the sum of kernel time (per kernel
+name, numbered suffixes folded), the span from the first kernel's start to the last one's end, and the
+idle fraction 1 - busy / span (busy: the union of the kernels' intervals over all streams).
+
+    python3 integration/diag/kernel_times.py --out DIR [--models maxtext_tiny_bf16] [--steps 10] [--warmup 30]
+
+Prints a Markdown table per model (DIR/kernel_times.md) and writes DIR/kernel_times.json. A diagnostic, not a
+test: it needs the GPU machine, and XLA_VMM_LIBRARY (or an installed wheel) for the vmm side. It parses
+traces with jax.profiler.ProfileData, which also reads a CPU trace (then there are no GPU planes, and it
+says so).
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+
+def kernel_family(name):
+    """`fusion.123` and `fusion_123` are one row: numbered suffixes folded."""
+    return re.sub(r"([._]\d+)+$", "", name)
+
+
+def gpu_summary(xplane_path, steps):
+    """Per-step figures of the GPU planes of one trace: {"kernels": {family: [ms, count]}, "busy_ms",
+    "span_ms", "idle", "planes"} (all per step), or {"planes": 0} when the trace has no GPU plane."""
+    from jax.profiler import ProfileData
+
+    data = ProfileData.from_file(xplane_path)
+    intervals, kernels, planes = [], {}, 0
+    for plane in data.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        planes += 1
+        for line in plane.lines:
+            # Stream lines carry the kernels and copies; the per-device summary lines repeat them.
+            if not re.search(r"[Ss]tream", line.name or ""):
+                continue
+            for ev in line.events:
+                start, dur = float(ev.start_ns), float(ev.duration_ns)
+                if dur <= 0:
+                    continue
+                intervals.append((start, start + dur))
+                k = kernels.setdefault(kernel_family(ev.name), [0.0, 0])
+                k[0] += dur / 1e6
+                k[1] += 1
+    if not intervals:
+        return {"planes": planes}
+    intervals.sort()
+    busy, cur_s, cur_e = 0.0, intervals[0][0], intervals[0][1]
+    for s, e in intervals[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = intervals[-1][1] - intervals[0][0]
+    n = max(steps, 1)
+    return {
+        "planes": planes,
+        "kernels": {k: [v[0] / n, v[1] / n] for k, v in kernels.items()},
+        "busy_ms": busy / 1e6 / n,
+        "span_ms": span / 1e6 / n,
+        "idle": 1.0 - busy / span if span > 0 else 0.0,
+    }
+
+
+def child(a):
+    """One side: run, trace, summarize; prints one JSON line."""
+    import jax
+    import numpy as np
+    from llama_ab import load_on_vmm, program, save_exe
+
+    trace_dir = os.path.join(a.out, "%s_%s" % (a.side, a.model))
+    if a.side == "stock":
+        f, args, donate = program(a.model)
+        compiled = jax.jit(f, donate_argnums=donate).lower(*args).compile()
+        save_exe(a.out, a.model, compiled, args)
+        dev = jax.devices()[0]
+        args = jax.tree.map(np.asarray, args)
+    else:
+        compiled, args, dev = load_on_vmm(a.out, a.model)
+    cur = jax.device_put(args, dev)
+    treedef = jax.tree.structure(cur)
+
+    def steps(n):
+        # The queue kept full, as a training loop does (no wait per step).
+        nonlocal cur
+        for _ in range(n):
+            leaves = jax.tree.leaves(compiled(*cur))
+            n_state = len(leaves) - 1
+            cur = jax.tree.unflatten(treedef, leaves[:n_state] + jax.tree.leaves(cur)[n_state:])
+        jax.block_until_ready(cur)
+
+    steps(a.warmup)
+    t = time.perf_counter()
+    with jax.profiler.trace(trace_dir):
+        steps(a.steps)
+    wall = (time.perf_counter() - t) * 1e3 / a.steps
+    found = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    out = {"side": a.side, "model": a.model, "wall_ms_per_step": wall}
+    out.update(gpu_summary(max(found, key=os.path.getmtime), a.steps) if found else {"planes": 0})
+    if a.side == "vmm":
+        from jax_plugins import xla_vmm
+        out["report"] = [(p["program"], p["runner"], p["steps"]) for p in xla_vmm.report().get("programs", [])]
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def run_side(a, side, model):
+    env = dict(os.environ)
+    if side == "stock":
+        env["JAX_PLATFORMS"] = "cuda"
+    else:
+        # The CUDA backend is there for its profiler (CUPTI); it must not take the GPU's memory.
+        env["JAX_PLATFORMS"] = "vmm,cuda"
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    argv = [sys.executable, os.path.abspath(__file__), "--child", "--side", side, "--model", model, "--out", a.out,
+            "--steps", str(a.steps), "--warmup", str(a.warmup)]
+    try:
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        return None, "timeout after %ds" % a.timeout
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return None, "rc %d: %s" % (p.returncode, " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:]))
+    return json.loads(lines[-1]), None
+
+
+def table(model, stock, vmm, top):
+    """Markdown: the totals, then the kernel families whose time differs most."""
+    md = ["## %s" % model, "",
+          "| side | wall ms/step | GPU span ms/step | kernel busy ms/step | idle fraction | kernels/step |",
+          "|---|---|---|---|---|---|"]
+    for name, r in (("stock", stock), ("xla-vmm", vmm)):
+        if not r.get("kernels"):
+            md.append("| %s | %.3f | no GPU plane in the trace | | | |" % (name, r["wall_ms_per_step"]))
+            continue
+        md.append("| %s | %.3f | %.3f | %.3f | %.1f%% | %.0f |" % (
+            name, r["wall_ms_per_step"], r["span_ms"], r["busy_ms"], 100 * r["idle"],
+            sum(v[1] for v in r["kernels"].values())))
+    if stock.get("kernels") and vmm.get("kernels"):
+        names = set(stock["kernels"]) | set(vmm["kernels"])
+        rows = sorted(names, key=lambda k: -abs(vmm["kernels"].get(k, [0, 0])[0] - stock["kernels"].get(k, [0, 0])[0]))
+        md += ["", "| kernel family | stock ms/step (count) | xla-vmm ms/step (count) | difference ms |",
+               "|---|---|---|---|"]
+        for k in rows[:top]:
+            s, v = stock["kernels"].get(k, [0.0, 0]), vmm["kernels"].get(k, [0.0, 0])
+            md.append("| `%s` | %.4f (%.0f) | %.4f (%.0f) | %+.4f |" % (k, s[0], s[1], v[0], v[1], v[0] - s[0]))
+    return md
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="maxtext_tiny_bf16")
+    ap.add_argument("--steps", type=int, default=10, help="traced steps")
+    ap.add_argument("--warmup", type=int, default=30, help="untraced steps first (the guard decides by ~16)")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--side", choices=["stock", "vmm"])
+    ap.add_argument("--model")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    if a.child:
+        return child(a)
+    md, results, failed = [], {}, False
+    for model in [m for m in a.models.split(",") if m]:
+        stock, err = run_side(a, "stock", model)
+        vmm, err2 = (None, "stock side failed") if stock is None else run_side(a, "vmm", model)
+        if stock is None or vmm is None:
+            md += ["## %s" % model, "", "- ERROR %s" % (err or err2), ""]
+            failed = True
+            continue
+        results[model] = {"stock": stock, "vmm": vmm}
+        md += table(model, stock, vmm, a.top) + [""]
+    text = "\n".join(md)
+    print(text)
+    with open(os.path.join(a.out, "kernel_times.md"), "w") as fh:
+        fh.write(text + "\n")
+    with open(os.path.join(a.out, "kernel_times.json"), "w") as fh:
+        json.dump(results, fh, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
