@@ -16,13 +16,14 @@ for the next one already queued). Prints a Markdown table and writes DIR/feed.js
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "tests"))
+
+from benchio import run_json_child, write_results  # noqa: E402
 
 
 def child(model, steps, log_every):
@@ -65,14 +66,7 @@ def run(platform, threshold, log_every, a):
         env["XLA_VMM_TMP_COPY_THRESHOLD"] = str(threshold)
     argv = [sys.executable, os.path.abspath(__file__), "--child", "--model", a.model, "--steps", str(a.steps),
             "--log-every", str(log_every), "--out", a.out]
-    try:
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=a.timeout)
-    except subprocess.TimeoutExpired:
-        return None, "timeout after %ds" % a.timeout
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if p.returncode != 0 or not lines:
-        return None, "rc %d: %s" % (p.returncode, " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:]))
-    return json.loads(lines[-1]), None
+    return run_json_child(argv, env, a.timeout)
 
 
 def main():
@@ -111,12 +105,7 @@ def main():
         md.append("| %s | %d | %s | %.3f | %.1f | %s |" % (a.model, r["log_every"], r["config"], r["ms_per_step"],
                                                           r["steps_per_s"], vs))
     md += ["- ERROR " + e for e in errors]
-    text = "\n".join(md)
-    print(text)
-    with open(os.path.join(a.out, "feed.md"), "w") as fh:
-        fh.write(text + "\n")
-    with open(os.path.join(a.out, "feed.json"), "w") as fh:
-        json.dump({"model": a.model, "rows": rows, "errors": errors}, fh, indent=1)
+    write_results(a.out, "feed", md, {"model": a.model, "rows": rows, "errors": errors})
     return 1 if errors else 0
 
 

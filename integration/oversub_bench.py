@@ -21,13 +21,14 @@ process per row. Prints a Markdown table, writes DIR/oversub.json.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.abspath(__file__)
 # The jax_plugins package (xla-vmm's registration) next to this file; XLA_VMM_LIBRARY names the plugin.
 sys.path.insert(0, os.path.dirname(HERE))
+
+from benchio import run_json_child, write_results  # noqa: E402
 
 
 def weight_bytes(layers, dim, ffn, vocab):
@@ -136,14 +137,7 @@ def run(a, mode, ratio, wbytes, total_dev):
     else:
         env["JAX_PLATFORMS"] = "cuda"
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "%.4f" % (budget / total_dev)
-    try:
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=a.timeout)
-    except subprocess.TimeoutExpired:
-        return None, "timeout after %ds" % a.timeout
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if p.returncode != 0 or not lines:
-        return None, "rc %d: %s" % (p.returncode, " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:]))
-    return json.loads(lines[-1]), None
+    return run_json_child(argv, env, a.timeout)
 
 
 def main():
@@ -223,12 +217,7 @@ def main():
                               st["gpu_step_us"] / 1e3, st["copy_in_us"] / 1e3, st["copy_in_gbps"],
                               st["waited_us"] / 1e3, 100 * st["link_utilisation"]))
     md += ["- ERROR " + e for e in errors]
-    text = "\n".join(md)
-    print(text)
-    with open(os.path.join(a.out, "oversub.md"), "w") as fh:
-        fh.write(text + "\n")
-    with open(os.path.join(a.out, "oversub.json"), "w") as fh:
-        json.dump({"weight_bytes": wbytes, "rows": rows, "errors": errors}, fh, indent=1)
+    write_results(a.out, "oversub", md, {"weight_bytes": wbytes, "rows": rows, "errors": errors})
     return 1 if errors else 0
 
 

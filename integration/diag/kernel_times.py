@@ -21,13 +21,14 @@ import glob
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+from benchio import run_json_child, write_results  # noqa: E402
 
 
 def kernel_family(name):
@@ -132,14 +133,7 @@ def run_side(a, side, model):
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     argv = [sys.executable, os.path.abspath(__file__), "--child", "--side", side, "--model", model, "--out", a.out,
             "--steps", str(a.steps), "--warmup", str(a.warmup)]
-    try:
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=a.timeout)
-    except subprocess.TimeoutExpired:
-        return None, "timeout after %ds" % a.timeout
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if p.returncode != 0 or not lines:
-        return None, "rc %d: %s" % (p.returncode, " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:]))
-    return json.loads(lines[-1]), None
+    return run_json_child(argv, env, a.timeout)
 
 
 def table(model, stock, vmm, top):
@@ -190,12 +184,7 @@ def main():
             continue
         results[model] = {"stock": stock, "vmm": vmm}
         md += table(model, stock, vmm, a.top) + [""]
-    text = "\n".join(md)
-    print(text)
-    with open(os.path.join(a.out, "kernel_times.md"), "w") as fh:
-        fh.write(text + "\n")
-    with open(os.path.join(a.out, "kernel_times.json"), "w") as fh:
-        json.dump(results, fh, indent=1)
+    write_results(a.out, "kernel_times", md, results)
     return 1 if failed else 0
 
 

@@ -357,3 +357,27 @@ class VaGap(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class BenchIo(unittest.TestCase):
+    def test_a_child_gives_its_last_json_line_or_says_why_not(self):
+        b = load("benchio", os.path.join(INTEGRATION, "benchio.py"))
+        py = sys.executable
+        ok = b.run_json_child([py, "-c", "print('{\"a\": 0}'); print('noise'); print('{\"a\": 1}')"], None, 30)
+        self.assertEqual(ok, ({"a": 1}, None))
+        none, why = b.run_json_child([py, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"], None, 30)
+        self.assertIsNone(none)
+        self.assertEqual(why, "rc 3: boom")
+        self.assertEqual(b.run_json_child([py, "-c", "import time; time.sleep(5)"], None, 1),
+                         (None, "timeout after 1s"))
+
+    def test_results_are_printed_and_written(self):
+        b = load("benchio", os.path.join(INTEGRATION, "benchio.py"))
+        with tempfile.TemporaryDirectory() as d:
+            out = io.StringIO()
+            with redirect_stdout(out):
+                b.write_results(d, "x", ["| a |", "|---|"], {"rows": [1]})
+            self.assertEqual(out.getvalue(), "| a |\n|---|\n")
+            with open(os.path.join(d, "x.md")) as fh:
+                self.assertEqual(fh.read(), "| a |\n|---|\n")
+            self.assertEqual(read_json(os.path.join(d, "x.json")), {"rows": [1]})
