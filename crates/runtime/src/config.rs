@@ -11,7 +11,7 @@
 
 use crate::binding::{BindingConfig, CopyPath, Probe};
 use crate::error::{Result, RuntimeError};
-use crate::executable::Mode;
+use crate::mode::Mode;
 use xla_vmm_device::budget::parse_bytes;
 use xla_vmm_device::MemoryLimits;
 use xla_vmm_policy::Threshold;

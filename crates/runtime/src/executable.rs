@@ -28,46 +28,7 @@ use crate::report::{ProgramReport, ReportSlot};
 use crate::slots::SlotTable;
 use crate::vastable::VaStable;
 
-/// How [`Executable::run`] executes.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Thunk by thunk on the stream: the reference.
-    Eager,
-    /// The user's `graph` (the default): VA-stable graph mode (see
-    /// [`crate::vastable`]): one graph per fixed VA reservation (two, used
-    /// alternately), recorded once and never re-captured; parameters bound
-    /// per step by skip / remap / copy.
-    Graph,
-    /// The user's `graph-recapture`: the whole executable captured into a
-    /// graph, replayed each run, re-captured when parameter addresses change.
-    GraphRecapture,
-}
-
-impl Mode {
-    /// The mode as users name it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Graph => "graph",
-            Mode::GraphRecapture => "graph-recapture",
-            Mode::Eager => "eager",
-        }
-    }
-}
-
-impl Mode {
-    /// The mode as users name it (`XLA_VMM_EXEC_MODE`, `--mode`): `graph`
-    /// (also empty: the default), `graph-recapture` or `eager`.
-    pub fn parse(s: &str) -> Result<Self> {
-        match s.trim() {
-            "graph" | "" => Ok(Mode::Graph),
-            "graph-recapture" => Ok(Mode::GraphRecapture),
-            "eager" => Ok(Mode::Eager),
-            other => Err(RuntimeError::arg(format!(
-                "execution mode {other:?}: expected graph, graph-recapture or eager"
-            ))),
-        }
-    }
-}
+pub use crate::mode::Mode;
 
 /// One result leaf of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -37,7 +37,7 @@ use serde::Serialize;
 use xla_vmm_device::{Backend, EventStatus};
 
 use crate::error::{Result, Teardown};
-use crate::executable::Mode;
+use crate::mode::Mode;
 
 /// Counted steps per runner.
 pub const SAMPLES: usize = 3;

@@ -38,6 +38,7 @@ pub mod executable;
 pub mod gemm;
 pub mod guard;
 pub mod host_execute;
+pub mod mode;
 pub mod npz;
 pub mod ops;
 pub mod program;
