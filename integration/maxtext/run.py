@@ -42,6 +42,11 @@ CONFIGS = {
     "tiny": ("base_num_decoder_layers=2 base_emb_dim=256 base_mlp_dim=512 base_num_query_heads=4 "
              "base_num_kv_heads=4 head_dim=64 max_target_length=128", 128),
     "1B": ("base_num_decoder_layers=4 max_target_length=2048", 2048),  # llama2-7b widths, ~1B params
+    # The same with MaxText's own host offload of parameters and optimizer state (issue 29's training
+    # baseline, with a memory fraction on stock: `1B_offload:cuda@XLA_PYTHON_CLIENT_MEM_FRACTION=0.07`, against
+    # `1B:vmm_t1@XLA_VMM_DEVICE_MEMORY_LIMIT=10G`; ../shared/maxtext/README.md says how it failed on stock).
+    "1B_offload": ("base_num_decoder_layers=4 max_target_length=2048 param_scan_axis=0 "
+                   "parameter_memory_host_offload=true optimizer_memory_host_offload=true", 2048),
 }
 STEP_RE = re.compile(r"completed step: (\d+), seconds: ([0-9.]+).*?Tokens/s/device: ([0-9.]+).*?loss: ([0-9.eE+-]+|nan|inf)")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
