@@ -7,15 +7,25 @@
 //! without one the window is the whole buffer. The offset expressions are
 //! only XLA's optional verification aid and do not change the result.
 
-use xla_vmm::{DynamicSliceConfig, DynamicSliceFusionThunk};
+use xla_vmm::{DynamicSliceConfig, DynamicSliceFusionThunk, Slice};
 
 use crate::error::{Result, RuntimeError};
-use crate::ops::Window;
 use crate::slots::SlotTable;
 
 fn cfg(c: &Option<DynamicSliceConfig>) -> Option<(Option<i64>, i64, i64)> {
     c.as_ref()
         .map(|c| (c.loop_index, c.byte_offset, c.byte_stride))
+}
+
+/// A dynamic-slice-fusion window into a real buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// The real buffer.
+    pub buffer: Slice,
+    /// Window size (the embedded allocation's size).
+    pub size: u64,
+    /// `(loop_index, byte_offset, byte_stride)`; `None` = whole buffer.
+    pub config: Option<(Option<i64>, i64, i64)>,
 }
 
 /// The windows of a fusion, in embedded-allocation order (parameters, then

@@ -29,16 +29,7 @@ pub enum ParamSpec {
     Tma(Slice, TensorMapDesc),
 }
 
-/// A dynamic-slice-fusion window into a real buffer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Window {
-    /// The real buffer.
-    pub buffer: Slice,
-    /// Window size (the embedded allocation's size).
-    pub size: u64,
-    /// `(loop_index, byte_offset, byte_stride)`; `None` = whole buffer.
-    pub config: Option<(Option<i64>, i64, i64)>,
-}
+pub use crate::dynamic_slice::Window;
 
 /// One loaded thunk. (Variants differ in size; ops are built once per load,
 /// so boxing the large ones would buy nothing.)
