@@ -41,6 +41,7 @@ pub mod host_execute;
 pub mod mode;
 pub mod npz;
 pub mod ops;
+pub mod params;
 pub mod program;
 mod recapture;
 pub mod report;

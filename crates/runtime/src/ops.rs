@@ -17,19 +17,8 @@ use crate::collective::CollOp;
 use crate::custom_call::{BoundCall, CallSite, CustomCallRegistry, API_VERSION_TYPED_FFI};
 use crate::error::{Result, RuntimeError};
 
-/// How one kernel parameter is built at launch.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ParamSpec {
-    /// The 8-byte address of a slice.
-    Address(Slice),
-    /// Constant bytes.
-    Bytes(Vec<u8>),
-    /// A 128-byte TMA descriptor of a slice (encoded per launch, since it
-    /// embeds the address).
-    Tma(Slice, TensorMapDesc),
-}
-
 pub use crate::dynamic_slice::Window;
+pub use crate::params::ParamSpec;
 
 /// One loaded thunk. (Variants differ in size; ops are built once per load,
 /// so boxing the large ones would buy nothing.)

@@ -37,7 +37,7 @@ use xla_vmm_device::host::{arg_ptr, arg_u32, HostKernelFn};
 use xla_vmm_device::{HostBackend, ImageKind, LaunchConfig};
 
 use crate::error::{Result, RuntimeError};
-use crate::ops::ParamSpec;
+use crate::params::ParamSpec;
 
 /// The kernels' source (CUDA, HIP and NVRTC from one file).
 pub const KERNEL_SOURCE: &str = include_str!("selectk.cu");
