@@ -32,6 +32,7 @@ pub mod error;
 #[allow(unsafe_code)]
 pub mod hip;
 pub mod host;
+mod libsearch;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 #[allow(unsafe_code)]
 mod nccl_common;

@@ -14,7 +14,6 @@
 //! `cublasLtMatmul`, and passes a null C when beta is zero.
 
 use std::ffi::c_void;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use xla_vmm_ffi::cuda::cublaslt as sys;
@@ -108,84 +107,6 @@ struct Api {
 
 const LIB_NAMES: &[&str] = &["libcublasLt.so.13", "libcublasLt.so"];
 
-/// Candidate paths of the library called one of `names`, in search order
-/// (existing files only), then the bare names for the system loader. Shared
-/// with cuBLAS ([`super::cublas`]), which comes from the same wheel, and
-/// cuDNN ([`super::cudnn`], the `nvidia-cudnn` wheel).
-pub(super) fn candidates(names: &[&str]) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Some(ld) = std::env::var_os("LD_LIBRARY_PATH") {
-        dirs.extend(std::env::split_paths(&ld));
-    }
-    for sp in python_site_dirs() {
-        dirs.push(sp.join("nvidia/cu13/lib"));
-        dirs.push(sp.join("nvidia/cublas/lib"));
-        dirs.push(sp.join("nvidia/cudnn/lib"));
-    }
-    let mut out: Vec<PathBuf> = dirs
-        .iter()
-        .flat_map(|d| names.iter().map(move |n| d.join(n)))
-        .filter(|p| p.is_file())
-        .collect();
-    out.extend(names.iter().map(PathBuf::from));
-    out
-}
-
-/// What `python3` on PATH reports as its site-packages (covers virtualenvs
-/// such as `/opt/<name>/.venv`); empty when there is no python3.
-fn python_reported_site_dirs() -> Vec<PathBuf> {
-    let script =
-        "import site,sys; print(chr(10).join(site.getsitepackages()+[site.getusersitepackages()]))";
-    match std::process::Command::new("python3")
-        .args(["-c", script])
-        .output()
-    {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| PathBuf::from(l.trim()))
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// Python site-packages directories: the usual install locations, globbed
-/// one level, plus the virtualenv's.
-fn python_site_dirs() -> Vec<PathBuf> {
-    let mut roots: Vec<PathBuf> = vec![
-        PathBuf::from("/usr/local/lib"),
-        PathBuf::from("/usr/lib"),
-        PathBuf::from("/opt/conda/lib"),
-    ];
-    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
-        roots.insert(0, Path::new(&v).join("lib"));
-    }
-    if let Some(h) = std::env::var_os("HOME") {
-        roots.push(Path::new(&h).join(".local/lib"));
-    }
-    let mut out = python_reported_site_dirs();
-    for root in roots {
-        let Ok(entries) = std::fs::read_dir(&root) else {
-            continue;
-        };
-        let mut pys: Vec<PathBuf> = entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("python3"))
-            })
-            .collect();
-        pys.sort();
-        for py in pys.into_iter().rev() {
-            out.push(py.join("site-packages"));
-            out.push(py.join("dist-packages"));
-        }
-    }
-    out
-}
-
 /// Look up `name` in `lib` as a function pointer of type `T`.
 fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
     // SAFETY: `T` is the function-pointer type declared for this symbol by
@@ -201,7 +122,7 @@ fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
 impl Api {
     fn load() -> Result<(Api, String)> {
         let mut tried = Vec::new();
-        for path in candidates(LIB_NAMES) {
+        for path in crate::libsearch::cuda(LIB_NAMES) {
             // SAFETY: loading cuBLASLt runs its initializers, which have no
             // preconditions beyond a sane process environment.
             match unsafe { libloading::Library::new(&path) } {
@@ -922,17 +843,6 @@ impl GemmEngine<CudaBackend> for CudaGemm {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn candidates_end_with_bare_names_for_the_system_loader() {
-        let c = candidates(LIB_NAMES);
-        assert!(c.len() >= LIB_NAMES.len());
-        let tail: Vec<_> = c[c.len() - LIB_NAMES.len()..].to_vec();
-        assert_eq!(
-            tail,
-            LIB_NAMES.iter().map(PathBuf::from).collect::<Vec<_>>()
-        );
-    }
 
     #[test]
     fn scale_bytes_follow_the_scale_type() {

@@ -48,7 +48,7 @@ static ABI: SolverAbi = SolverAbi {
 
 /// Load cuBLAS and create a handle; the device's context must be current.
 pub(crate) fn solver() -> Result<Solver> {
-    Solver::new(&ABI, super::blaslt::candidates(LIB_NAMES))
+    Solver::new(&ABI, crate::libsearch::cuda(LIB_NAMES))
 }
 
 #[cfg(test)]

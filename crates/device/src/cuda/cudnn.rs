@@ -97,7 +97,7 @@ fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
 impl Api {
     fn load() -> Result<(Api, String)> {
         let mut tried = Vec::new();
-        for path in super::blaslt::candidates(LIB_NAMES) {
+        for path in crate::libsearch::cuda(LIB_NAMES) {
             // SAFETY: loading cuDNN runs its initializers, which have no
             // preconditions beyond a sane process environment.
             let lib = match unsafe { libloading::Library::new(&path) } {

@@ -191,27 +191,6 @@ const LIB_NAMES: &[&str] = &["libhipblaslt.so.1", "libhipblaslt.so.0", "libhipbl
 /// A path: the only hipBLASLt library tried (e.g. the HIP test shim).
 pub const LIBRARY_ENV: &str = "XLA_VMM_HIPBLASLT_LIBRARY";
 
-/// Candidate paths of the library called one of `names` in search order
-/// (existing files only), then the bare names for the system loader. Shared
-/// with rocBLAS ([`super::rocblas`]).
-pub(super) fn candidates(names: &[&str]) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Some(ld) = std::env::var_os("LD_LIBRARY_PATH") {
-        dirs.extend(std::env::split_paths(&ld));
-    }
-    if let Some(rocm) = std::env::var_os("ROCM_PATH") {
-        dirs.push(PathBuf::from(rocm).join("lib"));
-    }
-    dirs.push(PathBuf::from("/opt/rocm/lib"));
-    let mut out: Vec<PathBuf> = dirs
-        .iter()
-        .flat_map(|d| names.iter().map(move |n| d.join(n)))
-        .filter(|p| p.is_file())
-        .collect();
-    out.extend(names.iter().map(PathBuf::from));
-    out
-}
-
 /// Look up `name` in `lib` as a function pointer of type `T`.
 fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
     // SAFETY: `T` is the function-pointer type hipblaslt.h declares for this
@@ -233,7 +212,7 @@ impl Api {
                 .map_err(|e| DeviceError::NotAvailable(format!("{LIBRARY_ENV}: {e}")));
         }
         let mut tried = Vec::new();
-        for path in candidates(LIB_NAMES) {
+        for path in crate::libsearch::rocm(LIB_NAMES) {
             match Self::open(&path) {
                 Ok(api) => return Ok((api, path.display().to_string())),
                 Err(e) => tried.push(e),
@@ -843,18 +822,11 @@ mod tests {
     }
 
     #[test]
-    fn candidates_end_with_bare_names_for_the_system_loader() {
-        let c = candidates(LIB_NAMES);
-        let tail: Vec<_> = c[c.len() - LIB_NAMES.len()..].to_vec();
-        assert_eq!(
-            tail,
-            LIB_NAMES.iter().map(PathBuf::from).collect::<Vec<_>>()
-        );
-    }
-
-    #[test]
     fn without_the_library_loading_is_an_error_not_a_crash() {
-        if candidates(LIB_NAMES).iter().any(|p| p.is_absolute()) {
+        if crate::libsearch::rocm(LIB_NAMES)
+            .iter()
+            .any(|p| p.is_absolute())
+        {
             return; // a real hipBLASLt is installed here
         }
         let e = Api::load().err().expect("no hipBLASLt on this machine");

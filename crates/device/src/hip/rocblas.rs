@@ -11,7 +11,6 @@
 //! `LD_LIBRARY_PATH`, then the system loader's search path; it is loaded
 //! the first time a program with a solve is loaded.
 
-use super::blaslt::candidates;
 use crate::error::Result;
 use crate::trsm_lib::{Solver, SolverAbi};
 
@@ -43,7 +42,7 @@ static ABI: SolverAbi = SolverAbi {
 
 /// Load rocBLAS and create a handle; the device must be current.
 pub(crate) fn solver() -> Result<Solver> {
-    Solver::new(&ABI, candidates(LIB_NAMES))
+    Solver::new(&ABI, crate::libsearch::rocm(LIB_NAMES))
 }
 
 #[cfg(test)]
@@ -62,7 +61,10 @@ mod tests {
     #[test]
     fn without_the_library_loading_is_an_error_not_a_crash() {
         // Debian's CI image has no rocBLAS.
-        if candidates(LIB_NAMES).iter().any(|p| p.is_absolute()) {
+        if crate::libsearch::rocm(LIB_NAMES)
+            .iter()
+            .any(|p| p.is_absolute())
+        {
             return;
         }
         let e = solver().err().expect("no rocBLAS here").to_string();
