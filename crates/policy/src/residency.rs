@@ -511,21 +511,22 @@ fn plan_with(
         }
     }
     // A staged buffer bigger than the area can never be staged: in place.
-    loop {
-        let cap = input.budget_bytes - resident;
-        let need = largest_staged_thunk(input, &placements);
-        if need <= cap {
-            break;
-        }
-        // A staged buffer of the worst thunk goes in place: the one that
-        // loses the least there.
-        let worst = (0..input.steps.len())
-            .max_by_key(|&k| staged_bytes(&input.steps[k], &placements, &input.buffers))
-            .expect("a thunk needs staging");
-        let touched: Vec<u64> = f.iter().map(|x| x.touched).collect();
+    let touched: Vec<u64> = f.iter().map(|x| x.touched).collect();
+    let cap = input.budget_bytes - resident;
+    // While the thunk with the most staged bytes needs more than the area,
+    // its staged buffer that loses the least in place goes there.
+    while let Some((worst, _)) = (0..input.steps.len())
+        .map(|k| {
+            (
+                k,
+                staged_bytes(&input.steps[k], &placements, &input.buffers),
+            )
+        })
+        .max_by_key(|&(_, bytes)| bytes)
+        .filter(|&(_, need)| need > cap)
+    {
         demote(input, &touched, &mut placements, Some(worst)).expect("a staged use");
     }
-    let cap = input.budget_bytes - resident;
     let in_place_bytes = |placements: &[Placement]| -> u64 {
         (0..n)
             .filter(|&i| placements[i] == Placement::InPlace)
