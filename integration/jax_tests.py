@@ -39,7 +39,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FILES = ("api_test,lax_control_flow_test,lax_test,lax_autodiff_test,lax_numpy_test,random_test,"
                  "nn_test,array_test,memories_test,python_callback_test,buffer_callback_test,"
-                 "debugging_primitives_test,pjit_test")
+                 "debugging_primitives_test,pjit_test,"
+                 # Linear algebra, FFT, scipy and more numpy (solver custom calls, FFT thunks, conditionals).
+                 "linalg_test,fft_test,scipy_fft_test,scipy_signal_test,lax_scipy_test,scipy_stats_test,"
+                 "lax_numpy_reducers_test,lax_numpy_indexing_test,custom_linear_solve_test,checkify_test")
+# How report() says a program runs (integration/jax_plugins/xla_vmm/_stats.py).
+GRAPH_RUNNERS = ("va-stable graph", "graph-recapture")
 # Lines of the plugin's log that say a program left our runtime (counted per file).
 FALLBACK_RE = re.compile(r"vendor runtime|falls back to the vendor|on the vendor fallback", re.I)
 # The plugin's warning for a program its runtime rejected: the program and why.
@@ -102,11 +107,29 @@ def platform_env(platform, base, vmm_lib):
     paths = [os.path.join(HERE, "jaxslice")]
     if platform == "vmm":
         env["XLA_VMM_LIBRARY"] = vmm_lib
+        env["JAXSLICE_PROGRAMS"] = "1"
         paths.append(HERE)  # jax_plugins/xla_vmm
     else:
         env["XLA_VMM_LIBRARY"] = "/nonexistent"
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [base.get("PYTHONPATH")] if p])
     return env
+
+
+def read_programs(path):
+    """{program key: [name, runner, reason, first test]} from a plugin log's program lines (the last
+    line of a program says how it ran last)."""
+    out = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if "prog" in rec:
+                    first = out.get(rec["prog"], [None] * 4)[3] or rec.get("test")
+                    out[rec["prog"]] = [rec.get("program"), rec.get("runner"), rec.get("reason"), first]
+    return out
 
 
 def read_log(path):
@@ -166,6 +189,9 @@ def seed(log, skip, earlier):
         for t, (outcome, msg) in earlier["outcomes"].items():
             if outcome != "died":
                 f.write(json.dumps({"id": t, "outcome": outcome, "msg": msg}) + "\n")
+        for key, (name, runner, reason, test) in earlier.get("programs", {}).items():
+            f.write(json.dumps({"prog": key, "program": name, "runner": runner, "reason": reason,
+                                "test": test}) + "\n")
     with open(skip, "w", encoding="utf-8") as f:
         f.write("\n".join(earlier["outcomes"]) + "\n")
     return ([dict(d) for d in earlier["deaths"]], earlier["fallback_lines"],
@@ -186,10 +212,11 @@ def parse_shards(text):
 def merge_shards(parts):
     """One file's result from its shards' results (each ran a disjoint share of its tests)."""
     out = {"outcomes": {}, "deaths": [], "fallback_lines": 0, "fallback_reasons": {}, "fallback_tests": {},
-           "cut": False}
+           "cut": False, "programs": {}}
     reasons = collections.Counter()
     for r in parts:
         out["outcomes"].update(r["outcomes"])
+        out["programs"].update(r.get("programs", {}))
         out["deaths"] += r["deaths"]
         out["fallback_lines"] += r["fallback_lines"]
         reasons.update(r.get("fallback_reasons", {}))
@@ -273,7 +300,8 @@ def run_file(tests_dir, name, platform, work, env, deadline, file_timeout, kexpr
         if d["id"]:
             outcomes[d["id"]] = ("died", d["why"])
     return {"outcomes": outcomes, "deaths": deaths, "fallback_lines": fallbacks,
-            "fallback_reasons": dict(reasons), "fallback_tests": named, "cut": cut}
+            "fallback_reasons": dict(reasons), "fallback_tests": named, "cut": cut,
+            "programs": read_programs(log)}
 
 
 def normalize(msg):
@@ -307,6 +335,49 @@ def compare(results, files, ref, dut):
             "cut": r["cut"] or d["cut"],
         })
     return rows, groups
+
+
+def programs_section(results, dut):
+    """Markdown lines: the programs the tests loaded on `dut` (report() after each test), per file:
+    how many, how many run as one graph, eager, on the vendor runtime, still in the guard's trial;
+    the eager and fallback ones by reason. Empty when no program lines were recorded."""
+    per_file, why = [], collections.defaultdict(lambda: [0, collections.Counter(), []])
+    total = collections.Counter()
+    for (name, plat), res in sorted(results.items()):
+        progs = res.get("programs") or {}
+        if plat != dut or not progs:
+            continue
+        c = collections.Counter()
+        for prog, runner, reason, _test in progs.values():
+            kind = ("graph" if runner in GRAPH_RUNNERS else "vendor" if runner == "vendor fallback"
+                    else "eager" if runner == "eager" else "trial")
+            c[kind] += 1
+            if kind in ("eager", "vendor"):
+                w = why[(kind, normalize(reason or "(no reason given)"))]
+                w[0] += 1
+                w[1][name] += 1
+                if prog not in w[2] and len(w[2]) < 3:
+                    w[2].append(prog)
+        total.update(c)
+        n = sum(c.values())
+        per_file.append("| %s | %d | %d (%.1f%%) | %d | %d | %d |" % (
+            name, n, c["graph"], 100.0 * c["graph"] / n, c["eager"], c["vendor"], c["trial"]))
+    if not per_file:
+        return []
+    n = sum(total.values())
+    out = ["", "## Programs on %s (report() after each test)" % dut, "",
+           "| file | programs | one graph | eager | vendor runtime | guard trial |", "|---|---|---|---|---|---|"]
+    out += per_file
+    out += ["", "Of %d programs loaded, %d (%.1f%%) run as one graph, %d eager, %d on the vendor runtime, %d "
+            "still in the guard's trial." % (n, total["graph"], 100.0 * total["graph"] / n, total["eager"],
+                                             total["vendor"], total["trial"])]
+    if why:
+        out += ["", "| programs | runs | reason | files | examples |", "|---|---|---|---|---|"]
+        for (kind, reason), (k, files_, ex) in sorted(why.items(), key=lambda kv: -kv[1][0]):
+            fl = ", ".join("%s %d" % f for f in sorted(files_.items(), key=lambda f: -f[1]))
+            out.append("| %d | %s | %s | %s | %s |" % (k, kind, reason.replace("|", "\\|"), fl,
+                                                       ", ".join("`%s`" % e for e in ex)))
+    return out
 
 
 def markdown(rows, groups, results, ref, dut, title):
@@ -349,6 +420,7 @@ def markdown(rows, groups, results, ref, dut, title):
             files_ = ", ".join("%s %d" % f for f in sorted(per_file.items(), key=lambda f: -f[1]))
             ex = ", ".join("`%s`" % i.split("::")[-1][:60] for i in named.get(why, [])[:3])
             out.append("| %d | %s | %s | %s |" % (sum(per_file.values()), why.replace("|", "\\|"), files_, ex))
+    out += programs_section(results, dut)
     deaths = [(k, d) for k, res in sorted(results.items()) for d in res["deaths"]]
     if deaths:
         out += ["", "## Process deaths", ""]

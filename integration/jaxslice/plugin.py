@@ -5,7 +5,10 @@ Loaded with `-p plugin` (this folder on PYTHONPATH). JAXSLICE_LOG is the file th
 known), then `{"id": id, "outcome": "passed" | "failed" | "skipped", "msg": first line}` once its
 outcome is known; `##jaxslice-start id` on stdout too (see START_MARKER). JAXSLICE_SKIP names a file of test ids (one per line) left out of the run: those a
 previous process already ran, or died in. JAXSLICE_SHARD "i/k" keeps the tests at positions i, i + k, ...
-of the collection (one of k processes sharing a file).
+of the collection (one of k processes sharing a file). With JAXSLICE_PROGRAMS=1 (the xla-vmm platform),
+after each test the plugin's `report()` is read and every program it lists that is new or runs differently
+since the last read gets a line `{"prog": "pid:id", "program": name, "runner": how it runs, "reason": why
+not as a graph, "test": id}`: what share of the programs the tests load runs as one graph, and why not.
 """
 import json
 import os
@@ -69,6 +72,28 @@ START_MARKER = "##jaxslice-start "
 def pytest_runtest_logstart(nodeid, location):
     _write({"start": nodeid})
     print("\n" + START_MARKER + nodeid, flush=True)
+
+
+_programs = {}
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    if os.environ.get("JAXSLICE_PROGRAMS") != "1":
+        return
+    try:
+        from jax_plugins import xla_vmm
+        programs = xla_vmm.report().get("programs", [])
+    except Exception as e:  # noqa: BLE001 - a report that cannot be read is said once, not fatal
+        programs = []
+        if "error" not in _programs:
+            _programs["error"] = True
+            _write({"prog_error": str(e)[:300]})
+    for p in programs:
+        key = "%d:%s" % (os.getpid(), p.get("id"))
+        line = (p.get("program"), p.get("runner"), p.get("reason"))
+        if _programs.get(key) != line:
+            _programs[key] = line
+            _write({"prog": key, "program": line[0], "runner": line[1], "reason": line[2], "test": nodeid})
 
 
 def pytest_runtest_logreport(report):

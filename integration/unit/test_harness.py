@@ -325,6 +325,37 @@ class JaxSliceLastWords(unittest.TestCase):
         # Without a report: from the first signal line on.
         self.assertEqual(m.last_words("a\nb\nFatal Python error: x\nc"), ["Fatal Python error: x", "c"])
 
+    def test_programs_are_counted_by_how_they_run_last_and_eager_ones_by_reason(self):
+        m = load("jax_tests", os.path.join(INTEGRATION, "jax_tests.py"))
+        with tempfile.TemporaryDirectory() as d:
+            log = os.path.join(d, "f.jsonl")
+            lines = [
+                {"start": "t1"},
+                {"prog": "7:0", "program": "jit_a", "runner": "guard trial", "reason": None, "test": "t1"},
+                {"id": "t1", "outcome": "passed", "msg": ""},
+                {"prog": "7:0", "program": "jit_a", "runner": "va-stable graph", "reason": None, "test": "t2"},
+                {"prog": "7:1", "program": "jit_solve", "runner": "eager", "test": "t2",
+                 "reason": "custom call 'cusolver_getrf_ffi' (custom-call.3) has an FFI handler that is not "
+                           "command-buffer compatible"},
+                {"prog": "8:1", "program": "jit_lu", "runner": "eager", "test": "t3",
+                 "reason": "custom call 'cusolver_getrf_ffi' (custom-call.12) has an FFI handler that is not "
+                           "command-buffer compatible"},
+                {"prog": "8:2", "program": "jit_f", "runner": "vendor fallback", "reason": "unsupported: x",
+                 "test": "t3"},
+            ]
+            with open(log, "w") as f:
+                f.write("\n".join(json.dumps(r) for r in lines) + "\ncut-by-a-dea")
+            progs = m.read_programs(log)
+        self.assertEqual(progs["7:0"], ["jit_a", "va-stable graph", None, "t1"])
+        res = {"outcomes": {}, "deaths": [], "fallback_lines": 0, "cut": False, "programs": progs}
+        md = "\n".join(m.programs_section({("linalg_test", "vmm"): res, ("linalg_test", "cuda"): res}, "vmm"))
+        self.assertIn("| linalg_test | 4 | 1 (25.0%) | 2 | 1 | 0 |", md)
+        self.assertIn("Of 4 programs loaded, 1 (25.0%) run as one graph, 2 eager, 1 on the vendor runtime", md)
+        # The two solver programs are one reason (numbers normalized), with both as examples.
+        self.assertIn("| 2 | eager | custom call 'cusolver_getrf_ffi' (custom-call.N) has an FFI handler", md)
+        self.assertIn("`jit_solve`, `jit_lu`", md)
+        self.assertEqual(m.programs_section({("f", "vmm"): dict(res, programs={})}, "vmm"), [])
+
 class VaGap(unittest.TestCase):
     def setUp(self):
         self.m = load("va_gap", os.path.join(INTEGRATION, "diag", "va_gap.py"))

@@ -17,6 +17,9 @@ use crate::guard::GuardReport;
 /// One program's line of the report.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ProgramReport {
+    /// Unique in the process (set by [`ReportSlot::register`]): tells two
+    /// programs of one name apart across reads.
+    pub id: u64,
     /// The HLO module's name.
     pub program: String,
     /// The mode it was configured with (`graph`, `graph-recapture`, `eager`).
@@ -56,7 +59,7 @@ impl ReportSlot {
     /// Add `report` to the report.
     pub fn register(report: ProgramReport) -> Self {
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
-        let slot = Arc::new(Mutex::new(report));
+        let slot = Arc::new(Mutex::new(ProgramReport { id, ..report }));
         lock(&PROGRAMS).insert(id, slot.clone());
         ReportSlot { id, slot }
     }
@@ -96,6 +99,11 @@ mod tests {
         a.update(|r| r.steps += 3);
         let mine = |name: &str| all_reports().into_iter().find(|r| r.program == name);
         assert_eq!(mine("report_test_a").map(|r| r.steps), Some(3));
+        let ids = (
+            mine("report_test_a").unwrap().id,
+            mine("report_test_b").unwrap().id,
+        );
+        assert_ne!(ids.0, ids.1);
         drop(a);
         assert!(mine("report_test_a").is_none());
         assert!(mine("report_test_b").is_some());
