@@ -16,10 +16,17 @@ pub(crate) fn is_collective_field(number: u32) -> bool {
     matches!(number, 12 | 14 | 38 | 39 | 40 | 41 | 43 | 46 | 59)
 }
 
-/// What every collective payload carries, before the per-op fields.
-struct Common {
+/// What every collective payload carries, and what some of them add.
+#[derive(Default)]
+struct Payload {
     config: Option<pg::CollectiveConfigProto>,
     buffers: Vec<pg::CollectiveBufferProto>,
+    reduction: Option<ReductionKind>,
+    pairs: Vec<(i64, i64)>,
+    has_split_dimension: bool,
+    has_dynamic_root: bool,
+    collectives_mode: i32,
+    from_collective_kernel: bool,
 }
 
 /// Decodes the payload of collective kind `number` (see
@@ -31,95 +38,116 @@ pub(crate) fn collective_kind(
     p: &str,
     allocs: Allocs<'_>,
 ) -> Result<Option<ThunkKind>, DecodeError> {
-    let mut reduction = None;
-    let mut pairs = Vec::new();
-    let mut has_split_dimension = false;
-    let mut has_dynamic_root = false;
-    let mut collectives_mode = 0;
-    let mut from_collective_kernel = false;
-    let (op, common) = match number {
-        12 | 14 => {
-            let dest = if number == 12 {
-                let m: pg::ReplicaIdThunkProto = decode_msg(data, "ReplicaIdThunkProto", p)?;
-                m.dest_buffer
-            } else {
-                let m: pg::PartitionIdThunkProto = decode_msg(data, "PartitionIdThunkProto", p)?;
-                m.dest_buffer
-            };
-            let dest = allocs.req_slice(&dest, &|| format!("{p}: dest"))?;
-            return Ok(Some(if number == 12 {
-                ThunkKind::ReplicaId { dest }
-            } else {
-                ThunkKind::PartitionId { dest }
-            }));
-        }
+    if let 12 | 14 = number {
+        return logical_id(number, data, p, allocs).map(Some);
+    }
+    match payload(number, data, p)? {
+        Some((op, payload)) => collective(op, payload, p, allocs).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// `replica_id` (12) / `partition_id` (14): where the id goes.
+fn logical_id(
+    number: u32,
+    data: &[u8],
+    p: &str,
+    allocs: Allocs<'_>,
+) -> Result<ThunkKind, DecodeError> {
+    let dest = if number == 12 {
+        let m: pg::ReplicaIdThunkProto = decode_msg(data, "ReplicaIdThunkProto", p)?;
+        m.dest_buffer
+    } else {
+        let m: pg::PartitionIdThunkProto = decode_msg(data, "PartitionIdThunkProto", p)?;
+        m.dest_buffer
+    };
+    let dest = allocs.req_slice(&dest, &|| format!("{p}: dest"))?;
+    Ok(if number == 12 {
+        ThunkKind::ReplicaId { dest }
+    } else {
+        ThunkKind::PartitionId { dest }
+    })
+}
+
+/// The op and its payload's fields, by kind number.
+fn payload(
+    number: u32,
+    data: &[u8],
+    p: &str,
+) -> Result<Option<(CollectiveOp, Payload)>, DecodeError> {
+    let common = |config, buffers| Payload {
+        config,
+        buffers,
+        ..Payload::default()
+    };
+    Ok(Some(match number {
         38 => {
             let m: pg::AllGatherThunkProto = decode_msg(data, "AllGatherThunkProto", p)?;
-            collectives_mode = m.collectives_mode;
+            let mode = m.collectives_mode;
+            let pl = common(m.collective_config, m.buffers);
             (
                 CollectiveOp::AllGather,
-                Common::of(m.collective_config, m.buffers),
+                Payload {
+                    collectives_mode: mode,
+                    ..pl
+                },
             )
         }
         39 => {
             let m: pg::AllReduceThunkProto = decode_msg(data, "AllReduceThunkProto", p)?;
-            reduction = Some(reduction_kind(m.reduction_kind, p)?);
-            (
-                CollectiveOp::AllReduce,
-                Common::of(m.collective_config, m.buffers),
-            )
+            let reduction = Some(reduction_kind(m.reduction_kind, p)?);
+            let pl = common(m.collective_config, m.buffers);
+            (CollectiveOp::AllReduce, Payload { reduction, ..pl })
         }
         40 => {
             let m: pg::ReduceScatterThunkProto = decode_msg(data, "ReduceScatterThunkProto", p)?;
-            reduction = Some(reduction_kind(m.reduction_kind, p)?);
-            (
-                CollectiveOp::ReduceScatter,
-                Common::of(m.collective_config, m.buffers),
-            )
+            let reduction = Some(reduction_kind(m.reduction_kind, p)?);
+            let pl = common(m.collective_config, m.buffers);
+            (CollectiveOp::ReduceScatter, Payload { reduction, ..pl })
         }
         41 => {
             let m: pg::AllToAllThunkProto = decode_msg(data, "AllToAllThunkProto", p)?;
-            has_split_dimension = m.has_split_dimension;
+            let split = m.has_split_dimension;
+            let pl = common(m.collective_config, m.buffers);
             (
                 CollectiveOp::AllToAll,
-                Common::of(m.collective_config, m.buffers),
+                Payload {
+                    has_split_dimension: split,
+                    ..pl
+                },
             )
         }
         43 => {
             let m: pg::CollectivePermuteThunkProto =
                 decode_msg(data, "CollectivePermuteThunkProto", p)?;
-            collectives_mode = m.collectives_mode;
-            pairs = m
-                .source_target_pairs
-                .iter()
-                .map(|st| {
-                    if st.source < 0 || st.target < 0 {
-                        Err(invalid(format!(
-                            "{p}: negative id in source-target pair ({}, {})",
-                            st.source, st.target
-                        )))
-                    } else {
-                        Ok((st.source, st.target))
-                    }
-                })
-                .collect::<Result<_, _>>()?;
-            (
-                CollectiveOp::CollectivePermute,
-                Common::of(m.collective_config, m.buffers),
-            )
+            let (mode, pairs) = (
+                m.collectives_mode,
+                source_target_pairs(&m.source_target_pairs, p)?,
+            );
+            let pl = common(m.collective_config, m.buffers);
+            let pl = Payload {
+                collectives_mode: mode,
+                pairs,
+                ..pl
+            };
+            (CollectiveOp::CollectivePermute, pl)
         }
         46 => {
             let m: pg::CollectiveBroadcastThunkProto =
                 decode_msg(data, "CollectiveBroadcastThunkProto", p)?;
-            has_dynamic_root = m.has_dynamic_root;
-            if has_dynamic_root && m.buffers.is_empty() {
+            let root = m.has_dynamic_root;
+            if root && m.buffers.is_empty() {
                 return Err(invalid(format!(
                     "{p}: has_dynamic_root without a root buffer"
                 )));
             }
+            let pl = common(m.collective_config, m.buffers);
             (
                 CollectiveOp::CollectiveBroadcast,
-                Common::of(m.collective_config, m.buffers),
+                Payload {
+                    has_dynamic_root: root,
+                    ..pl
+                },
             )
         }
         59 => {
@@ -127,15 +155,46 @@ pub(crate) fn collective_kind(
             // from the HLO module afterwards (hlo_reduction.rs).
             let m: pg::CollectiveKernelThunkProto =
                 decode_msg(data, "CollectiveKernelThunkProto", p)?;
-            from_collective_kernel = true;
+            let pl = common(m.collective_config, m.buffers);
             (
                 CollectiveOp::AllReduce,
-                Common::of(m.collective_config, m.buffers),
+                Payload {
+                    from_collective_kernel: true,
+                    ..pl
+                },
             )
         }
         _ => return Ok(None),
-    };
-    let config = common
+    }))
+}
+
+/// A collective permute's (source, target) pairs; a negative id is an error.
+fn source_target_pairs(
+    v: &[crate::proto::xla::SourceTarget],
+    p: &str,
+) -> Result<Vec<(i64, i64)>, DecodeError> {
+    v.iter()
+        .map(|st| {
+            if st.source < 0 || st.target < 0 {
+                Err(invalid(format!(
+                    "{p}: negative id in source-target pair ({}, {})",
+                    st.source, st.target
+                )))
+            } else {
+                Ok((st.source, st.target))
+            }
+        })
+        .collect()
+}
+
+/// The thunk from its op and payload: config, groups, buffers checked.
+fn collective(
+    op: CollectiveOp,
+    pl: Payload,
+    p: &str,
+    allocs: Allocs<'_>,
+) -> Result<ThunkKind, DecodeError> {
+    let config = pl
         .config
         .ok_or_else(|| invalid(format!("{p}: missing collective_config")))?;
     let group_mode = GroupMode::from_proto(config.group_mode)
@@ -155,7 +214,7 @@ pub(crate) fn collective_kind(
         .iter()
         .map(|&t| ElementType(t))
         .collect();
-    let buffers = common
+    let buffers = pl
         .buffers
         .iter()
         .enumerate()
@@ -171,29 +230,20 @@ pub(crate) fn collective_kind(
             })
         })
         .collect::<Result<_, DecodeError>>()?;
-    Ok(Some(ThunkKind::Collective(Box::new(CollectiveThunk {
+    Ok(ThunkKind::Collective(Box::new(CollectiveThunk {
         op,
         replica_groups,
         group_mode,
         operand_element_types,
         use_symmetric_buffer: config.use_symmetric_buffer,
-        reduction,
+        reduction: pl.reduction,
         buffers,
-        source_target_pairs: pairs,
-        has_split_dimension,
-        has_dynamic_root,
-        collectives_mode,
-        from_collective_kernel,
-    }))))
-}
-
-impl Common {
-    fn of(
-        config: Option<pg::CollectiveConfigProto>,
-        buffers: Vec<pg::CollectiveBufferProto>,
-    ) -> Self {
-        Common { config, buffers }
-    }
+        source_target_pairs: pl.pairs,
+        has_split_dimension: pl.has_split_dimension,
+        has_dynamic_root: pl.has_dynamic_root,
+        collectives_mode: pl.collectives_mode,
+        from_collective_kernel: pl.from_collective_kernel,
+    })))
 }
 
 fn reduction_kind(v: i32, p: &str) -> Result<ReductionKind, DecodeError> {

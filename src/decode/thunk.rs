@@ -183,25 +183,11 @@ fn kind_of(
             allocs,
             p,
         )?),
-        9 => {
-            let m: pg::GemmThunkProto = decode_msg(data, "GemmThunkProto", p)?;
-            ThunkKind::Gemm(Box::new(GemmThunk {
-                config: gemm_config(
-                    m.gemm_config
-                        .as_ref()
-                        .ok_or_else(|| invalid(format!("{p}: missing gemm_config")))?,
-                ),
-                lhs: allocs.req_slice(&m.lhs_buffer, &ctx("lhs"))?,
-                rhs: allocs.req_slice(&m.rhs_buffer, &ctx("rhs"))?,
-                output: allocs.req_slice(&m.output_buffer, &ctx("output"))?,
-                workspace: m
-                    .workspace
-                    .as_ref()
-                    .map(|w| allocs.slice(w, &ctx("workspace")))
-                    .transpose()?,
-                deterministic: m.deterministic,
-            }))
-        }
+        9 => ThunkKind::Gemm(Box::new(gemm(
+            &decode_msg(data, "GemmThunkProto", p)?,
+            allocs,
+            p,
+        )?)),
         11 => ThunkKind::TriangularSolve(Box::new(triangular_solve(
             &decode_msg(data, "TriangularSolveThunkProto", p)?,
             allocs,
@@ -218,26 +204,11 @@ fn kind_of(
                 dest: allocs.req_shaped(&m.dest_buffer, &ctx("dest"))?,
             }
         }
-        20 => {
-            let m: pg::SelectKThunkProto = decode_msg(data, "SelectKThunkProto", p)?;
-            // input, values, indices (and, in newer XLA, a scratch slice we do not need).
-            if !(3..=4).contains(&m.args.len()) {
-                return Err(invalid(format!(
-                    "{p}: select_k has {} buffer arguments, expected 3 (input, values, indices) or 4",
-                    m.args.len()
-                )));
-            }
-            let arg = |i: usize, what: &'static str| allocs.slice(&m.args[i], &ctx(what));
-            ThunkKind::SelectK(SelectKThunk {
-                input: arg(0, "input")?,
-                values: arg(1, "values")?,
-                indices: arg(2, "indices")?,
-                batch: m.batch_size,
-                num_elements: m.num_elements,
-                k: m.k,
-                element_type: crate::plan::ElementType(m.dtype),
-            })
-        }
+        20 => ThunkKind::SelectK(select_k(
+            &decode_msg(data, "SelectKThunkProto", p)?,
+            allocs,
+            p,
+        )?),
         28 => {
             let m: pg::Memset32BitValueThunkProto =
                 decode_msg(data, "Memset32BitValueThunkProto", p)?;
@@ -258,49 +229,21 @@ fn kind_of(
             allocs,
             p,
         )?)),
-        30 => {
-            let m: pg::CustomCallThunkProto = decode_msg(data, "CustomCallThunkProto", p)?;
-            let nullable = |v: &[px::NullableShapedSliceProto], what: &'static str| {
-                v.iter()
-                    .map(|n| allocs.opt_shaped(&n.shaped_slice, &ctx(what)))
-                    .collect::<Result<Vec<_>, _>>()
-            };
-            ThunkKind::CustomCall(CustomCallThunk {
-                operands: nullable(&m.operands, "operand")?,
-                results: nullable(&m.results, "result")?,
-                target_name: m.target_name,
-                opaque: m.opaque.into(),
-                api_version: m.api_version,
-                attributes: super::ffi_attr::attributes(m.attributes, &format!("{p}: attributes"))?,
-                called_computation: m.called_computation,
-                use_pdl: m.use_pdl,
-            })
-        }
+        30 => ThunkKind::CustomCall(custom_call(
+            decode_msg(data, "CustomCallThunkProto", p)?,
+            allocs,
+            p,
+        )?),
         36 => ThunkKind::CustomKernel(custom_kernel(
             &decode_msg(data, "CustomKernelThunkProto", p)?,
             allocs,
             p,
         )?),
-        16 => {
-            let m: pg::HostExecuteStartThunkProto =
-                decode_msg(data, "HostExecuteStartThunkProto", p)?;
-            let exe = m
-                .executable_proto
-                .ok_or_else(|| invalid(format!("{p}: host execute without executable_proto")))?;
-            let shaped = |v: &[px::ShapedSliceProto], what: &'static str| {
-                v.iter()
-                    .map(|s| allocs.shaped(s, &ctx(what)))
-                    .collect::<Result<Vec<_>, _>>()
-            };
-            ThunkKind::HostExecuteStart(Box::new(HostExecuteStartThunk {
-                hlo_module: exe.hlo_module.into(),
-                executable_type: exe.executable_type,
-                aot_result: exe.aot_compilation_result.map(crate::plan::Blob::from),
-                args: shaped(&m.args, "arg")?,
-                results: shaped(&m.results, "result")?,
-                async_events_unique_id: m.async_events_unique_id,
-            }))
-        }
+        16 => ThunkKind::HostExecuteStart(Box::new(host_execute_start(
+            decode_msg(data, "HostExecuteStartThunkProto", p)?,
+            allocs,
+            p,
+        )?)),
         17 => {
             let m: pg::HostExecuteDoneThunkProto =
                 decode_msg(data, "HostExecuteDoneThunkProto", p)?;
@@ -316,6 +259,98 @@ fn kind_of(
         }
         _ => return Ok(None),
     }))
+}
+
+fn gemm(m: &pg::GemmThunkProto, allocs: Allocs<'_>, p: &str) -> Result<GemmThunk, DecodeError> {
+    let ctx = |what: &'static str| move || format!("{p}: {what}");
+    Ok(GemmThunk {
+        config: gemm_config(
+            m.gemm_config
+                .as_ref()
+                .ok_or_else(|| invalid(format!("{p}: missing gemm_config")))?,
+        ),
+        lhs: allocs.req_slice(&m.lhs_buffer, &ctx("lhs"))?,
+        rhs: allocs.req_slice(&m.rhs_buffer, &ctx("rhs"))?,
+        output: allocs.req_slice(&m.output_buffer, &ctx("output"))?,
+        workspace: m
+            .workspace
+            .as_ref()
+            .map(|w| allocs.slice(w, &ctx("workspace")))
+            .transpose()?,
+        deterministic: m.deterministic,
+    })
+}
+
+fn select_k(
+    m: &pg::SelectKThunkProto,
+    allocs: Allocs<'_>,
+    p: &str,
+) -> Result<SelectKThunk, DecodeError> {
+    let ctx = |what: &'static str| move || format!("{p}: {what}");
+    // input, values, indices (and, in newer XLA, a scratch slice we do not need).
+    if !(3..=4).contains(&m.args.len()) {
+        return Err(invalid(format!(
+            "{p}: select_k has {} buffer arguments, expected 3 (input, values, indices) or 4",
+            m.args.len()
+        )));
+    }
+    let arg = |i: usize, what: &'static str| allocs.slice(&m.args[i], &ctx(what));
+    Ok(SelectKThunk {
+        input: arg(0, "input")?,
+        values: arg(1, "values")?,
+        indices: arg(2, "indices")?,
+        batch: m.batch_size,
+        num_elements: m.num_elements,
+        k: m.k,
+        element_type: crate::plan::ElementType(m.dtype),
+    })
+}
+
+fn custom_call(
+    m: pg::CustomCallThunkProto,
+    allocs: Allocs<'_>,
+    p: &str,
+) -> Result<CustomCallThunk, DecodeError> {
+    let ctx = |what: &'static str| move || format!("{p}: {what}");
+    let nullable = |v: &[px::NullableShapedSliceProto], what: &'static str| {
+        v.iter()
+            .map(|n| allocs.opt_shaped(&n.shaped_slice, &ctx(what)))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok(CustomCallThunk {
+        operands: nullable(&m.operands, "operand")?,
+        results: nullable(&m.results, "result")?,
+        target_name: m.target_name,
+        opaque: m.opaque.into(),
+        api_version: m.api_version,
+        attributes: super::ffi_attr::attributes(m.attributes, &format!("{p}: attributes"))?,
+        called_computation: m.called_computation,
+        use_pdl: m.use_pdl,
+    })
+}
+
+fn host_execute_start(
+    m: pg::HostExecuteStartThunkProto,
+    allocs: Allocs<'_>,
+    p: &str,
+) -> Result<HostExecuteStartThunk, DecodeError> {
+    let ctx = |what: &'static str| move || format!("{p}: {what}");
+    let exe = m
+        .executable_proto
+        .ok_or_else(|| invalid(format!("{p}: host execute without executable_proto")))?;
+    let shaped = |v: &[px::ShapedSliceProto], what: &'static str| {
+        v.iter()
+            .map(|s| allocs.shaped(s, &ctx(what)))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok(HostExecuteStartThunk {
+        hlo_module: exe.hlo_module.into(),
+        executable_type: exe.executable_type,
+        aot_result: exe.aot_compilation_result.map(crate::plan::Blob::from),
+        args: shaped(&m.args, "arg")?,
+        results: shaped(&m.results, "result")?,
+        async_events_unique_id: m.async_events_unique_id,
+    })
 }
 
 // The recursive kinds live in their own functions to keep each recursion
