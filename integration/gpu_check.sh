@@ -21,7 +21,8 @@
 # `ab-rocm` (the A/B with ROCm's remap cost emulated: XLA_VMM_EMULATE_REMAP_MS, issue 15),
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
-# a loop fed a fresh batch per step, steps/s against stock), `hip-shim` (our HIP backend's conformance suite on
+# a loop fed a fresh batch per step, steps/s against stock), `long` (integration/long_runs.py: SIGINT at
+# random points of 50 training loops, and a 20,000-step soak on stock and the plugin), `hip-shim` (our HIP backend's conformance suite on
 # the NVIDIA GPU through the test shim integration/hipshim: HIP runtime -> CUDA driver, hiprtc -> NVRTC; it
 # checks our HIP code, not AMD's runtime).
 # GPU_CHECK_BUDGET_S: start no check after that many seconds (later ones are listed as SKIP), so that a
@@ -427,6 +428,17 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 #    steps/s of stock XLA vs xla-vmm (auto, 0) in one run: asynchronous Execute and device_put.
 [[ "$SECTIONS" == *" feed "* ]] && check "feed" python3 integration/feed_bench.py --out "$WORK/feed" \
   --model "${FEED_MODEL:-llama_small_f32}" --steps "${FEED_STEPS:-200}"
+
+# 8b. Long runs (opt in: section `long`, issue 34): 50 training loops interrupted by SIGINT through the plugin
+#     (each must raise KeyboardInterrupt and exit within 5 s, leaving nothing on the GPU), and a soak of
+#     LONG_STEPS (default 20,000) steps on stock then the plugin (host RSS, device bytes, report() and stats()
+#     flat after warm-up, step time without drift, losses bit-identical): integration/long_runs.py.
+if want long; then
+  check "long:interrupt" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py interrupt \
+    --platform vmm --trials "${LONG_TRIALS:-50}" --out "$WORK/long"
+  check "long:soak" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py soak \
+    --platforms cuda,vmm --steps "${LONG_STEPS:-20000}" --every 1000 --out "$WORK/long"
+fi
 
 # 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the
 #    test shim as its HIP runtime (XLA_VMM_HIP_LIBRARY: the H200 machine has ROCm 5.7's libamdhip64.so.5,

@@ -1,0 +1,256 @@
+"""Long runs (issue 34): a training loop interrupted, and a training loop run for thousands of steps.
+
+    python3 integration/long_runs.py interrupt [--platform vmm] [--trials 50] [--seed 0] [--out DIR]
+    python3 integration/long_runs.py soak [--platforms cuda,vmm] [--steps 20000] [--every 1000] [--out DIR]
+
+The loop: a two-layer MLP regression trained by SGD under `jax.jit` with its parameters donated, the
+batch made on the device by a second jitted program from the step number (two programs per step, as a
+data pipeline would). `--platform` / `--platforms`: `vmm` (the plugin: JAX_PLATFORMS=vmm,cpu; the
+library from XLA_VMM_LIBRARY or the installed package), `cuda` (stock), `cpu` (stock, no GPU: how CI
+checks this script).
+
+interrupt: each trial starts the loop in a child process, waits until its first step has run, waits a
+random 0-500 ms more and sends SIGINT. A trial passes when the child exits within 5 s with Python's
+KeyboardInterrupt (it raises in Python, the plugin's teardown does not hang); a child still alive at
+5 s is killed and counted as hung. With `nvidia-smi` on the machine, no trial's process may still
+hold the GPU afterwards.
+
+soak: the loop for --steps steps per platform, one child each; every --every steps the child samples
+its host RSS, the device bytes in use (the plugin: report()'s device budget; stock: memory_stats()),
+and on vmm the size of report() and stats() (which must not grow with steps), and the window's mean
+step time. A platform passes when, after the first two windows, RSS and device bytes stay within 1%
+(or 4 MiB) of their value then, and the step time of the last window is within 25% of the third's;
+the losses of all platforms must be bit-identical (a checksum of every step's loss bits, and the
+losses every --every steps).
+
+Writes OUT/long_runs_{interrupt,soak}.{md,json}; exit status 0 when every check passed, 1 otherwise.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from benchio import write_results  # noqa: E402
+
+# The child: the training loop. argv: steps (0: forever), every (sampling), platform.
+CHILD = r'''
+import json, os, sys, time
+steps, every, platform = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+import jax, jax.numpy as jnp, numpy as np
+from functools import partial
+
+def loss(p, x, y):
+    h = jnp.tanh(x @ p["w1"] + p["b1"])
+    return jnp.mean((h @ p["w2"] - y) ** 2)
+
+@partial(jax.jit, donate_argnums=0)
+def step(p, x, y):
+    l, g = jax.value_and_grad(loss)(p, x, y)
+    return jax.tree.map(lambda a, b: a - 0.05 * b, p, g), l
+
+@jax.jit
+def batch(i):
+    k = jax.random.fold_in(jax.random.PRNGKey(1), i)
+    x = jax.random.normal(k, (64, 32), jnp.float32)
+    return x, jnp.sin(x[:, :8] * 3.0)
+
+k = jax.random.PRNGKey(0)
+p = {"w1": jax.random.normal(k, (32, 256), jnp.float32) * 0.1, "b1": jnp.zeros((256,), jnp.float32),
+     "w2": jax.random.normal(jax.random.fold_in(k, 1), (256, 8), jnp.float32) * 0.1}
+
+def rss():
+    with open("/proc/self/status") as f:
+        for ln in f:
+            if ln.startswith("VmRSS:"):
+                return int(ln.split()[1]) * 1024
+    return 0
+
+def sample(n, window_s):
+    out = {"step": n, "rss": rss(), "step_ms": 1e3 * window_s / every}
+    if platform == "vmm":
+        import jax_plugins.xla_vmm as v
+        r = v.report()
+        out["device_bytes"] = sum(d["memory"]["device_bytes"] for d in r.get("devices", []))
+        out["report_bytes"] = len(json.dumps(r))
+        out["stats_bytes"] = len(json.dumps(v.stats()))
+    else:
+        s = jax.devices()[0].memory_stats() or {}
+        out["device_bytes"] = s.get("bytes_in_use", 0)
+    return out
+
+x, y = batch(0)
+p, l = step(p, x, y)
+l.block_until_ready()
+print("READY", flush=True)
+checksum, kept, samples, pending = 0, [], [], []
+t = time.perf_counter()
+n = 1
+while steps == 0 or n < steps:
+    x, y = batch(n)
+    p, l = step(p, x, y)
+    pending.append(l)
+    n += 1
+    if n % every == 0 or n == steps:
+        vals = np.asarray(jax.device_get(pending), dtype=np.float32)
+        pending = []
+        for b in vals.view(np.uint32).tolist():
+            checksum = (checksum * 1000003 + b) % (1 << 61)
+        kept.append(vals[-1].view(np.uint32).item())
+        now = time.perf_counter()
+        samples.append(sample(n, now - t))
+        t = now
+print(json.dumps({"checksum": checksum, "losses": kept, "samples": samples, "steps": n}))
+'''
+
+
+def platform_env(platform):
+    env = dict(os.environ)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    env["JAX_PLATFORMS"] = {"vmm": "vmm,cpu", "cuda": "cuda,cpu", "cpu": "cpu"}[platform]
+    if platform == "vmm":
+        env["PYTHONPATH"] = os.pathsep.join([HERE] + [v for v in [env.get("PYTHONPATH")] if v])
+    return env
+
+
+def gpu_processes():
+    """PIDs holding the GPU (nvidia-smi), or None without nvidia-smi."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    p = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                       capture_output=True, text=True)
+    return {int(x) for x in p.stdout.split() if x.strip().isdigit()}
+
+
+def one_interrupt(platform, delay_s, ready_timeout_s=300, exit_timeout_s=5.0):
+    """One trial: (record, pid)."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, "0", "1000", platform], env=platform_env(platform),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    start = time.time()
+    line = ""
+    while time.time() - start < ready_timeout_s:
+        line = child.stdout.readline()
+        if not line or line.startswith("READY"):
+            break
+    if not line.startswith("READY"):
+        child.kill()
+        _, err = child.communicate()
+        return {"ok": False, "why": "never ready: " + " | ".join(err.strip().splitlines()[-3:])}, child.pid
+    time.sleep(delay_s)
+    child.send_signal(signal.SIGINT)
+    t = time.time()
+    try:
+        _, err = child.communicate(timeout=exit_timeout_s)
+        hung = False
+    except subprocess.TimeoutExpired:
+        child.kill()
+        _, err = child.communicate()
+        hung = True
+    took = time.time() - t
+    raised = "KeyboardInterrupt" in err
+    ok = not hung and raised and took <= exit_timeout_s
+    why = "hung (killed after %.0f s)" % exit_timeout_s if hung else (
+        "" if raised else "exit %s without KeyboardInterrupt: %s" % (
+            child.returncode, " | ".join(err.strip().splitlines()[-3:])))
+    return {"ok": ok, "delay_ms": round(1e3 * delay_s), "exit_s": round(took, 3), "rc": child.returncode,
+            "why": why}, child.pid
+
+
+def interrupt(args):
+    rng = random.Random(args.seed)
+    trials, pids = [], []
+    for i in range(args.trials):
+        rec, pid = one_interrupt(args.platform, rng.uniform(0.0, 0.5))
+        trials.append(rec)
+        pids.append(pid)
+        print("trial %d: %s" % (i, rec), flush=True)
+    left = gpu_processes()
+    still = sorted(set(pids) & left) if left is not None else []
+    passed = sum(t["ok"] for t in trials)
+    worst = max((t.get("exit_s", 0) for t in trials), default=0)
+    md = ["# Interrupted training loops (%s)" % args.platform, "",
+          "| trials | exited with KeyboardInterrupt within 5 s | hung | slowest exit s | processes left on the GPU |",
+          "|---|---|---|---|---|",
+          "| %d | %d | %d | %.3f | %s |" % (len(trials), passed, sum("hung" in t["why"] for t in trials), worst,
+                                       "n/a (no nvidia-smi)" if left is None else len(still))]
+    bad = [t for t in trials if not t["ok"]]
+    if bad:
+        md += ["", "Failed trials:"] + ["- %s" % t for t in bad]
+    write_results(args.out, "long_runs_interrupt", md, {"platform": args.platform, "trials": trials,
+                                                         "left_on_gpu": still})
+    return 0 if passed == len(trials) and not still else 1
+
+
+def flat(values, tol_frac=0.01, tol_abs=4 << 20):
+    """Do `values` stay within tol of the first?"""
+    base = values[0]
+    return all(abs(v - base) <= max(tol_frac * base, tol_abs) for v in values)
+
+
+def soak(args):
+    platforms = [p.strip() for p in args.platforms.split(",") if p.strip()]
+    results, rows, ok = {}, [], True
+    for n, plat in enumerate(platforms):
+        key = plat if plat not in results else "%s#%d" % (plat, n)
+        p = subprocess.run([sys.executable, "-c", CHILD, str(args.steps), str(args.every), plat],
+                           env=platform_env(plat), capture_output=True, text=True, timeout=args.timeout_s)
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+        if p.returncode != 0 or not lines:
+            results[key] = {"error": " | ".join(p.stderr.strip().splitlines()[-3:])}
+            rows.append("| %s | failed: %s | | | | |" % (key, results[key]["error"]))
+            ok = False
+            continue
+        r = results[key] = json.loads(lines[-1])
+        s = r["samples"][2:] if len(r["samples"]) > 3 else r["samples"]
+        checks = {"rss": flat([x["rss"] for x in s]), "device": flat([x["device_bytes"] for x in s])}
+        if "report_bytes" in s[0]:
+            checks["report"] = flat([x["report_bytes"] for x in s], 0.0, 0)
+            checks["stats"] = flat([x["stats_bytes"] for x in s], 0.0, 0)
+        if len(r["samples"]) >= 4:
+            third, last = r["samples"][2]["step_ms"], r["samples"][-1]["step_ms"]
+            checks["step time"] = last <= 1.25 * third
+        r["checks"] = checks
+        ok &= all(checks.values())
+        rows.append("| %s | %d | %.1f -> %.1f | %.1f -> %.1f | %.3f -> %.3f | %s |" % (
+            key, r["steps"], s[0]["rss"] / 2**20, s[-1]["rss"] / 2**20, s[0]["device_bytes"] / 2**20,
+            s[-1]["device_bytes"] / 2**20, r["samples"][min(2, len(r["samples"]) - 1)]["step_ms"],
+            r["samples"][-1]["step_ms"], ", ".join("%s %s" % (k, "flat" if v else "MOVED")
+                                                    for k, v in checks.items())))
+    sums = {p: r.get("checksum") for p, r in results.items() if "checksum" in r}
+    same = len(set(sums.values())) <= 1 and len(sums) == len(platforms)
+    ok &= same
+    md = ["# Soak: %d steps, sampled every %d" % (args.steps, args.every), "",
+          "| platform | steps | host RSS MiB (after warm-up -> end) | device MiB | step ms (window 3 -> last) | checks |",
+          "|---|---|---|---|---|---|"] + rows + [
+          "", "Losses: %s (checksums %s)." % ("bit-identical across platforms" if same else "DIFFER", sums)]
+    write_results(args.out, "long_runs_soak", md, results)
+    return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    i = sub.add_parser("interrupt")
+    i.add_argument("--platform", default="vmm", choices=["vmm", "cuda", "cpu"])
+    i.add_argument("--trials", type=int, default=50)
+    i.add_argument("--seed", type=int, default=0)
+    s = sub.add_parser("soak")
+    s.add_argument("--platforms", default="cuda,vmm")
+    s.add_argument("--steps", type=int, default=20000)
+    s.add_argument("--every", type=int, default=1000)
+    s.add_argument("--timeout-s", type=int, default=1800)
+    for p in (i, s):
+        p.add_argument("--out", default=".")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    return interrupt(args) if args.what == "interrupt" else soak(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

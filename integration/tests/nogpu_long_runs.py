@@ -1,0 +1,45 @@
+"""integration/long_runs.py's own logic on the CPU jax of CI's venv (.ci/test runs the `nogpu_*.py`
+files there): the interrupt trials and the soak run their training loop on `cpu`, as they run it on
+`vmm` and `cuda` on the GPU machine."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "long_runs.py")
+
+
+def run(*args):
+    with tempfile.TemporaryDirectory() as out:
+        p = subprocess.run([sys.executable, SCRIPT, *args, "--out", out], capture_output=True, text=True,
+                           timeout=600)
+        name = "long_runs_%s" % args[0]
+        with open(os.path.join(out, name + ".json")) as f:
+            data = json.load(f)
+        with open(os.path.join(out, name + ".md")) as f:
+            md = f.read()
+        return p, data, md
+
+
+class LongRuns(unittest.TestCase):
+    def test_interrupted_loops_raise_and_exit_within_five_seconds(self):
+        p, data, md = run("interrupt", "--platform", "cpu", "--trials", "3", "--seed", "1")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual([t["ok"] for t in data["trials"]], [True] * 3, data)
+        self.assertTrue(all(t["exit_s"] <= 5 for t in data["trials"]))
+        self.assertIn("| 3 | 3 | 0 |", md)
+
+    def test_a_soak_samples_flat_counters_and_equal_losses(self):
+        p, data, md = run("soak", "--platforms", "cpu,cpu", "--steps", "500", "--every", "100")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(sorted(data), ["cpu", "cpu#1"])
+        self.assertEqual(data["cpu"]["checksum"], data["cpu#1"]["checksum"])
+        self.assertEqual(len(data["cpu"]["samples"]), 5)
+        self.assertTrue(all(data["cpu"]["checks"].values()), data["cpu"]["checks"])
+        self.assertIn("bit-identical across platforms", md)
+
+
+if __name__ == "__main__":
+    unittest.main()
