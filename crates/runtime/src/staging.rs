@@ -42,9 +42,10 @@ use xla_vmm::{Plan, Slice, Thunk, ThunkKind};
 use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::{Backend, EventStatus, MemLocation};
 use xla_vmm_policy::residency::{
-    demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, Use,
+    demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, ResidencyPlan,
+    Use,
 };
-use xla_vmm_policy::staging::stage;
+use xla_vmm_policy::staging::{stage, Staging as StagedSteps};
 use xla_vmm_policy::PolicyError;
 
 use crate::error::{Result, RuntimeError, Teardown};
@@ -252,6 +253,72 @@ fn unit_input(
     ))
 }
 
+/// A program's staging planned without a device: what [`Staging`] runs.
+pub struct StagingPlan {
+    /// The planner's input: one step per top-level op.
+    pub input: ResidencyInput,
+    /// Where each buffer is: staged or read in place (after the area's
+    /// fit), or on the device.
+    pub placements: Vec<Placement>,
+    pub residency: ResidencyPlan,
+    /// The copies and area offsets.
+    pub copies: StagedSteps,
+    /// (allocation, start, end) of each buffer.
+    pub segments: crate::residency::Segments,
+}
+
+impl StagingPlan {
+    /// What it does per step, with an area of its size.
+    pub fn summary(&self) -> StagingSummary {
+        summarize(
+            &self.input,
+            &self.placements,
+            &self.residency,
+            &self.copies,
+            self.copies.area_bytes,
+        )
+    }
+}
+
+/// The staging of `plan` whose allocations live at `homes` with `room`
+/// device bytes for its area (no device: what a program's first run
+/// plans). `None`: nothing is in host memory, or nothing pays to stage.
+pub fn plan_staging(
+    plan: &Plan,
+    homes: &[Home],
+    room: u64,
+    rates: Rates,
+) -> Result<Option<StagingPlan>> {
+    if !homes.contains(&Home::Host) {
+        return Ok(None);
+    }
+    let (input, segments) = unit_input(plan, homes, room, rates)?;
+    let residency =
+        plan_residency(&input).map_err(|e| RuntimeError::invalid(format!("residency: {e}")))?;
+    let mut placements = residency.placements.clone();
+    // An area too fragmented for a thunk's buffers: that thunk's buffer
+    // that loses the least in place is read there.
+    let touched = touched_bytes(&input);
+    let copies = loop {
+        match stage(&input, &placements, room, ALIGN) {
+            Ok(s) => break s,
+            Err(PolicyError::AreaTooSmall { thunk, .. })
+                if demote(&input, &touched, &mut placements, Some(thunk)).is_some() => {}
+            Err(e) => return Err(RuntimeError::invalid(format!("staging: {e}"))),
+        }
+    };
+    if copies.stays.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(StagingPlan {
+        input,
+        placements,
+        residency,
+        copies,
+        segments,
+    }))
+}
+
 /// A staging's copy streams and events.
 type StreamsAndEvents<B> = (Vec<<B as Backend>::Stream>, Vec<<B as Backend>::Event>);
 
@@ -318,26 +385,18 @@ impl<B: Backend> Staging<B> {
         }
         let gran = be.info().vmm_granularity.max(1);
         let room = room(&**be) / gran * gran;
-        let (input, segs) = unit_input(plan, homes, room, Rates::H200)?;
-        let residency =
-            plan_residency(&input).map_err(|e| RuntimeError::invalid(format!("residency: {e}")))?;
-        let mut placements = residency.placements.clone();
-        // An area too fragmented for a thunk's buffers: that thunk's buffer
-        // that loses the least in place is read there.
-        let touched = touched_bytes(&input);
-        let steps = loop {
-            match stage(&input, &placements, room, ALIGN) {
-                Ok(s) => break s,
-                Err(PolicyError::AreaTooSmall { thunk, .. })
-                    if demote(&input, &touched, &mut placements, Some(thunk)).is_some() => {}
-                Err(e) => return Err(RuntimeError::invalid(format!("staging: {e}"))),
-            }
-        };
-        if steps.stays.is_empty() {
+        let Some(planned) = plan_staging(plan, homes, room, Rates::H200)? else {
             tracing::info!(executable = %name, room,
                 "part of it is in host memory; nothing pays to stage, read in place");
             return Ok(None);
-        }
+        };
+        let StagingPlan {
+            input,
+            placements,
+            residency,
+            copies: steps,
+            segments: segs,
+        } = planned;
         let area = DeviceBuffer::alloc_at(ctx, steps.area_bytes, MemLocation::Device)?;
         let summary = summarize(&input, &placements, &residency, &steps, area.mapped());
         tracing::info!(executable = %name, area = summary.area_bytes, staged = summary.staged,
@@ -642,8 +701,8 @@ impl<B: Backend> Staging<B> {
 fn summarize(
     input: &ResidencyInput,
     placements: &[Placement],
-    residency: &xla_vmm_policy::residency::ResidencyPlan,
-    steps: &xla_vmm_policy::staging::Staging,
+    residency: &ResidencyPlan,
+    steps: &StagedSteps,
     area_bytes: u64,
 ) -> StagingSummary {
     let mut s = StagingSummary {
