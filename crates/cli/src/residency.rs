@@ -230,7 +230,7 @@ pub fn as_run(
         .allocations
         .iter()
         .map(|a| match &a.role {
-            AllocationRole::Parameter { number, .. } => (u64::from(*number), a.index),
+            AllocationRole::Parameter { number, .. } => (*number, a.index),
             _ => (u64::MAX / 2 + a.index as u64, a.index),
         })
         .collect();
