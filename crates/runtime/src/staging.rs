@@ -38,7 +38,7 @@
 //! first binding.
 
 use serde::Serialize;
-use xla_vmm::{Plan, Slice, Thunk, ThunkKind};
+use xla_vmm::{AllocationRole, Plan, Slice, Thunk, ThunkKind};
 use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::{Backend, EventStatus, MemLocation};
 use xla_vmm_policy::residency::{
@@ -203,26 +203,92 @@ fn has_async<B: Backend>(ops: &[&Op<B>]) -> bool {
         .any(|o| matches!(o, Op::AsyncStart { .. } | Op::AsyncDone { .. }))
 }
 
+/// The slices of temporary allocations `t` and its nested thunks use
+/// (not a dynamic-slice fusion's embedded thunks: they address synthetic
+/// allocations, their parent's own uses are the real ones), with their
+/// access and a GEMM's re-reads.
+fn temp_slices(
+    t: &Thunk,
+    is_temp: &dyn Fn(usize) -> bool,
+    out: &mut Vec<(Slice, bool, bool, f64)>,
+) {
+    let reuse = crate::residency::operand_reuse(t);
+    for (s, a) in t.own_uses() {
+        if is_temp(s.allocation) {
+            let x = reuse.iter().find(|r| r.0 == s).map_or(1.0, |r| r.1);
+            out.push((s, a.reads(), a.writes(), x));
+        }
+    }
+    for n in t.nested() {
+        if !matches!(n, xla_vmm::Nested::Embedded(_)) {
+            for c in n.thunks() {
+                temp_slices(c, is_temp, out);
+            }
+        }
+    }
+}
+
 /// The planner's input with one step per top-level unit, its uses the
 /// union over the unit's thunks (loops unrolled for the arithmetic), the
-/// buffers' homes as given per allocation.
+/// buffers' homes as given per allocation. Temporary allocations are
+/// planned by value ([`crate::residency::TempValues`]), every other
+/// allocation by the segments its slices use.
 fn unit_input(
     plan: &Plan,
     homes: &[Home],
     budget_bytes: u64,
     rates: Rates,
 ) -> Result<(ResidencyInput, crate::residency::Segments)> {
-    let segs = crate::residency::segments(plan);
-    let mut buffers = crate::residency::buffers(plan, &segs)?;
+    let all = crate::residency::segments(plan);
+    let temp: Vec<bool> = plan
+        .allocations
+        .iter()
+        .map(|a| matches!(a.role, AllocationRole::Temp))
+        .collect();
+    let is_temp = |a: usize| temp.get(a).copied().unwrap_or(false);
     let mut units = Vec::new();
     thunk_units(&plan.thunks, &mut units);
+    // The temporaries' values, unit by unit.
+    let mut values = crate::residency::TempValues::new(plan.allocations.len());
+    for t in &units {
+        let mut slices = Vec::new();
+        temp_slices(t, &is_temp, &mut slices);
+        values.unit(&slices);
+    }
+    let (values, value_uses, unfit) = values.finish();
+    // The buffers: the other allocations' segments (and those of temporary
+    // allocations the values do not fit), then the values.
+    let by_value = |a: usize| is_temp(a) && !unfit.get(a).copied().unwrap_or(true);
+    let kept: Vec<usize> = (0..all.len()).filter(|&i| !by_value(all[i].0)).collect();
+    let mut new_index = vec![usize::MAX; all.len()];
+    for (n, &i) in kept.iter().enumerate() {
+        new_index[i] = n;
+    }
+    let mut segs: crate::residency::Segments = kept.iter().map(|&i| all[i]).collect();
+    segs.extend(values.iter().copied());
+    let mut buffers = crate::residency::buffers(plan, &segs)?;
     let mut steps = Vec::with_capacity(units.len());
-    for t in units {
+    for (t, vuses) in units.iter().zip(value_uses) {
         let mut inner = Vec::new();
         let mut cut = false;
-        crate::residency::flatten(std::slice::from_ref(t), &segs, &mut inner, &mut cut);
+        crate::residency::flatten(std::slice::from_ref(*t), &all, &mut inner, &mut cut);
+        let segment_uses = inner
+            .iter()
+            .flat_map(|s| &s.uses)
+            .filter(|u| new_index[u.buffer] != usize::MAX)
+            .map(|u| Use {
+                buffer: new_index[u.buffer],
+                ..*u
+            });
+        let value_uses = vuses.into_iter().map(|(v, bytes, read, write, reuse)| Use {
+            buffer: kept.len() + v,
+            bytes,
+            read,
+            write,
+            reuse,
+        });
         let mut uses: Vec<Use> = Vec::new();
-        for u in inner.iter().flat_map(|s| &s.uses) {
+        for u in segment_uses.chain(value_uses) {
             match uses.iter_mut().find(|x| x.buffer == u.buffer) {
                 Some(x) => {
                     x.bytes = x.bytes.max(u.bytes);
@@ -230,7 +296,7 @@ fn unit_input(
                     x.write |= u.write;
                     x.reuse = x.reuse.max(u.reuse);
                 }
-                None => uses.push(*u),
+                None => uses.push(u),
             }
         }
         steps.push(xla_vmm_policy::residency::ThunkStep {
