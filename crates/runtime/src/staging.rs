@@ -156,7 +156,7 @@ struct Around {
 /// A program's staging: the area, the copy stream, the events and the
 /// per-op actions.
 pub(crate) struct Staging<B: Backend> {
-    area: DeviceBuffer<B>,
+    area: Area<B>,
     /// Copies in and copies home run on streams of their own (the link
     /// carries both ways at once).
     in_stream: B::Stream,
@@ -319,6 +319,90 @@ fn unit_input(
     ))
 }
 
+/// A device's staging area shared by its programs
+/// ([`crate::RunConfig::shared_staging_area`]): all the room the budget left
+/// when the first of them was staged. Freed with the last program using it.
+struct SharedArea<B: Backend> {
+    buf: Option<DeviceBuffer<B>>,
+    /// Held while a staged step is enqueued: one program's copies and ops at
+    /// a time on the device's stream.
+    busy: std::sync::Mutex<()>,
+}
+
+impl<B: Backend> Drop for SharedArea<B> {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            Teardown::new("a shared staging area").check("free", b.free());
+        }
+    }
+}
+
+/// The shared areas, one per device (backend) at most.
+static SHARED_AREAS: std::sync::Mutex<
+    Vec<(usize, std::sync::Weak<dyn std::any::Any + Send + Sync>)>,
+> = std::sync::Mutex::new(Vec::new());
+
+/// The shared area of `ctx`'s device, if a program made one.
+fn shared_area<B: Backend + 'static>(ctx: &VmmContext<B>) -> Option<std::sync::Arc<SharedArea<B>>> {
+    let key = std::sync::Arc::as_ptr(ctx.backend()) as *const () as usize;
+    let mut areas = SHARED_AREAS.lock().unwrap_or_else(|e| e.into_inner());
+    areas.retain(|(_, w)| w.strong_count() > 0);
+    let any = areas.iter().find(|(k, _)| *k == key)?.1.upgrade()?;
+    any.downcast::<SharedArea<B>>().ok()
+}
+
+/// A shared area of `bytes` for `ctx`'s device.
+fn make_shared_area<B: Backend + 'static>(
+    ctx: &VmmContext<B>,
+    bytes: u64,
+) -> Result<std::sync::Arc<SharedArea<B>>> {
+    let key = std::sync::Arc::as_ptr(ctx.backend()) as *const () as usize;
+    let area = std::sync::Arc::new(SharedArea {
+        buf: Some(DeviceBuffer::alloc_at(ctx, bytes, MemLocation::Device)?),
+        busy: std::sync::Mutex::new(()),
+    });
+    let any: std::sync::Arc<dyn std::any::Any + Send + Sync> = area.clone();
+    SHARED_AREAS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((key, std::sync::Arc::downgrade(&any)));
+    Ok(area)
+}
+
+/// The staging area a program uses.
+enum Area<B: Backend> {
+    Own(DeviceBuffer<B>),
+    Shared(std::sync::Arc<SharedArea<B>>),
+}
+
+impl<B: Backend> Area<B> {
+    fn buf(&self) -> &DeviceBuffer<B> {
+        match self {
+            Area::Own(b) => b,
+            Area::Shared(s) => s.buf.as_ref().expect("freed only on drop"),
+        }
+    }
+
+    fn ptr(&self) -> xla_vmm_device::DevicePtr {
+        self.buf().ptr()
+    }
+
+    /// Held while a step is enqueued (a shared area only).
+    fn hold(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        match self {
+            Area::Own(_) => None,
+            Area::Shared(s) => Some(s.busy.lock().unwrap_or_else(|e| e.into_inner())),
+        }
+    }
+
+    fn free(self) -> Result<()> {
+        match self {
+            Area::Own(b) => b.free(),
+            Area::Shared(_) => Ok(()),
+        }
+    }
+}
+
 /// A program's staging planned without a device: what [`Staging`] runs.
 pub struct StagingPlan {
     /// The planner's input: one step per top-level op.
@@ -434,7 +518,11 @@ impl<B: Backend> Staging<B> {
         plan: &Plan,
         ops: &[Op<B>],
         homes: &[Home],
-    ) -> Result<Option<Self>> {
+        shared: bool,
+    ) -> Result<Option<Self>>
+    where
+        B: 'static,
+    {
         if !homes.contains(&Home::Host) {
             return Ok(None);
         }
@@ -450,7 +538,12 @@ impl<B: Backend> Staging<B> {
             return Ok(None);
         }
         let gran = be.info().vmm_granularity.max(1);
-        let room = room(&**be) / gran * gran;
+        // A shared area the device has: its room; else what the budget leaves.
+        let existing = shared.then(|| shared_area(ctx)).flatten();
+        let room = match &existing {
+            Some(a) => a.buf.as_ref().map_or(0, |b| b.mapped()),
+            None => room(&**be) / gran * gran,
+        };
         let Some(planned) = plan_staging(plan, homes, room, Rates::H200)? else {
             tracing::info!(executable = %name, room,
                 "part of it is in host memory; nothing pays to stage, read in place");
@@ -463,8 +556,16 @@ impl<B: Backend> Staging<B> {
             copies: steps,
             segments: segs,
         } = planned;
-        let area = DeviceBuffer::alloc_at(ctx, steps.area_bytes, MemLocation::Device)?;
-        let summary = summarize(&input, &placements, &residency, &steps, area.mapped());
+        let area = match (shared, existing) {
+            (true, Some(a)) => Area::Shared(a),
+            (true, None) => Area::Shared(make_shared_area(ctx, room)?),
+            (false, _) => Area::Own(DeviceBuffer::alloc_at(
+                ctx,
+                steps.area_bytes,
+                MemLocation::Device,
+            )?),
+        };
+        let summary = summarize(&input, &placements, &residency, &steps, area.buf().mapped());
         tracing::info!(executable = %name, area = summary.area_bytes, staged = summary.staged,
             staged_bytes = summary.staged_bytes, in_place = summary.in_place,
             in_place_bytes = summary.in_place_bytes, device_bytes = summary.device_bytes,
@@ -670,6 +771,7 @@ impl<B: Backend> Staging<B> {
             )));
         }
         let (cin, cout) = (&self.in_stream, &self.out_stream);
+        let _area = self.area.hold();
         let timed = self.clock_tick(be, env.capturing);
         let mut waits = self.clock.waits.iter().peekable();
         if timed {

@@ -309,3 +309,77 @@ fn a_temporary_whose_bytes_hold_several_values_is_staged_by_value_with_the_same_
         assert_eq!(s.staged, 5, "{s:?}");
     }
 }
+
+#[test]
+fn programs_of_a_device_share_one_staging_area_when_configured() {
+    // Two staged programs on one device and one stream, run in turn in every
+    // mode: the first allocates the room left as the device's area, the
+    // second plans in it; results as with an area each.
+    for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
+        let b = backend_with(Some(64 << 20));
+        let ctx = VmmContext::new(b.clone());
+        let stream = b.stream_create().unwrap();
+        let cfg = xla_vmm_runtime::RunConfig {
+            shared_staging_area: true,
+            ..Default::default()
+        };
+        let n = 4usize;
+        let v = 4 * n as u64;
+        let mut exes: Vec<Executable<HostBackend>> = (0..2)
+            .map(|_| {
+                Executable::load_with(b.clone(), program(n as u64), None, None, &cfg, &stream)
+                    .unwrap()
+            })
+            .collect();
+        let mut bufs = Vec::new();
+        for exe in exes.iter_mut() {
+            for (i, x) in [1.0f32, 5.0, 10.0].iter().enumerate() {
+                let buf = DeviceBuffer::alloc_at(&ctx, v, MemLocation::Host).unwrap();
+                let vals: Vec<f32> = (0..n).map(|k| x * (k + 1) as f32).collect();
+                b.write_sync(buf.ptr(), &bytes(&vals), &stream).unwrap();
+                let mut user = UserBuffer::raw(buf.ptr(), v);
+                user.location = Some(buf.location());
+                exe.bind_user_buffer(i, user).unwrap();
+                bufs.push(buf);
+            }
+        }
+        let mut outs = vec![Vec::new(), Vec::new()];
+        for _ in 0..3 {
+            for (e, exe) in exes.iter_mut().enumerate() {
+                outs[e] = exe.run(&stream, mode).unwrap();
+            }
+        }
+        b.stream_synchronize(&stream).unwrap();
+        for o in &outs {
+            // out0 = 2 * p1, out1 = 2 * p0.
+            assert_eq!(
+                f32s_of(&b, o[0].ptr, n, &stream),
+                vec![10.0, 20.0, 30.0, 40.0],
+                "{mode:?}"
+            );
+            assert_eq!(
+                f32s_of(&b, o[1].ptr, n, &stream),
+                vec![2.0, 4.0, 6.0, 8.0],
+                "{mode:?}"
+            );
+        }
+        let areas: Vec<u64> = exes
+            .iter()
+            .map(|e| e.program().staging_summary().expect("staged").area_bytes)
+            .collect();
+        // The room the limit left (not the 2 MiB one program needs), once.
+        assert_eq!(areas[0], areas[1], "one area: {areas:?}");
+        assert!(areas[0] >= 32 << 20, "{areas:?}");
+        assert!(b.budget().usage().device_bytes <= 64 << 20);
+        let before = b.budget().usage().device_bytes;
+        drop(exes);
+        assert!(
+            b.budget().usage().device_bytes < before,
+            "the area is freed with the last program"
+        );
+        for buf in bufs {
+            buf.free().unwrap();
+        }
+        b.stream_destroy(stream).unwrap();
+    }
+}
