@@ -250,7 +250,10 @@ impl<B: Backend> Program<B> {
             call_context,
             capturing,
             host_staging: &self.host_staging,
-            staging: self.staging.as_ref(),
+            staging: self
+                .staging
+                .as_ref()
+                .map(|s| s as &dyn crate::exec::StagedRun<B>),
         }
     }
 

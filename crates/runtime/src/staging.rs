@@ -49,7 +49,7 @@ use xla_vmm_policy::staging::{stage, Staging as StagedSteps};
 use xla_vmm_policy::PolicyError;
 
 use crate::error::{Result, RuntimeError, Teardown};
-use crate::exec::{run_op, ExecEnv};
+use crate::exec::{run_op, ExecEnv, StagedRun};
 use crate::ops::Op;
 use crate::slots::{DeviceBuffer, Redirect, SlotTable};
 
@@ -752,8 +752,34 @@ impl<B: Backend> Staging<B> {
         timed
     }
 
+    /// Wait for the copy streams, release everything (failures in `t`).
+    pub(crate) fn release(self, be: &B, t: &mut Teardown) {
+        for s in [&self.in_stream, &self.out_stream] {
+            t.check("stream_synchronize", be.stream_synchronize(s));
+        }
+        let [j0, j1] = self.joins;
+        let clock = self.clock;
+        for e in [self.fork, j0, j1, clock.start, clock.end]
+            .into_iter()
+            .chain(self.landed)
+            .chain(self.homed)
+            .chain(self.marks)
+            .chain(clock.started)
+            .chain(clock.done)
+            .chain(clock.waits.into_iter().flat_map(|(_, a, b)| [a, b]))
+        {
+            t.check("event_destroy", be.event_destroy(e));
+        }
+        for s in [self.in_stream, self.out_stream] {
+            t.check("stream_destroy", be.stream_destroy(s));
+        }
+        t.check("freeing the staging area", self.area.free());
+    }
+}
+
+impl<B: Backend> StagedRun<B> for Staging<B> {
     /// Run `ops` (the program's) on `stream` with their staging.
-    pub(crate) fn run(
+    fn run(
         &self,
         env: &ExecEnv<'_, B>,
         ops: &[Op<B>],
@@ -839,30 +865,6 @@ impl<B: Backend> Staging<B> {
             be.event_record(&self.clock.end, stream)?;
         }
         Ok(())
-    }
-
-    /// Wait for the copy streams, release everything (failures in `t`).
-    pub(crate) fn release(self, be: &B, t: &mut Teardown) {
-        for s in [&self.in_stream, &self.out_stream] {
-            t.check("stream_synchronize", be.stream_synchronize(s));
-        }
-        let [j0, j1] = self.joins;
-        let clock = self.clock;
-        for e in [self.fork, j0, j1, clock.start, clock.end]
-            .into_iter()
-            .chain(self.landed)
-            .chain(self.homed)
-            .chain(self.marks)
-            .chain(clock.started)
-            .chain(clock.done)
-            .chain(clock.waits.into_iter().flat_map(|(_, a, b)| [a, b]))
-        {
-            t.check("event_destroy", be.event_destroy(e));
-        }
-        for s in [self.in_stream, self.out_stream] {
-            t.check("stream_destroy", be.stream_destroy(s));
-        }
-        t.check("freeing the staging area", self.area.free());
     }
 }
 
