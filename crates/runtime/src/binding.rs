@@ -581,15 +581,27 @@ pub(crate) fn register(key: &str, stats: &BindingStats) -> StatsSlot {
     let mut order = lock(&ORDER);
     reg.insert(key.to_string(), slot.clone());
     order.push_back(key.to_string());
-    // Past the bound, the oldest dropped executables' stats go (a slot only
-    // the registry holds is a dropped executable's).
+    trim(&mut reg, &mut order);
+    slot
+}
+
+/// An executable's stats slot is let go: past the bound, the oldest dropped
+/// executables' stats go.
+pub(crate) fn release(slot: StatsSlot) {
+    drop(slot);
+    trim(&mut lock(&REGISTRY), &mut lock(&ORDER));
+}
+
+/// Keep the newest [`KEPT_DROPPED`] dropped executables' stats (a slot only
+/// the registry holds is a dropped executable's).
+fn trim(reg: &mut BTreeMap<String, StatsSlot>, order: &mut std::collections::VecDeque<String>) {
     let dropped = |reg: &BTreeMap<String, StatsSlot>, k: &String| {
         reg.get(k).is_some_and(|s| Arc::strong_count(s) == 1)
     };
-    let mut n = order.iter().filter(|k| dropped(&reg, k)).count();
+    let mut n = order.iter().filter(|k| dropped(reg, k)).count();
     let mut i = 0;
     while n > KEPT_DROPPED && i < order.len() {
-        if dropped(&reg, &order[i]) {
+        if dropped(reg, &order[i]) {
             let k = order.remove(i).expect("in range");
             reg.remove(&k);
             n -= 1;
@@ -597,7 +609,6 @@ pub(crate) fn register(key: &str, stats: &BindingStats) -> StatsSlot {
             i += 1;
         }
     }
-    slot
 }
 
 /// Copy `stats` into its slot (every step: cheap).
