@@ -144,8 +144,10 @@ impl ClientOptions {
             Ok(v) => parse_backend(&v)?,
             Err(_) => BackendKind::Cuda,
         };
-        let run = RunConfig::from_lookup(|v| std::env::var(v).ok())
+        let mut run = RunConfig::from_lookup(|v| std::env::var(v).ok())
             .map_err(|e| Error::invalid(e.to_string()))?;
+        // Every program of a device runs on the device's one stream.
+        run.shared_staging_area = true;
         Ok(ClientOptions {
             backend,
             strict: std::env::var("XLA_VMM_STRICT")

@@ -47,7 +47,19 @@ pub struct ExecEnv<'a, B: Backend> {
     pub host_staging: &'a crate::host_execute::StagingPool<B>,
     /// The program's staging through device memory, when part of its
     /// memory is in host memory ([`crate::staging`]).
-    pub(crate) staging: Option<&'a crate::staging::Staging<B>>,
+    pub(crate) staging: Option<&'a dyn StagedRun<B>>,
+}
+
+/// A program's staging as the walk runs it (the staging module's
+/// `Staging`): the program's top-level ops with their copies.
+pub(crate) trait StagedRun<B: Backend> {
+    fn run(
+        &self,
+        env: &ExecEnv<'_, B>,
+        ops: &[Op<B>],
+        slots: &SlotTable,
+        stream: &B::Stream,
+    ) -> Result<()>;
 }
 
 /// Run a program's top-level `ops` on `stream`: with its staging when it

@@ -400,7 +400,8 @@ impl<B: Backend> Executable<B> {
                     slots.iter().map(move |&s| (s, at))
                 })
                 .collect();
-            self.program.plan_staging(&params);
+            self.program
+                .plan_staging(&params, self.config.shared_staging_area);
             let staging = self.program.staging_summary();
             self.report.update(|r| r.staging = staging);
         }

@@ -250,19 +250,24 @@ impl<B: Backend> Program<B> {
             call_context,
             capturing,
             host_staging: &self.host_staging,
-            staging: self.staging.as_ref(),
+            staging: self
+                .staging
+                .as_ref()
+                .map(|s| s as &dyn crate::exec::StagedRun<B>),
         }
     }
 
     /// Plan the staging for the memory bound now: the program's own buffers
     /// where they are, each parameter allocation's location as given
-    /// (`None`: raw device memory). A failure is said and leaves the
-    /// program reading host memory in place (correct, slower).
-    pub(crate) fn plan_staging(&mut self, params: &[(usize, Option<MemLocation>)]) {
+    /// (`None`: raw device memory), through the device's shared area when
+    /// `shared` ([`crate::RunConfig::shared_staging_area`]). A failure is
+    /// said and leaves the program reading host memory in place (correct,
+    /// slower).
+    pub(crate) fn plan_staging(&mut self, params: &[(usize, Option<MemLocation>)], shared: bool) {
         let owned = self.owned_buffers().map(|(a, b)| (a, b.location()));
         let homes =
             crate::staging::homes(self.plan.allocations.len(), owned, params.iter().copied());
-        let made = Staging::plan(&self.vmm, &self.plan, &self.ops, &homes);
+        let made = Staging::plan(&self.vmm, &self.plan, &self.ops, &homes, shared);
         let old = match made {
             Ok(s) => std::mem::replace(&mut self.staging, s),
             Err(e) => {

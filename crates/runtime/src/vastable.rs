@@ -767,6 +767,9 @@ impl<B: Backend> VaStable<B> {
             timing.teardown(be);
         }
         self.tracker.log_stats();
+        if let Some(slot) = self.out.slot.take() {
+            crate::binding::release(slot);
+        }
     }
 }
 
