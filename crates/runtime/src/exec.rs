@@ -45,6 +45,9 @@ pub struct ExecEnv<'a, B: Backend> {
     pub capturing: bool,
     /// Pinned staging buffers of host-offloaded compute, kept between runs.
     pub host_staging: &'a crate::host_execute::StagingPool<B>,
+    /// The program's scratch memory (FFT work areas at their ops' offsets);
+    /// null when it has none.
+    pub scratch: DevicePtr,
     /// The program's staging through device memory, when part of its
     /// memory is in host memory ([`crate::staging`]).
     pub(crate) staging: Option<&'a crate::staging::Staging<B>>,
@@ -313,6 +316,7 @@ pub(crate) fn run_op<B: Backend>(
             crate::host_execute::run(be, env.host_staging, h, slots, stream)?
         }
         Op::Trsm(t) => run_trsm(env, t, slots, stream)?,
+        Op::Fft(f) => crate::fft::run(env, f, slots, stream)?,
         Op::Conv(c) => {
             let engine = env
                 .gemm
@@ -578,6 +582,10 @@ pub(crate) fn capture_blocker<B: Backend>(
         Op::Trsm(t) => Some(format!(
             "triangular solve {} runs through the BLAS library (XLA keeps the thunk out of its command buffers too)",
             t.name
+        )),
+        Op::Fft(f) => Some(format!(
+            "fft {} runs through the FFT library (XLA keeps FFT thunks out of its command buffers too)",
+            f.run.name
         )),
         Op::HostExecute(h) => Some(format!(
             "host compute {} runs on the host between device work (XLA keeps the host-execute thunks out of its command buffers too)",

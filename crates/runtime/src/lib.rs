@@ -35,6 +35,7 @@ pub mod elf;
 pub mod error;
 pub mod exec;
 pub mod executable;
+pub mod fft;
 pub mod gemm;
 pub mod guard;
 pub mod host_execute;

@@ -95,6 +95,8 @@ pub enum Op<B: Backend> {
     Trsm(Box<TrsmOp>),
     /// A cuDNN convolution, its execution plan built at load.
     Conv(Box<ConvOpLoaded>),
+    /// A cuFFT / hipFFT transform, its plan made at load ([`crate::fft`]).
+    Fft(Box<crate::fft::FftOp>),
     /// Host-offloaded compute ([`crate::host_execute`]).
     HostExecute(Box<crate::host_execute::HostExecuteOp>),
 }
@@ -243,6 +245,9 @@ pub struct LoadCtx<'a, B: Backend> {
     /// While building inside an async start on `Communication(i)`: i + 1
     /// (collectives there get their own communicators, as in XLA); else 0.
     pub comm_tag: usize,
+    /// Bytes of scratch memory the program's ops take at their offsets
+    /// (FFT work areas), allocated with the program.
+    pub scratch_bytes: u64,
 }
 
 fn what(t: &Thunk) -> String {
@@ -513,6 +518,24 @@ impl<B: Backend> LoadCtx<'_, B> {
                     )));
                 }
                 Op::Conv(Box::new(ConvOpLoaded { run, plan }))
+            }
+            ThunkKind::Fft(f) => {
+                let run = crate::fft::load(&t.info.profile_annotation, f)?;
+                if crate::fft::is_empty(&run) {
+                    return Ok(Op::Sequential(Vec::new()));
+                }
+                let engine = self.gemm.ok_or_else(|| {
+                    RuntimeError::unsupported("fft: no FFT engine on this backend")
+                })?;
+                let plan = engine.prepare_fft(&run.spec)?;
+                let op = crate::fft::FftOp {
+                    run,
+                    plan,
+                    scratch_offset: self.scratch_bytes,
+                    work_bytes: engine.fft_workspace(plan)?,
+                };
+                self.scratch_bytes += op.scratch_bytes();
+                Op::Fft(Box::new(op))
             }
             ThunkKind::TriangularSolve(ts) => {
                 let engine = self.gemm.ok_or_else(|| {
@@ -862,6 +885,9 @@ pub fn check_support(plan: &Plan) -> Result<()> {
             ThunkKind::SelectK(s) => crate::selectk::load(s).err().map(|e| e.to_string()),
             ThunkKind::TriangularSolve(ts) => trsm_op("", ts).err().map(|e| e.to_string()),
             ThunkKind::Convolution(c) => crate::conv::load(&t.info.profile_annotation, c)
+                .err()
+                .map(|e| e.to_string()),
+            ThunkKind::Fft(f) => crate::fft::load(&t.info.profile_annotation, f)
                 .err()
                 .map(|e| e.to_string()),
             // On ROCm the thunk runs through hipBLASLt (XLA's ROCm path:

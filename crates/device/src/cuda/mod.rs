@@ -17,6 +17,7 @@ pub mod blaslt;
 mod conditional;
 pub(crate) mod cublas;
 pub mod cudnn;
+pub(crate) mod cufft;
 pub mod handles;
 mod info;
 pub mod nccl;
