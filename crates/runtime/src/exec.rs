@@ -241,6 +241,11 @@ pub(crate) fn run_op<B: Backend>(
             if n == 0 {
                 return Ok(());
             }
+            if env.capturing {
+                return capture_conditional(
+                    env, name, index, *is_pred, branches, slots, stream, nest,
+                );
+            }
             let branch = if *is_pred {
                 let v = read_scalar(env, slots, index, 1, stream, name)?;
                 // XLA: true selects branch 0, false branch 1.
@@ -550,9 +555,16 @@ pub(crate) fn capture_blocker<B: Backend>(
     conditional_nodes: bool,
 ) -> Option<String> {
     ops.iter().find_map(|op| match op {
-        Op::Conditional { name, .. } => Some(format!(
-            "conditional {name} reads its branch index on the host"
-        )),
+        Op::Conditional { name, branches, .. } => {
+            if !conditional_nodes {
+                return Some(format!(
+                    "conditional {name} reads its branch index on the host (this device has no conditional graph nodes)"
+                ));
+            }
+            branches
+                .iter()
+                .find_map(|b| capture_blocker(b, conditional_nodes))
+        }
         Op::While {
             name,
             condition,
@@ -618,6 +630,50 @@ fn depends_on_iteration<B: Backend>(ops: &[Op<B>]) -> bool {
         Op::Sequential(ops) | Op::AsyncStart { ops, .. } => depends_on_iteration(ops),
         _ => false,
     })
+}
+
+/// A conditional inside a capture: one graph node per branch, the branch
+/// picked on the device from the index when the graph runs
+/// (`Backend::capture_case`), with XLA's rules (a predicate: true picks
+/// branch 0; an index out of range picks the last).
+#[allow(clippy::too_many_arguments)]
+fn capture_conditional<B: Backend>(
+    env: &ExecEnv<'_, B>,
+    name: &str,
+    index: &xla_vmm::Slice,
+    is_pred: bool,
+    branches: &[Vec<Op<B>>],
+    slots: &SlotTable,
+    stream: &B::Stream,
+    nest: &mut Vec<i64>,
+) -> Result<()> {
+    if !env.backend.info().conditional_nodes {
+        return Err(RuntimeError::unsupported(format!(
+            "{name}: a conditional needs conditional graph nodes in graph mode"
+        )));
+    }
+    let need = if is_pred { 1 } else { 4 };
+    if index.size < need {
+        return Err(RuntimeError::invalid(format!(
+            "{name}: {}-byte branch index, need {need}",
+            index.size
+        )));
+    }
+    let at = slots.resolve(index)?;
+    let mut failed: Option<RuntimeError> = None;
+    let captured = env
+        .backend
+        .capture_case(stream, at, is_pred, branches.len(), &mut |b, s| {
+            run_seq(env, &branches[b], slots, s, nest).map_err(|e| {
+                let msg = e.to_string();
+                failed = Some(e);
+                xla_vmm_device::DeviceError::InvalidArgument(msg)
+            })
+        });
+    match (captured, failed) {
+        (_, Some(e)) => Err(e),
+        (r, None) => Ok(r?),
+    }
 }
 
 /// A while loop without trip count inside a capture: the condition once,
