@@ -11,12 +11,13 @@
 //! the reason, never guessed at.
 
 use xla_vmm::{FftThunk, FftType, Shape, Slice};
-use xla_vmm_device::blas::xla_type;
+use xla_vmm_device::blas::{xla_type, GemmEngine};
 use xla_vmm_device::fft::{FftArgs, FftKind, FftPlanId, FftSpec};
 use xla_vmm_device::Backend;
 
 use crate::error::{Result, RuntimeError};
 use crate::exec::ExecEnv;
+use crate::ops::Op;
 use crate::slots::SlotTable;
 
 /// An FFT as loaded: the plan's spec and the buffers.
@@ -188,6 +189,31 @@ pub fn load(name: &str, t: &FftThunk) -> Result<FftRun> {
         output: t.output,
         copy_input: kind == FftKind::ComplexToReal,
     })
+}
+
+/// Load a transform: XLA's plan, made by the engine, and its scratch taken
+/// at `scratch_bytes` (advanced past it). Nothing to transform: no op.
+pub(crate) fn build<B: Backend>(
+    engine: Option<&dyn GemmEngine<B>>,
+    name: &str,
+    f: &FftThunk,
+    scratch_bytes: &mut u64,
+) -> Result<Op<B>> {
+    let run = load(name, f)?;
+    if is_empty(&run) {
+        return Ok(Op::Sequential(Vec::new()));
+    }
+    let engine =
+        engine.ok_or_else(|| RuntimeError::unsupported("fft: no FFT engine on this backend"))?;
+    let plan = engine.prepare_fft(&run.spec)?;
+    let op = FftOp {
+        run,
+        plan,
+        scratch_offset: *scratch_bytes,
+        work_bytes: engine.fft_workspace(plan)?,
+    };
+    *scratch_bytes += op.scratch_bytes();
+    Ok(Op::Fft(Box::new(op)))
 }
 
 /// Is there nothing to transform (a zero-sized dimension)?
