@@ -475,6 +475,19 @@ fn detail(t: &Thunk) -> String {
             c.algorithm.algo_id,
             c.algorithm.knobs.len()
         ),
+        ThunkKind::Fft(f) => format!(
+            " {} lengths {:?} {}{:?} -> {}{:?} #{}+{} -> #{}+{}",
+            f.fft_type.name(),
+            f.fft_length,
+            f.input_shape.element_type.name().unwrap_or("?"),
+            f.input_shape.dimensions,
+            f.output_shape.element_type.name().unwrap_or("?"),
+            f.output_shape.dimensions,
+            f.input.allocation,
+            f.input.offset,
+            f.output.allocation,
+            f.output.offset
+        ),
         ThunkKind::TriangularSolve(t) => format!(
             " {} {}x{} x{} ({} side, {}{}, {:?})",
             t.element_type.name().unwrap_or("?"),

@@ -22,6 +22,7 @@
 use crate::backend::{Backend, DevicePtr};
 use crate::dnn::{ConvArgs, ConvPlanId, ConvSpec};
 use crate::error::{DeviceError, Result};
+use crate::fft::{FftArgs, FftPlanId, FftSpec};
 
 /// XLA `PrimitiveType` numbers used by GEMMs.
 pub mod xla_type {
@@ -433,6 +434,25 @@ pub trait GemmEngine<B: Backend>: Send + Sync {
         Err(DeviceError::Unsupported(format!(
             "triangular solve ({spec:?}): this backend's BLAS engine has no trsm"
         )))
+    }
+    /// At load time: make (or find) the FFT library's plan for `spec` (and
+    /// load the BLAS an inverse transform scales with). An engine without
+    /// an FFT library says so.
+    fn prepare_fft(&self, spec: &FftSpec) -> Result<FftPlanId> {
+        Err(DeviceError::Unsupported(format!(
+            "FFT ({:?}, lengths {:?}): this backend's engine has no FFT library",
+            spec.kind, spec.n
+        )))
+    }
+    /// Work-area bytes a prepared FFT plan needs.
+    fn fft_workspace(&self, plan: FftPlanId) -> Result<u64> {
+        Err(DeviceError::Unsupported(format!("no FFT plan {}", plan.0)))
+    }
+    /// Enqueue a prepared transform, and for an inverse one its scaling,
+    /// on `stream`.
+    fn run_fft(&self, plan: FftPlanId, args: &FftArgs, stream: &B::Stream) -> Result<()> {
+        let _ = (args, stream);
+        Err(DeviceError::Unsupported(format!("no FFT plan {}", plan.0)))
     }
 }
 

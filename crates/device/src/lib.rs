@@ -28,6 +28,9 @@ pub mod conformance;
 pub mod cuda;
 pub mod dnn;
 pub mod error;
+pub mod fft;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod fft_lib;
 #[cfg(feature = "hip")]
 #[allow(unsafe_code)]
 pub mod hip;

@@ -292,3 +292,35 @@ pub(crate) fn check_pairs(plan: &Plan) -> Result<()> {
     }
     Ok(())
 }
+
+/// Load host-offloaded compute: its leaves, and its program bound through
+/// `registry` (the package registers JAX's CPU compiler).
+pub(crate) fn build<B: Backend>(
+    registry: Option<&dyn crate::custom_call::CustomCallRegistry>,
+    t: &xla_vmm::Thunk,
+    h: &xla_vmm::HostExecuteStartThunk,
+) -> Result<crate::ops::Op<B>> {
+    use crate::ops::Op;
+    let (args, results, staging_bytes) = leaves(&h.args, &h.results)?;
+    let registry = registry.ok_or_else(|| {
+        RuntimeError::unsupported(
+            "host compute: this runtime was loaded without a host-program source",
+        )
+    })?;
+    let program = registry
+        .bind_host_program(h, &t.info.profile_annotation)
+        .map_err(|e| RuntimeError::unsupported(format!("host compute: {e}")))?
+        .ok_or_else(|| {
+            RuntimeError::unsupported(
+                "host compute: no host-program source is registered \
+                 (the xla_vmm Python package registers JAX's CPU compiler)",
+            )
+        })?;
+    Ok(Op::HostExecute(Box::new(HostExecuteOp {
+        name: t.info.profile_annotation.clone(),
+        program,
+        args,
+        results,
+        staging_bytes,
+    })))
+}

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use xla_vmm::{AllocationRole, Plan, Shape};
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::vmm::VmmContext;
-use xla_vmm_device::{Backend, MemLocation};
+use xla_vmm_device::{Backend, DevicePtr, MemLocation};
 
 use crate::collective::{CollOp, Resolved};
 use crate::custom_call::{CallContext, CustomCallRegistry};
@@ -51,6 +51,8 @@ pub struct Program<B: Backend> {
     /// Staging through device memory when part of the program's memory is
     /// in host memory (planned at the first run).
     staging: Option<Staging<B>>,
+    /// Scratch memory its ops use at fixed offsets (FFT work areas).
+    scratch: Option<DeviceBuffer<B>>,
 }
 
 impl<B: Backend> Program<B> {
@@ -79,10 +81,12 @@ impl<B: Backend> Program<B> {
             comm_streams_needed: 0,
             collectives: Vec::new(),
             comm_tag: 0,
+            scratch_bytes: 0,
         };
         let built = ctx.build_seq(&plan, &plan.thunks);
         let (modules, streams_needed, async_ids) = (ctx.modules, ctx.streams_needed, ctx.async_ids);
         let (comm_streams_needed, collectives) = (ctx.comm_streams_needed, ctx.collectives);
+        let scratch_bytes = ctx.scratch_bytes;
         let ops = match built {
             Ok(ops) => ops,
             Err(e) => {
@@ -111,7 +115,11 @@ impl<B: Backend> Program<B> {
             capture_blocker,
             host_staging: Default::default(),
             staging: None,
+            scratch: None,
         };
+        if scratch_bytes > 0 {
+            p.scratch = Some(DeviceBuffer::alloc_in(&p.vmm, scratch_bytes)?);
+        }
         // From here on `Drop` releases whatever was made.
         for _ in 0..streams_needed {
             p.aux_streams.push(backend.stream_create()?);
@@ -250,6 +258,10 @@ impl<B: Backend> Program<B> {
             call_context,
             capturing,
             host_staging: &self.host_staging,
+            scratch: self
+                .scratch
+                .as_ref()
+                .map_or(DevicePtr::NULL, DeviceBuffer::ptr),
             staging: self
                 .staging
                 .as_ref()
@@ -335,7 +347,7 @@ impl<B: Backend> Drop for Program<B> {
         for s in self.aux_streams.iter().chain(&self.comm_streams) {
             t.check("stream_synchronize", be.stream_synchronize(s));
         }
-        for buf in self.owned.drain(..) {
+        for buf in self.owned.drain(..).chain(self.scratch.take()) {
             t.check("freeing a buffer", buf.free());
         }
         for buf in self.host_staging.drain() {

@@ -13,7 +13,7 @@
 //! attributes XLA sets (bias / scale / amax / aux pointers) before
 //! `cublasLtMatmul`, and passes a null C when beta is zero.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use xla_vmm_ffi::cuda::cublaslt as sys;
@@ -26,7 +26,9 @@ use crate::blas::{
 };
 use crate::dnn::{ConvArgs, ConvPlanId, ConvSpec};
 use crate::error::{DeviceError, Result};
-use crate::trsm_lib::{LazySolver, Solver};
+use crate::fft::{FftArgs, FftPlanId, FftSpec};
+use crate::fft_lib::FftLib;
+use crate::trsm_lib::{LazyLib, LazySolver, Solver};
 
 type Status = sys::cublasStatus_t;
 
@@ -676,8 +678,10 @@ pub struct CudaGemm {
     ctx: Arc<cudarc::driver::CudaContext>,
     lt: BlasLt,
     plans: Mutex<Vec<Arc<LtPlan>>>,
-    /// cuBLAS for triangular solves.
+    /// cuBLAS for triangular solves and inverse FFTs' scaling.
     cublas: LazySolver,
+    /// cuFFT and its plans.
+    cufft: LazyLib<FftLib<c_int>>,
     /// cuDNN, or why it could not be loaded (said once, at every load that
     /// needs it), and the convolution plans prepared with it.
     cudnn: OnceLock<std::result::Result<Cudnn, String>>,
@@ -698,6 +702,7 @@ impl CudaGemm {
             lt: BlasLt::new()?,
             plans: Mutex::new(Vec::new()),
             cublas: LazySolver::default(),
+            cufft: LazyLib::default(),
             cudnn: OnceLock::new(),
             conv_plans: Mutex::new(Vec::new()),
             tf32: true,
@@ -837,6 +842,37 @@ impl GemmEngine<CudaBackend> for CudaGemm {
         // the decoder checked against the solve's sizes, and writes the
         // pointer arrays of a batched solve before it on the same stream.
         unsafe { cublas.trsm(spec, args, stream.cu_stream().cast()) }
+    }
+
+    fn prepare_fft(&self, spec: &FftSpec) -> Result<FftPlanId> {
+        if spec.is_inverse() {
+            self.cublas.get(|| self.load_cublas())?;
+        }
+        self.bind()?;
+        self.cufft.get(super::cufft::library)?.prepare(spec)
+    }
+
+    fn fft_workspace(&self, plan: FftPlanId) -> Result<u64> {
+        self.cufft.loaded_ref()?.workspace(plan)
+    }
+
+    fn run_fft(&self, plan: FftPlanId, args: &FftArgs, stream: &CudaStream) -> Result<()> {
+        let cufft = self.cufft.loaded_ref()?;
+        self.bind()?;
+        // SAFETY: the stream belongs to this context (bound above); the
+        // runtime resolves input and output from the executable's slices,
+        // which it checked against the transform's sizes at load, and gives
+        // the work area the plan asked for.
+        unsafe { cufft.run(plan, args, stream.cu_stream().cast(), self.cublas.peek()) }
+    }
+}
+
+impl Drop for CudaGemm {
+    fn drop(&mut self) {
+        // cuFFT's plans are destroyed with the device's context current.
+        if self.cufft.loaded().is_some() {
+            let _ = self.bind();
+        }
     }
 }
 

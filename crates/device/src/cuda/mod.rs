@@ -17,6 +17,7 @@ pub mod blaslt;
 mod conditional;
 pub(crate) mod cublas;
 pub mod cudnn;
+pub(crate) mod cufft;
 pub mod handles;
 mod info;
 pub mod nccl;
@@ -53,9 +54,10 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     info: DeviceInfo,
     symbols: symbols::Symbols,
-    /// The kernel that copies a predicate byte into a conditional handle
-    /// (loaded at the first `capture_while`).
-    set_condition: OnceLock<std::result::Result<CudaFunction, DeviceError>>,
+    /// The kernels that set conditional handles from device memory (a
+    /// loop predicate; a conditional's branch), loaded at the first
+    /// `capture_while` / `capture_case`.
+    set_condition: OnceLock<std::result::Result<conditional::SetKernels, DeviceError>>,
     /// `cuMemcpyBatchAsync` failed once: batches are copied one by one.
     batch_off: AtomicBool,
     /// ROCm's remap cost emulated (`XLA_VMM_EMULATE_REMAP_MS`; A/B only).
@@ -990,6 +992,17 @@ impl Backend for CudaBackend {
         body: &mut dyn FnMut(&CudaStream) -> Result<()>,
     ) -> Result<()> {
         conditional::capture_while(self, stream, predicate, body)
+    }
+
+    fn capture_case(
+        &self,
+        stream: &CudaStream,
+        index: DevicePtr,
+        is_pred: bool,
+        branches: usize,
+        body: &mut dyn FnMut(usize, &CudaStream) -> Result<()>,
+    ) -> Result<()> {
+        conditional::capture_case(self, stream, index, is_pred, branches, body)
     }
 
     // ---- collectives (NCCL, see `nccl`) ------------------------------------------

@@ -38,7 +38,9 @@ use crate::blas::{
     NormalizedGemm, Order, Transpose, TrsmArgs, TrsmSpec,
 };
 use crate::error::{DeviceError, Result};
-use crate::trsm_lib::{LazySolver, Solver};
+use crate::fft::{FftArgs, FftPlanId, FftSpec};
+use crate::fft_lib::FftLib;
+use crate::trsm_lib::{LazyLib, LazySolver, Solver};
 
 /// The hipBLASLt types and values we use, declared from its headers.
 mod sys {
@@ -536,8 +538,10 @@ pub struct HipGemm {
     lt: Arc<Inner>,
     library: String,
     plans: Mutex<Vec<Arc<HipLtPlan>>>,
-    /// rocBLAS for triangular solves.
+    /// rocBLAS for triangular solves and inverse FFTs' scaling.
     rocblas: LazySolver,
+    /// hipFFT and its plans.
+    hipfft: LazyLib<FftLib<*mut c_void>>,
     /// `tsl::tensor_float_32_execution_enabled()`: on in JAX by default.
     tf32: bool,
 }
@@ -557,6 +561,7 @@ impl HipGemm {
             library,
             plans: Mutex::new(Vec::new()),
             rocblas: LazySolver::default(),
+            hipfft: LazyLib::default(),
             tf32: true,
         })
     }
@@ -793,6 +798,37 @@ impl GemmEngine<HipBackend> for HipGemm {
         // decoder checked against the solve's sizes, and writes the pointer
         // arrays of a batched solve before it on the same stream.
         unsafe { rocblas.trsm(spec, args, stream.raw.cast()) }
+    }
+
+    fn prepare_fft(&self, spec: &FftSpec) -> Result<FftPlanId> {
+        if spec.is_inverse() {
+            self.rocblas.get(|| self.load_rocblas())?;
+        }
+        self.bind()?;
+        self.hipfft.get(super::hipfft::library)?.prepare(spec)
+    }
+
+    fn fft_workspace(&self, plan: FftPlanId) -> Result<u64> {
+        self.hipfft.loaded_ref()?.workspace(plan)
+    }
+
+    fn run_fft(&self, plan: FftPlanId, args: &FftArgs, stream: &HipStream) -> Result<()> {
+        let hipfft = self.hipfft.loaded_ref()?;
+        self.bind()?;
+        // SAFETY: the stream is this device's (bound above); the runtime
+        // resolves input and output from the executable's slices, which it
+        // checked against the transform's sizes at load, and gives the work
+        // area the plan asked for.
+        unsafe { hipfft.run(plan, args, stream.raw.cast(), self.rocblas.peek()) }
+    }
+}
+
+impl Drop for HipGemm {
+    fn drop(&mut self) {
+        // hipFFT's plans are destroyed with the device current.
+        if self.hipfft.loaded().is_some() {
+            let _ = self.bind();
+        }
     }
 }
 

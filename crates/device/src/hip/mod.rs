@@ -33,6 +33,7 @@
 
 pub mod blaslt;
 pub mod handles;
+pub(crate) mod hipfft;
 mod info;
 pub mod rccl;
 pub mod result;
