@@ -49,6 +49,7 @@ pub mod residency;
 pub mod selectk;
 pub mod slots;
 pub mod staging;
+pub mod trace;
 pub mod vastable;
 
 pub use binding::{BindingConfig, BindingStats, CopyPath, Probe, RemapSource, UserBuffer};
