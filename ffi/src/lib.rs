@@ -57,6 +57,7 @@ pub mod nccl;
 pub mod pjrt {
     include!("pjrt_c_api.rs");
     include!("pjrt_ffi_extension.rs");
+    include!("pjrt_profiler_extension.rs");
 }
 
 pub mod xla_ffi;

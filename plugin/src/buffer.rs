@@ -320,6 +320,7 @@ fn check_extent(lo: i64, hi: i64) -> Result<()> {
 // ---- entries ----------------------------------------------------------------
 
 pub fn from_host(a: &mut PJRT_Client_BufferFromHostBuffer_Args) -> Result<()> {
+    let _span = xla_vmm_runtime::trace::span("transfer to device");
     let client = Client::from_c(a.client)?;
     let (device, memory) = if !a.memory.is_null() {
         let device = client::memory_device(&client, a.memory)?;
@@ -400,6 +401,7 @@ pub fn from_host(a: &mut PJRT_Client_BufferFromHostBuffer_Args) -> Result<()> {
 }
 
 pub fn to_host(a: &mut PJRT_Buffer_ToHostBuffer_Args) -> Result<()> {
+    let _span = xla_vmm_runtime::trace::span("transfer to host");
     let b = Buffer::from_c(a.src)?;
     let elem = dtype::host_element_size(b.dtype)?;
     let strides = host_strides(a.host_layout, &b.dims, elem)?;

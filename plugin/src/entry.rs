@@ -129,7 +129,8 @@ macro_rules! pjrt_entries {
         /// The table `GetPjrtApi` returns. Immutable; every slot is set.
         pub static API: SyncApi = SyncApi(xla_vmm_ffi::pjrt::PJRT_Api {
             struct_size: xla_vmm_ffi::pjrt::PJRT_Api_STRUCT_SIZE as usize,
-            // One extension: FFI (execute-context user data, handlers).
+            // Extensions: FFI (execute-context user data, handlers), then
+            // the profiler (`profiler.rs`).
             extension_start: &$crate::execute_context::FFI_EXTENSION.0.base
                 as *const xla_vmm_ffi::pjrt::PJRT_Extension_Base
                 as *mut xla_vmm_ffi::pjrt::PJRT_Extension_Base,

@@ -732,6 +732,7 @@ pub(crate) fn view(p: *mut PJRT_Executable) -> Result<Arc<Executable>> {
 // ---- compile / deserialize ------------------------------------------------
 
 pub fn compile(a: &mut PJRT_Client_Compile_Args) -> Result<()> {
+    let _span = xla_vmm_runtime::trace::span("compile (vendor XLA)");
     let client = Client::from_c(a.client)?;
     let program = cabi::slice(a.program, 1, "program")?
         .first()

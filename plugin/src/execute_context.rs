@@ -219,18 +219,20 @@ unsafe extern "C" fn ext_type_id_register(
     )
 }
 
-/// The extension chain's one entry (`PJRT_Api::extension_start`).
+/// The extension chain's first entry (`PJRT_Api::extension_start`); the
+/// profiler's follows.
 #[repr(transparent)]
 pub struct SyncExtension(pub PJRT_FFI_Extension);
-// SAFETY: immutable after construction; its only data pointer (`next`) is
-// null, the rest are function pointers.
+// SAFETY: immutable after construction; its only data pointer (`next`)
+// points to an immutable static, the rest are function pointers.
 unsafe impl Sync for SyncExtension {}
 
 pub static FFI_EXTENSION: SyncExtension = SyncExtension(PJRT_FFI_Extension {
     base: PJRT_Extension_Base {
         struct_size: PJRT_FFI_Extension_STRUCT_SIZE,
         type_: PJRT_Extension_Type_FFI,
-        next: std::ptr::null_mut(),
+        next: &crate::profiler::PROFILER_EXTENSION.0.base as *const PJRT_Extension_Base
+            as *mut PJRT_Extension_Base,
     },
     type_id_register: Some(ext_type_id_register),
     user_data_add: Some(ext_user_data_add),

@@ -58,6 +58,7 @@ pub mod kv;
 pub mod mosaic;
 pub mod options;
 mod plugin;
+pub mod profiler;
 pub mod program;
 pub mod remote;
 pub mod staging;

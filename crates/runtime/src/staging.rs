@@ -787,6 +787,7 @@ impl<B: Backend> StagedRun<B> for Staging<B> {
         stream: &B::Stream,
     ) -> Result<()> {
         let be = env.backend;
+        let _span = crate::trace::span("staged ops");
         let mut units = Vec::with_capacity(self.around.len());
         op_units(ops, &mut units);
         if units.len() != self.around.len() {
