@@ -7,7 +7,7 @@
 //! runs it (`fft_lib`); this file holds only plain data.
 
 use crate::backend::DevicePtr;
-use crate::blas::xla_type;
+use crate::xla_type;
 
 /// Which transform (cuFFT's `cufftType` with its direction).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]

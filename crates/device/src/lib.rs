@@ -43,6 +43,7 @@ pub mod probe;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod trsm_lib;
 pub mod vmm;
+pub mod xla_type;
 
 pub use backend::{
     merge_copies, Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig,

@@ -13,8 +13,6 @@ use xla_vmm_device::blas::xla_type;
 use xla_vmm_device::dnn::{Activation, ConvFusion, ConvOp, ConvSpec, ConvTensor};
 
 use crate::error::{Result, RuntimeError};
-use crate::exec::ExecEnv;
-use crate::ops::Op;
 use crate::slots::SlotTable;
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::dnn::{ConvArgs, ConvPlanId, FusedArgs};
@@ -513,7 +511,7 @@ pub(crate) fn build<B: Backend>(
     engine: Option<&dyn GemmEngine<B>>,
     name: &str,
     c: &ConvolutionThunk,
-) -> Result<Op<B>> {
+) -> Result<ConvOpLoaded> {
     let engine = engine
         .ok_or_else(|| RuntimeError::unsupported("convolution: no DNN engine on this backend"))?;
     let run = crate::conv::load(name, c)?;
@@ -527,19 +525,17 @@ pub(crate) fn build<B: Backend>(
             run.name, run.scratch.size
         )));
     }
-    Ok(Op::Conv(Box::new(ConvOpLoaded { run, plan })))
+    Ok(ConvOpLoaded { run, plan })
 }
 
 /// Enqueue a loaded convolution on `stream`.
 pub(crate) fn run<B: Backend>(
-    env: &ExecEnv<'_, B>,
+    engine: Option<&dyn GemmEngine<B>>,
     c: &ConvOpLoaded,
     slots: &SlotTable,
     stream: &B::Stream,
 ) -> Result<()> {
-    let engine = env
-        .gemm
-        .ok_or_else(|| RuntimeError::unsupported("convolution: no DNN engine"))?;
+    let engine = engine.ok_or_else(|| RuntimeError::unsupported("convolution: no DNN engine"))?;
     let args = ConvArgs {
         x: slots.resolve(&c.run.x)?,
         w: slots.resolve(&c.run.w)?,

@@ -22,8 +22,6 @@ use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::error::{Result, RuntimeError};
-use crate::exec::ExecEnv;
-use crate::ops::Op;
 use crate::slots::{DeviceBuffer, SlotTable};
 
 /// One operand or result of a call, as XLA hands it to a handler.
@@ -159,12 +157,12 @@ pub(crate) fn custom_call_support(c: &xla_vmm::CustomCallThunk) -> std::result::
 
 /// Bind a typed-FFI custom call to its handler (`registry`: the loaded
 /// ones), with its operands and results in their order.
-pub(crate) fn build<B: Backend>(
+pub(crate) fn build(
     registry: Option<&dyn CustomCallRegistry>,
     device_ordinal: usize,
     t: &xla_vmm::Thunk,
     c: &xla_vmm::CustomCallThunk,
-) -> Result<Op<B>> {
+) -> Result<CustomCallOp> {
     let registry = registry.ok_or_else(|| {
         RuntimeError::unsupported(format!(
             "custom call '{}': this runtime was loaded without FFI handlers",
@@ -191,20 +189,31 @@ pub(crate) fn build<B: Backend>(
                 c.target_name
             ))
         })?;
-    Ok(Op::CustomCall(Box::new(CustomCallOp {
+    Ok(CustomCallOp {
         name: t.info.profile_annotation.clone(),
         target: c.target_name.clone(),
         call,
         operands: call_operands(&c.operands, "operand")?,
         results: call_operands(&c.results, "result")?,
-    })))
+    })
 }
 
 /// XLA's `CustomCallThunk::ExecuteFfiHandler`: the handler gets the stream,
 /// the device, every operand and result as a typed buffer (a token as a
 /// `TOKEN` buffer without data) and the run's execute context.
+/// What a call needs of the run besides its buffers.
+pub(crate) struct CallEnv<'a, B: Backend> {
+    pub backend: &'a B,
+    /// Where scratch memory comes from.
+    pub vmm: &'a VmmContext<B>,
+    /// The run's execute context (the handlers' user data).
+    pub context: Option<&'a dyn CallContext>,
+    /// The stream is being captured into a graph.
+    pub capturing: bool,
+}
+
 pub(crate) fn run<B: Backend>(
-    env: &ExecEnv<'_, B>,
+    env: CallEnv<'_, B>,
     c: &CustomCallOp,
     slots: &SlotTable,
     stream: &B::Stream,
@@ -242,7 +251,7 @@ pub(crate) fn run<B: Backend>(
         device_ordinal: env.backend.info().ordinal,
         args: &args,
         rets: &rets,
-        context: env.call_context,
+        context: env.context,
         scratch: &scratch,
     };
     tracing::trace!(target = %c.target, name = %c.name, "custom call");
@@ -307,4 +316,27 @@ impl<B: Backend> CallScratch for Scratch<'_, B> {
             Err(format!("{ptr:?} was not allocated for this call"))
         }
     }
+}
+
+/// The program of host-offloaded compute `h`, bound through `registry` (the
+/// package registers JAX's CPU compiler as its source).
+pub(crate) fn host_program(
+    registry: Option<&dyn CustomCallRegistry>,
+    t: &xla_vmm::Thunk,
+    h: &xla_vmm::HostExecuteStartThunk,
+) -> Result<Arc<dyn crate::host_execute::HostProgram>> {
+    let registry = registry.ok_or_else(|| {
+        RuntimeError::unsupported(
+            "host compute: this runtime was loaded without a host-program source",
+        )
+    })?;
+    registry
+        .bind_host_program(h, &t.info.profile_annotation)
+        .map_err(|e| RuntimeError::unsupported(format!("host compute: {e}")))?
+        .ok_or_else(|| {
+            RuntimeError::unsupported(
+                "host compute: no host-program source is registered \
+                 (the xla_vmm Python package registers JAX's CPU compiler)",
+            )
+        })
 }

@@ -158,7 +158,7 @@ pub(crate) fn run_op<B: Backend>(
             be.launch(function, config, &refs, stream)
                 .map_err(|e| RuntimeError::invalid(format!("launch of '{name}': {e}")))?;
         }
-        Op::Gemm(g) => crate::gemm::run(env, g, slots, stream)?,
+        Op::Gemm(g) => crate::gemm::run(env.gemm, g, slots, stream)?,
         Op::Copy { src, dst, bytes } => {
             if *bytes > src.size || *bytes > dst.size {
                 return Err(RuntimeError::invalid(format!(
@@ -233,7 +233,15 @@ pub(crate) fn run_op<B: Backend>(
             };
             be.memset_d32(slots.resolve(dst)?, v, 1, stream)?;
         }
-        Op::CustomCall(c) => crate::custom_call::run(env, c, slots, stream)?,
+        Op::CustomCall(c) => {
+            let call_env = crate::custom_call::CallEnv {
+                backend: be,
+                vmm: env.vmm,
+                context: env.call_context,
+                capturing: env.capturing,
+            };
+            crate::custom_call::run(call_env, c, slots, stream)?
+        }
         Op::HostExecute(h) => {
             if env.capturing {
                 return Err(RuntimeError::unsupported(format!(
@@ -243,9 +251,9 @@ pub(crate) fn run_op<B: Backend>(
             }
             crate::host_execute::run(be, env.host_staging, h, slots, stream)?
         }
-        Op::Trsm(t) => crate::trsm::run(env, t, slots, stream)?,
-        Op::Fft(f) => crate::fft::run(env, f, slots, stream)?,
-        Op::Conv(c) => crate::conv::run(env, c, slots, stream)?,
+        Op::Trsm(t) => crate::trsm::run(be, env.gemm, t, slots, stream)?,
+        Op::Fft(f) => crate::fft::run(be, env.gemm, env.scratch, f, slots, stream)?,
+        Op::Conv(c) => crate::conv::run(env.gemm, c, slots, stream)?,
         Op::AsyncDone { id } => {
             let (_, done) = env
                 .events

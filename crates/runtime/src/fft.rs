@@ -13,11 +13,9 @@
 use xla_vmm::{FftThunk, FftType, Shape, Slice};
 use xla_vmm_device::blas::{xla_type, GemmEngine};
 use xla_vmm_device::fft::{FftArgs, FftKind, FftPlanId, FftSpec};
-use xla_vmm_device::Backend;
+use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::error::{Result, RuntimeError};
-use crate::exec::ExecEnv;
-use crate::ops::Op;
 use crate::slots::SlotTable;
 
 /// An FFT as loaded: the plan's spec and the buffers.
@@ -198,10 +196,10 @@ pub(crate) fn build<B: Backend>(
     name: &str,
     f: &FftThunk,
     scratch_bytes: &mut u64,
-) -> Result<Op<B>> {
+) -> Result<Option<FftOp>> {
     let run = load(name, f)?;
     if is_empty(&run) {
-        return Ok(Op::Sequential(Vec::new()));
+        return Ok(None);
     }
     let engine =
         engine.ok_or_else(|| RuntimeError::unsupported("fft: no FFT engine on this backend"))?;
@@ -213,7 +211,7 @@ pub(crate) fn build<B: Backend>(
         work_bytes: engine.fft_workspace(plan)?,
     };
     *scratch_bytes += op.scratch_bytes();
-    Ok(Op::Fft(Box::new(op)))
+    Ok(Some(op))
 }
 
 /// Is there nothing to transform (a zero-sized dimension)?
@@ -224,20 +222,19 @@ pub fn is_empty(run: &FftRun) -> bool {
 /// Enqueue `op` on `stream`: the input's copy when it has one, then the
 /// engine's transform (and scaling) with its scratch.
 pub(crate) fn run<B: Backend>(
-    env: &ExecEnv<'_, B>,
+    backend: &B,
+    engine: Option<&dyn GemmEngine<B>>,
+    scratch: DevicePtr,
     op: &FftOp,
     slots: &SlotTable,
     stream: &B::Stream,
 ) -> Result<()> {
-    let engine = env
-        .gemm
-        .ok_or_else(|| RuntimeError::unsupported("fft: no FFT engine"))?;
-    let work = env.scratch.offset(op.scratch_offset);
+    let engine = engine.ok_or_else(|| RuntimeError::unsupported("fft: no FFT engine"))?;
+    let work = scratch.offset(op.scratch_offset);
     let mut input = slots.resolve(&op.run.input)?;
     if op.run.copy_input {
         let copy = work.offset(op.work_bytes.next_multiple_of(SCRATCH_ALIGN));
-        env.backend
-            .copy_d2d(copy, input, op.run.input.size, stream)?;
+        backend.copy_d2d(copy, input, op.run.input.size, stream)?;
         input = copy;
     }
     let args = FftArgs {

@@ -7,8 +7,6 @@ use xla_vmm::{ShapedSlice, Slice};
 use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId, MatmulArgs};
 use xla_vmm_device::{Backend, DevicePtr};
 
-use crate::exec::ExecEnv;
-use crate::ops::Op;
 use crate::slots::SlotTable;
 
 fn layout(m: &xla_vmm::MatrixLayout, what: &str) -> Result<MatrixLayout> {
@@ -80,7 +78,7 @@ pub(crate) fn build<B: Backend>(
     engine: Option<&dyn GemmEngine<B>>,
     name: &str,
     m: &xla_vmm::CublasLtMatmulThunk,
-) -> Result<Op<B>> {
+) -> Result<GemmOp> {
     let engine =
         engine.ok_or_else(|| RuntimeError::unsupported("no BLAS-Lt engine on this backend"))?;
     if m.grouped {
@@ -104,7 +102,7 @@ pub(crate) fn build<B: Backend>(
         max_ws,
     )?;
     let s = |x: &Option<ShapedSlice>| x.as_ref().map(|x| x.slice);
-    Ok(Op::Gemm(GemmOp {
+    Ok(GemmOp {
         name: name.to_string(),
         plan: plan_id,
         a: m.a.slice,
@@ -121,12 +119,12 @@ pub(crate) fn build<B: Backend>(
             s(&m.d_amax),
         ],
         workspace: s(&m.workspace),
-    }))
+    })
 }
 
 /// Enqueue a loaded matmul on `stream`.
 pub(crate) fn run<B: Backend>(
-    env: &ExecEnv<'_, B>,
+    engine: Option<&dyn GemmEngine<B>>,
     op: &GemmOp,
     slots: &SlotTable,
     stream: &B::Stream,
@@ -143,9 +141,7 @@ pub(crate) fn run<B: Backend>(
         scales,
         workspace,
     } = op;
-    let engine = env
-        .gemm
-        .ok_or_else(|| RuntimeError::unsupported("no BLAS-Lt engine"))?;
+    let engine = engine.ok_or_else(|| RuntimeError::unsupported("no BLAS-Lt engine"))?;
     let args = MatmulArgs {
         a: slots.resolve(a)?,
         b: slots.resolve(b)?,

@@ -293,34 +293,18 @@ pub(crate) fn check_pairs(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// Load host-offloaded compute: its leaves, and its program bound through
-/// `registry` (the package registers JAX's CPU compiler).
-pub(crate) fn build<B: Backend>(
-    registry: Option<&dyn crate::custom_call::CustomCallRegistry>,
+/// Load host-offloaded compute: its leaves, then its program (`bind`).
+pub(crate) fn build(
     t: &xla_vmm::Thunk,
     h: &xla_vmm::HostExecuteStartThunk,
-) -> Result<crate::ops::Op<B>> {
-    use crate::ops::Op;
+    bind: impl FnOnce() -> Result<Arc<dyn HostProgram>>,
+) -> Result<HostExecuteOp> {
     let (args, results, staging_bytes) = leaves(&h.args, &h.results)?;
-    let registry = registry.ok_or_else(|| {
-        RuntimeError::unsupported(
-            "host compute: this runtime was loaded without a host-program source",
-        )
-    })?;
-    let program = registry
-        .bind_host_program(h, &t.info.profile_annotation)
-        .map_err(|e| RuntimeError::unsupported(format!("host compute: {e}")))?
-        .ok_or_else(|| {
-            RuntimeError::unsupported(
-                "host compute: no host-program source is registered \
-                 (the xla_vmm Python package registers JAX's CPU compiler)",
-            )
-        })?;
-    Ok(Op::HostExecute(Box::new(HostExecuteOp {
+    Ok(HostExecuteOp {
         name: t.info.profile_annotation.clone(),
-        program,
+        program: bind()?,
         args,
         results,
         staging_bytes,
-    })))
+    })
 }

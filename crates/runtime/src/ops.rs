@@ -299,21 +299,28 @@ impl<B: Backend> LoadCtx<'_, B> {
             ThunkKind::CustomKernel(k) => self.custom_kernel(plan, t, k)?,
             ThunkKind::SelectK(s) => self.select_k(t, crate::selectk::load(s)?)?,
             ThunkKind::Kernel(k) => self.kernel(plan, t, k)?,
-            ThunkKind::CublasLtMatmul(m) => {
-                crate::gemm::build(self.gemm, &t.info.profile_annotation, m)?
-            }
-            ThunkKind::Convolution(c) => {
-                crate::conv::build(self.gemm, &t.info.profile_annotation, c)?
-            }
-            ThunkKind::Fft(f) => crate::fft::build(
+            ThunkKind::CublasLtMatmul(m) => Op::Gemm(crate::gemm::build(
                 self.gemm,
                 &t.info.profile_annotation,
-                f,
-                &mut self.scratch_bytes,
-            )?,
-            ThunkKind::TriangularSolve(ts) => {
-                crate::trsm::build(self.gemm, &t.info.profile_annotation, ts)?
+                m,
+            )?),
+            ThunkKind::Convolution(c) => Op::Conv(Box::new(crate::conv::build(
+                self.gemm,
+                &t.info.profile_annotation,
+                c,
+            )?)),
+            ThunkKind::Fft(f) => {
+                let name = &t.info.profile_annotation;
+                match crate::fft::build(self.gemm, name, f, &mut self.scratch_bytes)? {
+                    Some(op) => Op::Fft(Box::new(op)),
+                    None => Op::Sequential(Vec::new()),
+                }
             }
+            ThunkKind::TriangularSolve(ts) => Op::Trsm(Box::new(crate::trsm::build(
+                self.gemm,
+                &t.info.profile_annotation,
+                ts,
+            )?)),
             ThunkKind::Gemm(_) => {
                 return Err(RuntimeError::unsupported(
                     "plain cuBLAS gemm (XLA runs it through cublasGemmEx with its own algorithm; \
@@ -363,9 +370,18 @@ impl<B: Backend> LoadCtx<'_, B> {
             },
             // (`check_support` has refused legacy custom calls.)
             ThunkKind::CustomCall(c) => {
-                crate::custom_call::build(self.custom_calls, self.backend.info().ordinal, t, c)?
+                let ordinal = self.backend.info().ordinal;
+                Op::CustomCall(Box::new(crate::custom_call::build(
+                    self.custom_calls,
+                    ordinal,
+                    t,
+                    c,
+                )?))
             }
-            ThunkKind::HostExecuteStart(h) => crate::host_execute::build(self.custom_calls, t, h)?,
+            ThunkKind::HostExecuteStart(h) => {
+                let bind = || crate::custom_call::host_program(self.custom_calls, t, h);
+                Op::HostExecute(Box::new(crate::host_execute::build(t, h, bind)?))
+            }
             // The start ran to completion on the stream: nothing to wait for.
             ThunkKind::HostExecuteDone { .. } => Op::Sequential(Vec::new()),
             ThunkKind::Collective(c) => self.collective(t, c)?,

@@ -40,7 +40,7 @@
 use serde::Serialize;
 use xla_vmm::{AllocationRole, Plan, Slice, Thunk, ThunkKind};
 use xla_vmm_device::vmm::VmmContext;
-use xla_vmm_device::{Backend, EventStatus, MemLocation};
+use xla_vmm_device::{Backend, DevicePtr, EventStatus, MemLocation};
 use xla_vmm_policy::residency::{
     demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, ResidencyPlan,
     Use,
@@ -509,6 +509,71 @@ fn room<B: Backend>(be: &B) -> u64 {
     }
 }
 
+/// Around each unit: the copies in issued before it and waited for by it,
+/// the copies home after it, the redirects of its staged segments into the
+/// area at `base`; the copies in and out; and the number of marks (events
+/// recorded on the compute stream where copies are issued or follow).
+fn arrange(
+    n_units: usize,
+    steps: &StagedSteps,
+    segs: &crate::residency::Segments,
+    base: DevicePtr,
+) -> (Vec<Around>, Vec<Copy>, Vec<Copy>, usize) {
+    let slice = |b: usize| {
+        let (allocation, start, end) = segs[b];
+        Slice {
+            allocation,
+            offset: start,
+            size: end - start,
+        }
+    };
+    let mut around: Vec<Around> = (0..n_units).map(|_| Around::default()).collect();
+    let (mut n_marks, mut ins, mut outs) = (0, Vec::new(), Vec::new());
+    for (i, c) in steps.copies_in.iter().enumerate() {
+        let a = &mut around[c.issue_before];
+        a.ins.push(i);
+        if a.issue.is_none() {
+            a.issue = Some(n_marks);
+            n_marks += 1;
+        }
+        around[c.needed_by].waits.push(i);
+        ins.push(Copy {
+            home: slice(c.buffer),
+            area: c.offset,
+            after_out: c.after_out,
+        });
+    }
+    for (i, c) in steps.copies_out.iter().enumerate() {
+        let a = &mut around[c.after];
+        a.outs.push(i);
+        if a.after.is_none() {
+            a.after = Some(n_marks);
+            n_marks += 1;
+        }
+        outs.push(Copy {
+            home: slice(c.buffer),
+            area: c.offset,
+            after_out: None,
+        });
+    }
+    for s in &steps.stays {
+        if let Some(j) = s.after_out {
+            around[s.first].waits_home.push(j);
+        }
+        let h = slice(s.buffer);
+        let r = Redirect {
+            allocation: h.allocation,
+            start: h.offset,
+            end: h.end(),
+            to: base.offset(s.offset),
+        };
+        for a in &mut around[s.first..=s.last] {
+            a.redirects.push(r);
+        }
+    }
+    (around, ins, outs, n_marks)
+}
+
 impl<B: Backend> Staging<B> {
     /// The staging of `plan` whose allocations live at `homes` (`None`:
     /// nothing is in host memory, or nothing pays to stage; said at info
@@ -571,58 +636,7 @@ impl<B: Backend> Staging<B> {
             in_place_bytes = summary.in_place_bytes, device_bytes = summary.device_bytes,
             bytes_in = summary.bytes_in_per_step, bytes_out = summary.bytes_out_per_step,
             "part of it is in host memory: staged through a device area");
-        let slice = |b: usize| {
-            let (allocation, start, end) = segs[b];
-            Slice {
-                allocation,
-                offset: start,
-                size: end - start,
-            }
-        };
-        let mut around: Vec<Around> = (0..units.len()).map(|_| Around::default()).collect();
-        let (mut n_marks, mut ins, mut outs) = (0, Vec::new(), Vec::new());
-        for (i, c) in steps.copies_in.iter().enumerate() {
-            let a = &mut around[c.issue_before];
-            a.ins.push(i);
-            if a.issue.is_none() {
-                a.issue = Some(n_marks);
-                n_marks += 1;
-            }
-            around[c.needed_by].waits.push(i);
-            ins.push(Copy {
-                home: slice(c.buffer),
-                area: c.offset,
-                after_out: c.after_out,
-            });
-        }
-        for (i, c) in steps.copies_out.iter().enumerate() {
-            let a = &mut around[c.after];
-            a.outs.push(i);
-            if a.after.is_none() {
-                a.after = Some(n_marks);
-                n_marks += 1;
-            }
-            outs.push(Copy {
-                home: slice(c.buffer),
-                area: c.offset,
-                after_out: None,
-            });
-        }
-        for s in &steps.stays {
-            if let Some(j) = s.after_out {
-                around[s.first].waits_home.push(j);
-            }
-            let h = slice(s.buffer);
-            let r = Redirect {
-                allocation: h.allocation,
-                start: h.offset,
-                end: h.end(),
-                to: area.ptr().offset(s.offset),
-            };
-            for a in &mut around[s.first..=s.last] {
-                a.redirects.push(r);
-            }
-        }
+        let (around, ins, outs, n_marks) = arrange(units.len(), &steps, &segs, area.ptr());
         let n_waiting = around.iter().filter(|a| !a.waits.is_empty()).count();
         let n_events = 5 + 3 * ins.len() + outs.len() + n_marks + 2 * n_waiting;
         let (streams, events) = streams_and_events(&**be, n_events)?;

@@ -7,8 +7,6 @@ use xla_vmm_device::blas::{GemmEngine, Transpose, TrsmArgs, TrsmSpec};
 use xla_vmm_device::Backend;
 
 use crate::error::{Result, RuntimeError};
-use crate::exec::ExecEnv;
-use crate::ops::Op;
 use crate::slots::SlotTable;
 
 /// A loaded triangular solve: XLA's `RunTriangularSolve`. With a batch, the
@@ -73,13 +71,13 @@ pub(crate) fn build<B: Backend>(
     engine: Option<&dyn GemmEngine<B>>,
     name: &str,
     t: &xla_vmm::TriangularSolveThunk,
-) -> Result<Op<B>> {
+) -> Result<TrsmOp> {
     let engine = engine.ok_or_else(|| {
         RuntimeError::unsupported("triangular solve: no BLAS engine on this backend")
     })?;
     let op = trsm_op(name, t)?;
     engine.prepare_trsm(&op.spec)?;
-    Ok(Op::Trsm(Box::new(op)))
+    Ok(op)
 }
 
 /// XLA's `RunTriangularSolve`: one matrix is solved directly; a batch goes
@@ -88,14 +86,14 @@ pub(crate) fn build<B: Backend>(
 /// 32-bit memsets (two per pointer: capturable on every backend; XLA
 /// launches a small kernel for the same).
 pub(crate) fn run<B: Backend>(
-    env: &ExecEnv<'_, B>,
+    backend: &B,
+    engine: Option<&dyn GemmEngine<B>>,
     t: &TrsmOp,
     slots: &SlotTable,
     stream: &B::Stream,
 ) -> Result<()> {
-    let engine = env
-        .gemm
-        .ok_or_else(|| RuntimeError::unsupported("triangular solve: no BLAS engine"))?;
+    let engine =
+        engine.ok_or_else(|| RuntimeError::unsupported("triangular solve: no BLAS engine"))?;
     let (a, b) = (slots.resolve(&t.a)?, slots.resolve(&t.b)?);
     let args = if t.spec.batch > 1 && !t.spec.is_empty() {
         let count = t.spec.batch as u64;
@@ -105,9 +103,8 @@ pub(crate) fn run<B: Backend>(
             for i in 0..count {
                 let p = base.0 + i * stride;
                 let at = table.offset(8 * i);
-                env.backend.memset_d32(at, p as u32, 1, stream)?;
-                env.backend
-                    .memset_d32(at.offset(4), (p >> 32) as u32, 1, stream)?;
+                backend.memset_d32(at, p as u32, 1, stream)?;
+                backend.memset_d32(at.offset(4), (p >> 32) as u32, 1, stream)?;
             }
         }
         TrsmArgs::Batched { a_ptrs, b_ptrs }
