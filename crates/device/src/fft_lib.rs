@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{DeviceError, Result};
 use crate::fft::{FftArgs, FftKind, FftPlanId, FftSpec};
-use crate::trsm_lib::{symbol, Solver};
+use crate::trsm_lib::{library_status, symbol, Solver};
 
 /// How one FFT library spells its API.
 pub(crate) struct FftAbi {
@@ -165,16 +165,7 @@ impl<H: Copy> FftLib<H> {
     }
 
     fn check(&self, call: &'static str, s: Status) -> Result<()> {
-        if s == 0 {
-            Ok(())
-        } else {
-            Err(DeviceError::Driver {
-                call,
-                code: i64::from(s),
-                name: format!("{} status {s}", self.abi.label),
-                message: String::new(),
-            })
-        }
+        library_status(self.abi.label, call, s)
     }
 
     /// Index of `spec`'s transform in the ABI's exec and type tables.

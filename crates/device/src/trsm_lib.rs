@@ -388,13 +388,19 @@ impl Solver {
 }
 
 fn check(abi: &SolverAbi, call: &'static str, s: Status) -> Result<()> {
+    library_status(abi.label, call, s)
+}
+
+/// A vendor library's status (0: success) as a result naming the library
+/// and the call.
+pub(crate) fn library_status(label: &str, call: &'static str, s: c_int) -> Result<()> {
     if s == 0 {
         Ok(())
     } else {
         Err(DeviceError::Driver {
             call,
             code: i64::from(s),
-            name: format!("{} status {s}", abi.label),
+            name: format!("{label} status {s}"),
             message: String::new(),
         })
     }

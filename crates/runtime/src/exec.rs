@@ -264,6 +264,7 @@ pub(crate) fn run_op<B: Backend>(
     }
     Ok(())
 }
+
 /// XLA's conditional: the branch its index picks (a predicate: true picks
 /// branch 0; an s32 out of range picks the last), read on the host, or
 /// picked on the device in a capture ([`capture_conditional`]).
