@@ -115,37 +115,36 @@ def platform_env(platform, base, vmm_lib):
     return env
 
 
-def read_programs(path):
-    """{program key: [name, runner, reason, first test]} from a plugin log's program lines (the last
-    line of a program says how it ran last)."""
-    out = {}
+def json_lines(path):
+    """The JSON records of a plugin log, in order (a line cut by a process's death is skipped)."""
     if os.path.exists(path):
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
-                    rec = json.loads(line)
+                    yield json.loads(line)
                 except ValueError:
                     continue
-                if "prog" in rec:
-                    first = out.get(rec["prog"], [None] * 4)[3] or rec.get("test")
-                    out[rec["prog"]] = [rec.get("program"), rec.get("runner"), rec.get("reason"), first]
+
+
+def read_programs(path):
+    """{program key: [name, runner, reason, first test]} from a plugin log's program lines (the last
+    line of a program says how it ran last)."""
+    out = {}
+    for rec in json_lines(path):
+        if "prog" in rec:
+            first = out.get(rec["prog"], [None] * 4)[3] or rec.get("test")
+            out[rec["prog"]] = [rec.get("program"), rec.get("runner"), rec.get("reason"), first]
     return out
 
 
 def read_log(path):
     """(outcomes: id -> (outcome, msg), started ids in order) from a plugin log."""
     outcomes, started = {}, []
-    if os.path.exists(path):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by the process's death
-                if "start" in rec:
-                    started.append(rec["start"])
-                elif "id" in rec:
-                    outcomes[rec["id"]] = (rec["outcome"], rec.get("msg", ""))
+    for rec in json_lines(path):
+        if "start" in rec:
+            started.append(rec["start"])
+        elif "id" in rec:
+            outcomes[rec["id"]] = (rec["outcome"], rec.get("msg", ""))
     return outcomes, started
 
 
