@@ -103,7 +103,7 @@ pjrt_entries! {
     PJRT_Buffer_CopyToMemory(PJRT_Buffer_CopyToMemory_Args, PJRT_Buffer_CopyToMemory_Args_STRUCT_SIZE) => buffer::copy_to_memory;
     PJRT_Client_CreateViewOfDeviceBuffer(PJRT_Client_CreateViewOfDeviceBuffer_Args, PJRT_Client_CreateViewOfDeviceBuffer_Args_STRUCT_SIZE) => none;
     PJRT_Executable_Fingerprint(PJRT_Executable_Fingerprint_Args, PJRT_Executable_Fingerprint_Args_STRUCT_SIZE) => exec_queries::fingerprint;
-    PJRT_Client_TopologyDescription(PJRT_Client_TopologyDescription_Args, PJRT_Client_TopologyDescription_Args_STRUCT_SIZE) => topology::client_topology;
+    PJRT_Client_TopologyDescription(PJRT_Client_TopologyDescription_Args, PJRT_Client_TopologyDescription_Args_STRUCT_SIZE) => client::topology_description;
     PJRT_Executable_GetCompiledMemoryStats(PJRT_Executable_GetCompiledMemoryStats_Args, PJRT_Executable_GetCompiledMemoryStats_Args_STRUCT_SIZE) => none;
     PJRT_Memory_Kind_Id(PJRT_Memory_Kind_Id_Args, PJRT_Memory_Kind_Id_Args_STRUCT_SIZE) => device::memory_kind_id;
     PJRT_ExecuteContext_Create(PJRT_ExecuteContext_Create_Args, PJRT_ExecuteContext_Create_Args_STRUCT_SIZE) => execute_context::create;

@@ -204,7 +204,8 @@ impl Client {
         tracing::info!(backend = info.backend, device = %info.name,
             local = addressable.len(), global = devices.len(),
             process = options.node_id, "xla-vmm client created");
-        let topology = crate::topology::Topology::register(&platform_version, &devices);
+        let topology =
+            crate::topology::Topology::register(PLATFORM_NAME, &platform_version, &devices);
         Ok(Arc::new(Client {
             options,
             vendor: Mutex::new(None),
@@ -602,4 +603,9 @@ pub fn memory_device(client: &Client, memory: *mut PJRT_Memory) -> Result<Arc<De
         })
         .cloned()
         .ok_or_else(|| Error::invalid("the memory belongs to another client"))
+}
+
+pub fn topology_description(a: &mut PJRT_Client_TopologyDescription_Args) -> Result<()> {
+    a.topology = Client::from_c(a.client)?.topology.c_ptr();
+    Ok(())
 }

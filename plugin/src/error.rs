@@ -60,6 +60,12 @@ impl std::fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+impl From<crate::handles::StaleHandle> for Error {
+    fn from(e: crate::handles::StaleHandle) -> Self {
+        Error::invalid(e.0)
+    }
+}
+
 impl From<DeviceError> for Error {
     fn from(e: DeviceError) -> Self {
         let code = match &e {

@@ -7,53 +7,10 @@ use std::sync::Arc;
 
 use xla_vmm_ffi::pjrt::*;
 
-use crate::cabi::{self, CPtr};
+use crate::cabi;
 use crate::error::{Error, Result};
-use crate::executable::{loaded, view, Blob, ExecutableView, LeafSpec, LoadedExecutable};
+use crate::executable::{loaded, view, Blob, ExecutableView, LoadedExecutable};
 use crate::handles::Handle;
-
-/// The arrays the queries below hand out, made once at load: they live as
-/// long as the executable.
-pub(crate) struct QueryArrays {
-    out_types: Vec<PJRT_Buffer_Type>,
-    /// Every output's dimensions, one after the other (`out_dim_sizes` each).
-    out_dims: Vec<i64>,
-    out_dim_sizes: Vec<usize>,
-    out_kinds: Vec<CPtr<std::ffi::c_char>>,
-    out_kind_sizes: Vec<usize>,
-    param_kinds: Vec<CPtr<std::ffi::c_char>>,
-    param_kind_sizes: Vec<usize>,
-}
-
-impl QueryArrays {
-    pub(crate) fn new(params: &[LeafSpec], outputs: &[LeafSpec]) -> Self {
-        let (out_kinds, out_kind_sizes) = kinds(outputs);
-        let (param_kinds, param_kind_sizes) = kinds(params);
-        QueryArrays {
-            out_types: outputs.iter().map(|o| o.dtype).collect(),
-            out_dims: outputs
-                .iter()
-                .flat_map(|o| o.dims.iter().copied())
-                .collect(),
-            out_dim_sizes: outputs.iter().map(|o| o.dims.len()).collect(),
-            out_kinds,
-            out_kind_sizes,
-            param_kinds,
-            param_kind_sizes,
-        }
-    }
-}
-
-/// The C strings of a list of leaves' memory kinds (static strings).
-fn kinds(leaves: &[LeafSpec]) -> (Vec<CPtr<std::ffi::c_char>>, Vec<usize>) {
-    leaves
-        .iter()
-        .map(|l| {
-            let k = l.memory_kind();
-            (CPtr(k.as_ptr() as *mut std::ffi::c_char), k.len())
-        })
-        .unzip()
-}
 
 // ---- loaded executable ----------------------------------------------------
 

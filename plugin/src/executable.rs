@@ -41,7 +41,6 @@ use crate::device::{Device, DEVICE_MEMORY_KIND, PINNED_HOST_MEMORY_KIND};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::exec_queries::QueryArrays;
 use crate::execute_context::ExecuteContext;
 use crate::handles::{Handle, Registry};
 use crate::program::Program;
@@ -786,4 +785,47 @@ pub fn deserialize_and_load(a: &mut PJRT_Executable_DeserializeAndLoad_Args) -> 
     let exe = Executable::load(&client, bytes, vendor, client.options.strict)?;
     a.loaded_executable = Arc::new(LoadedExecutable(exe)).into_c();
     Ok(())
+}
+
+/// The arrays the executable queries (`exec_queries.rs`) hand out, made once at load: they live as
+/// long as the executable.
+pub(crate) struct QueryArrays {
+    pub(crate) out_types: Vec<PJRT_Buffer_Type>,
+    /// Every output's dimensions, one after the other (`out_dim_sizes` each).
+    pub(crate) out_dims: Vec<i64>,
+    pub(crate) out_dim_sizes: Vec<usize>,
+    pub(crate) out_kinds: Vec<CPtr<std::ffi::c_char>>,
+    pub(crate) out_kind_sizes: Vec<usize>,
+    pub(crate) param_kinds: Vec<CPtr<std::ffi::c_char>>,
+    pub(crate) param_kind_sizes: Vec<usize>,
+}
+
+impl QueryArrays {
+    pub(crate) fn new(params: &[LeafSpec], outputs: &[LeafSpec]) -> Self {
+        let (out_kinds, out_kind_sizes) = kinds(outputs);
+        let (param_kinds, param_kind_sizes) = kinds(params);
+        QueryArrays {
+            out_types: outputs.iter().map(|o| o.dtype).collect(),
+            out_dims: outputs
+                .iter()
+                .flat_map(|o| o.dims.iter().copied())
+                .collect(),
+            out_dim_sizes: outputs.iter().map(|o| o.dims.len()).collect(),
+            out_kinds,
+            out_kind_sizes,
+            param_kinds,
+            param_kind_sizes,
+        }
+    }
+}
+
+/// The C strings of a list of leaves' memory kinds (static strings).
+fn kinds(leaves: &[LeafSpec]) -> (Vec<CPtr<std::ffi::c_char>>, Vec<usize>) {
+    leaves
+        .iter()
+        .map(|l| {
+            let k = l.memory_kind();
+            (CPtr(k.as_ptr() as *mut std::ffi::c_char), k.len())
+        })
+        .unzip()
 }

@@ -138,7 +138,8 @@ pub fn execute(a: &mut PJRT_LoadedExecutable_Execute_Args) -> Result<()> {
             .iter()
             .enumerate()
             .map(|(i, &p)| {
-                Buffer::from_c(p).map_err(|err| err.context(&format!("device {d} argument {i}")))
+                Buffer::from_c(p)
+                    .map_err(|err| Error::from(err).context(&format!("device {d} argument {i}")))
             })
             .collect::<Result<Vec<_>>>()?;
         e.check_args(&parts[d], &list, &non_donatable)

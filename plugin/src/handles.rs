@@ -15,7 +15,13 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::error::{Error, Result};
+/// A pointer that is not a live object of the kind asked for (null,
+/// destroyed, never made here, another kind): an invalid argument, with
+/// what it was (`crate::error::Error` converts it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaleHandle(pub String);
+
+type Result<T> = std::result::Result<T, StaleHandle>;
 
 /// Live objects of one kind, by address.
 pub struct Registry<T> {
@@ -68,14 +74,14 @@ pub trait Handle: Sized + Send + Sync + 'static {
     /// The live object behind `ptr`.
     fn from_c(ptr: *const Self::C) -> Result<Arc<Self>> {
         if ptr.is_null() {
-            return Err(Error::invalid(format!("{} is null", Self::KIND)));
+            return Err(StaleHandle(format!("{} is null", Self::KIND)));
         }
         Self::registry()
             .lock()
             .get(&(ptr as usize))
             .cloned()
             .ok_or_else(|| {
-                Error::invalid(format!(
+                StaleHandle(format!(
                     "{} {ptr:p} is not a live object of this plugin (destroyed, or never created here)",
                     Self::KIND
                 ))
@@ -86,13 +92,13 @@ pub trait Handle: Sized + Send + Sync + 'static {
     /// held elsewhere goes).
     fn release(ptr: *const Self::C) -> Result<Arc<Self>> {
         if ptr.is_null() {
-            return Err(Error::invalid(format!("{} is null", Self::KIND)));
+            return Err(StaleHandle(format!("{} is null", Self::KIND)));
         }
         Self::registry()
             .lock()
             .remove(&(ptr as usize))
             .ok_or_else(|| {
-                Error::invalid(format!(
+                StaleHandle(format!(
                     "{} {ptr:p} is not a live object of this plugin (destroyed twice?)",
                     Self::KIND
                 ))

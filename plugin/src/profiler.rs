@@ -284,7 +284,8 @@ extern "C" fn create(args: *mut PLUGIN_Profiler_Create_Args) -> *mut PLUGIN_Prof
 
 extern "C" fn destroy(args: *mut PLUGIN_Profiler_Args) -> *mut PLUGIN_Profiler_Error {
     call("PLUGIN_Profiler_Destroy", args, |a| {
-        Profiler::release(a.profiler).map(drop)
+        Profiler::release(a.profiler)?;
+        Ok(())
     })
 }
 

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use xla_vmm_ffi::pjrt::*;
 
 use crate::cabi::{CPtr, NamedValues, Value};
-use crate::client::{Client, PLATFORM_NAME};
 use crate::device::Device;
 use crate::error::Result;
 use crate::handles::{Handle, Registry};
 
 pub struct Topology {
+    platform_name: &'static str,
     platform_version: String,
     descriptions: Vec<CPtr<PJRT_DeviceDescription>>,
     attributes: NamedValues,
@@ -42,9 +42,14 @@ fn fnv1a(h: u64, bytes: &[u8]) -> u64 {
 }
 
 impl Topology {
-    /// The topology of `devices` (every device of the job), registered.
-    pub fn register(platform_version: &str, devices: &[Arc<Device>]) -> Arc<Topology> {
-        let mut h = fnv1a(0xcbf2_9ce4_8422_2325, PLATFORM_NAME.as_bytes());
+    /// The topology of `devices` (every device of the job) on platform
+    /// `platform_name`, registered.
+    pub fn register(
+        platform_name: &'static str,
+        platform_version: &str,
+        devices: &[Arc<Device>],
+    ) -> Arc<Topology> {
+        let mut h = fnv1a(0xcbf2_9ce4_8422_2325, platform_name.as_bytes());
         h = fnv1a(h, platform_version.as_bytes());
         let processes = devices
             .iter()
@@ -58,6 +63,7 @@ impl Topology {
             h = fnv1a(h, &desc.process_index.to_le_bytes());
         }
         let t = Arc::new(Topology {
+            platform_name,
             platform_version: platform_version.to_owned(),
             descriptions: devices
                 .iter()
@@ -78,15 +84,10 @@ impl Topology {
     }
 }
 
-pub fn client_topology(a: &mut PJRT_Client_TopologyDescription_Args) -> Result<()> {
-    a.topology = Client::from_c(a.client)?.topology.c_ptr();
-    Ok(())
-}
-
 pub fn platform_name(a: &mut PJRT_TopologyDescription_PlatformName_Args) -> Result<()> {
-    Topology::from_c(a.topology)?;
-    a.platform_name = PLATFORM_NAME.as_ptr().cast();
-    a.platform_name_size = PLATFORM_NAME.len();
+    let t = Topology::from_c(a.topology)?;
+    a.platform_name = t.platform_name.as_ptr().cast();
+    a.platform_name_size = t.platform_name.len();
     Ok(())
 }
 

@@ -268,7 +268,10 @@ impl<H: Copy> FftLib<H> {
         let spec = &plan.spec;
         let (input, output) = (args.input.0 as *mut c_void, args.output.0 as *mut c_void);
         {
-            let handle = *plan.handle.lock().unwrap_or_else(|p| p.into_inner());
+            // Held until the transform is enqueued: stream, work area and
+            // exec are one use of the plan.
+            let guard = plan.handle.lock().unwrap_or_else(|p| p.into_inner());
+            let handle = *guard;
             self.check("set stream", (self.api.set_stream)(handle, stream))?;
             let area = args.workspace.0 as *mut c_void;
             self.check("set work area", (self.api.set_work_area)(handle, area))?;
