@@ -8,6 +8,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use xla_vmm_ffi::pjrt::PJRT_NamedValue;
 
@@ -421,5 +422,17 @@ pub fn host_layout<'a>(
             })
         }
         other => Err(Error::invalid(format!("unknown layout type {other}"))),
+    }
+}
+
+/// Run an exported function's body: null, or its error (or panic) as a C
+/// string to free with `xla_vmm_stats_free`.
+pub(crate) fn exported(body: impl FnOnce() -> Result<(), String>) -> *mut c_char {
+    let r = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| Err("panic in xla-vmm".into()));
+    match r {
+        Ok(()) => std::ptr::null_mut(),
+        Err(m) => CString::new(m.replace('\0', " "))
+            .unwrap_or_default()
+            .into_raw(),
     }
 }

@@ -14,6 +14,7 @@ use crate::cabi::{CPtr, NamedValues, Value};
 use crate::devmem::DeviceMemory;
 use crate::error::{Error, Result};
 use crate::handles::{Handle, Registry};
+pub use crate::memory_kind::{DEVICE_MEMORY_KIND, PINNED_HOST_MEMORY_KIND};
 use crate::worker::Worker;
 
 pub struct DeviceDescription {
@@ -94,11 +95,6 @@ impl Handle for Memory {
     }
 }
 
-/// The kind name of device memory, as the vendor GPU plugin names it.
-pub const DEVICE_MEMORY_KIND: &str = "device";
-/// Page-locked host memory the device addresses (XLA's `pinned_host`: host
-/// offload, `device_put(x, memory_kind="pinned_host")`).
-pub const PINNED_HOST_MEMORY_KIND: &str = "pinned_host";
 /// Ids of the pinned host memories: apart from the device memories' (which
 /// are the device ids).
 const PINNED_HOST_MEMORY_ID_BASE: i32 = 1 << 16;

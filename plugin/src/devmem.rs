@@ -21,7 +21,7 @@
 //! instead (synchronous mode, for debugging and A/B).
 
 use std::any::Any;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use xla_vmm_device::vmm::{Buffer as VmmBuffer, VmmAllocator, VmmConfig, VmmStats};
 use xla_vmm_device::{Backend, DeviceInfo, DevicePtr};
@@ -31,7 +31,7 @@ use crate::collectives::Cliques;
 use crate::completion::Completions;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::program::{Program, RuntimeProgram};
+use crate::program::{Program, RuntimeProgram, SharedStream};
 use crate::staging::StagingPool;
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_runtime::RunConfig;
@@ -44,25 +44,6 @@ use xla_vmm_runtime::Threshold;
 /// arbitrarily far ahead (memory freed in stream order is reusable only
 /// once the device gets there).
 pub const MAX_IN_FLIGHT: usize = 32;
-
-/// The client's stream, shared by its device memory and its programs
-/// (`None` once shut down).
-pub struct SharedStream<B: Backend>(Mutex<Option<B::Stream>>);
-
-impl<B: Backend> SharedStream<B> {
-    pub fn lock(&self) -> MutexGuard<'_, Option<B::Stream>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Run `f` with the stream (callers are serialized).
-    pub fn with<T>(&self, f: impl FnOnce(&B::Stream) -> Result<T>) -> Result<T> {
-        let guard = self.lock();
-        let stream = guard
-            .as_ref()
-            .ok_or_else(|| Error::failed_precondition("device memory is shut down"))?;
-        f(stream)
-    }
-}
 
 /// An allocator buffer whose free is ordered on the client's stream.
 struct OwnedBuffer<B: Backend> {
@@ -256,9 +237,9 @@ impl<B: Backend> VmmMemory<B> {
         };
         Ok(VmmMemory {
             staging: StagingPool::new(backend.clone()),
-            transfer: SharedStream(Mutex::new(Some(transfer))),
+            transfer: SharedStream::new(transfer),
             allocator,
-            stream: Arc::new(SharedStream(Mutex::new(Some(stream)))),
+            stream: Arc::new(SharedStream::new(stream)),
             completions,
             sync: exec.sync,
             gemm: None,

@@ -41,7 +41,7 @@ use crate::device::{Device, DEVICE_MEMORY_KIND, PINNED_HOST_MEMORY_KIND};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::execute_context::ExecuteContext;
+use crate::ffi_state::ExecuteContext;
 use crate::handles::{Handle, Registry};
 use crate::program::Program;
 use crate::vendor_exec::{VendorExecutable, ViewArg};
@@ -749,7 +749,7 @@ pub fn compile(a: &mut PJRT_Client_Compile_Args) -> Result<()> {
         "compile_options",
     )?;
     let vendor = client.vendor()?;
-    let compiled = vendor.compile(code, format, options)?;
+    let compiled = VendorExecutable::compile(&vendor, code, format, options)?;
     let serialized = compiled.serialize()?;
     let exe = Executable::load(&client, serialized, Some(compiled), client.options.strict)
         .map_err(|e| e.context("loading the compiled program into the xla-vmm runtime"))?;
@@ -779,7 +779,7 @@ pub fn deserialize_and_load(a: &mut PJRT_Executable_DeserializeAndLoad_Args) -> 
         )?)
     };
     let vendor = match client.vendor_if_available() {
-        Some(v) => Some(v.deserialize(&bytes, overridden)?),
+        Some(v) => Some(VendorExecutable::deserialize(&v, &bytes, overridden)?),
         None => None,
     };
     let exe = Executable::load(&client, bytes, vendor, client.options.strict)?;

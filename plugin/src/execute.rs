@@ -14,7 +14,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::executable::{loaded, DeviceProgram, Executable};
-use crate::execute_context::ExecuteContext;
+use crate::ffi_state::ExecuteContext;
 use crate::handles::Handle;
 
 /// One device's step: its outputs and the event completing them.

@@ -193,7 +193,7 @@ pub unsafe extern "C" fn xla_vmm_host_compute_register(
     load: *mut c_void,
     run: *mut c_void,
 ) -> *mut c_char {
-    crate::xla_ffi_api::exported(|| {
+    crate::cabi::exported(|| {
         if load.is_null() || run.is_null() {
             return Err("load or run is null".to_string());
         }

@@ -2,7 +2,7 @@
 //! runtime's [`Executable`] is generic over the backend, the C-facing
 //! executable is not.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use xla_vmm::Plan;
 use xla_vmm_device::blas::GemmEngine;
@@ -11,7 +11,6 @@ use xla_vmm_runtime::{CallContext, Executable, RunConfig, RuntimeError, UserBuff
 
 use crate::assignment::MultiDevice;
 use crate::collectives::{self, Cliques};
-use crate::devmem::SharedStream;
 use crate::error::{Error, Result};
 
 /// One result leaf of a run (valid until the next run).
@@ -183,5 +182,28 @@ impl<B: Backend> Drop for RuntimeProgram<B> {
             tracing::warn!("unloading a program: {}", e.message);
         }
         self.exe = None;
+    }
+}
+
+/// The client's stream, shared by its device memory and its programs
+/// (`None` once shut down).
+pub struct SharedStream<B: Backend>(Mutex<Option<B::Stream>>);
+
+impl<B: Backend> SharedStream<B> {
+    pub fn new(stream: B::Stream) -> Self {
+        SharedStream(Mutex::new(Some(stream)))
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, Option<B::Stream>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Run `f` with the stream (callers are serialized).
+    pub fn with<T>(&self, f: impl FnOnce(&B::Stream) -> Result<T>) -> Result<T> {
+        let guard = self.lock();
+        let stream = guard
+            .as_ref()
+            .ok_or_else(|| Error::failed_precondition("device memory is shut down"))?;
+        f(stream)
     }
 }

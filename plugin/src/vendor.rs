@@ -20,7 +20,6 @@ use xla_vmm_ffi::pjrt::*;
 
 use crate::cabi::{CPtr, NamedValues, Value};
 use crate::error::{Error, Result};
-use crate::vendor_exec::VendorExecutable;
 
 pub struct VendorPlugin {
     lib: libloading::Library,
@@ -87,7 +86,7 @@ impl VendorPlugin {
         tracing::info!(path = %plugin.path, major, minor, "vendor PJRT plugin loaded");
         *slot = Some(plugin.clone());
         // FFI handlers registered with us before the vendor was here.
-        for r in crate::execute_context::take_pending() {
+        for r in crate::ffi_state::take_pending() {
             if let Err(e) = plugin.register(&r) {
                 tracing::debug!("replaying an FFI registration: {}", e.message);
             }
@@ -141,8 +140,8 @@ impl VendorPlugin {
     /// Register an FFI handler with the vendor (jaxlib's registrations made
     /// through our extension). A repeat of one jaxlib made directly through
     /// the vendor's table is an error there: logged, not passed on.
-    pub fn register(&self, r: &crate::execute_context::Registration) -> Result<()> {
-        let crate::execute_context::Registration::Handler {
+    pub fn register(&self, r: &crate::ffi_state::Registration) -> Result<()> {
+        let crate::ffi_state::Registration::Handler {
             target,
             platform,
             api_version,
@@ -199,7 +198,7 @@ impl VendorPlugin {
     /// owns it and outlives the run); destroyed with the returned guard.
     pub fn execute_context(
         self: &Arc<Self>,
-        user_data: &[crate::execute_context::UserData],
+        user_data: &[crate::ffi_state::UserData],
     ) -> Result<VendorContext> {
         let add = self
             .ffi("user data")?
@@ -398,34 +397,6 @@ impl VendorClient {
         Ok(vc)
     }
 
-    /// Compile `code` (format "mlir" or "hlo") with serialized
-    /// `CompileOptionsProto` bytes.
-    pub fn compile(
-        self: &Arc<Self>,
-        code: &[u8],
-        format: &str,
-        options: &[u8],
-    ) -> Result<VendorExecutable> {
-        let program = PJRT_Program {
-            struct_size: PJRT_Program_STRUCT_SIZE as usize,
-            extension_start: std::ptr::null_mut(),
-            code: code.as_ptr() as *mut std::ffi::c_char,
-            code_size: code.len(),
-            format: format.as_ptr().cast(),
-            format_size: format.len(),
-        };
-        // SAFETY: all-zero is a valid value for this plain C struct.
-        let mut c: PJRT_Client_Compile_Args = unsafe { std::mem::zeroed() };
-        c.struct_size = PJRT_Client_Compile_Args_STRUCT_SIZE as usize;
-        c.client = self.client.0;
-        c.program = &program;
-        c.compile_options = options.as_ptr().cast();
-        c.compile_options_size = options.len();
-        self.plugin
-            .call("PJRT_Client_Compile", |t| t.PJRT_Client_Compile, &mut c)?;
-        Ok(VendorExecutable::new(self.clone(), c.executable))
-    }
-
     /// `PJRT_Client_PlatformVersion` of the vendor client.
     pub fn platform_version(&self) -> Result<String> {
         let mut a = PJRT_Client_PlatformVersion_Args {
@@ -446,34 +417,6 @@ impl VendorClient {
             "platform version",
         )?
         .to_string())
-    }
-
-    /// Load `PJRT_Executable_Serialize` bytes on the vendor client.
-    /// Load serialized executable bytes on the vendor client.
-    /// `overridden_options`: the caller's serialized `CompileOptionsProto`
-    /// that replaces the one stored in the bytes (jax passes the device
-    /// assignment it wants this way).
-    pub fn deserialize(
-        self: &Arc<Self>,
-        bytes: &[u8],
-        overridden_options: Option<&[u8]>,
-    ) -> Result<VendorExecutable> {
-        // SAFETY: all-zero is a valid value for this plain C struct.
-        let mut a: PJRT_Executable_DeserializeAndLoad_Args = unsafe { std::mem::zeroed() };
-        a.struct_size = PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE as usize;
-        a.client = self.client.0;
-        a.serialized_executable = bytes.as_ptr().cast();
-        a.serialized_executable_size = bytes.len();
-        if let Some(o) = overridden_options {
-            a.overridden_serialized_compile_options = o.as_ptr().cast();
-            a.overridden_serialized_compile_options_size = o.len();
-        }
-        self.plugin.call(
-            "PJRT_Executable_DeserializeAndLoad",
-            |t| t.PJRT_Executable_DeserializeAndLoad,
-            &mut a,
-        )?;
-        Ok(VendorExecutable::new(self.clone(), a.loaded_executable))
     }
 }
 

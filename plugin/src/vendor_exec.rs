@@ -88,6 +88,63 @@ unsafe extern "C" fn view_released(
 }
 
 impl VendorExecutable {
+    /// Compile `code` (format "mlir" or "hlo") with serialized
+    /// `CompileOptionsProto` bytes.
+    pub fn compile(
+        client: &Arc<VendorClient>,
+        code: &[u8],
+        format: &str,
+        options: &[u8],
+    ) -> Result<Self> {
+        let program = PJRT_Program {
+            struct_size: PJRT_Program_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            code: code.as_ptr() as *mut std::ffi::c_char,
+            code_size: code.len(),
+            format: format.as_ptr().cast(),
+            format_size: format.len(),
+        };
+        // SAFETY: all-zero is a valid value for this plain C struct.
+        let mut c: PJRT_Client_Compile_Args = unsafe { std::mem::zeroed() };
+        c.struct_size = PJRT_Client_Compile_Args_STRUCT_SIZE as usize;
+        c.client = client.client.0;
+        c.program = &program;
+        c.compile_options = options.as_ptr().cast();
+        c.compile_options_size = options.len();
+        client
+            .plugin
+            .call("PJRT_Client_Compile", |t| t.PJRT_Client_Compile, &mut c)?;
+        Ok(VendorExecutable::new(client.clone(), c.executable))
+    }
+
+    /// Load `PJRT_Executable_Serialize` bytes on the vendor client.
+    /// Load serialized executable bytes on the vendor client.
+    /// `overridden_options`: the caller's serialized `CompileOptionsProto`
+    /// that replaces the one stored in the bytes (jax passes the device
+    /// assignment it wants this way).
+    pub fn deserialize(
+        client: &Arc<VendorClient>,
+        bytes: &[u8],
+        overridden_options: Option<&[u8]>,
+    ) -> Result<Self> {
+        // SAFETY: all-zero is a valid value for this plain C struct.
+        let mut a: PJRT_Executable_DeserializeAndLoad_Args = unsafe { std::mem::zeroed() };
+        a.struct_size = PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE as usize;
+        a.client = client.client.0;
+        a.serialized_executable = bytes.as_ptr().cast();
+        a.serialized_executable_size = bytes.len();
+        if let Some(o) = overridden_options {
+            a.overridden_serialized_compile_options = o.as_ptr().cast();
+            a.overridden_serialized_compile_options_size = o.len();
+        }
+        client.plugin.call(
+            "PJRT_Executable_DeserializeAndLoad",
+            |t| t.PJRT_Executable_DeserializeAndLoad,
+            &mut a,
+        )?;
+        Ok(VendorExecutable::new(client.clone(), a.loaded_executable))
+    }
+
     pub(crate) fn new(client: Arc<VendorClient>, exe: *mut PJRT_LoadedExecutable) -> Self {
         VendorExecutable {
             client,
@@ -287,7 +344,7 @@ impl VendorExecutable {
         &self,
         args: &[ViewArg<'_>],
         num_outputs: usize,
-        context: Option<&Arc<crate::execute_context::ExecuteContext>>,
+        context: Option<&Arc<crate::ffi_state::ExecuteContext>>,
     ) -> Result<VendorOutputs<'_>> {
         let c = &*self.client;
         let p = &c.plugin;
@@ -310,7 +367,8 @@ impl VendorExecutable {
             // host memory (named by the memory alone: the C API takes a
             // device or a memory).
             if a.on_host {
-                if let Some(m) = self.device_memory(device, crate::device::PINNED_HOST_MEMORY_KIND)
+                if let Some(m) =
+                    self.device_memory(device, crate::memory_kind::PINNED_HOST_MEMORY_KIND)
                 {
                     v.device = std::ptr::null_mut();
                     v.memory = m;

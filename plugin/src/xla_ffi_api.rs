@@ -930,18 +930,6 @@ impl CustomCallRegistry for Registry {
 
 // ---- registration from Python (ctypes) -------------------------------------------
 
-/// Run an exported function's body: null, or its error (or panic) as a C
-/// string to free with `xla_vmm_stats_free`.
-pub(crate) fn exported(body: impl FnOnce() -> Result<(), String>) -> *mut c_char {
-    let r = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| Err("panic in xla-vmm".into()));
-    match r {
-        Ok(()) => std::ptr::null_mut(),
-        Err(m) => CString::new(m.replace('\0', " "))
-            .unwrap_or_default()
-            .into_raw(),
-    }
-}
-
 /// Register an FFI handler for our runtime: `execute` (required) and
 /// `instantiate` (or null) are `XLA_FFI_Handler` pointers, as jaxlib's
 /// `ffi_handlers()` capsules hold them; `traits` < 0 asks the handler.
@@ -959,7 +947,7 @@ pub unsafe extern "C" fn xla_vmm_ffi_register_handler(
     instantiate: *mut c_void,
     traits: i64,
 ) -> *mut c_char {
-    exported(|| {
+    crate::cabi::exported(|| {
         if name.is_null() || execute.is_null() || name_len > 4096 {
             return Err(
                 "name or execute handler is null, or the name is over 4096 bytes".to_string(),
@@ -1002,7 +990,7 @@ pub unsafe extern "C" fn xla_vmm_ffi_register_type(
     type_id: *const c_void,
     type_info: *const c_void,
 ) -> *mut c_char {
-    exported(|| {
+    crate::cabi::exported(|| {
         if type_id.is_null() || type_info.is_null() {
             return Err("type_id or type_info is null".to_string());
         }
