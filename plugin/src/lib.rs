@@ -22,7 +22,15 @@
 //!   `remote.rs` (other processes' devices).
 //! - `devmem.rs`: device memory, from the project's `VmmAllocator`.
 //! - `vendor_locate.rs`, `vendor.rs`: finding and driving the vendor XLA GPU
-//!   plugin as a compiler only (compile → `PJRT_Executable_Serialize` bytes).
+//!   plugin as a compiler only (compile → `PJRT_Executable_Serialize` bytes);
+//!   `vendor_exec.rs`: its executables (compiled, loaded, or run on the
+//!   vendor runtime as the fallback).
+//! - `execute_context.rs`: the FFI extension's entries; `ffi_state.rs` what
+//!   they keep (execute contexts, pending handler registrations);
+//!   `xla_ffi_api.rs`: the XLA FFI API our runtime's custom calls see;
+//!   `profiler.rs`: the profiler extension (traces in `jax.profiler`).
+//!
+//! Imports run one way: no module imports one that imports it back.
 //!
 //! Who validates what: the entry layer checks the args struct; each
 //! implementation validates the handles it receives (`Handle::from_c`) and
