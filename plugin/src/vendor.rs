@@ -2,8 +2,8 @@
 //!
 //! Compile path (see `docs/DESIGN.md` §1): `PJRT_Client_Compile` on our client
 //! forwards the program and the serialized `CompileOptionsProto` to the
-//! vendor client ([`VendorClient::compile`]); the vendor executable's
-//! `PJRT_Executable_Serialize` bytes go to `xla_vmm::decode`
+//! vendor client (`vendor_exec::VendorExecutable::compile`); the vendor
+//! executable's `PJRT_Executable_Serialize` bytes go to `xla_vmm::decode`
 //! and the runtime's `Executable::load`. The vendor client is created with
 //! `allocator=platform`, `preallocate=false` and a tiny memory fraction, so
 //! it holds no device memory pool: every buffer JAX sees is ours.

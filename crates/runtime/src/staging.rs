@@ -403,7 +403,8 @@ impl<B: Backend> Area<B> {
     }
 }
 
-/// A program's staging planned without a device: what [`Staging`] runs.
+/// A program's staging planned without a device: what the program's staging
+/// runs at its first step.
 pub struct StagingPlan {
     /// The planner's input: one step per top-level op.
     pub input: ResidencyInput,
