@@ -61,6 +61,12 @@ fn two_thousand_programs_loaded_run_and_dropped_leave_nothing_behind() {
                 modes[k % 3]
             );
         }
+        // Alive, it holds memory and (VA-stable) address ranges.
+        let live = b.budget().usage();
+        assert!(live.allocations > 0, "{live:?}");
+        if modes[k % 3] == Mode::Graph {
+            assert!(live.va_ranges > 0, "{live:?}");
+        }
         drop(exe);
         x.free().unwrap();
     };
@@ -68,11 +74,27 @@ fn two_thousand_programs_loaded_run_and_dropped_leave_nothing_behind() {
     for k in 0..3 {
         run_one(k);
     }
-    let base = b.outstanding();
+    let (base, usage) = (b.outstanding(), b.budget().usage());
     for k in 3..2000 {
         run_one(k);
     }
     assert_eq!(b.outstanding(), base);
+    // What report() shows of the device: the same allocations and VA.
+    let now = b.budget().usage();
+    assert_eq!(
+        (
+            now.allocations,
+            now.va_ranges,
+            now.va_bytes,
+            now.device_bytes
+        ),
+        (
+            usage.allocations,
+            usage.va_ranges,
+            usage.va_bytes,
+            usage.device_bytes
+        )
+    );
     // Dropped programs: their stats bounded, their report lines gone.
     let kept = all_stats().keys().filter(|k| k.contains("churn_")).count();
     assert!(kept <= KEPT_DROPPED, "{kept} dropped programs' stats kept");

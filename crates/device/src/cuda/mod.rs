@@ -323,6 +323,7 @@ impl Backend for CudaBackend {
         self.bind()?;
         // SAFETY: context current, size checked.
         let base = unsafe { result::vmm::address_reserve(bytes, align)? };
+        self.budget().note_va(true, bytes);
         Ok(CudaVaRange {
             owner: self.id,
             base,
@@ -335,7 +336,9 @@ impl Backend for CudaBackend {
         self.bind()?;
         // SAFETY: exactly the reservation we made, consumed here. The driver
         // rejects freeing a range that still has mappings.
-        unsafe { result::vmm::address_free(va.base, va.bytes) }
+        unsafe { result::vmm::address_free(va.base, va.bytes) }?;
+        self.budget().note_va(false, va.bytes);
+        Ok(())
     }
 
     fn va_base(&self, va: &CudaVaRange) -> DevicePtr {

@@ -157,6 +157,7 @@ impl Backend for HostBackend {
         let mut st = self.enter("va_reserve")?;
         let id = self.new_handle();
         let base = st.mem.va_reserve(id, bytes, align)?;
+        self.budget().note_va(true, bytes);
         Ok(HostVa {
             backend: self.id,
             id,
@@ -169,6 +170,9 @@ impl Backend for HostBackend {
         self.check(va.backend)?;
         let injected = self.count("va_free");
         let r = self.lock().mem.va_free(va.id);
+        if r.is_ok() {
+            self.budget().note_va(false, va.size);
+        }
         self.finish_release(injected, r)
     }
 
