@@ -17,8 +17,9 @@ hold the GPU afterwards.
 
 soak: the loop for --steps steps per platform, one child each; every --every steps the child samples
 its host RSS, the device bytes in use (the plugin: report()'s device budget; stock: memory_stats()),
-and on vmm the size of report() and stats() (which must not grow with steps), and the window's mean
-step time. A platform passes when, after the first two windows, RSS and device bytes stay within 1%
+and on vmm the size of report() and stats() (which must not grow with steps) and, where the plugin
+counts them, its live allocations and reserved address space (which must not move), and the window's
+mean step time. A platform passes when, after the first two windows, RSS and device bytes stay within 1%
 (or 4 MiB) of their value then, and the step time of the last window is within 25% of the third's;
 the losses of all platforms must be bit-identical (a checksum of every step's loss bits, and the
 losses every --every steps).
@@ -77,7 +78,12 @@ def sample(n, window_s):
     if platform == "vmm":
         import jax_plugins.xla_vmm as v
         r = v.report()
-        out["device_bytes"] = sum(d["memory"]["device_bytes"] for d in r.get("devices", []))
+        mem = [d["memory"] for d in r.get("devices", [])]
+        out["device_bytes"] = sum(m["device_bytes"] for m in mem)
+        # Newer plugins count live allocations and reserved address space too.
+        if mem and "va_ranges" in mem[0]:
+            out["allocations"] = sum(m["allocations"] for m in mem)
+            out["va_bytes"] = sum(m["va_bytes"] for m in mem)
         out["report_bytes"] = len(json.dumps(r))
         out["stats_bytes"] = len(json.dumps(v.stats()))
     else:
@@ -209,6 +215,9 @@ def soak(args):
         r = results[key] = json.loads(lines[-1])
         s = r["samples"][2:] if len(r["samples"]) > 3 else r["samples"]
         checks = {"rss": flat([x["rss"] for x in s]), "device": flat([x["device_bytes"] for x in s])}
+        for k in ("allocations", "va_bytes"):
+            if k in s[0]:
+                checks[k] = flat([x[k] for x in s], 0.0, 0)
         if "report_bytes" in s[0]:
             checks["report"] = flat([x["report_bytes"] for x in s], 0.0, 0)
             checks["stats"] = flat([x["stats_bytes"] for x in s], 0.0, 0)

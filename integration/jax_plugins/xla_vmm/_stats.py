@@ -68,6 +68,9 @@ class Report(dict):
                          "the device budget)" % (d["device"], m["device_bytes"] / 2**30,
                                                  "" if lim is None else " (limit %.2f GiB)" % (lim / 2**30),
                                                  m["host_bytes"] / 2**30, m["spilled"]))
+            if "va_ranges" in m:
+                lines.append("device %s: %d physical allocations, %d address ranges (%.2f GiB) reserved"
+                             % (d["device"], m["allocations"], m["va_ranges"], m["va_bytes"] / 2**30))
         return "\n".join(lines)
 
 
