@@ -2,8 +2,8 @@
 //! `ReplicaIdThunkProto`, `PartitionIdThunkProto`,
 //! `CollectiveKernelThunkProto`) → typed [`ThunkKind`]s.
 
+use super::convert::decode_msg;
 use super::convert::{invalid, non_negative, Allocs};
-use super::thunk::decode_msg;
 use super::DecodeError;
 use crate::plan::{
     CollectiveBuffer, CollectiveOp, CollectiveThunk, ElementType, GroupMode, ReductionKind,

@@ -9,6 +9,7 @@ mod container;
 mod convert;
 mod ffi_attr;
 mod hlo_reduction;
+mod program;
 mod thunk;
 mod wire;
 
@@ -70,7 +71,7 @@ pub fn decode(bytes: &[u8]) -> Result<Plan, DecodeError> {
         ));
     }
     let exe = decode_gpu_executable_proto(&outer.serialized_executable)?;
-    convert::plan_from_proto(exe, outer.pjrt_client_name)
+    program::plan_from_proto(exe, outer.pjrt_client_name)
 }
 
 /// The outer layer: IFRT header (optional), then split or plain
@@ -117,7 +118,7 @@ pub fn decode_gpu_executable_message(bytes: &[u8]) -> Result<Plan, DecodeError> 
         what: INNER_TYPE.into(),
         source,
     })?;
-    convert::plan_from_proto(exe, String::new())
+    program::plan_from_proto(exe, String::new())
 }
 
 /// The inner layer: `serialized_executable`, a split `GpuExecutableProto`.

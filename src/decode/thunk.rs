@@ -4,10 +4,8 @@
 //! with the prost message for that field number, or kept as
 //! [`ThunkKind::Unsupported`] with its field number.
 
-use prost::Message;
-
 use super::collective::{collective_kind, is_collective_field};
-use super::convert::{allocations, invalid, non_negative, opt_shape, shape, Allocs};
+use super::convert::{allocations, decode_msg, invalid, non_negative, opt_shape, shape, Allocs};
 use super::wire::{Fields, WIRE_LEN};
 use super::DecodeError;
 use crate::plan::{
@@ -59,27 +57,6 @@ fn seq_of(
         Some(s) => sequence(&s.thunks, allocs, depth + 1, &path),
         None => Ok(Vec::new()),
     }
-}
-
-fn proto_err(what: &str, path: &str) -> impl FnOnce(prost::DecodeError) -> DecodeError {
-    let what = format!("{what} at {path}");
-    move |source| DecodeError::Proto { what, source }
-}
-
-pub(crate) fn decode_msg<M: Message + Default>(
-    bytes: &[u8],
-    what: &str,
-    path: &str,
-) -> Result<M, DecodeError> {
-    let m = M::decode(bytes).map_err(proto_err(what, path))?;
-    if tracing::enabled!(tracing::Level::TRACE) && m.encoded_len() != bytes.len() {
-        tracing::trace!(
-            what,
-            path,
-            "message has fields our schema subset does not read"
-        );
-    }
-    Ok(m)
 }
 
 /// Decodes one serialized `ThunkProto`.
