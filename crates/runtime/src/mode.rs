@@ -28,9 +28,7 @@ impl Mode {
             Mode::Eager => "eager",
         }
     }
-}
 
-impl Mode {
     /// The mode as users name it (`XLA_VMM_EXEC_MODE`, `--mode`): `graph`
     /// (also empty: the default), `graph-recapture` or `eager`.
     pub fn parse(s: &str) -> Result<Self> {
