@@ -22,7 +22,8 @@
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
 # a loop fed a fresh batch per step, steps/s against stock), `long` (integration/long_runs.py: SIGINT at
-# random points of 50 training loops, and a 20,000-step soak on stock and the plugin), `hip-shim` (our HIP backend's conformance suite on
+# random points of 50 training loops, and a 20,000-step soak on stock and the plugin), `checkpoint`
+# (integration/maxtext/checkpoint.py: MaxText saved and resumed with orbax, on us, on stock and across), `hip-shim` (our HIP backend's conformance suite on
 # the NVIDIA GPU through the test shim integration/hipshim: HIP runtime -> CUDA driver, hiprtc -> NVRTC; it
 # checks our HIP code, not AMD's runtime).
 # GPU_CHECK_BUDGET_S: start no check after that many seconds (later ones are listed as SKIP), so that a
@@ -438,6 +439,15 @@ if want long; then
     --platform vmm --trials "${LONG_TRIALS:-50}" --out "$WORK/long"
   check "long:soak" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py soak \
     --platforms cuda,vmm --steps "${LONG_STEPS:-20000}" --every 1000 --out "$WORK/long"
+fi
+# 8c. Checkpoint and resume (opt in: section `checkpoint`, issue 34 item 5): MaxText (staged at $S/mt) saved
+#     with orbax after N steps and resumed, on stock, on us and across; every loss after the resume must equal
+#     the uninterrupted run's, bit for bit: integration/maxtext/checkpoint.py (8 runs, about 4 minutes).
+if want checkpoint; then
+  MT=${PERF_MT:-$S/mt}
+  wheel=$(ls "$S"/wheel/*.whl 2>/dev/null | head -1)
+  check "checkpoint" python3 integration/maxtext/checkpoint.py --mt "$MT" --out "$WORK/ckpt" ${wheel:+--wheel "$wheel"} \
+    --config "${CKPT_CONFIG:-tiny}" --steps "${CKPT_STEPS:-10}"
 fi
 
 # 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the

@@ -184,6 +184,39 @@ def summarize(rows, first=3):
     return "\n".join(out)
 
 
+def install_site(mt, wheel, site, say):
+    """Installs MaxText's missing wheels (MT/.wheels) and the xla-vmm wheel (`wheel`, default
+    integration/dist/*.whl or MT/*.whl) into `site`; (MaxText's source folder, the runs' base environment,
+    whether the xla-vmm plugin is there). Exits when MaxText's source is missing or pip fails."""
+    src = os.path.join(mt, ".mt", "src")
+    if not os.path.isdir(os.path.join(src, "maxtext")):
+        sys.exit("no %s/maxtext (run integration/maxtext/prepare.sh, carry its folder)" % src)
+    wheels = glob.glob(os.path.join(mt, ".wheels", "*.whl"))
+    vmm = wheel or next(iter(sorted(glob.glob(os.path.join(HERE, "..", "dist", "*.whl")) +
+                                    glob.glob(os.path.join(mt, "*.whl")))), None)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+           "--upgrade", "--target", site]
+    if subprocess.run(pip + wheels + ([vmm] if vmm else [])).returncode != 0:
+        sys.exit("pip install of %s/.wheels%s failed" % (mt, " and " + vmm if vmm else ""))
+    have_vmm = os.path.isfile(os.path.join(site, "jax_plugins", "xla_vmm", "xla_vmm_plugin.so"))
+    say("wheels installed into %s; xla-vmm wheel %s" % (site, vmm if have_vmm else "MISSING"))
+    env0 = dict(os.environ, PYTHONPATH=":".join([site, src, os.path.join(mt, ".mt", "stubs")]),
+                DECOUPLE_GCLOUD="TRUE", PYTHONUNBUFFERED="1", NO_COLOR="1")
+    return src, env0, have_vmm
+
+
+def trainer_args(src, cfg, run_name, work, steps, extra="", checkpointing=()):
+    """MaxText's trainer arguments for one run of config `cfg` whose output and compilation cache live
+    under `work`; `checkpointing`: more key=value arguments (none: checkpointing off)."""
+    args, _ = CONFIGS[cfg]
+    os.makedirs(work + "/cache", exist_ok=True)
+    return [os.path.join(src, "maxtext", "configs", "base.yml"), "run_name=" + run_name,
+            "base_output_directory=" + work + "/out", "jax_cache_dir=" + work + "/cache",
+            "model_name=llama2-7b", "override_model_config=true", "per_device_batch_size=1",
+            "dataset_type=synthetic", "hardware=gpu", "attention=dot_product", "steps=%d" % steps] + \
+        (list(checkpointing) or ["enable_checkpointing=false"]) + args.split() + extra.split()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mt", required=True, help="folder with .mt and .wheels (prepare.sh)")
@@ -203,20 +236,7 @@ def main():
     logd = "/tmp/mt_ab_logs"
     os.makedirs(logd, exist_ok=True)
     say = lambda msg: print("[mt %4ds] %s" % (time.time() - t0, msg), flush=True)  # noqa: E731
-    src = os.path.join(a.mt, ".mt", "src")
-    if not os.path.isdir(os.path.join(src, "maxtext")):
-        sys.exit("no %s/maxtext (run integration/maxtext/prepare.sh, carry its folder)" % src)
-    wheels = glob.glob(os.path.join(a.mt, ".wheels", "*.whl"))
-    vmm = a.wheel or next(iter(sorted(glob.glob(os.path.join(HERE, "..", "dist", "*.whl")) +
-                                      glob.glob(os.path.join(a.mt, "*.whl")))), None)
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
-           "--upgrade", "--target", a.site]
-    if subprocess.run(pip + wheels + ([vmm] if vmm else [])).returncode != 0:
-        sys.exit("pip install of %s/.wheels%s failed" % (a.mt, " and " + vmm if vmm else ""))
-    have_vmm = os.path.isfile(os.path.join(a.site, "jax_plugins", "xla_vmm", "xla_vmm_plugin.so"))
-    say("wheels installed into %s; xla-vmm wheel %s" % (a.site, vmm if have_vmm else "MISSING"))
-    env0 = dict(os.environ, PYTHONPATH=":".join([a.site, src, os.path.join(a.mt, ".mt", "stubs")]),
-                DECOUPLE_GCLOUD="TRUE", PYTHONUNBUFFERED="1", NO_COLOR="1")
+    src, env0, have_vmm = install_site(a.mt, a.wheel, a.site, say)
     rows = []
 
     def save():
@@ -230,14 +250,8 @@ def main():
     plan = [(cfg, var) for cfg in [c for c in a.configs.split(",") if c] for var in variants_of(a.variants, cfg)]
 
     def command(cfg, var):
-        args, _ = CONFIGS[cfg]
         work = "/tmp/mt_ab_work/%s_%s" % (cfg, re.sub(r"[^A-Za-z0-9_]", "_", var))
-        os.makedirs(work + "/cache", exist_ok=True)
-        return [os.path.join(src, "maxtext", "configs", "base.yml"), "run_name=mt_%s_%s" % (cfg, var.split("@")[0]),
-                "base_output_directory=" + work + "/out", "jax_cache_dir=" + work + "/cache",
-                "model_name=llama2-7b", "override_model_config=true", "per_device_batch_size=1",
-                "dataset_type=synthetic", "enable_checkpointing=false", "hardware=gpu", "attention=dot_product",
-                "steps=%d" % a.steps] + args.split() + a.extra.split()
+        return trainer_args(src, cfg, "mt_%s_%s" % (cfg, var.split("@")[0]), work, a.steps, a.extra)
 
     def prepare(k):
         """Start run k's process ahead (None when its variant cannot run)."""

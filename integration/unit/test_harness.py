@@ -297,6 +297,75 @@ class MaxText(unittest.TestCase):
                 self.assertNotIn("ran", fh.read())
 
 
+class MaxTextCheckpoint(unittest.TestCase):
+    # A stand-in for MaxText's trainer: its loss is a function of a state that it saves (JSON, one file per
+    # step) where MaxText would, and restores from the newest file; FAKE_BAD=PLATFORM perturbs a restored
+    # state on that platform.
+    TRAINER = """import json, os, sys
+print('imported', flush=True)
+if sys.stdin.readline().strip() != 'go':
+    sys.exit(0)
+kv = dict(x.split('=', 1) for x in sys.argv[2:] if '=' in x)
+steps, ck = int(kv['steps']), kv.get('enable_checkpointing') == 'true'
+d = os.path.join(kv['base_output_directory'], kv['run_name'], 'checkpoints')
+state, start = 1.0, 0
+if ck and os.path.isdir(d) and os.listdir(d):
+    last = max(int(x) for x in os.listdir(d))
+    with open(os.path.join(d, str(last))) as fh:
+        state, start = json.load(fh)['state'], last + 1
+if start and os.environ.get('FAKE_BAD') == os.environ['JAX_PLATFORMS']:
+    state += 1e-3
+with open(kv['metrics_file'], 'a') as f:
+    for s in range(start, steps):
+        state = state * 0.9 + 0.01
+        f.write(json.dumps({'step': float(s), 'learning/loss': state, 'run_name': kv['run_name']}) + '\\n')
+        if ck and ((s and s % int(kv['checkpoint_period']) == 0) or s == steps - 1):
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, str(s)), 'w') as fh:
+                json.dump({'state': state}, fh)
+"""
+
+    def setUp(self):
+        self.m = load("mt_checkpoint", os.path.join(INTEGRATION, "maxtext", "checkpoint.py"))
+        self.run = sys.modules["run"]
+
+    def main(self, d, bad=None):
+        env = dict(os.environ, **({"FAKE_BAD": bad} if bad else {}))
+        site = mock.patch.object(self.m, "install_site", lambda *a: (d, env, True))
+        with site, mock.patch.object(self.run, "PRELUDE", self.TRAINER):
+            code, _ = quiet(self.m.main, ["checkpoint.py", "--mt", d, "--out", d + "/out", "--work", d + "/work",
+                                          "--steps", "3"])
+        with open(d + "/out/ckpt.md") as fh:
+            return code, read_json(d + "/out/ckpt.json"), fh.read()
+
+    def test_resumes_that_continue_exactly_pass_and_a_perturbed_restore_fails_where_it_shows(self):
+        with tempfile.TemporaryDirectory() as d:
+            code, res, md = self.main(d)
+            self.assertEqual(code, 0, md)
+            self.assertTrue(all(c["pass"] for c in res["checks"]), md)
+            self.assertEqual(sorted(res["losses"]["vmm_resume"]), ["3", "4", "5"])
+            self.assertEqual(sorted(res["losses"]["vmm_save"]), ["0", "1", "2"])
+            self.assertIn("vmm_full equals stock_full over steps 0..5", md)
+        with tempfile.TemporaryDirectory() as d:
+            code, res, md = self.main(d, bad="vmm")
+            self.assertEqual(code, 1)
+            verdict = {c["check"]: c["pass"] for c in res["checks"]}
+            self.assertEqual(verdict, {"completed": True, "first half": True, "resume on us": False,
+                                       "resume on stock": True, "as stock": False, "stock -> us": False,
+                                       "us -> stock": False}, md)
+            self.assertIn("| resume on us | FAIL | vmm_resume vs vmm_full: first differs at step 3", md)
+
+    def test_missing_steps_and_failed_runs_are_named(self):
+        losses = {"stock_full": {s: 1.0 for s in range(4)}, "vmm_full": {s: 1.0 for s in range(4)},
+                  "vmm_save": {0: 1.0, 1: 1.0}, "vmm_resume": {2: 1.0}}
+        rows = self.m.evaluate(losses, {"vmm_resume": 1, "stock_full": 0}, 2)
+        done = dict((c, (ok, d)) for c, ok, d in rows)
+        self.assertFalse(done["completed"][0])
+        self.assertIn("vmm_resume (rc 1, 1 of 2 steps)", done["completed"][1])
+        self.assertIn("steps missing: 3", done["resume on us"][1])
+        self.assertEqual(self.m.bits(1.0), 0x3F800000)
+
+
 class Bench(unittest.TestCase):
     def test_table_has_every_config_and_the_default_against_best_stock(self):
         m = load("bench", os.path.join(INTEGRATION, "bench.py"))
