@@ -250,6 +250,9 @@ impl<B: Backend> VmmMemory<B> {
 
     /// Programs with GEMM thunks run them on `gemm` (cuBLASLt on CUDA).
     pub fn with_gemm(mut self, gemm: Option<Arc<dyn GemmEngine<B>>>) -> Self {
+        if let Some(g) = &gemm {
+            crate::stats::record_plans(&**self.allocator.backend(), g);
+        }
         self.gemm = gemm;
         self
     }

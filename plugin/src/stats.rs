@@ -4,7 +4,8 @@
 //! `xla_vmm_stats_free()`. `jax_plugins.xla_vmm.stats` wraps both.
 //! `xla_vmm_report_json()` returns `{"programs": [...], "devices": [...]}`:
 //! every loaded program's mode, runner and reason
-//! (`xla_vmm_runtime::report`) and each device's memory budget use
+//! (`xla_vmm_runtime::report`), each device's memory budget use and the
+//! library plans (GEMM, convolution) its loaded programs hold
 //! (`jax_plugins.xla_vmm.report`).
 //!
 //! Multi-device: each device's program has its own entry (`name#n`); the
@@ -15,33 +16,60 @@ use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::sync::Mutex;
 
-type UsageFn = Box<dyn Fn() -> Option<xla_vmm_device::MemoryUsage> + Send + Sync>;
+/// What a device's object says while it lives (None once it is gone).
+type Probe<T> = Box<dyn Fn() -> Option<T> + Send + Sync>;
+/// Probes by device name.
+type Probes<T> = Mutex<Vec<(String, Probe<T>)>>;
 
 /// Each device's memory budget use, while its backend lives.
-static MEMORY: Mutex<Vec<(String, UsageFn)>> = Mutex::new(Vec::new());
+static MEMORY: Probes<xla_vmm_device::MemoryUsage> = Mutex::new(Vec::new());
+/// Each device's (GEMM, convolution) plans kept by its engine, while it lives.
+static PLANS: Probes<(usize, usize)> = Mutex::new(Vec::new());
+
+fn device_name<B: xla_vmm_device::Backend>(backend: &B) -> String {
+    let info = backend.info();
+    format!("{} {} ({})", info.backend, info.ordinal, info.name)
+}
+
+/// Keep `f` under `name` in `list`, and drop the entries whose object is gone.
+fn record<T>(list: &Probes<T>, name: String, f: Probe<T>) {
+    let mut l = list.lock().unwrap_or_else(|p| p.into_inner());
+    l.retain(|(_, f)| f().is_some());
+    l.push((name, f));
+}
 
 /// Report `backend`'s memory budget (its device's) in `report_json`.
 pub fn record_memory<B: xla_vmm_device::Backend>(backend: &std::sync::Arc<B>) {
-    let info = backend.info();
-    let name = format!("{} {} ({})", info.backend, info.ordinal, info.name);
     let weak = std::sync::Arc::downgrade(backend);
-    let mut m = MEMORY.lock().unwrap_or_else(|p| p.into_inner());
-    m.retain(|(_, f)| f().is_some());
-    m.push((
-        name,
-        Box::new(move || weak.upgrade().map(|b| b.budget().usage())),
-    ));
+    let f: Probe<_> = Box::new(move || weak.upgrade().map(|b| b.budget().usage()));
+    record(&MEMORY, device_name(&**backend), f);
+}
+
+/// Report the plans `engine` keeps for `backend`'s programs in `report_json`.
+pub fn record_plans<B: xla_vmm_device::Backend>(
+    backend: &B,
+    engine: &std::sync::Arc<dyn xla_vmm_device::blas::GemmEngine<B>>,
+) {
+    let weak = std::sync::Arc::downgrade(engine);
+    let f: Probe<_> = Box::new(move || weak.upgrade().map(|e| e.live_plans()));
+    record(&PLANS, device_name(backend), f);
 }
 
 /// `{"programs": [...], "devices": [...]}` (see the module docs).
 pub fn report_json() -> String {
+    let plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
     let devices: Vec<serde_json::Value> = MEMORY
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
         .filter_map(|(name, f)| {
             let u = f()?;
-            Some(serde_json::json!({"device": name, "memory": u}))
+            let mut d = serde_json::json!({"device": name, "memory": u});
+            if let Some((gemm, conv)) = plans.iter().find(|(n, _)| n == name).and_then(|(_, f)| f())
+            {
+                d["library_plans"] = serde_json::json!({"gemm": gemm, "conv": conv});
+            }
+            Some(d)
         })
         .collect();
     serde_json::json!({
@@ -125,6 +153,38 @@ pub unsafe extern "C" fn xla_vmm_stats_free(s: *mut c_char) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xla_vmm_device::blas::{Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs};
+    use xla_vmm_device::HostBackend;
+
+    /// An engine that says it keeps 3 GEMM plans and 1 convolution plan.
+    struct Plans;
+
+    impl GemmEngine<HostBackend> for Plans {
+        fn prepare(
+            &self,
+            _: &GemmConfig,
+            _: Epilogue,
+            _: usize,
+            _: usize,
+            _: u64,
+        ) -> xla_vmm_device::error::Result<GemmPlanId> {
+            unreachable!()
+        }
+        fn workspace_needed(&self, _: GemmPlanId) -> xla_vmm_device::error::Result<u64> {
+            unreachable!()
+        }
+        fn run(
+            &self,
+            _: GemmPlanId,
+            _: &MatmulArgs,
+            _: &xla_vmm_device::host::HostStream,
+        ) -> xla_vmm_device::error::Result<()> {
+            unreachable!()
+        }
+        fn live_plans(&self) -> (usize, usize) {
+            (3, 1)
+        }
+    }
 
     #[test]
     fn the_report_lists_live_devices_and_programs() {
@@ -150,6 +210,19 @@ mod tests {
         };
         assert!(host(&v), "{v}");
         assert!(v["devices"][0]["memory"]["device_bytes"].is_u64(), "{v}");
+        // The plans an engine keeps for the device's programs, while it lives.
+        let engine: std::sync::Arc<dyn GemmEngine<HostBackend>> = std::sync::Arc::new(Plans);
+        record_plans(&*b, &engine);
+        let held = |v: &serde_json::Value| {
+            v["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["library_plans"] == serde_json::json!({"gemm": 3, "conv": 1}))
+        };
+        assert!(held(&serde_json::from_str(&report_json()).unwrap()));
+        drop(engine);
+        assert!(!held(&serde_json::from_str(&report_json()).unwrap()));
         drop((b, line));
         let v: serde_json::Value = serde_json::from_str(&report_json()).unwrap();
         assert!(!v["programs"]

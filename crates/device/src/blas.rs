@@ -357,10 +357,66 @@ pub enum TrsmArgs {
     },
 }
 
-/// A prepared matmul: descriptors built, algorithm chosen. Index into the
+/// A prepared matmul: descriptors built, algorithm chosen. Its key in the
 /// engine's table.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GemmPlanId(pub usize);
+
+/// An engine's prepared plans (GEMM or convolution) by id, held while a
+/// loaded program uses them: ids are never reused, so a stale one is an
+/// error, not another program's plan.
+pub struct PlanTable<T> {
+    inner: std::sync::Mutex<(std::collections::HashMap<usize, std::sync::Arc<T>>, usize)>,
+}
+
+impl<T> Default for PlanTable<T> {
+    fn default() -> Self {
+        PlanTable {
+            inner: std::sync::Mutex::new((std::collections::HashMap::new(), 0)),
+        }
+    }
+}
+
+impl<T> PlanTable<T> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, (std::collections::HashMap<usize, std::sync::Arc<T>>, usize)>
+    {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keep `plan`; its id.
+    pub fn insert(&self, plan: T) -> usize {
+        let mut g = self.lock();
+        let id = g.1;
+        g.1 += 1;
+        g.0.insert(id, std::sync::Arc::new(plan));
+        id
+    }
+
+    /// The plan `id` (`what` names its kind in the error).
+    pub fn get(&self, id: usize, what: &str) -> Result<std::sync::Arc<T>> {
+        self.lock()
+            .0
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no {what} plan {id}")))
+    }
+
+    /// Let plan `id` go (a run in flight keeps its own reference).
+    pub fn remove(&self, id: usize) {
+        self.lock().0.remove(&id);
+    }
+
+    /// Plans kept.
+    pub fn len(&self) -> usize {
+        self.lock().0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 /// What the runtime needs from a BLAS-Lt library (and, for triangular
 /// solves, its BLAS) for backend `B`.
@@ -369,6 +425,8 @@ pub struct GemmPlanId(pub usize);
 /// queries the heuristic for `max_algorithms` algorithms under
 /// `max_workspace` bytes (XLA asks for 1 when `algorithm_idx == 0`, else
 /// 128) and keeps algorithm `algorithm_idx`. `run` enqueues the matmul.
+/// The program that prepared a plan releases it when it is dropped
+/// ([`GemmEngine::release`]): an engine keeps no plan of a program gone.
 pub trait GemmEngine<B: Backend>: Send + Sync {
     fn prepare(
         &self,
@@ -381,6 +439,20 @@ pub trait GemmEngine<B: Backend>: Send + Sync {
     /// Workspace bytes the chosen algorithm needs.
     fn workspace_needed(&self, plan: GemmPlanId) -> Result<u64>;
     fn run(&self, plan: GemmPlanId, args: &MatmulArgs, stream: &B::Stream) -> Result<()>;
+    /// The program that prepared `plan` is gone (or failed to load): the
+    /// plan's library objects may be freed.
+    fn release(&self, plan: GemmPlanId) {
+        let _ = plan;
+    }
+    /// As [`GemmEngine::release`], for a convolution plan.
+    fn release_conv(&self, plan: ConvPlanId) {
+        let _ = plan;
+    }
+    /// (GEMM, convolution) plans the engine keeps: those of the loaded
+    /// programs (for leak checks).
+    fn live_plans(&self) -> (usize, usize) {
+        (0, 0)
+    }
     /// At load time: can this engine run `spec` (the BLAS library with a
     /// solver is found, the type is one it solves in)? An engine without
     /// one says so.
@@ -444,6 +516,22 @@ pub trait GemmEngine<B: Backend>: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plan_table_never_reuses_an_id_and_a_released_plan_is_an_error() {
+        let t = PlanTable::default();
+        let (a, b) = (t.insert("a"), t.insert("b"));
+        assert_eq!((a, b, t.len()), (0, 1, 2));
+        assert_eq!(*t.get(b, "GEMM").unwrap(), "b");
+        t.remove(a);
+        let c = t.insert("c");
+        assert_eq!((c, t.len()), (2, 2));
+        let e = t.get(a, "GEMM").unwrap_err().to_string();
+        assert!(e.contains("no GEMM plan 0"), "{e}");
+        t.remove(b);
+        t.remove(c);
+        assert!(t.is_empty());
+    }
 
     fn layout(rows: i64, cols: i64, order: Order, dtype: i32) -> MatrixLayout {
         MatrixLayout {

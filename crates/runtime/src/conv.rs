@@ -516,8 +516,11 @@ pub(crate) fn build<B: Backend>(
         .ok_or_else(|| RuntimeError::unsupported("convolution: no DNN engine on this backend"))?;
     let run = crate::conv::load(name, c)?;
     let plan = engine.prepare_conv(&run.spec)?;
-    let need = engine.conv_workspace(plan)?;
+    let need = engine
+        .conv_workspace(plan)
+        .inspect_err(|_| engine.release_conv(plan))?;
     if need > run.scratch.size {
+        engine.release_conv(plan);
         return Err(RuntimeError::unsupported(format!(
             "convolution {}: the cuDNN plan needs {need} bytes of workspace, the \
              executable's scratch buffer has {} (another cuDNN than the one it was \

@@ -9,7 +9,8 @@ use xla_vmm::{
     ComputeCapability, KernelArg, KernelCode, KernelParam, LaunchDims, Plan, Slice, Thunk,
     ThunkKind,
 };
-use xla_vmm_device::blas::{Epilogue, GemmEngine};
+use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId};
+use xla_vmm_device::dnn::ConvPlanId;
 use xla_vmm_device::{Backend, ImageKind, LaunchConfig, TensorMapDesc};
 
 use crate::collective::CollOp;
@@ -128,6 +129,25 @@ pub struct LoadCtx<'a, B: Backend> {
     /// Bytes of scratch memory the program's ops take at their offsets
     /// (FFT work areas), allocated with the program.
     pub scratch_bytes: u64,
+    /// The library plans prepared so far.
+    pub plans: LibraryPlans,
+}
+
+/// The library plans (GEMM, convolution) a program prepared on its engine,
+/// released there when the program goes (or fails to load).
+#[derive(Debug, Default)]
+pub struct LibraryPlans {
+    gemm: Vec<GemmPlanId>,
+    conv: Vec<ConvPlanId>,
+}
+
+impl LibraryPlans {
+    pub fn release<B: Backend>(&mut self, engine: Option<&dyn GemmEngine<B>>) {
+        if let Some(e) = engine {
+            self.gemm.drain(..).for_each(|p| e.release(p));
+            self.conv.drain(..).for_each(|p| e.release_conv(p));
+        }
+    }
 }
 
 fn what(t: &Thunk) -> String {
@@ -299,16 +319,16 @@ impl<B: Backend> LoadCtx<'_, B> {
             ThunkKind::CustomKernel(k) => self.custom_kernel(plan, t, k)?,
             ThunkKind::SelectK(s) => self.select_k(t, crate::selectk::load(s)?)?,
             ThunkKind::Kernel(k) => self.kernel(plan, t, k)?,
-            ThunkKind::CublasLtMatmul(m) => Op::Gemm(crate::gemm::build(
-                self.gemm,
-                &t.info.profile_annotation,
-                m,
-            )?),
-            ThunkKind::Convolution(c) => Op::Conv(Box::new(crate::conv::build(
-                self.gemm,
-                &t.info.profile_annotation,
-                c,
-            )?)),
+            ThunkKind::CublasLtMatmul(m) => {
+                let op = crate::gemm::build(self.gemm, &t.info.profile_annotation, m)?;
+                self.plans.gemm.push(op.plan);
+                Op::Gemm(op)
+            }
+            ThunkKind::Convolution(c) => {
+                let op = crate::conv::build(self.gemm, &t.info.profile_annotation, c)?;
+                self.plans.conv.push(op.plan);
+                Op::Conv(Box::new(op))
+            }
             ThunkKind::Fft(f) => {
                 let name = &t.info.profile_annotation;
                 match crate::fft::build(self.gemm, name, f, &mut self.scratch_bytes)? {

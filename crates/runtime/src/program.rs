@@ -34,6 +34,8 @@ pub struct Program<B: Backend> {
     plan: Plan,
     gemm: Option<Arc<dyn GemmEngine<B>>>,
     ops: Vec<Op<B>>,
+    /// The GEMM and convolution plans its ops use, on `gemm`.
+    plans: crate::ops::LibraryPlans,
     modules: Vec<B::Module>,
     owned: Vec<DeviceBuffer<B>>,
     /// Allocation index of each `owned` buffer.
@@ -82,14 +84,16 @@ impl<B: Backend> Program<B> {
             collectives: Vec::new(),
             comm_tag: 0,
             scratch_bytes: 0,
+            plans: Default::default(),
         };
         let built = ctx.build_seq(&plan, &plan.thunks);
         let (modules, streams_needed, async_ids) = (ctx.modules, ctx.streams_needed, ctx.async_ids);
         let (comm_streams_needed, collectives) = (ctx.comm_streams_needed, ctx.collectives);
-        let scratch_bytes = ctx.scratch_bytes;
+        let (scratch_bytes, mut plans) = (ctx.scratch_bytes, ctx.plans);
         let ops = match built {
             Ok(ops) => ops,
             Err(e) => {
+                plans.release(gemm.as_deref());
                 let mut t = Teardown::new("a program that failed to load");
                 for m in modules {
                     t.check("module_unload", backend.module_unload(m));
@@ -104,6 +108,7 @@ impl<B: Backend> Program<B> {
             plan,
             gemm,
             ops,
+            plans,
             modules,
             owned: Vec::new(),
             owned_index: Vec::new(),
@@ -369,6 +374,7 @@ impl<B: Backend> Drop for Program<B> {
         }
         // Functions hold their modules on some backends; unload after ops.
         self.ops.clear();
+        self.plans.release(self.gemm.as_deref());
         for m in self.modules.drain(..) {
             t.check("module_unload", be.module_unload(m));
         }

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use super::{HipBackend, HipStream};
 use crate::blas::{
     xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs,
-    NormalizedGemm, Order, Transpose, TrsmArgs, TrsmSpec,
+    NormalizedGemm, Order, PlanTable, Transpose, TrsmArgs, TrsmSpec,
 };
 use crate::error::{DeviceError, Result};
 use crate::fft::{FftArgs, FftPlanId, FftSpec};
@@ -537,7 +537,7 @@ pub struct HipGemm {
     ordinal: i32,
     lt: Arc<Inner>,
     library: String,
-    plans: Mutex<Vec<Arc<HipLtPlan>>>,
+    plans: PlanTable<HipLtPlan>,
     /// rocBLAS for triangular solves and inverse FFTs' scaling.
     rocblas: LazySolver,
     /// hipFFT and its plans.
@@ -559,7 +559,7 @@ impl HipGemm {
             ordinal: backend.ordinal,
             lt: Arc::new(Inner { api, handle }),
             library,
-            plans: Mutex::new(Vec::new()),
+            plans: PlanTable::default(),
             rocblas: LazySolver::default(),
             hipfft: LazyLib::default(),
             tf32: true,
@@ -740,14 +740,6 @@ impl HipGemm {
     fn load_rocblas(&self) -> Result<Solver> {
         self.bind().and_then(|()| super::rocblas::solver())
     }
-
-    fn get(&self, plan: GemmPlanId) -> Result<Arc<HipLtPlan>> {
-        let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans
-            .get(plan.0)
-            .cloned()
-            .ok_or_else(|| DeviceError::InvalidArgument(format!("no GEMM plan {}", plan.0)))
-    }
 }
 
 impl GemmEngine<HipBackend> for HipGemm {
@@ -768,22 +760,28 @@ impl GemmEngine<HipBackend> for HipGemm {
             workspace = plan.workspace_size(),
             "hipBLASLt plan"
         );
-        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans.push(Arc::new(plan));
-        Ok(GemmPlanId(plans.len() - 1))
+        Ok(GemmPlanId(self.plans.insert(plan)))
     }
 
     fn workspace_needed(&self, plan: GemmPlanId) -> Result<u64> {
-        Ok(self.get(plan)?.workspace_size())
+        Ok(self.plans.get(plan.0, "GEMM")?.workspace_size())
     }
 
     fn run(&self, plan: GemmPlanId, args: &MatmulArgs, stream: &HipStream) -> Result<()> {
-        let plan = self.get(plan)?;
+        let plan = self.plans.get(plan.0, "GEMM")?;
         self.bind()?;
         // SAFETY: the stream is this device's (bound above); the runtime
         // resolves every pointer from the executable's slices, which the
         // decoder checked against allocation sizes.
         unsafe { plan.execute(args, stream.raw.cast()) }
+    }
+
+    fn release(&self, plan: GemmPlanId) {
+        self.plans.remove(plan.0);
+    }
+
+    fn live_plans(&self) -> (usize, usize) {
+        (self.plans.len(), 0)
     }
 
     fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {
