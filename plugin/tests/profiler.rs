@@ -12,7 +12,7 @@ use common::plans::*;
 use common::*;
 use prost::Message;
 use xla_vmm::proto::tensorflow::profiler::{x_stat, XPlane, XSpace};
-use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
 
 /// The plugin profiler API, found as JAX's `register_plugin_profiler` does.
@@ -94,7 +94,8 @@ fn a_session_around_three_steps_is_one_plane_with_the_programs_work() {
     let be = backend();
     let client = client::into_c(Client::with_backend(host_options(), be).unwrap());
     let device = devices(client)[0];
-    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"bytes".to_vec()).unwrap();
+    let exe = xla_vmm_plugin::objects::executable::load_plan(client, add_one(), b"bytes".to_vec())
+        .unwrap();
     let mut x = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
     for _ in 0..3 {
         x = execute(exe, &[x], &[]).unwrap();

@@ -1,7 +1,7 @@
 //! Spans of the runtime's work for one profiler session: what a user sees
 //! next to the device's kernels in `jax.profiler.trace`, TensorBoard or
 //! Perfetto (the plugin hands the spans to JAX as an XSpace through the PJRT
-//! profiler extension, `plugin/src/profiler.rs`).
+//! profiler extension, `plugin/src/api/profiler.rs`).
 //!
 //! Off (no session), a span costs one relaxed atomic load and records
 //! nothing. On, a span records its name, what it is about (`detail`, e.g.
