@@ -22,7 +22,7 @@
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
 # a loop fed a fresh batch per step, steps/s against stock), `long` (integration/long_runs.py: SIGINT at
-# random points of 50 training loops, and a 20,000-step soak on stock and the plugin), `checkpoint`
+# random points of 50 training loops, a 20,000-step soak on stock and the plugin, 8 threads at once), `checkpoint`
 # (integration/maxtext/checkpoint.py: MaxText saved and resumed with orbax, on us, on stock and across), `hip-shim` (our HIP backend's conformance suite on
 # the NVIDIA GPU through the test shim integration/hipshim: HIP runtime -> CUDA driver, hiprtc -> NVRTC; it
 # checks our HIP code, not AMD's runtime).
@@ -433,12 +433,16 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 # 8b. Long runs (opt in: section `long`, issue 34): 50 training loops interrupted by SIGINT through the plugin
 #     (each must raise KeyboardInterrupt and exit within 5 s, leaving nothing on the GPU), and a soak of
 #     LONG_STEPS (default 20,000) steps on stock then the plugin (host RSS, device bytes, report() and stats()
-#     flat after warm-up, step time without drift, losses bit-identical): integration/long_runs.py.
+#     flat after warm-up, step time without drift, losses bit-identical), and 8 Python threads dispatching
+#     different programs and transfers at once for LONG_THREADS_S (120) s, each worker's results equal to the
+#     same work run serially: integration/long_runs.py.
 if want long; then
   check "long:interrupt" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py interrupt \
     --platform vmm --trials "${LONG_TRIALS:-50}" --out "$WORK/long"
   check "long:soak" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py soak \
     --platforms cuda,vmm --steps "${LONG_STEPS:-20000}" --every 1000 --out "$WORK/long"
+  check "long:threads" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py threads \
+    --platform vmm --threads 8 --seconds "${LONG_THREADS_S:-120}" --out "$WORK/long"
 fi
 # 8c. Checkpoint and resume (opt in: section `checkpoint`, issue 34 item 5): MaxText (staged at $S/mt) saved
 #     with orbax after N steps and resumed, on stock, on us and across; every loss after the resume must equal

@@ -1,7 +1,9 @@
-"""Long runs (issue 34): a training loop interrupted, and a training loop run for thousands of steps.
+"""Long runs (issue 34): a training loop interrupted, a training loop run for thousands of steps, and
+threads dispatching at once.
 
     python3 integration/long_runs.py interrupt [--platform vmm] [--trials 50] [--seed 0] [--out DIR]
     python3 integration/long_runs.py soak [--platforms cuda,vmm] [--steps 20000] [--every 1000] [--out DIR]
+    python3 integration/long_runs.py threads [--platform vmm] [--threads 8] [--seconds 120] [--out DIR]
 
 The loop: a two-layer MLP regression trained by SGD under `jax.jit` with its parameters donated, the
 batch made on the device by a second jitted program from the step number (two programs per step, as a
@@ -25,7 +27,16 @@ mean step time. A platform passes when, after the first two windows, RSS and dev
 the losses of all platforms must be bit-identical (a checksum of every step's loss bits, and the
 losses every --every steps).
 
-Writes OUT/long_runs_{interrupt,soak}.{md,json}; exit status 0 when every check passed, 1 otherwise.
+threads: --threads Python threads in one process dispatch on the same device at once for --seconds, each
+its own kind of work (worker w does kind w % 4): an SGD step with its parameters donated; a chain of
+matrix products on fresh inputs; transfers (a host array put on the device, reduced there, the result
+read back); programs of three shapes in turn (a fori_loop over a growing input). Every worker folds the
+bits of each of its results into a checksum. Then the same work runs serially in a second process, each
+worker for the iterations it made in the first, one worker after another. A worker passes when it raised
+nothing and its checksum equals the serial one; a worker still running 60 s past the deadline is a hang
+(the process reports it and exits).
+
+Writes OUT/long_runs_{interrupt,soak,threads}.{md,json}; exit status 0 when every check passed, 1 otherwise.
 """
 import argparse
 import os
@@ -116,6 +127,99 @@ while steps == 0 or n < steps:
         samples.append(sample(n, now - t))
         t = now
 print(json.dumps({"checksum": checksum, "losses": kept, "samples": samples, "steps": n}))
+'''
+
+# The threads child. argv: platform, threads, seconds (parallel) or a comma list of per-worker iterations
+# (serial: the workers one after another, each for its count).
+THREADS_CHILD = r'''
+import json, os, sys, threading, time, traceback
+platform, nthreads, spec = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+serial = spec.startswith("n")
+iters = [int(x) for x in spec.lstrip("n").split(",")] if serial else None
+import jax, jax.numpy as jnp, numpy as np
+from functools import partial
+KINDS = ["sgd, donated", "matmul chain", "transfers", "three shapes"]
+
+def fold(c, arrays):
+    for arr in jax.device_get(arrays):
+        for b in np.ascontiguousarray(np.asarray(arr)).view(np.uint8).tobytes():
+            c = (c * 257 + b) % (1 << 61)
+    return c
+
+def make(w):
+    """Worker w's iteration: one(i) runs iteration i and returns what it made (on the device or the host)."""
+    kind, width = w % 4, 48 + 8 * w
+    key = jax.random.PRNGKey(w)
+    if kind == 0:
+        @partial(jax.jit, donate_argnums=0)
+        def step(p, x):
+            l, g = jax.value_and_grad(lambda p: jnp.mean(jnp.tanh(x @ p) ** 2))(p)
+            return p - 0.1 * g, l
+        state = [jax.random.normal(key, (width, width), jnp.float32) * 0.1]
+        def one(i):
+            state[0], l = step(state[0], jnp.full((16, width), (i % 7) * 0.25, jnp.float32))
+            return l
+        return one
+    if kind == 1:
+        @jax.jit
+        def chain(a, b):
+            for _ in range(4):
+                a = jnp.tanh(a @ b)
+            return a.sum(axis=0)
+        b = jax.random.normal(key, (width, width), jnp.float32) / width ** 0.5
+        return lambda i: chain(jax.random.normal(jax.random.fold_in(key, i), (32, width), jnp.float32), b)
+    if kind == 2:
+        f = jax.jit(lambda x: (x * 2.0 + 1.0).sum(axis=1))
+        return lambda i: np.asarray(f(jax.device_put(
+            np.random.default_rng((w, i)).standard_normal((64, width), dtype=np.float32))))
+    loop = jax.jit(lambda x: jax.lax.fori_loop(0, 8, lambda k, v: jnp.sin(v) + k * 0.01, x))
+    return lambda i: loop(jnp.linspace(0.0, 1.0, width + 8 * (i % 3), dtype=jnp.float32))
+
+out = [{"worker": w, "kind": KINDS[w % 4], "iterations": 0, "checksum": 0, "error": ""} for w in range(nthreads)]
+
+def run(w, stop, limit, warm=None):
+    """Worker w until `stop` is set (or for `limit` iterations); results folded 16 at a time. `warm`: a
+    barrier met after the first iteration (its compilation), so that the clock starts with all warm."""
+    try:
+        one, pending, c, i = make(w), [], 0, 0
+        while (i < limit) if limit is not None else (i == 0 or not stop.is_set()):
+            pending.append(one(i))
+            i += 1
+            if i == 1 and warm is not None:
+                warm.wait()
+            if len(pending) == 16:
+                c, pending = fold(c, pending), []
+        out[w]["checksum"], out[w]["iterations"] = fold(c, pending), i
+    except Exception as e:
+        if warm is not None:
+            warm.abort()
+        out[w]["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        traceback.print_exc()
+
+t0 = time.perf_counter()
+if serial:
+    for w in range(nthreads):
+        run(w, None, iters[w])
+else:
+    stop, warm = threading.Event(), threading.Barrier(nthreads + 1, timeout=600)
+    ts = [threading.Thread(target=run, args=(w, stop, None, warm), daemon=True) for w in range(nthreads)]
+    for t in ts:
+        t.start()
+    try:
+        warm.wait()
+    except threading.BrokenBarrierError:
+        pass  # a worker failed (its error says why) or never compiled: the others run on
+    t0 = time.perf_counter()
+    time.sleep(float(spec))
+    stop.set()
+    for w, t in enumerate(ts):
+        t.join(timeout=max(0.0, 60.0 - (time.perf_counter() - t0 - float(spec))))
+        if t.is_alive():
+            out[w]["error"] = "hung: still running 60 s past the deadline"
+    if any(t.is_alive() for t in ts):
+        print("hung workers: %s" % [w for w, t in enumerate(ts) if t.is_alive()], file=sys.stderr, flush=True)
+        os._exit(3)
+print(json.dumps({"workers": out, "seconds": time.perf_counter() - t0}))
 '''
 
 
@@ -245,6 +349,31 @@ def soak(args):
     return 0 if ok else 1
 
 
+def threads(args):
+    cmd = [sys.executable, "-c", THREADS_CHILD, args.platform, str(args.threads)]
+    par, err = run_json_child(cmd + ["%g" % args.seconds], platform_env(args.platform), args.seconds + 600)
+    ser, err2 = (None, "the parallel run failed") if par is None else run_json_child(
+        cmd + ["n" + ",".join(str(w["iterations"]) for w in par["workers"])], platform_env(args.platform),
+        args.seconds * 4 + 600)
+    rows, ok = [], par is not None and ser is not None
+    for w in (par or {}).get("workers", []):
+        s = ser["workers"][w["worker"]] if ser else {}
+        same = bool(s) and s.get("checksum") == w["checksum"] and s.get("iterations") == w["iterations"]
+        good = same and not w["error"] and not s.get("error")
+        ok &= good and w["iterations"] > 0
+        rows.append("| %d | %s | %d | %s | %s |" % (
+            w["worker"], w["kind"], w["iterations"], "equal" if same else "DIFFER",
+            (w["error"] or s.get("error") or ("" if good else "no serial result")).replace("|", "\\|")))
+    md = ["# %d threads dispatching at once for %g s (%s)" % (args.threads, args.seconds, args.platform), "",
+          "| worker | work | iterations | results vs the same work run serially | error |",
+          "|---|---|---|---|---|"] + rows
+    if par is None or ser is None:
+        md += ["", "Failed: %s" % (err if par is None else err2)]
+    write_results(args.out, "long_runs_threads", md, {"platform": args.platform, "parallel": par, "serial": ser,
+                                                       "error": err if par is None else err2})
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -257,11 +386,15 @@ def main():
     s.add_argument("--steps", type=int, default=20000)
     s.add_argument("--every", type=int, default=1000)
     s.add_argument("--timeout-s", type=int, default=1800)
-    for p in (i, s):
+    t = sub.add_parser("threads")
+    t.add_argument("--platform", default="vmm", choices=["vmm", "cuda", "cpu"])
+    t.add_argument("--threads", type=int, default=8)
+    t.add_argument("--seconds", type=float, default=120.0)
+    for p in (i, s, t):
         p.add_argument("--out", default=".")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    return interrupt(args) if args.what == "interrupt" else soak(args)
+    return {"interrupt": interrupt, "soak": soak, "threads": threads}[args.what](args)
 
 
 if __name__ == "__main__":

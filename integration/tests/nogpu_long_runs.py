@@ -1,5 +1,5 @@
 """integration/long_runs.py's own logic on the CPU jax of CI's venv (.ci/test runs the `nogpu_*.py`
-files there): the interrupt trials and the soak run their training loop on `cpu`, as they run it on
+files there): the interrupt trials, the soak and the threads run their work on `cpu`, as they run it on
 `vmm` and `cuda` on the GPU machine."""
 import json
 import os
@@ -39,6 +39,15 @@ class LongRuns(unittest.TestCase):
         self.assertEqual(len(data["cpu"]["samples"]), 5)
         self.assertTrue(all(data["cpu"]["checks"].values()), data["cpu"]["checks"])
         self.assertIn("bit-identical across platforms", md)
+
+    def test_eight_threads_at_once_compute_what_the_same_work_computes_serially(self):
+        p, data, md = run("threads", "--platform", "cpu", "--threads", "8", "--seconds", "3")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        workers = data["parallel"]["workers"]
+        self.assertEqual(len(workers), 8)
+        self.assertTrue(all(w["iterations"] > 0 and not w["error"] for w in workers), workers)
+        self.assertEqual([w["checksum"] for w in workers], [w["checksum"] for w in data["serial"]["workers"]])
+        self.assertEqual(md.count("| equal |"), 8)
 
 
 if __name__ == "__main__":
