@@ -63,7 +63,7 @@ fn inspect(args: &[&str]) -> std::process::Output {
 #[test]
 fn json_counts_match_the_fixture_readme() {
     let table = readme_counts();
-    assert_eq!(table.len(), 5, "rows parsed: {:?}", table.keys());
+    assert_eq!(table.len(), 6, "rows parsed: {:?}", table.keys());
     for (name, (allocs, roles, top, kinds)) in &table {
         let path = fixtures().join(format!("{name}.pjrt"));
         let out = inspect(&[path.to_str().unwrap(), "--json"]);
