@@ -164,7 +164,7 @@ def main():
         # Period N: a save run's last state is saved on completion (step N-1); a resumed run also saves at
         # step N, asynchronously, while the steps after it run on (and donate) the state being written.
         extra = ["enable_checkpointing=true", "async_checkpointing=true", "save_checkpoint_on_completion=true",
-                 "checkpoint_period=%d" % a.steps] if ckpt else []
+                 "checkpoint_period=%d" % a.steps] if ckpt else ["enable_checkpointing=false"]
         args = trainer_args(src, a.config, "ckpt", os.path.join(a.work, folder),
                             a.steps if steps == "half" else 2 * a.steps, a.extra,
                             checkpointing=extra + ["metrics_file=" + metrics(name)])
