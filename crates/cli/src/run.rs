@@ -158,6 +158,7 @@ impl std::error::Error for NeedsGpu {}
 /// Does `plan` run thunks through the library engine (cuBLASLt GEMMs,
 /// cuDNN convolutions, cuBLAS triangular solves, cuFFT transforms; their
 /// ROCm twins)?
+#[cfg(any(feature = "cuda", feature = "hip"))]
 pub(crate) fn needs_engine(plan: &xla_vmm::Plan) -> bool {
     let kinds = plan.kind_counts();
     ["cublas_lt_matmul", "convolution", "triangular_solve", "fft"]
