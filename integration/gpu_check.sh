@@ -170,7 +170,7 @@ if want runtime; then
 for t in "$BIN"/test-xla-vmm-runtime-*; do
   [ -x "$t" ] && check "runtime:$(basename "$t" | sed 's/test-xla-vmm-runtime-//')" "$t" --include-ignored --test-threads=1
 done
-for f in small loop mlp_adam_donated llama_scan_bf16; do
+for f in small loop mlp_adam_donated llama_scan_bf16 fft_kinds; do
   # (llama_scan_bf16 has outputs written by atomic scatter-adds; which ones stock XLA does not
   # reproduce comes from the fresh stock compile of the same program above.)
   fx_setup "$f" || { echo "== fixture:$f: no .npz staged and no stock reference (section stock)"; continue; }

@@ -101,7 +101,7 @@ def platform_env(platform, base, vmm_lib):
     # A dying process says where: Python's stack on SIGSEGV / SIGABRT, Rust's on a panic.
     env.setdefault("PYTHONFAULTHANDLER", "1")
     env.setdefault("RUST_BACKTRACE", "1")
-    # ... and the plugin's native stack on a fatal signal (plugin/src/crash.rs).
+    # ... and the plugin's native stack on a fatal signal (plugin/src/cabi/crash.rs).
     env.setdefault("XLA_VMM_CRASH_REPORT", "1")
     env["JAX_PLATFORMS"] = platform + ",cpu"
     paths = [os.path.join(HERE, "jaxslice")]

@@ -20,7 +20,7 @@ hold the GPU afterwards.
 soak: the loop for --steps steps per platform, one child each; every --every steps the child samples
 its host RSS, the device bytes in use (the plugin: report()'s device budget; stock: memory_stats()),
 and on vmm the size of report() and stats() (which must not grow with steps) and, where the plugin
-counts them, its live allocations and reserved address space (which must not move), and the window's
+counts them, its live allocations, reserved address space and library plans (which must not move), and the window's
 mean step time. A platform passes when, after the first two windows, RSS and device bytes stay within 1%
 (or 4 MiB) of their value then, and the step time of the last window is within 25% of the third's
 (checked where a window lasts at least 0.5 s);
@@ -95,6 +95,9 @@ def sample(n, window_s):
         if mem and "va_ranges" in mem[0]:
             out["allocations"] = sum(m["allocations"] for m in mem)
             out["va_bytes"] = sum(m["va_bytes"] for m in mem)
+        plans = [d["library_plans"] for d in r.get("devices", []) if "library_plans" in d]
+        if plans:
+            out["library_plans"] = sum(p["gemm"] + p["conv"] for p in plans)
         out["report_bytes"] = len(json.dumps(r))
         out["stats_bytes"] = len(json.dumps(v.stats()))
     else:
@@ -320,7 +323,7 @@ def soak(args):
         checks = {"rss": flat([x["rss"] for x in s]), "device": flat([x["device_bytes"] for x in s])}
         # What must not move at all (where the child sampled it).
         exact = {"allocations": "allocations", "va_bytes": "va_bytes", "report": "report_bytes",
-                 "stats": "stats_bytes"}
+                 "stats": "stats_bytes", "library plans": "library_plans"}
         for label, k in exact.items():
             if k in s[0]:
                 checks[label] = flat([x[k] for x in s], 0.0, 0)

@@ -30,7 +30,7 @@ rm -rf "$stage"; mkdir -p "$stage/bin" "$stage/lib" "$stage/fixtures"
 # gpu_check uses the stock reference of its `stock` section instead).
 stage_fixtures() {
   local fx=integration/fixtures f
-  for f in small loop mlp_adam_donated llama_scan_bf16 llama_sgd_f32; do
+  for f in small loop mlp_adam_donated llama_scan_bf16 llama_sgd_f32 fft_kinds; do
     cp "$fx/$f.pjrt" "$stage/fixtures/"
     [ -f "$fx/$f.npz" ] && cp "$fx/$f.npz" "$stage/fixtures/"
   done

@@ -134,7 +134,7 @@ fn unknown_thunk_kinds_become_unsupported() {
     };
     // An unknown kind nested inside a sequential thunk.
     let seq = px::gpu::SequentialThunkProto {
-        thunks: vec![thunk_bytes("nested-fft", 27, &[])],
+        thunks: vec![thunk_bytes("nested-norm", 24, &[])],
     };
     let seq = thunk_bytes("seq", 2, &seq.encode_to_vec());
     let plan = decode(&executable(&exe_with_thunks(vec![
@@ -161,7 +161,7 @@ fn unknown_thunk_kinds_become_unsupported() {
         vec![
             ("send".to_string(), 44, "send.1".to_string()),
             ("unknown".to_string(), 999, "future-op".to_string()),
-            ("fft".to_string(), 27, "nested-fft".to_string()),
+            ("norm".to_string(), 24, "nested-norm".to_string()),
         ]
     );
     assert!(matches!(
@@ -172,6 +172,66 @@ fn unknown_thunk_kinds_become_unsupported() {
         }
     ));
     assert_eq!(plan.kind_counts()["sequential"], 1);
+}
+
+#[test]
+fn fft_thunks_decode_with_their_shapes_and_bad_ones_are_errors() {
+    let slice = |offset, size| BufferAllocationSliceProto {
+        offset,
+        size,
+        buffer_allocation_index: 0,
+        element_type: 0,
+    };
+    let shape = |t: i32, dims: &[i64]| px::ShapeProto {
+        element_type: t,
+        dimensions: dims.to_vec(),
+        ..Default::default()
+    };
+    // RFFT of f32[2, 8] at 0 into c64[2, 5] at 256.
+    let m = |fft_type: i32| px::gpu::FftThunkProto {
+        fft_type,
+        fft_length: vec![8],
+        input_buffer: Some(slice(0, 64)),
+        output_buffer: Some(slice(256, 80)),
+        input_shape: Some(shape(11, &[2, 8])),
+        output_shape: Some(shape(15, &[2, 5])),
+    };
+    let plan = decode(&executable(&exe_with_thunks(vec![thunk_bytes(
+        "rfft.1",
+        27,
+        &m(2).encode_to_vec(),
+    )])))
+    .expect("decodes");
+    let ThunkKind::Fft(f) = &plan.thunks[0].kind else {
+        panic!("{:?}", plan.thunks[0].kind);
+    };
+    assert_eq!(f.fft_type, xla_vmm::FftType::Rfft);
+    assert_eq!(
+        (f.input.offset, f.output.offset, f.output.size),
+        (0, 256, 80)
+    );
+    assert_eq!(f.output_shape.dimensions, [2, 5]);
+    assert_eq!(plan.thunks[0].kind_name(), "fft");
+    let bad = |m: px::gpu::FftThunkProto| {
+        err(&executable(&exe_with_thunks(vec![thunk_bytes(
+            "bad-fft",
+            27,
+            &m.encode_to_vec(),
+        )])))
+        .to_string()
+    };
+    let e = bad(m(7));
+    assert!(e.contains("bad-fft") && e.contains("fft type 7"), "{e}");
+    let e = bad(px::gpu::FftThunkProto {
+        output_shape: None,
+        ..m(2)
+    });
+    assert!(e.contains("fft without output_shape"), "{e}");
+    let e = bad(px::gpu::FftThunkProto {
+        output_buffer: Some(slice(1000, 80)),
+        ..m(2)
+    });
+    assert!(e.contains("bad-fft"), "{e}");
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //!
 //! - `cuda` (feature `cuda`): the CUDA driver API (`cuMem*` VMM, graphs,
 //!   launch) and cuBLASLt, loaded dynamically at first use, so a build needs
-//!   no CUDA toolkit.
+//!   no CUDA toolkit; cuBLAS's, cuDNN's and cuFFT's types.
 //! - `hip` (feature `hip`): the HIP runtime API: `hip-runtime-sys`'s types
 //!   (Debian's `libamdhip64-dev` headers), its functions resolved from
 //!   `libamdhip64.so.{7,6,5}` at run time (`hip/runtime.rs`).
@@ -28,6 +28,7 @@ pub mod cuda {
     pub use cudarc::cublas::sys as cublas;
     pub use cudarc::cublaslt::sys as cublaslt;
     pub use cudarc::cudnn::sys as cudnn;
+    pub use cudarc::cufft::sys as cufft;
     pub use cudarc::driver::sys as driver;
 }
 
@@ -56,6 +57,7 @@ pub mod nccl;
 pub mod pjrt {
     include!("pjrt_c_api.rs");
     include!("pjrt_ffi_extension.rs");
+    include!("pjrt_profiler_extension.rs");
 }
 
 pub mod xla_ffi;

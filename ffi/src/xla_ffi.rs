@@ -4,7 +4,7 @@
 // needs to call a handler (call frame, arguments, results, attributes, the API
 // table and the argument structs of its functions). Layouts are described in
 // `integration/results/ffi_abi_0.4.md` and checked in `tests/xla_ffi_layout.rs`.
-// Types only: the plugin serves the table (`plugin/src/xla_ffi_api.rs`).
+// Types only: the plugin serves the table (`plugin/src/xla_ffi/api.rs`).
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
 use core::ffi::{c_char, c_int, c_void};

@@ -86,3 +86,47 @@ fn ffi_extension_structs_match_header() {
         PJRT_FFI_Extension_STRUCT_SIZE
     );
 }
+
+#[test]
+fn profiler_extension_structs_match_header() {
+    let end = |off: usize, size: usize| off + size;
+    assert_eq!(
+        end(offset_of!(PLUGIN_Profiler_Error_Destroy_Args, error), 8),
+        PLUGIN_Profiler_Error_Destroy_Args_STRUCT_SIZE
+    );
+    assert_eq!(
+        end(
+            offset_of!(PLUGIN_Profiler_Error_Message_Args, message_size),
+            8
+        ),
+        PLUGIN_Profiler_Error_Message_Args_STRUCT_SIZE
+    );
+    assert_eq!(
+        end(offset_of!(PLUGIN_Profiler_Error_GetCode_Args, code), 4),
+        PLUGIN_Profiler_Error_GetCode_Args_STRUCT_SIZE
+    );
+    assert_eq!(
+        end(offset_of!(PLUGIN_Profiler_Create_Args, profiler), 8),
+        PLUGIN_Profiler_Create_Args_STRUCT_SIZE
+    );
+    assert_eq!(
+        end(offset_of!(PLUGIN_Profiler_Args, profiler), 8),
+        PLUGIN_Profiler_Args_STRUCT_SIZE
+    );
+    assert_eq!(
+        end(
+            offset_of!(PLUGIN_Profiler_CollectData_Args, buffer_size_in_bytes),
+            8
+        ),
+        PLUGIN_Profiler_CollectData_Args_STRUCT_SIZE
+    );
+    assert_eq!(
+        end(offset_of!(PLUGIN_Profiler_Api, collect_data), 8),
+        PLUGIN_Profiler_Api_STRUCT_SIZE
+    );
+    assert_eq!(offset_of!(PJRT_Profiler_Extension, profiler_api), 24);
+    assert_eq!(
+        end(offset_of!(PJRT_Profiler_Extension, traceme_context_id), 8),
+        PJRT_Profiler_Extension_STRUCT_SIZE
+    );
+}

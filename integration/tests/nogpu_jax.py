@@ -143,6 +143,25 @@ class NoGpu(unittest.TestCase):
         self.assertIn("no vendor XLA GPU plugin found", error)
         self.assertIn('pip install "jax[cuda13]"', error)
 
+    def test_a_jax_profiler_trace_holds_the_plugins_plane_and_transfers(self):
+        """jax.profiler.trace finds the plugin's profiler extension (JAX registers it when it loads
+        the plugin) and the trace it writes holds our plane with the transfers made during it."""
+        code = ("import glob, os, tempfile, jax, numpy as np\n"
+                "d = tempfile.mkdtemp()\n"
+                "with jax.profiler.trace(d):\n"
+                "    x = jax.device_put(np.arange(4, dtype=np.float32))\n"
+                "    np.asarray(x)\n"
+                "files = glob.glob(os.path.join(d, '**', '*.xplane.pb'), recursive=True)\n"
+                "data = b''.join(open(f, 'rb').read() for f in files)\n"
+                "print('xplane files', len(files))\n"
+                "print('plane', b'/device:CUSTOM:xla-vmm' in data)\n"
+                "print('transfer', b'transfer to device' in data)\n")
+        p = jax_run(code, True, JAX_PLATFORMS="vmm", XLA_VMM_BACKEND="host")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("xplane files 1", p.stdout, p.stderr)
+        self.assertIn("plane True", p.stdout, p.stderr)
+        self.assertIn("transfer True", p.stdout, p.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

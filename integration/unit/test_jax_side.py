@@ -408,7 +408,7 @@ class SliceRunner(unittest.TestCase):
 
     def test_fallback_warnings_are_counted_by_reason(self):
         jt = load_runner()
-        warn = ("W xla_vmm_plugin::executable: xla-vmm runtime rejected jit_f ({}); it runs on the vendor "
+        warn = ("W xla_vmm_plugin::objects::executable: xla-vmm runtime rejected jit_f ({}); it runs on the vendor "
                 "runtime on xla-vmm buffers (set strict to make this an error)")
         host = "unsupported: host_execute_start thunk '…': thunk kind not executed by this runtime"
         text = "\n".join([

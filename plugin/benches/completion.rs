@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use common::plans::*;
 use common::*;
-use xla_vmm_plugin::client::{self, Client};
-use xla_vmm_plugin::devmem::VmmMemory;
+use xla_vmm_plugin::objects::client::{self, Client};
+use xla_vmm_plugin::runtime::devmem::VmmMemory;
 
 /// Median and 90th percentile of the wake-up latency over `steps` steps (µs).
 fn latency(steps: usize) -> (f64, f64) {
@@ -26,7 +26,8 @@ fn latency(steps: usize) -> (f64, f64) {
     let mem = Arc::new(VmmMemory::new(be.clone()).unwrap());
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
-    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"lat".to_vec()).unwrap();
+    let exe =
+        xla_vmm_plugin::objects::executable::load_plan(client, add_one(), b"lat".to_vec()).unwrap();
     let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
     let mut lats = Vec::with_capacity(steps);
     for _ in 0..steps {

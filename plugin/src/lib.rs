@@ -4,25 +4,42 @@
 //! populated [`PJRT_Api`](xla_vmm_ffi::pjrt::PJRT_Api) table (PJRT C API
 //! 0.114, `struct_size` the real size).
 //!
-//! Where to start reading:
-//! - `api.rs`: the table, one line per entry (implemented or `none`).
-//! - `entry.rs`: what every entry does before and after the Rust function
-//!   (null / `struct_size` checks, `catch_unwind`, error mapping).
-//! - `handles.rs`: how C pointers are validated (a registry of live objects,
-//!   looked up before any dereference).
-//! - `cabi.rs`: the only module that reads or writes caller memory.
-//! - `client.rs`, `device.rs`, `buffer.rs`, `event.rs`: the objects.
-//! - `executable.rs` (compile, load, run one device's step), `execute.rs`
-//!   (the `Execute` entry) and `exec_queries.rs` (what JAX asks of an
-//!   executable); `program.rs`: the runtime behind a trait.
-//! - Several devices and processes: `assignment.rs` (device assignments),
-//!   `worker.rs` (a thread per device for multi-device steps),
-//!   `collectives.rs` (the runtime's cliques), `kv.rs` (the
-//!   `jax.distributed` key-value store: topology and clique ids),
-//!   `remote.rs` (other processes' devices).
-//! - `devmem.rs`: device memory, from the project's `VmmAllocator`.
-//! - `vendor_locate.rs`, `vendor.rs`: finding and driving the vendor XLA GPU
-//!   plugin as a compiler only (compile → `PJRT_Executable_Serialize` bytes).
+//! The crate is in wings by role; imports run one way, from the top wing
+//! down (no module imports one that imports it back):
+//! - `api/`: the C entry points. `table.rs` is the table, one line per
+//!   entry (implemented or `none`); `entry.rs` what every entry does before
+//!   and after the Rust function (null / `struct_size` checks,
+//!   `catch_unwind`, error mapping); `plugin.rs` the plugin's own entries;
+//!   `execute_context.rs` the FFI extension's entries; `profiler.rs` the
+//!   profiler extension (traces in `jax.profiler`).
+//! - `objects/`: the PJRT objects, in safe Rust: `client.rs`, `device.rs`,
+//!   `topology.rs`, `buffer.rs`; `executable.rs` (compile, load, run one
+//!   device's step), `execute.rs` (the `Execute` entry), `exec_queries.rs`
+//!   (what JAX asks of an executable); `worker.rs` (a thread per device for
+//!   multi-device steps), `remote.rs` (other processes' devices).
+//! - `runtime/`: each device's context on our runtime, in safe Rust:
+//!   `devmem.rs` (memory from the project's `VmmAllocator`, streams,
+//!   programs), `program.rs` (the runtime behind a trait), `completion.rs`
+//!   and `event.rs` (asynchronous work and its `PJRT_Event`s),
+//!   `staging.rs`, `collectives.rs` (the runtime's cliques), `watchdog.rs`.
+//! - `xla_ffi/`: the XLA FFI API our runtime's custom calls see (`api.rs`),
+//!   host callbacks (`host_compute.rs`), Mosaic GPU kernels (`mosaic.rs`).
+//! - `vendor_plugin/`: the vendor XLA GPU plugin as a compiler only: `locate.rs`
+//!   finds it, `compiler.rs` drives it (compile → `PJRT_Executable_Serialize`
+//!   bytes), `executable.rs` its executables (compiled, loaded, or run on the
+//!   vendor runtime as the fallback).
+//! - `cabi/`: what crosses the C boundary: `caller.rs` (the only module
+//!   that reads or writes caller memory), `handles.rs` (C pointers validated
+//!   against a registry of live objects before any dereference), `error.rs`,
+//!   `options.rs` (client options, the environment as fallback: the front
+//!   door of configuration), `assignment.rs` (device assignments), `dtype.rs`
+//!   and `memory_kind.rs` (buffer types, memory kinds), `kv.rs` (the
+//!   `jax.distributed` key-value store), `ffi_state.rs` (what the FFI
+//!   extension keeps), `stats.rs` (`stats()` / `report()` for Python),
+//!   `crash.rs` (the opt-in crash report).
+//!
+//! Unsafe code lives in `api/`, `cabi/`, `xla_ffi/` and `vendor_plugin/` (the
+//! C ABI both ways and the FFI tables); `objects/` and `runtime/` forbid it.
 //!
 //! Who validates what: the entry layer checks the args struct; each
 //! implementation validates the handles it receives (`Handle::from_c`) and
@@ -34,47 +51,18 @@
 // Patterns match the C header's constant names (`PJRT_Buffer_Type_F32`).
 #![allow(non_upper_case_globals)]
 
-mod api;
-pub mod assignment;
-pub mod buffer;
-mod cabi;
-pub mod client;
-pub mod collectives;
-pub mod completion;
-pub mod crash;
-pub mod device;
-pub mod devmem;
-pub mod dtype;
-mod entry;
-pub mod error;
-pub mod event;
-pub mod exec_queries;
-pub mod executable;
-pub mod execute;
-pub mod execute_context;
-pub mod handles;
-pub mod host_compute;
-pub mod kv;
-pub mod mosaic;
-pub mod options;
-mod plugin;
-pub mod program;
-pub mod remote;
-pub mod staging;
-pub mod stats;
-pub mod topology;
-pub mod vendor;
-pub mod vendor_exec;
-pub mod vendor_locate;
-mod watchdog;
-pub mod worker;
-pub mod xla_ffi_api;
+pub mod api;
+pub mod cabi;
+pub mod objects;
+pub mod runtime;
+pub mod vendor_plugin;
+pub mod xla_ffi;
 
 #[doc(hidden)]
-pub use api::raw;
-pub use api::ENTRIES;
+pub use api::entry::RawEntry;
 #[doc(hidden)]
-pub use entry::RawEntry;
+pub use api::table::raw;
+pub use api::table::ENTRIES;
 pub use xla_vmm_ffi::pjrt;
 
 /// The PJRT entry point jaxlib looks up after `dlopen`.
@@ -83,7 +71,7 @@ pub use xla_vmm_ffi::pjrt;
 #[allow(unsafe_code)]
 #[no_mangle]
 pub extern "C" fn GetPjrtApi() -> *const pjrt::PJRT_Api {
-    &api::API.0
+    &api::table::API.0
 }
 
 /// Counts of live C-visible objects, for leak checks.
@@ -96,24 +84,8 @@ pub struct LiveObjects {
 
 pub fn live_objects() -> LiveObjects {
     LiveObjects {
-        buffers: buffer::live_buffers(),
-        events: event::live_events(),
-        errors: error::live_errors(),
+        buffers: objects::buffer::live_buffers(),
+        events: runtime::event::live_events(),
+        errors: cabi::error::live_errors(),
     }
-}
-
-/// Install a `tracing` subscriber with `process`'s filter (`XLA_VMM_LOG`,
-/// e.g. `info`, `xla_vmm_plugin=debug`; default `warn`, so fallbacks and
-/// hangs are reported), once, unless the host process installed one. Colour
-/// only on a terminal (not in a log file or a CI log), and never under
-/// `NO_COLOR` (no-color.org).
-pub fn init_logging(process: &options::ProcessOptions) {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(&process.log_filter))
-            .with_writer(std::io::stderr)
-            .with_ansi(process.color)
-            .try_init();
-    });
 }

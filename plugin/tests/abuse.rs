@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::plans::*;
 use common::*;
-use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
 
 fn host_client() -> *mut PJRT_Client {
@@ -160,7 +160,7 @@ fn absurd_host_device_counts_are_refused_at_once() {
 fn execute_checks_its_counts_before_reading_the_lists() {
     let client = host_client();
     let device = devices(client)[0];
-    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), vec![]).unwrap();
+    let exe = xla_vmm_plugin::objects::executable::load_plan(client, add_one(), vec![]).unwrap();
     let x = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
     let args = [x];
     // A huge num_args over a one-element list: refused before it is read.

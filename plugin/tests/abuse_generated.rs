@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use common::plans::*;
 use common::*;
-use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
 use xla_vmm_plugin::raw::ENTRIES;
 
@@ -170,7 +170,7 @@ fn objects() -> Objects {
     );
     let buffer = put_f32(client, device, &[1.0; 4]);
     let event = ready_event(buffer);
-    let loaded = xla_vmm_plugin::executable::load_plan(client, add_one(), vec![]).unwrap();
+    let loaded = xla_vmm_plugin::objects::executable::load_plan(client, add_one(), vec![]).unwrap();
     let executable = executable_of(loaded);
     let (_, t) = call!(
         PJRT_Client_TopologyDescription,
@@ -184,7 +184,8 @@ fn objects() -> Objects {
     destroy_buffer(dead_buffer);
     let dead_event = ready_event(buffer);
     destroy_event(dead_event);
-    let dead_loaded = xla_vmm_plugin::executable::load_plan(client, add_one(), vec![]).unwrap();
+    let dead_loaded =
+        xla_vmm_plugin::objects::executable::load_plan(client, add_one(), vec![]).unwrap();
     destroy_exe(dead_loaded);
     let dead_context = context();
     call_ok!(
@@ -381,7 +382,7 @@ fn handles_destroyed_concurrently_with_calls_on_them() {
     }
     let client = client::into_c(Client::with_backend(host_options(), backend()).unwrap());
     let device = devices(client)[0];
-    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), vec![]).unwrap();
+    let exe = xla_vmm_plugin::objects::executable::load_plan(client, add_one(), vec![]).unwrap();
     for round in 0..50 {
         let b = put_f32(client, device, &[round as f32; 4]) as usize;
         let e = exe as usize;
@@ -429,7 +430,8 @@ fn ten_threads_load_execute_and_destroy_at_once() {
                 let (client, device) = (c as *mut PJRT_Client, d as *mut PJRT_Device);
                 for i in 0..20 {
                     let exe =
-                        xla_vmm_plugin::executable::load_plan(client, add_one(), vec![]).unwrap();
+                        xla_vmm_plugin::objects::executable::load_plan(client, add_one(), vec![])
+                            .unwrap();
                     let x = put_f32(client, device, &[(t * 100 + i) as f32; 4]);
                     let ctx = context();
                     let args = [x];

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use common::plans::*;
 use common::*;
 use xla_vmm_device::HostBackend;
-use xla_vmm_plugin::client::{self, Client};
-use xla_vmm_plugin::devmem::{DeviceMemory, VmmMemory};
+use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
+use xla_vmm_plugin::runtime::devmem::{DeviceMemory, VmmMemory};
 
 /// Callbacks seen (successes in the low 16 bits, errors above).
 static CALLS: AtomicUsize = AtomicUsize::new(0);
@@ -80,9 +80,11 @@ fn execute_is_asynchronous_and_ordered() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let be = backend();
     let (mem, client, device) = host_client(&be, false);
-    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"a1".to_vec()).unwrap();
+    let exe =
+        xla_vmm_plugin::objects::executable::load_plan(client, add_one(), b"a1".to_vec()).unwrap();
     let exe_d =
-        xla_vmm_plugin::executable::load_plan(client, add_one_donated(), b"a1d".to_vec()).unwrap();
+        xla_vmm_plugin::objects::executable::load_plan(client, add_one_donated(), b"a1d".to_vec())
+            .unwrap();
     let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
 
     hold(&mem, true);
@@ -181,7 +183,8 @@ fn sync_mode_completes_before_returning() {
     let be = backend();
     let (mem, client, device) = host_client(&be, true);
     let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
-    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"s".to_vec()).unwrap();
+    let exe =
+        xla_vmm_plugin::objects::executable::load_plan(client, add_one(), b"s".to_vec()).unwrap();
     let (out, done) = execute_async(exe, &[a], &[]).unwrap();
     assert!(is_ready(done));
     let r = ready_event(out);
@@ -203,12 +206,13 @@ fn sync_mode_completes_before_returning() {
 
 #[test]
 fn host_runs_at_most_max_in_flight_ahead() {
-    use xla_vmm_plugin::devmem::MAX_IN_FLIGHT;
+    use xla_vmm_plugin::runtime::devmem::MAX_IN_FLIGHT;
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let be = backend();
     let (mem, client, device) = host_client(&be, false);
     let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
-    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"t".to_vec()).unwrap();
+    let exe =
+        xla_vmm_plugin::objects::executable::load_plan(client, add_one(), b"t".to_vec()).unwrap();
     hold(&mem, true);
     let mut made = Vec::new();
     for _ in 0..MAX_IN_FLIGHT {

@@ -19,9 +19,9 @@ use std::sync::Arc;
 
 use common::plans::*;
 use common::*;
-use xla_vmm_plugin::client::{self, Client};
-use xla_vmm_plugin::devmem::VmmMemory;
+use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
+use xla_vmm_plugin::runtime::devmem::VmmMemory;
 
 /// Is `b`'s ready event complete?
 fn buffer_ready(b: *mut PJRT_Buffer) -> bool {
@@ -56,7 +56,8 @@ fn uploads_do_not_wait_for_queued_work_and_keep_their_data() {
     let mem = Arc::new(VmmMemory::new(be.clone()).unwrap());
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
-    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"up".to_vec()).unwrap();
+    let exe =
+        xla_vmm_plugin::objects::executable::load_plan(client, add_one(), b"up".to_vec()).unwrap();
     let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
 
     // A step in flight that cannot finish (held stream): uploads still return.
@@ -154,7 +155,8 @@ fn reading_a_finished_output_does_not_wait_for_the_next_step() {
     let mem = Arc::new(VmmMemory::new(be.clone()).unwrap());
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
-    let exe = xla_vmm_plugin::executable::load_plan(client, add_one(), b"rd".to_vec()).unwrap();
+    let exe =
+        xla_vmm_plugin::objects::executable::load_plan(client, add_one(), b"rd".to_vec()).unwrap();
     let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
     let (out1, done1) = execute_async(exe, &[a], &[]).unwrap();
     assert_eq!(await_event(done1), None);

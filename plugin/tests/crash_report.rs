@@ -19,10 +19,10 @@ fn child() {
     if std::env::var(CHILD_ENV).is_err() {
         return;
     }
-    let wanted = xla_vmm_plugin::options::ProcessOptions::from_env().crash_report;
-    xla_vmm_plugin::crash::install_if(wanted);
+    let wanted = xla_vmm_plugin::cabi::options::ProcessOptions::from_env().crash_report;
+    xla_vmm_plugin::cabi::crash::install_if(wanted);
     // A second install changes nothing.
-    xla_vmm_plugin::crash::install_if(wanted);
+    xla_vmm_plugin::cabi::crash::install_if(wanted);
     match std::env::var(CHILD_ENV).as_deref() {
         Ok("abort") => std::process::abort(),
         _ => fault(),

@@ -136,8 +136,8 @@ fn fixture_on_the_host_backend_loads_or_fails_clearly() {
 fn deserialize_and_load_survives_mutated_executables() {
     use xla_vmm::decode::mutate::{inner_message, wrap_inner, Mutator};
     let be = common::plans::backend();
-    let client = xla_vmm_plugin::client::into_c(
-        xla_vmm_plugin::client::Client::with_backend(host_options(), be.clone()).unwrap(),
+    let client = xla_vmm_plugin::objects::client::into_c(
+        xla_vmm_plugin::objects::client::Client::with_backend(host_options(), be.clone()).unwrap(),
     );
     let dir = xla_vmm::testdata::require_fixtures_dir();
     let (mut loaded, mut refused) = (0, 0);

@@ -8,7 +8,7 @@ mod common;
 use common::plans::*;
 use common::*;
 use xla_vmm::*;
-use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
 
 /// The result is the parameter itself, not donated (XLA's passthrough).
@@ -39,7 +39,8 @@ fn execute_outputs_donation_and_errors() {
 
     // ---- out = a + 1; the argument stays live.
     let exe =
-        xla_vmm_plugin::executable::load_plan(client, add_one(), b"bytes-1".to_vec()).unwrap();
+        xla_vmm_plugin::objects::executable::load_plan(client, add_one(), b"bytes-1".to_vec())
+            .unwrap();
     let a = put(&[1.0, 2.0, 3.0, 4.0]);
     let out = execute(exe, &[a], &[]).unwrap();
     assert_eq!(f32_values(&to_host(out).unwrap()), vec![2.0, 3.0, 4.0, 5.0]);
@@ -153,7 +154,8 @@ fn execute_outputs_donation_and_errors() {
     assert!(msg.contains("deleted"), "{msg}");
 
     // ---- donation: the argument's memory becomes the output.
-    let dexe = xla_vmm_plugin::executable::load_plan(client, add_one_donated(), vec![]).unwrap();
+    let dexe =
+        xla_vmm_plugin::objects::executable::load_plan(client, add_one_donated(), vec![]).unwrap();
     let x = put(&[1.0, 5.0, 0.0, 0.0]);
     let y = execute(dexe, &[x], &[]).unwrap();
     assert_eq!(f32_values(&to_host(y).unwrap()), vec![2.0, 6.0, 1.0, 1.0]);
@@ -170,7 +172,8 @@ fn execute_outputs_donation_and_errors() {
     assert_eq!(f32_values(&to_host(z).unwrap()), vec![3.0, 7.0, 2.0, 2.0]);
 
     // ---- passthrough: the output is a new buffer, the argument stays live.
-    let pexe = xla_vmm_plugin::executable::load_plan(client, passthrough(), vec![]).unwrap();
+    let pexe =
+        xla_vmm_plugin::objects::executable::load_plan(client, passthrough(), vec![]).unwrap();
     let p_out = execute(pexe, &[z], &[]).unwrap();
     assert!(!is_deleted(z));
     assert_ne!(p_out, z);

@@ -12,7 +12,7 @@ use std::ptr::null_mut;
 use common::plans::*;
 use common::*;
 use xla_vmm::*;
-use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
 
 /// A program of `params` f32[4] parameters (the first donated when
@@ -47,7 +47,7 @@ fn program(params: usize, donate: bool, result: Shape, outputs: Vec<usize>) -> P
 }
 
 fn load(client: *mut PJRT_Client, p: Plan) -> *mut PJRT_LoadedExecutable {
-    xla_vmm_plugin::executable::load_plan(client, p, vec![]).unwrap()
+    xla_vmm_plugin::objects::executable::load_plan(client, p, vec![]).unwrap()
 }
 
 #[test]
@@ -667,7 +667,7 @@ unsafe extern "C" fn user_data_handler(
 /// step's error, and the client goes on.
 #[test]
 fn a_typed_ffi_custom_call_reads_the_execute_context_s_user_data() {
-    use xla_vmm_plugin::xla_ffi_api::{register_handler, Handler};
+    use xla_vmm_plugin::xla_ffi::api::{register_handler, Handler};
     register_handler(
         "xla_vmm_test_user_data",
         Handler {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use xla_vmm_device::{HostBackend, HostConfig};
-use xla_vmm_plugin::client::{self, Client};
+use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
 
 #[test]

@@ -13,10 +13,10 @@ use std::time::Instant;
 use common::multi::*;
 use common::plans::*;
 use common::*;
-use xla_vmm_plugin::assignment::{AssignmentProto, DeviceAssignment};
-use xla_vmm_plugin::client::{self, Client};
-use xla_vmm_plugin::devmem::VmmMemory;
+use xla_vmm_plugin::cabi::assignment::{AssignmentProto, DeviceAssignment};
+use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
+use xla_vmm_plugin::runtime::devmem::VmmMemory;
 
 fn two_device_client() -> *mut PJRT_Client {
     client::into_c(Client::with_backends(host_options(), vec![backend(), backend()], None).unwrap())
@@ -124,7 +124,7 @@ fn a_program_runs_on_two_devices_at_once() {
         partitions: 2,
         ids: vec![0, 1],
     };
-    let exe = xla_vmm_plugin::executable::load_plan_on(
+    let exe = xla_vmm_plugin::objects::executable::load_plan_on(
         client,
         add_one(),
         b"two".to_vec(),
@@ -258,7 +258,7 @@ fn a_program_runs_on_two_devices_at_once() {
     times.sort();
     let two = times[times.len() / 2];
     // The same program on one device, for comparison.
-    let one_exe = xla_vmm_plugin::executable::load_plan_on(
+    let one_exe = xla_vmm_plugin::objects::executable::load_plan_on(
         client,
         add_one(),
         b"one".to_vec(),
@@ -299,7 +299,7 @@ fn a_program_runs_on_two_devices_at_once() {
 fn an_all_reduce_runs_across_two_devices() {
     let client = two_device_client();
     let devs = devices(client);
-    let exe = xla_vmm_plugin::executable::load_plan_on(
+    let exe = xla_vmm_plugin::objects::executable::load_plan_on(
         client,
         all_reduce_and_partition_id(),
         b"all-reduce".to_vec(),
@@ -344,7 +344,7 @@ fn synchronous_mode_runs_both_devices_too() {
     ];
     let client = client::into_c(Client::with_memories(host_options(), mems, None).unwrap());
     let devs = devices(client);
-    let exe = xla_vmm_plugin::executable::load_plan_on(
+    let exe = xla_vmm_plugin::objects::executable::load_plan_on(
         client,
         all_reduce_and_partition_id(),
         b"sync".to_vec(),
@@ -379,7 +379,7 @@ fn synchronous_mode_runs_both_devices_too() {
 fn a_single_device_program_runs_on_the_device_of_its_assignment() {
     let client = two_device_client();
     let devs = devices(client);
-    let exe = xla_vmm_plugin::executable::load_plan_on(
+    let exe = xla_vmm_plugin::objects::executable::load_plan_on(
         client,
         add_one(),
         b"one".to_vec(),
@@ -453,7 +453,7 @@ fn two_processes_see_each_others_devices() {
         .map(|(node, &c)| {
             std::thread::spawn(move || {
                 let c = c as *mut PJRT_Client;
-                let exe = xla_vmm_plugin::executable::load_plan_on(
+                let exe = xla_vmm_plugin::objects::executable::load_plan_on(
                     c,
                     all_reduce_and_partition_id(),
                     b"all-reduce".to_vec(),
@@ -560,7 +560,8 @@ fn a_portable_program_runs_on_the_device_it_is_asked_to() {
     let devs = devices(client);
     // No assignment: loaded on the first device, loaded on others on demand.
     let exe =
-        xla_vmm_plugin::executable::load_plan_on(client, add_one(), b"p".to_vec(), None).unwrap();
+        xla_vmm_plugin::objects::executable::load_plan_on(client, add_one(), b"p".to_vec(), None)
+            .unwrap();
     let a1 = put_f32(client, devs[1], &[3.0; 4]);
     for _ in 0..2 {
         let out = execute_on(exe, devs[1], &[a1]).unwrap();
@@ -571,7 +572,7 @@ fn a_portable_program_runs_on_the_device_it_is_asked_to() {
     let e = execute_on(exe, devs[0], &[a1]).unwrap_err();
     assert!(e.1.contains("argument 0 is on device 1"), "{}", e.1);
     // A program with an assignment runs only there.
-    let fixed = xla_vmm_plugin::executable::load_plan_on(
+    let fixed = xla_vmm_plugin::objects::executable::load_plan_on(
         client,
         add_one(),
         b"f".to_vec(),
@@ -598,7 +599,7 @@ fn binding_stats_name_their_device() {
     let devs = devices(client);
     let mut p = add_one();
     p.module_name = "jit_stats_per_device".into();
-    let exe = xla_vmm_plugin::executable::load_plan_on(
+    let exe = xla_vmm_plugin::objects::executable::load_plan_on(
         client,
         p,
         b"stats".to_vec(),
@@ -623,7 +624,7 @@ fn binding_stats_name_their_device() {
             destroy_buffer(out);
         }
     }
-    let json = xla_vmm_plugin::stats::stats_json();
+    let json = xla_vmm_plugin::cabi::stats::stats_json();
     let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&json).unwrap();
     let mut seen = Vec::new();
     for (key, entry) in &map {

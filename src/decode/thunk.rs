@@ -12,10 +12,10 @@ use crate::plan::{
     thunk_kind_name, AsyncStartThunk, ConditionalThunk, ConvAlgorithm, ConvDims, ConvKind,
     ConvolutionThunk, CopyThunk, CublasLtMatmulThunk, CustomCallThunk, CustomKernelThunk, Dim3,
     DsfOffset, DsfParameter, DsfResult, DynamicSliceConfig, DynamicSliceFusionThunk,
-    ExecutionStream, GemmConfig, GemmThunk, HostExecuteStartThunk, KernelArg, KernelCode,
-    KernelParam, KernelSpec, KernelThunk, LaunchDims, MatrixLayout, OffsetExpr, SelectKThunk,
-    SolveTranspose, Thunk, ThunkInfo, ThunkKind, TmaDescriptor, TriangularSolveThunk, WhileThunk,
-    WindowDim,
+    ExecutionStream, FftThunk, FftType, GemmConfig, GemmThunk, HostExecuteStartThunk, KernelArg,
+    KernelCode, KernelParam, KernelSpec, KernelThunk, LaunchDims, MatrixLayout, OffsetExpr,
+    SelectKThunk, SolveTranspose, Thunk, ThunkInfo, ThunkKind, TmaDescriptor, TriangularSolveThunk,
+    WhileThunk, WindowDim,
 };
 use crate::proto::stream_executor::{
     self as se, gpu::TmaMetadataProto, kernel_loader_spec_proto::Payload,
@@ -172,6 +172,11 @@ fn kind_of(
         )?)),
         25 => ThunkKind::Convolution(Box::new(convolution(
             &decode_msg(data, "ConvolutionThunkProto", p)?,
+            allocs,
+            p,
+        )?)),
+        27 => ThunkKind::Fft(Box::new(fft(
+            &decode_msg(data, "FftThunkProto", p)?,
             allocs,
             p,
         )?)),
@@ -905,6 +910,27 @@ fn dynamic_slice_fusion(
         embedded_allocations,
         embedded,
         verify_offsets: m.verify_offsets,
+    })
+}
+
+/// `FftThunkProto`: what the thunk carries; its geometry is checked where
+/// it is loaded (`xla_vmm_runtime`'s `fft.rs`).
+fn fft(m: &pg::FftThunkProto, allocs: Allocs<'_>, p: &str) -> Result<FftThunk, DecodeError> {
+    let ctx = |what: &'static str| move || format!("{p}: {what}");
+    let fft_type = FftType::from_proto(m.fft_type)
+        .ok_or_else(|| invalid(format!("{p}: fft type {} (0 to 3 expected)", m.fft_type)))?;
+    let req_shape = |s: &Option<px::ShapeProto>, what: &str| {
+        s.as_ref()
+            .ok_or_else(|| invalid(format!("{p}: fft without {what}")))
+            .and_then(shape)
+    };
+    Ok(FftThunk {
+        fft_type,
+        fft_length: m.fft_length.clone(),
+        input: allocs.req_slice(&m.input_buffer, &ctx("input"))?,
+        output: allocs.req_slice(&m.output_buffer, &ctx("output"))?,
+        input_shape: req_shape(&m.input_shape, "input_shape")?,
+        output_shape: req_shape(&m.output_shape, "output_shape")?,
     })
 }
 

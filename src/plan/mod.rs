@@ -13,6 +13,7 @@ mod allocation;
 mod collective;
 mod conv;
 mod ffi_attr;
+mod fft;
 mod gemm;
 mod kernel;
 mod kinds;
@@ -27,6 +28,7 @@ pub use allocation::{
 pub use collective::{CollectiveBuffer, CollectiveOp, CollectiveThunk, GroupMode, ReductionKind};
 pub use conv::{ConvAlgorithm, ConvDims, ConvKind, ConvolutionThunk, WindowDim};
 pub use ffi_attr::{dtype as ffi_dtype, FfiArray, FfiAttr, FfiAttrs, FfiScalar};
+pub use fft::{FftThunk, FftType};
 pub use gemm::{GemmConfig, MatrixLayout, BLAS_LT_EPILOGUE_NAMES};
 pub use kernel::{Dim3, KernelArg, KernelCode, KernelParam, KernelSpec, LaunchDims, TmaDescriptor};
 pub use kinds::{thunk_kind_name, THUNK_KINDS};

@@ -6,8 +6,8 @@
 use serde::Serialize;
 
 use super::{
-    Blob, BufferAllocation, CollectiveThunk, ConvolutionThunk, ElementType, GemmConfig, KernelArg,
-    KernelSpec, LaunchDims, Shape, ShapedSlice, Slice,
+    Blob, BufferAllocation, CollectiveThunk, ConvolutionThunk, ElementType, FftThunk, GemmConfig,
+    KernelArg, KernelSpec, LaunchDims, Shape, ShapedSlice, Slice,
 };
 
 /// `ThunkInfoProto`: what every thunk carries.
@@ -48,6 +48,8 @@ pub enum ThunkKind {
     TriangularSolve(Box<TriangularSolveThunk>),
     /// `convolution_thunk` (25): a cuDNN convolution.
     Convolution(Box<ConvolutionThunk>),
+    /// `fft_thunk` (27): a cuFFT / hipFFT transform.
+    Fft(Box<FftThunk>),
     /// `device_to_device_copy_thunk` (13).
     DeviceToDeviceCopy(CopyThunk),
     /// `device_to_host_copy_thunk` (4): a copy into XLA's host memory space

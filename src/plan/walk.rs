@@ -42,6 +42,7 @@ impl ThunkKind {
             ThunkKind::Gemm(_) => "gemm",
             ThunkKind::TriangularSolve(_) => "triangular_solve",
             ThunkKind::Convolution(_) => "convolution",
+            ThunkKind::Fft(_) => "fft",
             ThunkKind::DeviceToDeviceCopy(_) => "device_to_device_copy",
             ThunkKind::Copy(_) => "copy",
             ThunkKind::DeviceToHostCopy(_) => "device_to_host_copy",
@@ -196,6 +197,10 @@ impl Thunk {
                     out.push((r.slice, Access::Overwrite));
                 }
                 out.push((c.scratch, Access::Overwrite));
+            }
+            ThunkKind::Fft(f) => {
+                out.push((f.input, Access::Read));
+                out.push((f.output, Access::Overwrite));
             }
             ThunkKind::TriangularSolve(t) => {
                 out.push((t.a.slice, Access::Read));

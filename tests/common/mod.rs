@@ -9,12 +9,13 @@ use prost::Message;
 use riegeli::{RecordWriter, WriterOptions};
 use xla_vmm::proto::xla::{self as px};
 
-pub const FIXTURES: [&str; 5] = [
+pub const FIXTURES: [&str; 6] = [
     "small",
     "loop",
     "mlp_adam_donated",
     "llama_scan_bf16",
     "llama_sgd_f32",
+    "fft_kinds",
 ];
 
 pub fn fixtures_dir() -> PathBuf {

@@ -35,6 +35,21 @@ pub struct Args {
     /// over the link per step and the thunks expected to wait.
     #[arg(long, value_name = "BYTES", value_parser = crate::residency::parse_budget)]
     memory_budget: Option<u64>,
+    /// With --memory-budget: also plan the program as the plugin runs it
+    /// under that device memory limit (parameters allocated first, then its
+    /// own buffers, each in host memory past the limit less the staging
+    /// reserve; then the staging of its first run).
+    #[arg(long, requires = "memory_budget")]
+    as_run: bool,
+    /// The staging reserve --as-run assumes, percent of the limit
+    /// (`XLA_VMM_STAGING_RESERVE`).
+    #[arg(
+        long,
+        value_name = "PERCENT",
+        default_value_t = 25,
+        requires = "as_run"
+    )]
+    staging_reserve: u64,
     #[command(flatten)]
     rates: crate::residency::RateArgs,
 }
@@ -56,6 +71,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(b) => Some(crate::residency::plan(&plan, b, &args.rates)?),
         None => None,
     };
+    let as_run = match args.memory_budget.filter(|_| args.as_run) {
+        Some(b) => Some(crate::residency::as_run(
+            &plan,
+            b,
+            args.staging_reserve,
+            &args.rates,
+        )?),
+        None => None,
+    };
     if args.json {
         let mut v = summary_json(&plan);
         if let Some(t) = &timing {
@@ -65,11 +89,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(r) = &residency {
             v["residency"] = crate::residency::json(r);
         }
+        if let Some(a) = &as_run {
+            v["as_run"] = crate::residency::as_run_json(a);
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", summary_text(&plan, bytes.len()));
         if let Some(r) = &residency {
             print!("{}", crate::residency::text(&plan, r));
+        }
+        if let Some(a) = &as_run {
+            print!("{}", crate::residency::as_run_text(a));
         }
         match &timing {
             Some(t) => println!(
@@ -444,6 +474,19 @@ fn detail(t: &Thunk) -> String {
             c.result_shape.element_type.name().unwrap_or("?"),
             c.algorithm.algo_id,
             c.algorithm.knobs.len()
+        ),
+        ThunkKind::Fft(f) => format!(
+            " {} lengths {:?} {}{:?} -> {}{:?} #{}+{} -> #{}+{}",
+            f.fft_type.name(),
+            f.fft_length,
+            f.input_shape.element_type.name().unwrap_or("?"),
+            f.input_shape.dimensions,
+            f.output_shape.element_type.name().unwrap_or("?"),
+            f.output_shape.dimensions,
+            f.input.allocation,
+            f.input.offset,
+            f.output.allocation,
+            f.output.offset
         ),
         ThunkKind::TriangularSolve(t) => format!(
             " {} {}x{} x{} ({} side, {}{}, {:?})",

@@ -190,3 +190,136 @@ pub fn json(r: &ResidencyPlan) -> Value {
         "waits": r.waits,
     })
 }
+
+/// The VMM granularity the emulation rounds allocations to (CUDA's, 2 MiB).
+const GRANULE: u64 = 2 << 20;
+
+/// `--as-run`: the program planned as the plugin runs it under a device
+/// memory limit: its parameters allocated first (in parameter order), its
+/// own buffers at load after them, each in device memory while ordinary
+/// allocations stay under the limit less the staging reserve and in host
+/// memory past it; then the staging its first run plans (what
+/// `report()` shows on the GPU). An emulation of the allocation order a
+/// JAX program usually has (`device_put` of the parameters, then the
+/// executable's load).
+pub struct AsRun {
+    pub limit: u64,
+    pub reserve_percent: u64,
+    pub device_bytes: u64,
+    pub host_bytes: u64,
+    /// Parameters in device memory (the first N).
+    pub device_params: usize,
+    pub staging: Option<xla_vmm_runtime::staging::StagingPlan>,
+}
+
+/// See [`AsRun`].
+pub fn as_run(
+    plan: &Plan,
+    limit: u64,
+    reserve_percent: u64,
+    rates: &RateArgs,
+) -> anyhow::Result<AsRun> {
+    use xla_vmm::AllocationRole;
+    use xla_vmm_policy::residency::Home;
+    anyhow::ensure!(
+        reserve_percent <= 90,
+        "--staging-reserve {reserve_percent}: at most 90 (percent)"
+    );
+    let ceiling = limit / 100 * (100 - reserve_percent);
+    let mut order: Vec<(u64, usize)> = plan
+        .allocations
+        .iter()
+        .map(|a| match &a.role {
+            AllocationRole::Parameter { number, .. } => (*number, a.index),
+            _ => (u64::MAX / 2 + a.index as u64, a.index),
+        })
+        .collect();
+    order.sort_unstable();
+    let mut homes = vec![Home::Host; plan.allocations.len()];
+    let (mut device, mut host, mut device_params) = (0u64, 0u64, 0usize);
+    for (key, i) in order {
+        let size = plan.allocations[i].size;
+        let g = size.div_ceil(GRANULE) * GRANULE;
+        if size == 0 || device + g <= ceiling {
+            homes[i] = Home::Device;
+            device += g;
+            device_params += usize::from(key < u64::MAX / 2 && size > 0);
+        } else {
+            host += g;
+        }
+    }
+    let room = limit.saturating_sub(device) / GRANULE * GRANULE;
+    let staging = xla_vmm_runtime::staging::plan_staging(plan, &homes, room, rates.rates())?;
+    Ok(AsRun {
+        limit,
+        reserve_percent,
+        device_bytes: device,
+        host_bytes: host,
+        device_params,
+        staging,
+    })
+}
+
+/// `--as-run`'s readable summary.
+pub fn as_run_text(a: &AsRun) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "as run under a {} device memory limit (staging reserve {}%): {} in device memory ({} parameters first), {} in host memory",
+        gib(a.limit),
+        a.reserve_percent,
+        gib(a.device_bytes),
+        a.device_params,
+        gib(a.host_bytes)
+    );
+    let Some(p) = &a.staging else {
+        let _ = writeln!(
+            s,
+            "  nothing staged (nothing in host memory, or nothing pays to stage)"
+        );
+        return s;
+    };
+    let m = p.summary();
+    let _ = writeln!(
+        s,
+        "  staging area {}: {} buffers ({}) staged, {} ({}) read in place; per step {} in, {} out",
+        gib(m.area_bytes),
+        m.staged,
+        gib(m.staged_bytes),
+        m.in_place,
+        gib(m.in_place_bytes),
+        gib(m.bytes_in_per_step),
+        gib(m.bytes_out_per_step)
+    );
+    let touched = xla_vmm_policy::residency::touched_bytes(&p.input);
+    let mut in_place: Vec<usize> = (0..p.placements.len())
+        .filter(|&i| p.placements[i] == Placement::InPlace && touched[i] > 0)
+        .collect();
+    in_place.sort_by_key(|&i| std::cmp::Reverse(touched[i]));
+    let _ = writeln!(s, "  read in place, by bytes over the link per step:");
+    for &i in in_place.iter().take(SHOWN) {
+        let b = &p.input.buffers[i];
+        let _ = writeln!(
+            s,
+            "    allocation {} at {} ({}, {}): {}",
+            b.id,
+            b.offset,
+            b.name,
+            gib(b.bytes),
+            gib(touched[i])
+        );
+    }
+    s
+}
+
+/// The `as_run` member of `inspect --json`.
+pub fn as_run_json(a: &AsRun) -> Value {
+    json!({
+        "limit_bytes": a.limit,
+        "staging_reserve_percent": a.reserve_percent,
+        "device_bytes": a.device_bytes,
+        "host_bytes": a.host_bytes,
+        "device_parameters": a.device_params,
+        "staging": a.staging.as_ref().map(|p| p.summary()),
+    })
+}

@@ -155,9 +155,20 @@ impl std::fmt::Display for NeedsGpu {
 
 impl std::error::Error for NeedsGpu {}
 
+/// Does `plan` run thunks through the library engine (cuBLASLt GEMMs,
+/// cuDNN convolutions, cuBLAS triangular solves, cuFFT transforms; their
+/// ROCm twins)?
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub(crate) fn needs_engine(plan: &xla_vmm::Plan) -> bool {
+    let kinds = plan.kind_counts();
+    ["cublas_lt_matmul", "convolution", "triangular_solve", "fft"]
+        .iter()
+        .any(|k| kinds.contains_key(*k))
+}
+
 /// `"<kind> thunk '<name>': "` of every thunk of `plan` whose work is GPU
 /// code or a GPU library (compiled kernels, GEMMs, convolutions, triangular
-/// solves), as the runtime names a thunk in its load errors.
+/// solves, FFTs), as the runtime names a thunk in its load errors.
 fn gpu_thunks(plan: &xla_vmm::Plan) -> Vec<String> {
     use xla_vmm::plan::ThunkKind as K;
     let mut out = Vec::new();
@@ -170,6 +181,7 @@ fn gpu_thunks(plan: &xla_vmm::Plan) -> Vec<String> {
                 | K::Gemm(_)
                 | K::Convolution(_)
                 | K::TriangularSolve(_)
+                | K::Fft(_)
         ) {
             out.push(format!(
                 "{} thunk '{}': ",
@@ -291,14 +303,13 @@ fn replay_gpu<B: Backend + 'static, G: xla_vmm_device::blas::GemmEngine<B> + 'st
     config: &RunConfig,
     check: &OutputCheck,
 ) -> anyhow::Result<()> {
-    let gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<B>>> =
-        if plan.kind_counts().contains_key("cublas_lt_matmul") {
-            let (g, library) = make_gemm(&backend)?;
-            eprintln!("{engine}: {library}");
-            Some(Arc::new(g))
-        } else {
-            None
-        };
+    let gemm: Option<Arc<dyn xla_vmm_device::blas::GemmEngine<B>>> = if needs_engine(&plan) {
+        let (g, library) = make_gemm(&backend)?;
+        eprintln!("{engine}: {library}");
+        Some(Arc::new(g))
+    } else {
+        None
+    };
     replay(Arc::new(backend), plan, gemm, inputs, args, config, check)
 }
 

@@ -149,7 +149,7 @@ fn run_backend(
             assignment.ids.len()
         );
     }
-    let needs_gemm = plan.kind_counts().contains_key("cublas_lt_matmul");
+    let needs_gemm = crate::run::needs_engine(&plan);
     let make = move |k: usize| -> anyhow::Result<(Arc<CudaBackend>, Gemm<CudaBackend>)> {
         let b = Arc::new(CudaBackend::new(k)?);
         let g: Gemm<CudaBackend> = if needs_gemm {

@@ -63,7 +63,7 @@ fn inspect(args: &[&str]) -> std::process::Output {
 #[test]
 fn json_counts_match_the_fixture_readme() {
     let table = readme_counts();
-    assert_eq!(table.len(), 5, "rows parsed: {:?}", table.keys());
+    assert_eq!(table.len(), 6, "rows parsed: {:?}", table.keys());
     for (name, (allocs, roles, top, kinds)) in &table {
         let path = fixtures().join(format!("{name}.pjrt"));
         let out = inspect(&[path.to_str().unwrap(), "--json"]);
@@ -157,4 +157,51 @@ fn memory_budget_plans_stay_under_the_budget() {
     let out = inspect(&[file, "--memory-budget", "lots"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected bytes"));
+}
+
+#[test]
+fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
+    // llama_sgd_f32 (576 MiB) under a 384 MiB limit: the parameters first
+    // fill three quarters of it, the rest is in host memory, and the first
+    // run stages part of it through the room left.
+    let file = fixtures().join("llama_sgd_f32.pjrt");
+    let file = file.to_str().unwrap();
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![file, "--json", "--memory-budget", "384M", "--as-run"];
+        args.extend_from_slice(extra);
+        let out = inspect(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["as_run"].clone()
+    };
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let a = run(&[]);
+    assert_eq!(n(&a, "staging_reserve_percent"), 25);
+    assert!(n(&a, "device_bytes") <= 384 * (1 << 20) / 100 * 75, "{a}");
+    assert!(n(&a, "host_bytes") > 0, "{a}");
+    let s = &a["staging"];
+    assert!(n(s, "staged") > 0, "{a}");
+    assert!(
+        n(s, "area_bytes") <= 384 * (1 << 20) - n(&a, "device_bytes"),
+        "{a}"
+    );
+    // No reserve: more in device memory, less room to stage through.
+    let b = run(&["--staging-reserve", "0"]);
+    assert!(n(&b, "device_bytes") > n(&a, "device_bytes"), "{b}");
+    // The reserve is checked; --as-run needs a budget.
+    assert!(!inspect(&[
+        file,
+        "--memory-budget",
+        "384M",
+        "--as-run",
+        "--staging-reserve",
+        "95"
+    ])
+    .status
+    .success());
+    assert!(!inspect(&[file, "--as-run"]).status.success());
 }

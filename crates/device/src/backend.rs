@@ -467,6 +467,25 @@ pub trait Backend: Send + Sync + 'static {
         ))
     }
 
+    /// Capture XLA's conditional into the graph being captured on `stream`:
+    /// of the `branches` bodies (captured by `body(i, stream)`), the one the
+    /// value at `index` picks runs, picked on the device when the graph runs
+    /// (an `is_pred` byte: non-zero picks branch 0, zero branch 1; else an
+    /// `s32`, out of range picking the last branch), read once before any
+    /// branch runs. Only where `info().conditional_nodes`.
+    fn capture_case(
+        &self,
+        _stream: &Self::Stream,
+        _index: DevicePtr,
+        _is_pred: bool,
+        _branches: usize,
+        _body: &mut dyn FnMut(usize, &Self::Stream) -> Result<()>,
+    ) -> Result<()> {
+        Err(DeviceError::Unsupported(
+            "conditional graph nodes on this backend".into(),
+        ))
+    }
+
     // ---- collectives (see [`crate::collective`]) --------------------------
 
     /// A fresh clique id (`ncclGetUniqueId`), made by one rank and handed to

@@ -22,23 +22,9 @@
 use crate::backend::{Backend, DevicePtr};
 use crate::dnn::{ConvArgs, ConvPlanId, ConvSpec};
 use crate::error::{DeviceError, Result};
+use crate::fft::{FftArgs, FftPlanId, FftSpec};
 
-/// XLA `PrimitiveType` numbers used by GEMMs.
-pub mod xla_type {
-    pub const S8: i32 = 2;
-    pub const S32: i32 = 4;
-    pub const F16: i32 = 10;
-    pub const F32: i32 = 11;
-    pub const F64: i32 = 12;
-    pub const C64: i32 = 15;
-    pub const BF16: i32 = 16;
-    pub const C128: i32 = 18;
-    pub const F8E5M2: i32 = 19;
-    pub const F8E4M3FN: i32 = 20;
-    /// MI300's FP8 types (ROCm).
-    pub const F8E5M2FNUZ: i32 = 24;
-    pub const F8E4M3FNUZ: i32 = 25;
-}
+pub use crate::xla_type;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Order {
@@ -371,10 +357,66 @@ pub enum TrsmArgs {
     },
 }
 
-/// A prepared matmul: descriptors built, algorithm chosen. Index into the
+/// A prepared matmul: descriptors built, algorithm chosen. Its key in the
 /// engine's table.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GemmPlanId(pub usize);
+
+/// An engine's prepared plans (GEMM or convolution) by id, held while a
+/// loaded program uses them: ids are never reused, so a stale one is an
+/// error, not another program's plan.
+pub struct PlanTable<T> {
+    inner: std::sync::Mutex<(std::collections::HashMap<usize, std::sync::Arc<T>>, usize)>,
+}
+
+impl<T> Default for PlanTable<T> {
+    fn default() -> Self {
+        PlanTable {
+            inner: std::sync::Mutex::new((std::collections::HashMap::new(), 0)),
+        }
+    }
+}
+
+impl<T> PlanTable<T> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, (std::collections::HashMap<usize, std::sync::Arc<T>>, usize)>
+    {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keep `plan`; its id.
+    pub fn insert(&self, plan: T) -> usize {
+        let mut g = self.lock();
+        let id = g.1;
+        g.1 += 1;
+        g.0.insert(id, std::sync::Arc::new(plan));
+        id
+    }
+
+    /// The plan `id` (`what` names its kind in the error).
+    pub fn get(&self, id: usize, what: &str) -> Result<std::sync::Arc<T>> {
+        self.lock()
+            .0
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no {what} plan {id}")))
+    }
+
+    /// Let plan `id` go (a run in flight keeps its own reference).
+    pub fn remove(&self, id: usize) {
+        self.lock().0.remove(&id);
+    }
+
+    /// Plans kept.
+    pub fn len(&self) -> usize {
+        self.lock().0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 /// What the runtime needs from a BLAS-Lt library (and, for triangular
 /// solves, its BLAS) for backend `B`.
@@ -383,6 +425,8 @@ pub struct GemmPlanId(pub usize);
 /// queries the heuristic for `max_algorithms` algorithms under
 /// `max_workspace` bytes (XLA asks for 1 when `algorithm_idx == 0`, else
 /// 128) and keeps algorithm `algorithm_idx`. `run` enqueues the matmul.
+/// The program that prepared a plan releases it when it is dropped
+/// ([`GemmEngine::release`]): an engine keeps no plan of a program gone.
 pub trait GemmEngine<B: Backend>: Send + Sync {
     fn prepare(
         &self,
@@ -395,6 +439,20 @@ pub trait GemmEngine<B: Backend>: Send + Sync {
     /// Workspace bytes the chosen algorithm needs.
     fn workspace_needed(&self, plan: GemmPlanId) -> Result<u64>;
     fn run(&self, plan: GemmPlanId, args: &MatmulArgs, stream: &B::Stream) -> Result<()>;
+    /// The program that prepared `plan` is gone (or failed to load): the
+    /// plan's library objects may be freed.
+    fn release(&self, plan: GemmPlanId) {
+        let _ = plan;
+    }
+    /// As [`GemmEngine::release`], for a convolution plan.
+    fn release_conv(&self, plan: ConvPlanId) {
+        let _ = plan;
+    }
+    /// (GEMM, convolution) plans the engine keeps: those of the loaded
+    /// programs (for leak checks).
+    fn live_plans(&self) -> (usize, usize) {
+        (0, 0)
+    }
     /// At load time: can this engine run `spec` (the BLAS library with a
     /// solver is found, the type is one it solves in)? An engine without
     /// one says so.
@@ -434,11 +492,46 @@ pub trait GemmEngine<B: Backend>: Send + Sync {
             "triangular solve ({spec:?}): this backend's BLAS engine has no trsm"
         )))
     }
+    /// At load time: make (or find) the FFT library's plan for `spec` (and
+    /// load the BLAS an inverse transform scales with). An engine without
+    /// an FFT library says so.
+    fn prepare_fft(&self, spec: &FftSpec) -> Result<FftPlanId> {
+        Err(DeviceError::Unsupported(format!(
+            "FFT ({:?}, lengths {:?}): this backend's engine has no FFT library",
+            spec.kind, spec.n
+        )))
+    }
+    /// Work-area bytes a prepared FFT plan needs.
+    fn fft_workspace(&self, plan: FftPlanId) -> Result<u64> {
+        Err(DeviceError::Unsupported(format!("no FFT plan {}", plan.0)))
+    }
+    /// Enqueue a prepared transform, and for an inverse one its scaling,
+    /// on `stream`.
+    fn run_fft(&self, plan: FftPlanId, args: &FftArgs, stream: &B::Stream) -> Result<()> {
+        let _ = (args, stream);
+        Err(DeviceError::Unsupported(format!("no FFT plan {}", plan.0)))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plan_table_never_reuses_an_id_and_a_released_plan_is_an_error() {
+        let t = PlanTable::default();
+        let (a, b) = (t.insert("a"), t.insert("b"));
+        assert_eq!((a, b, t.len()), (0, 1, 2));
+        assert_eq!(*t.get(b, "GEMM").unwrap(), "b");
+        t.remove(a);
+        let c = t.insert("c");
+        assert_eq!((c, t.len()), (2, 2));
+        let e = t.get(a, "GEMM").unwrap_err().to_string();
+        assert!(e.contains("no GEMM plan 0"), "{e}");
+        t.remove(b);
+        t.remove(c);
+        assert!(t.is_empty());
+    }
 
     fn layout(rows: i64, cols: i64, order: Order, dtype: i32) -> MatrixLayout {
         MatrixLayout {

@@ -72,6 +72,11 @@ pub struct MemoryUsage {
     /// Allocations placed on the host because the device budget (or the
     /// device itself) was full.
     pub spilled: u64,
+    /// Physical allocations alive (device and host).
+    pub allocations: u64,
+    /// Virtual address ranges reserved, and their bytes.
+    pub va_ranges: u64,
+    pub va_bytes: u64,
     pub limits: MemoryLimits,
 }
 
@@ -89,6 +94,9 @@ pub struct MemoryBudget {
     device_peak: AtomicU64,
     host_peak: AtomicU64,
     spilled: AtomicU64,
+    allocations: AtomicU64,
+    va_ranges: AtomicU64,
+    va_bytes: AtomicU64,
     reserve_pct: AtomicU64,
     /// The first spill has been said (once per budget, at info level).
     said: AtomicBool,
@@ -105,6 +113,9 @@ impl Default for MemoryBudget {
             device_peak: AtomicU64::new(0),
             host_peak: AtomicU64::new(0),
             spilled: AtomicU64::new(0),
+            allocations: AtomicU64::new(0),
+            va_ranges: AtomicU64::new(0),
+            va_bytes: AtomicU64::new(0),
             reserve_pct: AtomicU64::new(u64::from(DEFAULT_STAGING_RESERVE_PCT)),
             said: AtomicBool::new(false),
         }
@@ -146,6 +157,9 @@ impl MemoryBudget {
             device_peak_bytes: self.device_peak.load(Ordering::Relaxed),
             host_peak_bytes: self.host_peak.load(Ordering::Relaxed),
             spilled: self.spilled.load(Ordering::Relaxed),
+            allocations: self.allocations.load(Ordering::Relaxed),
+            va_ranges: self.va_ranges.load(Ordering::Relaxed),
+            va_bytes: self.va_bytes.load(Ordering::Relaxed),
             limits: self.limits(),
         }
     }
@@ -186,6 +200,7 @@ impl MemoryBudget {
         match took {
             Ok(before) => {
                 peak.fetch_max(before + bytes, Ordering::Relaxed);
+                self.allocations.fetch_add(1, Ordering::Relaxed);
                 true
             }
             Err(_) => false,
@@ -198,6 +213,26 @@ impl MemoryBudget {
         let _ = used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
             Some(u.saturating_sub(bytes))
         });
+        let _ = self
+            .allocations
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
+    }
+
+    /// A virtual address range of `bytes` was reserved (`true`) or freed.
+    pub fn note_va(&self, reserved: bool, bytes: u64) {
+        let step = |c: &AtomicU64, by: u64| {
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(if reserved {
+                    n.saturating_add(by)
+                } else {
+                    n.saturating_sub(by)
+                })
+            });
+        };
+        step(&self.va_ranges, 1);
+        step(&self.va_bytes, bytes);
     }
 
     /// Count an allocation placed on the host for want of device memory;
@@ -252,6 +287,24 @@ pub fn parse_bytes(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allocations_and_va_ranges_are_counted_while_alive() {
+        let b = MemoryBudget::default();
+        assert!(b.try_take(MemLocation::Device, 4096));
+        assert!(b.try_take(MemLocation::Host, 4096));
+        b.note_va(true, 1 << 21);
+        let u = b.usage();
+        assert_eq!((u.allocations, u.va_ranges, u.va_bytes), (2, 1, 1 << 21));
+        b.give(MemLocation::Device, 4096);
+        b.give(MemLocation::Host, 4096);
+        b.note_va(false, 1 << 21);
+        let u = b.usage();
+        assert_eq!((u.allocations, u.va_ranges, u.va_bytes), (0, 0, 0));
+        // A give without a take does not wrap.
+        b.give(MemLocation::Device, 1);
+        assert_eq!(b.usage().allocations, 0);
+    }
 
     #[test]
     fn limits_bound_each_location_and_peaks_are_kept() {

@@ -35,6 +35,7 @@ pub fn checks<B: Backend>() -> Vec<(&'static str, CheckFn<B>)> {
         ("memset_d8_d32", memsets::<B>),
         ("events_cross_stream_order", events_order::<B>),
         ("graph_capture_replay_update", graph_replay::<B>),
+        ("graph_conditional_case", graph_case::<B>),
         ("alloc_ids_and_reuse", alloc_ids::<B>),
         ("alloc_deferred_free", alloc_deferred_free::<B>),
         ("alloc_sub_allocation", alloc_small::<B>),
@@ -489,6 +490,67 @@ fn graph_replay<B: Backend>(b: &Arc<B>) -> R {
     }
     cleanup = cleanup.and(b.graph_destroy(g1).ctx("graph_destroy"));
     r.and(cleanup)
+}
+
+/// XLA's conditional in a graph (`capture_case`, where the backend has
+/// conditional nodes): three branches, each writing its number, picked on
+/// the device at every replay from an s32 index (out of range: the last),
+/// then a predicate (true: branch 0); the index memory is overwritten by
+/// branch 1 after being read, which must not change what runs.
+fn graph_case<B: Backend>(b: &Arc<B>) -> R {
+    if !b.info().conditional_nodes {
+        return Ok(());
+    }
+    let ctx = VmmContext::new(b.clone());
+    let mut sc = Scope::new(&**b);
+    let s = sc.stream()?;
+    let s = &sc.streams[s];
+    let va = region(&ctx, 1)?;
+    let (index, out) = (va.base(), va.base().offset(256));
+    let run = |is_pred: bool, branches: usize, cases: &[(i32, u32)]| -> R {
+        b.stream_begin_capture(s).ctx("begin_capture")?;
+        let captured = b
+            .capture_case(s, index, is_pred, branches, &mut |i, body| {
+                b.memset_d32(out, 100 + i as u32, 1, body)?;
+                if i == 1 {
+                    b.memset_d32(index, 0, 1, body)?;
+                }
+                Ok(())
+            })
+            .ctx("capture_case");
+        let after = b.memset_d32(out.offset(4), 7, 1, s).ctx("memset after");
+        let g = b.stream_end_capture(s).ctx("end_capture")?;
+        let exec = b.graph_instantiate(&g).ctx("graph_instantiate");
+        let r = (|| -> R {
+            captured?;
+            after?;
+            let exec = exec.as_ref().map_err(|e| e.to_string())?;
+            for &(v, want) in cases {
+                b.write_sync(index, &v.to_le_bytes(), s).ctx("index")?;
+                b.write_sync(out, &[0u8; 8], s).ctx("clear")?;
+                b.graph_launch(exec, s).ctx("graph_launch")?;
+                b.stream_synchronize(s).ctx("sync")?;
+                let got = read(&**b, s, out, 8)?;
+                let mut expect = want.to_le_bytes().to_vec();
+                expect.extend(7u32.to_le_bytes());
+                ensure(got == expect, || {
+                    format!("pred {is_pred} index {v}: {got:?}, want branch {want}")
+                })?;
+            }
+            Ok(())
+        })();
+        let mut cleanup = Ok(());
+        if let Ok(e) = exec {
+            cleanup = cleanup.and(b.graph_exec_destroy(e).ctx("graph_exec_destroy"));
+        }
+        r.and(cleanup).and(b.graph_destroy(g).ctx("graph_destroy"))
+    };
+    run(
+        false,
+        3,
+        &[(0, 100), (1, 101), (2, 102), (5, 102), (-1, 102), (1, 101)],
+    )?;
+    run(true, 2, &[(1, 100), (0, 101), (256, 101)])
 }
 
 fn allocator<B: Backend>(b: &Arc<B>) -> Result<VmmAllocator<B>, String> {

@@ -28,6 +28,9 @@ pub mod conformance;
 pub mod cuda;
 pub mod dnn;
 pub mod error;
+pub mod fft;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod fft_lib;
 #[cfg(feature = "hip")]
 #[allow(unsafe_code)]
 pub mod hip;
@@ -40,6 +43,7 @@ pub mod probe;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod trsm_lib;
 pub mod vmm;
+pub mod xla_type;
 
 pub use backend::{
     merge_copies, Backend, DeviceInfo, DevicePtr, EventStatus, ImageKind, LaunchConfig,

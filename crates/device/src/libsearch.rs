@@ -1,5 +1,5 @@
 //! Where the vendor libraries loaded at run time are looked for (cuBLASLt,
-//! cuBLAS and cuDNN from the `nvidia-*` wheels; hipBLASLt and rocBLAS from
+//! cuBLAS, cuDNN and cuFFT from the `nvidia-*` wheels; hipBLASLt and rocBLAS from
 //! ROCm): the directories of `LD_LIBRARY_PATH` first, then the vendor's, each
 //! with every name; existing files only, then the bare names for the system
 //! loader.
@@ -23,7 +23,8 @@ fn search(names: &[&str], dirs: Vec<PathBuf>) -> Vec<PathBuf> {
 }
 
 /// Candidate paths of a CUDA library called one of `names`: in the Python
-/// environments' `nvidia/cu13`, `nvidia/cublas` and `nvidia/cudnn` wheels.
+/// environments' `nvidia/cu13`, `nvidia/cublas`, `nvidia/cudnn` and
+/// `nvidia/cufft` wheels.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn cuda(names: &[&str]) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
@@ -31,6 +32,7 @@ pub(crate) fn cuda(names: &[&str]) -> Vec<PathBuf> {
         dirs.push(sp.join("nvidia/cu13/lib"));
         dirs.push(sp.join("nvidia/cublas/lib"));
         dirs.push(sp.join("nvidia/cudnn/lib"));
+        dirs.push(sp.join("nvidia/cufft/lib"));
     }
     search(names, dirs)
 }

@@ -1,11 +1,12 @@
 //! Triangular solves through a vendor BLAS loaded at run time: cuBLAS on
 //! CUDA (`cuda::cublas`), rocBLAS on ROCm (`hip::rocblas`), as XLA's
-//! `RunTriangularSolve` calls them (`TriangularSolveThunk`).
+//! `RunTriangularSolve` calls them (`TriangularSolveThunk`); and the scaling
+//! XLA's `RunFft` does with the same BLAS after an inverse FFT (`?scal`).
 //!
 //! Both libraries have the same C shape for what we call: a handle
-//! (create, destroy, set stream, set pointer mode) and `?trsm` /
-//! `?trsmBatched` for `s`, `d`, `c`, `z`, with enums passed as C ints and a
-//! status of 0 for success. Only the names, the enum values and where the
+//! (create, destroy, set stream, set pointer mode), `?trsm` /
+//! `?trsmBatched` and `?scal` for `s`, `d`, `c`, `z`, with enums passed as
+//! C ints and a status of 0 for success. Only the names, the enum values and where the
 //! library lives differ: a backend describes them in a [`SolverAbi`].
 //!
 //! Driven as XLA drives both: one handle per device, the stream set before
@@ -16,6 +17,7 @@ use std::ffi::{c_int, c_void};
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
+use crate::backend::DevicePtr;
 use crate::blas::{Transpose, TrsmArgs, TrsmSpec};
 use crate::error::{DeviceError, Result};
 
@@ -29,6 +31,8 @@ pub(crate) struct SolverAbi {
     pub set_pointer_mode: &'static str,
     /// (single, batched) entry points for F32, F64, C64, C128.
     pub solvers: [(&'static str, &'static str); 4],
+    /// `?scal` for F32, F64, C64, C128 (a complex one with a complex alpha).
+    pub scalers: [&'static str; 4],
     pub pointer_mode_host: c_int,
     /// Left, right.
     pub side: [c_int; 2],
@@ -77,20 +81,32 @@ type TrsmBatchedFn = unsafe extern "C" fn(
     c_int,
 ) -> Status;
 
+/// `?scal`: count, alpha by pointer, x, its increment.
+type ScalFn = unsafe extern "C" fn(Handle, c_int, *const c_void, *mut c_void, c_int) -> Status;
+
 struct Api {
     create: unsafe extern "C" fn(*mut Handle) -> Status,
     destroy: unsafe extern "C" fn(Handle) -> Status,
     set_stream: unsafe extern "C" fn(Handle, *mut c_void) -> Status,
     set_pointer_mode: unsafe extern "C" fn(Handle, c_int) -> Status,
     solvers: [(TrsmFn, TrsmBatchedFn); 4],
+    scalers: [ScalFn; 4],
     /// Keeps the library mapped for the life of the process.
     _lib: libloading::Library,
 }
 
-fn symbol<T: Copy>(lib: &libloading::Library, label: &str, name: &str) -> Result<T> {
-    // SAFETY: every `T` used with this is the C signature the library's
-    // header gives `name` (enums as C ints, handles and streams as
-    // pointers); the library stays loaded as long as the `Api` that owns it.
+/// Entry point `name` of `lib` as a `T`.
+///
+/// # Safety
+/// `T` is the C signature the library's header gives `name` (enums as C
+/// ints, handles and streams as the header types them), and the returned
+/// function is not called after `lib` is unloaded.
+pub(crate) unsafe fn symbol<T: Copy>(
+    lib: &libloading::Library,
+    label: &str,
+    name: &str,
+) -> Result<T> {
+    // SAFETY: the caller's contract.
     unsafe {
         lib.get::<T>(name.as_bytes())
             .map(|s| *s)
@@ -107,15 +123,31 @@ impl Api {
         let l = abi.label;
         let resolve = || -> Result<Api> {
             let pair = |(single, batched): (&str, &str)| -> Result<(TrsmFn, TrsmBatchedFn)> {
-                Ok((symbol(&lib, l, single)?, symbol(&lib, l, batched)?))
+                // SAFETY: the header's signatures of the solvers; the
+                // functions live in `Api` beside the library.
+                unsafe { Ok((symbol(&lib, l, single)?, symbol(&lib, l, batched)?)) }
             };
-            let s = &abi.solvers;
+            let scal = |name: &str| -> Result<ScalFn> {
+                // SAFETY: as above, `?scal`'s signature.
+                unsafe { symbol(&lib, l, name) }
+            };
+            let (s, c) = (&abi.solvers, &abi.scalers);
+            // SAFETY: as above, the handle functions' signatures.
+            let (create, destroy, set_stream, set_pointer_mode) = unsafe {
+                (
+                    symbol(&lib, l, abi.create)?,
+                    symbol(&lib, l, abi.destroy)?,
+                    symbol(&lib, l, abi.set_stream)?,
+                    symbol(&lib, l, abi.set_pointer_mode)?,
+                )
+            };
             Ok(Api {
-                create: symbol(&lib, l, abi.create)?,
-                destroy: symbol(&lib, l, abi.destroy)?,
-                set_stream: symbol(&lib, l, abi.set_stream)?,
-                set_pointer_mode: symbol(&lib, l, abi.set_pointer_mode)?,
+                create,
+                destroy,
+                set_stream,
+                set_pointer_mode,
                 solvers: [pair(s[0])?, pair(s[1])?, pair(s[2])?, pair(s[3])?],
+                scalers: [scal(c[0])?, scal(c[1])?, scal(c[2])?, scal(c[3])?],
                 _lib: lib,
             })
         };
@@ -141,21 +173,52 @@ fn solver_type(dtype: i32) -> Result<(usize, &'static [u8])> {
     Ok((i, alphas[i]))
 }
 
-/// A backend engine's solver, loaded the first time a program with a
-/// solve is loaded; a failed load is kept, and said again at every load
+/// A library of a backend engine, loaded the first time a program that
+/// needs it is loaded; a failed load is kept, and said again at every load
 /// that needs it.
-#[derive(Default)]
-pub(crate) struct LazySolver(OnceLock<std::result::Result<Solver, String>>);
+pub(crate) struct LazyLib<T>(OnceLock<std::result::Result<T, String>>);
 
-impl LazySolver {
-    /// The solver, `load`ing it the first time.
-    pub fn get(&self, load: impl FnOnce() -> Result<Solver>) -> Result<&Solver> {
+impl<T> Default for LazyLib<T> {
+    fn default() -> Self {
+        LazyLib(OnceLock::new())
+    }
+}
+
+impl<T> LazyLib<T> {
+    /// The library, `load`ing it the first time.
+    pub fn get(&self, load: impl FnOnce() -> Result<T>) -> Result<&T> {
         self.0
             .get_or_init(|| load().map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| DeviceError::NotAvailable(e.clone()))
     }
 
+    /// The library if it was loaded (for teardown).
+    pub fn loaded(&mut self) -> Option<&mut T> {
+        self.0.get_mut().and_then(|r| r.as_mut().ok())
+    }
+
+    /// The library if it was loaded, without loading it.
+    pub fn peek(&self) -> Option<&T> {
+        self.0.get().and_then(|r| r.as_ref().ok())
+    }
+
+    /// The library a load-time preparation loaded, or why there is none.
+    pub fn loaded_ref(&self) -> Result<&T> {
+        match self.0.get() {
+            Some(Ok(t)) => Ok(t),
+            Some(Err(e)) => Err(DeviceError::NotAvailable(e.clone())),
+            None => Err(DeviceError::InvalidArgument(
+                "a library used before any plan was prepared with it".into(),
+            )),
+        }
+    }
+}
+
+/// A backend engine's BLAS (solves, FFT scaling).
+pub(crate) type LazySolver = LazyLib<Solver>;
+
+impl LazySolver {
     /// `GemmEngine::prepare_trsm`: a type the BLAS solves in, and the
     /// library loaded.
     pub fn prepare(&self, spec: &TrsmSpec, load: impl FnOnce() -> Result<Solver>) -> Result<()> {
@@ -274,16 +337,70 @@ impl Solver {
         };
         check(abi, "trsm", status)
     }
+
+    /// XLA's `DoBlasScal` after an inverse FFT: `x *= alpha` over `count`
+    /// elements of `dtype` (F32, F64, C64, C128; `alpha` in the type's
+    /// bytes), in chunks of at most `i32::MAX` elements as XLA chunks them
+    /// (the BLAS's count is a C int).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the handle's device, which is current;
+    /// `x` addresses `count` elements that stay valid until the scaling ran.
+    pub unsafe fn scal(
+        &self,
+        dtype: i32,
+        count: i64,
+        alpha: &[u8],
+        x: DevicePtr,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let (ty, one) = solver_type(dtype)?;
+        if alpha.len() != one.len() {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{} scal alpha of {} bytes for element type {dtype}",
+                self.abi.label,
+                alpha.len()
+            )));
+        }
+        let elem = [4u64, 8, 8, 16][ty];
+        let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
+        check(
+            self.abi,
+            "set stream",
+            (self.api.set_stream)(*handle, stream),
+        )?;
+        let mut done = 0i64;
+        while done < count {
+            let chunk = (count - done).min(i64::from(i32::MAX));
+            let at = x.0 + done as u64 * elem;
+            let status = (self.api.scalers[ty])(
+                *handle,
+                chunk as c_int,
+                alpha.as_ptr().cast(),
+                at as *mut c_void,
+                1,
+            );
+            check(self.abi, "scal", status)?;
+            done += chunk;
+        }
+        Ok(())
+    }
 }
 
 fn check(abi: &SolverAbi, call: &'static str, s: Status) -> Result<()> {
+    library_status(abi.label, call, s)
+}
+
+/// A vendor library's status (0: success) as a result naming the library
+/// and the call.
+pub(crate) fn library_status(label: &str, call: &'static str, s: c_int) -> Result<()> {
     if s == 0 {
         Ok(())
     } else {
         Err(DeviceError::Driver {
             call,
             code: i64::from(s),
-            name: format!("{} status {s}", abi.label),
+            name: format!("{label} status {s}"),
             message: String::new(),
         })
     }
@@ -354,6 +471,7 @@ mod tests {
             set_stream: "s",
             set_pointer_mode: "p",
             solvers: [("a", "b"); 4],
+            scalers: ["e"; 4],
             pointer_mode_host: 0,
             side: [0, 1],
             fill: [0, 1],

@@ -562,6 +562,14 @@ pub(crate) type StatsSlot = Arc<Mutex<BindingStats>>;
 
 static REGISTRY: Mutex<BTreeMap<String, StatsSlot>> = Mutex::new(BTreeMap::new());
 
+/// Keys in the order they were registered (to drop the oldest first).
+static ORDER: Mutex<std::collections::VecDeque<String>> =
+    Mutex::new(std::collections::VecDeque::new());
+
+/// Stats of dropped executables kept (the newest): a process that compiles
+/// and drops programs for hours keeps a bounded registry.
+pub const KEPT_DROPPED: usize = 256;
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -569,8 +577,38 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Register executable `key`'s stats slot (once, when it is created).
 pub(crate) fn register(key: &str, stats: &BindingStats) -> StatsSlot {
     let slot = Arc::new(Mutex::new(stats.clone()));
-    lock(&REGISTRY).insert(key.to_string(), slot.clone());
+    let mut reg = lock(&REGISTRY);
+    let mut order = lock(&ORDER);
+    reg.insert(key.to_string(), slot.clone());
+    order.push_back(key.to_string());
+    trim(&mut reg, &mut order);
     slot
+}
+
+/// An executable's stats slot is let go: past the bound, the oldest dropped
+/// executables' stats go.
+pub(crate) fn release(slot: StatsSlot) {
+    drop(slot);
+    trim(&mut lock(&REGISTRY), &mut lock(&ORDER));
+}
+
+/// Keep the newest [`KEPT_DROPPED`] dropped executables' stats (a slot only
+/// the registry holds is a dropped executable's).
+fn trim(reg: &mut BTreeMap<String, StatsSlot>, order: &mut std::collections::VecDeque<String>) {
+    let dropped = |reg: &BTreeMap<String, StatsSlot>, k: &String| {
+        reg.get(k).is_some_and(|s| Arc::strong_count(s) == 1)
+    };
+    let mut n = order.iter().filter(|k| dropped(reg, k)).count();
+    let mut i = 0;
+    while n > KEPT_DROPPED && i < order.len() {
+        if dropped(reg, &order[i]) {
+            let k = order.remove(i).expect("in range");
+            reg.remove(&k);
+            n -= 1;
+        } else {
+            i += 1;
+        }
+    }
 }
 
 /// Copy `stats` into its slot (every step: cheap).
@@ -579,8 +617,8 @@ pub(crate) fn publish(slot: &StatsSlot, stats: &BindingStats) {
 }
 
 /// Stats of every executable of this process that ran in VA-stable mode
-/// (kept after the executable is dropped), keyed `name#n`: the numbers as
-/// of each executable's last step.
+/// (kept after the executable is dropped, the newest [`KEPT_DROPPED`] of
+/// those), keyed `name#n`: the numbers as of each executable's last step.
 pub fn all_stats() -> BTreeMap<String, BindingStats> {
     let slots: Vec<(String, StatsSlot)> = lock(&REGISTRY)
         .iter()

@@ -121,6 +121,12 @@ pub struct RunConfig {
     /// The device memory budget (set on each device's backend by the front
     /// door: `backend.budget().set_limits(config.memory)`).
     pub memory: MemoryLimits,
+    /// Programs of a device stage through one area of that device (the
+    /// first staged program allocates all the room the budget leaves; the
+    /// others plan in it) instead of one each. Only where every program of
+    /// the device runs on one stream (the plugin's front door sets it): a
+    /// staged step holds the area while it is enqueued. Not an option.
+    pub shared_staging_area: bool,
 }
 
 impl Default for RunConfig {
@@ -130,6 +136,7 @@ impl Default for RunConfig {
             guard: true,
             binding: BindingConfig::default(),
             memory: MemoryLimits::default(),
+            shared_staging_area: false,
         }
     }
 }

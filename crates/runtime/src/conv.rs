@@ -8,11 +8,15 @@
 //! refused here, with the reason; a geometry that does not add up (which
 //! would mean we read the descriptor wrong) is an error too, never a guess.
 
-use xla_vmm::{ConvKind, ConvolutionThunk, ElementType, Shape, Slice};
+use xla_vmm::{ConvKind, ConvolutionThunk, ElementType, Shape, ShapedSlice, Slice};
 use xla_vmm_device::blas::xla_type;
 use xla_vmm_device::dnn::{Activation, ConvFusion, ConvOp, ConvSpec, ConvTensor};
 
 use crate::error::{Result, RuntimeError};
+use crate::slots::SlotTable;
+use xla_vmm_device::blas::GemmEngine;
+use xla_vmm_device::dnn::{ConvArgs, ConvPlanId, FusedArgs};
+use xla_vmm_device::Backend;
 
 /// A convolution as loaded: the spec and the buffers in its roles.
 #[derive(Clone, Debug, PartialEq)]
@@ -140,7 +144,9 @@ fn element_bytes(t: ElementType) -> u64 {
 }
 
 /// The cuDNN convolution of `c`, or why our runtime does not run it.
-pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
+/// The cuDNN operation of a thunk's kind, whether it is fused, and its
+/// element types as XLA's runner takes them: (x and w's, y's, compute).
+fn op_and_types(c: &ConvolutionThunk) -> Result<(ConvOp, bool, ElementType, ElementType, i32)> {
     let fused = c.kind == ConvKind::ForwardActivation;
     let op = match c.kind {
         ConvKind::Forward | ConvKind::ForwardActivation => ConvOp::Forward,
@@ -183,6 +189,20 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
     } else {
         xla_type::F32
     };
+    Ok((op, fused, input, output, compute))
+}
+
+/// The window as XLA's runner takes it (at least two spatial dimensions:
+/// the missing ones of size 1).
+struct ConvWindow {
+    padding: Vec<i64>,
+    strides: Vec<i64>,
+    dilations: Vec<i64>,
+    /// A convolution, not a cross-correlation.
+    reversal: bool,
+}
+
+fn window(c: &ConvolutionThunk) -> Result<ConvWindow> {
     // The window, as XLA's runner takes it.
     let nd = c.window.len();
     let d = &c.dnums;
@@ -241,8 +261,28 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
         strides.push(1);
         dilations.push(1);
     }
+    Ok(ConvWindow {
+        padding,
+        strides,
+        dilations,
+        reversal,
+    })
+}
+
+/// The buffers and shapes in the roles x, w, y of operation `op`.
+fn roles(
+    op: ConvOp,
+    c: &ConvolutionThunk,
+) -> (
+    &ShapedSlice,
+    &ShapedSlice,
+    &ShapedSlice,
+    &Shape,
+    &Shape,
+    &Shape,
+) {
     // Roles per kind: (x, w, y) buffers and shapes.
-    let (xs, ws, ys, x_shape, w_shape, y_shape) = match op {
+    match op {
         ConvOp::Forward => (
             &c.operands[0],
             &c.operands[1],
@@ -267,7 +307,67 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
             &c.result_shape,
             &c.operand1_shape,
         ),
-    };
+    }
+}
+
+/// The geometry must add up: y's spatial sizes from x's, w's and the
+/// window; features and batch consistent with the group count.
+fn check_geometry(
+    name: &str,
+    c: &ConvolutionThunk,
+    (x, w, y): (&ConvTensor, &ConvTensor, &ConvTensor),
+    (padding, strides, dilations): (&[i64], &[i64], &[i64]),
+) -> Result<()> {
+    let nd = c.window.len();
+    let groups = c.feature_group_count.max(1);
+    let bad = |what: String| RuntimeError::invalid(format!("convolution {name}: {what}"));
+    if x.dims[0] != y.dims[0] || y.dims[1] != w.dims[0] || x.dims[1] != w.dims[1] * groups {
+        return Err(bad(format!(
+            "input {:?}, filter {:?} and output {:?} do not fit {groups} feature group(s)",
+            x.dims, w.dims, y.dims
+        )));
+    }
+    for i in 0..nd {
+        let (xi, ki, yi) = (x.dims[2 + i], w.dims[2 + i], y.dims[2 + i]);
+        let span = (ki - 1) * dilations[i] + 1;
+        let want = (xi + 2 * padding[i] - span).div_euclid(strides[i]) + 1;
+        if xi + 2 * padding[i] >= span && want != yi {
+            return Err(bad(format!(
+                "output size {yi} in spatial dimension {i}, the window gives {want}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Every tensor fits its slice.
+fn check_sizes(name: &str, checks: &[(&str, &ConvTensor, Slice, ElementType)]) -> Result<()> {
+    let bad = |what: String| RuntimeError::invalid(format!("convolution {name}: {what}"));
+    for &(what, t, s, ty) in checks {
+        let bytes = t
+            .span()
+            .and_then(|e| e.checked_mul(element_bytes(ty)))
+            .ok_or_else(|| bad(format!("{what} of dimensions {:?} overflows", t.dims)))?;
+        if bytes > s.size {
+            return Err(bad(format!(
+                "{what} needs {bytes} bytes, its slice has {}",
+                s.size
+            )));
+        }
+    }
+    Ok(())
+}
+
+pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
+    let (op, fused, input, output, compute) = op_and_types(c)?;
+    let ConvWindow {
+        padding,
+        strides,
+        dilations,
+        reversal,
+    } = window(c)?;
+    let d = &c.dnums;
+    let (xs, ws, ys, x_shape, w_shape, y_shape) = roles(op, c);
     let (x, _) = tensor(
         x_shape,
         d.input_batch,
@@ -292,26 +392,7 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
         output.0,
         "output",
     )?;
-    // The geometry must add up: y's spatial sizes from x's, w's and the
-    // window; features and batch consistent with the group count.
-    let groups = c.feature_group_count.max(1);
-    let bad = |what: String| RuntimeError::invalid(format!("convolution {name}: {what}"));
-    if x.dims[0] != y.dims[0] || y.dims[1] != w.dims[0] || x.dims[1] != w.dims[1] * groups {
-        return Err(bad(format!(
-            "input {:?}, filter {:?} and output {:?} do not fit {groups} feature group(s)",
-            x.dims, w.dims, y.dims
-        )));
-    }
-    for i in 0..nd {
-        let (xi, ki, yi) = (x.dims[2 + i], w.dims[2 + i], y.dims[2 + i]);
-        let span = (ki - 1) * dilations[i] + 1;
-        let want = (xi + 2 * padding[i] - span).div_euclid(strides[i]) + 1;
-        if xi + 2 * padding[i] >= span && want != yi {
-            return Err(bad(format!(
-                "output size {yi} in spatial dimension {i}, the window gives {want}"
-            )));
-        }
-    }
+    check_geometry(name, c, (&x, &w, &y), (&padding, &strides, &dilations))?;
     let fusion = if fused {
         Some(fusion(c, &y, y_layout, input.0)?)
     } else {
@@ -332,18 +413,7 @@ pub fn load(name: &str, c: &ConvolutionThunk) -> Result<ConvRun> {
             checks.push(("side input", &y, run.side_input, output));
         }
     }
-    for (what, t, s, ty) in checks {
-        let bytes = t
-            .span()
-            .and_then(|e| e.checked_mul(element_bytes(ty)))
-            .ok_or_else(|| bad(format!("{what} of dimensions {:?} overflows", t.dims)))?;
-        if bytes > s.size {
-            return Err(bad(format!(
-                "{what} needs {bytes} bytes, its slice has {}",
-                s.size
-            )));
-        }
-    }
+    check_sizes(name, &checks)?;
     Ok(ConvRun {
         name: name.to_string(),
         spec: ConvSpec {
@@ -426,6 +496,67 @@ fn fusion(c: &ConvolutionThunk, y: &ConvTensor, layout: Layout, input: i32) -> R
         activation,
         side_input,
     })
+}
+
+/// A loaded convolution: the buffers in their roles and the engine's plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvOpLoaded {
+    pub run: ConvRun,
+    pub plan: ConvPlanId,
+}
+
+/// Load a convolution: the spec, the engine's plan, its workspace checked
+/// against the executable's scratch buffer.
+pub(crate) fn build<B: Backend>(
+    engine: Option<&dyn GemmEngine<B>>,
+    name: &str,
+    c: &ConvolutionThunk,
+) -> Result<ConvOpLoaded> {
+    let engine = engine
+        .ok_or_else(|| RuntimeError::unsupported("convolution: no DNN engine on this backend"))?;
+    let run = crate::conv::load(name, c)?;
+    let plan = engine.prepare_conv(&run.spec)?;
+    let need = engine
+        .conv_workspace(plan)
+        .inspect_err(|_| engine.release_conv(plan))?;
+    if need > run.scratch.size {
+        engine.release_conv(plan);
+        return Err(RuntimeError::unsupported(format!(
+            "convolution {}: the cuDNN plan needs {need} bytes of workspace, the \
+             executable's scratch buffer has {} (another cuDNN than the one it was \
+             autotuned with?)",
+            run.name, run.scratch.size
+        )));
+    }
+    Ok(ConvOpLoaded { run, plan })
+}
+
+/// Enqueue a loaded convolution on `stream`.
+pub(crate) fn run<B: Backend>(
+    engine: Option<&dyn GemmEngine<B>>,
+    c: &ConvOpLoaded,
+    slots: &SlotTable,
+    stream: &B::Stream,
+) -> Result<()> {
+    let engine = engine.ok_or_else(|| RuntimeError::unsupported("convolution: no DNN engine"))?;
+    let args = ConvArgs {
+        x: slots.resolve(&c.run.x)?,
+        w: slots.resolve(&c.run.w)?,
+        y: slots.resolve(&c.run.y)?,
+        workspace: slots.resolve(&c.run.scratch)?,
+        workspace_bytes: c.run.scratch.size,
+        fused: match &c.run.fused {
+            Some(f) => Some(FusedArgs {
+                side_input: slots.resolve(&f.side_input)?,
+                bias: slots.resolve(&f.bias)?,
+            }),
+            None => None,
+        },
+    };
+    engine
+        .run_conv(c.plan, &args, stream)
+        .map_err(|e| RuntimeError::invalid(format!("convolution '{}': {e}", c.run.name)))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use crate::program::Program;
 use crate::recapture::Recapture;
 use crate::report::{ProgramReport, ReportSlot};
 use crate::slots::SlotTable;
+use crate::trace::{self, StatValue};
 use crate::vastable::VaStable;
 
 pub use crate::mode::Mode;
@@ -116,6 +117,8 @@ impl<B: Backend> Executable<B> {
         stream: &B::Stream,
     ) -> Result<Self> {
         check_binding(&config.binding)?;
+        let name = plan.module_name.clone();
+        let _span = trace::span("load").detail(|| name);
         let program = Program::load(backend, plan, gemm, custom_calls, stream)?;
         let slots = program.owned_slots()?;
         let nparams = program.parameter_shapes().len();
@@ -400,7 +403,8 @@ impl<B: Backend> Executable<B> {
                     slots.iter().map(move |&s| (s, at))
                 })
                 .collect();
-            self.program.plan_staging(&params);
+            self.program
+                .plan_staging(&params, self.config.shared_staging_area);
             let staging = self.program.staging_summary();
             self.report.update(|r| r.staging = staging);
         }
@@ -421,6 +425,16 @@ impl<B: Backend> Executable<B> {
             }
             (m, _) => m,
         };
+        let mut span = trace::span("step").detail(|| self.program.plan().module_name.clone());
+        if span.recording() {
+            let runner = match mode {
+                Mode::Eager => "eager",
+                Mode::GraphRecapture => "graph-recapture",
+                Mode::Graph => "va-stable graph",
+            };
+            span.stat("runs as", StatValue::Str(runner.into()));
+            span.stat("step", StatValue::U64(self.report.get(|r| r.steps)));
+        }
         match mode {
             Mode::Eager => {
                 let env = self.program.env(
@@ -443,6 +457,7 @@ impl<B: Backend> Executable<B> {
             }
             Mode::Graph => self.run_va_stable(stream)?,
         }
+        drop(span);
         let stats_key = (mode == Mode::Graph && self.va.is_some())
             .then(|| self.va.as_ref().map(|v| v.stats().executable.as_str()))
             .flatten();

@@ -292,3 +292,19 @@ pub(crate) fn check_pairs(plan: &Plan) -> Result<()> {
     }
     Ok(())
 }
+
+/// Load host-offloaded compute: its leaves, then its program (`bind`).
+pub(crate) fn build(
+    t: &xla_vmm::Thunk,
+    h: &xla_vmm::HostExecuteStartThunk,
+    bind: impl FnOnce() -> Result<Arc<dyn HostProgram>>,
+) -> Result<HostExecuteOp> {
+    let (args, results, staging_bytes) = leaves(&h.args, &h.results)?;
+    Ok(HostExecuteOp {
+        name: t.info.profile_annotation.clone(),
+        program: bind()?,
+        args,
+        results,
+        staging_bytes,
+    })
+}

@@ -35,6 +35,7 @@ pub mod elf;
 pub mod error;
 pub mod exec;
 pub mod executable;
+pub mod fft;
 pub mod gemm;
 pub mod guard;
 pub mod host_execute;
@@ -49,6 +50,8 @@ pub mod residency;
 pub mod selectk;
 pub mod slots;
 pub mod staging;
+pub mod trace;
+pub mod trsm;
 pub mod vastable;
 
 pub use binding::{BindingConfig, BindingStats, CopyPath, Probe, RemapSource, UserBuffer};

@@ -6,19 +6,22 @@
 use std::collections::HashMap;
 
 use xla_vmm::{
-    ComputeCapability, KernelArg, KernelCode, KernelParam, LaunchDims, Plan, ShapedSlice, Slice,
-    SolveTranspose, Thunk, ThunkKind,
+    ComputeCapability, KernelArg, KernelCode, KernelParam, LaunchDims, Plan, Slice, Thunk,
+    ThunkKind,
 };
-use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId, Transpose, TrsmSpec};
+use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId};
 use xla_vmm_device::dnn::ConvPlanId;
 use xla_vmm_device::{Backend, ImageKind, LaunchConfig, TensorMapDesc};
 
 use crate::collective::CollOp;
-use crate::custom_call::{BoundCall, CallSite, CustomCallRegistry, API_VERSION_TYPED_FFI};
+use crate::custom_call::CustomCallRegistry;
 use crate::error::{Result, RuntimeError};
 
+pub use crate::conv::ConvOpLoaded;
+pub use crate::custom_call::{CallOperand, CustomCallOp};
 pub use crate::dynamic_slice::Window;
 pub use crate::params::ParamSpec;
+pub use crate::trsm::TrsmOp;
 
 /// One loaded thunk. (Variants differ in size; ops are built once per load,
 /// so boxing the large ones would buy nothing.)
@@ -32,18 +35,8 @@ pub enum Op<B: Backend> {
         params: Vec<ParamSpec>,
         zero: Vec<Slice>,
     },
-    Gemm {
-        name: String,
-        plan: GemmPlanId,
-        a: Slice,
-        b: Slice,
-        c: Slice,
-        d: Slice,
-        bias: Option<Slice>,
-        aux: Option<Slice>,
-        scales: [Option<Slice>; 5],
-        workspace: Option<Slice>,
-    },
+    /// A cuBLASLt / hipBLASLt matmul ([`crate::gemm`]).
+    Gemm(crate::gemm::GemmOp),
     Copy {
         src: Slice,
         dst: Slice,
@@ -95,120 +88,10 @@ pub enum Op<B: Backend> {
     Trsm(Box<TrsmOp>),
     /// A cuDNN convolution, its execution plan built at load.
     Conv(Box<ConvOpLoaded>),
+    /// A cuFFT / hipFFT transform, its plan made at load ([`crate::fft`]).
+    Fft(Box<crate::fft::FftOp>),
     /// Host-offloaded compute ([`crate::host_execute`]).
     HostExecute(Box<crate::host_execute::HostExecuteOp>),
-}
-
-/// A loaded convolution: the buffers in their roles and the engine's plan.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ConvOpLoaded {
-    pub run: crate::conv::ConvRun,
-    pub plan: ConvPlanId,
-}
-
-/// A loaded triangular solve: XLA's `RunTriangularSolve`. With a batch, the
-/// arrays of matrix pointers the batched solve reads are written into
-/// `temp` (a's first, b's after them) on the stream before it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TrsmOp {
-    pub name: String,
-    pub spec: TrsmSpec,
-    pub a: Slice,
-    pub b: Slice,
-    pub temp: Slice,
-    /// Bytes between consecutive matrices of a and of b.
-    pub a_stride: u64,
-    pub b_stride: u64,
-}
-
-/// The solve as the BLAS takes it: 32-bit sizes, a type it solves in.
-fn trsm_op(name: &str, t: &xla_vmm::TriangularSolveThunk) -> Result<TrsmOp> {
-    let dtype = t.element_type.0;
-    if !TrsmSpec::TYPES.contains(&dtype) {
-        return Err(RuntimeError::unsupported(format!(
-            "triangular solve in {} (the BLAS solves F32, F64, C64 and C128)",
-            t.element_type.name().unwrap_or("an unknown element type")
-        )));
-    }
-    let int = |v: i64, what: &str| {
-        i32::try_from(v).map_err(|_| {
-            RuntimeError::unsupported(format!(
-                "triangular solve {what} {v} (the BLAS takes 32-bit sizes)"
-            ))
-        })
-    };
-    let bytes = u64::from(t.element_type.bit_width().unwrap_or(0) / 8);
-    let overflow = || RuntimeError::invalid("triangular solve batch stride overflows");
-    Ok(TrsmOp {
-        name: name.to_string(),
-        spec: TrsmSpec {
-            left_side: t.left_side,
-            lower: t.lower,
-            unit_diagonal: t.unit_diagonal,
-            transpose: match t.transpose_a {
-                SolveTranspose::NoTranspose => Transpose::NoTranspose,
-                SolveTranspose::Transpose => Transpose::Transpose,
-                SolveTranspose::Adjoint => Transpose::ConjugateTranspose,
-            },
-            dtype,
-            m: int(t.m, "m")?,
-            n: int(t.n, "n")?,
-            batch: int(t.batch, "batch")?,
-        },
-        a: t.a.slice,
-        b: t.b.slice,
-        temp: t.temp.slice,
-        a_stride: t.a_batch_stride(bytes).ok_or_else(overflow)?,
-        b_stride: t.b_batch_stride(bytes).ok_or_else(overflow)?,
-    })
-}
-
-/// A loaded custom call.
-#[derive(Debug)]
-pub struct CustomCallOp {
-    pub name: String,
-    pub target: String,
-    pub call: std::sync::Arc<dyn BoundCall>,
-    /// Operands and results: slice, dtype, dims; `None` = a token.
-    pub operands: Vec<Option<CallOperand>>,
-    pub results: Vec<Option<CallOperand>>,
-}
-
-/// A buffer of a custom call, as loaded.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CallOperand {
-    pub slice: Slice,
-    pub dtype: i32,
-    pub dims: Vec<i64>,
-}
-
-fn call_operands(v: &[Option<ShapedSlice>], what: &str) -> Result<Vec<Option<CallOperand>>> {
-    v.iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let Some(s) = s else { return Ok(None) };
-            let shape = s.shape.as_ref().ok_or_else(|| {
-                RuntimeError::invalid(format!("custom call {what} {i} has no shape"))
-            })?;
-            Ok(Some(CallOperand {
-                slice: s.slice,
-                dtype: shape.element_type.0,
-                dims: shape.dimensions.clone(),
-            }))
-        })
-        .collect()
-}
-
-/// Legacy (untyped) custom calls are not run; typed-FFI ones are, given a
-/// registry.
-fn custom_call_support(c: &xla_vmm::CustomCallThunk) -> std::result::Result<(), String> {
-    if c.api_version != API_VERSION_TYPED_FFI {
-        return Err(format!(
-            "custom call '{}' of API version {} (only typed-FFI custom calls, version {API_VERSION_TYPED_FFI}, are run)",
-            c.target_name, c.api_version
-        ));
-    }
-    Ok(())
 }
 
 /// The stream an async start runs on: an extra compute stream
@@ -243,6 +126,28 @@ pub struct LoadCtx<'a, B: Backend> {
     /// While building inside an async start on `Communication(i)`: i + 1
     /// (collectives there get their own communicators, as in XLA); else 0.
     pub comm_tag: usize,
+    /// Bytes of scratch memory the program's ops take at their offsets
+    /// (FFT work areas), allocated with the program.
+    pub scratch_bytes: u64,
+    /// The library plans prepared so far.
+    pub plans: LibraryPlans,
+}
+
+/// The library plans (GEMM, convolution) a program prepared on its engine,
+/// released there when the program goes (or fails to load).
+#[derive(Debug, Default)]
+pub struct LibraryPlans {
+    gemm: Vec<GemmPlanId>,
+    conv: Vec<ConvPlanId>,
+}
+
+impl LibraryPlans {
+    pub fn release<B: Backend>(&mut self, engine: Option<&dyn GemmEngine<B>>) {
+        if let Some(e) = engine {
+            self.gemm.drain(..).for_each(|p| e.release(p));
+            self.conv.drain(..).for_each(|p| e.release_conv(p));
+        }
+    }
 }
 
 fn what(t: &Thunk) -> String {
@@ -411,117 +316,31 @@ impl<B: Backend> LoadCtx<'_, B> {
 
     fn build_inner(&mut self, plan: &Plan, t: &Thunk) -> Result<Op<B>> {
         Ok(match &t.kind {
-            ThunkKind::CustomKernel(k) => {
-                let module = match &k.spec.code {
-                    KernelCode::Cubin { data } => {
-                        self.module_for(data, image_kind(self.backend))?
-                    }
-                    KernelCode::Ptx { text } => self.module_for(text.as_bytes(), ImageKind::Ptx)?,
-                    KernelCode::InProcessSymbol { persistent_name } => {
-                        return match crate::selectk::load_xla_top_k(persistent_name, k) {
-                            Some(loaded) => self.select_k(t, loaded?),
-                            None => Err(RuntimeError::unsupported(format!(
-                                "in-process kernel symbol '{persistent_name}'"
-                            ))),
-                        };
-                    }
-                    KernelCode::None => self.main_module(plan)?,
-                };
-                let function = self
-                    .backend
-                    .module_function(&self.modules[module], &k.spec.kernel_name)?;
-                Op::Launch {
-                    name: t.info.profile_annotation.clone(),
-                    function,
-                    config: launch_config(&k.launch, k.use_pdl)?,
-                    params: param_specs(&k.args, k.spec.packing.as_deref())?,
-                    zero: zero_slices(&k.args, &k.zeroed_output_buffer_indices)?,
-                }
-            }
+            ThunkKind::CustomKernel(k) => self.custom_kernel(plan, t, k)?,
             ThunkKind::SelectK(s) => self.select_k(t, crate::selectk::load(s)?)?,
-            ThunkKind::Kernel(k) => {
-                let module = self.main_module(plan)?;
-                let function = self
-                    .backend
-                    .module_function(&self.modules[module], &k.kernel_name)?;
-                Op::Launch {
-                    name: t.info.profile_annotation.clone(),
-                    function,
-                    config: launch_config(&k.launch, k.use_pdl)?,
-                    params: param_specs(&k.args, None)?,
-                    zero: zero_slices(&k.args, &k.zeroed_output_buffer_indices)?,
-                }
-            }
+            ThunkKind::Kernel(k) => self.kernel(plan, t, k)?,
             ThunkKind::CublasLtMatmul(m) => {
-                let engine = self.gemm.ok_or_else(|| {
-                    RuntimeError::unsupported("no BLAS-Lt engine on this backend")
-                })?;
-                if m.grouped {
-                    return Err(RuntimeError::unsupported("grouped matmul"));
-                }
-                let cfg = m
-                    .gemm_config
-                    .as_ref()
-                    .ok_or_else(|| RuntimeError::invalid("cublas_lt_matmul without gemm_config"))?;
-                let idx = usize::try_from(m.algorithm_idx).map_err(|_| {
-                    RuntimeError::invalid(format!("algorithm_idx {}", m.algorithm_idx))
-                })?;
-                // XLA asks the heuristic for one algorithm when the index is
-                // 0, else for GemmConfig::kNumAlgorithms = 128.
-                let max_algorithms = if idx == 0 { 1 } else { 128 };
-                let max_ws = u64::try_from(m.autotune_workspace_size).unwrap_or(0);
-                let plan_id = engine.prepare(
-                    &crate::gemm::config(cfg)?,
-                    Epilogue::from_proto(m.epilogue)?,
-                    idx,
-                    max_algorithms,
-                    max_ws,
-                )?;
-                let s = |x: &Option<ShapedSlice>| x.as_ref().map(|x| x.slice);
-                Op::Gemm {
-                    name: t.info.profile_annotation.clone(),
-                    plan: plan_id,
-                    a: m.a.slice,
-                    b: m.b.slice,
-                    c: m.c.slice,
-                    d: m.d.slice,
-                    bias: s(&m.bias),
-                    aux: s(&m.aux),
-                    scales: [
-                        s(&m.a_scale),
-                        s(&m.b_scale),
-                        s(&m.c_scale),
-                        s(&m.d_scale),
-                        s(&m.d_amax),
-                    ],
-                    workspace: s(&m.workspace),
-                }
+                let op = crate::gemm::build(self.gemm, &t.info.profile_annotation, m)?;
+                self.plans.gemm.push(op.plan);
+                Op::Gemm(op)
             }
             ThunkKind::Convolution(c) => {
-                let engine = self.gemm.ok_or_else(|| {
-                    RuntimeError::unsupported("convolution: no DNN engine on this backend")
-                })?;
-                let run = crate::conv::load(&t.info.profile_annotation, c)?;
-                let plan = engine.prepare_conv(&run.spec)?;
-                let need = engine.conv_workspace(plan)?;
-                if need > run.scratch.size {
-                    return Err(RuntimeError::unsupported(format!(
-                        "convolution {}: the cuDNN plan needs {need} bytes of workspace, the \
-                         executable's scratch buffer has {} (another cuDNN than the one it was \
-                         autotuned with?)",
-                        run.name, run.scratch.size
-                    )));
+                let op = crate::conv::build(self.gemm, &t.info.profile_annotation, c)?;
+                self.plans.conv.push(op.plan);
+                Op::Conv(Box::new(op))
+            }
+            ThunkKind::Fft(f) => {
+                let name = &t.info.profile_annotation;
+                match crate::fft::build(self.gemm, name, f, &mut self.scratch_bytes)? {
+                    Some(op) => Op::Fft(Box::new(op)),
+                    None => Op::Sequential(Vec::new()),
                 }
-                Op::Conv(Box::new(ConvOpLoaded { run, plan }))
             }
-            ThunkKind::TriangularSolve(ts) => {
-                let engine = self.gemm.ok_or_else(|| {
-                    RuntimeError::unsupported("triangular solve: no BLAS engine on this backend")
-                })?;
-                let op = trsm_op(&t.info.profile_annotation, ts)?;
-                engine.prepare_trsm(&op.spec)?;
-                Op::Trsm(Box::new(op))
-            }
+            ThunkKind::TriangularSolve(ts) => Op::Trsm(Box::new(crate::trsm::build(
+                self.gemm,
+                &t.info.profile_annotation,
+                ts,
+            )?)),
             ThunkKind::Gemm(_) => {
                 return Err(RuntimeError::unsupported(
                     "plain cuBLAS gemm (XLA runs it through cublasGemmEx with its own algorithm; \
@@ -559,128 +378,33 @@ impl<B: Backend> LoadCtx<'_, B> {
                 body: self.build_seq(plan, &w.body)?,
                 trip_count: w.trip_count,
             },
-            ThunkKind::Conditional(c) => {
-                let is_pred = c
-                    .branch_index
-                    .shape
-                    .as_ref()
-                    .is_some_and(|s| s.element_type == xla_vmm::ElementType::PRED);
-                Op::Conditional {
-                    name: t.info.profile_annotation.clone(),
-                    index: c.branch_index.slice,
-                    is_pred,
-                    branches: c
-                        .branches
-                        .iter()
-                        .map(|b| self.build_seq(plan, b))
-                        .collect::<Result<_>>()?,
-                }
-            }
+            ThunkKind::Conditional(c) => self.conditional(plan, t, c)?,
             ThunkKind::Sequential { thunks } => Op::Sequential(self.build_seq(plan, thunks)?),
             ThunkKind::DynamicSliceFusion(d) => Op::DynamicSlice {
                 windows: crate::dynamic_slice::windows(d)?,
                 embedded: self.build_seq(plan, &d.embedded)?,
             },
-            ThunkKind::AsyncStart(a) => {
-                let stream = match a.stream {
-                    xla_vmm::ExecutionStream::Computation(i) => AsyncStream::Compute(i as usize),
-                    xla_vmm::ExecutionStream::Default => AsyncStream::Compute(0),
-                    xla_vmm::ExecutionStream::Communication(i) => AsyncStream::Comm(i as usize),
-                };
-                match stream {
-                    AsyncStream::Compute(i) => self.streams_needed = self.streams_needed.max(i + 1),
-                    AsyncStream::Comm(i) => {
-                        self.comm_streams_needed = self.comm_streams_needed.max(i + 1)
-                    }
-                }
-                if !self.async_ids.contains(&a.async_execution_id) {
-                    self.async_ids.push(a.async_execution_id);
-                }
-                let outer = self.comm_tag;
-                if let AsyncStream::Comm(i) = stream {
-                    self.comm_tag = i + 1;
-                }
-                let ops = self.build_seq(plan, &a.thunks);
-                self.comm_tag = outer;
-                Op::AsyncStart {
-                    id: a.async_execution_id,
-                    stream,
-                    ops: ops?,
-                }
-            }
+            ThunkKind::AsyncStart(a) => self.async_start(plan, a)?,
             ThunkKind::AsyncDone { async_execution_id } => Op::AsyncDone {
                 id: *async_execution_id,
             },
             // (`check_support` has refused legacy custom calls.)
             ThunkKind::CustomCall(c) => {
-                let registry = self.custom_calls.ok_or_else(|| {
-                    RuntimeError::unsupported(format!(
-                        "custom call '{}': this runtime was loaded without FFI handlers",
-                        c.target_name
-                    ))
-                })?;
-                let site = CallSite {
-                    target: &c.target_name,
-                    name: &t.info.profile_annotation,
-                    attributes: &c.attributes,
-                    device_ordinal: self.backend.info().ordinal,
-                };
-                let call = registry
-                    .bind(&site)
-                    .map_err(|e| {
-                        RuntimeError::unsupported(format!(
-                            "custom call '{}': binding its FFI handler: {e}",
-                            c.target_name
-                        ))
-                    })?
-                    .ok_or_else(|| {
-                        RuntimeError::unsupported(format!(
-                            "custom call '{}': no FFI handler is registered for it",
-                            c.target_name
-                        ))
-                    })?;
-                Op::CustomCall(Box::new(CustomCallOp {
-                    name: t.info.profile_annotation.clone(),
-                    target: c.target_name.clone(),
-                    call,
-                    operands: call_operands(&c.operands, "operand")?,
-                    results: call_operands(&c.results, "result")?,
-                }))
+                let ordinal = self.backend.info().ordinal;
+                Op::CustomCall(Box::new(crate::custom_call::build(
+                    self.custom_calls,
+                    ordinal,
+                    t,
+                    c,
+                )?))
             }
             ThunkKind::HostExecuteStart(h) => {
-                let (args, results, staging_bytes) =
-                    crate::host_execute::leaves(&h.args, &h.results)?;
-                let registry = self.custom_calls.ok_or_else(|| {
-                    RuntimeError::unsupported(
-                        "host compute: this runtime was loaded without a host-program source",
-                    )
-                })?;
-                let program = registry
-                    .bind_host_program(h, &t.info.profile_annotation)
-                    .map_err(|e| RuntimeError::unsupported(format!("host compute: {e}")))?
-                    .ok_or_else(|| {
-                        RuntimeError::unsupported(
-                            "host compute: no host-program source is registered \
-                             (the xla_vmm Python package registers JAX's CPU compiler)",
-                        )
-                    })?;
-                Op::HostExecute(Box::new(crate::host_execute::HostExecuteOp {
-                    name: t.info.profile_annotation.clone(),
-                    program,
-                    args,
-                    results,
-                    staging_bytes,
-                }))
+                let bind = || crate::custom_call::host_program(self.custom_calls, t, h);
+                Op::HostExecute(Box::new(crate::host_execute::build(t, h, bind)?))
             }
             // The start ran to completion on the stream: nothing to wait for.
             ThunkKind::HostExecuteDone { .. } => Op::Sequential(Vec::new()),
-            ThunkKind::Collective(c) => {
-                let mut op =
-                    crate::collective::load(&t.info.profile_annotation, c, self.collectives.len())?;
-                op.stream_tag = self.comm_tag;
-                self.collectives.push(op.clone());
-                Op::Collective(Box::new(op))
-            }
+            ThunkKind::Collective(c) => self.collective(t, c)?,
             ThunkKind::ReplicaId { dest } | ThunkKind::PartitionId { dest } => {
                 logical_id_dest(dest)?;
                 Op::LogicalId {
@@ -694,6 +418,115 @@ impl<B: Backend> LoadCtx<'_, B> {
                 ))
             }
         })
+    }
+
+    /// A kernel whose code travels with the thunk (or XLA's in-process
+    /// top-k, on our kernel).
+    fn custom_kernel(
+        &mut self,
+        plan: &Plan,
+        t: &Thunk,
+        k: &xla_vmm::CustomKernelThunk,
+    ) -> Result<Op<B>> {
+        let module = match &k.spec.code {
+            KernelCode::Cubin { data } => self.module_for(data, image_kind(self.backend))?,
+            KernelCode::Ptx { text } => self.module_for(text.as_bytes(), ImageKind::Ptx)?,
+            KernelCode::InProcessSymbol { persistent_name } => {
+                return match crate::selectk::load_xla_top_k(persistent_name, k) {
+                    Some(loaded) => self.select_k(t, loaded?),
+                    None => Err(RuntimeError::unsupported(format!(
+                        "in-process kernel symbol '{persistent_name}'"
+                    ))),
+                };
+            }
+            KernelCode::None => self.main_module(plan)?,
+        };
+        let function = self
+            .backend
+            .module_function(&self.modules[module], &k.spec.kernel_name)?;
+        Ok(Op::Launch {
+            name: t.info.profile_annotation.clone(),
+            function,
+            config: launch_config(&k.launch, k.use_pdl)?,
+            params: param_specs(&k.args, k.spec.packing.as_deref())?,
+            zero: zero_slices(&k.args, &k.zeroed_output_buffer_indices)?,
+        })
+    }
+
+    /// A kernel of the module binary.
+    fn kernel(&mut self, plan: &Plan, t: &Thunk, k: &xla_vmm::KernelThunk) -> Result<Op<B>> {
+        let module = self.main_module(plan)?;
+        let function = self
+            .backend
+            .module_function(&self.modules[module], &k.kernel_name)?;
+        Ok(Op::Launch {
+            name: t.info.profile_annotation.clone(),
+            function,
+            config: launch_config(&k.launch, k.use_pdl)?,
+            params: param_specs(&k.args, None)?,
+            zero: zero_slices(&k.args, &k.zeroed_output_buffer_indices)?,
+        })
+    }
+
+    /// A conditional: its branches loaded, its index a predicate or an s32.
+    fn conditional(
+        &mut self,
+        plan: &Plan,
+        t: &Thunk,
+        c: &xla_vmm::ConditionalThunk,
+    ) -> Result<Op<B>> {
+        let is_pred = c
+            .branch_index
+            .shape
+            .as_ref()
+            .is_some_and(|s| s.element_type == xla_vmm::ElementType::PRED);
+        Ok(Op::Conditional {
+            name: t.info.profile_annotation.clone(),
+            index: c.branch_index.slice,
+            is_pred,
+            branches: c
+                .branches
+                .iter()
+                .map(|b| self.build_seq(plan, b))
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    /// An async start: its stream (counted), its id, its ops loaded (a
+    /// communication stream's collectives get their own communicators).
+    fn async_start(&mut self, plan: &Plan, a: &xla_vmm::AsyncStartThunk) -> Result<Op<B>> {
+        let stream = match a.stream {
+            xla_vmm::ExecutionStream::Computation(i) => AsyncStream::Compute(i as usize),
+            xla_vmm::ExecutionStream::Default => AsyncStream::Compute(0),
+            xla_vmm::ExecutionStream::Communication(i) => AsyncStream::Comm(i as usize),
+        };
+        match stream {
+            AsyncStream::Compute(i) => self.streams_needed = self.streams_needed.max(i + 1),
+            AsyncStream::Comm(i) => self.comm_streams_needed = self.comm_streams_needed.max(i + 1),
+        }
+        if !self.async_ids.contains(&a.async_execution_id) {
+            self.async_ids.push(a.async_execution_id);
+        }
+        let outer = self.comm_tag;
+        if let AsyncStream::Comm(i) = stream {
+            self.comm_tag = i + 1;
+        }
+        let ops = self.build_seq(plan, &a.thunks);
+        self.comm_tag = outer;
+        Ok(Op::AsyncStart {
+            id: a.async_execution_id,
+            stream,
+            ops: ops?,
+        })
+    }
+
+    /// A collective, in load order, tagged with its async stream.
+    fn collective(&mut self, t: &Thunk, c: &xla_vmm::CollectiveThunk) -> Result<Op<B>> {
+        let mut op =
+            crate::collective::load(&t.info.profile_annotation, c, self.collectives.len())?;
+        op.stream_tag = self.comm_tag;
+        self.collectives.push(op.clone());
+        Ok(Op::Collective(Box::new(op)))
     }
 }
 
@@ -848,7 +681,7 @@ pub fn check_support(plan: &Plan) -> Result<()> {
             ThunkKind::Unsupported { .. } => {
                 Some("thunk kind not executed by this runtime".to_string())
             }
-            ThunkKind::CustomCall(c) => custom_call_support(c).err(),
+            ThunkKind::CustomCall(c) => crate::custom_call::custom_call_support(c).err(),
             ThunkKind::HostExecuteStart(h) => {
                 if h.hlo_module.is_empty() {
                     Some("host compute without its HLO module".to_string())
@@ -860,8 +693,13 @@ pub fn check_support(plan: &Plan) -> Result<()> {
             }
             ThunkKind::Gemm(_) => Some("plain cuBLAS gemm".to_string()),
             ThunkKind::SelectK(s) => crate::selectk::load(s).err().map(|e| e.to_string()),
-            ThunkKind::TriangularSolve(ts) => trsm_op("", ts).err().map(|e| e.to_string()),
+            ThunkKind::TriangularSolve(ts) => {
+                crate::trsm::trsm_op("", ts).err().map(|e| e.to_string())
+            }
             ThunkKind::Convolution(c) => crate::conv::load(&t.info.profile_annotation, c)
+                .err()
+                .map(|e| e.to_string()),
+            ThunkKind::Fft(f) => crate::fft::load(&t.info.profile_annotation, f)
                 .err()
                 .map(|e| e.to_string()),
             // On ROCm the thunk runs through hipBLASLt (XLA's ROCm path:

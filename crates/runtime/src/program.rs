@@ -16,7 +16,7 @@ use std::sync::Arc;
 use xla_vmm::{AllocationRole, Plan, Shape};
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::vmm::VmmContext;
-use xla_vmm_device::{Backend, MemLocation};
+use xla_vmm_device::{Backend, DevicePtr, MemLocation};
 
 use crate::collective::{CollOp, Resolved};
 use crate::custom_call::{CallContext, CustomCallRegistry};
@@ -34,6 +34,8 @@ pub struct Program<B: Backend> {
     plan: Plan,
     gemm: Option<Arc<dyn GemmEngine<B>>>,
     ops: Vec<Op<B>>,
+    /// The GEMM and convolution plans its ops use, on `gemm`.
+    plans: crate::ops::LibraryPlans,
     modules: Vec<B::Module>,
     owned: Vec<DeviceBuffer<B>>,
     /// Allocation index of each `owned` buffer.
@@ -51,6 +53,8 @@ pub struct Program<B: Backend> {
     /// Staging through device memory when part of the program's memory is
     /// in host memory (planned at the first run).
     staging: Option<Staging<B>>,
+    /// Scratch memory its ops use at fixed offsets (FFT work areas).
+    scratch: Option<DeviceBuffer<B>>,
 }
 
 impl<B: Backend> Program<B> {
@@ -79,13 +83,17 @@ impl<B: Backend> Program<B> {
             comm_streams_needed: 0,
             collectives: Vec::new(),
             comm_tag: 0,
+            scratch_bytes: 0,
+            plans: Default::default(),
         };
         let built = ctx.build_seq(&plan, &plan.thunks);
         let (modules, streams_needed, async_ids) = (ctx.modules, ctx.streams_needed, ctx.async_ids);
         let (comm_streams_needed, collectives) = (ctx.comm_streams_needed, ctx.collectives);
+        let (scratch_bytes, mut plans) = (ctx.scratch_bytes, ctx.plans);
         let ops = match built {
             Ok(ops) => ops,
             Err(e) => {
+                plans.release(gemm.as_deref());
                 let mut t = Teardown::new("a program that failed to load");
                 for m in modules {
                     t.check("module_unload", backend.module_unload(m));
@@ -100,6 +108,7 @@ impl<B: Backend> Program<B> {
             plan,
             gemm,
             ops,
+            plans,
             modules,
             owned: Vec::new(),
             owned_index: Vec::new(),
@@ -111,7 +120,11 @@ impl<B: Backend> Program<B> {
             capture_blocker,
             host_staging: Default::default(),
             staging: None,
+            scratch: None,
         };
+        if scratch_bytes > 0 {
+            p.scratch = Some(DeviceBuffer::alloc_in(&p.vmm, scratch_bytes)?);
+        }
         // From here on `Drop` releases whatever was made.
         for _ in 0..streams_needed {
             p.aux_streams.push(backend.stream_create()?);
@@ -250,19 +263,28 @@ impl<B: Backend> Program<B> {
             call_context,
             capturing,
             host_staging: &self.host_staging,
-            staging: self.staging.as_ref(),
+            scratch: self
+                .scratch
+                .as_ref()
+                .map_or(DevicePtr::NULL, DeviceBuffer::ptr),
+            staging: self
+                .staging
+                .as_ref()
+                .map(|s| s as &dyn crate::exec::StagedRun<B>),
         }
     }
 
     /// Plan the staging for the memory bound now: the program's own buffers
     /// where they are, each parameter allocation's location as given
-    /// (`None`: raw device memory). A failure is said and leaves the
-    /// program reading host memory in place (correct, slower).
-    pub(crate) fn plan_staging(&mut self, params: &[(usize, Option<MemLocation>)]) {
+    /// (`None`: raw device memory), through the device's shared area when
+    /// `shared` ([`crate::RunConfig::shared_staging_area`]). A failure is
+    /// said and leaves the program reading host memory in place (correct,
+    /// slower).
+    pub(crate) fn plan_staging(&mut self, params: &[(usize, Option<MemLocation>)], shared: bool) {
         let owned = self.owned_buffers().map(|(a, b)| (a, b.location()));
         let homes =
             crate::staging::homes(self.plan.allocations.len(), owned, params.iter().copied());
-        let made = Staging::plan(&self.vmm, &self.plan, &self.ops, &homes);
+        let made = Staging::plan(&self.vmm, &self.plan, &self.ops, &homes, shared);
         let old = match made {
             Ok(s) => std::mem::replace(&mut self.staging, s),
             Err(e) => {
@@ -330,7 +352,7 @@ impl<B: Backend> Drop for Program<B> {
         for s in self.aux_streams.iter().chain(&self.comm_streams) {
             t.check("stream_synchronize", be.stream_synchronize(s));
         }
-        for buf in self.owned.drain(..) {
+        for buf in self.owned.drain(..).chain(self.scratch.take()) {
             t.check("freeing a buffer", buf.free());
         }
         for buf in self.host_staging.drain() {
@@ -352,6 +374,7 @@ impl<B: Backend> Drop for Program<B> {
         }
         // Functions hold their modules on some backends; unload after ops.
         self.ops.clear();
+        self.plans.release(self.gemm.as_deref());
         for m in self.modules.drain(..) {
             t.check("module_unload", be.module_unload(m));
         }

@@ -68,6 +68,11 @@ impl ReportSlot {
     pub fn update(&self, f: impl FnOnce(&mut ProgramReport)) {
         f(&mut lock(&self.slot));
     }
+
+    /// Read from the line.
+    pub fn get<T>(&self, f: impl FnOnce(&ProgramReport) -> T) -> T {
+        f(&lock(&self.slot))
+    }
 }
 
 impl Drop for ReportSlot {

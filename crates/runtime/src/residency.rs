@@ -135,7 +135,7 @@ pub(crate) fn segments(plan: &Plan) -> Segments {
 /// columns; XLA's Triton GEMM fusions (`gemm_fusion*`) from their two
 /// largest inputs and their output, taken as 2-byte elements
 /// (`|A| = 2mk`, `|B| = 2kn`, `|C| = 2mn`: `n = sqrt(|B||C| / 2|A|)`).
-fn operand_reuse(t: &Thunk) -> Vec<(Slice, f64)> {
+pub(crate) fn operand_reuse(t: &Thunk) -> Vec<(Slice, f64)> {
     let dims = |c: &GemmConfig| {
         let o = &c.output_layout;
         (o.num_rows.max(0) as f64, o.num_cols.max(0) as f64)
@@ -258,4 +258,269 @@ pub fn residency_input(plan: &Plan, budget_bytes: u64, rates: Rates) -> Result<R
 pub fn plan_for(plan: &Plan, budget_bytes: u64, rates: Rates) -> Result<ResidencyPlan> {
     let input = residency_input(plan, budget_bytes, rates)?;
     plan_residency(&input).map_err(|e| RuntimeError::invalid(format!("residency: {e}")))
+}
+
+/// One use of a value of a temporary allocation by a unit: (value, bytes,
+/// read, write, reuse).
+pub(crate) type ValueUse = (usize, u64, bool, bool, f64);
+
+/// The values of a program's temporary allocations, unit by unit. XLA packs
+/// the step's temporaries into one allocation whose slices hold different
+/// values over the step (buffer assignment gives each logical buffer one
+/// slice for its whole life, and two whose slices overlap are never live at
+/// once), so its byte ranges joined over the whole step (its [`segments`])
+/// are one large buffer for staging. By value instead:
+/// - a unit's slices of a temporary allocation that overlap are one range;
+/// - a range the unit only reads joins the live values it overlaps into one;
+/// - a range the unit writes starts a new value: the live values it
+///   overlaps are dead (their bytes are overwritten; a kernel's output
+///   argument is marked read and written, so the read does not count here;
+///   buffer assignment places a new buffer over dead ones only), unless it is
+///   exactly one of them and read (an update in place), or overlaps a value
+///   the unit reads: then it joins them.
+///
+/// Live values are disjoint, so a unit's values can each be staged on their
+/// own. If a unit reads bytes no live value holds (the rules above do not
+/// fit how the program uses the allocation), the allocation is planned by
+/// its segments instead ([`TempValues::finish`] says which).
+#[derive(Default)]
+pub(crate) struct TempValues {
+    /// Union-find parent of each value; a root's range is the value's.
+    parent: Vec<usize>,
+    range: Vec<(usize, u64, u64)>,
+    /// Live values (roots) of each allocation.
+    live: Vec<Vec<usize>>,
+    /// Allocations the rules do not fit.
+    unfit: Vec<bool>,
+    /// Per unit, its values' uses (values as created; resolved at the end).
+    units: Vec<Vec<ValueUse>>,
+}
+
+impl TempValues {
+    pub(crate) fn new(allocations: usize) -> Self {
+        TempValues {
+            live: vec![Vec::new(); allocations],
+            unfit: vec![false; allocations],
+            ..Default::default()
+        }
+    }
+
+    fn find(&mut self, mut v: usize) -> usize {
+        while self.parent[v] != v {
+            self.parent[v] = self.parent[self.parent[v]];
+            v = self.parent[v];
+        }
+        v
+    }
+
+    /// The next unit's slices of temporary allocations: (slice, read,
+    /// write, reuse). Its reads first (they join what they read), then its
+    /// writes (a write over a value this unit reads joins it too).
+    pub(crate) fn unit(&mut self, slices: &[(Slice, bool, bool, f64)]) {
+        let mut uses = Vec::new();
+        let mut read_here = Vec::new();
+        for writes in [false, true] {
+            for (a, lo, hi, read, write, reuse, bytes) in ranges(slices, writes) {
+                let Some(live) = self.live.get(a).cloned() else {
+                    continue;
+                };
+                let over: Vec<usize> = live
+                    .into_iter()
+                    .filter(|&v| {
+                        let (_, vl, vh) = self.range[v];
+                        vl < hi && lo < vh
+                    })
+                    .collect();
+                if !write && !self.covered(&over, lo, hi) {
+                    self.unfit[a] = true;
+                }
+                // Exactly a live value and read: an update in place. Over a
+                // value this unit reads: part of the same computation.
+                let joins = !write
+                    || over.iter().any(|&v| {
+                        let (_, vl, vh) = self.range[v];
+                        read_here.contains(&v) || (read && vl == lo && vh == hi)
+                    });
+                let id = self.parent.len();
+                self.parent.push(id);
+                let (mut nl, mut nh) = (lo, hi);
+                if joins {
+                    for &v in &over {
+                        self.parent[v] = id;
+                        nl = nl.min(self.range[v].1);
+                        nh = nh.max(self.range[v].2);
+                    }
+                }
+                // Otherwise the values it overlaps are dead: written over.
+                self.range.push((a, nl, nh));
+                self.live[a].retain(|v| !over.contains(v));
+                self.live[a].push(id);
+                if !write {
+                    read_here.push(id);
+                }
+                uses.push((id, bytes, read, write, reuse));
+            }
+        }
+        self.units.push(uses);
+    }
+
+    /// Live values `over` hold every byte of `[lo, hi)`.
+    fn covered(&self, over: &[usize], lo: u64, hi: u64) -> bool {
+        let mut spans: Vec<(u64, u64)> = over
+            .iter()
+            .map(|&v| (self.range[v].1, self.range[v].2))
+            .collect();
+        spans.sort_unstable();
+        let mut at = lo;
+        for (vl, vh) in spans {
+            if vl > at {
+                break;
+            }
+            at = at.max(vh);
+        }
+        at >= hi
+    }
+
+    /// The values, (allocation, start, end) each, each unit's uses of them
+    /// (indices into the values), and per allocation whether the rules do
+    /// not fit it (its values are then not to be used).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn finish(mut self) -> (Vec<(usize, u64, u64)>, Vec<Vec<ValueUse>>, Vec<bool>) {
+        let n = self.parent.len();
+        let mut index = vec![usize::MAX; n];
+        let mut values = Vec::new();
+        for v in 0..n {
+            let root = self.find(v);
+            if index[root] == usize::MAX && !self.unfit[self.range[root].0] {
+                index[root] = values.len();
+                values.push(self.range[root]);
+            }
+        }
+        let units = std::mem::take(&mut self.units);
+        let units = units
+            .into_iter()
+            .map(|us| {
+                us.into_iter()
+                    .filter_map(|(v, b, r, w, x)| {
+                        let i = index[self.find(v)];
+                        (i != usize::MAX).then_some((i, b, r, w, x))
+                    })
+                    .collect()
+            })
+            .collect();
+        (values, units, self.unfit)
+    }
+}
+
+/// A unit's ranges of temporary allocations, overlapping slices joined:
+/// those it writes (`writes`), or those it only reads. (allocation, start,
+/// end, read, write, reuse, largest slice bytes).
+#[allow(clippy::type_complexity)]
+fn ranges(
+    slices: &[(Slice, bool, bool, f64)],
+    writes: bool,
+) -> Vec<(usize, u64, u64, bool, bool, f64, u64)> {
+    let mut sorted: Vec<&(Slice, bool, bool, f64)> = slices
+        .iter()
+        .filter(|s| s.0.size > 0 && s.2 == writes)
+        .collect();
+    sorted.sort_by_key(|s| (s.0.allocation, s.0.offset));
+    let mut groups: Vec<(usize, u64, u64, bool, bool, f64, u64)> = Vec::new();
+    for (s, r, w, reuse) in sorted {
+        let (lo, hi) = (s.offset, s.offset.saturating_add(s.size));
+        match groups.last_mut() {
+            Some(g) if g.0 == s.allocation && lo < g.2 => {
+                g.2 = g.2.max(hi);
+                g.3 |= *r;
+                g.4 |= *w;
+                g.5 = g.5.max(*reuse);
+                g.6 = g.6.max(s.size);
+            }
+            _ => groups.push((s.allocation, lo, hi, *r, *w, *reuse, s.size)),
+        }
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(offset: u64, size: u64) -> Slice {
+        Slice {
+            allocation: 0,
+            offset,
+            size,
+        }
+    }
+
+    #[test]
+    fn bytes_reused_by_a_later_value_make_two_values() {
+        let mut t = TempValues::new(1);
+        t.unit(&[(s(0, 100), false, true, 1.0)]); // v0 = ..
+        t.unit(&[
+            (s(0, 100), true, false, 1.0),
+            (s(200, 100), false, true, 1.0),
+        ]); // v1 = f(v0)
+        t.unit(&[(s(0, 100), false, true, 1.0)]); // v2 over v0's bytes
+        t.unit(&[
+            (s(0, 100), true, false, 1.0),
+            (s(200, 100), true, false, 1.0),
+        ]);
+        let (values, units, unfit) = t.finish();
+        assert_eq!(unfit, vec![false]);
+        assert_eq!(values, vec![(0, 0, 100), (0, 200, 300), (0, 0, 100)]);
+        let ids = |k: usize| units[k].iter().map(|u| u.0).collect::<Vec<_>>();
+        assert_eq!(
+            (ids(0), ids(1), ids(2), ids(3)),
+            (vec![0], vec![0, 1], vec![2], vec![2, 1])
+        );
+    }
+
+    #[test]
+    fn updates_in_place_and_reads_join_values_and_an_overlapping_write_starts_one() {
+        let mut t = TempValues::new(1);
+        t.unit(&[(s(0, 100), false, true, 1.0)]);
+        // Read and written whole: an update in place, the same value.
+        t.unit(&[(s(0, 100), true, true, 1.0)]);
+        t.unit(&[(s(100, 10), false, true, 1.0)]);
+        // Read across both: one value.
+        t.unit(&[(s(50, 60), true, false, 1.0)]);
+        // Written over part of it: it is dead, a new value.
+        t.unit(&[(s(90, 100), false, true, 1.0)]);
+        t.unit(&[(s(90, 100), true, false, 1.0)]);
+        // Overlapping slices of one unit are one range.
+        t.unit(&[
+            (s(500, 20), false, true, 1.0),
+            (s(510, 20), false, true, 1.0),
+        ]);
+        // Written over a value the same unit reads: one value.
+        t.unit(&[(s(600, 100), false, true, 1.0)]);
+        t.unit(&[
+            (s(600, 100), true, false, 1.0),
+            (s(650, 100), false, true, 1.0),
+        ]);
+        let (values, units, unfit) = t.finish();
+        assert_eq!(unfit, vec![false]);
+        assert_eq!(
+            values,
+            vec![(0, 0, 110), (0, 90, 190), (0, 500, 530), (0, 600, 750)]
+        );
+        assert!(units[..4].iter().flatten().all(|u| u.0 == 0));
+        assert!(units[4..6].iter().flatten().all(|u| u.0 == 1));
+        assert_eq!(units[6].len(), 1);
+        assert!(units[7..].iter().flatten().all(|u| u.0 == 3), "{units:?}");
+    }
+
+    #[test]
+    fn a_read_of_bytes_no_live_value_holds_gives_the_allocation_up() {
+        let mut t = TempValues::new(2);
+        t.unit(&[(s(0, 100), false, true, 1.0)]);
+        t.unit(&[(s(50, 100), false, true, 1.0)]); // the first is dead
+        t.unit(&[(s(0, 40), true, false, 1.0)]); // yet read: the rules do not fit
+        let (values, units, unfit) = t.finish();
+        assert_eq!(unfit, vec![true, false]);
+        assert!(values.is_empty());
+        assert!(units.iter().all(|u| u.is_empty()));
+    }
 }

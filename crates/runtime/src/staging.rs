@@ -38,17 +38,18 @@
 //! first binding.
 
 use serde::Serialize;
-use xla_vmm::{Plan, Slice, Thunk, ThunkKind};
+use xla_vmm::{AllocationRole, Plan, Slice, Thunk, ThunkKind};
 use xla_vmm_device::vmm::VmmContext;
-use xla_vmm_device::{Backend, EventStatus, MemLocation};
+use xla_vmm_device::{Backend, DevicePtr, EventStatus, MemLocation};
 use xla_vmm_policy::residency::{
-    demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, Use,
+    demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, ResidencyPlan,
+    Use,
 };
-use xla_vmm_policy::staging::stage;
+use xla_vmm_policy::staging::{stage, Staging as StagedSteps};
 use xla_vmm_policy::PolicyError;
 
 use crate::error::{Result, RuntimeError, Teardown};
-use crate::exec::{run_op, ExecEnv};
+use crate::exec::{run_op, ExecEnv, StagedRun};
 use crate::ops::Op;
 use crate::slots::{DeviceBuffer, Redirect, SlotTable};
 
@@ -155,7 +156,7 @@ struct Around {
 /// A program's staging: the area, the copy stream, the events and the
 /// per-op actions.
 pub(crate) struct Staging<B: Backend> {
-    area: DeviceBuffer<B>,
+    area: Area<B>,
     /// Copies in and copies home run on streams of their own (the link
     /// carries both ways at once).
     in_stream: B::Stream,
@@ -202,26 +203,92 @@ fn has_async<B: Backend>(ops: &[&Op<B>]) -> bool {
         .any(|o| matches!(o, Op::AsyncStart { .. } | Op::AsyncDone { .. }))
 }
 
+/// The slices of temporary allocations `t` and its nested thunks use
+/// (not a dynamic-slice fusion's embedded thunks: they address synthetic
+/// allocations, their parent's own uses are the real ones), with their
+/// access and a GEMM's re-reads.
+fn temp_slices(
+    t: &Thunk,
+    is_temp: &dyn Fn(usize) -> bool,
+    out: &mut Vec<(Slice, bool, bool, f64)>,
+) {
+    let reuse = crate::residency::operand_reuse(t);
+    for (s, a) in t.own_uses() {
+        if is_temp(s.allocation) {
+            let x = reuse.iter().find(|r| r.0 == s).map_or(1.0, |r| r.1);
+            out.push((s, a.reads(), a.writes(), x));
+        }
+    }
+    for n in t.nested() {
+        if !matches!(n, xla_vmm::Nested::Embedded(_)) {
+            for c in n.thunks() {
+                temp_slices(c, is_temp, out);
+            }
+        }
+    }
+}
+
 /// The planner's input with one step per top-level unit, its uses the
 /// union over the unit's thunks (loops unrolled for the arithmetic), the
-/// buffers' homes as given per allocation.
+/// buffers' homes as given per allocation. Temporary allocations are
+/// planned by value ([`crate::residency::TempValues`]), every other
+/// allocation by the segments its slices use.
 fn unit_input(
     plan: &Plan,
     homes: &[Home],
     budget_bytes: u64,
     rates: Rates,
 ) -> Result<(ResidencyInput, crate::residency::Segments)> {
-    let segs = crate::residency::segments(plan);
-    let mut buffers = crate::residency::buffers(plan, &segs)?;
+    let all = crate::residency::segments(plan);
+    let temp: Vec<bool> = plan
+        .allocations
+        .iter()
+        .map(|a| matches!(a.role, AllocationRole::Temp))
+        .collect();
+    let is_temp = |a: usize| temp.get(a).copied().unwrap_or(false);
     let mut units = Vec::new();
     thunk_units(&plan.thunks, &mut units);
+    // The temporaries' values, unit by unit.
+    let mut values = crate::residency::TempValues::new(plan.allocations.len());
+    for t in &units {
+        let mut slices = Vec::new();
+        temp_slices(t, &is_temp, &mut slices);
+        values.unit(&slices);
+    }
+    let (values, value_uses, unfit) = values.finish();
+    // The buffers: the other allocations' segments (and those of temporary
+    // allocations the values do not fit), then the values.
+    let by_value = |a: usize| is_temp(a) && !unfit.get(a).copied().unwrap_or(true);
+    let kept: Vec<usize> = (0..all.len()).filter(|&i| !by_value(all[i].0)).collect();
+    let mut new_index = vec![usize::MAX; all.len()];
+    for (n, &i) in kept.iter().enumerate() {
+        new_index[i] = n;
+    }
+    let mut segs: crate::residency::Segments = kept.iter().map(|&i| all[i]).collect();
+    segs.extend(values.iter().copied());
+    let mut buffers = crate::residency::buffers(plan, &segs)?;
     let mut steps = Vec::with_capacity(units.len());
-    for t in units {
+    for (t, vuses) in units.iter().zip(value_uses) {
         let mut inner = Vec::new();
         let mut cut = false;
-        crate::residency::flatten(std::slice::from_ref(t), &segs, &mut inner, &mut cut);
+        crate::residency::flatten(std::slice::from_ref(*t), &all, &mut inner, &mut cut);
+        let segment_uses = inner
+            .iter()
+            .flat_map(|s| &s.uses)
+            .filter(|u| new_index[u.buffer] != usize::MAX)
+            .map(|u| Use {
+                buffer: new_index[u.buffer],
+                ..*u
+            });
+        let value_uses = vuses.into_iter().map(|(v, bytes, read, write, reuse)| Use {
+            buffer: kept.len() + v,
+            bytes,
+            read,
+            write,
+            reuse,
+        });
         let mut uses: Vec<Use> = Vec::new();
-        for u in inner.iter().flat_map(|s| &s.uses) {
+        for u in segment_uses.chain(value_uses) {
             match uses.iter_mut().find(|x| x.buffer == u.buffer) {
                 Some(x) => {
                     x.bytes = x.bytes.max(u.bytes);
@@ -229,7 +296,7 @@ fn unit_input(
                     x.write |= u.write;
                     x.reuse = x.reuse.max(u.reuse);
                 }
-                None => uses.push(*u),
+                None => uses.push(u),
             }
         }
         steps.push(xla_vmm_policy::residency::ThunkStep {
@@ -250,6 +317,157 @@ fn unit_input(
         },
         segs,
     ))
+}
+
+/// A device's staging area shared by its programs
+/// ([`crate::RunConfig::shared_staging_area`]): all the room the budget left
+/// when the first of them was staged. Freed with the last program using it.
+struct SharedArea<B: Backend> {
+    buf: Option<DeviceBuffer<B>>,
+    /// Held while a staged step is enqueued: one program's copies and ops at
+    /// a time on the device's stream.
+    busy: std::sync::Mutex<()>,
+}
+
+impl<B: Backend> Drop for SharedArea<B> {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            Teardown::new("a shared staging area").check("free", b.free());
+        }
+    }
+}
+
+/// The shared areas, one per device (backend) at most.
+static SHARED_AREAS: std::sync::Mutex<
+    Vec<(usize, std::sync::Weak<dyn std::any::Any + Send + Sync>)>,
+> = std::sync::Mutex::new(Vec::new());
+
+/// The shared area of `ctx`'s device, if a program made one.
+fn shared_area<B: Backend + 'static>(ctx: &VmmContext<B>) -> Option<std::sync::Arc<SharedArea<B>>> {
+    let key = std::sync::Arc::as_ptr(ctx.backend()) as *const () as usize;
+    let mut areas = SHARED_AREAS.lock().unwrap_or_else(|e| e.into_inner());
+    areas.retain(|(_, w)| w.strong_count() > 0);
+    let any = areas.iter().find(|(k, _)| *k == key)?.1.upgrade()?;
+    any.downcast::<SharedArea<B>>().ok()
+}
+
+/// A shared area of `bytes` for `ctx`'s device.
+fn make_shared_area<B: Backend + 'static>(
+    ctx: &VmmContext<B>,
+    bytes: u64,
+) -> Result<std::sync::Arc<SharedArea<B>>> {
+    let key = std::sync::Arc::as_ptr(ctx.backend()) as *const () as usize;
+    let area = std::sync::Arc::new(SharedArea {
+        buf: Some(DeviceBuffer::alloc_at(ctx, bytes, MemLocation::Device)?),
+        busy: std::sync::Mutex::new(()),
+    });
+    let any: std::sync::Arc<dyn std::any::Any + Send + Sync> = area.clone();
+    SHARED_AREAS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((key, std::sync::Arc::downgrade(&any)));
+    Ok(area)
+}
+
+/// The staging area a program uses.
+enum Area<B: Backend> {
+    Own(DeviceBuffer<B>),
+    Shared(std::sync::Arc<SharedArea<B>>),
+}
+
+impl<B: Backend> Area<B> {
+    fn buf(&self) -> &DeviceBuffer<B> {
+        match self {
+            Area::Own(b) => b,
+            Area::Shared(s) => s.buf.as_ref().expect("freed only on drop"),
+        }
+    }
+
+    fn ptr(&self) -> xla_vmm_device::DevicePtr {
+        self.buf().ptr()
+    }
+
+    /// Held while a step is enqueued (a shared area only).
+    fn hold(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        match self {
+            Area::Own(_) => None,
+            Area::Shared(s) => Some(s.busy.lock().unwrap_or_else(|e| e.into_inner())),
+        }
+    }
+
+    fn free(self) -> Result<()> {
+        match self {
+            Area::Own(b) => b.free(),
+            Area::Shared(_) => Ok(()),
+        }
+    }
+}
+
+/// A program's staging planned without a device: what the program's staging
+/// runs at its first step.
+pub struct StagingPlan {
+    /// The planner's input: one step per top-level op.
+    pub input: ResidencyInput,
+    /// Where each buffer is: staged or read in place (after the area's
+    /// fit), or on the device.
+    pub placements: Vec<Placement>,
+    pub residency: ResidencyPlan,
+    /// The copies and area offsets.
+    pub copies: StagedSteps,
+    /// (allocation, start, end) of each buffer.
+    pub segments: crate::residency::Segments,
+}
+
+impl StagingPlan {
+    /// What it does per step, with an area of its size.
+    pub fn summary(&self) -> StagingSummary {
+        summarize(
+            &self.input,
+            &self.placements,
+            &self.residency,
+            &self.copies,
+            self.copies.area_bytes,
+        )
+    }
+}
+
+/// The staging of `plan` whose allocations live at `homes` with `room`
+/// device bytes for its area (no device: what a program's first run
+/// plans). `None`: nothing is in host memory, or nothing pays to stage.
+pub fn plan_staging(
+    plan: &Plan,
+    homes: &[Home],
+    room: u64,
+    rates: Rates,
+) -> Result<Option<StagingPlan>> {
+    if !homes.contains(&Home::Host) {
+        return Ok(None);
+    }
+    let (input, segments) = unit_input(plan, homes, room, rates)?;
+    let residency =
+        plan_residency(&input).map_err(|e| RuntimeError::invalid(format!("residency: {e}")))?;
+    let mut placements = residency.placements.clone();
+    // An area too fragmented for a thunk's buffers: that thunk's buffer
+    // that loses the least in place is read there.
+    let touched = touched_bytes(&input);
+    let copies = loop {
+        match stage(&input, &placements, room, ALIGN) {
+            Ok(s) => break s,
+            Err(PolicyError::AreaTooSmall { thunk, .. })
+                if demote(&input, &touched, &mut placements, Some(thunk)).is_some() => {}
+            Err(e) => return Err(RuntimeError::invalid(format!("staging: {e}"))),
+        }
+    };
+    if copies.stays.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(StagingPlan {
+        input,
+        placements,
+        residency,
+        copies,
+        segments,
+    }))
 }
 
 /// A staging's copy streams and events.
@@ -292,6 +510,71 @@ fn room<B: Backend>(be: &B) -> u64 {
     }
 }
 
+/// Around each unit: the copies in issued before it and waited for by it,
+/// the copies home after it, the redirects of its staged segments into the
+/// area at `base`; the copies in and out; and the number of marks (events
+/// recorded on the compute stream where copies are issued or follow).
+fn arrange(
+    n_units: usize,
+    steps: &StagedSteps,
+    segs: &crate::residency::Segments,
+    base: DevicePtr,
+) -> (Vec<Around>, Vec<Copy>, Vec<Copy>, usize) {
+    let slice = |b: usize| {
+        let (allocation, start, end) = segs[b];
+        Slice {
+            allocation,
+            offset: start,
+            size: end - start,
+        }
+    };
+    let mut around: Vec<Around> = (0..n_units).map(|_| Around::default()).collect();
+    let (mut n_marks, mut ins, mut outs) = (0, Vec::new(), Vec::new());
+    for (i, c) in steps.copies_in.iter().enumerate() {
+        let a = &mut around[c.issue_before];
+        a.ins.push(i);
+        if a.issue.is_none() {
+            a.issue = Some(n_marks);
+            n_marks += 1;
+        }
+        around[c.needed_by].waits.push(i);
+        ins.push(Copy {
+            home: slice(c.buffer),
+            area: c.offset,
+            after_out: c.after_out,
+        });
+    }
+    for (i, c) in steps.copies_out.iter().enumerate() {
+        let a = &mut around[c.after];
+        a.outs.push(i);
+        if a.after.is_none() {
+            a.after = Some(n_marks);
+            n_marks += 1;
+        }
+        outs.push(Copy {
+            home: slice(c.buffer),
+            area: c.offset,
+            after_out: None,
+        });
+    }
+    for s in &steps.stays {
+        if let Some(j) = s.after_out {
+            around[s.first].waits_home.push(j);
+        }
+        let h = slice(s.buffer);
+        let r = Redirect {
+            allocation: h.allocation,
+            start: h.offset,
+            end: h.end(),
+            to: base.offset(s.offset),
+        };
+        for a in &mut around[s.first..=s.last] {
+            a.redirects.push(r);
+        }
+    }
+    (around, ins, outs, n_marks)
+}
+
 impl<B: Backend> Staging<B> {
     /// The staging of `plan` whose allocations live at `homes` (`None`:
     /// nothing is in host memory, or nothing pays to stage; said at info
@@ -301,7 +584,11 @@ impl<B: Backend> Staging<B> {
         plan: &Plan,
         ops: &[Op<B>],
         homes: &[Home],
-    ) -> Result<Option<Self>> {
+        shared: bool,
+    ) -> Result<Option<Self>>
+    where
+        B: 'static,
+    {
         if !homes.contains(&Home::Host) {
             return Ok(None);
         }
@@ -317,86 +604,40 @@ impl<B: Backend> Staging<B> {
             return Ok(None);
         }
         let gran = be.info().vmm_granularity.max(1);
-        let room = room(&**be) / gran * gran;
-        let (input, segs) = unit_input(plan, homes, room, Rates::H200)?;
-        let residency =
-            plan_residency(&input).map_err(|e| RuntimeError::invalid(format!("residency: {e}")))?;
-        let mut placements = residency.placements.clone();
-        // An area too fragmented for a thunk's buffers: that thunk's buffer
-        // that loses the least in place is read there.
-        let touched = touched_bytes(&input);
-        let steps = loop {
-            match stage(&input, &placements, room, ALIGN) {
-                Ok(s) => break s,
-                Err(PolicyError::AreaTooSmall { thunk, .. })
-                    if demote(&input, &touched, &mut placements, Some(thunk)).is_some() => {}
-                Err(e) => return Err(RuntimeError::invalid(format!("staging: {e}"))),
-            }
+        // A shared area the device has: its room; else what the budget leaves.
+        let existing = shared.then(|| shared_area(ctx)).flatten();
+        let room = match &existing {
+            Some(a) => a.buf.as_ref().map_or(0, |b| b.mapped()),
+            None => room(&**be) / gran * gran,
         };
-        if steps.stays.is_empty() {
+        let Some(planned) = plan_staging(plan, homes, room, Rates::H200)? else {
             tracing::info!(executable = %name, room,
                 "part of it is in host memory; nothing pays to stage, read in place");
             return Ok(None);
-        }
-        let area = DeviceBuffer::alloc_at(ctx, steps.area_bytes, MemLocation::Device)?;
-        let summary = summarize(&input, &placements, &residency, &steps, area.mapped());
+        };
+        let StagingPlan {
+            input,
+            placements,
+            residency,
+            copies: steps,
+            segments: segs,
+        } = planned;
+        let area = match (shared, existing) {
+            (true, Some(a)) => Area::Shared(a),
+            (true, None) => Area::Shared(make_shared_area(ctx, room)?),
+            (false, _) => Area::Own(DeviceBuffer::alloc_at(
+                ctx,
+                steps.area_bytes,
+                MemLocation::Device,
+            )?),
+        };
+        let summary = summarize(&input, &placements, &residency, &steps, area.buf().mapped());
         tracing::info!(executable = %name, area = summary.area_bytes, staged = summary.staged,
             staged_bytes = summary.staged_bytes, in_place = summary.in_place,
             in_place_bytes = summary.in_place_bytes, device_bytes = summary.device_bytes,
             bytes_in = summary.bytes_in_per_step, bytes_out = summary.bytes_out_per_step,
             "part of it is in host memory: staged through a device area");
-        let slice = |b: usize| {
-            let (allocation, start, end) = segs[b];
-            Slice {
-                allocation,
-                offset: start,
-                size: end - start,
-            }
-        };
-        let mut around: Vec<Around> = (0..units.len()).map(|_| Around::default()).collect();
-        let (mut n_marks, mut ins, mut outs) = (0, Vec::new(), Vec::new());
-        for (i, c) in steps.copies_in.iter().enumerate() {
-            let a = &mut around[c.issue_before];
-            a.ins.push(i);
-            if a.issue.is_none() {
-                a.issue = Some(n_marks);
-                n_marks += 1;
-            }
-            around[c.needed_by].waits.push(i);
-            ins.push(Copy {
-                home: slice(c.buffer),
-                area: c.offset,
-                after_out: c.after_out,
-            });
-        }
-        for (i, c) in steps.copies_out.iter().enumerate() {
-            let a = &mut around[c.after];
-            a.outs.push(i);
-            if a.after.is_none() {
-                a.after = Some(n_marks);
-                n_marks += 1;
-            }
-            outs.push(Copy {
-                home: slice(c.buffer),
-                area: c.offset,
-                after_out: None,
-            });
-        }
-        for s in &steps.stays {
-            if let Some(j) = s.after_out {
-                around[s.first].waits_home.push(j);
-            }
-            let h = slice(s.buffer);
-            let r = Redirect {
-                allocation: h.allocation,
-                start: h.offset,
-                end: h.end(),
-                to: area.ptr().offset(s.offset),
-            };
-            for a in &mut around[s.first..=s.last] {
-                a.redirects.push(r);
-            }
-        }
+        let (around, ins, outs, n_marks) = arrange(units.len(), &steps, &segs, area.ptr());
         let n_waiting = around.iter().filter(|a| !a.waits.is_empty()).count();
         let n_events = 5 + 3 * ins.len() + outs.len() + n_marks + 2 * n_waiting;
         let (streams, events) = streams_and_events(&**be, n_events)?;
@@ -526,8 +767,34 @@ impl<B: Backend> Staging<B> {
         timed
     }
 
+    /// Wait for the copy streams, release everything (failures in `t`).
+    pub(crate) fn release(self, be: &B, t: &mut Teardown) {
+        for s in [&self.in_stream, &self.out_stream] {
+            t.check("stream_synchronize", be.stream_synchronize(s));
+        }
+        let [j0, j1] = self.joins;
+        let clock = self.clock;
+        for e in [self.fork, j0, j1, clock.start, clock.end]
+            .into_iter()
+            .chain(self.landed)
+            .chain(self.homed)
+            .chain(self.marks)
+            .chain(clock.started)
+            .chain(clock.done)
+            .chain(clock.waits.into_iter().flat_map(|(_, a, b)| [a, b]))
+        {
+            t.check("event_destroy", be.event_destroy(e));
+        }
+        for s in [self.in_stream, self.out_stream] {
+            t.check("stream_destroy", be.stream_destroy(s));
+        }
+        t.check("freeing the staging area", self.area.free());
+    }
+}
+
+impl<B: Backend> StagedRun<B> for Staging<B> {
     /// Run `ops` (the program's) on `stream` with their staging.
-    pub(crate) fn run(
+    fn run(
         &self,
         env: &ExecEnv<'_, B>,
         ops: &[Op<B>],
@@ -535,6 +802,7 @@ impl<B: Backend> Staging<B> {
         stream: &B::Stream,
     ) -> Result<()> {
         let be = env.backend;
+        let _span = crate::trace::span("staged ops");
         let mut units = Vec::with_capacity(self.around.len());
         op_units(ops, &mut units);
         if units.len() != self.around.len() {
@@ -545,6 +813,7 @@ impl<B: Backend> Staging<B> {
             )));
         }
         let (cin, cout) = (&self.in_stream, &self.out_stream);
+        let _area = self.area.hold();
         let timed = self.clock_tick(be, env.capturing);
         let mut waits = self.clock.waits.iter().peekable();
         if timed {
@@ -613,37 +882,13 @@ impl<B: Backend> Staging<B> {
         }
         Ok(())
     }
-
-    /// Wait for the copy streams, release everything (failures in `t`).
-    pub(crate) fn release(self, be: &B, t: &mut Teardown) {
-        for s in [&self.in_stream, &self.out_stream] {
-            t.check("stream_synchronize", be.stream_synchronize(s));
-        }
-        let [j0, j1] = self.joins;
-        let clock = self.clock;
-        for e in [self.fork, j0, j1, clock.start, clock.end]
-            .into_iter()
-            .chain(self.landed)
-            .chain(self.homed)
-            .chain(self.marks)
-            .chain(clock.started)
-            .chain(clock.done)
-            .chain(clock.waits.into_iter().flat_map(|(_, a, b)| [a, b]))
-        {
-            t.check("event_destroy", be.event_destroy(e));
-        }
-        for s in [self.in_stream, self.out_stream] {
-            t.check("stream_destroy", be.stream_destroy(s));
-        }
-        t.check("freeing the staging area", self.area.free());
-    }
 }
 
 fn summarize(
     input: &ResidencyInput,
     placements: &[Placement],
-    residency: &xla_vmm_policy::residency::ResidencyPlan,
-    steps: &xla_vmm_policy::staging::Staging,
+    residency: &ResidencyPlan,
+    steps: &StagedSteps,
     area_bytes: u64,
 ) -> StagingSummary {
     let mut s = StagingSummary {

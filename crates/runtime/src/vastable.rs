@@ -103,6 +103,7 @@ use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::ExecEnv;
 use crate::program::Program;
 use crate::slots::SlotTable;
+use crate::trace::{self, StatValue};
 
 mod apply;
 mod helpers;
@@ -592,6 +593,7 @@ impl<B: Backend> VaStable<B> {
             self.out.stats.step_gpu_us = w.gpu_us();
         }
         // Plan.
+        let span = trace::span("bind: plan");
         self.bind_buffers(users)?;
         if warming && self.tracker.stats().steps >= DEFAULT_REPLAN_AFTER_STEPS {
             if let Some(m) = self.pace.warm.measurement() {
@@ -611,16 +613,27 @@ impl<B: Backend> VaStable<B> {
             .plan(r, &step.actions, &self.scratch.bound, &mut plan);
         self.scratch.actions = step;
         lap.to(&mut self.out.stats.phases.plan, 0);
+        drop(span);
         // Apply.
+        let mut span = trace::span("bind: apply");
+        if span.recording() {
+            span.stat("maps", StatValue::U64(plan.maps.len() as u64));
+            span.stat("copies in", StatValue::U64(plan.ins.len() as u64));
+            span.stat("copies out", StatValue::U64(plan.outs.len() as u64));
+            span.stat("copies elided", StatValue::U64(plan.elided));
+        }
         self.apply(be, users, &mut plan, false)?;
+        drop(span);
         let waited = std::mem::take(&mut self.pace.waited_ns);
         lap.to(&mut self.out.stats.phases.vmm, waited);
         self.out.stats.copies_elided += plan.elided;
         self.out.stats.bytes_elided += plan.elided_bytes;
         // Submit.
+        let span = trace::span("launch");
         let t_bind = t0.elapsed();
         let (t_launch, t_after) = self.submit(be, &plan, warming, copy_bytes, stream, &mut lap)?;
         self.scratch.plan = plan;
+        drop(span);
         // Binding time: everything but the launch call.
         let ns = (t_bind + t_after.elapsed()).as_nanos() as u64;
         self.tracker.record_binding_time(ns);
@@ -767,6 +780,9 @@ impl<B: Backend> VaStable<B> {
             timing.teardown(be);
         }
         self.tracker.log_stats();
+        if let Some(slot) = self.out.slot.take() {
+            crate::binding::release(slot);
+        }
     }
 }
 

@@ -1019,3 +1019,18 @@ fn a_long_run_grows_no_stats_report_or_device_state_per_step() {
         l.alloc.free(x, &l.stream).unwrap();
     }
 }
+
+#[test]
+fn the_stats_of_dropped_programs_are_bounded() {
+    // Issue 34, item 2: a process that compiles and drops programs for hours
+    // keeps the newest KEPT_DROPPED dropped programs' stats, not all.
+    use xla_vmm_runtime::binding::{all_stats, KEPT_DROPPED};
+    let b = backend();
+    for k in 0..KEPT_DROPPED + 150 {
+        let (_, l) = Loop::new(&b, Some(1), false).run(Mode::Graph, 1);
+        assert!(l.exe.stats().is_some(), "program {k} ran VA-stable");
+    }
+    // Other tests of this binary run programs at the same time: a margin.
+    let n = all_stats().len();
+    assert!(n <= KEPT_DROPPED + 64, "{n} programs' stats kept");
+}

@@ -2,8 +2,9 @@
 //! host from the spec alone (dims, strides, window, fusion): what the runtime
 //! hands it for a fused convolution (the spec XLA's fused runner builds, the
 //! x, w, side-input, bias and y buffers in their roles), the result it gets
-//! back, graph modes running the program eager, and the workspace check at
-//! load.
+//! back, graph modes running the program eager, the workspace check at
+//! load, and the library plans (convolution, GEMM) a program prepared given
+//! back to the engine when it goes or fails to load.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use xla_vmm::*;
-use xla_vmm_device::blas::{xla_type, GemmEngine};
+use xla_vmm_device::blas::{xla_type, GemmEngine, GemmPlanId};
 use xla_vmm_device::dnn::{Activation, ConvArgs, ConvOp, ConvPlanId, ConvSpec, ConvTensor};
 use xla_vmm_device::error::Result as DeviceResult;
 use xla_vmm_device::host::HostStream;
@@ -25,6 +26,10 @@ struct HostConv {
     workspace: u64,
     specs: Mutex<Vec<ConvSpec>>,
     runs: Mutex<Vec<ConvArgs>>,
+    /// Plans released (convolution ids; GEMM ids + 1000).
+    released: Mutex<Vec<usize>>,
+    /// GEMM plans prepared.
+    gemms: Mutex<usize>,
 }
 
 impl HostConv {
@@ -44,7 +49,40 @@ fn at(v: &[f32], t: &ConvTensor, idx: [i64; 4]) -> f32 {
 }
 
 impl GemmEngine<HostBackend> for HostConv {
-    no_matmul!();
+    /// GEMMs are prepared (never run here): their plans are counted.
+    fn prepare(
+        &self,
+        _: &xla_vmm_device::blas::GemmConfig,
+        _: xla_vmm_device::blas::Epilogue,
+        _: usize,
+        _: usize,
+        _: u64,
+    ) -> DeviceResult<GemmPlanId> {
+        let mut n = self.gemms.lock().unwrap();
+        *n += 1;
+        Ok(GemmPlanId(*n - 1))
+    }
+
+    fn workspace_needed(&self, _: GemmPlanId) -> DeviceResult<u64> {
+        Ok(0)
+    }
+
+    fn run(
+        &self,
+        _: GemmPlanId,
+        _: &xla_vmm_device::blas::MatmulArgs,
+        _: &HostStream,
+    ) -> DeviceResult<()> {
+        unreachable!("the GEMM programs here are loaded, never run")
+    }
+
+    fn release(&self, plan: GemmPlanId) {
+        self.released.lock().unwrap().push(1000 + plan.0);
+    }
+
+    fn release_conv(&self, plan: ConvPlanId) {
+        self.released.lock().unwrap().push(plan.0);
+    }
 
     fn prepare_conv(&self, spec: &ConvSpec) -> DeviceResult<ConvPlanId> {
         let mut specs = self.specs.lock().unwrap();
@@ -274,6 +312,8 @@ fn engine(b: &Arc<HostBackend>, workspace: u64) -> Arc<HostConv> {
         workspace,
         specs: Mutex::default(),
         runs: Mutex::default(),
+        released: Mutex::default(),
+        gemms: Mutex::default(),
     })
 }
 
@@ -346,6 +386,8 @@ fn a_fused_relu_convolution_gets_xlas_graph_and_its_buffers_in_their_roles() {
     // No side input operand: y's own buffer (read at scale 0), as XLA's runner.
     assert_eq!(fused.side_input, a.y);
     assert_eq!(a.workspace_bytes, SCRATCH);
+    // The program is gone: so is its plan.
+    assert_eq!(*conv.released.lock().unwrap(), [0]);
     let why = blocker.expect("a convolution keeps the program out of graphs");
     assert!(
         why.contains("convolution cudnn-conv-bias-activation.1"),
@@ -393,5 +435,93 @@ fn a_plan_needing_more_workspace_than_the_scratch_buffer_is_refused_at_load() {
     );
     let e = load_error_without_engines(&b, conv_plan(2, false), &stream);
     assert!(e.contains("no DNN engine"), "{e}");
+    b.stream_destroy(stream).unwrap();
+}
+
+/// `conv_plan` with a matmul (f32 [4,4] @ [4,4] into a fresh output) ahead
+/// of the convolution.
+fn gemm_then_conv_plan() -> Plan {
+    let mut p = conv_plan(2, false);
+    let n = p.allocations.len();
+    let layout = MatrixLayout {
+        order: 1,
+        num_rows: 4,
+        num_cols: 4,
+        batch_size: 1,
+        leading_dim_stride: 4,
+        batch_stride: 16,
+        transpose: 0,
+        dtype: ElementType::F32,
+    };
+    let ss = |a: usize| ShapedSlice {
+        slice: sl(a, 0, 64),
+        shape: Some(shape(&[4, 4])),
+    };
+    let number = p.program_shape.parameters.len() as u64;
+    p.allocations.push(alloc(n, 64, param(number, false)));
+    p.program_shape.parameters.push(shape(&[4, 4]));
+    p.allocations.push(alloc(n + 1, 64, AllocationRole::Temp));
+    let m = CublasLtMatmulThunk {
+        gemm_config: Some(GemmConfig {
+            lhs_layout: layout.clone(),
+            rhs_layout: layout.clone(),
+            c_layout: layout.clone(),
+            output_layout: layout,
+            alpha_real: 1.0,
+            ..Default::default()
+        }),
+        grouped: false,
+        epilogue: 0,
+        algorithm_idx: 0,
+        canonical_hlo: String::new(),
+        a: ss(n),
+        b: ss(n),
+        c: ss(n + 1),
+        d: ss(n + 1),
+        bias: None,
+        aux: None,
+        a_scale: None,
+        b_scale: None,
+        c_scale: None,
+        d_scale: None,
+        d_amax: None,
+        workspace: None,
+        group_sizes: None,
+        autotune_workspace_size: 0,
+    };
+    p.thunks
+        .insert(0, thunk("matmul.1", ThunkKind::CublasLtMatmul(Box::new(m))));
+    p
+}
+
+/// Loaded programs hold their GEMM and convolution plans on the engine;
+/// dropping a program, or a load that fails after some were prepared, gives
+/// every one back (programs compiled and dropped for hours leave none).
+#[test]
+fn a_programs_library_plans_go_back_to_the_engine_when_it_goes_or_fails_to_load() {
+    let b = backend();
+    let stream = b.stream_create().unwrap();
+    for (workspace, loads) in [(0, true), (SCRATCH + 1, false)] {
+        let conv = engine(&b, workspace);
+        let dyn_conv: Arc<dyn GemmEngine<HostBackend>> = conv.clone();
+        let loaded = Executable::load_with(
+            b.clone(),
+            gemm_then_conv_plan(),
+            Some(dyn_conv),
+            None,
+            &xla_vmm_runtime::RunConfig::default(),
+            &stream,
+        );
+        assert_eq!(loaded.is_ok(), loads, "{:?}", loaded.as_ref().err());
+        if let Ok(exe) = &loaded {
+            assert!(conv.released.lock().unwrap().is_empty());
+            assert_eq!(exe.program().plan().thunks.len(), 2);
+        }
+        drop(loaded);
+        let mut released = conv.released.lock().unwrap().clone();
+        released.sort();
+        assert_eq!(released, [0, 1000], "workspace {workspace}");
+        assert_eq!(*conv.gemms.lock().unwrap(), 1);
+    }
     b.stream_destroy(stream).unwrap();
 }

@@ -10,6 +10,7 @@ fn all_fixtures_decode_and_are_supported() {
         "mlp_adam_donated",
         "llama_scan_bf16",
         "llama_sgd_f32",
+        "fft_kinds",
     ] {
         let bytes = std::fs::read(dir.join(format!("{name}.pjrt"))).unwrap();
         // Constants without content are filled from the HLO module by the decoder.

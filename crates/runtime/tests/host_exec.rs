@@ -499,10 +499,9 @@ fn while_without_trip_count_reads_the_condition_eagerly_and_is_a_while_node_in_g
 }
 
 /// conditional(index) { branch 0: memset 1.0; branch 1: memset 2.0 }, index
-/// from a parameter (S32; out of range selects the last branch).
-#[test]
-fn conditional_runs_the_indexed_branch_and_graph_modes_fall_back_to_eager() {
-    let b = backend();
+/// from a parameter (S32; out of range selects the last branch), or with a
+/// PRED index (true selects branch 0).
+fn conditional_plan(pred: bool) -> Plan {
     let allocs = vec![
         alloc(0, 4, param(0, false)),
         alloc(1, 8, AllocationRole::Output { outputs: vec![] }),
@@ -518,32 +517,77 @@ fn conditional_runs_the_indexed_branch_and_graph_modes_fall_back_to_eager() {
     };
     let c = ConditionalThunk {
         branch_index: ShapedSlice {
-            slice: sl(0, 0, 4),
+            slice: sl(0, 0, if pred { 1 } else { 4 }),
             shape: Some(Shape {
-                element_type: ElementType::S32,
+                element_type: if pred {
+                    ElementType::PRED
+                } else {
+                    ElementType::S32
+                },
                 ..Default::default()
             }),
         },
         branches: vec![branch(1.0), branch(2.0)],
     };
-    let p = plan(
+    plan(
         allocs,
         vec![f32s(1)],
         vec![(1, f32s(2))],
         vec![thunk("cond", ThunkKind::Conditional(c))],
-    );
+    )
+}
+
+#[test]
+fn conditional_runs_the_indexed_branch_eager() {
+    let b = backend();
+    let p = conditional_plan(false);
     for (index, want) in [(0i32, 1.0f32), (1, 2.0), (7, 2.0), (-1, 2.0)] {
         let idx = f32::from_bits(index as u32);
         let out = run(&b, p.clone(), &[vec![idx]], Mode::Eager).unwrap();
         assert_eq!(out[0], vec![want, want], "index {index}");
     }
-    // A conditional picks its branch on the host: graph and VA-stable modes
-    // run such an executable eager, with the same results.
-    for mode in [Mode::GraphRecapture, Mode::Graph] {
-        for (index, want) in [(0i32, 1.0f32), (1, 2.0)] {
-            let idx = f32::from_bits(index as u32);
-            let out = run(&b, p.clone(), &[vec![idx]], mode).unwrap();
-            assert_eq!(out[0], vec![want, want], "{mode:?} index {index}");
+}
+
+/// In graph modes a conditional is captured (a node per branch) and the
+/// branch is picked on the device at every replay: one executable, the index
+/// rewritten between steps, every step right, no host read of the index.
+#[test]
+fn graph_modes_pick_a_conditionals_branch_on_the_device_at_every_step() {
+    let b = backend();
+    for pred in [false, true] {
+        for mode in [Mode::Graph, Mode::GraphRecapture, Mode::Eager] {
+            let stream = b.stream_create().unwrap();
+            let mut exe =
+                Executable::load(b.clone(), conditional_plan(pred), None, &stream).unwrap();
+            assert_eq!(exe.program().capture_blocker(), None);
+            let idx = DeviceBuffer::alloc(&b, 4).unwrap();
+            exe.bind_parameter(0, idx.ptr(), 4).unwrap();
+            let steps: &[(i32, f32)] = if pred {
+                &[(1, 1.0), (0, 2.0), (1, 1.0), (0, 2.0)]
+            } else {
+                &[(0, 1.0), (1, 2.0), (7, 2.0), (-1, 2.0), (0, 1.0)]
+            };
+            let reads = b.call_count("read_sync");
+            for &(index, want) in steps {
+                b.write_sync(idx.ptr(), &index.to_le_bytes(), &stream)
+                    .unwrap();
+                let outs = exe.run(&stream, mode).unwrap();
+                b.stream_synchronize(&stream).unwrap();
+                let mut d = [0u8; 8];
+                b.read_sync(&mut d, outs[0].ptr, &stream).unwrap();
+                let got = f32::from_le_bytes(d[..4].try_into().unwrap());
+                assert_eq!(got, want, "{mode:?} pred {pred} index {index}");
+            }
+            let host_reads = b.call_count("read_sync") - reads - steps.len() as u64;
+            let eager = mode == Mode::Eager;
+            assert_eq!(
+                host_reads,
+                if eager { steps.len() as u64 } else { 0 },
+                "{mode:?}: host reads of the index"
+            );
+            drop(exe);
+            idx.free().unwrap();
+            b.stream_destroy(stream).unwrap();
         }
     }
 }

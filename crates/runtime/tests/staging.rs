@@ -88,9 +88,20 @@ fn two_steps_on(
     mode: Mode,
     at: MemLocation,
 ) -> (Vec<Vec<f32>>, Option<StagingSummary>) {
+    two_steps_of(b, program(n as u64), n, mode, at)
+}
+
+/// [`two_steps_on`] for any program of three `n`-f32 parameters.
+fn two_steps_of(
+    b: &Arc<HostBackend>,
+    plan: Plan,
+    n: usize,
+    mode: Mode,
+    at: MemLocation,
+) -> (Vec<Vec<f32>>, Option<StagingSummary>) {
     let ctx = VmmContext::new(b.clone());
     let stream = b.stream_create().unwrap();
-    let mut exe = Executable::load(b.clone(), program(n as u64), None, &stream).unwrap();
+    let mut exe = Executable::load(b.clone(), plan, None, &stream).unwrap();
     let inputs: [Vec<f32>; 3] = [
         (0..n).map(|i| 1.0 + i as f32).collect(),
         (0..n).map(|i| 5.0 + i as f32).collect(),
@@ -234,4 +245,141 @@ fn a_triton_gemm_rereads_its_large_operands_from_host_memory_and_other_kernels_d
     let tiles = (m / 128.0).ceil();
     assert_eq!(reuse("gemm_fusion_dot.1"), vec![tiles, tiles, 1.0]);
     assert_eq!(reuse("loop_fusion.1"), vec![1.0, 1.0, 1.0]);
+}
+
+/// Over `n` f32: a temporary allocation of two values' room holding three
+/// values, the first one's bytes reused by the third: out0 = 2·p0 (through
+/// values 1 and 2), out1 = p1 (through value 3, over value 1's bytes).
+fn reusing_program(n: u64) -> Plan {
+    let (v, k) = (4 * n, n as u32);
+    let allocs = vec![
+        alloc(0, v, param(0, false)),
+        alloc(1, v, param(1, false)),
+        alloc(2, v, param(2, false)),
+        alloc(3, v, AllocationRole::Output { outputs: vec![] }),
+        alloc(4, v, AllocationRole::Output { outputs: vec![] }),
+        alloc(5, 2 * v, AllocationRole::Temp),
+    ];
+    let thunks = vec![
+        copy("copy.0", sl(0, 0, v), sl(5, 0, v)),
+        kernel(
+            "scale2",
+            vec![(sl(5, 0, v), false), (sl(5, v, v), true)],
+            Some(k),
+            1,
+        ),
+        copy("copy.2", sl(1, 0, v), sl(5, 0, v)),
+        copy("copy.3", sl(5, v, v), sl(3, 0, v)),
+        copy("copy.4", sl(5, 0, v), sl(4, 0, v)),
+    ];
+    let f = f32s(n as usize);
+    plan(
+        allocs,
+        vec![f.clone(), f.clone(), f.clone()],
+        vec![(3, f.clone()), (4, f)],
+        thunks,
+    )
+}
+
+#[test]
+fn a_temporary_whose_bytes_hold_several_values_is_staged_by_value_with_the_same_results() {
+    for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
+        let want = vec![vec![2.0, 4.0, 6.0, 8.0], vec![5.0, 6.0, 7.0, 8.0]];
+        let (on_device, _) = two_steps_of(
+            &backend_with(None),
+            reusing_program(4),
+            4,
+            mode,
+            MemLocation::Device,
+        );
+        assert_eq!(on_device, want, "{mode:?}");
+        // The outputs fill the half of an 8 MiB limit that ordinary
+        // allocations get; the temporary, allocated after them, lives in
+        // host memory, and its three values are staged through the rest.
+        let b = backend();
+        b.budget().set_limits(MemoryLimits {
+            device: Some(8 << 20),
+            host: None,
+            staging_reserve: Some(50),
+        });
+        let (staged, s) = two_steps_of(&b, reusing_program(4), 4, mode, MemLocation::Host);
+        assert_eq!(staged, want, "{mode:?} staged");
+        let s = s.expect("staged");
+        // Two parameters (the third is not used) and the three values.
+        assert_eq!(s.staged, 5, "{s:?}");
+    }
+}
+
+#[test]
+fn programs_of_a_device_share_one_staging_area_when_configured() {
+    // Two staged programs on one device and one stream, run in turn in every
+    // mode: the first allocates the room left as the device's area, the
+    // second plans in it; results as with an area each.
+    for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
+        let b = backend_with(Some(64 << 20));
+        let ctx = VmmContext::new(b.clone());
+        let stream = b.stream_create().unwrap();
+        let cfg = xla_vmm_runtime::RunConfig {
+            shared_staging_area: true,
+            ..Default::default()
+        };
+        let n = 4usize;
+        let v = 4 * n as u64;
+        let mut exes: Vec<Executable<HostBackend>> = (0..2)
+            .map(|_| {
+                Executable::load_with(b.clone(), program(n as u64), None, None, &cfg, &stream)
+                    .unwrap()
+            })
+            .collect();
+        let mut bufs = Vec::new();
+        for exe in exes.iter_mut() {
+            for (i, x) in [1.0f32, 5.0, 10.0].iter().enumerate() {
+                let buf = DeviceBuffer::alloc_at(&ctx, v, MemLocation::Host).unwrap();
+                let vals: Vec<f32> = (0..n).map(|k| x * (k + 1) as f32).collect();
+                b.write_sync(buf.ptr(), &bytes(&vals), &stream).unwrap();
+                let mut user = UserBuffer::raw(buf.ptr(), v);
+                user.location = Some(buf.location());
+                exe.bind_user_buffer(i, user).unwrap();
+                bufs.push(buf);
+            }
+        }
+        let mut outs = vec![Vec::new(), Vec::new()];
+        for _ in 0..3 {
+            for (e, exe) in exes.iter_mut().enumerate() {
+                outs[e] = exe.run(&stream, mode).unwrap();
+            }
+        }
+        b.stream_synchronize(&stream).unwrap();
+        for o in &outs {
+            // out0 = 2 * p1, out1 = 2 * p0.
+            assert_eq!(
+                f32s_of(&b, o[0].ptr, n, &stream),
+                vec![10.0, 20.0, 30.0, 40.0],
+                "{mode:?}"
+            );
+            assert_eq!(
+                f32s_of(&b, o[1].ptr, n, &stream),
+                vec![2.0, 4.0, 6.0, 8.0],
+                "{mode:?}"
+            );
+        }
+        let areas: Vec<u64> = exes
+            .iter()
+            .map(|e| e.program().staging_summary().expect("staged").area_bytes)
+            .collect();
+        // The room the limit left (not the 2 MiB one program needs), once.
+        assert_eq!(areas[0], areas[1], "one area: {areas:?}");
+        assert!(areas[0] >= 32 << 20, "{areas:?}");
+        assert!(b.budget().usage().device_bytes <= 64 << 20);
+        let before = b.budget().usage().device_bytes;
+        drop(exes);
+        assert!(
+            b.budget().usage().device_bytes < before,
+            "the area is freed with the last program"
+        );
+        for buf in bufs {
+            buf.free().unwrap();
+        }
+        b.stream_destroy(stream).unwrap();
+    }
 }

@@ -9,7 +9,7 @@ executable's native code was compiled for a machine like this one (the same targ
 as our compile's), that code is loaded in its place through the CPU client's deserialization, so
 that the results are the bits stock XLA computes (a fresh compile may order a dot's sums
 differently). Results are written back into the runtime's staging memory. See
-plugin/src/host_compute.rs for the C side of the two callbacks.
+plugin/src/xla_ffi/host_compute.rs for the C side of the two callbacks.
 
 Arrays cross as XLA's dense row-major bytes; sub-byte types (S4, U4, S2, U2, S1, U1, F4E2M1FN) stay
 packed as the device holds them (the first element in the low bits of a byte) and are unpacked for

@@ -71,6 +71,9 @@ class Report(dict):
             if "va_ranges" in m:
                 lines.append("device %s: %d physical allocations, %d address ranges (%.2f GiB) reserved"
                              % (d["device"], m["allocations"], m["va_ranges"], m["va_bytes"] / 2**30))
+            if "library_plans" in d:
+                lines.append("device %s: %d GEMM and %d convolution plans held by loaded programs"
+                             % (d["device"], d["library_plans"]["gemm"], d["library_plans"]["conv"]))
         return "\n".join(lines)
 
 

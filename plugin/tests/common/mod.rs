@@ -8,9 +8,9 @@ use std::mem::zeroed;
 use std::ptr::null_mut;
 
 use xla_vmm_device::HostBackend;
-use xla_vmm_plugin::devmem::VmmMemory;
-use xla_vmm_plugin::options::{BackendKind, ClientOptions};
+use xla_vmm_plugin::cabi::options::{BackendKind, ClientOptions};
 use xla_vmm_plugin::pjrt::*;
+use xla_vmm_plugin::runtime::devmem::VmmMemory;
 
 pub mod multi;
 pub mod plans;

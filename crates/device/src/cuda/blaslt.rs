@@ -13,8 +13,8 @@
 //! attributes XLA sets (bias / scale / amax / aux pointers) before
 //! `cublasLtMatmul`, and passes a null C when beta is zero.
 
-use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, OnceLock};
 
 use xla_vmm_ffi::cuda::cublaslt as sys;
 
@@ -22,11 +22,13 @@ use super::cudnn::{ConvPlan, Cudnn};
 use super::{CudaBackend, CudaStream};
 use crate::blas::{
     xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs,
-    NormalizedGemm, Order, Transpose, TrsmArgs, TrsmSpec,
+    NormalizedGemm, Order, PlanTable, Transpose, TrsmArgs, TrsmSpec,
 };
 use crate::dnn::{ConvArgs, ConvPlanId, ConvSpec};
 use crate::error::{DeviceError, Result};
-use crate::trsm_lib::{LazySolver, Solver};
+use crate::fft::{FftArgs, FftPlanId, FftSpec};
+use crate::fft_lib::FftLib;
+use crate::trsm_lib::{LazyLib, LazySolver, Solver};
 
 type Status = sys::cublasStatus_t;
 
@@ -675,13 +677,15 @@ impl LtPlan {
 pub struct CudaGemm {
     ctx: Arc<cudarc::driver::CudaContext>,
     lt: BlasLt,
-    plans: Mutex<Vec<Arc<LtPlan>>>,
-    /// cuBLAS for triangular solves.
+    plans: PlanTable<LtPlan>,
+    /// cuBLAS for triangular solves and inverse FFTs' scaling.
     cublas: LazySolver,
+    /// cuFFT and its plans.
+    cufft: LazyLib<FftLib<c_int>>,
     /// cuDNN, or why it could not be loaded (said once, at every load that
     /// needs it), and the convolution plans prepared with it.
     cudnn: OnceLock<std::result::Result<Cudnn, String>>,
-    conv_plans: Mutex<Vec<Arc<ConvPlan>>>,
+    conv_plans: PlanTable<ConvPlan>,
     /// `tsl::tensor_float_32_execution_enabled()`: on in JAX by default.
     tf32: bool,
 }
@@ -696,10 +700,11 @@ impl CudaGemm {
         Ok(CudaGemm {
             ctx: backend.ctx.clone(),
             lt: BlasLt::new()?,
-            plans: Mutex::new(Vec::new()),
+            plans: PlanTable::default(),
             cublas: LazySolver::default(),
+            cufft: LazyLib::default(),
             cudnn: OnceLock::new(),
-            conv_plans: Mutex::new(Vec::new()),
+            conv_plans: PlanTable::default(),
             tf32: true,
         })
     }
@@ -731,22 +736,6 @@ impl CudaGemm {
             .as_ref()
             .map_err(|e| DeviceError::NotAvailable(e.clone()))
     }
-
-    fn conv_plan(&self, plan: ConvPlanId) -> Result<Arc<ConvPlan>> {
-        let plans = self.conv_plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans
-            .get(plan.0)
-            .cloned()
-            .ok_or_else(|| DeviceError::InvalidArgument(format!("no convolution plan {}", plan.0)))
-    }
-
-    fn get(&self, plan: GemmPlanId) -> Result<Arc<LtPlan>> {
-        let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans
-            .get(plan.0)
-            .cloned()
-            .ok_or_else(|| DeviceError::InvalidArgument(format!("no GEMM plan {}", plan.0)))
-    }
 }
 
 impl GemmEngine<CudaBackend> for CudaGemm {
@@ -769,17 +758,15 @@ impl GemmEngine<CudaBackend> for CudaGemm {
             workspace = plan.workspace_size(),
             "cuBLASLt plan"
         );
-        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans.push(Arc::new(plan));
-        Ok(GemmPlanId(plans.len() - 1))
+        Ok(GemmPlanId(self.plans.insert(plan)))
     }
 
     fn workspace_needed(&self, plan: GemmPlanId) -> Result<u64> {
-        Ok(self.get(plan)?.workspace_size())
+        Ok(self.plans.get(plan.0, "GEMM")?.workspace_size())
     }
 
     fn run(&self, plan: GemmPlanId, args: &MatmulArgs, stream: &CudaStream) -> Result<()> {
-        let plan = self.get(plan)?;
+        let plan = self.plans.get(plan.0, "GEMM")?;
         self.bind()?;
         let raw = RawArgs {
             a: args.a.0,
@@ -807,22 +794,32 @@ impl GemmEngine<CudaBackend> for CudaGemm {
         self.bind()?;
         let plan = cudnn.plan(spec)?;
         tracing::debug!(?spec, workspace = plan.workspace_size(), "cuDNN plan");
-        let mut plans = self.conv_plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans.push(Arc::new(plan));
-        Ok(ConvPlanId(plans.len() - 1))
+        Ok(ConvPlanId(self.conv_plans.insert(plan)))
     }
 
     fn conv_workspace(&self, plan: ConvPlanId) -> Result<u64> {
-        Ok(self.conv_plan(plan)?.workspace_size())
+        Ok(self.conv_plans.get(plan.0, "convolution")?.workspace_size())
     }
 
     fn run_conv(&self, plan: ConvPlanId, args: &ConvArgs, stream: &CudaStream) -> Result<()> {
-        let plan = self.conv_plan(plan)?;
+        let plan = self.conv_plans.get(plan.0, "convolution")?;
         self.bind()?;
         // SAFETY: the stream belongs to this context (bound above); the
         // runtime resolves the tensors from the executable's slices, which
         // it checked against the tensors' spans at load.
         unsafe { plan.execute(args, stream.cu_stream().cast()) }
+    }
+
+    fn release(&self, plan: GemmPlanId) {
+        self.plans.remove(plan.0);
+    }
+
+    fn release_conv(&self, plan: ConvPlanId) {
+        self.conv_plans.remove(plan.0);
+    }
+
+    fn live_plans(&self) -> (usize, usize) {
+        (self.plans.len(), self.conv_plans.len())
     }
 
     fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {
@@ -837,6 +834,37 @@ impl GemmEngine<CudaBackend> for CudaGemm {
         // the decoder checked against the solve's sizes, and writes the
         // pointer arrays of a batched solve before it on the same stream.
         unsafe { cublas.trsm(spec, args, stream.cu_stream().cast()) }
+    }
+
+    fn prepare_fft(&self, spec: &FftSpec) -> Result<FftPlanId> {
+        if spec.is_inverse() {
+            self.cublas.get(|| self.load_cublas())?;
+        }
+        self.bind()?;
+        self.cufft.get(super::cufft::library)?.prepare(spec)
+    }
+
+    fn fft_workspace(&self, plan: FftPlanId) -> Result<u64> {
+        self.cufft.loaded_ref()?.workspace(plan)
+    }
+
+    fn run_fft(&self, plan: FftPlanId, args: &FftArgs, stream: &CudaStream) -> Result<()> {
+        let cufft = self.cufft.loaded_ref()?;
+        self.bind()?;
+        // SAFETY: the stream belongs to this context (bound above); the
+        // runtime resolves input and output from the executable's slices,
+        // which it checked against the transform's sizes at load, and gives
+        // the work area the plan asked for.
+        unsafe { cufft.run(plan, args, stream.cu_stream().cast(), self.cublas.peek()) }
+    }
+}
+
+impl Drop for CudaGemm {
+    fn drop(&mut self) {
+        // cuFFT's plans are destroyed with the device's context current.
+        if self.cufft.loaded().is_some() {
+            let _ = self.bind();
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! cuBLAS (not Lt), for what XLA runs through it and cuBLASLt cannot do:
-//! triangular solves (`TriangularSolveThunk`), through
+//! triangular solves (`TriangularSolveThunk`) and the scaling after an
+//! inverse FFT (`FftThunk`), through
 //! [`crate::trsm_lib`]. The enum values are cuBLAS's (cudarc's bindings of
 //! `cublas_api.h`); the library comes from the same places as cuBLASLt
 //! (`LD_LIBRARY_PATH`, the `nvidia-cublas` wheel, the system loader) and is
@@ -25,6 +26,12 @@ static ABI: SolverAbi = SolverAbi {
         ("cublasDtrsm_v2", "cublasDtrsmBatched"),
         ("cublasCtrsm_v2", "cublasCtrsmBatched"),
         ("cublasZtrsm_v2", "cublasZtrsmBatched"),
+    ],
+    scalers: [
+        "cublasSscal_v2",
+        "cublasDscal_v2",
+        "cublasCscal_v2",
+        "cublasZscal_v2",
     ],
     pointer_mode_host: sys::cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST as c_int,
     side: [

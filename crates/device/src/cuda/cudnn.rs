@@ -459,7 +459,6 @@ impl Cudnn {
 
     /// Build the execution plan of `spec` (the device's context current).
     pub fn plan(&self, spec: &ConvSpec) -> Result<ConvPlan> {
-        let api = &self.inner.api;
         // XLA's creation order: x, y, (z,) w, (b and the virtual tensors).
         let x = self.tensor(&spec.x, UID_X)?;
         let y = self.tensor(&spec.y, UID_Y)?;
@@ -478,6 +477,26 @@ impl Cudnn {
             Some(_) => Some(self.virtual_tensor(&spec.y, spec.compute, UID_CONV)?),
             None => None,
         };
+        let conv = self.conv_descriptor(spec, compute)?;
+        let y_out = conv_out.as_ref().unwrap_or(&y);
+        let op = self.conv_operation(spec, [&x, &w, y_out, &conv], compute)?;
+        let mut ops = vec![op];
+        // The fused graph's other descriptors, kept until the plan is built.
+        let mut keep = Vec::new();
+        if let (Some(f), Some(conv_out)) = (&spec.fusion, &conv_out) {
+            self.fused_ops(f, &spec.y, conv_out, z.as_ref(), &y, &mut ops, &mut keep)?;
+        }
+        self.execution_plan(spec, &ops)
+    }
+
+    /// The convolution descriptor: compute type, mode, spatial dimensions,
+    /// padding, dilations, strides.
+    fn conv_descriptor(
+        &self,
+        spec: &ConvSpec,
+        compute: sys::cudnnDataType_t,
+    ) -> Result<Descriptor<'_>> {
+        let api = &self.inner.api;
         let conv = Descriptor::new(api, D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
         let mode = if spec.cross_correlation {
             sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION
@@ -520,8 +539,19 @@ impl Cudnn {
             T::CUDNN_TYPE_INT64,
             &spec.strides,
         )?;
-        let conv = conv.finalize()?;
+        conv.finalize()
+    }
 
+    /// The convolution operation of `spec.op` over x, w, y (a fused
+    /// convolution's virtual output) and the convolution descriptor, alpha 1
+    /// and beta 0 in the compute type.
+    fn conv_operation(
+        &self,
+        spec: &ConvSpec,
+        [x, w, y, conv]: [&Descriptor<'_>; 4],
+        compute: sys::cudnnDataType_t,
+    ) -> Result<Descriptor<'_>> {
+        let api = &self.inner.api;
         let (kind, [ax, aw, ay, ac, aa, ab]) = match spec.op {
             ConvOp::Forward => (
                 D::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
@@ -561,7 +591,7 @@ impl Cudnn {
         let bd = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;
         op.set(ax, bd, &[x.raw])?;
         op.set(aw, bd, &[w.raw])?;
-        op.set(ay, bd, &[conv_out.as_ref().unwrap_or(&y).raw])?;
+        op.set(ay, bd, &[y.raw])?;
         op.set(ac, bd, &[conv.raw])?;
         if compute == sys::cudnnDataType_t::CUDNN_DATA_DOUBLE {
             op.set(aa, T::CUDNN_TYPE_DOUBLE, &[1.0f64])?;
@@ -570,13 +600,14 @@ impl Cudnn {
             op.set(aa, T::CUDNN_TYPE_FLOAT, &[1.0f32])?;
             op.set(ab, T::CUDNN_TYPE_FLOAT, &[0.0f32])?;
         }
-        let op = op.finalize()?;
-        let mut ops = vec![op];
-        // The fused graph's other descriptors, kept until the plan is built.
-        let mut keep = Vec::new();
-        if let (Some(f), Some(conv_out)) = (&spec.fusion, &conv_out) {
-            self.fused_ops(f, &spec.y, conv_out, z.as_ref(), &y, &mut ops, &mut keep)?;
-        }
+        op.finalize()
+    }
+
+    /// The operation graph of `ops`, the engine the autotuner chose with its
+    /// knobs, and the execution plan with its workspace size.
+    fn execution_plan(&self, spec: &ConvSpec, ops: &[Descriptor<'_>]) -> Result<ConvPlan> {
+        let api = &self.inner.api;
+        let bd = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;
         let op_raw: Vec<Desc> = ops.iter().map(|o| o.raw).collect();
 
         let graph = Descriptor::new(api, D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;

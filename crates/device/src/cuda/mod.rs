@@ -17,6 +17,7 @@ pub mod blaslt;
 mod conditional;
 pub(crate) mod cublas;
 pub mod cudnn;
+pub(crate) mod cufft;
 pub mod handles;
 mod info;
 pub mod nccl;
@@ -53,9 +54,10 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     info: DeviceInfo,
     symbols: symbols::Symbols,
-    /// The kernel that copies a predicate byte into a conditional handle
-    /// (loaded at the first `capture_while`).
-    set_condition: OnceLock<std::result::Result<CudaFunction, DeviceError>>,
+    /// The kernels that set conditional handles from device memory (a
+    /// loop predicate; a conditional's branch), loaded at the first
+    /// `capture_while` / `capture_case`.
+    set_condition: OnceLock<std::result::Result<conditional::SetKernels, DeviceError>>,
     /// `cuMemcpyBatchAsync` failed once: batches are copied one by one.
     batch_off: AtomicBool,
     /// ROCm's remap cost emulated (`XLA_VMM_EMULATE_REMAP_MS`; A/B only).
@@ -321,6 +323,7 @@ impl Backend for CudaBackend {
         self.bind()?;
         // SAFETY: context current, size checked.
         let base = unsafe { result::vmm::address_reserve(bytes, align)? };
+        self.budget().note_va(true, bytes);
         Ok(CudaVaRange {
             owner: self.id,
             base,
@@ -333,7 +336,9 @@ impl Backend for CudaBackend {
         self.bind()?;
         // SAFETY: exactly the reservation we made, consumed here. The driver
         // rejects freeing a range that still has mappings.
-        unsafe { result::vmm::address_free(va.base, va.bytes) }
+        unsafe { result::vmm::address_free(va.base, va.bytes) }?;
+        self.budget().note_va(false, va.bytes);
+        Ok(())
     }
 
     fn va_base(&self, va: &CudaVaRange) -> DevicePtr {
@@ -990,6 +995,17 @@ impl Backend for CudaBackend {
         body: &mut dyn FnMut(&CudaStream) -> Result<()>,
     ) -> Result<()> {
         conditional::capture_while(self, stream, predicate, body)
+    }
+
+    fn capture_case(
+        &self,
+        stream: &CudaStream,
+        index: DevicePtr,
+        is_pred: bool,
+        branches: usize,
+        body: &mut dyn FnMut(usize, &CudaStream) -> Result<()>,
+    ) -> Result<()> {
+        conditional::capture_case(self, stream, index, is_pred, branches, body)
     }
 
     // ---- collectives (NCCL, see `nccl`) ------------------------------------------

@@ -747,17 +747,27 @@ pub mod graph {
         Ok(handle)
     }
 
-    /// Add a WHILE conditional node after `deps`; returns the node and its
-    /// (driver-owned, initially empty) body graph.
+    /// The conditional nodes we add.
+    #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+    pub enum ConditionalKind {
+        /// Runs its body while the handle is non-zero.
+        While,
+        /// Runs its body once if the handle is non-zero.
+        If,
+    }
+
+    /// Add a conditional node of `kind` with one body after `deps`; returns
+    /// the node and its (driver-owned, initially empty) body graph.
     ///
     /// See [cuGraphAddNode](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html#group__CUDA__GRAPH_1g4210c258cbba352040a26d1b4e658f9d)
     ///
     /// # Safety
     /// `graph`, `ctx`, `handle` and every node in `deps` are live and belong to `graph`.
-    pub unsafe fn add_while_node(
+    pub unsafe fn add_conditional_node(
         graph: sys::CUgraph,
         deps: &[sys::CUgraphNode],
         handle: sys::CUgraphConditionalHandle,
+        kind: ConditionalKind,
         ctx: sys::CUcontext,
     ) -> Result<(sys::CUgraphNode, sys::CUgraph)> {
         // SAFETY (of the zeroed value): plain C struct; the union member used
@@ -765,8 +775,10 @@ pub mod graph {
         let mut params: sys::CUgraphNodeParams = std::mem::zeroed();
         params.type_ = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL;
         params.__bindgen_anon_1.conditional.handle = handle;
-        params.__bindgen_anon_1.conditional.type_ =
-            sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_WHILE;
+        params.__bindgen_anon_1.conditional.type_ = match kind {
+            ConditionalKind::While => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_WHILE,
+            ConditionalKind::If => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_IF,
+        };
         params.__bindgen_anon_1.conditional.size = 1;
         params.__bindgen_anon_1.conditional.ctx = ctx;
         let mut node: sys::CUgraphNode = std::ptr::null_mut();

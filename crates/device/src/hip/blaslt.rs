@@ -35,10 +35,12 @@ use std::sync::{Arc, Mutex};
 use super::{HipBackend, HipStream};
 use crate::blas::{
     xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs,
-    NormalizedGemm, Order, Transpose, TrsmArgs, TrsmSpec,
+    NormalizedGemm, Order, PlanTable, Transpose, TrsmArgs, TrsmSpec,
 };
 use crate::error::{DeviceError, Result};
-use crate::trsm_lib::{LazySolver, Solver};
+use crate::fft::{FftArgs, FftPlanId, FftSpec};
+use crate::fft_lib::FftLib;
+use crate::trsm_lib::{LazyLib, LazySolver, Solver};
 
 /// The hipBLASLt types and values we use, declared from its headers.
 mod sys {
@@ -535,9 +537,11 @@ pub struct HipGemm {
     ordinal: i32,
     lt: Arc<Inner>,
     library: String,
-    plans: Mutex<Vec<Arc<HipLtPlan>>>,
-    /// rocBLAS for triangular solves.
+    plans: PlanTable<HipLtPlan>,
+    /// rocBLAS for triangular solves and inverse FFTs' scaling.
     rocblas: LazySolver,
+    /// hipFFT and its plans.
+    hipfft: LazyLib<FftLib<*mut c_void>>,
     /// `tsl::tensor_float_32_execution_enabled()`: on in JAX by default.
     tf32: bool,
 }
@@ -555,8 +559,9 @@ impl HipGemm {
             ordinal: backend.ordinal,
             lt: Arc::new(Inner { api, handle }),
             library,
-            plans: Mutex::new(Vec::new()),
+            plans: PlanTable::default(),
             rocblas: LazySolver::default(),
+            hipfft: LazyLib::default(),
             tf32: true,
         })
     }
@@ -735,14 +740,6 @@ impl HipGemm {
     fn load_rocblas(&self) -> Result<Solver> {
         self.bind().and_then(|()| super::rocblas::solver())
     }
-
-    fn get(&self, plan: GemmPlanId) -> Result<Arc<HipLtPlan>> {
-        let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans
-            .get(plan.0)
-            .cloned()
-            .ok_or_else(|| DeviceError::InvalidArgument(format!("no GEMM plan {}", plan.0)))
-    }
 }
 
 impl GemmEngine<HipBackend> for HipGemm {
@@ -763,22 +760,28 @@ impl GemmEngine<HipBackend> for HipGemm {
             workspace = plan.workspace_size(),
             "hipBLASLt plan"
         );
-        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans.push(Arc::new(plan));
-        Ok(GemmPlanId(plans.len() - 1))
+        Ok(GemmPlanId(self.plans.insert(plan)))
     }
 
     fn workspace_needed(&self, plan: GemmPlanId) -> Result<u64> {
-        Ok(self.get(plan)?.workspace_size())
+        Ok(self.plans.get(plan.0, "GEMM")?.workspace_size())
     }
 
     fn run(&self, plan: GemmPlanId, args: &MatmulArgs, stream: &HipStream) -> Result<()> {
-        let plan = self.get(plan)?;
+        let plan = self.plans.get(plan.0, "GEMM")?;
         self.bind()?;
         // SAFETY: the stream is this device's (bound above); the runtime
         // resolves every pointer from the executable's slices, which the
         // decoder checked against allocation sizes.
         unsafe { plan.execute(args, stream.raw.cast()) }
+    }
+
+    fn release(&self, plan: GemmPlanId) {
+        self.plans.remove(plan.0);
+    }
+
+    fn live_plans(&self) -> (usize, usize) {
+        (self.plans.len(), 0)
     }
 
     fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {
@@ -793,6 +796,37 @@ impl GemmEngine<HipBackend> for HipGemm {
         // decoder checked against the solve's sizes, and writes the pointer
         // arrays of a batched solve before it on the same stream.
         unsafe { rocblas.trsm(spec, args, stream.raw.cast()) }
+    }
+
+    fn prepare_fft(&self, spec: &FftSpec) -> Result<FftPlanId> {
+        if spec.is_inverse() {
+            self.rocblas.get(|| self.load_rocblas())?;
+        }
+        self.bind()?;
+        self.hipfft.get(super::hipfft::library)?.prepare(spec)
+    }
+
+    fn fft_workspace(&self, plan: FftPlanId) -> Result<u64> {
+        self.hipfft.loaded_ref()?.workspace(plan)
+    }
+
+    fn run_fft(&self, plan: FftPlanId, args: &FftArgs, stream: &HipStream) -> Result<()> {
+        let hipfft = self.hipfft.loaded_ref()?;
+        self.bind()?;
+        // SAFETY: the stream is this device's (bound above); the runtime
+        // resolves input and output from the executable's slices, which it
+        // checked against the transform's sizes at load, and gives the work
+        // area the plan asked for.
+        unsafe { hipfft.run(plan, args, stream.raw.cast(), self.rocblas.peek()) }
+    }
+}
+
+impl Drop for HipGemm {
+    fn drop(&mut self) {
+        // hipFFT's plans are destroyed with the device current.
+        if self.hipfft.loaded().is_some() {
+            let _ = self.bind();
+        }
     }
 }
 

@@ -33,6 +33,7 @@
 
 pub mod blaslt;
 pub mod handles;
+pub(crate) mod hipfft;
 mod info;
 pub mod rccl;
 pub mod result;
@@ -282,6 +283,7 @@ impl Backend for HipBackend {
         self.bind()?;
         // SAFETY: device current, size checked.
         let base = unsafe { result::vmm::address_reserve(bytes, align)? };
+        self.budget().note_va(true, bytes);
         Ok(HipVaRange {
             owner: self.id,
             base,
@@ -293,7 +295,9 @@ impl Backend for HipBackend {
         self.own(&va, "VA range")?;
         self.bind()?;
         // SAFETY: exactly our reservation, consumed here.
-        unsafe { result::vmm::address_free(va.base, va.bytes) }
+        unsafe { result::vmm::address_free(va.base, va.bytes) }?;
+        self.budget().note_va(false, va.bytes);
+        Ok(())
     }
 
     fn va_base(&self, va: &HipVaRange) -> DevicePtr {

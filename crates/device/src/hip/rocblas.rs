@@ -1,4 +1,5 @@
-//! rocBLAS, for triangular solves on ROCm (`TriangularSolveThunk`), through
+//! rocBLAS, for triangular solves on ROCm (`TriangularSolveThunk`) and the
+//! scaling after an inverse FFT (`FftThunk`), through
 //! [`crate::trsm_lib`]: XLA's ROCm path (`rocm_blas.cc`) runs them with
 //! `rocblas_?trsm` / `rocblas_?trsm_batched`, host pointer mode.
 //!
@@ -27,6 +28,12 @@ static ABI: SolverAbi = SolverAbi {
         ("rocblas_dtrsm", "rocblas_dtrsm_batched"),
         ("rocblas_ctrsm", "rocblas_ctrsm_batched"),
         ("rocblas_ztrsm", "rocblas_ztrsm_batched"),
+    ],
+    scalers: [
+        "rocblas_sscal",
+        "rocblas_dscal",
+        "rocblas_cscal",
+        "rocblas_zscal",
     ],
     // rocblas_pointer_mode_host.
     pointer_mode_host: 0,

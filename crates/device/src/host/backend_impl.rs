@@ -39,6 +39,61 @@ impl HostBackend {
         let mut st = self.enter(call)?;
         st.submit(stream.id, op)
     }
+
+    /// The ops `record` captures on `stream` (which must be capturing) into
+    /// a frame of their own: a conditional node's body.
+    fn capture_nested(
+        &self,
+        stream: &HostStream,
+        what: &'static str,
+        record: impl FnOnce() -> Result<()>,
+    ) -> Result<Vec<Op>> {
+        self.check(stream.backend)?;
+        let cap = {
+            let mut st = self.enter(what)?;
+            let s = st.streams.get(&stream.id).ok_or_else(|| stale("stream"))?;
+            let cap = s
+                .capture
+                .ok_or_else(|| invalid(format!("{what}: the stream is not capturing")))?;
+            st.captures
+                .get_mut(&cap)
+                .expect("live capture")
+                .frames
+                .push(Vec::new());
+            cap
+        };
+        // The body calls back into the backend: run it unlocked.
+        let r = record();
+        let mut st = self.lock();
+        let c = st
+            .captures
+            .get_mut(&cap)
+            .ok_or_else(|| invalid(format!("{what}: the capture ended inside the body")))?;
+        if c.frames.len() < 2 {
+            return Err(invalid(format!("{what}: frames unbalanced")));
+        }
+        let ops = c.frames.pop().expect("checked");
+        r.map(|()| ops)
+    }
+
+    /// Append `op` to the frame `stream`'s capture records into.
+    fn push_captured(&self, stream: &HostStream, op: Op) -> Result<()> {
+        let mut st = self.lock();
+        let cap = st
+            .streams
+            .get(&stream.id)
+            .ok_or_else(|| stale("stream"))?
+            .capture
+            .ok_or_else(|| invalid("the stream's capture ended"))?;
+        st.captures
+            .get_mut(&cap)
+            .ok_or_else(|| invalid("the stream's capture ended"))?
+            .frames
+            .last_mut()
+            .ok_or_else(|| invalid("a capture without its graph frame"))?
+            .push(op);
+        Ok(())
+    }
 }
 
 impl Backend for HostBackend {
@@ -102,6 +157,7 @@ impl Backend for HostBackend {
         let mut st = self.enter("va_reserve")?;
         let id = self.new_handle();
         let base = st.mem.va_reserve(id, bytes, align)?;
+        self.budget().note_va(true, bytes);
         Ok(HostVa {
             backend: self.id,
             id,
@@ -114,6 +170,9 @@ impl Backend for HostBackend {
         self.check(va.backend)?;
         let injected = self.count("va_free");
         let r = self.lock().mem.va_free(va.id);
+        if r.is_ok() {
+            self.budget().note_va(false, va.size);
+        }
         self.finish_release(injected, r)
     }
 
@@ -770,37 +829,32 @@ impl Backend for HostBackend {
         predicate: DevicePtr,
         body: &mut dyn FnMut(&HostStream) -> Result<()>,
     ) -> Result<()> {
-        self.check(stream.backend)?;
-        let cap = {
-            let mut st = self.enter("capture_while")?;
-            let s = st.streams.get(&stream.id).ok_or_else(|| stale("stream"))?;
-            let cap = s
-                .capture
-                .ok_or_else(|| invalid("capture_while: the stream is not capturing"))?;
-            st.captures
-                .get_mut(&cap)
-                .expect("live capture")
-                .frames
-                .push(Vec::new());
-            cap
-        };
-        // The body calls back into the backend: run it unlocked.
-        let r = body(stream);
-        let mut st = self.lock();
-        let c = st
-            .captures
-            .get_mut(&cap)
-            .ok_or_else(|| invalid("capture_while: the capture ended inside the body"))?;
-        if c.frames.len() < 2 {
-            return Err(invalid("capture_while: WHILE frames unbalanced"));
-        }
-        let ops = c.frames.pop().expect("checked");
-        r?;
-        c.frames.last_mut().expect("graph frame").push(Op::While {
-            predicate,
-            body: Arc::new(ops),
-        });
-        Ok(())
+        let body = Arc::new(self.capture_nested(stream, "capture_while", || body(stream))?);
+        self.push_captured(stream, Op::While { predicate, body })
+    }
+
+    fn capture_case(
+        &self,
+        stream: &HostStream,
+        index: DevicePtr,
+        is_pred: bool,
+        branches: usize,
+        body: &mut dyn FnMut(usize, &HostStream) -> Result<()>,
+    ) -> Result<()> {
+        let branches = (0..branches)
+            .map(|b| {
+                let ops = self.capture_nested(stream, "capture_case", || body(b, stream))?;
+                Ok(Arc::new(ops))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.push_captured(
+            stream,
+            Op::Case {
+                index,
+                is_pred,
+                branches,
+            },
+        )
     }
 
     // ---- collectives (in-process emulation, see `collective`) -------------------

@@ -64,6 +64,13 @@ pub(crate) enum Op {
         predicate: DevicePtr,
         body: Arc<Vec<Op>>,
     },
+    /// XLA's conditional as a graph node: the branch the value at `index`
+    /// picks (see `Backend::capture_case`), read once when the node runs.
+    Case {
+        index: DevicePtr,
+        is_pred: bool,
+        branches: Vec<Arc<Vec<Op>>>,
+    },
     Record {
         event: u64,
         seq: u64,
@@ -93,6 +100,13 @@ impl Op {
                 Op::Graph(body) | Op::While { body, .. } => {
                     Self::find_launches(body, module, name, prefix, out)
                 }
+                Op::Case { branches, .. } => {
+                    for (b, body) in branches.iter().enumerate() {
+                        prefix.push(b);
+                        Self::find_launches(body, module, name, prefix, out);
+                        prefix.pop();
+                    }
+                }
                 _ => {}
             }
             prefix.pop();
@@ -111,6 +125,10 @@ impl Op {
             Op::Graph(body) | Op::While { body, .. } => {
                 Self::at_path_mut(Arc::make_mut(body).as_mut_slice(), rest)
             }
+            Op::Case { branches, .. } => {
+                let (&b, rest) = rest.split_first()?;
+                Self::at_path_mut(Arc::make_mut(branches.get_mut(b)?).as_mut_slice(), rest)
+            }
             _ => None,
         }
     }
@@ -127,6 +145,9 @@ impl Op {
                 (Op::Launch { name: n, .. }, Op::Launch { name: m, .. }) => n == m,
                 (Op::Graph(g), Op::Graph(h)) => Op::same_topology(g, h),
                 (Op::While { body: g, .. }, Op::While { body: h, .. }) => Op::same_topology(g, h),
+                (Op::Case { branches: g, .. }, Op::Case { branches: h, .. }) => {
+                    g.len() == h.len() && g.iter().zip(h).all(|(g, h)| Op::same_topology(g, h))
+                }
                 _ => false,
             })
     }
@@ -251,6 +272,29 @@ impl State {
                 Err(DeviceError::InvalidArgument(format!(
                     "WHILE node ran {MAX_WHILE_ITERATIONS} iterations without its predicate clearing"
                 )))
+            }
+            Op::Case {
+                index,
+                is_pred,
+                branches,
+            } => {
+                let n = branches.len();
+                let pick = if *is_pred {
+                    let mut p = [0u8];
+                    self.mem.read(*index, &mut p)?;
+                    usize::from(p[0] == 0)
+                } else {
+                    let mut v = [0u8; 4];
+                    self.mem.read(*index, &mut v)?;
+                    usize::try_from(i32::from_le_bytes(v))
+                        .ok()
+                        .filter(|&i| i < n)
+                        .unwrap_or(n.saturating_sub(1))
+                };
+                match branches.get(pick) {
+                    Some(ops) => ops.iter().try_for_each(|o| self.execute(o)),
+                    None => Ok(()),
+                }
             }
             Op::Record { event, seq } => {
                 if let Some(e) = self.events.get_mut(event) {

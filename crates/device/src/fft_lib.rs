@@ -1,0 +1,374 @@
+//! FFTs through a vendor library loaded at run time: cuFFT on CUDA
+//! (`cuda::cufft`), hipFFT on ROCm (`hip::hipfft`), driven as XLA's FFT
+//! thunk drives them (`RunFft`, stream_executor's `CUDAFftPlan`):
+//!
+//! - a plan per distinct [`FftSpec`] (XLA keeps one per thunk; equal specs
+//!   give the same plan): create, automatic work-area allocation off,
+//!   `MakePlanMany64` with the spec's lengths, embeds, unit strides and
+//!   distances, which reports the work area it needs;
+//! - per run, under the plan's lock (a plan is not safe to use from two
+//!   threads at once): the stream, the work area (the caller's memory),
+//!   `Exec{C2C,R2C,C2R,Z2Z,D2Z,Z2D}` out of place, complex transforms with
+//!   their direction; the scaling of an inverse transform follows on the
+//!   BLAS (`trsm_lib::Solver::scal`).
+//!
+//! Both libraries have that C shape; a handle is an `int` in cuFFT and a
+//! pointer in hipFFT (the `H` parameter). The caller keeps the input of a
+//! complex-to-real transform intact (XLA copies it first: cuFFT may write
+//! its input).
+
+use std::ffi::{c_int, c_void};
+use std::mem::MaybeUninit;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{DeviceError, Result};
+use crate::fft::{FftArgs, FftKind, FftPlanId, FftSpec};
+use crate::trsm_lib::{library_status, symbol, Solver};
+
+/// How one FFT library spells its API.
+pub(crate) struct FftAbi {
+    /// The library's name in errors and logs ("cuFFT").
+    pub label: &'static str,
+    pub create: &'static str,
+    pub destroy: &'static str,
+    pub set_auto_allocation: &'static str,
+    pub make_plan_many64: &'static str,
+    pub set_work_area: &'static str,
+    pub set_stream: &'static str,
+    /// Exec entry points: C2C, R2C, C2R, Z2Z, D2Z, Z2D.
+    pub exec: [&'static str; 6],
+    /// The library's transform type numbers, in the same order.
+    pub types: [c_int; 6],
+    /// Forward, inverse.
+    pub directions: [c_int; 2],
+}
+
+type Status = c_int;
+
+/// `MakePlanMany64(plan, rank, n, inembed, istride, idist, onembed,
+/// ostride, odist, type, batch, &work_size)`.
+type MakePlanFn<H> = unsafe extern "C" fn(
+    H,
+    c_int,
+    *mut i64,
+    *mut i64,
+    i64,
+    i64,
+    *mut i64,
+    i64,
+    i64,
+    c_int,
+    i64,
+    *mut usize,
+) -> Status;
+/// `ExecC2C` / `ExecZ2Z`: input, output, direction.
+type ExecComplexFn<H> = unsafe extern "C" fn(H, *mut c_void, *mut c_void, c_int) -> Status;
+/// `ExecR2C`, `ExecC2R`, `ExecD2Z`, `ExecZ2D`: input, output.
+type ExecRealFn<H> = unsafe extern "C" fn(H, *mut c_void, *mut c_void) -> Status;
+
+struct Api<H> {
+    create: unsafe extern "C" fn(*mut H) -> Status,
+    destroy: unsafe extern "C" fn(H) -> Status,
+    set_auto_allocation: unsafe extern "C" fn(H, c_int) -> Status,
+    make_plan_many64: MakePlanFn<H>,
+    set_work_area: unsafe extern "C" fn(H, *mut c_void) -> Status,
+    set_stream: unsafe extern "C" fn(H, *mut c_void) -> Status,
+    /// C2C, Z2Z.
+    exec_complex: [ExecComplexFn<H>; 2],
+    /// R2C, C2R, D2Z, Z2D.
+    exec_real: [ExecRealFn<H>; 4],
+    /// Keeps the library mapped for the life of the process.
+    _lib: libloading::Library,
+}
+
+impl<H: Copy> Api<H> {
+    fn open(abi: &FftAbi, path: &std::path::Path) -> std::result::Result<Self, String> {
+        // SAFETY: loading the library runs its initializers, which have no
+        // preconditions beyond a sane process environment.
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let l = abi.label;
+        let e = &abi.exec;
+        // SAFETY: each type is the header's signature of its name, with the
+        // library's handle type as `H`; the functions live in `Api` beside
+        // the library.
+        let api = unsafe {
+            (|| -> Result<Self> {
+                Ok(Api {
+                    create: symbol(&lib, l, abi.create)?,
+                    destroy: symbol(&lib, l, abi.destroy)?,
+                    set_auto_allocation: symbol(&lib, l, abi.set_auto_allocation)?,
+                    make_plan_many64: symbol(&lib, l, abi.make_plan_many64)?,
+                    set_work_area: symbol(&lib, l, abi.set_work_area)?,
+                    set_stream: symbol(&lib, l, abi.set_stream)?,
+                    exec_complex: [symbol(&lib, l, e[0])?, symbol(&lib, l, e[3])?],
+                    exec_real: [
+                        symbol(&lib, l, e[1])?,
+                        symbol(&lib, l, e[2])?,
+                        symbol(&lib, l, e[4])?,
+                        symbol(&lib, l, e[5])?,
+                    ],
+                    _lib: lib,
+                })
+            })()
+        };
+        api.map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// One plan: its spec, its handle (locked while used) and the work area it
+/// asked for.
+struct Plan<H> {
+    spec: FftSpec,
+    handle: Mutex<H>,
+    workspace: u64,
+}
+
+/// One device's FFT library and its plans. The device must be current on
+/// the calling thread for every method and for drop.
+pub(crate) struct FftLib<H: Copy> {
+    abi: &'static FftAbi,
+    api: Api<H>,
+    plans: Mutex<Vec<Arc<Plan<H>>>>,
+}
+
+// SAFETY: a handle is used only under its plan's mutex (stream, work area,
+// exec), and destroyed by `Drop` with exclusive access; cuFFT and hipFFT
+// plans may move between threads.
+unsafe impl<H: Copy> Send for FftLib<H> {}
+// SAFETY: see above.
+unsafe impl<H: Copy> Sync for FftLib<H> {}
+
+impl<H: Copy> FftLib<H> {
+    /// Open the first of `candidates` that has every entry point.
+    pub fn new(abi: &'static FftAbi, candidates: Vec<PathBuf>) -> Result<Self> {
+        let mut tried = Vec::new();
+        for path in candidates {
+            match Api::open(abi, &path) {
+                Ok(api) => {
+                    tracing::info!(library = %path.display(), "{} loaded for FFTs", abi.label);
+                    return Ok(FftLib {
+                        abi,
+                        api,
+                        plans: Mutex::new(Vec::new()),
+                    });
+                }
+                Err(e) => tried.push(e),
+            }
+        }
+        Err(DeviceError::NotAvailable(format!(
+            "{} not found (tried {})",
+            abi.label,
+            tried.join("; ")
+        )))
+    }
+
+    fn check(&self, call: &'static str, s: Status) -> Result<()> {
+        library_status(self.abi.label, call, s)
+    }
+
+    /// Index of `spec`'s transform in the ABI's exec and type tables.
+    fn type_index(spec: &FftSpec) -> usize {
+        let i = match spec.kind {
+            FftKind::Forward | FftKind::Inverse => 0,
+            FftKind::RealToComplex => 1,
+            FftKind::ComplexToReal => 2,
+        };
+        i + if spec.double { 3 } else { 0 }
+    }
+
+    /// The plan for `spec`, made the first time.
+    pub fn prepare(&self, spec: &FftSpec) -> Result<FftPlanId> {
+        let rank = spec.n.len();
+        if !(1..=3).contains(&rank) || spec.inembed.len() != rank || spec.onembed.len() != rank {
+            return Err(DeviceError::InvalidArgument(format!(
+                "FFT of rank {rank} (embeds {:?}, {:?}): 1 to 3 dimensions",
+                spec.inembed, spec.onembed
+            )));
+        }
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = plans.iter().position(|p| p.spec == *spec) {
+            return Ok(FftPlanId(i));
+        }
+        let mut h = MaybeUninit::<H>::uninit();
+        // SAFETY: `h` is a valid out pointer; the device is current.
+        self.check("create", unsafe { (self.api.create)(h.as_mut_ptr()) })?;
+        // SAFETY: written by the successful create.
+        let handle = unsafe { h.assume_init() };
+        let (mut n, mut inembed, mut onembed) =
+            (spec.n.clone(), spec.inembed.clone(), spec.onembed.clone());
+        let mut work = 0usize;
+        // SAFETY: the handle was just created; the arrays hold `rank`
+        // elements each and outlive the call; `work` is a valid out pointer.
+        let made = unsafe {
+            self.check(
+                "set auto allocation",
+                (self.api.set_auto_allocation)(handle, 0),
+            )
+            .and_then(|()| {
+                let status = (self.api.make_plan_many64)(
+                    handle,
+                    rank as c_int,
+                    n.as_mut_ptr(),
+                    inembed.as_mut_ptr(),
+                    1,
+                    spec.idist,
+                    onembed.as_mut_ptr(),
+                    1,
+                    spec.odist,
+                    self.abi.types[Self::type_index(spec)],
+                    spec.batch,
+                    &mut work,
+                );
+                self.check("make plan", status)
+            })
+        };
+        if let Err(e) = made {
+            // SAFETY: created above, used by nobody else.
+            unsafe { (self.api.destroy)(handle) };
+            return Err(e);
+        }
+        plans.push(Arc::new(Plan {
+            spec: spec.clone(),
+            handle: Mutex::new(handle),
+            workspace: work as u64,
+        }));
+        Ok(FftPlanId(plans.len() - 1))
+    }
+
+    fn plan(&self, id: FftPlanId) -> Result<Arc<Plan<H>>> {
+        let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        plans
+            .get(id.0)
+            .cloned()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no FFT plan {}", id.0)))
+    }
+
+    /// The work area plan `id` needs.
+    pub fn workspace(&self, id: FftPlanId) -> Result<u64> {
+        Ok(self.plan(id)?.workspace)
+    }
+
+    /// Enqueue plan `id` on `stream`, then, for an inverse transform, its
+    /// scaling on `blas`.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the current device; the arguments
+    /// address the spec's input and output and a work area of
+    /// [`FftLib::workspace`] bytes, valid until the transform ran.
+    pub unsafe fn run(
+        &self,
+        id: FftPlanId,
+        args: &FftArgs,
+        stream: *mut c_void,
+        blas: Option<&Solver>,
+    ) -> Result<()> {
+        let plan = self.plan(id)?;
+        let spec = &plan.spec;
+        let (input, output) = (args.input.0 as *mut c_void, args.output.0 as *mut c_void);
+        {
+            // Held until the transform is enqueued: stream, work area and
+            // exec are one use of the plan.
+            let guard = plan.handle.lock().unwrap_or_else(|p| p.into_inner());
+            let handle = *guard;
+            self.check("set stream", (self.api.set_stream)(handle, stream))?;
+            let area = args.workspace.0 as *mut c_void;
+            self.check("set work area", (self.api.set_work_area)(handle, area))?;
+            let status = match (spec.kind, spec.double) {
+                (FftKind::Forward | FftKind::Inverse, d) => {
+                    let dir = self.abi.directions[usize::from(spec.kind == FftKind::Inverse)];
+                    (self.api.exec_complex[usize::from(d)])(handle, input, output, dir)
+                }
+                (FftKind::RealToComplex, false) => (self.api.exec_real[0])(handle, input, output),
+                (FftKind::ComplexToReal, false) => (self.api.exec_real[1])(handle, input, output),
+                (FftKind::RealToComplex, true) => (self.api.exec_real[2])(handle, input, output),
+                (FftKind::ComplexToReal, true) => (self.api.exec_real[3])(handle, input, output),
+            };
+            self.check("exec", status)?;
+        }
+        let Some(alpha) = spec.scale_alpha() else {
+            return Ok(());
+        };
+        let blas = blas.ok_or_else(|| {
+            DeviceError::NotAvailable(format!(
+                "the BLAS that scales an inverse {} transform",
+                self.abi.label
+            ))
+        })?;
+        blas.scal(
+            spec.dtypes().1,
+            spec.output_elements(),
+            &alpha,
+            args.output,
+            stream,
+        )
+    }
+}
+
+impl<H: Copy> Drop for FftLib<H> {
+    fn drop(&mut self) {
+        let plans = std::mem::take(self.plans.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for p in plans {
+            let handle = *p.handle.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: exclusive access (no run holds a plan while the
+            // library is dropped); created by `prepare`.
+            let s = unsafe { (self.api.destroy)(handle) };
+            if s != 0 {
+                tracing::warn!(status = s, "{} plan destroy failed", self.abi.label);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static ABI: FftAbi = FftAbi {
+        label: "testFFT",
+        create: "c",
+        destroy: "d",
+        set_auto_allocation: "a",
+        make_plan_many64: "m",
+        set_work_area: "w",
+        set_stream: "s",
+        exec: ["e"; 6],
+        types: [0; 6],
+        directions: [-1, 1],
+    };
+
+    #[test]
+    fn a_missing_library_is_an_error_naming_it() {
+        let e = FftLib::<c_int>::new(&ABI, vec![PathBuf::from("/nonexistent/libtestfft.so")])
+            .err()
+            .expect("no library")
+            .to_string();
+        assert!(
+            e.contains("testFFT not found") && e.contains("libtestfft"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn transforms_pick_their_entry_point() {
+        let spec = |kind, double| FftSpec {
+            kind,
+            double,
+            n: vec![4],
+            inembed: vec![4],
+            idist: 4,
+            onembed: vec![4],
+            odist: 4,
+            batch: 1,
+        };
+        let idx = |k, d| FftLib::<c_int>::type_index(&spec(k, d));
+        assert_eq!(idx(FftKind::Forward, false), 0);
+        assert_eq!(idx(FftKind::Inverse, false), 0);
+        assert_eq!(idx(FftKind::RealToComplex, false), 1);
+        assert_eq!(idx(FftKind::ComplexToReal, false), 2);
+        assert_eq!(idx(FftKind::Inverse, true), 3);
+        assert_eq!(idx(FftKind::RealToComplex, true), 4);
+        assert_eq!(idx(FftKind::ComplexToReal, true), 5);
+    }
+}

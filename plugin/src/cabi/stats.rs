@@ -1,0 +1,251 @@
+//! Binding stats of VA-stable graph mode, for Python (ctypes):
+//! `xla_vmm_stats_json()` returns a JSON object `{executable: stats}` (see
+//! `xla_vmm_runtime::BindingStats`) as a C string the caller frees with
+//! `xla_vmm_stats_free()`. `jax_plugins.xla_vmm.stats` wraps both.
+//! `xla_vmm_report_json()` returns `{"programs": [...], "devices": [...]}`:
+//! every loaded program's mode, runner and reason
+//! (`xla_vmm_runtime::report`), each device's memory budget use and the
+//! library plans (GEMM, convolution) its loaded programs hold
+//! (`jax_plugins.xla_vmm.report`).
+//!
+//! Multi-device: each device's program has its own entry (`name#n`); the
+//! entries of programs this plugin ran carry `"device"`, the global id of
+//! their device, so per-device stats are the entries grouped by it.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, CString};
+use std::sync::Mutex;
+
+/// What a device's object says while it lives (None once it is gone).
+type Probe<T> = Box<dyn Fn() -> Option<T> + Send + Sync>;
+/// Probes by device name.
+type Probes<T> = Mutex<Vec<(String, Probe<T>)>>;
+
+/// Each device's memory budget use, while its backend lives.
+static MEMORY: Probes<xla_vmm_device::MemoryUsage> = Mutex::new(Vec::new());
+/// Each device's (GEMM, convolution) plans kept by its engine, while it lives.
+static PLANS: Probes<(usize, usize)> = Mutex::new(Vec::new());
+
+fn device_name<B: xla_vmm_device::Backend>(backend: &B) -> String {
+    let info = backend.info();
+    format!("{} {} ({})", info.backend, info.ordinal, info.name)
+}
+
+/// Keep `f` under `name` in `list`, and drop the entries whose object is gone.
+fn record<T>(list: &Probes<T>, name: String, f: Probe<T>) {
+    let mut l = list.lock().unwrap_or_else(|p| p.into_inner());
+    l.retain(|(_, f)| f().is_some());
+    l.push((name, f));
+}
+
+/// Report `backend`'s memory budget (its device's) in `report_json`.
+pub fn record_memory<B: xla_vmm_device::Backend>(backend: &std::sync::Arc<B>) {
+    let weak = std::sync::Arc::downgrade(backend);
+    let f: Probe<_> = Box::new(move || weak.upgrade().map(|b| b.budget().usage()));
+    record(&MEMORY, device_name(&**backend), f);
+}
+
+/// Report the plans `engine` keeps for `backend`'s programs in `report_json`.
+pub fn record_plans<B: xla_vmm_device::Backend>(
+    backend: &B,
+    engine: &std::sync::Arc<dyn xla_vmm_device::blas::GemmEngine<B>>,
+) {
+    let weak = std::sync::Arc::downgrade(engine);
+    let f: Probe<_> = Box::new(move || weak.upgrade().map(|e| e.live_plans()));
+    record(&PLANS, device_name(backend), f);
+}
+
+/// `{"programs": [...], "devices": [...]}` (see the module docs).
+pub fn report_json() -> String {
+    let plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
+    let devices: Vec<serde_json::Value> = MEMORY
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(|(name, f)| {
+            let u = f()?;
+            let mut d = serde_json::json!({"device": name, "memory": u});
+            if let Some((gemm, conv)) = plans.iter().find(|(n, _)| n == name).and_then(|(_, f)| f())
+            {
+                d["library_plans"] = serde_json::json!({"gemm": gemm, "conv": conv});
+            }
+            Some(d)
+        })
+        .collect();
+    serde_json::json!({
+        "programs": xla_vmm_runtime::report::all_reports(),
+        "devices": devices,
+    })
+    .to_string()
+}
+
+/// [`report_json`] as a C string (never null; free it with
+/// [`xla_vmm_stats_free`]).
+// SAFETY (no_mangle): project-prefixed name, exported for ctypes only.
+#[allow(unsafe_code)]
+#[no_mangle]
+pub extern "C" fn xla_vmm_report_json() -> *mut c_char {
+    CString::new(report_json())
+        .unwrap_or_else(|_| CString::from(c"{}"))
+        .into_raw()
+}
+
+/// Runtime stats key (`name#n`) -> global device id.
+static DEVICES: Mutex<Option<HashMap<String, i32>>> = Mutex::new(None);
+
+/// Tag the stats entry `key` with `device`.
+pub fn record_device(key: &str, device: i32) {
+    DEVICES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(key.to_string(), device);
+}
+
+/// The runtime's stats JSON with `"device"` added to the entries whose
+/// device is known (the old keys unchanged).
+pub fn stats_json() -> String {
+    let json = xla_vmm_runtime::binding::all_stats_json();
+    let Ok(serde_json::Value::Object(mut map)) = serde_json::from_str(&json) else {
+        return json;
+    };
+    let devices = DEVICES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(devices) = devices.as_ref() {
+        for (key, entry) in map.iter_mut() {
+            if let (Some(&d), serde_json::Value::Object(o)) = (devices.get(key), entry) {
+                o.insert("device".into(), d.into());
+            }
+        }
+    }
+    serde_json::Value::Object(map).to_string()
+}
+
+/// The stats of every executable of this process as a JSON C string
+/// (never null; free it with [`xla_vmm_stats_free`]).
+// SAFETY (no_mangle): project-prefixed name, exported for ctypes only.
+#[allow(unsafe_code)]
+#[no_mangle]
+pub extern "C" fn xla_vmm_stats_json() -> *mut c_char {
+    let json = stats_json();
+    // JSON from serde_json has no interior NUL.
+    CString::new(json)
+        .unwrap_or_else(|_| CString::from(c"{}"))
+        .into_raw()
+}
+
+/// Free a string returned by [`xla_vmm_stats_json`] (null is ignored).
+///
+/// # Safety
+/// `s` is null or a pointer returned by [`xla_vmm_stats_json`], not freed
+/// before.
+// SAFETY (no_mangle): project-prefixed name, exported for ctypes only.
+#[allow(unsafe_code)]
+#[no_mangle]
+pub unsafe extern "C" fn xla_vmm_stats_free(s: *mut c_char) {
+    if s.is_null() {
+        return;
+    }
+    // SAFETY: `s` came from `CString::into_raw` in `xla_vmm_stats_json`
+    // (the documented contract) and is freed once.
+    drop(unsafe { CString::from_raw(s) });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xla_vmm_device::blas::{Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs};
+    use xla_vmm_device::HostBackend;
+
+    /// An engine that says it keeps 3 GEMM plans and 1 convolution plan.
+    struct Plans;
+
+    impl GemmEngine<HostBackend> for Plans {
+        fn prepare(
+            &self,
+            _: &GemmConfig,
+            _: Epilogue,
+            _: usize,
+            _: usize,
+            _: u64,
+        ) -> xla_vmm_device::error::Result<GemmPlanId> {
+            unreachable!()
+        }
+        fn workspace_needed(&self, _: GemmPlanId) -> xla_vmm_device::error::Result<u64> {
+            unreachable!()
+        }
+        fn run(
+            &self,
+            _: GemmPlanId,
+            _: &MatmulArgs,
+            _: &xla_vmm_device::host::HostStream,
+        ) -> xla_vmm_device::error::Result<()> {
+            unreachable!()
+        }
+        fn live_plans(&self) -> (usize, usize) {
+            (3, 1)
+        }
+    }
+
+    #[test]
+    fn the_report_lists_live_devices_and_programs() {
+        let b = std::sync::Arc::new(xla_vmm_device::HostBackend::default());
+        record_memory(&b);
+        let line =
+            xla_vmm_runtime::report::ReportSlot::register(xla_vmm_runtime::report::ProgramReport {
+                program: "stats_rs_report_test".into(),
+                runner: "vendor fallback",
+                ..Default::default()
+            });
+        let v: serde_json::Value = serde_json::from_str(&report_json()).unwrap();
+        let programs = v["programs"].as_array().unwrap();
+        assert!(programs
+            .iter()
+            .any(|p| p["program"] == "stats_rs_report_test" && p["runner"] == "vendor fallback"));
+        let host = |v: &serde_json::Value| {
+            v["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["device"].as_str().is_some_and(|n| n.starts_with("host")))
+        };
+        assert!(host(&v), "{v}");
+        assert!(v["devices"][0]["memory"]["device_bytes"].is_u64(), "{v}");
+        // The plans an engine keeps for the device's programs, while it lives.
+        let engine: std::sync::Arc<dyn GemmEngine<HostBackend>> = std::sync::Arc::new(Plans);
+        record_plans(&*b, &engine);
+        let held = |v: &serde_json::Value| {
+            v["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["library_plans"] == serde_json::json!({"gemm": 3, "conv": 1}))
+        };
+        assert!(held(&serde_json::from_str(&report_json()).unwrap()));
+        drop(engine);
+        assert!(!held(&serde_json::from_str(&report_json()).unwrap()));
+        drop((b, line));
+        let v: serde_json::Value = serde_json::from_str(&report_json()).unwrap();
+        assert!(!v["programs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["program"] == "stats_rs_report_test"));
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn stats_json_round_trips_through_the_c_functions() {
+        let p = xla_vmm_stats_json();
+        assert!(!p.is_null());
+        // SAFETY: a valid NUL-terminated string from the function above.
+        let text = unsafe { std::ffi::CStr::from_ptr(p) }
+            .to_str()
+            .unwrap()
+            .to_owned();
+        // SAFETY: returned by xla_vmm_stats_json, freed once.
+        unsafe { xla_vmm_stats_free(p) };
+        assert!(text.starts_with('{') && text.ends_with('}'), "{text}");
+        // SAFETY: null is documented as ignored.
+        unsafe { xla_vmm_stats_free(std::ptr::null_mut()) };
+    }
+}

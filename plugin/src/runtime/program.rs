@@ -1,0 +1,209 @@
+//! A loaded program on one device, behind an object-safe trait: the
+//! runtime's [`Executable`] is generic over the backend, the C-facing
+//! executable is not.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use xla_vmm::Plan;
+use xla_vmm_device::blas::GemmEngine;
+use xla_vmm_device::{Backend, DevicePtr};
+use xla_vmm_runtime::{CallContext, Executable, RunConfig, RuntimeError, UserBuffer};
+
+use crate::cabi::assignment::MultiDevice;
+use crate::cabi::error::{Error, Result};
+use crate::runtime::collectives::{self, Cliques};
+
+/// One result leaf of a run (valid until the next run).
+#[derive(Clone, Debug)]
+pub struct RunOutput {
+    pub ptr: DevicePtr,
+    pub bytes: u64,
+    /// The entry parameter whose buffer holds it (aliasing / donation).
+    pub parameter: Option<usize>,
+}
+
+pub trait Program: Send {
+    /// Bind `args` (pointer, bytes per entry parameter) and enqueue a run
+    /// on the client's stream (asynchronous: the outputs are written once
+    /// the stream reaches this point).
+    fn run(&mut self, args: &[(DevicePtr, u64)]) -> Result<Vec<RunOutput>>;
+
+    /// Like [`Program::run`], with each argument's remap handle (from
+    /// `DeviceMemory::remap_handle`) where there is one, so VA-stable graph
+    /// mode can map the caller's physical memory instead of copying.
+    fn run_bound(
+        &mut self,
+        args: &[(DevicePtr, u64)],
+        _handles: Vec<Option<Box<dyn std::any::Any + Send>>>,
+    ) -> Result<Vec<RunOutput>> {
+        self.run(args)
+    }
+
+    /// The execute context the next runs' custom calls read (their user
+    /// data), `None` for none.
+    fn set_call_context(&mut self, _context: Option<Arc<dyn CallContext>>) {}
+
+    /// The key of this program's binding stats in the runtime's registry
+    /// (`name#n`), once it has some (after its first VA-stable run).
+    fn stats_key(&self) -> Option<String> {
+        None
+    }
+}
+
+impl From<RuntimeError> for Error {
+    fn from(e: RuntimeError) -> Self {
+        use xla_vmm_ffi::pjrt::*;
+        let code = match &e {
+            RuntimeError::Device(d) => return Error::from(d.clone()),
+            RuntimeError::Unsupported(_) => PJRT_Error_Code_UNIMPLEMENTED,
+            RuntimeError::InvalidProgram(_) => PJRT_Error_Code_INVALID_ARGUMENT,
+            RuntimeError::InvalidArgument(_) => PJRT_Error_Code_INVALID_ARGUMENT,
+            RuntimeError::Io { .. } | RuntimeError::Handler(_) => PJRT_Error_Code_INTERNAL,
+        };
+        Error::new(code, e.to_string())
+    }
+}
+
+pub struct RuntimeProgram<B: Backend> {
+    backend: Arc<B>,
+    exe: Option<Executable<B>>,
+    /// The client's stream: runs are ordered with the buffers' copies.
+    stream: Arc<SharedStream<B>>,
+}
+
+impl<B: Backend> RuntimeProgram<B> {
+    /// `run`: how the client runs its programs (mode, guard, binding).
+    pub fn load(
+        backend: Arc<B>,
+        plan: Plan,
+        gemm: Option<Arc<dyn GemmEngine<B>>>,
+        run: &RunConfig,
+        stream: Arc<SharedStream<B>>,
+        multi: Option<(&MultiDevice, Arc<Cliques<B>>)>,
+    ) -> Result<Self> {
+        let exe = stream.with(|s| {
+            // PJRT buffers never change content except through donation.
+            let mut config = run.clone();
+            config.binding.immutable_buffers = true;
+            let mut exe = Executable::load_with(
+                backend.clone(),
+                plan,
+                gemm,
+                Some(&crate::xla_ffi::api::Registry),
+                &config,
+                s,
+            )?;
+            if let Some((m, cliques)) = multi {
+                collectives::attach(&mut exe, m, cliques)?;
+            }
+            backend.stream_synchronize(s)?;
+            Ok::<_, Error>(exe)
+        })?;
+        Ok(RuntimeProgram {
+            backend,
+            exe: Some(exe),
+            stream,
+        })
+    }
+}
+
+impl<B: Backend> Program for RuntimeProgram<B> {
+    fn run(&mut self, args: &[(DevicePtr, u64)]) -> Result<Vec<RunOutput>> {
+        self.run_bound(args, Vec::new())
+    }
+
+    fn stats_key(&self) -> Option<String> {
+        Some(self.exe.as_ref()?.stats()?.executable.clone())
+    }
+
+    fn set_call_context(&mut self, context: Option<Arc<dyn CallContext>>) {
+        if let Some(exe) = self.exe.as_mut() {
+            exe.set_call_context(context);
+        }
+    }
+
+    fn run_bound(
+        &mut self,
+        args: &[(DevicePtr, u64)],
+        mut handles: Vec<Option<Box<dyn std::any::Any + Send>>>,
+    ) -> Result<Vec<RunOutput>> {
+        let Some(exe) = self.exe.as_mut() else {
+            return Err(Error::failed_precondition("the program was unloaded"));
+        };
+        let n = exe.parameter_shapes().len();
+        if args.len() != n {
+            return Err(Error::invalid(format!(
+                "the program takes {n} arguments, {} given",
+                args.len()
+            )));
+        }
+        handles.resize_with(args.len(), || None);
+        for (i, (&(ptr, bytes), h)) in args.iter().zip(handles).enumerate() {
+            // No handle: memory VA-stable mode cannot map (pinned host
+            // memory), bound by address and copied. A handle of another
+            // backend's type is a bug, not a reason to copy silently.
+            let user = match h.map(|h| h.downcast::<UserBuffer<B>>()) {
+                None => None,
+                Some(Ok(u)) => Some(*u),
+                Some(Err(_)) => {
+                    return Err(Error::internal(format!(
+                        "argument {i}: its remap handle is not a buffer of this program's backend"
+                    )))
+                }
+            };
+            match user {
+                // The handle's buffer covers exactly what is bound.
+                Some(mut u) if u.ptr == ptr && u.bytes >= bytes => {
+                    u.bytes = bytes;
+                    exe.bind_user_buffer(i, u)?
+                }
+                _ => exe.bind_parameter(i, ptr, bytes)?,
+            }
+        }
+        let outs = self.stream.with(|s| Ok(exe.step(s)?))?;
+        Ok(outs
+            .into_iter()
+            .map(|o| RunOutput {
+                ptr: o.ptr,
+                bytes: o.bytes,
+                parameter: o.parameter,
+            })
+            .collect())
+    }
+}
+
+impl<B: Backend> Drop for RuntimeProgram<B> {
+    fn drop(&mut self) {
+        // Its memory may be in use by queued runs: wait for them.
+        let r = self
+            .stream
+            .with(|s| Ok(self.backend.stream_synchronize(s)?));
+        if let Err(e) = r {
+            tracing::warn!("unloading a program: {}", e.message);
+        }
+        self.exe = None;
+    }
+}
+
+/// The client's stream, shared by its device memory and its programs
+/// (`None` once shut down).
+pub struct SharedStream<B: Backend>(Mutex<Option<B::Stream>>);
+
+impl<B: Backend> SharedStream<B> {
+    pub fn new(stream: B::Stream) -> Self {
+        SharedStream(Mutex::new(Some(stream)))
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, Option<B::Stream>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Run `f` with the stream (callers are serialized).
+    pub fn with<T>(&self, f: impl FnOnce(&B::Stream) -> Result<T>) -> Result<T> {
+        let guard = self.lock();
+        let stream = guard
+            .as_ref()
+            .ok_or_else(|| Error::failed_precondition("device memory is shut down"))?;
+        f(stream)
+    }
+}
