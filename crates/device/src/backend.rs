@@ -81,6 +81,9 @@ pub struct DeviceInfo {
     pub vmm_supported: bool,
     /// Does the driver support conditional (IF/WHILE) graph nodes?
     pub conditional_nodes: bool,
+    /// Are conditionals (`Backend::capture_case`: one IF node per branch)
+    /// captured into graphs? Else a program with one runs eager.
+    pub case_nodes: bool,
 }
 
 /// Kind of a module image.

@@ -391,18 +391,19 @@ fn run_while<B: Backend>(
 /// trip count needs conditional graph nodes and an iteration-free body.
 pub(crate) fn capture_blocker<B: Backend>(
     ops: &[Op<B>],
-    conditional_nodes: bool,
+    info: &xla_vmm_device::DeviceInfo,
 ) -> Option<String> {
+    let conditional_nodes = info.conditional_nodes;
     ops.iter().find_map(|op| match op {
         Op::Conditional { name, branches, .. } => {
-            if !conditional_nodes {
+            if !info.case_nodes {
                 return Some(format!(
-                    "conditional {name} reads its branch index on the host (this device has no conditional graph nodes)"
+                    "conditional {name} reads its branch index on the host (conditionals are not captured on this device)"
                 ));
             }
             branches
                 .iter()
-                .find_map(|b| capture_blocker(b, conditional_nodes))
+                .find_map(|b| capture_blocker(b, info))
         }
         Op::While {
             name,
@@ -423,8 +424,8 @@ pub(crate) fn capture_blocker<B: Backend>(
                     ));
                 }
             }
-            capture_blocker(condition, conditional_nodes)
-                .or_else(|| capture_blocker(body, conditional_nodes))
+            capture_blocker(condition, info)
+                .or_else(|| capture_blocker(body, info))
         }
         Op::Conv(c) => Some(format!(
             "convolution {} runs through cuDNN's execution API (XLA keeps convolution thunks out of its command buffers too)",
@@ -446,8 +447,8 @@ pub(crate) fn capture_blocker<B: Backend>(
             "custom call '{}' ({}) has an FFI handler that is not command-buffer compatible",
             c.target, c.name
         )),
-        Op::Sequential(ops) | Op::AsyncStart { ops, .. } => capture_blocker(ops, conditional_nodes),
-        Op::DynamicSlice { embedded, .. } => capture_blocker(embedded, conditional_nodes),
+        Op::Sequential(ops) | Op::AsyncStart { ops, .. } => capture_blocker(ops, info),
+        Op::DynamicSlice { embedded, .. } => capture_blocker(embedded, info),
         _ => None,
     })
 }
@@ -486,7 +487,7 @@ fn capture_conditional<B: Backend>(
     stream: &B::Stream,
     nest: &mut Vec<i64>,
 ) -> Result<()> {
-    if !env.backend.info().conditional_nodes {
+    if !env.backend.info().case_nodes {
         return Err(RuntimeError::unsupported(format!(
             "{name}: a conditional needs conditional graph nodes in graph mode"
         )));

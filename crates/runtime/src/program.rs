@@ -101,7 +101,7 @@ impl<B: Backend> Program<B> {
                 return Err(e);
             }
         };
-        let capture_blocker = crate::exec::capture_blocker(&ops, backend.info().conditional_nodes);
+        let capture_blocker = crate::exec::capture_blocker(&ops, backend.info());
         let mut p = Program {
             vmm: VmmContext::new(backend.clone()),
             backend: backend.clone(),

@@ -52,5 +52,6 @@ pub(super) fn read(ord: i32) -> Result<DeviceInfo> {
         memory_bandwidth: 2.0 * clock_khz * 1000.0 * bus_bits / 8.0,
         vmm_supported,
         conditional_nodes: false,
+        case_nodes: false,
     })
 }

@@ -243,6 +243,7 @@ impl HostBackend {
             memory_bandwidth: config.memory_bandwidth,
             vmm_supported: true,
             conditional_nodes: true,
+            case_nodes: true,
         };
         Ok(HostBackend {
             id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
