@@ -196,3 +196,49 @@ fn execute_outputs_donation_and_errors() {
     destroy_client(client);
     assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
 }
+
+/// A buffer donated to another program is new content, though the output
+/// keeps the argument's allocation: a program that read the buffer before
+/// (its 16-byte parameter served by a shadow copy in VA-stable graph mode,
+/// the copy left out while the same buffer is bound again) reads what the
+/// other program wrote, step after step, at every copy threshold.
+#[test]
+fn a_buffer_donated_to_another_program_is_new_content() {
+    for threshold in ["1", "4096"] {
+        let be = backend();
+        let mut opts = host_options();
+        opts.run.guard = false;
+        opts.run
+            .set("xla_vmm_tmp_copy_threshold", threshold)
+            .unwrap();
+        let client = client::into_c(Client::with_backend(opts, be.clone()).unwrap());
+        let device = devices(client)[0];
+        let reader =
+            xla_vmm_plugin::objects::executable::load_plan(client, add_one(), vec![]).unwrap();
+        let writer =
+            xla_vmm_plugin::objects::executable::load_plan(client, add_one_donated(), vec![])
+                .unwrap();
+        let mut x = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
+        for step in 0..10u32 {
+            let base = 1.0 + step as f32;
+            let want: Vec<f32> = (0..4).map(|i| base + i as f32 + 1.0).collect();
+            let r = execute(reader, &[x], &[]).unwrap();
+            assert_eq!(
+                f32_values(&to_host(r).unwrap()),
+                want,
+                "threshold {threshold}, step {step}: the reader read stale content"
+            );
+            destroy_buffer(r);
+            let y = execute(writer, &[x], &[]).unwrap();
+            assert_eq!(f32_values(&to_host(y).unwrap()), want);
+            destroy_buffer(x);
+            x = y;
+        }
+        destroy_buffer(x);
+        for e in [reader, writer] {
+            destroy_exe(e);
+        }
+        destroy_client(client);
+        assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+    }
+}

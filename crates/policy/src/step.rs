@@ -15,8 +15,10 @@
 //!   that already holds what the step wants costs no driver call, including
 //!   the first step after [`StepPlanner::prebind`];
 //! - what each shadow holds, under immutable buffers (PJRT: a buffer's content
-//!   changes only through donation to this executable): the copy in is left
-//!   out when the same buffer (id and generation) is bound again.
+//!   changes only when a program it is donated to writes it in place, and the
+//!   front door then gives the allocation its next generation): the copy in
+//!   is left out when the same buffer (id and generation) is bound again,
+//!   and after a step that writes the slot, when its next generation is.
 //!
 //! Pure data, no device: tested here.
 
@@ -338,8 +340,15 @@ impl StepPlanner {
                 bytes: size,
             });
         }
-        // After this step the shadow equals the caller's buffer.
-        self.shadow_holds[slot] = key;
+        // After this step the shadow equals the caller's buffer; one the
+        // step writes is new content, which the front door names by the
+        // allocation's next generation (it renews an allocation written in
+        // place: `vmm::Buffer::renew`).
+        self.shadow_holds[slot] = if copy_out {
+            key.map(|(id, g)| (id, g + 1))
+        } else {
+            key
+        };
     }
 }
 
@@ -488,11 +497,19 @@ mod tests {
         let both = [COPY_IN, COPY_BOTH];
         p.plan(0, &both, &b, &mut plan);
         assert_eq!((plan.ins.len(), plan.outs.len(), plan.elided), (2, 1, 0));
+        // Slot 0 is read only: the same buffer is the same content. Slot 1
+        // was written: the caller's allocation holds the step's output
+        // under its next generation; the generation before is stale.
+        p.plan(0, &both, &b, &mut plan);
+        assert_eq!((plan.ins.len(), plan.outs.len()), (1, 1));
+        assert_eq!(plan.ins[0].slot, 1);
+        assert_eq!((plan.elided, plan.elided_bytes), (1, 1000));
+        let b = [b[0], bound(8, 0x9000, 2)];
         p.plan(0, &both, &b, &mut plan);
         assert_eq!((plan.ins.len(), plan.outs.len()), (0, 1));
         assert_eq!((plan.elided, plan.elided_bytes), (2, 1000 + 2 * MIB));
         // A new generation of the same allocation is new content.
-        let b2 = [bound(7, 0x1000, 2), b[1]];
+        let b2 = [bound(7, 0x1000, 2), bound(8, 0x9000, 3)];
         p.plan(0, &both, &b2, &mut plan);
         assert_eq!(plan.ins.iter().map(|c| c.slot).collect::<Vec<_>>(), vec![0]);
         // Slot 1 mapped directly and written there: its shadow is stale.
@@ -502,6 +519,7 @@ mod tests {
             &b2,
             &mut plan,
         );
+        let b2 = [b2[0], bound(8, 0x9000, 4)];
         p.plan(0, &both, &b2, &mut plan);
         assert_eq!(plan.ins.iter().map(|c| c.slot).collect::<Vec<_>>(), vec![1]);
         // Raw memory (no generation): always copied.
@@ -510,13 +528,14 @@ mod tests {
                 generation: None,
                 ..b2[0]
             },
-            b2[1],
+            bound(8, 0x9000, 5),
         ];
         p.plan(0, &both, &raw, &mut plan);
-        p.plan(0, &both, &raw, &mut plan);
+        assert_eq!(plan.ins.iter().map(|c| c.slot).collect::<Vec<_>>(), vec![0]);
+        p.plan(0, &both, &[raw[0], bound(8, 0x9000, 6)], &mut plan);
         assert_eq!(plan.ins.iter().map(|c| c.slot).collect::<Vec<_>>(), vec![0]);
         p.forget_shadow_contents();
-        p.plan(0, &both, &b2, &mut plan);
+        p.plan(0, &both, &[b2[0], bound(8, 0x9000, 7)], &mut plan);
         assert_eq!(plan.ins.len(), 2);
     }
 

@@ -183,6 +183,9 @@ impl Loop {
         } else {
             self.exe.run(&self.stream, mode).unwrap()
         };
+        // The donated w holds the step's output now: new content, which
+        // the front door names by a new generation (as the plugin does).
+        self.w.renew();
         b.stream_synchronize(&self.stream).unwrap();
         let mut w = vec![0u8; W * 4];
         b.read_sync(&mut w, self.w.ptr(), &self.stream).unwrap();

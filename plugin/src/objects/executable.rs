@@ -593,13 +593,24 @@ impl Executable {
         let done = Event::pending();
         let mut results = Vec::with_capacity(outs.len());
         for (o, spec) in outs.iter().zip(&self.outputs) {
+            // An output written in place into an argument's memory is new
+            // content there: its allocation is renewed (a program that read
+            // the argument must not take the output for it).
+            let in_place = |mut a: crate::runtime::devmem::Allocation| {
+                mem.renew(&mut a);
+                a
+            };
             let alloc = match o.parameter {
                 // Written in place into the copy of a non-donatable argument.
-                Some(p) if p < args.len() && copies[p].is_some() => copies[p]
-                    .take()
-                    .ok_or_else(|| Error::internal("copy taken twice"))?,
+                Some(p) if p < args.len() && copies[p].is_some() => in_place(
+                    copies[p]
+                        .take()
+                        .ok_or_else(|| Error::internal("copy taken twice"))?,
+                ),
                 // Written in place (donation): the output takes the argument's memory.
-                Some(p) if p < args.len() && self.aliased[p] => args[p].take_for_donation()?,
+                Some(p) if p < args.len() && self.aliased[p] => {
+                    in_place(args[p].take_for_donation()?)
+                }
                 // A passthrough of an argument that is not donated (or any
                 // other output): a fresh buffer, the argument stays the caller's.
                 _ => {

@@ -172,6 +172,10 @@ pub trait DeviceMemory: Send + Sync {
     fn remap_handle(&self, _a: &Allocation) -> Option<Box<dyn Any + Send>> {
         None
     }
+    /// `a` holds new content in its memory (a program wrote it in place):
+    /// the allocation gets a new generation ([`VmmBuffer::renew`]), so that
+    /// no program takes it for the content it held before.
+    fn renew(&self, _a: &mut Allocation) {}
 }
 
 /// [`DeviceMemory`] on a [`Backend`] through the [`VmmAllocator`].
@@ -485,6 +489,16 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
     fn remap_handle(&self, a: &Allocation) -> Option<Box<dyn Any + Send>> {
         let buf = a.inner.downcast_ref::<OwnedBuffer<B>>()?.buf.as_ref()?;
         Some(Box::new(xla_vmm_runtime::UserBuffer::from_vmm(buf)))
+    }
+
+    fn renew(&self, a: &mut Allocation) {
+        if let Some(buf) = a
+            .inner
+            .downcast_mut::<OwnedBuffer<B>>()
+            .and_then(|o| o.buf.as_mut())
+        {
+            buf.renew();
+        }
     }
 }
 

@@ -130,9 +130,23 @@ impl<B: Backend> Buffer<B> {
     pub fn allocation_id(&self) -> AllocationId {
         self.id
     }
-    /// 0 for a freshly created block, +1 on every reuse of it.
+    /// 0 for a freshly created block, +1 on every reuse of it and on every
+    /// [`Buffer::renew`].
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+    /// Its content is new though its memory stays (a program it was donated
+    /// to wrote it in place, and it now holds that program's output): a new
+    /// generation, as a reuse of the block gives, so that the allocation id
+    /// and the generation keep naming one content (what the VA-stable
+    /// binding's copy elision and the staging's kept buffers rely on).
+    pub fn renew(&mut self) {
+        self.generation += 1;
+        match &mut self.kind {
+            Some(Kind::Large(b)) => b.generation = self.generation,
+            Some(Kind::Small(s)) => s.generation = self.generation,
+            None => {}
+        }
     }
     /// Can the runtime map `phys()` (offset `phys_offset()`, `capacity()`
     /// bytes) into another reservation? False for sub-allocated buffers.
