@@ -116,8 +116,8 @@ def child(a):
         # What the runtime staged, per program (its report): where a step's time goes.
         from jax_plugins.xla_vmm import report
         rep = report()
-        out["staging"] = [dict(p["staging"], program=p["program"]) for p in rep.get("programs", [])
-                          if p.get("staging")]
+        out["staging"] = [dict(p["staging"], program=p["program"], runner=p.get("runner"))
+                          for p in rep.get("programs", []) if p.get("staging")]
         out["memory"] = [d["memory"] for d in rep.get("devices", [])]
     return out
 
@@ -150,7 +150,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
+    # Untimed steps first: enough for the never-slower guard to decide in graph mode (its trial takes ~16).
+    ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--ratios", default="1.5,1.75,2")
     ap.add_argument("--rows", default="vmm,offload", help="which of vmm (with no budget and each ratio) "
                     "and offload (stock, each ratio) to run")
@@ -205,10 +206,12 @@ def main():
             "%.0f%%" % (100 * lb / r["decode"]["ms"]) if lb else "-", same(r)))
     for r in rows:
         for st in r.get("staging", []):
-            md.append("- %s, %s: %d buffers (%.0f MiB) staged through a %.0f MiB area, %d (%.0f MiB) read in "
+            md.append("- %s, %s (runs as %s): %d buffers (%.0f MiB) staged through a %.0f MiB area (%d, %.0f MiB, kept there "
+                      "from step to step, copied in at %d steps), %d (%.0f MiB) read in "
                       "place, %.0f MiB on the device; per step %.0f MiB in, %.0f MiB out" % (
-                          r["label"], st["program"], st["staged"], st["staged_bytes"] / 2**20,
-                          st["area_bytes"] / 2**20, st["in_place"], st["in_place_bytes"] / 2**20,
+                          r["label"], st["program"], st.get("runner"), st["staged"], st["staged_bytes"] / 2**20,
+                          st["area_bytes"] / 2**20, st.get("kept", 0), st.get("kept_bytes", 0) / 2**20,
+                          st.get("refills", 0), st["in_place"], st["in_place_bytes"] / 2**20,
                           st["device_bytes"] / 2**20, st["bytes_in_per_step"] / 2**20,
                           st["bytes_out_per_step"] / 2**20))
             if st.get("timed_steps"):

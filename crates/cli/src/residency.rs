@@ -249,7 +249,9 @@ pub fn as_run(
         }
     }
     let room = limit.saturating_sub(device) / GRANULE * GRANULE;
-    let staging = xla_vmm_runtime::staging::plan_staging(plan, &homes, room, rates.rates())?;
+    // The plugin's buffers are immutable: its read-only parameters may stay
+    // in the area from step to step.
+    let staging = xla_vmm_runtime::staging::plan_staging(plan, &homes, room, rates.rates(), true)?;
     Ok(AsRun {
         limit,
         reserve_percent,
@@ -282,10 +284,12 @@ pub fn as_run_text(a: &AsRun) -> String {
     let m = p.summary();
     let _ = writeln!(
         s,
-        "  staging area {}: {} buffers ({}) staged, {} ({}) read in place; per step {} in, {} out",
+        "  staging area {}: {} buffers ({}) staged ({} of them, {}, kept from step to step), {} ({}) read in place; per step {} in, {} out",
         gib(m.area_bytes),
         m.staged,
         gib(m.staged_bytes),
+        m.kept,
+        gib(m.kept_bytes),
         m.in_place,
         gib(m.in_place_bytes),
         gib(m.bytes_in_per_step),

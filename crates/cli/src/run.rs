@@ -478,9 +478,9 @@ pub fn replay<B: Backend>(
         }
         if let Some(s) = exe.program().staging_summary() {
             println!(
-                "staging: area {} bytes; {} buffers staged ({} bytes), {} read in place ({} bytes), {} bytes on the device; per step {} bytes in, {} out",
-                s.area_bytes, s.staged, s.staged_bytes, s.in_place, s.in_place_bytes,
-                s.device_bytes, s.bytes_in_per_step, s.bytes_out_per_step
+                "staging: area {} bytes; {} buffers staged ({} bytes; {} of them kept from step to step, {} bytes, copied in at {} steps), {} read in place ({} bytes), {} bytes on the device; per step {} bytes in, {} out",
+                s.area_bytes, s.staged, s.staged_bytes, s.kept, s.kept_bytes, s.refills,
+                s.in_place, s.in_place_bytes, s.device_bytes, s.bytes_in_per_step, s.bytes_out_per_step
             );
             if s.timed_steps > 0 {
                 println!(

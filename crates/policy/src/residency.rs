@@ -384,7 +384,7 @@ fn traffic(u: &Use) -> u64 {
 
 /// µs of one thunk: compute against memory traffic (device at HBM speed,
 /// host bytes at the link's).
-fn thunk_us(t: &ThunkStep, placements: &[Placement], r: &Rates) -> f64 {
+pub(crate) fn thunk_us(t: &ThunkStep, placements: &[Placement], r: &Rates) -> f64 {
     let (mut dev, mut host) = (0.0, 0.0);
     for u in &t.uses {
         match placements[u.buffer] {

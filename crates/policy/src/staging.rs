@@ -84,11 +84,26 @@ pub struct Stay {
     pub after_out: Option<usize>,
 }
 
+/// A buffer kept in the area across steps ([`keep`]): at `offset` from one
+/// step to the next, copied in only when the area lost it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Kept {
+    /// The buffer (index into the input's buffers).
+    pub buffer: usize,
+    /// Its place in the area.
+    pub offset: u64,
+}
+
 /// One step's copies and addresses.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Staging {
     /// Bytes of area the step uses (the highest end of a stay).
     pub area_bytes: u64,
+    /// Buffers kept in the area across steps (their stays cover the step
+    /// from their first use to their last; no copy of theirs runs in it).
+    pub kept: Vec<Kept>,
+    /// Their bytes.
+    pub kept_bytes: u64,
     /// Copies in, in issue order.
     pub copies_in: Vec<CopyIn>,
     /// Copies home, in issue order.
@@ -388,6 +403,193 @@ pub fn stage(
     Ok(out)
 }
 
+/// Working rooms [`keep`] tries, in multiples of the largest thunk's staged
+/// bytes.
+const WORKING_ROOMS: [f64; 4] = [1.0, 1.5, 2.0, 3.0];
+
+/// `base` ([`stage`] of `placements` in `area_bytes`) with buffers kept in
+/// the area across steps, when that makes the step faster.
+///
+/// A staged buffer that lives across steps and that no thunk writes (a
+/// weight, a constant) holds the same bytes at the start of every step. Kept
+/// at the start of the area, it crosses the link once instead of every step
+/// (the caller copies it in again when something else used the area or its
+/// home changed); the rest is staged in what is left, a smaller working
+/// room, so its copies may start later. `keepable` says which buffers the
+/// caller can keep (it must know when their home changes). For working
+/// rooms of [`WORKING_ROOMS`] times the largest thunk's staged bytes, the
+/// area left keeps the keepable buffers the step fetches the most bytes of
+/// per byte of area (first fit); each staging is estimated
+/// ([`estimate_us`]) and the fastest is returned, `base` among them.
+pub fn keep(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    area_bytes: u64,
+    align: u64,
+    keepable: &[bool],
+    base: Staging,
+) -> Result<Staging> {
+    let bufs = &input.buffers;
+    if keepable.len() != bufs.len() || placements.len() != bufs.len() {
+        return Err(PolicyError::InvalidResidency(format!(
+            "{} keepable flags and {} placements for {} buffers",
+            keepable.len(),
+            placements.len(),
+            bufs.len()
+        )));
+    }
+    let align = align.max(1);
+    let mut fetched = vec![0u64; bufs.len()];
+    for c in &base.copies_in {
+        fetched[c.buffer] += bufs[c.buffer].bytes;
+    }
+    let mut written = vec![false; bufs.len()];
+    for u in input.steps.iter().flat_map(|t| &t.uses) {
+        written[u.buffer] |= u.write;
+    }
+    let mut cands: Vec<usize> = (0..bufs.len())
+        .filter(|&b| keepable[b] && bufs[b].persistent && !written[b])
+        .filter(|&b| placements[b] == Placement::Staged && fetched[b] > 0)
+        .collect();
+    if cands.is_empty() {
+        return Ok(base);
+    }
+    let per_byte = |b: usize| fetched[b] as f64 / bufs[b].bytes.max(1) as f64;
+    cands.sort_by(|&a, &b| {
+        per_byte(b)
+            .total_cmp(&per_byte(a))
+            .then(bufs[b].bytes.cmp(&bufs[a].bytes))
+            .then(a.cmp(&b))
+    });
+    let largest = input
+        .steps
+        .iter()
+        .map(|t| {
+            let mut ids: Vec<usize> = t
+                .uses
+                .iter()
+                .filter(|u| placements[u.buffer] == Placement::Staged)
+                .map(|u| u.buffer)
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids.iter()
+                .map(|&b| align_up(bufs[b].bytes + bufs[b].offset % align, align))
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    let mut best_us = estimate_us(input, placements, &base);
+    let mut best = base;
+    for room in WORKING_ROOMS {
+        let working = (largest as f64 * room) as u64;
+        let budget = area_bytes.saturating_sub(working) / align * align;
+        // First fit, each at its home offset modulo `align`.
+        let (mut end, mut kept) = (0u64, Vec::new());
+        for &b in &cands {
+            let offset = align_up(end, align) + bufs[b].offset % align;
+            let to = offset + bufs[b].bytes;
+            if align_up(to, align) <= budget {
+                kept.push(Kept { buffer: b, offset });
+                end = to;
+            }
+        }
+        if kept.is_empty() {
+            continue;
+        }
+        let region = align_up(end, align);
+        let mut rest = placements.to_vec();
+        for k in &kept {
+            rest[k.buffer] = Placement::Device;
+        }
+        let mut s = match stage(input, &rest, area_bytes - region, align) {
+            Ok(s) => s,
+            Err(PolicyError::AreaTooSmall { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        s.area_bytes += region;
+        for c in &mut s.copies_in {
+            c.offset += region;
+        }
+        for c in &mut s.copies_out {
+            c.offset += region;
+        }
+        for st in &mut s.stays {
+            st.offset += region;
+        }
+        for k in &kept {
+            let used =
+                |t: &crate::residency::ThunkStep| t.uses.iter().any(|u| u.buffer == k.buffer);
+            let first = input.steps.iter().position(used).unwrap_or(0);
+            let last = input.steps.iter().rposition(used).unwrap_or(first);
+            s.stays.push(Stay {
+                buffer: k.buffer,
+                offset: k.offset,
+                first,
+                last,
+                after_out: None,
+            });
+            s.kept_bytes += bufs[k.buffer].bytes;
+        }
+        s.stays.sort_by_key(|st| (st.first, st.buffer));
+        s.kept = kept;
+        let us = estimate_us(input, placements, &s);
+        if us < best_us || (us == best_us && s.bytes_in < best.bytes_in) {
+            best_us = us;
+            best = s;
+        }
+    }
+    Ok(best)
+}
+
+/// The step's time, µs, as its copies would run it: the copies in one at a
+/// time on the link, each issued once the thunks before its `issue_before`
+/// are done and after the copy home it follows; the copies home likewise
+/// the other way, after the thunk they follow; each thunk starts when the
+/// one before is done and its copies in have landed, and takes its roofline
+/// time ([`crate::residency`]); the step ends when the thunks and the copies
+/// have. Kept buffers are in the area already.
+pub fn estimate_us(input: &ResidencyInput, placements: &[Placement], s: &Staging) -> f64 {
+    let link = input.rates.link_bytes_per_s;
+    let secs = |b: usize| input.buffers[b].bytes as f64 / link * 1e6;
+    let m = input.steps.len();
+    let mut ins_at: Vec<Vec<usize>> = vec![Vec::new(); m];
+    let mut needs: Vec<Vec<usize>> = vec![Vec::new(); m];
+    for (i, c) in s.copies_in.iter().enumerate() {
+        if c.issue_before < m && c.needed_by < m {
+            ins_at[c.issue_before].push(i);
+            needs[c.needed_by].push(i);
+        }
+    }
+    let mut outs_at: Vec<Vec<usize>> = vec![Vec::new(); m];
+    for (j, c) in s.copies_out.iter().enumerate() {
+        if c.after < m {
+            outs_at[c.after].push(j);
+        }
+    }
+    let mut landed = vec![0.0f64; s.copies_in.len()];
+    let mut homed = vec![0.0f64; s.copies_out.len()];
+    let (mut now, mut link_in, mut link_out) = (0.0f64, 0.0f64, 0.0f64);
+    for k in 0..m {
+        for &i in &ins_at[k] {
+            let c = &s.copies_in[i];
+            let after = c
+                .after_out
+                .and_then(|j| homed.get(j).copied())
+                .unwrap_or(0.0);
+            link_in = link_in.max(now).max(after) + secs(c.buffer);
+            landed[i] = link_in;
+        }
+        let start = needs[k].iter().map(|&i| landed[i]).fold(now, f64::max);
+        now = start + crate::residency::thunk_us(&input.steps[k], placements, &input.rates);
+        for &j in &outs_at[k] {
+            link_out = link_out.max(now) + secs(s.copies_out[j].buffer);
+            homed[j] = link_out;
+        }
+    }
+    now.max(link_in).max(link_out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -595,6 +797,95 @@ mod tests {
                 Err(e) => assert!(e.to_string().contains("do not fit"), "{e}"),
             }
         }
+    }
+
+    #[test]
+    fn read_only_weights_stay_in_the_room_the_working_set_leaves() {
+        // Six 100 MB weights read once each by a light thunk (decode: the
+        // link is the bound), an area of 400 MB: three stay from step to
+        // step, the other three rotate through the room left.
+        let buffers: Vec<Buffer> = (0..6).map(|i| buf(i, 100, true)).collect();
+        let steps = (0..6)
+            .map(|i| thunk("t", &[(i, 100, true, false)], 1e6))
+            .collect();
+        let input = input(buffers, steps, 400);
+        let placements = vec![Placement::Staged; 6];
+        let base = stage(&input, &placements, 400 * MB, 512).unwrap();
+        assert_eq!(base.bytes_in, 600 * MB);
+        let base_us = estimate_us(&input, &placements, &base);
+        let s = keep(&input, &placements, 400 * MB, 512, &[true; 6], base.clone()).unwrap();
+        check(&input, &placements, &s, 400 * MB);
+        assert_eq!(s.kept.len(), 3, "{:?}", s.kept);
+        assert_eq!((s.kept_bytes, s.bytes_in), (300 * MB, 300 * MB));
+        assert!(s.area_bytes <= 400 * MB);
+        assert!(estimate_us(&input, &placements, &s) < 0.6 * base_us);
+        // Nothing is copied of a kept buffer within the step.
+        for k in &s.kept {
+            assert!(s.copies_in.iter().all(|c| c.buffer != k.buffer));
+            assert!(s.copies_out.iter().all(|c| c.buffer != k.buffer));
+        }
+        // What the caller cannot keep, what a thunk writes, and a
+        // temporary, are not kept.
+        let mut flags = [true; 6];
+        flags[..4].fill(false);
+        let s = keep(&input, &placements, 400 * MB, 512, &flags, base.clone()).unwrap();
+        assert!(s.kept.iter().all(|k| k.buffer >= 4), "{:?}", s.kept);
+        let mut written = input.clone();
+        for t in &mut written.steps {
+            t.uses[0].write = true;
+        }
+        let wbase = stage(&written, &placements, 400 * MB, 512).unwrap();
+        let s = keep(&written, &placements, 400 * MB, 512, &[true; 6], wbase).unwrap();
+        assert!(s.kept.is_empty());
+    }
+
+    #[test]
+    fn kept_buffers_never_collide_in_random_programs() {
+        let mut seed = 0x9e3779b97f4a7c15u64;
+        let mut rnd = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut kept_some = 0;
+        for _ in 0..1000 {
+            let nb = 2 + rnd(12) as usize;
+            let buffers: Vec<Buffer> = (0..nb).map(|i| buf(i, 1 + rnd(64), rnd(3) != 0)).collect();
+            let steps: Vec<ThunkStep> = (0..1 + rnd(30))
+                .map(|_| {
+                    let a = rnd(nb as u64) as usize;
+                    let b = rnd(nb as u64) as usize;
+                    let (ba, bb) = (buffers[a].bytes / MB, buffers[b].bytes / MB);
+                    if a == b {
+                        step(&[(a, ba, true, rnd(4) == 0)])
+                    } else {
+                        step(&[(a, ba, true, false), (b, bb, rnd(2) == 0, rnd(3) == 0)])
+                    }
+                })
+                .collect();
+            let total: u64 = buffers.iter().map(|b| b.bytes / MB).sum();
+            let input = input(buffers, steps, (total / 2).max(1));
+            let plan = plan_residency(&input).unwrap();
+            let area = input.budget_bytes - plan.resident_bytes;
+            let Ok(base) = stage(&input, &plan.placements, area, 512) else {
+                continue;
+            };
+            let flags: Vec<bool> = (0..nb).map(|_| rnd(4) != 0).collect();
+            let s = keep(&input, &plan.placements, area, 512, &flags, base.clone()).unwrap();
+            check(&input, &plan.placements, &s, area);
+            assert!(s.area_bytes <= area);
+            assert!(
+                estimate_us(&input, &plan.placements, &s)
+                    <= estimate_us(&input, &plan.placements, &base)
+            );
+            for k in &s.kept {
+                assert!(flags[k.buffer] && input.buffers[k.buffer].persistent);
+                assert_eq!(k.offset % 512, input.buffers[k.buffer].offset % 512);
+            }
+            kept_some += usize::from(!s.kept.is_empty());
+        }
+        assert!(kept_some > 50, "kept something in {kept_some} programs");
     }
 
     #[test]

@@ -403,11 +403,16 @@ impl<B: Backend> Executable<B> {
                     slots.iter().map(move |&s| (s, at))
                 })
                 .collect();
-            self.program
-                .plan_staging(&params, self.config.shared_staging_area);
+            self.program.plan_staging(
+                &params,
+                self.config.shared_staging_area,
+                self.config.binding.immutable_buffers,
+            );
             let staging = self.program.staging_summary();
             self.report.update(|r| r.staging = staging);
         }
+        self.program
+            .staging_begin(&self.users, &self.slots, stream)?;
         if mode != Mode::Graph {
             if let Some(va) = self.va.as_mut() {
                 // The run may write donated buffers the shadows claim to hold.

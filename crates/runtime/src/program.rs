@@ -277,14 +277,28 @@ impl<B: Backend> Program<B> {
     /// Plan the staging for the memory bound now: the program's own buffers
     /// where they are, each parameter allocation's location as given
     /// (`None`: raw device memory), through the device's shared area when
-    /// `shared` ([`crate::RunConfig::shared_staging_area`]). A failure is
+    /// `shared` ([`crate::RunConfig::shared_staging_area`]), keeping
+    /// read-only parameters in the area from step to step when
+    /// `keep_parameters` (immutable buffers). A failure is
     /// said and leaves the program reading host memory in place (correct,
     /// slower).
-    pub(crate) fn plan_staging(&mut self, params: &[(usize, Option<MemLocation>)], shared: bool) {
+    pub(crate) fn plan_staging(
+        &mut self,
+        params: &[(usize, Option<MemLocation>)],
+        shared: bool,
+        keep_parameters: bool,
+    ) {
         let owned = self.owned_buffers().map(|(a, b)| (a, b.location()));
         let homes =
             crate::staging::homes(self.plan.allocations.len(), owned, params.iter().copied());
-        let made = Staging::plan(&self.vmm, &self.plan, &self.ops, &homes, shared);
+        let made = Staging::plan(
+            &self.vmm,
+            &self.plan,
+            &self.ops,
+            &homes,
+            shared,
+            keep_parameters,
+        );
         let old = match made {
             Ok(s) => std::mem::replace(&mut self.staging, s),
             Err(e) => {
@@ -297,6 +311,31 @@ impl<B: Backend> Program<B> {
             let mut t = Teardown::new("a program's previous staging");
             old.release(&self.backend, &mut t);
         }
+    }
+
+    /// Before a step's work on `stream` in any mode: its staging's kept
+    /// buffers copied in where the area does not hold them
+    /// ([`Staging::begin_step`]); `users`: the bound parameters, whose
+    /// allocation id and generation name their content.
+    pub(crate) fn staging_begin(
+        &self,
+        users: &[Option<crate::binding::UserBuffer<B>>],
+        slots: &SlotTable,
+        stream: &B::Stream,
+    ) -> Result<()> {
+        let Some(staging) = self.staging.as_ref() else {
+            return Ok(());
+        };
+        let content = |a: usize| match self.plan.allocations.get(a).map(|x| &x.role) {
+            Some(AllocationRole::Constant { .. }) => Some(crate::staging::Content::Constant),
+            Some(AllocationRole::Parameter { number, .. }) => users
+                .get(*number as usize)?
+                .as_ref()
+                .and_then(|u| Some((u.id?, u.generation)))
+                .map(|(id, generation)| crate::staging::Content::Allocation { id, generation }),
+            _ => None,
+        };
+        staging.begin_step(&self.backend, &content, slots, stream)
     }
 
     /// Its staging's summary when a timed step was read back since the

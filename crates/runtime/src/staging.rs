@@ -37,6 +37,8 @@
 //! did not stage is read in place); only its speed is the plan's for the
 //! first binding.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde::Serialize;
 use xla_vmm::{AllocationRole, Plan, Slice, Thunk, ThunkKind};
 use xla_vmm_device::vmm::VmmContext;
@@ -45,7 +47,7 @@ use xla_vmm_policy::residency::{
     demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, ResidencyPlan,
     Use,
 };
-use xla_vmm_policy::staging::{stage, Staging as StagedSteps};
+use xla_vmm_policy::staging::{keep, stage, Staging as StagedSteps};
 use xla_vmm_policy::PolicyError;
 
 use crate::error::{Result, RuntimeError, Teardown};
@@ -68,6 +70,12 @@ pub struct StagingSummary {
     /// Buffers (allocation segments) staged, and their bytes.
     pub staged: usize,
     pub staged_bytes: u64,
+    /// Of the staged, those kept in the area from step to step (copied in
+    /// only when the area lost them: `refills` steps so far), and their
+    /// bytes.
+    pub kept: usize,
+    pub kept_bytes: u64,
+    pub refills: u64,
     /// Buffers read and written in host memory in place, and their bytes.
     pub in_place: usize,
     pub in_place_bytes: u64,
@@ -173,8 +181,24 @@ pub(crate) struct Staging<B: Backend> {
     /// Recorded on the compute stream before issuing copies in / home.
     marks: Vec<B::Event>,
     around: Vec<Around>,
+    /// The buffers kept in the area from step to step, what names the
+    /// content each holds there (`None`: nothing yet), and this staging's
+    /// token on the area.
+    kept: Vec<Copy>,
+    filled: std::sync::Mutex<Vec<Option<Content>>>,
+    token: u64,
+    /// Steps that copied kept buffers in.
+    refills: AtomicU64,
     clock: Clock<B>,
     summary: StagingSummary,
+}
+
+/// What names a kept buffer's content: its allocation's id and generation
+/// (a parameter under immutable buffers), or the program's own constant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Content {
+    Allocation { id: u64, generation: u64 },
+    Constant,
 }
 
 /// The top-level thunks, sequences flattened.
@@ -327,6 +351,8 @@ struct SharedArea<B: Backend> {
     /// Held while a staged step is enqueued: one program's copies and ops at
     /// a time on the device's stream.
     busy: std::sync::Mutex<()>,
+    /// The staging whose step ran on it last ([`Staging::begin_step`]).
+    owner: AtomicU64,
 }
 
 impl<B: Backend> Drop for SharedArea<B> {
@@ -360,6 +386,7 @@ fn make_shared_area<B: Backend + 'static>(
     let area = std::sync::Arc::new(SharedArea {
         buf: Some(DeviceBuffer::alloc_at(ctx, bytes, MemLocation::Device)?),
         busy: std::sync::Mutex::new(()),
+        owner: AtomicU64::new(0),
     });
     let any: std::sync::Arc<dyn std::any::Any + Send + Sync> = area.clone();
     SHARED_AREAS
@@ -375,11 +402,23 @@ enum Area<B: Backend> {
     Shared(std::sync::Arc<SharedArea<B>>),
 }
 
+/// Tokens of stagings ([`Area::claim`]); 0 is no one.
+static TOKENS: AtomicU64 = AtomicU64::new(1);
+
 impl<B: Backend> Area<B> {
     fn buf(&self) -> &DeviceBuffer<B> {
         match self {
             Area::Own(b) => b,
             Area::Shared(s) => s.buf.as_ref().expect("freed only on drop"),
+        }
+    }
+
+    /// The staging of `token` runs a step on it: did the area's last step
+    /// belong to the same staging? (An own area has no other user.)
+    fn claim(&self, token: u64) -> bool {
+        match self {
+            Area::Own(_) => true,
+            Area::Shared(s) => s.owner.swap(token, Ordering::AcqRel) == token,
         }
     }
 
@@ -434,11 +473,17 @@ impl StagingPlan {
 /// The staging of `plan` whose allocations live at `homes` with `room`
 /// device bytes for its area (no device: what a program's first run
 /// plans). `None`: nothing is in host memory, or nothing pays to stage.
+///
+/// Staged buffers that live across steps and that no thunk writes are kept
+/// in the area from step to step where that pays ([`keep`]): constants,
+/// and parameters when `keep_parameters` (the caller names a parameter's
+/// content by its allocation id and generation: immutable buffers).
 pub fn plan_staging(
     plan: &Plan,
     homes: &[Home],
     room: u64,
     rates: Rates,
+    keep_parameters: bool,
 ) -> Result<Option<StagingPlan>> {
     if !homes.contains(&Home::Host) {
         return Ok(None);
@@ -458,6 +503,17 @@ pub fn plan_staging(
             Err(e) => return Err(RuntimeError::invalid(format!("staging: {e}"))),
         }
     };
+    let keepable: Vec<bool> = input
+        .buffers
+        .iter()
+        .map(|b| match plan.allocations.get(b.id).map(|a| &a.role) {
+            Some(AllocationRole::Constant { .. }) => true,
+            Some(AllocationRole::Parameter { .. }) => keep_parameters,
+            _ => false,
+        })
+        .collect();
+    let copies = keep(&input, &placements, room, ALIGN, &keepable, copies)
+        .map_err(|e| RuntimeError::invalid(format!("staging: {e}")))?;
     if copies.stays.is_empty() {
         return Ok(None);
     }
@@ -585,6 +641,7 @@ impl<B: Backend> Staging<B> {
         ops: &[Op<B>],
         homes: &[Home],
         shared: bool,
+        keep_parameters: bool,
     ) -> Result<Option<Self>>
     where
         B: 'static,
@@ -610,7 +667,7 @@ impl<B: Backend> Staging<B> {
             Some(a) => a.buf.as_ref().map_or(0, |b| b.mapped()),
             None => room(&**be) / gran * gran,
         };
-        let Some(planned) = plan_staging(plan, homes, room, Rates::H200)? else {
+        let Some(planned) = plan_staging(plan, homes, room, Rates::H200, keep_parameters)? else {
             tracing::info!(executable = %name, room,
                 "part of it is in host memory; nothing pays to stage, read in place");
             return Ok(None);
@@ -638,6 +695,22 @@ impl<B: Backend> Staging<B> {
             bytes_in = summary.bytes_in_per_step, bytes_out = summary.bytes_out_per_step,
             "part of it is in host memory: staged through a device area");
         let (around, ins, outs, n_marks) = arrange(units.len(), &steps, &segs, area.ptr());
+        let kept: Vec<Copy> = steps
+            .kept
+            .iter()
+            .map(|k| {
+                let (allocation, start, end) = segs[k.buffer];
+                Copy {
+                    home: Slice {
+                        allocation,
+                        offset: start,
+                        size: end - start,
+                    },
+                    area: k.offset,
+                    after_out: None,
+                }
+            })
+            .collect();
         let n_waiting = around.iter().filter(|a| !a.waits.is_empty()).count();
         let n_events = 5 + 3 * ins.len() + outs.len() + n_marks + 2 * n_waiting;
         let (streams, events) = streams_and_events(&**be, n_events)?;
@@ -675,6 +748,10 @@ impl<B: Backend> Staging<B> {
             homed,
             marks,
             around,
+            filled: std::sync::Mutex::new(vec![None; kept.len()]),
+            kept,
+            token: TOKENS.fetch_add(1, Ordering::Relaxed),
+            refills: AtomicU64::new(0),
             clock,
             summary,
         }))
@@ -689,6 +766,7 @@ impl<B: Backend> Staging<B> {
             self.read_clock(be);
         }
         let mut s = self.summary.clone();
+        s.refills = self.refills.load(Ordering::Relaxed);
         let c = self.clock.state.lock().unwrap_or_else(|e| e.into_inner());
         let (step, copying, waited) = c.last;
         s.timed_steps = c.reads;
@@ -765,6 +843,47 @@ impl<B: Backend> Staging<B> {
         c.runs += 1;
         c.unread |= timed;
         timed
+    }
+
+    /// Before a step's work is enqueued on `stream` (every mode, every
+    /// step; the device's steps are enqueued one at a time): claim the area,
+    /// and copy in, on `stream`, each kept buffer the area does not hold
+    /// now: the area's last step was another staging's, or the buffer's
+    /// home holds other content (`content` of its allocation; `None`:
+    /// unknown, always copied), or nothing was copied yet. `slots`: the
+    /// step's bound addresses.
+    pub(crate) fn begin_step(
+        &self,
+        be: &B,
+        content: &dyn Fn(usize) -> Option<Content>,
+        slots: &SlotTable,
+        stream: &B::Stream,
+    ) -> Result<()> {
+        let ours = self.area.claim(self.token);
+        if self.kept.is_empty() {
+            return Ok(());
+        }
+        let mut filled = self.filled.lock().unwrap_or_else(|e| e.into_inner());
+        let mut copied = false;
+        for (k, f) in self.kept.iter().zip(filled.iter_mut()) {
+            let now = content(k.home.allocation);
+            if ours && now.is_some() && *f == now {
+                continue;
+            }
+            *f = None;
+            be.copy_d2d(
+                self.area.ptr().offset(k.area),
+                slots.resolve(&k.home)?,
+                k.home.size,
+                stream,
+            )?;
+            *f = now;
+            copied = true;
+        }
+        if copied {
+            self.refills.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Wait for the copy streams, release everything (failures in `t`).
@@ -899,6 +1018,8 @@ fn summarize(
         unbudgeted_step_us: residency.unbudgeted_step_us,
         ..Default::default()
     };
+    s.kept = steps.kept.len();
+    s.kept_bytes = steps.kept_bytes;
     for (b, p) in input.buffers.iter().zip(placements) {
         match (b.home, p) {
             (Home::Device, _) => s.device_bytes += b.bytes,

@@ -383,3 +383,111 @@ fn programs_of_a_device_share_one_staging_area_when_configured() {
         b.stream_destroy(stream).unwrap();
     }
 }
+
+/// The read-only parameters of a staged program stay in the area from step
+/// to step (immutable buffers: an allocation id and generation name their
+/// content); they are copied in again when another program's step used the
+/// shared area, when a parameter is bound with other content, and every step
+/// for raw memory. In every mode, every step's results are right.
+#[test]
+fn read_only_parameters_stay_in_the_area_until_something_else_uses_it() {
+    for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
+        let b = backend_with(Some(64 << 20));
+        let ctx = VmmContext::new(b.clone());
+        let stream = b.stream_create().unwrap();
+        let mut cfg = xla_vmm_runtime::RunConfig {
+            shared_staging_area: true,
+            guard: false,
+            ..Default::default()
+        };
+        cfg.binding.immutable_buffers = true;
+        let n = 4usize;
+        let v = 4 * n as u64;
+        let mut exes: Vec<Executable<HostBackend>> = (0..2)
+            .map(|_| {
+                Executable::load_with(b.clone(), program(n as u64), None, None, &cfg, &stream)
+                    .unwrap()
+            })
+            .collect();
+        // Program e's parameter i: its buffer, its id, and its values
+        // (scaled by e + 1 so that one program's kept bytes are not the other's).
+        let mut bufs = Vec::new();
+        let mut bind = |exe: &mut Executable<HostBackend>,
+                        e: usize,
+                        i: usize,
+                        scale: f32,
+                        generation: u64,
+                        raw: bool| {
+            let key = 3 * e + i;
+            while bufs.len() <= key {
+                bufs.push(DeviceBuffer::alloc_at(&ctx, v, MemLocation::Host).unwrap());
+            }
+            let base = [1.0f32, 5.0, 10.0][i] * scale;
+            let vals: Vec<f32> = (0..n).map(|k| base * (k + 1) as f32).collect();
+            b.write_sync(bufs[key].ptr(), &bytes(&vals), &stream)
+                .unwrap();
+            let mut user = UserBuffer::raw(bufs[key].ptr(), v);
+            user.location = Some(MemLocation::Host);
+            if !raw {
+                user.id = Some(100 + key as u64);
+                user.generation = generation;
+            }
+            exe.bind_user_buffer(i, user).unwrap();
+            vals
+        };
+        let check = |exe: &mut Executable<HostBackend>, p0: &[f32], p1: &[f32], what: &str| {
+            let outs = exe.run(&stream, mode).unwrap();
+            b.stream_synchronize(&stream).unwrap();
+            let twice = |v: &[f32]| v.iter().map(|x| 2.0 * x).collect::<Vec<_>>();
+            assert_eq!(
+                f32s_of(&b, outs[0].ptr, n, &stream),
+                twice(p1),
+                "{mode:?}: {what}"
+            );
+            assert_eq!(
+                f32s_of(&b, outs[1].ptr, n, &stream),
+                twice(p0),
+                "{mode:?}: {what}"
+            );
+        };
+        let refills = |exe: &Executable<HostBackend>| {
+            let s = exe.program().staging_summary().expect("staged");
+            assert_eq!((s.kept, s.kept_bytes), (2, 2 * v), "p0 and p1 kept: {s:?}");
+            s.refills
+        };
+        // Program 0 alone: copied in at its first step only.
+        let (mut p0, mut p1) = (Vec::new(), Vec::new());
+        for step in 0..3u64 {
+            p0 = bind(&mut exes[0], 0, 0, 1.0, 0, false);
+            p1 = bind(&mut exes[0], 0, 1, 1.0, 0, false);
+            bind(&mut exes[0], 0, 2, 1.0, step, false);
+            check(&mut exes[0], &p0, &p1, "alone");
+        }
+        assert_eq!(refills(&exes[0]), 1);
+        // Program 1 uses the area (its own parameters kept at the same place).
+        let q0 = bind(&mut exes[1], 1, 0, 3.0, 0, false);
+        let q1 = bind(&mut exes[1], 1, 1, 3.0, 0, false);
+        bind(&mut exes[1], 1, 2, 3.0, 0, false);
+        check(&mut exes[1], &q0, &q1, "the other program");
+        bind(&mut exes[0], 0, 2, 1.0, 7, false);
+        check(&mut exes[0], &p0, &p1, "after the other program");
+        assert_eq!(refills(&exes[0]), 2);
+        // New content of p0 (a new generation): copied in again.
+        p0 = bind(&mut exes[0], 0, 0, 2.0, 1, false);
+        bind(&mut exes[0], 0, 2, 1.0, 8, false);
+        check(&mut exes[0], &p0, &p1, "p0 renewed");
+        assert_eq!(refills(&exes[0]), 3);
+        // Raw memory names no content: copied in every step.
+        for step in 0..2u64 {
+            p1 = bind(&mut exes[0], 0, 1, 4.0 + step as f32, 0, true);
+            bind(&mut exes[0], 0, 2, 1.0, 9 + step, false);
+            check(&mut exes[0], &p0, &p1, "p1 raw");
+        }
+        assert_eq!(refills(&exes[0]), 5);
+        drop(exes);
+        for buf in bufs {
+            buf.free().unwrap();
+        }
+        b.stream_destroy(stream).unwrap();
+    }
+}
