@@ -405,7 +405,7 @@ pub fn stage(
 
 /// Working rooms [`keep`] tries, in multiples of the largest thunk's staged
 /// bytes.
-const WORKING_ROOMS: [f64; 4] = [1.0, 1.5, 2.0, 3.0];
+pub const WORKING_ROOMS: [f64; 4] = [1.0, 1.5, 2.0, 3.0];
 
 /// `base` ([`stage`] of `placements` in `area_bytes`) with buffers kept in
 /// the area across steps, when that makes the step faster.
