@@ -279,6 +279,12 @@ class MaxText(unittest.TestCase):
         spec = "cuda,tiny:cuda_skip_profiled,vmm_t1,1B:vmm_t0@XLA_VMM_COPY_PATH=batch"
         self.assertEqual(self.m.variants_of(spec, "tiny"), ["cuda", "cuda_skip_profiled", "vmm_t1"])
         self.assertEqual(self.m.variants_of(spec, "1B"), ["cuda", "vmm_t1", "vmm_t0@XLA_VMM_COPY_PATH=batch"])
+        # The gate's rows first (stock and the default of every config), our other modes after.
+        order = self.m.run_order("tiny,1B", "cuda,cuda_skip_temp,vmm_t1,vmm_eager,vmm_recapture")
+        self.assertEqual(order, [("tiny", "cuda"), ("tiny", "cuda_skip_temp"), ("tiny", "vmm_t1"),
+                                 ("1B", "cuda"), ("1B", "cuda_skip_temp"), ("1B", "vmm_t1"),
+                                 ("tiny", "vmm_eager"), ("tiny", "vmm_recapture"),
+                                 ("1B", "vmm_eager"), ("1B", "vmm_recapture")])
 
 
     def test_a_prepared_run_waits_for_its_go(self):
