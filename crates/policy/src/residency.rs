@@ -620,8 +620,8 @@ pub fn demote(
     Some(victim)
 }
 
-/// Bytes of `t`'s distinct staged buffers.
-fn staged_bytes(t: &ThunkStep, placements: &[Placement], buffers: &[Buffer]) -> u64 {
+/// `t`'s distinct staged buffers.
+pub(crate) fn staged_ids(t: &ThunkStep, placements: &[Placement]) -> Vec<usize> {
     let mut ids: Vec<usize> = t
         .uses
         .iter()
@@ -630,7 +630,15 @@ fn staged_bytes(t: &ThunkStep, placements: &[Placement], buffers: &[Buffer]) -> 
         .collect();
     ids.sort_unstable();
     ids.dedup();
-    ids.iter().map(|&i| buffers[i].bytes).sum()
+    ids
+}
+
+/// Bytes of `t`'s distinct staged buffers.
+fn staged_bytes(t: &ThunkStep, placements: &[Placement], buffers: &[Buffer]) -> u64 {
+    staged_ids(t, placements)
+        .iter()
+        .map(|&i| buffers[i].bytes)
+        .sum()
 }
 
 fn largest_staged_thunk(input: &ResidencyInput, placements: &[Placement]) -> u64 {

@@ -465,15 +465,8 @@ pub fn keep(
         .steps
         .iter()
         .map(|t| {
-            let mut ids: Vec<usize> = t
-                .uses
+            crate::residency::staged_ids(t, placements)
                 .iter()
-                .filter(|u| placements[u.buffer] == Placement::Staged)
-                .map(|u| u.buffer)
-                .collect();
-            ids.sort_unstable();
-            ids.dedup();
-            ids.iter()
                 .map(|&b| align_up(bufs[b].bytes + bufs[b].offset % align, align))
                 .sum::<u64>()
         })
@@ -594,7 +587,7 @@ pub fn estimate_us(input: &ResidencyInput, placements: &[Placement], s: &Staging
 mod tests {
     use super::*;
     use crate::residency::testing::{input, thunk, MB};
-    use crate::residency::{plan_residency, Buffer, Home, ThunkStep};
+    use crate::residency::{plan_residency, Buffer, Home, ResidencyPlan, ThunkStep};
 
     /// Buffer `id` of `mb` MiB in host memory.
     fn buf(id: usize, mb: u64, persistent: bool) -> Buffer {
@@ -760,34 +753,53 @@ mod tests {
             .any(|c| c.buffer == 0 && c.needed_by == 2));
     }
 
+    /// A xorshift generator for the random-program tests.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// A random program: 2-13 buffers (half of them persistent), 1-30
+    /// thunks, each reading one buffer and writing it, or reading one and
+    /// writing (perhaps reading) another, each write with odds
+    /// 1/`write_one_in`; a budget of half its bytes. With its residency
+    /// plan and the area the plan leaves.
+    fn random_program(r: &mut Rng, write_one_in: u64) -> (ResidencyInput, ResidencyPlan, u64) {
+        let nb = 2 + r.below(12) as usize;
+        let buffers: Vec<Buffer> = (0..nb)
+            .map(|i| buf(i, 1 + r.below(64), r.below(2) == 0))
+            .collect();
+        let steps: Vec<ThunkStep> = (0..1 + r.below(30))
+            .map(|_| {
+                let a = r.below(nb as u64) as usize;
+                let b = r.below(nb as u64) as usize;
+                let (ba, bb) = (buffers[a].bytes / MB, buffers[b].bytes / MB);
+                let w = r.below(write_one_in) == 0;
+                if a == b {
+                    step(&[(a, ba, true, w)])
+                } else {
+                    step(&[(a, ba, true, false), (b, bb, r.below(2) == 0, w)])
+                }
+            })
+            .collect();
+        let total: u64 = buffers.iter().map(|b| b.bytes / MB).sum();
+        let input = input(buffers, steps, (total / 2).max(1));
+        let plan = plan_residency(&input).unwrap();
+        let area = input.budget_bytes - plan.resident_bytes;
+        (input, plan, area)
+    }
+
     #[test]
     fn a_plan_for_random_programs_stages_without_collisions() {
-        let mut seed = 0x2545f4914f6cdd1du64;
-        let mut rnd = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut r = Rng(0x2545f4914f6cdd1d);
         for _ in 0..2000 {
-            let nb = 2 + rnd(12) as usize;
-            let buffers: Vec<Buffer> = (0..nb).map(|i| buf(i, 1 + rnd(64), rnd(2) == 0)).collect();
-            let steps: Vec<ThunkStep> = (0..1 + rnd(30))
-                .map(|_| {
-                    let a = rnd(nb as u64) as usize;
-                    let b = rnd(nb as u64) as usize;
-                    let (ba, bb) = (buffers[a].bytes / MB, buffers[b].bytes / MB);
-                    if a == b {
-                        step(&[(a, ba, true, rnd(2) == 0)])
-                    } else {
-                        step(&[(a, ba, true, false), (b, bb, rnd(2) == 0, true)])
-                    }
-                })
-                .collect();
-            let total: u64 = buffers.iter().map(|b| b.bytes / MB).sum();
-            let input = input(buffers, steps, (total / 2).max(1));
-            let plan = plan_residency(&input).unwrap();
-            let area = input.budget_bytes - plan.resident_bytes;
+            let (input, plan, area) = random_program(&mut r, 1);
             match stage(&input, &plan.placements, area, 512) {
                 Ok(s) => {
                     check(&input, &plan.placements, &s, area);
@@ -841,37 +853,15 @@ mod tests {
 
     #[test]
     fn kept_buffers_never_collide_in_random_programs() {
-        let mut seed = 0x9e3779b97f4a7c15u64;
-        let mut rnd = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut r = Rng(0x9e3779b97f4a7c15);
         let mut kept_some = 0;
         for _ in 0..1000 {
-            let nb = 2 + rnd(12) as usize;
-            let buffers: Vec<Buffer> = (0..nb).map(|i| buf(i, 1 + rnd(64), rnd(3) != 0)).collect();
-            let steps: Vec<ThunkStep> = (0..1 + rnd(30))
-                .map(|_| {
-                    let a = rnd(nb as u64) as usize;
-                    let b = rnd(nb as u64) as usize;
-                    let (ba, bb) = (buffers[a].bytes / MB, buffers[b].bytes / MB);
-                    if a == b {
-                        step(&[(a, ba, true, rnd(4) == 0)])
-                    } else {
-                        step(&[(a, ba, true, false), (b, bb, rnd(2) == 0, rnd(3) == 0)])
-                    }
-                })
-                .collect();
-            let total: u64 = buffers.iter().map(|b| b.bytes / MB).sum();
-            let input = input(buffers, steps, (total / 2).max(1));
-            let plan = plan_residency(&input).unwrap();
-            let area = input.budget_bytes - plan.resident_bytes;
+            let (input, plan, area) = random_program(&mut r, 3);
+            let nb = input.buffers.len();
             let Ok(base) = stage(&input, &plan.placements, area, 512) else {
                 continue;
             };
-            let flags: Vec<bool> = (0..nb).map(|_| rnd(4) != 0).collect();
+            let flags: Vec<bool> = (0..nb).map(|_| r.below(4) != 0).collect();
             let s = keep(&input, &plan.placements, area, 512, &flags, base.clone()).unwrap();
             check(&input, &plan.placements, &s, area);
             assert!(s.area_bytes <= area);

@@ -310,6 +310,17 @@ fn a_temporary_whose_bytes_hold_several_values_is_staged_by_value_with_the_same_
     }
 }
 
+/// Two executables of `program(4)` on `b` under `cfg`.
+fn two_programs(
+    b: &Arc<HostBackend>,
+    cfg: &xla_vmm_runtime::RunConfig,
+    stream: &<HostBackend as Backend>::Stream,
+) -> Vec<Executable<HostBackend>> {
+    (0..2)
+        .map(|_| Executable::load_with(b.clone(), program(4), None, None, cfg, stream).unwrap())
+        .collect()
+}
+
 #[test]
 fn programs_of_a_device_share_one_staging_area_when_configured() {
     // Two staged programs on one device and one stream, run in turn in every
@@ -323,14 +334,8 @@ fn programs_of_a_device_share_one_staging_area_when_configured() {
             shared_staging_area: true,
             ..Default::default()
         };
-        let n = 4usize;
-        let v = 4 * n as u64;
-        let mut exes: Vec<Executable<HostBackend>> = (0..2)
-            .map(|_| {
-                Executable::load_with(b.clone(), program(n as u64), None, None, &cfg, &stream)
-                    .unwrap()
-            })
-            .collect();
+        let (n, v) = (4usize, 16u64);
+        let mut exes = two_programs(&b, &cfg, &stream);
         let mut bufs = Vec::new();
         for exe in exes.iter_mut() {
             for (i, x) in [1.0f32, 5.0, 10.0].iter().enumerate() {
@@ -401,14 +406,8 @@ fn read_only_parameters_stay_in_the_area_until_something_else_uses_it() {
             ..Default::default()
         };
         cfg.binding.immutable_buffers = true;
-        let n = 4usize;
-        let v = 4 * n as u64;
-        let mut exes: Vec<Executable<HostBackend>> = (0..2)
-            .map(|_| {
-                Executable::load_with(b.clone(), program(n as u64), None, None, &cfg, &stream)
-                    .unwrap()
-            })
-            .collect();
+        let (n, v) = (4usize, 16u64);
+        let mut exes = two_programs(&b, &cfg, &stream);
         // Program e's parameter i: its buffer, its id, and its values
         // (scaled by e + 1 so that one program's kept bytes are not the other's).
         let mut bufs = Vec::new();
