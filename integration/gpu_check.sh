@@ -23,7 +23,9 @@
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
 # a loop fed a fresh batch per step, steps/s against stock), `long` (integration/long_runs.py: SIGINT at
 # random points of 50 training loops, a 20,000-step soak on stock and the plugin, 8 threads at once), `checkpoint`
-# (integration/maxtext/checkpoint.py: MaxText saved and resumed with orbax, on us, on stock and across), `hip-shim` (our HIP backend's conformance suite on
+# (integration/maxtext/checkpoint.py: MaxText saved and resumed with orbax, on us, on stock and across),
+# `train-oversub` (MaxText 1B past a device memory limit on us, against stock capped to the same memory with and
+# without MaxText's own host offload), `hip-shim` (our HIP backend's conformance suite on
 # the NVIDIA GPU through the test shim integration/hipshim: HIP runtime -> CUDA driver, hiprtc -> NVRTC; it
 # checks our HIP code, not AMD's runtime).
 # GPU_CHECK_BUDGET_S: start no check after that many seconds (later ones are listed as SKIP), so that a
@@ -452,6 +454,23 @@ if want checkpoint; then
   wheel=$(ls "$S"/wheel/*.whl 2>/dev/null | head -1)
   check "checkpoint" python3 integration/maxtext/checkpoint.py --mt "$MT" --out "$WORK/ckpt" ${wheel:+--wheel "$wheel"} \
     --config "${CKPT_CONFIG:-tiny}" --steps "${CKPT_STEPS:-10}"
+fi
+# 8d. Training past the device memory (opt in: section `train-oversub`, issue 29's training benchmark): MaxText
+#     1B (staged at $S/mt) on stock uncapped (the losses' reference and the ceiling), on us with no limit and with
+#     XLA_VMM_DEVICE_MEMORY_LIMIT=$TRAIN_OVERSUB_LIMIT (default 10G: its parameters, optimizer state and
+#     activations are about twice that), and on stock capped to the same memory (XLA_PYTHON_CLIENT_MEM_FRACTION=
+#     $TRAIN_OVERSUB_FRACTION, default 0.07 of the H200's 141 GB) without and with MaxText's own parameter and
+#     optimizer host offload (../shared/maxtext/README.md: both failed on stock GPU when tried). The check
+#     fails when one of our runs fails; stock's failures are results, shown in the table.
+if want train-oversub; then
+  MT=${PERF_MT:-$S/mt}
+  wheel=$(ls "$S"/wheel/*.whl 2>/dev/null | head -1)
+  lim=${TRAIN_OVERSUB_LIMIT:-10G}
+  frac=${TRAIN_OVERSUB_FRACTION:-0.07}
+  check "train-oversub" python3 integration/maxtext/run.py --mt "$MT" --out "$WORK/train_oversub" \
+    ${wheel:+--wheel "$wheel"} --configs 1B,1B_offload --steps "${TRAIN_OVERSUB_STEPS:-20}" --measure-from 5 \
+    --budget-s "${TRAIN_OVERSUB_BUDGET_S:-400}" --required vmm --variants "1B:cuda,1B:vmm_t1,1B:vmm_t1@XLA_VMM_DEVICE_MEMORY_LIMIT=$lim,\
+1B:cuda@XLA_PYTHON_CLIENT_MEM_FRACTION=$frac,1B_offload:cuda@XLA_PYTHON_CLIENT_MEM_FRACTION=$frac"
 fi
 
 # 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the
