@@ -210,7 +210,8 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
     ap.add_argument("--modes", default="eager,graph-recapture",
-                    help="our other execution modes (XLA_VMM_EXEC_MODE), one row each; empty for none")
+                    help="our other execution modes (XLA_VMM_EXEC_MODE), one row each; empty for none; "
+                         "`va-stable`: graph mode without the never-slower guard (XLA_VMM_GUARD=0)")
     ap.add_argument("--stock-configs", default="all", choices=["all", "onoff"])
     ap.add_argument("--vmm", default=os.path.join(HERE, "..", ".dev", "gpu", "bin", "xla-vmm"),
                     help="xla-vmm CLI for the fallback path")
@@ -288,6 +289,8 @@ def main():
             for config, mode, t in runs:
                 print("[%s] %s%s ..." % (model, config, " (run %d)" % rep if a.repeat > 1 else ""), flush=True)
                 env = dict(os.environ, JAX_PLATFORMS="vmm", XLA_VMM_EXEC_MODE=mode, XLA_FLAGS=flags)
+                if mode == "va-stable":
+                    env.update(XLA_VMM_EXEC_MODE="graph", XLA_VMM_GUARD="0")
                 if t is not None:
                     env["XLA_VMM_TMP_COPY_THRESHOLD"] = str(t)
                 r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "vmm", "--name", model]
