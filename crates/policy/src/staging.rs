@@ -587,7 +587,7 @@ pub fn estimate_us(input: &ResidencyInput, placements: &[Placement], s: &Staging
 mod tests {
     use super::*;
     use crate::residency::testing::{input, thunk, MB};
-    use crate::residency::{plan_residency, Buffer, Home, ResidencyPlan, ThunkStep};
+    use crate::residency::{plan_residency, Buffer, Home, Rates, ResidencyPlan, ThunkStep};
 
     /// Buffer `id` of `mb` MiB in host memory.
     fn buf(id: usize, mb: u64, persistent: bool) -> Buffer {
@@ -849,6 +849,42 @@ mod tests {
         let wbase = stage(&written, &placements, 400 * MB, 512).unwrap();
         let s = keep(&written, &placements, 400 * MB, 512, &[true; 6], wbase).unwrap();
         assert!(s.kept.is_empty());
+    }
+
+    #[test]
+    fn the_estimate_runs_copies_on_the_link_and_thunks_when_their_bytes_landed() {
+        // Two 55 MB weights (1 ms each over the 55 GB/s link), each read by
+        // a thunk of 2 ms of arithmetic; an area for both: both copies are
+        // issued at the start, one after the other on the link. Thunk 0
+        // waits for its copy (1 ms) and runs to 3 ms; thunk 1's copy landed
+        // at 2 ms, it runs 3 -> 5 ms.
+        let mb55 = 55_000_000 / MB;
+        let mut buffers: Vec<Buffer> = (0..2).map(|i| buf(i, mb55, true)).collect();
+        for b in &mut buffers {
+            b.bytes = 55_000_000;
+        }
+        let flops = 2e-3 * Rates::H200.flops_per_s;
+        let steps = vec![
+            thunk("a", &[(0, 1, true, false)], flops),
+            thunk("b", &[(1, 1, true, false)], flops),
+        ];
+        let input = input(buffers, steps, 200);
+        let placements = vec![Placement::Staged; 2];
+        let s = stage(&input, &placements, 200 * MB, 512).unwrap();
+        assert_eq!(
+            s.copies_in
+                .iter()
+                .map(|c| c.issue_before)
+                .collect::<Vec<_>>(),
+            vec![0, 0]
+        );
+        let us = estimate_us(&input, &placements, &s);
+        assert!((us - 5000.0).abs() < 1.0, "{us} us");
+        // Kept, nothing crosses: the thunks alone, 4 ms.
+        let kept = keep(&input, &placements, 200 * MB, 512, &[true, true], s).unwrap();
+        assert_eq!((kept.kept.len(), kept.bytes_in), (2, 0));
+        let us = estimate_us(&input, &placements, &kept);
+        assert!((us - 4000.0).abs() < 1.0, "{us} us");
     }
 
     #[test]
