@@ -504,7 +504,7 @@ fn plan_with(
         }
         let mut trial = placements.clone();
         trial[i] = Placement::Device;
-        let need = buffering * largest_staged_thunk(input, &trial);
+        let need = buffering * largest_staged_thunk(input, &trial, 1);
         if resident + b + need <= input.budget_bytes {
             placements[i] = Placement::Device;
             resident += b;
@@ -621,7 +621,7 @@ pub fn demote(
 }
 
 /// `t`'s distinct staged buffers.
-pub(crate) fn staged_ids(t: &ThunkStep, placements: &[Placement]) -> Vec<usize> {
+fn staged_ids(t: &ThunkStep, placements: &[Placement]) -> Vec<usize> {
     let mut ids: Vec<usize> = t
         .uses
         .iter()
@@ -641,11 +641,27 @@ fn staged_bytes(t: &ThunkStep, placements: &[Placement], buffers: &[Buffer]) -> 
         .sum()
 }
 
-fn largest_staged_thunk(input: &ResidencyInput, placements: &[Placement]) -> u64 {
+/// The most staged bytes one thunk holds at once, each of its buffers as
+/// the area places it: from its offset modulo `align` to a multiple of
+/// `align` (1: its bytes).
+pub(crate) fn largest_staged_thunk(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    align: u64,
+) -> u64 {
+    let align = align.max(1);
     input
         .steps
         .iter()
-        .map(|t| staged_bytes(t, placements, &input.buffers))
+        .map(|t| {
+            staged_ids(t, placements)
+                .iter()
+                .map(|&b| {
+                    let x = &input.buffers[b];
+                    (x.bytes + x.offset % align).div_ceil(align) * align
+                })
+                .sum::<u64>()
+        })
         .max()
         .unwrap_or(0)
 }

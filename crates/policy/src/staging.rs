@@ -461,17 +461,7 @@ pub fn keep(
             .then(bufs[b].bytes.cmp(&bufs[a].bytes))
             .then(a.cmp(&b))
     });
-    let largest = input
-        .steps
-        .iter()
-        .map(|t| {
-            crate::residency::staged_ids(t, placements)
-                .iter()
-                .map(|&b| align_up(bufs[b].bytes + bufs[b].offset % align, align))
-                .sum::<u64>()
-        })
-        .max()
-        .unwrap_or(0);
+    let largest = crate::residency::largest_staged_thunk(input, placements, align);
     let mut best_us = estimate_us(input, placements, &base);
     let mut best = base;
     for room in WORKING_ROOMS {
