@@ -25,7 +25,8 @@
 # random points of 50 training loops, a 20,000-step soak on stock and the plugin, 8 threads at once), `checkpoint`
 # (integration/maxtext/checkpoint.py: MaxText saved and resumed with orbax, on us, on stock and across),
 # `train-oversub` (MaxText 1B past a device memory limit on us, against stock capped to the same memory with and
-# without MaxText's own host offload), `hip-shim` (our HIP backend's conformance suite on
+# without MaxText's own host offload), `oversub` (a llama forward whose weights are 1.5x and 2x the device
+# memory limit, through the plugin: integration/oversub_bench.py), `hip-shim` (our HIP backend's conformance suite on
 # the NVIDIA GPU through the test shim integration/hipshim: HIP runtime -> CUDA driver, hiprtc -> NVRTC; it
 # checks our HIP code, not AMD's runtime).
 # GPU_CHECK_BUDGET_S: start no check after that many seconds (later ones are listed as SKIP), so that a
@@ -472,6 +473,17 @@ if want train-oversub; then
     ${wheel:+--wheel "$wheel"} --configs 1B,1B_offload --steps "${TRAIN_OVERSUB_STEPS:-20}" --measure-from 5 \
     --budget-s "${TRAIN_OVERSUB_BUDGET_S:-400}" --required vmm --variants "1B:cuda,1B:vmm_t1,1B:vmm_t1@XLA_VMM_DEVICE_MEMORY_LIMIT=$lim,\
 1B:cuda@XLA_PYTHON_CLIENT_MEM_FRACTION=$frac,1B_offload:cuda@XLA_PYTHON_CLIENT_MEM_FRACTION=$frac"
+fi
+
+# 8e. Inference past the device memory (opt in: section `oversub`, issue 29's inference benchmark): a llama
+#     forward (prefill and decode) whose weights are OVERSUB_RATIOS (default 1.5,2) times the device memory
+#     limit, through the plugin with no limit and at each ratio (integration/oversub_bench.py, rows vmm;
+#     OVERSUB_ROWS=vmm,offload adds stock's hand-written offload). It fails when a budgeted run's outputs are
+#     not the unbudgeted run's, bit for bit. OVERSUB_ENV: variables for the plugin (an A/B of an option).
+if want oversub; then
+  check "oversub" env ${OVERSUB_ENV:-} XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" PYTHONPATH=integration \
+    python3 integration/oversub_bench.py --out "$WORK/oversub" --rows "${OVERSUB_ROWS:-vmm}" \
+    --ratios "${OVERSUB_RATIOS:-1.5,2}" --steps "${OVERSUB_STEPS:-6}" --warmup 20 --timeout 60
 fi
 
 # 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the

@@ -385,6 +385,29 @@ class Bench(unittest.TestCase):
                          [("vmm graph copy=batch", {"XLA_VMM_COPY_PATH": "batch", "A": "b"})])
 
 
+class OversubBench(unittest.TestCase):
+    def test_a_budgeted_run_whose_outputs_differ_fails_and_stock_offload_may_differ(self):
+        m = load("oversub_bench", os.path.join(INTEGRATION, "oversub_bench.py"))
+
+        def rows(budgeted_digest):
+            def run(a, mode, ratio, wbytes, total_dev):
+                d = "same" if (mode == "vmm" and not ratio) else (budgeted_digest if mode == "vmm" else "other")
+                phase = {"ms": 10.0, "tokens_per_s": 100.0, "digest": d}
+                return {"mode": mode, "ratio": ratio, "prefill": phase, "decode": dict(phase)}, None
+            return run
+
+        for budgeted, code in (("same", 0), ("diff", 1)):
+            with tempfile.TemporaryDirectory() as out, mock.patch.object(m, "run", rows(budgeted)):
+                got, text = quiet(m.main, ["oversub_bench.py", "--out", out, "--rows", "vmm,offload",
+                                           "--ratios", "2", "--layers", "1", "--dim", "128", "--ffn", "256",
+                                           "--vocab", "64"])
+                self.assertEqual(got, code, text)
+                table = read_json(os.path.join(out, "oversub.json"))
+                self.assertEqual(len(table["rows"]), 3)
+                if code:
+                    self.assertEqual(table["errors"], ["vmm 2.00x: outputs differ from vmm none's"])
+
+
 class JaxSliceLastWords(unittest.TestCase):
     def test_the_plugins_crash_report_comes_whole_then_the_python_stack(self):
         m = load("jax_tests", os.path.join(INTEGRATION, "jax_tests.py"))
