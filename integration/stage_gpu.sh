@@ -86,7 +86,7 @@ if [ $perf = 1 ]; then
   fi
 else
   # Test binaries whose #[ignore] tests need a GPU (only those: the rest run in CI, and all of them
-  # would pass the device tool's 64 MiB carry).
+  # would exceed the device tool's 64 MiB carry).
   for pkg in xla-vmm-device xla-vmm-runtime; do
     cargo test --release -p "$pkg" --no-run --message-format=json 2>/dev/null \
       | python3 -c '
