@@ -10,6 +10,12 @@ name, numbered suffixes folded), the span from the first kernel's start to the l
 idle fraction 1 - busy / span (busy: the union of the kernels' intervals over all streams).
 
     python3 integration/diag/kernel_times.py --out DIR [--models maxtext_tiny_bf16] [--steps 10] [--warmup 30]
+        [--sides stock,vmm,vmm-recapture]
+
+--sides: stock (always first: it compiles and saves the executable) and any of `vmm` (the default mode, the
+guard on), `vmm-recapture`, `vmm-va-stable` (the guard off), `vmm-eager`, each its own process: so that the
+A/B rows' gap between the default process and a recapture-only one (issue 30) shows up kernel by kernel,
+or as idle time between kernels.
 
 Prints a Markdown table per model (DIR/kernel_times.md) and writes DIR/kernel_times.json. A diagnostic, not a
 test: it needs the GPU machine, and XLA_VMM_LIBRARY (or an installed wheel) for the vmm side. It parses
@@ -116,11 +122,16 @@ def child(a):
     found = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
     out = {"side": a.side, "model": a.model, "wall_ms_per_step": wall}
     out.update(gpu_summary(max(found, key=os.path.getmtime), a.steps) if found else {"planes": 0})
-    if a.side == "vmm":
+    if a.side != "stock":
         from jax_plugins import xla_vmm
         out["report"] = [(p["program"], p["runner"], p["steps"]) for p in xla_vmm.report().get("programs", [])]
     print(json.dumps(out), flush=True)
     return 0
+
+
+# The sides a run may compare: the plugin's variables for each of ours.
+SIDES = {"stock": None, "vmm": {}, "vmm-recapture": {"XLA_VMM_EXEC_MODE": "graph-recapture"},
+         "vmm-va-stable": {"XLA_VMM_GUARD": "0"}, "vmm-eager": {"XLA_VMM_EXEC_MODE": "eager"}}
 
 
 def run_side(a, side, model):
@@ -131,31 +142,35 @@ def run_side(a, side, model):
         # The CUDA backend is there for its profiler (CUPTI); it must not take the GPU's memory.
         env["JAX_PLATFORMS"] = "vmm,cuda"
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        env.update(SIDES[side])
     argv = [sys.executable, os.path.abspath(__file__), "--child", "--side", side, "--model", model, "--out", a.out,
             "--steps", str(a.steps), "--warmup", str(a.warmup)]
     return run_json_child(argv, env, a.timeout)
 
 
-def table(model, stock, vmm, top):
-    """Markdown: the totals, then the kernel families whose time differs most."""
+def table(model, sides, top):
+    """Markdown: each side's totals, then the kernel families whose time differs most between the sides
+    (`sides`: (name, result) in order, stock first)."""
     md = ["## %s" % model, "",
           "| side | wall ms/step | GPU span ms/step | kernel busy ms/step | idle fraction | kernels/step |",
           "|---|---|---|---|---|---|"]
-    for name, r in (("stock", stock), ("xla-vmm", vmm)):
+    for name, r in sides:
         if not r.get("kernels"):
             md.append("| %s | %.3f | no GPU plane in the trace | | | |" % (name, r["wall_ms_per_step"]))
             continue
         md.append("| %s | %.3f | %.3f | %.3f | %.1f%% | %.0f |" % (
             name, r["wall_ms_per_step"], r["span_ms"], r["busy_ms"], 100 * r["idle"],
             sum(v[1] for v in r["kernels"].values())))
-    if stock.get("kernels") and vmm.get("kernels"):
-        names = set(stock["kernels"]) | set(vmm["kernels"])
-        rows = sorted(names, key=lambda k: -abs(vmm["kernels"].get(k, [0, 0])[0] - stock["kernels"].get(k, [0, 0])[0]))
-        md += ["", "| kernel family | stock ms/step (count) | xla-vmm ms/step (count) | difference ms |",
-               "|---|---|---|---|"]
+    traced = [(n, r["kernels"]) for n, r in sides if r.get("kernels")]
+    if len(traced) >= 2:
+        names = set().union(*(k for _, k in traced))
+        ms = lambda k: [t.get(k, [0.0, 0])[0] for _, t in traced]  # noqa: E731
+        rows = sorted(names, key=lambda k: -(max(ms(k)) - min(ms(k))))
+        md += ["", "| kernel family | " + " | ".join("%s ms/step (count)" % n for n, _ in traced) + " | spread ms |",
+               "|---|" + "---|" * (len(traced) + 1)]
         for k in rows[:top]:
-            s, v = stock["kernels"].get(k, [0.0, 0]), vmm["kernels"].get(k, [0.0, 0])
-            md.append("| `%s` | %.4f (%.0f) | %.4f (%.0f) | %+.4f |" % (k, s[0], s[1], v[0], v[1], v[0] - s[0]))
+            cells = ["%.4f (%.0f)" % tuple(t.get(k, [0.0, 0])) for _, t in traced]
+            md.append("| `%s` | %s | %.4f |" % (k, " | ".join(cells), max(ms(k)) - min(ms(k))))
     return md
 
 
@@ -168,22 +183,32 @@ def main():
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--child", action="store_true")
-    ap.add_argument("--side", choices=["stock", "vmm"])
+    ap.add_argument("--sides", default="stock,vmm", help="stock first, then any of " + ", ".join(SIDES))
+    ap.add_argument("--side", choices=list(SIDES))
     ap.add_argument("--model")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.child:
         return child(a)
+    sides = [x for x in a.sides.split(",") if x]
+    unknown = [x for x in sides if x not in SIDES]
+    if unknown or not sides or sides[0] != "stock":
+        ap.error("--sides: stock first, then any of %s (%s)" % (", ".join(SIDES), ", ".join(unknown) or a.sides))
     md, results, failed = [], {}, False
     for model in [m for m in a.models.split(",") if m]:
-        stock, err = run_side(a, "stock", model)
-        vmm, err2 = (None, "stock side failed") if stock is None else run_side(a, "vmm", model)
-        if stock is None or vmm is None:
-            md += ["## %s" % model, "", "- ERROR %s" % (err or err2), ""]
+        done, err = [], None
+        for side in sides:
+            r, err = run_side(a, side, model)
+            if r is None:
+                err = "%s: %s" % (side, err)
+                break
+            done.append((side, r))
+        if err:
+            md += ["## %s" % model, "", "- ERROR %s" % err, ""]
             failed = True
-            continue
-        results[model] = {"stock": stock, "vmm": vmm}
-        md += table(model, stock, vmm, a.top) + [""]
+        if len(done) >= 2:
+            results[model] = dict(done)
+            md += table(model, done, a.top) + [""]
     write_results(a.out, "kernel_times", md, results)
     return 1 if failed else 0
 
