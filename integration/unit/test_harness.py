@@ -12,7 +12,7 @@ import tempfile
 import time
 import unittest
 from unittest import mock
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import redirect_stdout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INTEGRATION = os.path.dirname(HERE)
@@ -406,33 +406,6 @@ class OversubBench(unittest.TestCase):
                 self.assertEqual(len(table["rows"]), 3)
                 if code:
                     self.assertEqual(table["errors"], ["vmm 2.00x: outputs differ from vmm none's"])
-
-
-class KernelTimes(unittest.TestCase):
-    def test_every_side_has_its_totals_and_the_families_that_differ_most_come_first(self):
-        m = load("kernel_times", os.path.join(INTEGRATION, "diag", "kernel_times.py"))
-
-        def side(wall, kernels):
-            return {"wall_ms_per_step": wall, "span_ms": wall - 0.1, "busy_ms": wall - 0.5, "idle": 0.1,
-                    "kernels": kernels}
-        sides = [("stock", side(3.0, {"gemm": [1.0, 2], "fusion": [0.5, 10]})),
-                 ("vmm", side(3.2, {"gemm": [1.0, 2], "fusion": [0.7, 10]})),
-                 ("vmm-recapture", side(3.1, {"gemm": [1.0, 2], "fusion": [0.5, 10], "copy": [0.1, 1]}))]
-        md = m.table("tiny", sides, top=2)
-        self.assertIn("| vmm-recapture | 3.100 | 3.000 | 2.600 | 10.0% | 13 |", md)
-        self.assertIn("| kernel family | stock ms/step (count) | vmm ms/step (count) | "
-                      "vmm-recapture ms/step (count) | spread ms |", md)
-        rows = [r for r in md if r.startswith("| `")]
-        self.assertEqual(rows[0], "| `fusion` | 0.5000 (10) | 0.7000 (10) | 0.5000 (10) | 0.2000 |")
-        self.assertEqual(len(rows), 2)
-
-    def test_sides_start_with_stock_and_are_known(self):
-        m = load("kernel_times", os.path.join(INTEGRATION, "diag", "kernel_times.py"))
-        with tempfile.TemporaryDirectory() as out:
-            for sides in ("vmm,stock", "stock,vmm-fast"):
-                with redirect_stderr(io.StringIO()):
-                    code, _ = quiet(m.main, ["kernel_times.py", "--out", out, "--sides", sides])
-                self.assertEqual(code, 2, sides)
 
 
 class JaxSliceLastWords(unittest.TestCase):
