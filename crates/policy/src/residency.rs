@@ -519,7 +519,7 @@ fn plan_with(
         .map(|k| {
             (
                 k,
-                staged_bytes(&input.steps[k], &placements, &input.buffers),
+                staged_bytes(&input.steps[k], &placements, &input.buffers, 1),
             )
         })
         .max_by_key(|&(_, bytes)| bytes)
@@ -633,35 +633,27 @@ fn staged_ids(t: &ThunkStep, placements: &[Placement]) -> Vec<usize> {
     ids
 }
 
-/// Bytes of `t`'s distinct staged buffers.
-fn staged_bytes(t: &ThunkStep, placements: &[Placement], buffers: &[Buffer]) -> u64 {
+/// Bytes of `t`'s distinct staged buffers, each as the area places it:
+/// from its offset modulo `align` to a multiple of `align` (1: its bytes).
+fn staged_bytes(t: &ThunkStep, placements: &[Placement], buffers: &[Buffer], align: u64) -> u64 {
+    let align = align.max(1);
     staged_ids(t, placements)
         .iter()
-        .map(|&i| buffers[i].bytes)
+        .map(|&i| (buffers[i].bytes + buffers[i].offset % align).div_ceil(align) * align)
         .sum()
 }
 
-/// The most staged bytes one thunk holds at once, each of its buffers as
-/// the area places it: from its offset modulo `align` to a multiple of
-/// `align` (1: its bytes).
+/// The most staged bytes one thunk holds at once ([`staged_bytes`] with
+/// `align`).
 pub(crate) fn largest_staged_thunk(
     input: &ResidencyInput,
     placements: &[Placement],
     align: u64,
 ) -> u64 {
-    let align = align.max(1);
     input
         .steps
         .iter()
-        .map(|t| {
-            staged_ids(t, placements)
-                .iter()
-                .map(|&b| {
-                    let x = &input.buffers[b];
-                    (x.bytes + x.offset % align).div_ceil(align) * align
-                })
-                .sum::<u64>()
-        })
+        .map(|t| staged_bytes(t, placements, &input.buffers, align))
         .max()
         .unwrap_or(0)
 }
