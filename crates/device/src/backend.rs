@@ -84,6 +84,10 @@ pub struct DeviceInfo {
     /// Are conditionals (`Backend::capture_case`: one IF node per branch)
     /// captured into graphs? Else a program with one runs eager.
     pub case_nodes: bool,
+    /// Can an event recorded while a stream captures become a node of the
+    /// graph, recorded again at every replay
+    /// ([`Backend::event_record_in_graph`])? Else graphs are not timed.
+    pub graph_event_records: bool,
 }
 
 /// Kind of a module image.
@@ -303,6 +307,16 @@ pub trait Backend: Send + Sync + 'static {
     fn event_create(&self) -> Result<Self::Event>;
     fn event_destroy(&self, event: Self::Event) -> Result<()>;
     fn event_record(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()>;
+    /// Record `event` on `stream`, which is capturing: the record becomes a
+    /// node of the graph and the event is recorded each time the graph runs
+    /// there (CUDA's `CU_EVENT_RECORD_EXTERNAL`), so that graph replays can
+    /// be timed. Where [`DeviceInfo::graph_event_records`] is false:
+    /// unsupported (nothing is called).
+    fn event_record_in_graph(&self, _event: &Self::Event, _stream: &Self::Stream) -> Result<()> {
+        Err(crate::error::DeviceError::Unsupported(
+            "event records inside a graph".to_string(),
+        ))
+    }
     fn event_query(&self, event: &Self::Event) -> Result<EventStatus>;
     fn event_synchronize(&self, event: &Self::Event) -> Result<()>;
     /// Milliseconds between two completed events (both created with timing).

@@ -36,6 +36,7 @@ pub fn checks<B: Backend>() -> Vec<(&'static str, CheckFn<B>)> {
         ("events_cross_stream_order", events_order::<B>),
         ("graph_capture_replay_update", graph_replay::<B>),
         ("graph_conditional_case", graph_case::<B>),
+        ("graph_event_records_at_replay", graph_event_records::<B>),
         ("alloc_ids_and_reuse", alloc_ids::<B>),
         ("alloc_deferred_free", alloc_deferred_free::<B>),
         ("alloc_sub_allocation", alloc_small::<B>),
@@ -490,6 +491,60 @@ fn graph_replay<B: Backend>(b: &Arc<B>) -> R {
     }
     cleanup = cleanup.and(b.graph_destroy(g1).ctx("graph_destroy"));
     r.and(cleanup)
+}
+
+/// Events recorded inside a capture as nodes of the graph
+/// (`event_record_in_graph`, where the backend can): each replay records
+/// them again, so a replay can be timed; outside a capture it is an error.
+fn graph_event_records<B: Backend>(b: &Arc<B>) -> R {
+    if !b.info().graph_event_records {
+        return Ok(());
+    }
+    let ctx = VmmContext::new(b.clone());
+    let mut sc = Scope::new(&**b);
+    let s = sc.stream()?;
+    let (e0, e1) = (sc.event()?, sc.event()?);
+    let (s, e0, e1) = (&sc.streams[s], &sc.events[e0], &sc.events[e1]);
+    let va = region(&ctx, 1)?;
+    let (x, y) = (va.base(), va.base().offset(4096));
+    ensure(b.event_record_in_graph(e0, s).is_err(), || {
+        "a record meant for a graph is refused outside a capture".into()
+    })?;
+    b.stream_begin_capture(s).ctx("begin_capture")?;
+    let recorded = b
+        .event_record_in_graph(e0, s)
+        .and_then(|_| b.memset_d32(x, 5, 1024, s))
+        .and_then(|_| b.copy_d2d(y, x, 4096, s))
+        .and_then(|_| b.event_record_in_graph(e1, s))
+        .ctx("work in capture");
+    let g = b.stream_end_capture(s).ctx("end_capture")?;
+    let exec = recorded.and_then(|_| b.graph_instantiate(&g).ctx("graph_instantiate"));
+    let r = (|| -> R {
+        let exec = exec.as_ref().map_err(Clone::clone)?;
+        for replay in 0..2 {
+            b.graph_launch(exec, s).ctx("graph_launch")?;
+            b.stream_synchronize(s).ctx("sync")?;
+            for e in [e0, e1] {
+                ensure(
+                    b.event_query(e).ctx("event_query")? == EventStatus::Complete,
+                    || format!("replay {replay}: an event of the graph is not complete"),
+                )?;
+            }
+            let ms = b.event_elapsed_ms(e0, e1).ctx("event_elapsed_ms")?;
+            ensure(ms.is_finite() && ms >= 0.0, || {
+                format!("replay {replay}: elapsed {ms} ms")
+            })?;
+        }
+        let got = read(&**b, s, y, 4096)?;
+        ensure(got.chunks(4).all(|c| c == 5u32.to_le_bytes()), || {
+            "the graph's copy".into()
+        })
+    })();
+    let mut cleanup = Ok(());
+    if let Ok(e) = exec {
+        cleanup = b.graph_exec_destroy(e).ctx("graph_exec_destroy");
+    }
+    r.and(cleanup).and(b.graph_destroy(g).ctx("graph_destroy"))
 }
 
 /// XLA's conditional in a graph (`capture_case`, where the backend has

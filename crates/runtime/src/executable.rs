@@ -411,8 +411,6 @@ impl<B: Backend> Executable<B> {
             let staging = self.program.staging_summary();
             self.report.update(|r| r.staging = staging);
         }
-        self.program
-            .staging_begin(&self.users, &self.slots, stream)?;
         if mode != Mode::Graph {
             if let Some(va) = self.va.as_mut() {
                 // The run may write donated buffers the shadows claim to hold.
@@ -430,6 +428,8 @@ impl<B: Backend> Executable<B> {
             }
             (m, _) => m,
         };
+        self.program
+            .staging_begin(&self.users, &self.slots, stream, mode != Mode::Eager)?;
         let mut span = trace::span("step").detail(|| self.program.plan().module_name.clone());
         if span.recording() {
             let runner = match mode {

@@ -313,7 +313,8 @@ impl<B: Backend> Program<B> {
         }
     }
 
-    /// Before a step's work on `stream` in any mode: its staging's kept
+    /// Before a step's work on `stream` in any mode (`graph`: a graph
+    /// mode): its staging's kept
     /// buffers copied in where the area does not hold them
     /// ([`Staging::begin_step`]); `users`: the bound parameters, whose
     /// allocation id and generation name their content.
@@ -322,6 +323,7 @@ impl<B: Backend> Program<B> {
         users: &[Option<crate::binding::UserBuffer<B>>],
         slots: &SlotTable,
         stream: &B::Stream,
+        graph: bool,
     ) -> Result<()> {
         let Some(staging) = self.staging.as_ref() else {
             return Ok(());
@@ -335,7 +337,7 @@ impl<B: Backend> Program<B> {
                 .map(|(id, generation)| crate::staging::Content::Allocation { id, generation }),
             _ => None,
         };
-        staging.begin_step(&self.backend, &content, slots, stream)
+        staging.begin_step(&self.backend, &content, slots, stream, graph)
     }
 
     /// Its staging's summary when a timed step was read back since the

@@ -92,9 +92,12 @@ pub struct StagingSummary {
     /// link busy with its copies in, µs, and the rate they ran at, GB/s; the
     /// compute stream waiting for copies in, µs; its bytes in and out at
     /// the link's rate over its time. Eager runs time one step in
-    /// [`CLOCK_EVERY`] (graph modes: not measured yet), read back when the
-    /// device has passed it, never waited for: at the next run, or when the
-    /// summary is asked for.
+    /// [`CLOCK_EVERY`]; in the graph modes every replay records the clock
+    /// (where the backend can: `DeviceInfo::graph_event_records`, not HIP)
+    /// and one step in [`CLOCK_EVERY`] reads it (a read that finds two
+    /// replays' events is dropped). Read back when the device has passed
+    /// it, never waited for: at the next run, or when the summary is asked
+    /// for.
     pub timed_steps: u64,
     pub gpu_step_us: f64,
     pub copy_in_us: f64,
@@ -128,6 +131,10 @@ struct ClockState {
     runs: u64,
     /// A timed step's events are recorded and not read back yet.
     unread: bool,
+    /// A graph that runs records the events at every replay (captured with
+    /// [`Backend::event_record_in_graph`]); steps since the last read.
+    in_graph: bool,
+    graph_steps: u64,
     /// A step was read back since [`Staging::take_fresh`] last asked.
     fresh: bool,
     reads: u64,
@@ -795,22 +802,29 @@ impl<B: Backend> Staging<B> {
         if !c.unread || !matches!(be.event_query(&k.end), Ok(EventStatus::Complete)) {
             return;
         }
-        c.unread = false;
+        // A graph's replays record the events again: the next read reads
+        // a later step.
+        c.unread = c.in_graph;
         let us =
             |a: &B::Event, b: &B::Event| be.event_elapsed_ms(a, b).map(|ms| f64::from(ms) * 1e3);
-        let read = (|| -> Result<(f64, f64, f64)> {
-            let step = us(&k.start, &k.end)?;
-            let mut copying = 0.0;
-            for (a, b) in k.started.iter().zip(&k.done) {
-                copying += us(a, b)?;
-            }
-            let mut waited = 0.0;
-            for (_, a, b) in &k.waits {
-                waited += us(a, b)?;
-            }
-            Ok((step, copying, waited))
-        })();
-        if let Ok(last) = read {
+        // Each interval within the step's, else the events are of two
+        // replays (one recorded again while the other was read): no read.
+        let read =
+            (|| -> std::result::Result<Option<(f64, f64, f64)>, xla_vmm_device::DeviceError> {
+                let step = us(&k.start, &k.end)?;
+                let mut sums = [0.0f64; 2];
+                let copies = k.started.iter().zip(&k.done).map(|p| (0, p));
+                let waits = k.waits.iter().map(|(_, a, b)| (1, (a, b)));
+                for (i, (a, b)) in copies.chain(waits) {
+                    let (from, to) = (us(&k.start, a)?, us(&k.start, b)?);
+                    if !(0.0 <= from && from <= to && to <= step) {
+                        return Ok(None);
+                    }
+                    sums[i] += to - from;
+                }
+                Ok(Some((step, sums[0], sums[1])))
+            })();
+        if let Ok(Some(last)) = read {
             c.reads += 1;
             c.last = last;
             c.fresh = true;
@@ -830,12 +844,16 @@ impl<B: Backend> Staging<B> {
     }
 
     /// Whether this run records the timing events: an eager run, one in
-    /// [`CLOCK_EVERY`] once the last is read back; never a capture (an
-    /// event recorded in a capture orders the capture's streams, it is not
-    /// recorded again when the graph runs).
+    /// [`CLOCK_EVERY`] once the last is read back; a capture where the
+    /// backend records events at every replay of the graph
+    /// ([`xla_vmm_device::DeviceInfo::graph_event_records`]; an ordinary
+    /// record in a capture only orders the capture's streams).
     fn clock_tick(&self, be: &B, capturing: bool) -> bool {
         if capturing {
-            return false;
+            let timed = be.info().graph_event_records;
+            let mut c = self.clock.state.lock().unwrap_or_else(|e| e.into_inner());
+            c.unread |= timed;
+            return timed;
         }
         self.read_clock(be);
         let mut c = self.clock.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -845,8 +863,24 @@ impl<B: Backend> Staging<B> {
         timed
     }
 
+    /// A step: in a graph mode where the graph's replays record the clock,
+    /// read it once in [`CLOCK_EVERY`] steps (queries only, never a wait).
+    fn graph_clock_tick(&self, be: &B, graph: bool) {
+        let due = {
+            let mut c = self.clock.state.lock().unwrap_or_else(|e| e.into_inner());
+            c.in_graph = graph && be.info().graph_event_records;
+            c.graph_steps += 1;
+            c.in_graph && c.graph_steps.is_multiple_of(CLOCK_EVERY)
+        };
+        if due {
+            let _gate = xla_vmm_device::capture_gate::foreign();
+            self.read_clock(be);
+        }
+    }
+
     /// Before a step's work is enqueued on `stream` (every mode, every
-    /// step; the device's steps are enqueued one at a time): claim the area,
+    /// step; the device's steps are enqueued one at a time; `graph`: it runs
+    /// as a graph): claim the area,
     /// and copy in, on `stream`, each kept buffer the area does not hold
     /// now: the area's last step was another staging's, or the buffer's
     /// home holds other content (`content` of its allocation; `None`:
@@ -858,8 +892,10 @@ impl<B: Backend> Staging<B> {
         content: &dyn Fn(usize) -> Option<Content>,
         slots: &SlotTable,
         stream: &B::Stream,
+        graph: bool,
     ) -> Result<()> {
         let ours = self.area.claim(self.token);
+        self.graph_clock_tick(be, graph);
         if self.kept.is_empty() {
             return Ok(());
         }
@@ -934,9 +970,15 @@ impl<B: Backend> StagedRun<B> for Staging<B> {
         let (cin, cout) = (&self.in_stream, &self.out_stream);
         let _area = self.area.hold();
         let timed = self.clock_tick(be, env.capturing);
+        // The clock's events: recorded by the graph at each replay when
+        // captured.
+        let clock = |e: &B::Event, s: &B::Stream| match env.capturing {
+            true => be.event_record_in_graph(e, s),
+            false => be.event_record(e, s),
+        };
         let mut waits = self.clock.waits.iter().peekable();
         if timed {
-            be.event_record(&self.clock.start, stream)?;
+            clock(&self.clock.start, stream)?;
         }
         be.event_record(&self.fork, stream)?;
         be.stream_wait_event(cin, &self.fork)?;
@@ -954,11 +996,11 @@ impl<B: Backend> StagedRun<B> for Staging<B> {
                     }
                     let to = self.area.ptr().offset(c.area);
                     if timed {
-                        be.event_record(&self.clock.started[i], cin)?;
+                        clock(&self.clock.started[i], cin)?;
                     }
                     be.copy_d2d(to, slots.resolve(&c.home)?, c.home.size, cin)?;
                     if timed {
-                        be.event_record(&self.clock.done[i], cin)?;
+                        clock(&self.clock.done[i], cin)?;
                     }
                     be.event_record(&self.landed[i], cin)?;
                 }
@@ -968,13 +1010,13 @@ impl<B: Backend> StagedRun<B> for Staging<B> {
                 _ => None,
             };
             if let (true, Some((_, before, _))) = (timed, pair) {
-                be.event_record(before, stream)?;
+                clock(before, stream)?;
             }
             for &i in &a.waits {
                 be.stream_wait_event(stream, &self.landed[i])?;
             }
             if let (true, Some((_, _, after))) = (timed, pair) {
-                be.event_record(after, stream)?;
+                clock(after, stream)?;
             }
             for &j in &a.waits_home {
                 be.stream_wait_event(stream, &self.homed[j])?;
@@ -997,7 +1039,7 @@ impl<B: Backend> StagedRun<B> for Staging<B> {
             be.stream_wait_event(stream, e)?;
         }
         if timed {
-            be.event_record(&self.clock.end, stream)?;
+            clock(&self.clock.end, stream)?;
         }
         Ok(())
     }

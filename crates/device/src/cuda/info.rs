@@ -60,5 +60,6 @@ pub(super) fn read(
         // host backend, but their conformance test has not run on a GPU yet:
         // programs with a conditional run eager here until it has.
         case_nodes: false,
+        graph_event_records: true,
     })
 }

@@ -459,6 +459,18 @@ impl Backend for CudaBackend {
             .map_err(|e| from_cudarc("cuEventRecord", e))
     }
 
+    fn event_record_in_graph(&self, event: &CudaEvent, stream: &CudaStream) -> Result<()> {
+        self.own(event, "event")?;
+        self.own(stream, "stream")?;
+        self.bind()?;
+        let flags = sys::CUevent_record_flags_enum::CU_EVENT_RECORD_EXTERNAL as std::ffi::c_uint;
+        // SAFETY: both handles are live (owned by this backend, checked
+        // above); the driver validates that the stream is capturing.
+        result::check("cuEventRecordWithFlags", unsafe {
+            sys::cuEventRecordWithFlags(event.inner.cu_event(), stream.cu_stream(), flags)
+        })
+    }
+
     fn event_query(&self, event: &CudaEvent) -> Result<EventStatus> {
         self.own(event, "event")?;
         self.bind()?;

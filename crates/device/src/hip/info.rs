@@ -53,5 +53,7 @@ pub(super) fn read(ord: i32) -> Result<DeviceInfo> {
         vmm_supported,
         conditional_nodes: false,
         case_nodes: false,
+        // HIP 5's headers have no hipEventRecordWithFlags: graphs untimed.
+        graph_event_records: false,
     })
 }

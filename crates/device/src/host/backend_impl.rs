@@ -335,6 +335,22 @@ impl Backend for HostBackend {
         )
     }
 
+    fn event_record_in_graph(&self, event: &HostEvent, stream: &HostStream) -> Result<()> {
+        self.check(event.backend)?;
+        self.check(stream.backend)?;
+        let mut st = self.enter("event_record_in_graph")?;
+        if !st.events.contains_key(&event.id) {
+            return Err(stale("event"));
+        }
+        let s = st.streams.get(&stream.id).ok_or_else(|| stale("stream"))?;
+        if s.capture.is_none() {
+            return Err(invalid(
+                "event_record_in_graph: the stream is not capturing".to_string(),
+            ));
+        }
+        st.submit(stream.id, Op::RecordInGraph { event: event.id })
+    }
+
     fn event_query(&self, event: &HostEvent) -> Result<EventStatus> {
         self.check(event.backend)?;
         let st = self.enter("event_query")?;

@@ -75,6 +75,11 @@ pub(crate) enum Op {
         event: u64,
         seq: u64,
     },
+    /// A record captured into a graph: the event is recorded (and
+    /// complete) each time the graph runs here.
+    RecordInGraph {
+        event: u64,
+    },
     Wait {
         event: u64,
         seq: u64,
@@ -299,6 +304,14 @@ impl State {
             Op::Record { event, seq } => {
                 if let Some(e) = self.events.get_mut(event) {
                     e.completed = e.completed.max(*seq);
+                    e.time = Some(Instant::now());
+                }
+                Ok(())
+            }
+            Op::RecordInGraph { event } => {
+                if let Some(e) = self.events.get_mut(event) {
+                    e.recorded = e.recorded.max(e.completed) + 1;
+                    e.completed = e.recorded;
                     e.time = Some(Instant::now());
                 }
                 Ok(())

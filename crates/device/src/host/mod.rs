@@ -244,6 +244,7 @@ impl HostBackend {
             vmm_supported: true,
             conditional_nodes: true,
             case_nodes: true,
+            graph_event_records: true,
         };
         Ok(HostBackend {
             id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
