@@ -222,7 +222,7 @@ def main():
                           st["device_bytes"] / 2**20, st["bytes_in_per_step"] / 2**20,
                           st["bytes_out_per_step"] / 2**20))
             if st.get("timed_steps"):
-                md.append("  - last eager step timed: %.2f ms on the device, copies in %.2f ms at %.1f GB/s, "
+                md.append("  - last step timed: %.2f ms on the device, copies in %.2f ms at %.1f GB/s, "
                           "compute waited %.2f ms, link %.0f%% busy" % (
                               st["gpu_step_us"] / 1e3, st["copy_in_us"] / 1e3, st["copy_in_gbps"],
                               st["waited_us"] / 1e3, 100 * st["link_utilisation"]))

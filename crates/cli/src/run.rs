@@ -484,7 +484,7 @@ pub fn replay<B: Backend>(
             );
             if s.timed_steps > 0 {
                 println!(
-                    "staging, last eager step timed: {:.1} us on the device, copies in {:.1} us at {:.1} GB/s, compute waited {:.1} us, link {:.0}% busy",
+                    "staging, last step timed: {:.1} us on the device, copies in {:.1} us at {:.1} GB/s, compute waited {:.1} us, link {:.0}% busy",
                     s.gpu_step_us, s.copy_in_us, s.copy_in_gbps, s.waited_us, 100.0 * s.link_utilisation
                 );
             }

@@ -58,7 +58,7 @@ class Report(dict):
                                 s.get("kept", 0), s.get("kept_bytes", 0) / 2**20, s["in_place"], s["in_place_bytes"] / 2**20, s["bytes_in_per_step"] / 2**20,
                                 s["bytes_out_per_step"] / 2**20))
                 if s.get("timed_steps"):
-                    lines.append("%s: last eager step timed: %.2f ms on the device, copies in %.2f ms at %.1f GB/s, "
+                    lines.append("%s: last step timed: %.2f ms on the device, copies in %.2f ms at %.1f GB/s, "
                                  "compute waited %.2f ms, link %.0f%% busy"
                                  % (p["program"], s["gpu_step_us"] / 1e3, s["copy_in_us"] / 1e3, s["copy_in_gbps"],
                                     s["waited_us"] / 1e3, 100 * s["link_utilisation"]))
