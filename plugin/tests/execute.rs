@@ -242,3 +242,70 @@ fn a_buffer_donated_to_another_program_is_new_content() {
         assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
     }
 }
+
+/// Under a device budget its parameter fills, a program's first run moves
+/// the parameter (read once) to host memory under its address, and the
+/// room it leaves holds the temporary every thunk reads and writes (read
+/// over the link before): the results are right, the budget counts the
+/// move, and the moved buffer reads back right afterwards.
+#[test]
+fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
+    use xla_vmm_device::Backend;
+    let n: u64 = 512 << 10;
+    let v = 4 * n;
+    let param = AllocationRole::Parameter {
+        number: 0,
+        shape_index: vec![],
+        aliased_with_output: false,
+    };
+    // t = a; t += 1 three times; out = t.
+    let mut p = plan(
+        vec![
+            alloc(0, v, param),
+            alloc(1, v, AllocationRole::Temp),
+            alloc(2, v, AllocationRole::Output { outputs: vec![] }),
+        ],
+        2,
+        vec![
+            thunk(
+                "copy",
+                ThunkKind::DeviceToDeviceCopy(copy_of(sl(0, v), sl(1, v))),
+            ),
+            inc(sl(1, v), n),
+            inc(sl(1, v), n),
+            inc(sl(1, v), n),
+            thunk(
+                "copy",
+                ThunkKind::DeviceToDeviceCopy(copy_of(sl(1, v), sl(2, v))),
+            ),
+        ],
+    );
+    p.program_shape.parameters = vec![f32s(n as usize)];
+    p.program_shape.result = f32s(n as usize);
+    let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+    let want: Vec<f32> = a.iter().map(|x| x + 3.0).collect();
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    // (The client sets the budget from its options: this one after it.)
+    be.budget().set_limits(xla_vmm_device::MemoryLimits {
+        device: Some(v),
+        host: None,
+        staging_reserve: Some(0),
+    });
+    let device = devices(client)[0];
+    let x = put_f32(client, device, &a);
+    let exe = xla_vmm_plugin::objects::executable::load_plan(client, p, vec![]).unwrap();
+    for step in 0..4 {
+        let r = execute(exe, &[x], &[]).unwrap();
+        assert!(f32_values(&to_host(r).unwrap()) == want, "step {step}");
+        destroy_buffer(r);
+    }
+    let usage = be.budget().usage();
+    assert_eq!(usage.relocated, 1, "the argument out: {usage:?}");
+    assert!(usage.device_bytes <= v, "{usage:?}");
+    assert!(f32_values(&to_host(x).unwrap()) == a, "the moved argument");
+    destroy_buffer(x);
+    destroy_exe(exe);
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}

@@ -74,6 +74,10 @@ pub struct MemoryUsage {
     pub spilled: u64,
     /// Physical allocations alive (device and host).
     pub allocations: u64,
+    /// Buffers moved between device and host memory under their addresses
+    /// (a program's first run placing what it uses: see
+    /// `xla_vmm_policy::residency::rebalance`).
+    pub relocated: u64,
     /// Virtual address ranges reserved, and their bytes.
     pub va_ranges: u64,
     pub va_bytes: u64,
@@ -95,6 +99,7 @@ pub struct MemoryBudget {
     host_peak: AtomicU64,
     spilled: AtomicU64,
     allocations: AtomicU64,
+    relocated: AtomicU64,
     va_ranges: AtomicU64,
     va_bytes: AtomicU64,
     reserve_pct: AtomicU64,
@@ -114,6 +119,7 @@ impl Default for MemoryBudget {
             host_peak: AtomicU64::new(0),
             spilled: AtomicU64::new(0),
             allocations: AtomicU64::new(0),
+            relocated: AtomicU64::new(0),
             va_ranges: AtomicU64::new(0),
             va_bytes: AtomicU64::new(0),
             reserve_pct: AtomicU64::new(u64::from(DEFAULT_STAGING_RESERVE_PCT)),
@@ -158,6 +164,7 @@ impl MemoryBudget {
             host_peak_bytes: self.host_peak.load(Ordering::Relaxed),
             spilled: self.spilled.load(Ordering::Relaxed),
             allocations: self.allocations.load(Ordering::Relaxed),
+            relocated: self.relocated.load(Ordering::Relaxed),
             va_ranges: self.va_ranges.load(Ordering::Relaxed),
             va_bytes: self.va_bytes.load(Ordering::Relaxed),
             limits: self.limits(),
@@ -243,6 +250,17 @@ impl MemoryBudget {
             tracing::info!(bytes, reason = why, limits = ?self.limits(),
                 "device memory budget full: allocations now go to host memory (read over the host link)");
         }
+    }
+
+    /// Count a buffer moved between device and host memory.
+    pub fn note_relocation(&self) {
+        self.relocated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Buffers moved so far: a program that planned for where its buffers
+    /// were plans again when this changes.
+    pub fn relocations(&self) -> u64 {
+        self.relocated.load(Ordering::Relaxed)
     }
 
     /// Why an allocation of `bytes` found room nowhere.

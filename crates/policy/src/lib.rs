@@ -210,6 +210,7 @@ mod decide;
 mod error;
 mod input;
 mod plan;
+pub mod rebalance;
 pub mod residency;
 pub mod staging;
 mod stats;

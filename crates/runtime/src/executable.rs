@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use xla_vmm::{AllocationRole, Plan, Shape};
 use xla_vmm_device::blas::GemmEngine;
-use xla_vmm_device::{Backend, DevicePtr};
+use xla_vmm_device::{Backend, DevicePtr, MemLocation};
 
 use crate::binding::{BindingConfig, BindingStats, UserBuffer};
 use crate::collective::{CollectiveEnv, Resolved};
@@ -69,8 +69,14 @@ pub struct Executable<B: Backend> {
     call_context: Option<Arc<dyn CallContext>>,
     /// This program's line of the report (`crate::report`).
     report: ReportSlot,
-    /// Its staging was planned (at the first run, for the memory bound).
+    /// Its staging was planned (at the first run, for the memory bound),
+    /// for these parameter allocations' locations, with the budget's
+    /// relocation count then (another program's moves make it plan again).
     staging_planned: bool,
+    staging_params: Vec<(usize, Option<MemLocation>)>,
+    staging_epoch: u64,
+    /// [`Executable::placement`] was asked.
+    placed: bool,
 }
 
 /// The binding settings an executable accepts.
@@ -143,6 +149,9 @@ impl<B: Backend> Executable<B> {
             call_context: None,
             report,
             staging_planned: false,
+            staging_params: Vec::new(),
+            staging_epoch: 0,
+            placed: false,
         };
         let runner = exe.runner_name();
         exe.report.update(|r| r.runner = runner);
@@ -376,6 +385,103 @@ impl<B: Backend> Executable<B> {
         }
     }
 
+    /// Each parameter allocation with its bound buffer's location.
+    fn parameter_homes(&self) -> Vec<(usize, Option<MemLocation>)> {
+        self.program
+            .parameter_slots()
+            .iter()
+            .zip(&self.users)
+            .flat_map(|(slots, u)| {
+                let at = u.as_ref().and_then(|u| u.location);
+                slots.iter().map(move |&s| (s, at))
+            })
+            .collect()
+    }
+
+    /// Does [`Executable::placement`] have anything to say (before the
+    /// first run only)?
+    pub fn placement_pending(&self) -> bool {
+        !self.staging_planned && !self.placed
+    }
+
+    /// Before the first run, where the caller should move its parameters'
+    /// memory so that the program's plan is the best the device budget
+    /// allows ([`xla_vmm_policy::rebalance`]): `params[i]` is parameter
+    /// `i`'s location (`None`: unknown, raw memory) and whether the caller
+    /// can move it between device and host memory under its address (a
+    /// whole allocation of its own). Returns (parameter, location) moves,
+    /// those leaving the device first; the program's own buffers move at
+    /// its first run. Empty after the first call, when nothing is in host
+    /// memory, or when no move pays.
+    pub fn placement(
+        &mut self,
+        params: &[(Option<MemLocation>, bool)],
+    ) -> Vec<(usize, MemLocation)> {
+        if !self.placement_pending() {
+            return Vec::new();
+        }
+        self.placed = true;
+        let slots = self.program.parameter_slots().to_vec();
+        let homes: Vec<_> = slots
+            .iter()
+            .zip(params)
+            .flat_map(|(s, &(at, _))| s.iter().map(move |&a| (a, at)))
+            .collect();
+        // A parameter moves whole: one allocation.
+        let single = |s: &Vec<usize>| (s.len() == 1).then(|| s[0]);
+        let movable: Vec<usize> = slots
+            .iter()
+            .zip(params)
+            .filter(|(_, p)| p.1)
+            .filter_map(|(s, _)| single(s))
+            .collect();
+        self.program
+            .plan_moves(&homes, &movable)
+            .into_iter()
+            .filter_map(|(a, to)| Some((slots.iter().position(|s| single(s) == Some(a))?, to)))
+            .collect()
+    }
+
+    /// Plan the staging at the first run for the memory bound then (the
+    /// program's own buffers moved first where [`Executable::placement`]
+    /// said), and again when another program has moved memory since and
+    /// this one's parameters are elsewhere now: after the steps in flight
+    /// (they use the old staging), without the graphs that captured it.
+    fn plan_staging(&mut self, stream: &B::Stream) -> Result<()> {
+        let budget = self.program.backend().budget();
+        if self.staging_planned && budget.relocations() == self.staging_epoch {
+            return Ok(());
+        }
+        let params = self.parameter_homes();
+        if self.staging_planned && params == self.staging_params {
+            self.staging_epoch = budget.relocations();
+            return Ok(());
+        }
+        if self.staging_planned {
+            let be = self.program.backend_arc();
+            be.stream_synchronize(stream)?;
+            self.recapture.release(&*be);
+            if let Some(va) = self.va.take() {
+                va.teardown(&*be);
+            }
+            tracing::info!(executable = %self.program.plan().module_name,
+                "memory it planned for moved: its staging planned again");
+        } else {
+            self.program.move_own(stream);
+        }
+        self.staging_planned = true;
+        self.program.plan_staging(
+            &params,
+            self.config.shared_staging_area,
+            self.config.binding.immutable_buffers,
+        );
+        self.staging_params = params;
+        self.staging_epoch = self.program.backend().budget().relocations();
+        let staging = self.program.staging_summary();
+        self.report.update(|r| r.staging = staging);
+        Ok(())
+    }
+
     /// Run once on `stream` in `mode`, whatever the configuration says (no
     /// guard: diagnostics and side-by-side runs of the modes), asynchronously:
     /// synchronize the stream before reading outputs on the host. Every
@@ -391,26 +497,7 @@ impl<B: Backend> Executable<B> {
             }
         }
         self.resolve_collectives()?;
-        if !self.staging_planned {
-            self.staging_planned = true;
-            let params: Vec<_> = self
-                .program
-                .parameter_slots()
-                .iter()
-                .zip(&self.users)
-                .flat_map(|(slots, u)| {
-                    let at = u.as_ref().and_then(|u| u.location);
-                    slots.iter().map(move |&s| (s, at))
-                })
-                .collect();
-            self.program.plan_staging(
-                &params,
-                self.config.shared_staging_area,
-                self.config.binding.immutable_buffers,
-            );
-            let staging = self.program.staging_summary();
-            self.report.update(|r| r.staging = staging);
-        }
+        self.plan_staging(stream)?;
         if mode != Mode::Graph {
             if let Some(va) = self.va.as_mut() {
                 // The run may write donated buffers the shadows claim to hold.

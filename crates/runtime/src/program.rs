@@ -25,6 +25,7 @@ use crate::exec::ExecEnv;
 use crate::ops::{LoadCtx, Op};
 use crate::slots::{DeviceBuffer, SlotTable};
 use crate::staging::Staging;
+use xla_vmm_policy::residency::{Home, Rates};
 
 /// A loaded program on one backend.
 pub struct Program<B: Backend> {
@@ -40,6 +41,9 @@ pub struct Program<B: Backend> {
     owned: Vec<DeviceBuffer<B>>,
     /// Allocation index of each `owned` buffer.
     owned_index: Vec<usize>,
+    /// Moves of its own buffers planned before its first run
+    /// ([`Program::plan_moves`]), made by [`Program::move_own`].
+    own_moves: Vec<(usize, MemLocation)>,
     /// Entry parameter number → its allocation slots.
     param_slots: Vec<Vec<usize>>,
     aux_streams: Vec<B::Stream>,
@@ -112,6 +116,7 @@ impl<B: Backend> Program<B> {
             modules,
             owned: Vec::new(),
             owned_index: Vec::new(),
+            own_moves: Vec::new(),
             param_slots,
             aux_streams: Vec::new(),
             comm_streams: Vec::new(),
@@ -271,6 +276,75 @@ impl<B: Backend> Program<B> {
                 .staging
                 .as_ref()
                 .map(|s| s as &dyn crate::exec::StagedRun<B>),
+        }
+    }
+
+    /// Before its first run, where its memory should live
+    /// ([`xla_vmm_policy::rebalance`]): planned with each parameter
+    /// allocation's location as given (`params`, as for
+    /// [`Program::plan_staging`]), the parameter allocations in `movable`
+    /// and its own buffers free to move between device and host memory.
+    /// Its own buffers' moves are kept for [`Program::move_own`]; the
+    /// parameter allocations' are returned. A failure is said and moves
+    /// nothing.
+    pub(crate) fn plan_moves(
+        &mut self,
+        params: &[(usize, Option<MemLocation>)],
+        movable: &[usize],
+    ) -> Vec<(usize, MemLocation)> {
+        let owned = self.owned_buffers().map(|(a, b)| (a, b.location()));
+        let homes =
+            crate::staging::homes(self.plan.allocations.len(), owned, params.iter().copied());
+        let gran = self.backend.info().vmm_granularity.max(1);
+        let mut may: Vec<(usize, u64)> = movable
+            .iter()
+            .filter_map(|&a| Some((a, self.plan.allocations.get(a)?.size.div_ceil(gran) * gran)))
+            .collect();
+        may.extend(self.owned_buffers().map(|(a, b)| (a, b.mapped())));
+        let room = crate::staging::room(&*self.backend) / gran * gran;
+        let name = &self.plan.module_name;
+        let r = match crate::staging::plan_moves(&self.plan, &homes, room, Rates::H200, &may) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Vec::new(),
+            Err(e) => {
+                tracing::warn!(executable = %name, error = %e,
+                    "its memory could not be placed for its plan; it stays where it is");
+                return Vec::new();
+            }
+        };
+        tracing::info!(executable = %name, moves = r.moves.len(), to_host = r.freed_bytes,
+            to_device = r.taken_bytes, estimated_us = r.before_us, after_us = r.after_us,
+            "part of it is in host memory: its buffers placed for its plan");
+        let at = |h: Home| match h {
+            Home::Device => MemLocation::Device,
+            _ => MemLocation::Host,
+        };
+        let (own, params): (Vec<_>, Vec<_>) = r
+            .moves
+            .iter()
+            .map(|&(a, h)| (a, at(h)))
+            .partition(|(a, _)| self.owned_index.contains(a));
+        self.own_moves = own;
+        params
+    }
+
+    /// The moves of its own buffers [`Program::plan_moves`] kept, made
+    /// before its first step (a constant's bytes copied on `stream`; its
+    /// temporaries and outputs hold nothing yet). A buffer that cannot move
+    /// stays (said).
+    pub(crate) fn move_own(&mut self, stream: &B::Stream) {
+        for (a, to) in std::mem::take(&mut self.own_moves) {
+            let Some(k) = self.owned_index.iter().position(|&i| i == a) else {
+                continue;
+            };
+            let constant = matches!(
+                self.plan.allocations[a].role,
+                AllocationRole::Constant { .. }
+            );
+            if let Err(e) = self.owned[k].relocate(to, constant.then_some(stream)) {
+                tracing::warn!(executable = %self.plan.module_name, allocation = a, to = ?to,
+                    error = %e, "its buffer could not move; it stays");
+            }
         }
     }
 

@@ -200,6 +200,16 @@ impl<B: Backend> DeviceBuffer<B> {
         self.phys.location()
     }
 
+    /// Move its memory to `to` under the same address, its bytes copied on
+    /// `copy` when given (waited for). `Ok(false)`: already there.
+    pub fn relocate(&mut self, to: MemLocation, copy: Option<&B::Stream>) -> Result<bool> {
+        if self.phys.location() == to {
+            return Ok(false);
+        }
+        self.phys = self.va.relocate(0, to, copy)?;
+        Ok(true)
+    }
+
     /// The physical memory (for mapping it again elsewhere).
     pub(crate) fn raw_mem(&self) -> &B::PhysMem {
         self.phys.raw()

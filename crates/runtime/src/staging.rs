@@ -43,6 +43,7 @@ use serde::Serialize;
 use xla_vmm::{AllocationRole, Plan, Slice, Thunk, ThunkKind};
 use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::{Backend, DevicePtr, EventStatus, MemLocation};
+use xla_vmm_policy::rebalance::{rebalance, Rebalance};
 use xla_vmm_policy::residency::{
     demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, ResidencyPlan,
     Use,
@@ -533,6 +534,25 @@ pub fn plan_staging(
     }))
 }
 
+/// Where `plan`'s allocations should live before its first run
+/// ([`rebalance`]): it planned with its allocations at `homes` and `room`
+/// device bytes left, the allocations in `movable` (index, bytes of memory
+/// it holds) free to move between device and host memory. `None`: nothing
+/// is in host memory, or no move pays.
+pub fn plan_moves(
+    plan: &Plan,
+    homes: &[Home],
+    room: u64,
+    rates: Rates,
+    movable: &[(usize, u64)],
+) -> Result<Option<Rebalance>> {
+    if !homes.contains(&Home::Host) || movable.is_empty() {
+        return Ok(None);
+    }
+    let (input, _) = unit_input(plan, homes, room, rates)?;
+    rebalance(&input, movable).map_err(|e| RuntimeError::invalid(format!("rebalance: {e}")))
+}
+
 /// A staging's copy streams and events.
 type StreamsAndEvents<B> = (Vec<<B as Backend>::Stream>, Vec<<B as Backend>::Event>);
 
@@ -564,7 +584,7 @@ fn streams_and_events<B: Backend>(be: &B, n: usize) -> Result<StreamsAndEvents<B
 
 /// Device bytes a staging area may take now: what the configured limit
 /// leaves, else the device's free memory less a headroom.
-fn room<B: Backend>(be: &B) -> u64 {
+pub(crate) fn room<B: Backend>(be: &B) -> u64 {
     let usage = be.budget().usage();
     let free = be.mem_info().map(|(free, _)| free).unwrap_or(0);
     match usage.limits.device {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use xla_vmm::*;
-use xla_vmm_device::vmm::VmmContext;
+use xla_vmm_device::vmm::{Buffer as VmmBuffer, VmmAllocator, VmmContext};
 use xla_vmm_device::{Backend, HostBackend, MemLocation, MemoryLimits};
 use xla_vmm_runtime::{DeviceBuffer, Executable, Mode, StagingSummary, UserBuffer};
 
@@ -522,6 +522,186 @@ fn read_only_parameters_stay_in_the_area_until_something_else_uses_it() {
         for buf in bufs {
             buf.free().unwrap();
         }
+        b.stream_destroy(stream).unwrap();
+    }
+}
+
+/// Over `n` f32, three chains: for each parameter k, a temporary = 2·pk,
+/// incremented twice, copied to output k (= 2·pk + 2). The temporary is
+/// read and written thunk after thunk; each parameter is read once.
+fn chains(n: u64) -> Plan {
+    let (v, k) = (4 * n, n as u32);
+    let mut allocs = vec![
+        alloc(0, v, param(0, false)),
+        alloc(1, v, param(1, false)),
+        alloc(2, v, param(2, false)),
+        alloc(3, v, AllocationRole::Temp),
+    ];
+    let mut thunks = Vec::new();
+    for p in 0..3 {
+        allocs.push(alloc(4 + p, v, AllocationRole::Output { outputs: vec![] }));
+        thunks.push(kernel(
+            "scale2",
+            vec![(sl(p, 0, v), false), (sl(3, 0, v), true)],
+            Some(k),
+            1,
+        ));
+        for _ in 0..2 {
+            thunks.push(kernel("inc", vec![(sl(3, 0, v), true)], None, n));
+        }
+        thunks.push(copy("copy", sl(3, 0, v), sl(4 + p, 0, v)));
+    }
+    let f = f32s(n as usize);
+    plan(
+        allocs,
+        vec![f.clone(), f.clone(), f.clone()],
+        (4..7).map(|a| (a, f.clone())).collect(),
+        thunks,
+    )
+}
+
+/// `chains`' parameters, and its outputs for them.
+fn chains_io(n: usize) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let inputs: Vec<Vec<f32>> = (0..3)
+        .map(|p| (0..n).map(|i| (p * 1000 + i % 997) as f32).collect())
+        .collect();
+    let want = inputs
+        .iter()
+        .map(|x| x.iter().map(|v| 2.0 * v + 2.0).collect())
+        .collect();
+    (inputs, want)
+}
+
+/// `chains(n)`' parameters put on the device first, as `device_put`
+/// before any program is known (they fill the limit), through the
+/// allocator the plugin uses.
+fn put_first(
+    b: &Arc<HostBackend>,
+    inputs: &[Vec<f32>],
+    stream: &<HostBackend as Backend>::Stream,
+) -> Vec<VmmBuffer<HostBackend>> {
+    let a = VmmAllocator::new(b.clone(), Default::default()).unwrap();
+    inputs
+        .iter()
+        .map(|x| {
+            let buf = a.alloc(4 * x.len() as u64).unwrap();
+            b.write_sync(buf.ptr(), &bytes(x), stream).unwrap();
+            buf
+        })
+        .collect()
+}
+
+/// Bind `bufs` to `exe`'s parameters as the plugin does (id, generation,
+/// physical memory, location).
+fn bind_all(exe: &mut Executable<HostBackend>, bufs: &[VmmBuffer<HostBackend>]) {
+    for (i, buf) in bufs.iter().enumerate() {
+        exe.bind_user_buffer(i, UserBuffer::from_vmm(buf)).unwrap();
+    }
+}
+
+#[test]
+fn a_program_moves_its_memory_where_its_plan_wants_it_before_its_first_run() {
+    let n = 512 << 10;
+    let v = 4 * n as u64;
+    let (inputs, want) = chains_io(n);
+    for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
+        let mut summaries = Vec::new();
+        for rebalance in [false, true] {
+            // Room for the three parameters only: the program's own memory
+            // (its temporary, its outputs) lands in host memory.
+            let b = backend_with(Some(3 * v));
+            let stream = b.stream_create().unwrap();
+            let mut bufs = put_first(&b, &inputs, &stream);
+            let mut exe = Executable::load(b.clone(), chains(n as u64), None, &stream).unwrap();
+            let at: Vec<_> = bufs.iter().map(|x| (Some(x.location()), true)).collect();
+            assert!(at.iter().all(|a| a.0 == Some(MemLocation::Device)));
+            let mut moves = 0;
+            if rebalance {
+                let asked = exe.placement(&at);
+                moves = asked.len() as u64;
+                let moves = asked;
+                // The parameters, each read once, make room for the
+                // temporary every thunk reads and writes.
+                assert!(!moves.is_empty(), "{mode:?}");
+                assert!(moves.iter().all(|m| m.1 == MemLocation::Host), "{moves:?}");
+                for &(i, to) in &moves {
+                    assert!(bufs[i].relocate(to, &stream).unwrap());
+                }
+                assert!(exe.placement(&at).is_empty(), "asked once");
+            }
+            bind_all(&mut exe, &bufs);
+            let mut outs = Vec::new();
+            for _ in 0..3 {
+                outs = exe.run(&stream, mode).unwrap();
+            }
+            b.stream_synchronize(&stream).unwrap();
+            let got: Vec<_> = outs
+                .iter()
+                .map(|o| f32s_of(&b, o.ptr, n, &stream))
+                .collect();
+            assert!(
+                got == want,
+                "{mode:?}, rebalanced {rebalance}: outputs differ"
+            );
+            let usage = b.budget().usage();
+            assert!(usage.device_bytes <= 3 * v, "{usage:?}");
+            // The parameters moved out, then the temporary in.
+            assert_eq!(usage.relocated, moves + u64::from(rebalance), "{usage:?}");
+            summaries.push(exe.program().staging_summary());
+            drop(exe);
+            drop(bufs);
+            b.stream_destroy(stream).unwrap();
+        }
+        // Before: nothing fits an area (the parameters hold the device);
+        // after, the parameters are staged through the room they left and
+        // the temporary is on the device.
+        let after = summaries[1].clone().expect("staged after the moves");
+        assert!(after.staged >= 3 && after.device_bytes >= v, "{after:?}");
+        let before_us = summaries[0]
+            .as_ref()
+            .map_or(f64::INFINITY, |s| s.estimated_step_us);
+        assert!(after.estimated_step_us < before_us, "{summaries:?}");
+    }
+}
+
+#[test]
+fn a_program_plans_again_when_another_moves_memory_it_planned_for() {
+    let n = 512 << 10;
+    let v = 4 * n as u64;
+    let (inputs, want) = chains_io(n);
+    for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
+        // The parameters and the first program's memory on the device; the
+        // second program's in host memory.
+        let b = backend_with(Some(7 * v));
+        let stream = b.stream_create().unwrap();
+        let mut bufs = put_first(&b, &inputs, &stream);
+        let mut first = Executable::load(b.clone(), chains(n as u64), None, &stream).unwrap();
+        bind_all(&mut first, &bufs);
+        for _ in 0..2 {
+            first.run(&stream, mode).unwrap();
+        }
+        assert!(first.program().staging_summary().is_none());
+        let mut second = Executable::load(b.clone(), chains(n as u64), None, &stream).unwrap();
+        let at: Vec<_> = bufs.iter().map(|x| (Some(x.location()), true)).collect();
+        let moves = second.placement(&at);
+        assert!(!moves.is_empty(), "{mode:?}");
+        for &(i, to) in &moves {
+            bufs[i].relocate(to, &stream).unwrap();
+        }
+        bind_all(&mut second, &bufs);
+        bind_all(&mut first, &bufs);
+        for k in 0..4 {
+            let exe = if k % 2 == 0 { &mut second } else { &mut first };
+            let outs = exe.run(&stream, mode).unwrap();
+            b.stream_synchronize(&stream).unwrap();
+            let got: Vec<_> = outs
+                .iter()
+                .map(|o| f32s_of(&b, o.ptr, n, &stream))
+                .collect();
+            assert!(got == want, "{mode:?}: outputs differ after the moves");
+        }
+        drop((first, second));
+        drop(bufs);
         b.stream_destroy(stream).unwrap();
     }
 }

@@ -177,6 +177,15 @@ impl Buffer {
         }
     }
 
+    /// [`Buffer::with_live`] with the allocation to change (its memory
+    /// moved under its address).
+    pub fn with_live_mut<T>(&self, f: impl FnOnce(&mut Allocation) -> Result<T>) -> Result<T> {
+        match &mut *self.lock() {
+            State::Live(a) => f(a),
+            other => Err(Self::gone(other)),
+        }
+    }
+
     /// Take the allocation out for donation; the buffer reads as donated.
     pub fn take_for_donation(&self) -> Result<Allocation> {
         let mut s = self.lock();

@@ -546,6 +546,21 @@ impl Executable {
             }
             Some(Runner::Runtime(p)) => p,
         };
+        // Before its first run under a device budget, its arguments' memory
+        // is moved where its plan wants it (a failure is said: the memory
+        // stays, the program reads it where it is).
+        if program.placement_pending() {
+            let info = args
+                .iter()
+                .map(|a| a.with_live(|al| Ok(mem.placement_info(al))))
+                .collect::<Result<Vec<_>>>()?;
+            for (i, to) in program.placement(&info) {
+                if let Err(e) = args[i].with_live_mut(|al| mem.relocate(al, to)) {
+                    tracing::warn!(executable = %self.name, argument = i, to = ?to, error = %e,
+                        "an argument's memory could not move; it stays");
+                }
+            }
+        }
         // A parameter the program writes in place but the caller may not
         // donate is copied first; the program updates the copy.
         let mut bound = Vec::with_capacity(args.len());

@@ -24,7 +24,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use xla_vmm_device::vmm::{Buffer as VmmBuffer, VmmAllocator, VmmConfig, VmmStats};
-use xla_vmm_device::{Backend, DeviceInfo, DevicePtr};
+use xla_vmm_device::{Backend, DeviceInfo, DevicePtr, MemLocation};
 
 use crate::cabi::assignment::MultiDevice;
 use crate::cabi::error::{Error, Result};
@@ -171,6 +171,17 @@ pub trait DeviceMemory: Send + Sync {
     /// allocation id), for [`Program::run_bound`].
     fn remap_handle(&self, _a: &Allocation) -> Option<Box<dyn Any + Send>> {
         None
+    }
+    /// Where `a`'s memory lives and whether it can move under its address
+    /// ([`DeviceMemory::relocate`]); `None`: not the allocator's memory.
+    fn placement_info(&self, _a: &Allocation) -> (Option<MemLocation>, bool) {
+        (None, false)
+    }
+    /// Move `a`'s memory to `to` under its address, its bytes copied after
+    /// the work queued on the client's stream (waited for); it gets a new
+    /// allocation id. `Ok(false)`: it cannot move or is there already.
+    fn relocate(&self, _a: &mut Allocation, _to: MemLocation) -> Result<bool> {
+        Ok(false)
     }
     /// `a` holds new content in its memory (a program wrote it in place):
     /// the allocation gets a new generation ([`VmmBuffer::renew`]), so that
@@ -489,6 +500,30 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
     fn remap_handle(&self, a: &Allocation) -> Option<Box<dyn Any + Send>> {
         let buf = a.inner.downcast_ref::<OwnedBuffer<B>>()?.buf.as_ref()?;
         Some(Box::new(xla_vmm_runtime::UserBuffer::from_vmm(buf)))
+    }
+
+    fn placement_info(&self, a: &Allocation) -> (Option<MemLocation>, bool) {
+        match a
+            .inner
+            .downcast_ref::<OwnedBuffer<B>>()
+            .and_then(|o| o.buf.as_ref())
+        {
+            Some(buf) => (Some(buf.location()), buf.remappable()),
+            None => (None, false),
+        }
+    }
+
+    fn relocate(&self, a: &mut Allocation, to: MemLocation) -> Result<bool> {
+        let Some(buf) = a
+            .inner
+            .downcast_mut::<OwnedBuffer<B>>()
+            .and_then(|o| o.buf.as_mut())
+        else {
+            return Ok(false);
+        };
+        let moved = self.stream.with(|s| Ok(buf.relocate(to, s)?))?;
+        a.id = buf.allocation_id().0;
+        Ok(moved)
     }
 
     fn renew(&self, a: &mut Allocation) {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use xla_vmm::Plan;
 use xla_vmm_device::blas::GemmEngine;
-use xla_vmm_device::{Backend, DevicePtr};
+use xla_vmm_device::{Backend, DevicePtr, MemLocation};
 use xla_vmm_runtime::{CallContext, Executable, RunConfig, RuntimeError, UserBuffer};
 
 use crate::cabi::assignment::MultiDevice;
@@ -37,6 +37,21 @@ pub trait Program: Send {
         _handles: Vec<Option<Box<dyn std::any::Any + Send>>>,
     ) -> Result<Vec<RunOutput>> {
         self.run(args)
+    }
+
+    /// Before its first run: does [`Program::placement`] have anything to
+    /// say?
+    fn placement_pending(&self) -> bool {
+        false
+    }
+
+    /// Before its first run, the arguments whose memory should move between
+    /// device and host memory for its plan under the device budget
+    /// (`Executable::placement`): `args[i]` is argument `i`'s location and
+    /// whether it can move. (argument, location) pairs, those leaving the
+    /// device first.
+    fn placement(&mut self, _args: &[(Option<MemLocation>, bool)]) -> Vec<(usize, MemLocation)> {
+        Vec::new()
     }
 
     /// The execute context the next runs' custom calls read (their user
@@ -114,6 +129,16 @@ impl<B: Backend> Program for RuntimeProgram<B> {
 
     fn stats_key(&self) -> Option<String> {
         Some(self.exe.as_ref()?.stats()?.executable.clone())
+    }
+
+    fn placement_pending(&self) -> bool {
+        self.exe.as_ref().is_some_and(|e| e.placement_pending())
+    }
+
+    fn placement(&mut self, args: &[(Option<MemLocation>, bool)]) -> Vec<(usize, MemLocation)> {
+        self.exe
+            .as_mut()
+            .map_or_else(Vec::new, |e| e.placement(args))
     }
 
     fn set_call_context(&mut self, context: Option<Arc<dyn CallContext>>) {

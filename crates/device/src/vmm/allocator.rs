@@ -7,6 +7,7 @@ use super::events::{EventKey, FreeEvents};
 use super::raii::{Phys, VaReservation, VmmContext};
 use super::{AllocationId, VmmConfig, VmmStats};
 use crate::backend::{Backend, DevicePtr};
+use crate::budget::MemLocation;
 use crate::error::{DeviceError, Result};
 
 /// A whole physical block with its own mapping. Field order is drop order:
@@ -147,6 +148,33 @@ impl<B: Backend> Buffer<B> {
             Some(Kind::Small(s)) => s.generation = self.generation,
             None => {}
         }
+    }
+    /// Where its memory lives.
+    pub fn location(&self) -> MemLocation {
+        self.phys.location()
+    }
+    /// Move its memory to `to` under the same address, its bytes copied on
+    /// `stream` (waited for: nothing else may write it meanwhile). It gets
+    /// a new allocation id (generation 0): the old memory may still be
+    /// mapped elsewhere (a VA-stable graph), and `(id, generation)` names
+    /// one memory's content. `Ok(false)`: already there, or sub-allocated
+    /// (its granule holds other buffers: it stays).
+    pub fn relocate(&mut self, to: MemLocation, stream: &B::Stream) -> Result<bool> {
+        let Some(Kind::Large(b)) = &mut self.kind else {
+            return Ok(false);
+        };
+        if b.phys.location() == to {
+            return Ok(false);
+        }
+        let new = b.va.relocate(0, to, Some(stream))?;
+        b.phys = new.clone();
+        b.id = AllocationId::fresh();
+        b.generation = 0;
+        self.phys = new;
+        self.id = b.id;
+        self.generation = 0;
+        tracing::debug!(id = self.id.0, bytes = self.capacity, to = ?to, "vmm: buffer relocated");
+        Ok(true)
     }
     /// Can the runtime map `phys()` (offset `phys_offset()`, `capacity()`
     /// bytes) into another reservation? False for sub-allocated buffers.

@@ -308,6 +308,52 @@ impl<B: Backend> VaReservation<B> {
         Ok(self.maps.remove(&offset).expect("checked").phys)
     }
 
+    /// Move the memory mapped at `offset` (a whole physical allocation) to
+    /// new physical memory at `location`, under the same addresses: the new
+    /// memory is created (within the budget), its bytes copied from the old
+    /// on `stream` when `copy` (waited for: the caller makes sure nothing
+    /// else writes the range meanwhile), then mapped in place of the old.
+    /// Returns the new memory; the old goes when its last holder drops it.
+    /// Counted in the budget ([`crate::MemoryBudget::relocations`]).
+    /// On an error the old memory stays mapped (if even remapping it fails,
+    /// that error is returned and the range is left unmapped).
+    pub fn relocate(
+        &mut self,
+        offset: u64,
+        location: MemLocation,
+        copy: Option<&B::Stream>,
+    ) -> Result<Arc<Phys<B>>> {
+        let (old, size) = match self.maps.get(&offset) {
+            Some(m) if m.phys_offset == 0 && m.size == m.phys.size() => (m.phys.clone(), m.size),
+            Some(_) => {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "the mapping at offset {offset:#x} is part of a physical allocation: it cannot move"
+                )))
+            }
+            None => {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "no mapping starts at offset {offset:#x}"
+                )))
+            }
+        };
+        let new = Arc::new(Phys::create_at(&self.ctx, size, location)?);
+        if let Some(stream) = copy {
+            let mut tmp = VaReservation::reserve(&self.ctx, size, 0)?;
+            tmp.map_rw(0, &new, 0, size)?;
+            let be = &self.ctx.backend;
+            be.copy_d2d(tmp.base(), self.base.offset(offset), size, stream)?;
+            be.stream_synchronize(stream)?;
+            tmp.release()?;
+        }
+        self.unmap(offset)?;
+        if let Err(e) = self.map_rw(offset, &new, 0, size) {
+            self.map_rw(offset, &old, 0, size)?;
+            return Err(e);
+        }
+        self.ctx.backend.budget().note_relocation();
+        Ok(new)
+    }
+
     /// Teardown flavour of `unmap`: one retry (a transient failure must not
     /// leak the range), the first error is returned.
     fn unmap_retry(&mut self, offset: u64) -> Result<()> {
