@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 use xla_vmm::Plan;
-use xla_vmm_policy::residency::{Placement, Rates, ResidencyPlan};
+use xla_vmm_policy::residency::{Home, Placement, Rates, ResidencyPlan};
 
 /// The device's rates for the plan (the H200's measured ones by default).
 #[derive(clap::Args, Clone, Debug)]
@@ -210,6 +210,15 @@ pub struct AsRun {
     /// Parameters in device memory (the first N).
     pub device_params: usize,
     pub staging: Option<xla_vmm_runtime::staging::StagingPlan>,
+    /// What its first run moves between device and host memory for its
+    /// plan (`xla_vmm_policy::rebalance`), and the staging then.
+    pub moved: Option<Moved>,
+}
+
+/// `--as-run`'s first-run moves.
+pub struct Moved {
+    pub moves: xla_vmm_policy::rebalance::Rebalance,
+    pub staging: Option<xla_vmm_runtime::staging::StagingPlan>,
 }
 
 /// See [`AsRun`].
@@ -220,7 +229,6 @@ pub fn as_run(
     rates: &RateArgs,
 ) -> anyhow::Result<AsRun> {
     use xla_vmm::AllocationRole;
-    use xla_vmm_policy::residency::Home;
     anyhow::ensure!(
         reserve_percent <= 90,
         "--staging-reserve {reserve_percent}: at most 90 (percent)"
@@ -252,6 +260,36 @@ pub fn as_run(
     // The plugin's buffers are immutable: its read-only parameters may stay
     // in the area from step to step.
     let staging = xla_vmm_runtime::staging::plan_staging(plan, &homes, room, rates.rates(), true)?;
+    // At the first run its memory moves where its plan wants it: the
+    // program's own buffers, and parameters above the allocator's small
+    // size (smaller ones share a granule).
+    let small = xla_vmm_device::vmm::VmmConfig::default().small_threshold;
+    let movable: Vec<(usize, u64)> = plan
+        .allocations
+        .iter()
+        .filter(|a| a.size > small || !matches!(a.role, AllocationRole::Parameter { .. }))
+        .filter(|a| a.size > 0)
+        .map(|a| (a.index, a.size.div_ceil(GRANULE) * GRANULE))
+        .collect();
+    let moved =
+        match xla_vmm_runtime::staging::plan_moves(plan, &homes, room, rates.rates(), &movable)? {
+            None => None,
+            Some(moves) => {
+                let mut after = homes.clone();
+                for &(a, h) in &moves.moves {
+                    after[a] = h;
+                }
+                let room = room + moves.freed_bytes - moves.taken_bytes;
+                let staging = xla_vmm_runtime::staging::plan_staging(
+                    plan,
+                    &after,
+                    room,
+                    rates.rates(),
+                    true,
+                )?;
+                Some(Moved { moves, staging })
+            }
+        };
     Ok(AsRun {
         limit,
         reserve_percent,
@@ -259,6 +297,7 @@ pub fn as_run(
         host_bytes: host,
         device_params,
         staging,
+        moved,
     })
 }
 
@@ -274,12 +313,33 @@ pub fn as_run_text(a: &AsRun) -> String {
         a.device_params,
         gib(a.host_bytes)
     );
-    let Some(p) = &a.staging else {
+    staging_text(&mut s, a.staging.as_ref());
+    if let Some(m) = &a.moved {
+        let r = &m.moves;
+        let count = |h: Home| r.moves.iter().filter(|x| x.1 == h).count();
+        let _ = writeln!(
+            s,
+            "its first run moves {} allocations ({}) to host memory and {} ({}) to the device (estimated step {:.2} -> {:.2} ms); then:",
+            count(Home::Host),
+            gib(r.freed_bytes),
+            count(Home::Device),
+            gib(r.taken_bytes),
+            r.before_us / 1e3,
+            r.after_us / 1e3
+        );
+        staging_text(&mut s, m.staging.as_ref());
+    }
+    s
+}
+
+/// The staging lines of `--as-run`'s summary.
+fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan>) {
+    let Some(p) = p else {
         let _ = writeln!(
             s,
             "  nothing staged (nothing in host memory, or nothing pays to stage)"
         );
-        return s;
+        return;
     };
     let m = p.summary();
     let _ = writeln!(
@@ -313,7 +373,6 @@ pub fn as_run_text(a: &AsRun) -> String {
             gib(touched[i])
         );
     }
-    s
 }
 
 /// The `as_run` member of `inspect --json`.
@@ -325,5 +384,14 @@ pub fn as_run_json(a: &AsRun) -> Value {
         "host_bytes": a.host_bytes,
         "device_parameters": a.device_params,
         "staging": a.staging.as_ref().map(|p| p.summary()),
+        "first_run_moves": a.moved.as_ref().map(|m| json!({
+            "to_host": m.moves.moves.iter().filter(|x| x.1 == Home::Host).map(|x| x.0).collect::<Vec<_>>(),
+            "to_device": m.moves.moves.iter().filter(|x| x.1 == Home::Device).map(|x| x.0).collect::<Vec<_>>(),
+            "to_host_bytes": m.moves.freed_bytes,
+            "to_device_bytes": m.moves.taken_bytes,
+            "estimated_step_us": m.moves.before_us,
+            "estimated_step_us_after": m.moves.after_us,
+            "staging": m.staging.as_ref().map(|p| p.summary()),
+        })),
     })
 }

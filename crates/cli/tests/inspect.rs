@@ -205,3 +205,37 @@ fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
     .success());
     assert!(!inspect(&[file, "--as-run"]).status.success());
 }
+
+#[test]
+fn as_run_shows_what_the_first_run_moves_for_its_plan() {
+    // llama_sgd_f32 under a 200 MiB limit: the parameters put first hold
+    // the device, the area left is too small for a step's temporaries, so
+    // the first run sends parameters to host memory for a larger area.
+    let file = fixtures().join("llama_sgd_f32.pjrt");
+    let file = file.to_str().unwrap();
+    let out = inspect(&[file, "--json", "--memory-budget", "200M", "--as-run"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let a = &v["as_run"];
+    let m = &a["first_run_moves"];
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let ids = |k: &str| m[k].as_array().unwrap_or_else(|| panic!("{k}: {m}")).len();
+    assert!(ids("to_host") > 0, "{m}");
+    assert!(f(m, "to_host_bytes") >= f(m, "to_device_bytes"), "{m}");
+    // The estimate gains at least the 5% a move must gain, and the area
+    // grows by what left the device.
+    assert!(
+        f(m, "estimated_step_us_after") <= 0.95 * f(m, "estimated_step_us"),
+        "{m}"
+    );
+    let area = |s: &serde_json::Value| f(s, "area_bytes");
+    assert!(area(&m["staging"]) > area(&a["staging"]), "{a}");
+    // Where nothing gains, nothing moves.
+    let out = inspect(&[file, "--json", "--memory-budget", "400M", "--as-run"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["as_run"]["first_run_moves"].is_null(), "{v}");
+}
