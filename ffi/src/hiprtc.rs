@@ -177,8 +177,7 @@ impl Hiprtc {
 }
 
 fn load_first() -> Result<Hiprtc, String> {
-    if let Some(p) = std::env::var_os("XLA_VMM_HIPRTC_LIBRARY") {
-        let p = PathBuf::from(p);
+    if let Some(p) = crate::settings::get().hiprtc_library.clone() {
         return Hiprtc::open(&p)
             .map_err(|e| format!("XLA_VMM_HIPRTC_LIBRARY={}: {e}", p.display()));
     }

@@ -23,6 +23,8 @@
 //!   by hand from the header jaxlib's wheel ships (layouts checked in
 //!   `tests/xla_ffi_layout.rs`). Types only.
 
+pub mod settings;
+
 #[cfg(feature = "cuda")]
 pub mod cuda {
     pub use cudarc::cublas::sys as cublas;

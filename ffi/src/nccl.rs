@@ -279,11 +279,8 @@ fn site_packages() -> Vec<PathBuf> {
             out.push(p);
         }
     };
-    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
-        let Some(prefix) = std::env::var_os(var) else {
-            continue;
-        };
-        let lib = Path::new(&prefix).join("lib");
+    for prefix in &crate::settings::get().python_prefixes {
+        let lib = prefix.join("lib");
         if let Ok(entries) = std::fs::read_dir(&lib) {
             let mut dirs: Vec<PathBuf> = entries
                 .flatten()
@@ -305,20 +302,21 @@ fn site_packages() -> Vec<PathBuf> {
 
 /// Candidate paths of `flavor`, in search order.
 pub fn candidates(flavor: Flavor) -> Vec<PathBuf> {
-    let (var, needle, names): (&str, &str, &[&str]) = match flavor {
+    let settings = crate::settings::get();
+    let (explicit, needle, names): (&Option<PathBuf>, &str, &[&str]) = match flavor {
         Flavor::Nccl => (
-            "XLA_VMM_NCCL_LIBRARY",
+            &settings.nccl_library,
             "libnccl.so",
             &["libnccl.so.2", "libnccl.so"],
         ),
         Flavor::Rccl => (
-            "XLA_VMM_RCCL_LIBRARY",
+            &settings.rccl_library,
             "librccl.so",
             &["librccl.so.1", "librccl.so", "/opt/rocm/lib/librccl.so.1"],
         ),
     };
-    if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
-        return vec![PathBuf::from(p)];
+    if let Some(p) = explicit {
+        return vec![p.clone()];
     }
     let mut out = mapped_paths(needle);
     out.extend(names.iter().map(PathBuf::from));

@@ -79,6 +79,9 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // The lower layers' settings (library overrides, timeouts), read once.
+    use xla_vmm_device::settings::{install, Settings};
+    install(Settings::from_lookup(|k| std::env::var_os(k)));
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("XLA_VMM_LOG")

@@ -54,3 +54,6 @@ pub use collective::{CliqueId, CommType, Communicator, ReduceOp};
 pub use error::{DeviceError, Result};
 pub use host::{HostBackend, HostConfig};
 pub use vmm::{AllocationId, Buffer, VmmAllocator, VmmConfig, VmmStats};
+/// The process settings of the layers below the front doors (library
+/// overrides, timeouts): installed by a front door, read once.
+pub use xla_vmm_ffi::settings;

@@ -4,14 +4,13 @@
 //! with every name; existing files only, then the bare names for the system
 //! loader.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use xla_vmm_ffi::settings::get as settings;
 
 /// `names` in `dirs` (existing files), then the bare names.
 fn search(names: &[&str], dirs: Vec<PathBuf>) -> Vec<PathBuf> {
-    let mut all: Vec<PathBuf> = Vec::new();
-    if let Some(ld) = std::env::var_os("LD_LIBRARY_PATH") {
-        all.extend(std::env::split_paths(&ld));
-    }
+    let mut all: Vec<PathBuf> = settings().library_path.clone();
     all.extend(dirs);
     let mut out: Vec<PathBuf> = all
         .iter()
@@ -42,8 +41,8 @@ pub(crate) fn cuda(names: &[&str]) -> Vec<PathBuf> {
 #[cfg_attr(not(feature = "hip"), allow(dead_code))]
 pub(crate) fn rocm(names: &[&str]) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    if let Some(rocm) = std::env::var_os("ROCM_PATH") {
-        dirs.push(PathBuf::from(rocm).join("lib"));
+    if let Some(rocm) = &settings().rocm_path {
+        dirs.push(rocm.join("lib"));
     }
     dirs.push(PathBuf::from("/opt/rocm/lib"));
     search(names, dirs)
@@ -75,11 +74,11 @@ fn python_site_dirs() -> Vec<PathBuf> {
         PathBuf::from("/usr/lib"),
         PathBuf::from("/opt/conda/lib"),
     ];
-    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
-        roots.insert(0, Path::new(&v).join("lib"));
+    for (i, prefix) in settings().python_prefixes.iter().enumerate() {
+        roots.insert(i, prefix.join("lib"));
     }
-    if let Some(h) = std::env::var_os("HOME") {
-        roots.push(Path::new(&h).join(".local/lib"));
+    if let Some(h) = &settings().home {
+        roots.push(h.join(".local/lib"));
     }
     let mut out = python_reported_site_dirs();
     for root in roots {

@@ -159,8 +159,7 @@ fn table() -> Result<&'static Table, &'static str> {
     static TABLE: OnceLock<Result<Table, String>> = OnceLock::new();
     TABLE
         .get_or_init(|| {
-            if let Some(p) = std::env::var_os("XLA_VMM_HIP_LIBRARY") {
-                let p = PathBuf::from(p);
+            if let Some(p) = crate::settings::get().hip_library.clone() {
                 let shown = p.display().to_string();
                 return open(p).map_err(|e| format!("XLA_VMM_HIP_LIBRARY={shown}: {e}"));
             }

@@ -138,8 +138,11 @@ fn env_bool(v: &str) -> bool {
 }
 
 impl ClientOptions {
-    /// Defaults from the environment.
+    /// Defaults from the environment (and the process settings of the
+    /// layers below, `xla_vmm_ffi::settings`, installed from it).
     pub fn from_env() -> Result<Self> {
+        use xla_vmm_ffi::settings::{install, Settings};
+        install(Settings::from_lookup(|k| std::env::var_os(k)));
         let backend = match std::env::var("XLA_VMM_BACKEND") {
             Ok(v) => parse_backend(&v)?,
             Err(_) => BackendKind::Cuda,

@@ -29,9 +29,10 @@ use std::time::Duration;
 /// `XLA_VMM_COMM_DESTROY_TIMEOUT_MS`: how long a communicator's teardown may
 /// wait for its peers (default 10 s; 0 = do not wait).
 pub fn destroy_timeout() -> Duration {
-    let ms = std::env::var("XLA_VMM_COMM_DESTROY_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
+    let ms = xla_vmm_ffi::settings::get()
+        .comm_destroy_timeout_ms
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(10_000);
     Duration::from_millis(ms)
 }
@@ -176,9 +177,12 @@ mod tests {
     }
 
     #[test]
-    fn timeout_comes_from_the_environment_with_a_default() {
+    fn timeout_comes_from_the_settings_with_a_default() {
         // Only reads: the variable is not set by the test suite.
-        if std::env::var_os("XLA_VMM_COMM_DESTROY_TIMEOUT_MS").is_none() {
+        if xla_vmm_ffi::settings::get()
+            .comm_destroy_timeout_ms
+            .is_none()
+        {
             assert_eq!(destroy_timeout(), Duration::from_secs(10));
         }
     }

@@ -27,9 +27,9 @@ pub(crate) struct RemapCost {
 }
 
 impl RemapCost {
-    /// From [`ENV`]: `None` when unset, empty or 0.
+    /// From [`ENV`] (the process settings): `None` when unset, empty or 0.
     pub(crate) fn from_env() -> Result<Option<Self>> {
-        Self::parse(std::env::var(ENV).ok().as_deref())
+        Self::parse(xla_vmm_ffi::settings::get().emulate_remap_ms.as_deref())
     }
 
     fn parse(v: Option<&str>) -> Result<Option<Self>> {

@@ -29,7 +29,6 @@
 //! MI300's FP8 types are the FNUZ ones.
 
 use std::ffi::{c_int, c_void};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::{HipBackend, HipStream};
@@ -207,8 +206,7 @@ fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
 
 impl Api {
     fn load() -> Result<(Api, String)> {
-        if let Some(p) = std::env::var_os(LIBRARY_ENV) {
-            let path = PathBuf::from(p);
+        if let Some(path) = xla_vmm_ffi::settings::get().hipblaslt_library.clone() {
             return Self::open(&path)
                 .map(|api| (api, path.display().to_string()))
                 .map_err(|e| DeviceError::NotAvailable(format!("{LIBRARY_ENV}: {e}")));

@@ -93,9 +93,10 @@ pub(super) fn clique_id(backend: &HostBackend) -> Result<CliqueId> {
     if let Some(e) = backend.count("clique_id") {
         return Err(e);
     }
-    let timeout = std::env::var("XLA_VMM_HOST_COLLECTIVE_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
+    let timeout = xla_vmm_ffi::settings::get()
+        .host_collective_timeout_ms
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok())
         .map_or(DEFAULT_COLLECTIVE_TIMEOUT, Duration::from_millis);
     Ok(backend.clique_id_with_timeout(timeout))
 }
