@@ -295,6 +295,9 @@ impl<B: Backend> Program<B> {
         let owned = self.owned_buffers().map(|(a, b)| (a, b.location()));
         let homes =
             crate::staging::homes(self.plan.allocations.len(), owned, params.iter().copied());
+        if !homes.contains(&Home::Host) {
+            return Vec::new();
+        }
         let gran = self.backend.info().vmm_granularity.max(1);
         let mut may: Vec<(usize, u64)> = movable
             .iter()
