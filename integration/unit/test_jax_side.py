@@ -631,3 +631,21 @@ def ctypes_address(fn):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReportTableTest(unittest.TestCase):
+    """``str(report())``'s memory lines, from the report's data as the plugin returns it."""
+
+    def device(self, **memory):
+        m = {"device_bytes": 2 << 30, "host_bytes": 3 << 30, "spilled": 4, "limits": {"device": 4 << 30}}
+        m.update(memory)
+        return {"programs": [], "devices": [{"device": 0, "memory": m}]}
+
+    def test_moves_for_the_programs_plans_are_said_when_there_were_any(self):
+        fresh_package()
+        report = importlib.import_module("jax_plugins.xla_vmm._stats").Report
+        text = str(report(self.device(relocated=3)))
+        self.assertIn("4 allocations past the device budget, 3 moved for their programs' plans", text)
+        self.assertIn("(limit 4.00 GiB)", text)
+        for quiet in (self.device(relocated=0), self.device()):
+            self.assertNotIn("moved", str(report(quiet)))

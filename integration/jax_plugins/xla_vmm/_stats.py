@@ -65,10 +65,11 @@ class Report(dict):
         for d in self.get("devices", []):
             m = d["memory"]
             lim = m["limits"].get("device")
+            moved = (", %d moved for their programs' plans" % m["relocated"]) if m.get("relocated") else ""
             lines.append("device %s: %.2f GiB on the device%s, %.2f GiB in host memory (%d allocations past "
-                         "the device budget)" % (d["device"], m["device_bytes"] / 2**30,
-                                                 "" if lim is None else " (limit %.2f GiB)" % (lim / 2**30),
-                                                 m["host_bytes"] / 2**30, m["spilled"]))
+                         "the device budget%s)" % (d["device"], m["device_bytes"] / 2**30,
+                                                   "" if lim is None else " (limit %.2f GiB)" % (lim / 2**30),
+                                                   m["host_bytes"] / 2**30, m["spilled"], moved))
             if "va_ranges" in m:
                 lines.append("device %s: %d physical allocations, %d address ranges (%.2f GiB) reserved"
                              % (d["device"], m["allocations"], m["va_ranges"], m["va_bytes"] / 2**30))
