@@ -436,7 +436,7 @@ impl<B: Backend> Executable<B> {
             .filter_map(|(s, _)| single(s))
             .collect();
         self.program
-            .plan_moves(&homes, &movable)
+            .plan_moves(&homes, &movable, self.config.shared_staging_area)
             .into_iter()
             .filter_map(|(a, to)| Some((slots.iter().position(|s| single(s) == Some(a))?, to)))
             .collect()

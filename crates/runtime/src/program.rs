@@ -286,12 +286,18 @@ impl<B: Backend> Program<B> {
     /// and its own buffers free to move between device and host memory.
     /// Its own buffers' moves are kept for [`Program::move_own`]; the
     /// parameter allocations' are returned. A failure is said and moves
-    /// nothing.
+    /// nothing. With a `shared` staging area that another program made
+    /// already, nothing moves: the area's size is fixed, so the room a move
+    /// frees would not stage anything (the program plans in the area).
     pub(crate) fn plan_moves(
         &mut self,
         params: &[(usize, Option<MemLocation>)],
         movable: &[usize],
+        shared: bool,
     ) -> Vec<(usize, MemLocation)> {
+        if shared && crate::staging::has_shared_area(&self.vmm) {
+            return Vec::new();
+        }
         let owned = self.owned_buffers().map(|(a, b)| (a, b.location()));
         let homes =
             crate::staging::homes(self.plan.allocations.len(), owned, params.iter().copied());

@@ -385,6 +385,11 @@ fn shared_area<B: Backend + 'static>(ctx: &VmmContext<B>) -> Option<std::sync::A
     any.downcast::<SharedArea<B>>().ok()
 }
 
+/// Has a program of `ctx`'s device made its shared area?
+pub(crate) fn has_shared_area<B: Backend + 'static>(ctx: &VmmContext<B>) -> bool {
+    shared_area(ctx).is_some()
+}
+
 /// A shared area of `bytes` for `ctx`'s device.
 fn make_shared_area<B: Backend + 'static>(
     ctx: &VmmContext<B>,

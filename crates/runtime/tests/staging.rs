@@ -705,3 +705,45 @@ fn a_program_plans_again_when_another_moves_memory_it_planned_for() {
         b.stream_destroy(stream).unwrap();
     }
 }
+
+#[test]
+fn with_a_shared_area_only_the_first_staged_program_moves_memory() {
+    // The area a first program made has its size: moves by a second
+    // program would free room nothing stages through.
+    let n = 512 << 10;
+    let v = 4 * n as u64;
+    let (inputs, want) = chains_io(n);
+    let b = backend_with(Some(3 * v));
+    let stream = b.stream_create().unwrap();
+    let mut bufs = put_first(&b, &inputs, &stream);
+    let cfg = xla_vmm_runtime::RunConfig {
+        shared_staging_area: true,
+        ..Default::default()
+    };
+    let load =
+        || Executable::load_with(b.clone(), chains(n as u64), None, None, &cfg, &stream).unwrap();
+    let (mut first, mut second) = (load(), load());
+    let at = |bufs: &[VmmBuffer<HostBackend>]| -> Vec<_> {
+        bufs.iter().map(|x| (Some(x.location()), true)).collect()
+    };
+    let moves = first.placement(&at(&bufs));
+    assert!(!moves.is_empty());
+    for &(i, to) in &moves {
+        bufs[i].relocate(to, &stream).unwrap();
+    }
+    bind_all(&mut first, &bufs);
+    first.run(&stream, Mode::Eager).unwrap();
+    assert!(second.placement(&at(&bufs)).is_empty(), "the area is made");
+    bind_all(&mut second, &bufs);
+    for exe in [&mut first, &mut second] {
+        let outs = exe.run(&stream, Mode::Eager).unwrap();
+        b.stream_synchronize(&stream).unwrap();
+        let got: Vec<_> = outs
+            .iter()
+            .map(|o| f32s_of(&b, o.ptr, n, &stream))
+            .collect();
+        assert!(got == want, "outputs differ");
+    }
+    drop((first, second, bufs));
+    b.stream_destroy(stream).unwrap();
+}
