@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 use common::plans::*;
 use common::*;
 use xla_vmm_plugin::objects::client::{self, Client};
-use xla_vmm_plugin::runtime::devmem::VmmMemory;
+use xla_vmm_plugin::runtime::context::VmmDevice;
 
 /// Median and 90th percentile of the wake-up latency over `steps` steps (µs).
 fn latency(steps: usize) -> (f64, f64) {
     let be = backend();
-    let mem = Arc::new(VmmMemory::new(be.clone()).unwrap());
+    let mem = Arc::new(VmmDevice::new(be.clone()).unwrap());
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
     let exe =

@@ -18,7 +18,7 @@
 //!   (what JAX asks of an executable); `worker.rs` (a thread per device for
 //!   multi-device steps), `remote.rs` (other processes' devices).
 //! - `runtime/`: each device's context on our runtime, in safe Rust:
-//!   `devmem.rs` (memory from the project's `VmmAllocator`, streams,
+//!   `context.rs` (memory from the project's `VmmAllocator`, streams,
 //!   programs), `program.rs` (the runtime behind a trait), `completion.rs`
 //!   and `event.rs` (asynchronous work and its `PJRT_Event`s),
 //!   `staging.rs`, `collectives.rs` (the runtime's cliques), `watchdog.rs`.

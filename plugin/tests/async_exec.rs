@@ -18,7 +18,7 @@ use common::*;
 use xla_vmm_device::HostBackend;
 use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
-use xla_vmm_plugin::runtime::devmem::{DeviceMemory, VmmMemory};
+use xla_vmm_plugin::runtime::context::{DeviceContext, VmmDevice};
 
 /// Callbacks seen (successes in the low 16 bits, errors above).
 static CALLS: AtomicUsize = AtomicUsize::new(0);
@@ -62,11 +62,11 @@ fn host_client(
     be: &Arc<HostBackend>,
     sync: bool,
 ) -> (
-    Arc<VmmMemory<HostBackend>>,
+    Arc<VmmDevice<HostBackend>>,
     *mut PJRT_Client,
     *mut PJRT_Device,
 ) {
-    let mem = Arc::new(VmmMemory::new(be.clone()).unwrap().with_sync(sync));
+    let mem = Arc::new(VmmDevice::new(be.clone()).unwrap().with_sync(sync));
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
     (mem, client, device)
@@ -206,7 +206,7 @@ fn sync_mode_completes_before_returning() {
 
 #[test]
 fn host_runs_at_most_max_in_flight_ahead() {
-    use xla_vmm_plugin::runtime::devmem::MAX_IN_FLIGHT;
+    use xla_vmm_plugin::runtime::context::MAX_IN_FLIGHT;
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let be = backend();
     let (mem, client, device) = host_client(&be, false);

@@ -21,7 +21,7 @@ use common::plans::*;
 use common::*;
 use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
-use xla_vmm_plugin::runtime::devmem::VmmMemory;
+use xla_vmm_plugin::runtime::context::VmmDevice;
 
 /// Is `b`'s ready event complete?
 fn buffer_ready(b: *mut PJRT_Buffer) -> bool {
@@ -53,7 +53,7 @@ fn f32_put(client: *mut PJRT_Client, device: *mut PJRT_Device, data: &[u8]) -> *
 #[test]
 fn uploads_do_not_wait_for_queued_work_and_keep_their_data() {
     let be = backend();
-    let mem = Arc::new(VmmMemory::new(be.clone()).unwrap());
+    let mem = Arc::new(VmmDevice::new(be.clone()).unwrap());
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
     let exe =
@@ -132,7 +132,7 @@ fn uploads_do_not_wait_for_queued_work_and_keep_their_data() {
 #[test]
 fn synchronous_mode_uploads_synchronously() {
     let be = backend();
-    let mem = Arc::new(VmmMemory::new(be.clone()).unwrap().with_sync(true));
+    let mem = Arc::new(VmmDevice::new(be.clone()).unwrap().with_sync(true));
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
     let b = put_f32(client, device, &[1.5, 2.5]);
@@ -152,7 +152,7 @@ fn synchronous_mode_uploads_synchronously() {
 #[test]
 fn reading_a_finished_output_does_not_wait_for_the_next_step() {
     let be = backend();
-    let mem = Arc::new(VmmMemory::new(be.clone()).unwrap());
+    let mem = Arc::new(VmmDevice::new(be.clone()).unwrap());
     let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0];
     let exe =

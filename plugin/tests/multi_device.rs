@@ -16,7 +16,7 @@ use common::*;
 use xla_vmm_plugin::cabi::assignment::{AssignmentProto, DeviceAssignment};
 use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
-use xla_vmm_plugin::runtime::devmem::VmmMemory;
+use xla_vmm_plugin::runtime::context::VmmDevice;
 
 fn two_device_client() -> *mut PJRT_Client {
     client::into_c(Client::with_backends(host_options(), vec![backend(), backend()], None).unwrap())
@@ -339,8 +339,8 @@ fn an_all_reduce_runs_across_two_devices() {
 #[test]
 fn synchronous_mode_runs_both_devices_too() {
     let mems = vec![
-        VmmMemory::new(backend()).unwrap().with_sync(true),
-        VmmMemory::new(backend()).unwrap().with_sync(true),
+        VmmDevice::new(backend()).unwrap().with_sync(true),
+        VmmDevice::new(backend()).unwrap().with_sync(true),
     ];
     let client = client::into_c(Client::with_memories(host_options(), mems, None).unwrap());
     let devs = devices(client);

@@ -11,7 +11,7 @@
 //! already queued, without waiting for it: `staging.rs`), for outputs of
 //! executions and device copies when the device has made them. Reads and
 //! writes need not wait for it: they are all ordered on the client's
-//! stream (`runtime/devmem.rs`), and deleting a buffer frees its memory after the
+//! stream (`runtime/context.rs`), and deleting a buffer frees its memory after the
 //! work already queued.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,7 +25,7 @@ use crate::cabi::error::{Error, Result};
 use crate::cabi::handles::{Handle, Registry};
 use crate::objects::client::{self, Client};
 use crate::objects::device::{Device, Memory};
-use crate::runtime::devmem::Allocation;
+use crate::runtime::context::Allocation;
 use crate::runtime::event::Event;
 
 pub enum State {

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use xla_vmm_device::{Backend, HostBackend, HostConfig};
+use xla_vmm_device::{HostBackend, HostConfig};
 use xla_vmm_ffi::pjrt::*;
 
 use crate::cabi::caller::{self, CPtr};
@@ -15,9 +15,10 @@ use crate::cabi::handles::{Handle, Registry};
 use crate::cabi::kv::{KvExchange, KvStore};
 use crate::cabi::options::{BackendKind, ClientOptions};
 use crate::objects::device::{Device, Memory, Place};
-use crate::objects::remote::RemoteMemory;
+use crate::objects::remote::RemoteDevice;
 use crate::runtime::collectives::{self, Exchange};
-use crate::runtime::devmem::{DeviceMemory, VmmMemory};
+use crate::runtime::context::{DeviceContext, VmmDevice};
+use crate::runtime::handle::PluginBackend;
 use crate::vendor_plugin::compiler::{VendorClient, VendorPlugin, VendorTopology};
 use crate::vendor_plugin::locate;
 
@@ -59,7 +60,7 @@ impl Handle for Client {
 impl Client {
     /// A client over an existing backend (tests pass a `HostBackend` they
     /// keep a handle to, to check for leaks after destroy).
-    pub fn with_backend<B: Backend>(
+    pub fn with_backend<B: PluginBackend>(
         options: ClientOptions,
         backend: Arc<B>,
     ) -> Result<Arc<Client>> {
@@ -68,33 +69,33 @@ impl Client {
 
     /// A client with one device per backend (in local order); `kv`: the
     /// key-value store of a multi-process run.
-    pub fn with_backends<B: Backend>(
+    pub fn with_backends<B: PluginBackend>(
         options: ClientOptions,
         backends: Vec<Arc<B>>,
         kv: Option<KvStore>,
     ) -> Result<Arc<Client>> {
         let mems = backends
             .into_iter()
-            .map(|b| VmmMemory::with_run_config(b, options.run.clone(), options.exec))
+            .map(|b| VmmDevice::with_run_config(b, options.run.clone(), options.exec))
             .collect::<Result<Vec<_>>>()?;
         Self::with_memories(options, mems, kv)
     }
 
     /// A client over prepared device memory (backend + allocator + GEMM),
     /// one device.
-    pub fn with_memory<B: Backend>(
+    pub fn with_memory<B: PluginBackend>(
         options: ClientOptions,
-        mem: Arc<VmmMemory<B>>,
+        mem: Arc<VmmDevice<B>>,
     ) -> Result<Arc<Client>> {
-        let local: Vec<Arc<dyn DeviceMemory>> = vec![mem];
+        let local: Vec<Arc<dyn DeviceContext>> = vec![mem];
         Self::assemble(options, local, None)
     }
 
     /// A client over prepared device memories (one device each), which
     /// share one set of collective cliques.
-    pub fn with_memories<B: Backend>(
+    pub fn with_memories<B: PluginBackend>(
         options: ClientOptions,
-        mems: Vec<VmmMemory<B>>,
+        mems: Vec<VmmDevice<B>>,
         kv: Option<KvStore>,
     ) -> Result<Arc<Client>> {
         let exchange = match (&kv, options.num_nodes > 1) {
@@ -104,9 +105,9 @@ impl Client {
             _ => Exchange::Local,
         };
         let cliques = collectives::cliques::<B>(exchange.clone());
-        let local: Vec<Arc<dyn DeviceMemory>> = mems
+        let local: Vec<Arc<dyn DeviceContext>> = mems
             .into_iter()
-            .map(|m| Arc::new(m.with_cliques(cliques.clone())) as Arc<dyn DeviceMemory>)
+            .map(|m| Arc::new(m.with_cliques(cliques.clone())) as Arc<dyn DeviceContext>)
             .collect();
         let kv_exchange = match exchange {
             Exchange::Kv(k) => Some(k),
@@ -117,7 +118,7 @@ impl Client {
 
     fn assemble(
         options: ClientOptions,
-        local: Vec<Arc<dyn DeviceMemory>>,
+        local: Vec<Arc<dyn DeviceContext>>,
         kv: Option<KvStore>,
     ) -> Result<Arc<Client>> {
         let exchange = match (&kv, options.num_nodes > 1) {
@@ -134,7 +135,7 @@ impl Client {
     /// process order.
     fn assemble_with(
         options: ClientOptions,
-        local: Vec<Arc<dyn DeviceMemory>>,
+        local: Vec<Arc<dyn DeviceContext>>,
         kv: Option<KvStore>,
         exchange: Option<Arc<KvExchange>>,
     ) -> Result<Arc<Client>> {
@@ -177,13 +178,13 @@ impl Client {
                     process_index: node as i32,
                     addressable: node == options.node_id,
                 };
-                let mem: Arc<dyn DeviceMemory> = if place.addressable {
+                let mem: Arc<dyn DeviceContext> = if place.addressable {
                     local_mems
                         .next()
                         .cloned()
                         .ok_or_else(|| Error::internal("fewer local devices than counted"))?
                 } else {
-                    Arc::new(RemoteMemory::new(&info, next_id, node as i32))
+                    Arc::new(RemoteDevice::new(&info, next_id, node as i32))
                 };
                 let d = Device::create_at(place, mem);
                 if place.addressable {
@@ -345,7 +346,7 @@ impl Client {
 /// the CUDA / ROCm versions from it); without it buffers still work and
 /// compiling reports why there is none.
 #[cfg(any(feature = "cuda", feature = "hip"))]
-fn new_gpu<B: xla_vmm_device::Backend + 'static>(
+fn new_gpu<B: PluginBackend + 'static>(
     options: ClientOptions,
     kv: Option<KvStore>,
     name: &str,
@@ -372,7 +373,7 @@ fn new_gpu<B: xla_vmm_device::Backend + 'static>(
     for backend in backends {
         let g = gemm(&backend);
         mems.push(
-            VmmMemory::with_run_config(backend, options.run.clone(), options.exec)?.with_gemm(g),
+            VmmDevice::with_run_config(backend, options.run.clone(), options.exec)?.with_gemm(g),
         );
     }
     let client = Client::with_memories(options, mems, kv)?;

@@ -15,7 +15,7 @@ use crate::cabi::error::{Error, Result};
 use crate::cabi::handles::{Handle, Registry};
 pub use crate::cabi::memory_kind::{DEVICE_MEMORY_KIND, PINNED_HOST_MEMORY_KIND};
 use crate::objects::worker::Worker;
-use crate::runtime::devmem::DeviceMemory;
+use crate::runtime::context::DeviceContext;
 
 pub struct DeviceDescription {
     pub id: i32,
@@ -40,9 +40,9 @@ pub struct Device {
     pub description: Arc<DeviceDescription>,
     pub local_hardware_id: i32,
     /// False for the devices of other processes (their `mem` is a
-    /// `RemoteMemory` that refuses every operation).
+    /// `RemoteDevice` that refuses every operation).
     pub addressable: bool,
-    pub mem: Arc<dyn DeviceMemory>,
+    pub mem: Arc<dyn DeviceContext>,
     /// Set once, right after the memories are created.
     pub memories: OnceLock<Vec<Arc<Memory>>>,
     /// Enqueues this device's steps of multi-device executions.
@@ -102,7 +102,7 @@ const PINNED_HOST_MEMORY_ID_BASE: i32 = 1 << 16;
 impl Device {
     /// Create and register device `id` (process 0, addressable, its local
     /// hardware id the backend's ordinal) with its one memory space.
-    pub fn create(id: i32, mem: Arc<dyn DeviceMemory>) -> Arc<Device> {
+    pub fn create(id: i32, mem: Arc<dyn DeviceContext>) -> Arc<Device> {
         let local_hardware_id = mem.info().ordinal as i32;
         Self::create_at(
             Place {
@@ -116,7 +116,7 @@ impl Device {
     }
 
     /// Create and register the device at `place` with its one memory space.
-    pub fn create_at(place: Place, mem: Arc<dyn DeviceMemory>) -> Arc<Device> {
+    pub fn create_at(place: Place, mem: Arc<dyn DeviceContext>) -> Arc<Device> {
         let id = place.id;
         let info = mem.info().clone();
         let (cc_major, cc_minor) = info.compute_capability;

@@ -12,7 +12,7 @@
 //! Execution (asynchronous): everything is enqueued on the device's stream
 //! and `Execute` returns; a device event recorded after the step completes
 //! the outputs' ready events and the `device_complete_events` (see
-//! `runtime/devmem.rs`; `XLA_VMM_SYNC_EXECUTE=1` waits for the step instead). With
+//! `runtime/context.rs`; `XLA_VMM_SYNC_EXECUTE=1` waits for the step instead). With
 //! several devices, argument list `i` belongs to addressable device `i`;
 //! every list is checked first, then each device's step is enqueued on that
 //! device's worker thread (`worker.rs`), all at once. Per device:
@@ -60,9 +60,9 @@ impl LeafSpec {
     /// New memory for this leaf, in its memory space.
     fn alloc(
         &self,
-        mem: &dyn crate::runtime::devmem::DeviceMemory,
+        mem: &dyn crate::runtime::context::DeviceContext,
         bytes: u64,
-    ) -> Result<crate::runtime::devmem::Allocation> {
+    ) -> Result<crate::runtime::context::Allocation> {
         if self.on_host {
             mem.alloc_host(bytes)
         } else {
@@ -74,7 +74,7 @@ impl LeafSpec {
     fn buffer(
         &self,
         device: &Arc<Device>,
-        alloc: crate::runtime::devmem::Allocation,
+        alloc: crate::runtime::context::Allocation,
         ready: Arc<Event>,
     ) -> Result<Arc<Buffer>> {
         let memory = device.memory(self.memory_kind())?;
@@ -552,10 +552,10 @@ impl Executable {
         if program.placement_pending() {
             let info = args
                 .iter()
-                .map(|a| a.with_live(|al| Ok(mem.placement_info(al))))
+                .map(|a| a.with_live(|al| Ok(al.placement())))
                 .collect::<Result<Vec<_>>>()?;
             for (i, to) in program.placement(&info) {
-                if let Err(e) = args[i].with_live_mut(|al| mem.relocate(al, to)) {
+                if let Err(e) = args[i].with_live_mut(|al| al.relocate(to)) {
                     tracing::warn!(executable = %self.name, argument = i, to = ?to, error = %e,
                         "an argument's memory could not move; it stays");
                 }
@@ -565,16 +565,15 @@ impl Executable {
         // donate is copied first; the program updates the copy.
         let mut bound = Vec::with_capacity(args.len());
         let mut handles = Vec::with_capacity(args.len());
-        let mut copies: Vec<Option<crate::runtime::devmem::Allocation>> =
+        let mut copies: Vec<Option<crate::runtime::context::Allocation>> =
             Vec::with_capacity(args.len());
         for (i, a) in args.iter().enumerate() {
-            let (ptr, bytes, handle) =
-                a.with_live(|al| Ok((al.ptr, a.bytes, mem.remap_handle(al))))?;
+            let (ptr, bytes, handle) = a.with_live(|al| Ok((al.ptr, a.bytes, al.handle())))?;
             if self.aliased[i] && non_donatable.contains(&(i as i64)) && bytes > 0 {
                 let copy = self.params[i].alloc(&**mem, bytes)?;
                 mem.copy(copy.ptr, ptr, bytes)?;
                 bound.push((copy.ptr, bytes));
-                handles.push(mem.remap_handle(&copy));
+                handles.push(copy.handle());
                 copies.push(Some(copy));
             } else {
                 bound.push((ptr, bytes));
@@ -611,8 +610,8 @@ impl Executable {
             // An output written in place into an argument's memory is new
             // content there: its allocation is renewed (a program that read
             // the argument must not take the output for it).
-            let in_place = |mut a: crate::runtime::devmem::Allocation| {
-                mem.renew(&mut a);
+            let in_place = |mut a: crate::runtime::context::Allocation| {
+                a.renew();
                 a
             };
             let alloc = match o.parameter {
@@ -664,7 +663,7 @@ impl Executable {
         // refuses a non-donatable pinned_host argument that an output
         // aliases), so it gets a copy of ours, which it may donate; the
         // caller's buffer is not touched (deleted below if donated).
-        let mut copies: Vec<Option<crate::runtime::devmem::Allocation>> =
+        let mut copies: Vec<Option<crate::runtime::context::Allocation>> =
             Vec::with_capacity(args.len());
         for (i, a) in args.iter().enumerate() {
             copies.push(

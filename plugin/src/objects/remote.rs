@@ -3,7 +3,6 @@
 //! addressable here. Every operation is an error naming the device and its
 //! process.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use xla_vmm_device::vmm::VmmStats;
@@ -11,21 +10,21 @@ use xla_vmm_device::{DeviceInfo, DevicePtr};
 
 use crate::cabi::assignment::MultiDevice;
 use crate::cabi::error::{Error, Result};
-use crate::runtime::devmem::{Allocation, DeviceMemory};
+use crate::runtime::context::{Allocation, DeviceContext, Memory};
 use crate::runtime::event::Event;
 use crate::runtime::program::Program;
 
-pub struct RemoteMemory {
+pub struct RemoteDevice {
     info: DeviceInfo,
     id: i32,
     process: i32,
 }
 
-impl RemoteMemory {
+impl RemoteDevice {
     /// Device `id` of process `process`, described like `like` (processes
     /// of one job run on the same kind of GPU).
     pub fn new(like: &DeviceInfo, id: i32, process: i32) -> Self {
-        RemoteMemory {
+        RemoteDevice {
             info: like.clone(),
             id,
             process,
@@ -40,10 +39,7 @@ impl RemoteMemory {
     }
 }
 
-impl DeviceMemory for RemoteMemory {
-    fn info(&self) -> &DeviceInfo {
-        &self.info
-    }
+impl Memory for RemoteDevice {
     fn alloc(&self, _bytes: u64) -> Result<Allocation> {
         Err(self.refuse())
     }
@@ -55,6 +51,12 @@ impl DeviceMemory for RemoteMemory {
     }
     fn copy(&self, _dst: DevicePtr, _src: DevicePtr, _bytes: u64) -> Result<()> {
         Err(self.refuse())
+    }
+}
+
+impl DeviceContext for RemoteDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
     }
     fn complete_after(&self, done: Arc<Event>) {
         done.set(Err(self.refuse()));
@@ -71,9 +73,6 @@ impl DeviceMemory for RemoteMemory {
     }
     fn mem_info(&self) -> Result<(u64, u64)> {
         Err(self.refuse())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
     fn load_program(
         &self,

@@ -3,7 +3,7 @@
 //!
 //! Work the plugin does synchronously hands out events that are already
 //! complete; an execution's events complete when the device has finished
-//! the step (the client's completion thread, `devmem.rs`, sets them). The
+//! the step (the client's completion thread, `context.rs`, sets them). The
 //! type is fully asynchronous: set from any thread, callbacks run by
 //! whoever completes it (outside its lock), `Await` blocks on a condition
 //! variable.

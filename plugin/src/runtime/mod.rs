@@ -4,8 +4,9 @@
 
 pub mod collectives;
 pub mod completion;
-pub mod devmem;
+pub mod context;
 pub mod event;
+pub mod handle;
 pub mod program;
 pub mod staging;
 pub(crate) mod watchdog;

@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use xla_vmm::Plan;
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::{Backend, DevicePtr, MemLocation};
-use xla_vmm_runtime::{CallContext, Executable, RunConfig, RuntimeError, UserBuffer};
+use xla_vmm_runtime::{CallContext, Executable, RunConfig, RuntimeError};
 
 use crate::cabi::assignment::MultiDevice;
 use crate::cabi::error::{Error, Result};
 use crate::runtime::collectives::{self, Cliques};
+use crate::runtime::handle::{BufferHandle, PluginBackend};
 
 /// One result leaf of a run (valid until the next run).
 #[derive(Clone, Debug)]
@@ -28,13 +29,13 @@ pub trait Program: Send {
     /// the stream reaches this point).
     fn run(&mut self, args: &[(DevicePtr, u64)]) -> Result<Vec<RunOutput>>;
 
-    /// Like [`Program::run`], with each argument's remap handle (from
-    /// `DeviceMemory::remap_handle`) where there is one, so VA-stable graph
-    /// mode can map the caller's physical memory instead of copying.
+    /// Like [`Program::run`], with each argument's handle (from
+    /// `Allocation::handle`) where there is one, so VA-stable graph mode
+    /// can map the caller's physical memory instead of copying.
     fn run_bound(
         &mut self,
         args: &[(DevicePtr, u64)],
-        _handles: Vec<Option<Box<dyn std::any::Any + Send>>>,
+        _handles: Vec<Option<BufferHandle>>,
     ) -> Result<Vec<RunOutput>> {
         self.run(args)
     }
@@ -122,7 +123,7 @@ impl<B: Backend> RuntimeProgram<B> {
     }
 }
 
-impl<B: Backend> Program for RuntimeProgram<B> {
+impl<B: PluginBackend> Program for RuntimeProgram<B> {
     fn run(&mut self, args: &[(DevicePtr, u64)]) -> Result<Vec<RunOutput>> {
         self.run_bound(args, Vec::new())
     }
@@ -150,7 +151,7 @@ impl<B: Backend> Program for RuntimeProgram<B> {
     fn run_bound(
         &mut self,
         args: &[(DevicePtr, u64)],
-        mut handles: Vec<Option<Box<dyn std::any::Any + Send>>>,
+        mut handles: Vec<Option<BufferHandle>>,
     ) -> Result<Vec<RunOutput>> {
         let Some(exe) = self.exe.as_mut() else {
             return Err(Error::failed_precondition("the program was unloaded"));
@@ -167,10 +168,10 @@ impl<B: Backend> Program for RuntimeProgram<B> {
             // No handle: memory VA-stable mode cannot map (pinned host
             // memory), bound by address and copied. A handle of another
             // backend's type is a bug, not a reason to copy silently.
-            let user = match h.map(|h| h.downcast::<UserBuffer<B>>()) {
+            let user = match h.map(B::user_buffer) {
                 None => None,
-                Some(Ok(u)) => Some(*u),
-                Some(Err(_)) => {
+                Some(Some(u)) => Some(u),
+                Some(None) => {
                     return Err(Error::internal(format!(
                         "argument {i}: its remap handle is not a buffer of this program's backend"
                     )))

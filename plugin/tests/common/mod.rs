@@ -10,7 +10,7 @@ use std::ptr::null_mut;
 use xla_vmm_device::HostBackend;
 use xla_vmm_plugin::cabi::options::{BackendKind, ClientOptions};
 use xla_vmm_plugin::pjrt::*;
-use xla_vmm_plugin::runtime::devmem::VmmMemory;
+use xla_vmm_plugin::runtime::context::VmmDevice;
 
 pub mod multi;
 pub mod plans;
@@ -382,7 +382,7 @@ pub fn ready_event(b: *mut PJRT_Buffer) -> *mut PJRT_Event {
 
 /// Hold (`true`) or release the client's stream on the host backend: held,
 /// the work enqueued on it stays pending.
-pub fn hold(mem: &VmmMemory<HostBackend>, on: bool) {
+pub fn hold(mem: &VmmDevice<HostBackend>, on: bool) {
     mem.with_stream(|b, s| {
         if on {
             b.hold_stream(s)?;

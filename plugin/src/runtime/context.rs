@@ -1,10 +1,13 @@
-//! Device memory as the plugin sees it: allocate, free, upload, download,
-//! copy on one device, behind an object-safe trait so that the C-facing code
-//! is not generic over the backend.
+//! A device as the plugin sees it, behind object-safe traits so that the
+//! C-facing code is not generic over the backend: its memory ([`Memory`]:
+//! allocate, upload, download, copy; an [`Allocation`] frees itself, and
+//! its [`Backing`] says what else its memory can do) and its context
+//! ([`DeviceContext`]: the stream and completions, the programs loaded on
+//! it).
 //!
-//! [`VmmMemory`] implements it for any [`Backend`] on the project's
-//! [`VmmAllocator`]: every buffer JAX sees is a VMM allocation with an
-//! allocation id (the runtime binds slots by id, not by address).
+//! [`VmmDevice`] implements both for any backend the plugin runs on, on the
+//! project's [`VmmAllocator`]: every buffer JAX sees is a VMM allocation
+//! with an allocation id (the runtime binds slots by id, not by address).
 //!
 //! Ordering: one stream per client (per device) carries everything that
 //! writes buffers: executions, device copies, uploads (staged in pinned
@@ -12,7 +15,7 @@
 //! of a buffer whose producer has completed go on a second, transfer
 //! stream, so that they do not wait for the steps queued since (a live
 //! buffer is immutable; its state lock keeps it alive during the copy).
-//! Work on the stream is asynchronous; [`DeviceMemory::complete_after`] records a device
+//! Work on the stream is asynchronous; [`DeviceContext::complete_after`] records a device
 //! event after what was enqueued so far and the completion thread
 //! (`completion.rs`) completes the PJRT event when the device has done it.
 //! Freeing an allocation is stream ordered (`vmm::Buffer::free_on`): its
@@ -20,7 +23,6 @@
 //! `XLA_VMM_SYNC_EXECUTE=1` makes `complete_after` wait for the stream
 //! instead (synchronous mode, for debugging and A/B).
 
-use std::any::Any;
 use std::sync::Arc;
 
 use xla_vmm_device::vmm::{Buffer as VmmBuffer, VmmAllocator, VmmConfig, VmmStats};
@@ -31,6 +33,7 @@ use crate::cabi::error::{Error, Result};
 use crate::runtime::collectives::Cliques;
 use crate::runtime::completion::Completions;
 use crate::runtime::event::Event;
+use crate::runtime::handle::{BufferHandle, PluginBackend};
 use crate::runtime::program::{Program, RuntimeProgram, SharedStream};
 use crate::runtime::staging::StagingPool;
 use xla_vmm_device::blas::GemmEngine;
@@ -91,6 +94,59 @@ impl<B: Backend> Drop for OwnedHost<B> {
     }
 }
 
+/// The memory behind an [`Allocation`]: what it can do besides being freed
+/// (in stream order, when dropped).
+pub trait Backing: Send + Sync {
+    /// Where it lives and whether it can move under its address (`None`:
+    /// not the allocator's memory: pinned host memory).
+    fn placement(&self) -> (Option<MemLocation>, bool) {
+        (None, false)
+    }
+    /// Move it to `to` under its address, its bytes copied after the work
+    /// queued on the client's stream (waited for): its new allocation id,
+    /// `None` when it cannot move or is there already.
+    fn relocate(&mut self, _to: MemLocation) -> Result<Option<u64>> {
+        Ok(None)
+    }
+    /// New content in the same memory: a new generation.
+    fn renew(&mut self) {}
+    /// What VA-stable graph mode needs to map it (its physical memory and
+    /// allocation id), for [`Program::run_bound`].
+    fn handle(&self) -> Option<BufferHandle> {
+        None
+    }
+}
+
+impl<B: PluginBackend> Backing for OwnedBuffer<B> {
+    fn placement(&self) -> (Option<MemLocation>, bool) {
+        match &self.buf {
+            Some(buf) => (Some(buf.location()), buf.remappable()),
+            None => (None, false),
+        }
+    }
+
+    fn relocate(&mut self, to: MemLocation) -> Result<Option<u64>> {
+        let Some(buf) = self.buf.as_mut() else {
+            return Ok(None);
+        };
+        let moved = self.stream.with(|s| Ok(buf.relocate(to, s)?))?;
+        Ok(moved.then(|| buf.allocation_id().0))
+    }
+
+    fn renew(&mut self) {
+        if let Some(buf) = self.buf.as_mut() {
+            buf.renew();
+        }
+    }
+
+    fn handle(&self) -> Option<BufferHandle> {
+        let buf = self.buf.as_ref()?;
+        Some(B::handle(xla_vmm_runtime::UserBuffer::from_vmm(buf)))
+    }
+}
+
+impl<B: Backend> Backing for OwnedHost<B> {}
+
 /// Ids of pinned host allocations (apart from the allocator's).
 static HOST_ALLOCATION_IDS: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(1 << 62);
@@ -104,8 +160,39 @@ pub struct Allocation {
     pub size: u64,
     /// The host address of pinned host memory (None: device memory).
     pub host_addr: Option<usize>,
-    /// The backend's buffer object (`vmm::Buffer<B>`), kept for the runtime.
-    pub inner: Box<dyn Any + Send + Sync>,
+    /// The memory (the allocator's buffer, or pinned host memory).
+    pub inner: Box<dyn Backing>,
+}
+
+impl Allocation {
+    /// Where its memory lives and whether it can move
+    /// ([`Allocation::relocate`]); `None`: not the allocator's memory.
+    pub fn placement(&self) -> (Option<MemLocation>, bool) {
+        self.inner.placement()
+    }
+
+    /// Move its memory to `to` under its address (see
+    /// [`Backing::relocate`]); it gets the new allocation id. `Ok(false)`:
+    /// it cannot move or is there already.
+    pub fn relocate(&mut self, to: MemLocation) -> Result<bool> {
+        let moved = self.inner.relocate(to)?;
+        if let Some(id) = moved {
+            self.id = id;
+        }
+        Ok(moved.is_some())
+    }
+
+    /// It holds new content in its memory (a program wrote it in place):
+    /// a new generation ([`VmmBuffer::renew`]), so that no program takes it
+    /// for the content it held before.
+    pub fn renew(&mut self) {
+        self.inner.renew();
+    }
+
+    /// What VA-stable graph mode needs to map it.
+    pub fn handle(&self) -> Option<BufferHandle> {
+        self.inner.handle()
+    }
 }
 
 impl std::fmt::Debug for Allocation {
@@ -118,9 +205,10 @@ impl std::fmt::Debug for Allocation {
     }
 }
 
-/// What buffers need from a device.
-pub trait DeviceMemory: Send + Sync {
-    fn info(&self) -> &DeviceInfo;
+/// A device's memory as buffers see it: allocate, upload, download and
+/// copy on one device.
+pub trait Memory: Send + Sync {
+    /// `bytes` of device memory (host-located past the device budget).
     fn alloc(&self, bytes: u64) -> Result<Allocation>;
     /// Pinned host memory the device addresses directly (the `pinned_host`
     /// memory space): host to device transfers, copies and kernels reach it
@@ -143,6 +231,13 @@ pub trait DeviceMemory: Send + Sync {
     fn download(&self, out: &mut [u8], src: DevicePtr) -> Result<()>;
     /// Device → device copy, enqueued on the stream (asynchronous).
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()>;
+}
+
+/// A device's context: its memory ([`Memory`]), the stream that orders its
+/// work and the completions that follow it, the programs loaded on it
+/// (with its GEMM engine, collectives and run options).
+pub trait DeviceContext: Memory {
+    fn info(&self) -> &DeviceInfo;
     /// Complete `done` once the device has finished everything queued on
     /// the stream so far (at once in synchronous mode, or after shutdown);
     /// a device error fails it.
@@ -158,7 +253,6 @@ pub trait DeviceMemory: Send + Sync {
     fn stats(&self) -> VmmStats;
     /// (free, total) device memory.
     fn mem_info(&self) -> Result<(u64, u64)>;
-    fn as_any(&self) -> &dyn Any;
     /// Load a decoded program on this device (the runtime's `Executable`);
     /// `multi`: the executable runs on several devices, this is one of them
     /// (its collectives join the other devices' programs).
@@ -167,30 +261,10 @@ pub trait DeviceMemory: Send + Sync {
         plan: xla_vmm::Plan,
         multi: Option<&MultiDevice>,
     ) -> Result<Box<dyn Program>>;
-    /// What VA-stable graph mode needs to map `a` (its physical memory and
-    /// allocation id), for [`Program::run_bound`].
-    fn remap_handle(&self, _a: &Allocation) -> Option<Box<dyn Any + Send>> {
-        None
-    }
-    /// Where `a`'s memory lives and whether it can move under its address
-    /// ([`DeviceMemory::relocate`]); `None`: not the allocator's memory.
-    fn placement_info(&self, _a: &Allocation) -> (Option<MemLocation>, bool) {
-        (None, false)
-    }
-    /// Move `a`'s memory to `to` under its address, its bytes copied after
-    /// the work queued on the client's stream (waited for); it gets a new
-    /// allocation id. `Ok(false)`: it cannot move or is there already.
-    fn relocate(&self, _a: &mut Allocation, _to: MemLocation) -> Result<bool> {
-        Ok(false)
-    }
-    /// `a` holds new content in its memory (a program wrote it in place):
-    /// the allocation gets a new generation ([`VmmBuffer::renew`]), so that
-    /// no program takes it for the content it held before.
-    fn renew(&self, _a: &mut Allocation) {}
 }
 
-/// [`DeviceMemory`] on a [`Backend`] through the [`VmmAllocator`].
-pub struct VmmMemory<B: Backend> {
+/// [`DeviceContext`] on a [`Backend`] through the [`VmmAllocator`].
+pub struct VmmDevice<B: PluginBackend> {
     allocator: VmmAllocator<B>,
     stream: Arc<SharedStream<B>>,
     completions: Completions<B>,
@@ -206,7 +280,7 @@ pub struct VmmMemory<B: Backend> {
     transfer: SharedStream<B>,
 }
 
-impl<B: Backend> VmmMemory<B> {
+impl<B: PluginBackend> VmmDevice<B> {
     pub fn new(backend: Arc<B>) -> Result<Self> {
         Self::with_run_config(backend, RunConfig::default(), ExecOptions::default())
     }
@@ -250,7 +324,7 @@ impl<B: Backend> VmmMemory<B> {
                 return Err(e.into());
             }
         };
-        Ok(VmmMemory {
+        Ok(VmmDevice {
             staging: StagingPool::new(backend.clone()),
             transfer: SharedStream::new(transfer),
             allocator,
@@ -305,11 +379,7 @@ impl<B: Backend> VmmMemory<B> {
     }
 }
 
-impl<B: Backend> DeviceMemory for VmmMemory<B> {
-    fn info(&self) -> &DeviceInfo {
-        self.allocator.backend().info()
-    }
-
+impl<B: PluginBackend> Memory for VmmDevice<B> {
     fn alloc(&self, bytes: u64) -> Result<Allocation> {
         let buf: VmmBuffer<B> = self.allocator.alloc(bytes)?;
         tracing::trace!(
@@ -329,7 +399,6 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
             }),
         })
     }
-
     fn alloc_host(&self, bytes: u64) -> Result<Allocation> {
         let b = self.allocator.backend();
         let len = usize::try_from(bytes.max(1))
@@ -355,7 +424,6 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
             }),
         })
     }
-
     fn upload(&self, dst: DevicePtr, data: &[u8]) -> Result<Option<Arc<Event>>> {
         if data.is_empty() {
             return Ok(None);
@@ -386,7 +454,6 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
         self.complete_after(done.clone());
         Ok(Some(done))
     }
-
     fn download(&self, out: &mut [u8], src: DevicePtr) -> Result<()> {
         if out.is_empty() {
             return Ok(());
@@ -397,12 +464,17 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
         let be = self.allocator.backend();
         self.transfer.with(|t| Ok(be.read_sync(out, src, t)?))
     }
-
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
         self.with_stream(|b, s| Ok(b.copy_d2d(dst, src, bytes, s)?))
+    }
+}
+
+impl<B: PluginBackend> DeviceContext for VmmDevice<B> {
+    fn info(&self) -> &DeviceInfo {
+        self.allocator.backend().info()
     }
 
     fn complete_after(&self, done: Arc<Event>) {
@@ -468,10 +540,6 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
         Ok(self.allocator.backend().mem_info()?)
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
     fn load_program(
         &self,
         plan: xla_vmm::Plan,
@@ -496,48 +564,9 @@ impl<B: Backend> DeviceMemory for VmmMemory<B> {
         )?;
         Ok(Box::new(p))
     }
-
-    fn remap_handle(&self, a: &Allocation) -> Option<Box<dyn Any + Send>> {
-        let buf = a.inner.downcast_ref::<OwnedBuffer<B>>()?.buf.as_ref()?;
-        Some(Box::new(xla_vmm_runtime::UserBuffer::from_vmm(buf)))
-    }
-
-    fn placement_info(&self, a: &Allocation) -> (Option<MemLocation>, bool) {
-        match a
-            .inner
-            .downcast_ref::<OwnedBuffer<B>>()
-            .and_then(|o| o.buf.as_ref())
-        {
-            Some(buf) => (Some(buf.location()), buf.remappable()),
-            None => (None, false),
-        }
-    }
-
-    fn relocate(&self, a: &mut Allocation, to: MemLocation) -> Result<bool> {
-        let Some(buf) = a
-            .inner
-            .downcast_mut::<OwnedBuffer<B>>()
-            .and_then(|o| o.buf.as_mut())
-        else {
-            return Ok(false);
-        };
-        let moved = self.stream.with(|s| Ok(buf.relocate(to, s)?))?;
-        a.id = buf.allocation_id().0;
-        Ok(moved)
-    }
-
-    fn renew(&self, a: &mut Allocation) {
-        if let Some(buf) = a
-            .inner
-            .downcast_mut::<OwnedBuffer<B>>()
-            .and_then(|o| o.buf.as_mut())
-        {
-            buf.renew();
-        }
-    }
 }
 
-impl<B: Backend> Drop for VmmMemory<B> {
+impl<B: PluginBackend> Drop for VmmDevice<B> {
     fn drop(&mut self) {
         self.shutdown();
         // Every upload has completed (shutdown waited for the stream and the
