@@ -157,3 +157,88 @@ fn ordinary_allocations_leave_the_staging_reserve_to_explicit_device_memory() {
     );
     b.mem_release(area).unwrap();
 }
+
+#[test]
+fn a_cached_block_in_host_memory_is_not_reused_while_the_device_has_room() {
+    let (b, a) = setup(2, 4, 64);
+    let s = b.stream_create().unwrap();
+    let at = |x: &xla_vmm_device::Buffer<HostBackend>| x.phys().location();
+    let (d0, mut d1, h) = (
+        a.alloc(G).unwrap(),
+        a.alloc(G).unwrap(),
+        a.alloc(G).unwrap(),
+    );
+    assert_eq!(
+        (at(&d0), at(&d1), at(&h)),
+        (MemLocation::Device, MemLocation::Device, MemLocation::Host)
+    );
+    // Freed first, the host block heads the cache; the device block behind
+    // it is taken.
+    a.free(h, &s).unwrap();
+    a.free(d0, &s).unwrap();
+    b.stream_synchronize(&s).unwrap();
+    let x = a.alloc(G).unwrap();
+    assert_eq!(at(&x), MemLocation::Device);
+    // A buffer moved to host memory and freed: two host blocks cached, and
+    // the device has room again. The oldest goes and a device block is made.
+    assert!(d1.relocate(MemLocation::Host, &s).unwrap());
+    a.free(d1, &s).unwrap();
+    b.stream_synchronize(&s).unwrap();
+    let y = a.alloc(G).unwrap();
+    assert_eq!(at(&y), MemLocation::Device);
+    let u = b.budget().usage();
+    assert_eq!((u.device_bytes, u.host_bytes), (2 * G, G), "{u:?}");
+    // With the device full, the cached host block is used again.
+    let z = a.alloc(G).unwrap();
+    assert_eq!(at(&z), MemLocation::Host);
+    assert_eq!(b.budget().usage().host_bytes, G);
+    drop((x, y, z));
+    a.trim().unwrap();
+    b.stream_destroy(s).unwrap();
+}
+
+#[test]
+fn a_buffer_moves_between_device_and_host_memory_under_its_address_with_its_bytes() {
+    let (b, a) = setup(2, 2, 64);
+    let s = b.stream_create().unwrap();
+    let mut buf = a.alloc(G).unwrap();
+    b.write_sync(buf.ptr(), &fill(3), &s).unwrap();
+    let (ptr, id) = (buf.ptr(), buf.allocation_id());
+    assert_eq!(buf.location(), MemLocation::Device);
+    assert!(buf.relocate(MemLocation::Host, &s).unwrap());
+    assert!(
+        !buf.relocate(MemLocation::Host, &s).unwrap(),
+        "there already"
+    );
+    // Same address, same bytes, new memory (a new id, generation 0).
+    assert_eq!((buf.ptr(), buf.location()), (ptr, MemLocation::Host));
+    assert_ne!(buf.allocation_id(), id);
+    assert_eq!(buf.generation(), 0);
+    let mut got = vec![0u8; G as usize];
+    b.read_sync(&mut got, buf.ptr(), &s).unwrap();
+    assert_eq!(got, fill(3));
+    let u = b.budget().usage();
+    assert_eq!(
+        (u.device_bytes, u.host_bytes, u.relocated),
+        (0, G, 1),
+        "{u:?}"
+    );
+    // Back, and past the limit: out of memory, the buffer where it was.
+    assert!(buf.relocate(MemLocation::Device, &s).unwrap());
+    let (f0, f1) = (a.alloc(G).unwrap(), a.alloc(G).unwrap());
+    assert_eq!(f1.location(), MemLocation::Host);
+    drop(f0);
+    let other = a.alloc(G).unwrap();
+    assert_eq!(other.location(), MemLocation::Device);
+    let mut h = f1;
+    let e = h.relocate(MemLocation::Device, &s).unwrap_err();
+    assert!(matches!(e, DeviceError::OutOfMemory { .. }), "{e}");
+    assert_eq!(h.location(), MemLocation::Host);
+    b.read_sync(&mut got, buf.ptr(), &s).unwrap();
+    assert_eq!(got, fill(3));
+    drop((buf, h, other));
+    a.trim().unwrap();
+    let u = b.budget().usage();
+    assert_eq!((u.device_bytes, u.host_bytes), (0, 0), "{u:?}");
+    b.stream_destroy(s).unwrap();
+}

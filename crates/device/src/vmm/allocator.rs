@@ -205,26 +205,36 @@ impl<B: Backend> Drop for Buffer<B> {
     }
 }
 
-/// Take the oldest ready entry of a FIFO (querying pending events in order).
+/// Take the oldest ready entry of a FIFO that `prefer` accepts, else the
+/// oldest ready one (querying pending events in order).
 fn take_ready<B: Backend, T>(
     backend: &B,
     list: &mut VecDeque<Free<T>>,
     events: &mut FreeEvents<B>,
+    prefer: impl Fn(&T) -> bool,
 ) -> Result<Option<T>> {
+    let mut found = None;
     for i in 0..list.len() {
         let ready = match list[i].event {
             None => true,
             Some(k) => events.done(backend, k)?,
         };
         if ready {
-            let f = list.remove(i).expect("index in range");
-            if let Some(k) = f.event {
-                events.release(k);
+            found.get_or_insert(i);
+            if prefer(&list[i].item) {
+                found = Some(i);
+                break;
             }
-            return Ok(Some(f.item));
         }
     }
-    Ok(None)
+    let Some(i) = found else {
+        return Ok(None);
+    };
+    let f = list.remove(i).expect("index in range");
+    if let Some(k) = f.event {
+        events.release(k);
+    }
+    Ok(Some(f.item))
 }
 
 /// Is the entry ready (event complete)? Drops its event reference if so.
@@ -543,13 +553,22 @@ impl<B: Backend> Inner<B> {
             .ok_or_else(|| {
                 DeviceError::InvalidArgument(format!("allocation of {size} bytes overflows"))
             })?;
+        // A cached block in device memory first; one in host memory (spilled
+        // past the budget, or moved there) only while the device has no
+        // room for a new block: then it goes, and a device block is made.
+        let on_device = |b: &Large<B>| b.phys.location() == MemLocation::Device;
         if let Some(list) = st.large.get_mut(&class) {
-            if let Some(mut b) = take_ready(self.backend(), list, &mut st.events)? {
+            if let Some(mut b) = take_ready(self.backend(), list, &mut st.events, on_device)? {
                 if list.is_empty() {
                     st.large.remove(&class);
                 }
-                b.generation += 1;
-                return Ok((Kind::Large(b), true));
+                if on_device(&b) || !self.device_has_room(class) {
+                    b.generation += 1;
+                    return Ok((Kind::Large(b), true));
+                }
+                if let Err(e) = Self::release_large(b) {
+                    self.ctx.record_deferred(e);
+                }
             }
         }
         let (va, phys) = self.create_mapped(st, class)?;
@@ -564,10 +583,19 @@ impl<B: Backend> Inner<B> {
         ))
     }
 
+    /// Could a new block of `bytes` be made in device memory now (the
+    /// budget's room for ordinary allocations)?
+    fn device_has_room(&self, bytes: u64) -> bool {
+        let be = self.backend();
+        let budget = be.budget();
+        let ceiling = budget.ordinary_device_ceiling(be.info().total_memory);
+        budget.usage().device_bytes.saturating_add(bytes) <= ceiling
+    }
+
     fn alloc_small(&self, st: &mut State<B>, size: u64) -> Result<(Kind<B>, bool)> {
         let class = self.small_class(size);
         let found = match st.small.get_mut(&class) {
-            Some(list) => take_ready(self.backend(), list, &mut st.events)?,
+            Some(list) => take_ready(self.backend(), list, &mut st.events, |_| true)?,
             None => None,
         };
         let mut slot = match found {
