@@ -214,14 +214,14 @@ fn take_ready<B: Backend, T>(
     prefer: impl Fn(&T) -> bool,
 ) -> Result<Option<T>> {
     let mut found = None;
-    for i in 0..list.len() {
-        let ready = match list[i].event {
+    for (i, f) in list.iter().enumerate() {
+        let ready = match f.event {
             None => true,
             Some(k) => events.done(backend, k)?,
         };
         if ready {
             found.get_or_insert(i);
-            if prefer(&list[i].item) {
+            if prefer(&f.item) {
                 found = Some(i);
                 break;
             }
