@@ -196,9 +196,10 @@ const GRANULE: u64 = 2 << 20;
 
 /// `--as-run`: the program planned as the plugin runs it under a device
 /// memory limit: its parameters allocated first (in parameter order), its
-/// own buffers at load after them, each in device memory while ordinary
-/// allocations stay under the limit less the staging reserve and in host
-/// memory past it; then the staging its first run plans (what
+/// own buffers at load after them (its small allocations packed in one,
+/// `xla_vmm_runtime::program::own_layout`), each in device memory while
+/// ordinary allocations stay under the limit less the staging reserve and
+/// in host memory past it; then the staging its first run plans (what
 /// `report()` shows on the GPU). An emulation of the allocation order a
 /// JAX program usually has (`device_put` of the parameters, then the
 /// executable's load).
@@ -234,26 +235,59 @@ pub fn as_run(
         "--staging-reserve {reserve_percent}: at most 90 (percent)"
     );
     let ceiling = limit / 100 * (100 - reserve_percent);
-    let mut order: Vec<(u64, usize)> = plan
+    // The allocator's small buffers share granules: counted by their bytes.
+    let small = xla_vmm_device::vmm::VmmConfig::default().small_threshold;
+    let held = |size: u64| {
+        if size <= small {
+            size
+        } else {
+            size.div_ceil(GRANULE) * GRANULE
+        }
+    };
+    // The parameters first, in order, then the program's own buffers as it
+    // lays them out: (allocations, bytes held, one that can move).
+    let mut params: Vec<&xla_vmm::BufferAllocation> = plan
         .allocations
         .iter()
-        .map(|a| match &a.role {
-            AllocationRole::Parameter { number, .. } => (*number, a.index),
-            _ => (u64::MAX / 2 + a.index as u64, a.index),
-        })
+        .filter(|a| matches!(a.role, AllocationRole::Parameter { .. }))
         .collect();
-    order.sort_unstable();
-    let mut homes = vec![Home::Host; plan.allocations.len()];
+    params.sort_by_key(|a| match a.role {
+        AllocationRole::Parameter { number, .. } => number,
+        _ => 0,
+    });
+    let mut order: Vec<(Vec<usize>, u64, bool, bool)> = params
+        .iter()
+        .map(|a| (vec![a.index], held(a.size), a.size > small, true))
+        .collect();
+    order.extend(
+        xla_vmm_runtime::program::own_layout(plan)
+            .into_iter()
+            .map(|b| {
+                let alone = b.parts.len() == 1;
+                let parts = b.parts.iter().map(|p| p.0).collect();
+                (parts, b.bytes.div_ceil(GRANULE) * GRANULE, alone, false)
+            }),
+    );
+    let mut homes = vec![Home::Device; plan.allocations.len()];
     let (mut device, mut host, mut device_params) = (0u64, 0u64, 0usize);
-    for (key, i) in order {
-        let size = plan.allocations[i].size;
-        let g = size.div_ceil(GRANULE) * GRANULE;
-        if size == 0 || device + g <= ceiling {
-            homes[i] = Home::Device;
-            device += g;
-            device_params += usize::from(key < u64::MAX / 2 && size > 0);
+    let mut movable: Vec<(usize, u64)> = Vec::new();
+    for (parts, bytes, can_move, param) in order {
+        if bytes == 0 {
+            continue;
+        }
+        let home = if device + bytes <= ceiling {
+            device += bytes;
+            device_params += usize::from(param);
+            Home::Device
         } else {
-            host += g;
+            host += bytes;
+            Home::Host
+        };
+        for &a in &parts {
+            homes[a] = home;
+        }
+        if can_move {
+            movable.push((parts[0], bytes));
         }
     }
     let room = limit.saturating_sub(device) / GRANULE * GRANULE;
@@ -261,16 +295,8 @@ pub fn as_run(
     // in the area from step to step.
     let staging = xla_vmm_runtime::staging::plan_staging(plan, &homes, room, rates.rates(), true)?;
     // At the first run its memory moves where its plan wants it: the
-    // program's own buffers, and parameters above the allocator's small
-    // size (smaller ones share a granule).
-    let small = xla_vmm_device::vmm::VmmConfig::default().small_threshold;
-    let movable: Vec<(usize, u64)> = plan
-        .allocations
-        .iter()
-        .filter(|a| a.size > small || !matches!(a.role, AllocationRole::Parameter { .. }))
-        .filter(|a| a.size > 0)
-        .map(|a| (a.index, a.size.div_ceil(GRANULE) * GRANULE))
-        .collect();
+    // parameters above the allocator's small size and the program's own
+    // buffers that hold one allocation.
     let moved =
         match xla_vmm_runtime::staging::plan_moves(plan, &homes, room, rates.rates(), &movable)? {
             None => None,

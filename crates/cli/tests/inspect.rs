@@ -161,9 +161,10 @@ fn memory_budget_plans_stay_under_the_budget() {
 
 #[test]
 fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
-    // llama_sgd_f32 (576 MiB) under a 384 MiB limit: the parameters first
-    // fill three quarters of it, the rest is in host memory, and the first
-    // run stages part of it through the room left.
+    // llama_sgd_f32 (568 MiB) under a 384 MiB limit: the parameters first,
+    // then its own buffers while three quarters of it last, the rest is in
+    // host memory, and the first run stages part of it through the room
+    // left.
     let file = fixtures().join("llama_sgd_f32.pjrt");
     let file = file.to_str().unwrap();
     let run = |extra: &[&str]| -> serde_json::Value {
@@ -189,9 +190,11 @@ fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
         n(s, "area_bytes") <= 384 * (1 << 20) - n(&a, "device_bytes"),
         "{a}"
     );
-    // No reserve: more in device memory, less room to stage through.
+    // No reserve: as much in device memory or more (the next large
+    // temporary may not fit either way), no more room to stage through.
     let b = run(&["--staging-reserve", "0"]);
-    assert!(n(&b, "device_bytes") > n(&a, "device_bytes"), "{b}");
+    assert!(n(&b, "device_bytes") >= n(&a, "device_bytes"), "{b}");
+    assert!(n(&b["staging"], "area_bytes") <= n(s, "area_bytes"), "{b}");
     // The reserve is checked; --as-run needs a budget.
     assert!(!inspect(&[
         file,
@@ -208,12 +211,12 @@ fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
 
 #[test]
 fn as_run_shows_what_the_first_run_moves_for_its_plan() {
-    // llama_sgd_f32 under a 200 MiB limit: the parameters put first hold
+    // llama_sgd_f32 under a 150 MiB limit: the parameters put first hold
     // the device, the area left is too small for a step's temporaries, so
     // the first run sends parameters to host memory for a larger area.
     let file = fixtures().join("llama_sgd_f32.pjrt");
     let file = file.to_str().unwrap();
-    let out = inspect(&[file, "--json", "--memory-budget", "200M", "--as-run"]);
+    let out = inspect(&[file, "--json", "--memory-budget", "150M", "--as-run"]);
     assert!(
         out.status.success(),
         "{}",

@@ -27,6 +27,65 @@ use crate::slots::{DeviceBuffer, SlotTable};
 use crate::staging::Staging;
 use xla_vmm_policy::residency::{Home, Rates};
 
+/// Its own allocations of at most this many bytes share one buffer.
+pub const PACKED_MAX: u64 = 64 << 10;
+
+/// Their offsets in it are aligned to this (every kernel's operand
+/// alignment, as the staging area's).
+const PACKED_ALIGN: u64 = 512;
+
+/// One buffer of a program's own memory: its bytes, and the (allocation,
+/// offset, size) of each allocation it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnBuffer {
+    pub bytes: u64,
+    pub parts: Vec<(usize, u64, u64)>,
+}
+
+/// How a program's own allocations (every one but the parameters) are laid
+/// out in buffers, in the order they are allocated: first one buffer for
+/// all the allocations of at most [`PACKED_MAX`] bytes, at [`PACKED_ALIGN`]ed
+/// offsets (a granule each would hold 2 MiB for a few bytes:
+/// llama_scan_bf16's 111 small allocations, 20 MiB in all, took 244 MiB),
+/// then a buffer for each larger one: under a device budget, the large
+/// allocations are those past it, and those that can move.
+pub fn own_layout(plan: &Plan) -> Vec<OwnBuffer> {
+    let own = plan
+        .allocations
+        .iter()
+        .filter(|a| a.size > 0 && !matches!(a.role, AllocationRole::Parameter { .. }));
+    let mut packed = OwnBuffer {
+        bytes: 0,
+        parts: Vec::new(),
+    };
+    let mut out = Vec::new();
+    for a in own {
+        if a.size <= PACKED_MAX {
+            packed.parts.push((a.index, packed.bytes, a.size));
+            packed.bytes = (packed.bytes + a.size).next_multiple_of(PACKED_ALIGN);
+        } else {
+            out.push(OwnBuffer {
+                bytes: a.size,
+                parts: vec![(a.index, 0, a.size)],
+            });
+        }
+    }
+    if packed.bytes > 0 {
+        out.insert(0, packed);
+    }
+    out
+}
+
+/// Where one of a program's own allocations lives.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Owned {
+    pub(crate) allocation: usize,
+    /// Index into the program's own buffers.
+    pub(crate) buffer: usize,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+}
+
 /// A loaded program on one backend.
 pub struct Program<B: Backend> {
     backend: Arc<B>,
@@ -38,9 +97,11 @@ pub struct Program<B: Backend> {
     /// The GEMM and convolution plans its ops use, on `gemm`.
     plans: crate::ops::LibraryPlans,
     modules: Vec<B::Module>,
+    /// Its own memory: one buffer per large allocation, one for all the
+    /// small ones ([`PACKED_MAX`]).
     owned: Vec<DeviceBuffer<B>>,
-    /// Allocation index of each `owned` buffer.
-    owned_index: Vec<usize>,
+    /// Where each of its own allocations lives in `owned`.
+    owned_at: Vec<Owned>,
     /// Moves of its own buffers planned before its first run
     /// ([`Program::plan_moves`]), made by [`Program::move_own`].
     own_moves: Vec<(usize, MemLocation)>,
@@ -115,7 +176,7 @@ impl<B: Backend> Program<B> {
             plans,
             modules,
             owned: Vec::new(),
-            owned_index: Vec::new(),
+            owned_at: Vec::new(),
             own_moves: Vec::new(),
             param_slots,
             aux_streams: Vec::new(),
@@ -142,27 +203,7 @@ impl<B: Backend> Program<B> {
             let done = backend.event_create()?;
             p.events.insert(id, (start, done));
         }
-        for i in 0..p.plan.allocations.len() {
-            let a = &p.plan.allocations[i];
-            let (index, size) = (a.index, a.size);
-            let constant = match &a.role {
-                AllocationRole::Parameter { .. } => continue,
-                AllocationRole::Constant { .. } => {
-                    Some(crate::ops::constant_bytes(&p.plan, index)?)
-                }
-                AllocationRole::Output { .. } | AllocationRole::Temp => None,
-            };
-            if size == 0 {
-                continue;
-            }
-            let buf = DeviceBuffer::alloc_in(&p.vmm, size)?;
-            if let Some(bytes) = constant {
-                // On an error the buffer is released by its drop.
-                backend.write_sync(buf.ptr(), &bytes, stream)?;
-            }
-            p.owned.push(buf);
-            p.owned_index.push(index);
-        }
+        p.allocate_own(stream)?;
         // XLA's host memory space (host offload): the program's own
         // allocations there are device memory here (the copies to and from
         // them are the same bytes, so results do not change; the device
@@ -187,6 +228,7 @@ impl<B: Backend> Program<B> {
         tracing::info!(
             ops = p.ops.len(),
             modules = p.modules.len(),
+            owned_allocations = p.owned_at.len(),
             owned_buffers = p.owned.len(),
             aux_streams = p.aux_streams.len(),
             "executable loaded"
@@ -236,14 +278,58 @@ impl<B: Backend> Program<B> {
 
     /// (allocation index, buffer) of every buffer the program owns.
     pub(crate) fn owned_buffers(&self) -> impl Iterator<Item = (usize, &DeviceBuffer<B>)> {
-        self.owned_index.iter().copied().zip(self.owned.iter())
+        self.owned_at
+            .iter()
+            .map(|o| (o.allocation, &self.owned[o.buffer]))
+    }
+
+    /// Its own memory: the buffers, and where each of its own allocations
+    /// lives in them.
+    pub(crate) fn owned_storage(&self) -> (&[DeviceBuffer<B>], &[Owned]) {
+        (&self.owned, &self.owned_at)
+    }
+
+    /// The buffer of own allocation `a` when it holds `a` alone (a large
+    /// allocation: it can move).
+    fn owned_alone(&self, a: usize) -> Option<usize> {
+        let o = self.owned_at.iter().find(|o| o.allocation == a)?;
+        let shared = self
+            .owned_at
+            .iter()
+            .filter(|x| x.buffer == o.buffer)
+            .count();
+        (shared == 1).then_some(o.buffer)
+    }
+
+    /// Allocate its own memory ([`own_layout`]) and write its constants.
+    fn allocate_own(&mut self, stream: &B::Stream) -> Result<()> {
+        for b in own_layout(&self.plan) {
+            let buffer = self.owned.len();
+            self.owned.push(DeviceBuffer::alloc_in(&self.vmm, b.bytes)?);
+            self.owned_at
+                .extend(b.parts.into_iter().map(|(allocation, offset, size)| Owned {
+                    allocation,
+                    buffer,
+                    offset,
+                    size,
+                }));
+        }
+        for o in &self.owned_at {
+            if let AllocationRole::Constant { .. } = self.plan.allocations[o.allocation].role {
+                let bytes = crate::ops::constant_bytes(&self.plan, o.allocation)?;
+                let at = self.owned[o.buffer].ptr().offset(o.offset);
+                self.backend.write_sync(at, &bytes, stream)?;
+            }
+        }
+        Ok(())
     }
 
     /// A slot table with the owned buffers bound (parameters unbound).
     pub(crate) fn owned_slots(&self) -> Result<SlotTable> {
         let mut t = SlotTable::new(self.plan.allocations.len());
-        for (index, buf) in self.owned_buffers() {
-            t.bind(index, buf.ptr(), buf.size())?;
+        for o in &self.owned_at {
+            let at = self.owned[o.buffer].ptr().offset(o.offset);
+            t.bind(o.allocation, at, o.size)?;
         }
         Ok(t)
     }
@@ -309,7 +395,11 @@ impl<B: Backend> Program<B> {
             .iter()
             .filter_map(|&a| Some((a, self.plan.allocations.get(a)?.size.div_ceil(gran) * gran)))
             .collect();
-        may.extend(self.owned_buffers().map(|(a, b)| (a, b.mapped())));
+        // Its large allocations (the small ones share a buffer).
+        may.extend(self.owned_at.iter().filter_map(|o| {
+            let b = self.owned_alone(o.allocation)?;
+            Some((o.allocation, self.owned[b].mapped()))
+        }));
         let room = crate::staging::room(&*self.backend) / gran * gran;
         let name = &self.plan.module_name;
         let r = match crate::staging::plan_moves(&self.plan, &homes, room, Rates::H200, &may) {
@@ -332,7 +422,7 @@ impl<B: Backend> Program<B> {
             .moves
             .iter()
             .map(|&(a, h)| (a, at(h)))
-            .partition(|(a, _)| self.owned_index.contains(a));
+            .partition(|(a, _)| self.owned_at.iter().any(|o| o.allocation == *a));
         self.own_moves = own;
         params
     }
@@ -343,7 +433,7 @@ impl<B: Backend> Program<B> {
     /// stays (said).
     pub(crate) fn move_own(&mut self, stream: &B::Stream) {
         for (a, to) in std::mem::take(&mut self.own_moves) {
-            let Some(k) = self.owned_index.iter().position(|&i| i == a) else {
+            let Some(k) = self.owned_alone(a) else {
                 continue;
             };
             let constant = matches!(

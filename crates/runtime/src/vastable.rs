@@ -408,9 +408,12 @@ impl<B: Backend> VaStable<B> {
             .regions()
             .last()
             .map_or(0, |r| r.offset + r.region);
-        let mut owned = Vec::new();
-        for (idx, buf) in program.owned_buffers() {
-            owned.push((idx, off, buf));
+        // The program's own buffers after the parameter regions, each mapped
+        // once (several small allocations share one).
+        let (buffers, owned) = program.owned_storage();
+        let mut at = Vec::with_capacity(buffers.len());
+        for buf in buffers {
+            at.push(off);
             off += buf.mapped();
         }
         let total = off.max(gran);
@@ -437,11 +440,14 @@ impl<B: Backend> VaStable<B> {
                 r.start = Some(be.event_create()?);
             }
             let va = r.va.as_ref().expect("just reserved");
-            for (idx, o, buf) in &owned {
-                be.map(va, *o, buf.raw_mem(), 0, buf.mapped())?;
-                r.fixed_maps.push((*o, buf.mapped()));
-                be.set_access(va, *o, buf.mapped())?;
-                r.table.bind(*idx, base.offset(*o), buf.size())?;
+            for (buf, &o) in buffers.iter().zip(&at) {
+                be.map(va, o, buf.raw_mem(), 0, buf.mapped())?;
+                r.fixed_maps.push((o, buf.mapped()));
+                be.set_access(va, o, buf.mapped())?;
+            }
+            for w in owned {
+                r.table
+                    .bind(w.allocation, base.offset(at[w.buffer] + w.offset), w.size)?;
             }
             for (s, g) in self.slots.iter().zip(self.planner.regions()) {
                 r.table.bind(s.allocation, base.offset(g.offset), s.size)?;

@@ -243,13 +243,14 @@ fn while_with_trip_count_and_loop_dependent_windows_eager_and_graph() {
     }
 }
 
-/// Two runs of `p` in `mode` on a backend with a 4 MiB device limit, half
-/// of it kept for staging (the program's first own buffer gets the other
-/// half, the rest are host-located and staged): the second run's outputs,
-/// and whether the program was staged.
+/// Two runs of `p` in `mode` on a backend with a 2 MiB device limit (one
+/// granule), half of it kept for staging (the program's own buffer, its
+/// small allocations packed in one granule, and the input are
+/// host-located and staged): the second run's outputs, and whether the
+/// program was staged.
 fn run_staged(b: &Arc<HostBackend>, p: Plan, input: &[f32], mode: Mode) -> (Vec<Vec<f32>>, bool) {
     b.budget().set_limits(xla_vmm_device::MemoryLimits {
-        device: Some(4 << 20),
+        device: Some(2 << 20),
         host: None,
         staging_reserve: Some(50),
     });

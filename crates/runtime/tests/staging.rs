@@ -203,9 +203,10 @@ fn a_staged_graph_times_its_replays() {
 
 #[test]
 fn with_no_room_for_an_area_host_memory_is_read_in_place() {
-    // The program's own three buffers take the whole device limit.
+    // The program's own buffer (its three small allocations in one
+    // granule) takes the whole device limit.
     for mode in [Mode::Eager, Mode::Graph] {
-        let (got, staged) = two_steps(mode, MemLocation::Host, Some(6 << 20));
+        let (got, staged) = two_steps(mode, MemLocation::Host, Some(2 << 20));
         assert!(staged.is_none());
         assert_eq!(got[2], vec![12.0, 22.0, 32.0, 42.0]);
         assert_eq!(got[0], vec![10.0, 12.0, 14.0, 16.0]);
@@ -319,25 +320,31 @@ fn reusing_program(n: u64) -> Plan {
 #[test]
 fn a_temporary_whose_bytes_hold_several_values_is_staged_by_value_with_the_same_results() {
     for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
-        let want = vec![vec![2.0, 4.0, 6.0, 8.0], vec![5.0, 6.0, 7.0, 8.0]];
+        // 64 KiB outputs (packed in one buffer), a 128 KiB temporary (its
+        // own).
+        let n = 16 << 10;
+        let want: Vec<Vec<f32>> = vec![
+            (0..n).map(|i| 2.0 * (1.0 + i as f32)).collect(),
+            (0..n).map(|i| 5.0 + i as f32).collect(),
+        ];
         let (on_device, _) = two_steps_of(
             &backend_with(None),
-            reusing_program(4),
-            4,
+            reusing_program(n as u64),
+            n,
             mode,
             MemLocation::Device,
         );
         assert_eq!(on_device, want, "{mode:?}");
-        // The outputs fill the half of an 8 MiB limit that ordinary
-        // allocations get; the temporary, allocated after them, lives in
-        // host memory, and its three values are staged through the rest.
+        // The outputs' buffer fills the half of a 4 MiB limit that ordinary
+        // allocations get; the temporary, allocated after it, lives in host
+        // memory, and its three values are staged through the rest.
         let b = backend();
         b.budget().set_limits(MemoryLimits {
-            device: Some(8 << 20),
+            device: Some(4 << 20),
             host: None,
             staging_reserve: Some(50),
         });
-        let (staged, s) = two_steps_of(&b, reusing_program(4), 4, mode, MemLocation::Host);
+        let (staged, s) = two_steps_of(&b, reusing_program(n as u64), n, mode, MemLocation::Host);
         assert_eq!(staged, want, "{mode:?} staged");
         let s = s.expect("staged");
         // Two parameters (the third is not used) and the three values.
