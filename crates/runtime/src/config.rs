@@ -102,6 +102,14 @@ pub const OPTIONS: &[OptionSpec] = &[
               leave free: programs whose memory went to host memory stage it through there",
     },
     OptionSpec {
+        key: "rebalance",
+        env: "XLA_VMM_REBALANCE",
+        values: "0, 1",
+        default: "1",
+        doc: "under a device budget, a program's first run moves its buffers between the device \
+              and host memory where its plan gains (0: they stay where they were allocated)",
+    },
+    OptionSpec {
         key: "step_timing",
         env: "XLA_VMM_STEP_TIMING",
         values: "0, 1",
@@ -127,6 +135,9 @@ pub struct RunConfig {
     /// the device runs on one stream (the plugin's front door sets it): a
     /// staged step holds the area while it is enqueued. Not an option.
     pub shared_staging_area: bool,
+    /// A program's first run moves its memory where its plan wants it
+    /// (`xla_vmm_policy::rebalance`).
+    pub rebalance: bool,
 }
 
 impl Default for RunConfig {
@@ -137,6 +148,7 @@ impl Default for RunConfig {
             binding: BindingConfig::default(),
             memory: MemoryLimits::default(),
             shared_staging_area: false,
+            rebalance: true,
         }
     }
 }
@@ -202,6 +214,7 @@ impl RunConfig {
                 }
             }
             "step_timing" => self.binding.step_timing = parse_bool(text).ok_or_else(bad)?,
+            "rebalance" => self.rebalance = parse_bool(text).ok_or_else(bad)?,
             "device_memory_limit" => self.memory.device = Some(parse_bytes(text).ok_or_else(bad)?),
             "host_memory_limit" => self.memory.host = Some(parse_bytes(text).ok_or_else(bad)?),
             "staging_reserve" => {

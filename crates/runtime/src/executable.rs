@@ -412,7 +412,7 @@ impl<B: Backend> Executable<B> {
     /// whole allocation of its own). Returns (parameter, location) moves,
     /// those leaving the device first; the program's own buffers move at
     /// its first run. Empty after the first call, when nothing is in host
-    /// memory, or when no move pays.
+    /// memory, when no move pays, or with the `rebalance` option off.
     pub fn placement(
         &mut self,
         params: &[(Option<MemLocation>, bool)],
@@ -421,6 +421,9 @@ impl<B: Backend> Executable<B> {
             return Vec::new();
         }
         self.placed = true;
+        if !self.config.rebalance {
+            return Vec::new();
+        }
         let slots = self.program.parameter_slots().to_vec();
         let homes: Vec<_> = slots
             .iter()

@@ -754,3 +754,25 @@ fn with_a_shared_area_only_the_first_staged_program_moves_memory() {
     drop((first, second, bufs));
     b.stream_destroy(stream).unwrap();
 }
+
+#[test]
+fn with_rebalance_off_nothing_moves() {
+    let n = 512 << 10;
+    let v = 4 * n as u64;
+    let (inputs, _) = chains_io(n);
+    let b = backend_with(Some(3 * v));
+    let stream = b.stream_create().unwrap();
+    let bufs = put_first(&b, &inputs, &stream);
+    let mut cfg = xla_vmm_runtime::RunConfig::default();
+    cfg.set("rebalance", "0").unwrap();
+    let mut exe =
+        Executable::load_with(b.clone(), chains(n as u64), None, None, &cfg, &stream).unwrap();
+    let at: Vec<_> = bufs.iter().map(|x| (Some(x.location()), true)).collect();
+    assert!(exe.placement(&at).is_empty());
+    bind_all(&mut exe, &bufs);
+    exe.run(&stream, Mode::Eager).unwrap();
+    b.stream_synchronize(&stream).unwrap();
+    assert_eq!(b.budget().usage().relocated, 0);
+    drop((exe, bufs));
+    b.stream_destroy(stream).unwrap();
+}
