@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::{Backend, DevicePtr, EventStatus};
+use crate::budget::MemLocation;
 use crate::vmm::{Phys, VaReservation, VmmAllocator, VmmConfig, VmmContext};
 
 /// Outcome of one conformance check.
@@ -41,6 +42,7 @@ pub fn checks<B: Backend>() -> Vec<(&'static str, CheckFn<B>)> {
         ("alloc_deferred_free", alloc_deferred_free::<B>),
         ("alloc_sub_allocation", alloc_small::<B>),
         ("alloc_remap_buffer_phys", alloc_remap::<B>),
+        ("alloc_relocate_under_its_address", alloc_relocate::<B>),
         ("alloc_10k_mixed_ops_no_leak", alloc_10k::<B>),
     ]
 }
@@ -773,6 +775,47 @@ fn alloc_remap<B: Backend>(b: &Arc<B>) -> R {
     ensure(got == expect, || format!("x changed by remap: {got:?}"))?;
     drop(slot);
     drop((x, y));
+    drop(a);
+    drop(sc);
+    no_leaks(&ctx)
+}
+
+/// A buffer moved to host-located memory and back under its address keeps
+/// its bytes, and the device reads and writes it there (what a program's
+/// first run does under a device budget).
+fn alloc_relocate<B: Backend>(b: &Arc<B>) -> R {
+    let g = b.info().vmm_granularity;
+    let a = allocator(b)?;
+    let ctx = a.context().clone();
+    let mut sc = Scope::new(&**b);
+    let s = sc.stream()?;
+    let s = &sc.streams[s];
+    let mut x = a.alloc(2 * g).ctx("alloc")?;
+    let data = pattern((2 * g) as usize, 7);
+    b.write_sync(x.ptr(), &data, s).ctx("write")?;
+    let (ptr, id) = (x.ptr(), x.allocation_id());
+    x.relocate(MemLocation::Host, s)
+        .ctx("relocate to host memory")?;
+    ensure(
+        x.ptr() == ptr && x.location() == MemLocation::Host && x.allocation_id() != id,
+        || "relocated: same address, host memory, a new id".into(),
+    )?;
+    ensure(read(&**b, s, x.ptr(), data.len())? == data, || {
+        "bytes changed by the move to host memory".into()
+    })?;
+    b.memset_d8(x.ptr().offset(g), 0x5a, 4, s)
+        .ctx("write in host memory")?;
+    x.relocate(MemLocation::Device, s).ctx("relocate back")?;
+    let mut expect = data[g as usize..g as usize + 8].to_vec();
+    expect[..4].fill(0x5a);
+    let got = read(&**b, s, x.ptr().offset(g), 8)?;
+    ensure(got == expect, || {
+        format!("bytes after the way back: {got:?}")
+    })?;
+    ensure(x.location() == MemLocation::Device, || {
+        "not in device memory after the way back".into()
+    })?;
+    drop(x);
     drop(a);
     drop(sc);
     no_leaks(&ctx)
