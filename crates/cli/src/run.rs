@@ -663,6 +663,16 @@ pub(crate) fn bind_inputs<B: Backend>(
         exe.bind_buffer(i, &buf)?;
         params.push(buf);
     }
+    // Under a device budget, the first run's plan may want them elsewhere:
+    // moved under their addresses, as the plugin does.
+    let at: Vec<_> = params
+        .iter()
+        .map(|b| (Some(b.location()), b.remappable()))
+        .collect();
+    for (i, to) in exe.placement(&at) {
+        params[i].relocate(to, stream)?;
+        exe.bind_buffer(i, &params[i])?;
+    }
     Ok(())
 }
 
