@@ -65,81 +65,71 @@ pub struct Rebalance {
 /// need them where they are).
 pub fn rebalance(input: &ResidencyInput, movable: &[(usize, u64)]) -> Result<Option<Rebalance>> {
     input.validate()?;
-    let size = |id: usize| movable.iter().find(|m| m.0 == id).map(|m| m.1);
-    let may_move = |i: usize| {
-        let b = &input.buffers[i];
-        b.home != Home::Movable && size(b.id).is_some()
-    };
-    let used: Vec<bool> = {
-        let mut u = vec![false; input.buffers.len()];
-        for t in &input.steps {
-            for x in &t.uses {
-                u[x.buffer] = true;
-            }
+    let size: BTreeMap<usize, u64> = movable.iter().copied().collect();
+    let mut used = vec![false; input.buffers.len()];
+    for t in &input.steps {
+        for x in &t.uses {
+            used[x.buffer] = true;
         }
-        u
-    };
-    let candidates: Vec<usize> = (0..input.buffers.len())
-        .filter(|&i| may_move(i) && used[i])
+    }
+    // The buffers that may move: placed already, used, of a movable
+    // allocation; and each allocation's parts.
+    let candidate: Vec<bool> = input
+        .buffers
+        .iter()
+        .zip(&used)
+        .map(|(b, &u)| u && b.home != Home::Movable && size.contains_key(&b.id))
         .collect();
-    if candidates.is_empty() {
+    if !candidate.contains(&true) {
         return Ok(None);
     }
+    let mut parts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, b) in input.buffers.iter().enumerate() {
+        parts.entry(b.id).or_default().push(i);
+    }
     let before = plan_residency(input)?;
-    // Anywhere, within the device memory the candidates hold now and the
-    // room.
+    // Anywhere, within the device memory the movable allocations hold now
+    // and the room.
     let mut free = input.clone();
-    let mut counted = Vec::new();
-    for &i in &candidates {
-        let b = &input.buffers[i];
-        if b.home == Home::Device && !counted.contains(&b.id) {
-            counted.push(b.id);
-            free.budget_bytes += size(b.id).unwrap_or(b.bytes);
+    for (id, ps) in &parts {
+        let moving: Vec<usize> = ps.iter().copied().filter(|&i| candidate[i]).collect();
+        if moving
+            .iter()
+            .any(|&i| input.buffers[i].home == Home::Device)
+        {
+            free.budget_bytes += size[id];
         }
-        free.buffers[i].home = Home::Movable;
+        for i in moving {
+            free.buffers[i].home = Home::Movable;
+        }
     }
     let ideal = plan_residency(&free)?;
-    // Per allocation: on the device when the plan keeps all its candidate
-    // parts there, in host memory when it keeps none, else where it is.
-    let mut want: BTreeMap<usize, Option<Home>> = BTreeMap::new();
-    for &i in &candidates {
-        let h = if ideal.placements[i] == Placement::Device {
-            Home::Device
-        } else {
-            Home::Host
-        };
-        want.entry(input.buffers[i].id)
-            .and_modify(|w| {
-                if *w != Some(h) {
-                    *w = None
-                }
-            })
-            .or_insert(Some(h));
-    }
-    // An allocation with parts that may not move stays.
-    for (i, b) in input.buffers.iter().enumerate() {
-        if !candidates.contains(&i) {
-            if let Some(w) = want.get_mut(&b.id) {
-                *w = None;
-            }
-        }
-    }
+    // Per allocation whose parts all may move: on the device when the plan
+    // keeps them all there, in host memory when it keeps none.
     let mut after = input.clone();
     let (mut freed, mut taken) = (0u64, 0u64);
     let mut moves = Vec::new();
-    for (&id, w) in &want {
-        let Some(to) = *w else { continue };
-        let parts = || (0..input.buffers.len()).filter(move |&i| input.buffers[i].id == id);
-        if parts().all(|i| input.buffers[i].home == to) {
+    for (&id, ps) in &parts {
+        if !ps.iter().all(|&i| candidate[i]) {
             continue;
         }
-        let bytes = size(id).unwrap_or(0);
-        if to == Home::Device {
-            taken += bytes;
+        let on_device = |i: &usize| ideal.placements[*i] == Placement::Device;
+        let to = if ps.iter().all(on_device) {
+            Home::Device
+        } else if !ps.iter().any(on_device) {
+            Home::Host
         } else {
-            freed += bytes;
+            continue;
+        };
+        if ps.iter().all(|&i| input.buffers[i].home == to) {
+            continue;
         }
-        for i in parts() {
+        if to == Home::Device {
+            taken += size[&id];
+        } else {
+            freed += size[&id];
+        }
+        for &i in ps {
             after.buffers[i].home = to;
         }
         moves.push((id, to));
