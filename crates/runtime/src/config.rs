@@ -253,6 +253,7 @@ mod tests {
             ("XLA_VMM_DEVICE_MEMORY_LIMIT", "16G"),
             ("XLA_VMM_HOST_MEMORY_LIMIT", "0"),
             ("XLA_VMM_STAGING_RESERVE", "10"),
+            ("XLA_VMM_REBALANCE", "0"),
         ]
         .into();
         assert_eq!(env.len(), OPTIONS.len(), "one case per option");
@@ -267,6 +268,7 @@ mod tests {
         assert_eq!(cfg.memory.device, Some(16 << 30));
         assert_eq!(cfg.memory.host, Some(0));
         assert_eq!(cfg.memory.staging_reserve, Some(10));
+        assert!(!cfg.rebalance);
         assert_eq!(
             RunConfig::from_lookup(|_| None).unwrap(),
             RunConfig::default()
