@@ -32,7 +32,7 @@ pub const PACKED_MAX: u64 = 64 << 10;
 
 /// Their offsets in it are aligned to this (every kernel's operand
 /// alignment, as the staging area's).
-const PACKED_ALIGN: u64 = 512;
+pub const PACKED_ALIGN: u64 = 512;
 
 /// One buffer of a program's own memory: its bytes, and the (allocation,
 /// offset, size) of each allocation it holds.
