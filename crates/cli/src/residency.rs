@@ -286,7 +286,9 @@ pub fn as_run(
         for &a in &parts {
             homes[a] = home;
         }
-        if can_move {
+        // A parameter either way; the program's own buffer to host memory
+        // only (as the runtime moves them).
+        if can_move && (param || home == Home::Device) {
             movable.push((parts[0], bytes));
         }
     }

@@ -369,7 +369,8 @@ impl<B: Backend> Program<B> {
     /// ([`xla_vmm_policy::rebalance`]): planned with each parameter
     /// allocation's location as given (`params`, as for
     /// [`Program::plan_staging`]), the parameter allocations in `movable`
-    /// and its own buffers free to move between device and host memory.
+    /// free to move between device and host memory, its own large buffers
+    /// free to leave the device.
     /// Its own buffers' moves are kept for [`Program::move_own`]; the
     /// parameter allocations' are returned. A failure is said and moves
     /// nothing. With a `shared` staging area that another program made
@@ -395,10 +396,14 @@ impl<B: Backend> Program<B> {
             .iter()
             .filter_map(|&a| Some((a, self.plan.allocations.get(a)?.size.div_ceil(gran) * gran)))
             .collect();
-        // Its large allocations (the small ones share a buffer).
+        // Its large allocations in device memory (the small ones share a
+        // buffer), to host memory only: device memory one of them took
+        // would be this program's alone, where the room a moved weight
+        // leaves becomes the device's staging area, every program's.
         may.extend(self.owned_at.iter().filter_map(|o| {
             let b = self.owned_alone(o.allocation)?;
-            Some((o.allocation, self.owned[b].mapped()))
+            let buf = &self.owned[b];
+            (buf.location() == MemLocation::Device).then(|| (o.allocation, buf.mapped()))
         }));
         let room = crate::staging::room(&*self.backend) / gran * gran;
         let name = &self.plan.module_name;

@@ -652,8 +652,10 @@ fn a_program_moves_its_memory_where_its_plan_wants_it_before_its_first_run() {
             );
             let usage = b.budget().usage();
             assert!(usage.device_bytes <= 3 * v, "{usage:?}");
-            // The parameters moved out, then the temporary in.
-            assert_eq!(usage.relocated, moves + u64::from(rebalance), "{usage:?}");
+            // The parameters moved out; the temporary is staged through the
+            // room they left (a program's own buffers never take device
+            // memory from the others).
+            assert_eq!(usage.relocated, moves, "{usage:?}");
             summaries.push(exe.program().staging_summary());
             drop(exe);
             drop(bufs);
