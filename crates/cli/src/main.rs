@@ -99,7 +99,7 @@ fn main() -> std::process::ExitCode {
         // One line per subcommand: `Command::Name(args) => module::run(args),`
         Command::Inspect(args) => inspect::run(args),
         Command::Policy(args) => policy::run(args),
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(args, run_multi::run),
         Command::Probe(args) => probe::run(args),
     };
     match result {

@@ -215,10 +215,14 @@ fn needs_gpu_reason(e: &xla_vmm_runtime::RuntimeError, gpu: &[String]) -> Option
     (unsupported || rest.starts_with("unsupported: ")).then(|| message.clone())
 }
 
+/// How `--devices N` (N > 1) runs a decoded program (`run_multi::run`,
+/// given by the caller: that module builds on this one).
+pub type MultiDevice = fn(xla_vmm::Plan, &Args, Mode, OutputCheck) -> anyhow::Result<()>;
+
 /// [`run_args`], exiting with [`EXIT_NEEDS_GPU`] (after saying why) when the
 /// host backend cannot run the program's GPU code.
-pub fn run(args: Args) -> anyhow::Result<()> {
-    match run_args(args) {
+pub fn run(args: Args, multi: MultiDevice) -> anyhow::Result<()> {
+    match run_args(args, multi) {
         Err(e) => match e.downcast_ref::<NeedsGpu>() {
             Some(n) => {
                 eprintln!("{n}");
@@ -230,7 +234,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn run_args(args: Args) -> anyhow::Result<()> {
+fn run_args(args: Args, multi: MultiDevice) -> anyhow::Result<()> {
     let config = run_config(&args)?;
     let mode = config.mode;
     let bytes = crate::read_executable(&args.file)?;
@@ -263,9 +267,7 @@ fn run_args(args: Args) -> anyhow::Result<()> {
         inputs
     };
     match args.backend {
-        crate::BackendKind::Cuda if args.devices > 1 => {
-            crate::run_multi::run(plan, &args, mode, check)
-        }
+        crate::BackendKind::Cuda if args.devices > 1 => multi(plan, &args, mode, check),
         crate::BackendKind::Cuda => run_cuda(plan, inputs, &args, &config, &check),
         _ if args.devices > 1 => bail!("--devices {} needs --backend cuda", args.devices),
         crate::BackendKind::Host => run_host(plan, inputs, &args, &config, &check),
