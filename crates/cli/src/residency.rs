@@ -260,7 +260,7 @@ pub fn as_run(
         .map(|a| (vec![a.index], held(a.size), a.size > small, true))
         .collect();
     order.extend(
-        xla_vmm_runtime::program::own_layout(plan)
+        xla_vmm_runtime::program::own_layout(plan, true)
             .into_iter()
             .map(|b| {
                 let alone = b.parts.len() == 1;

@@ -129,12 +129,13 @@ pub struct RunConfig {
     /// The device memory budget (set on each device's backend by the front
     /// door: `backend.budget().set_limits(config.memory)`).
     pub memory: MemoryLimits,
-    /// Programs of a device stage through one area of that device (the
-    /// first staged program allocates all the room the budget leaves; the
-    /// others plan in it) instead of one each. Only where every program of
-    /// the device runs on one stream (the plugin's front door sets it): a
-    /// staged step holds the area while it is enqueued. Not an option.
-    pub shared_staging_area: bool,
+    /// Every program of a device runs on one stream, one step after the
+    /// other (the plugin's front door sets it; not an option), so that they
+    /// share memory no two steps use at once: one staging area per device
+    /// (the first staged program allocates all the room the budget leaves;
+    /// the others plan in it; a staged step holds the area while it is
+    /// enqueued), and one memory for their temporaries (`crate::temps`).
+    pub one_stream: bool,
     /// A program's first run moves its memory where its plan wants it
     /// (`xla_vmm_policy::rebalance`).
     pub rebalance: bool,
@@ -147,7 +148,7 @@ impl Default for RunConfig {
             guard: true,
             binding: BindingConfig::default(),
             memory: MemoryLimits::default(),
-            shared_staging_area: false,
+            one_stream: false,
             rebalance: true,
         }
     }

@@ -125,7 +125,7 @@ impl<B: Backend> Executable<B> {
         check_binding(&config.binding)?;
         let name = plan.module_name.clone();
         let _span = trace::span("load").detail(|| name);
-        let program = Program::load(backend, plan, gemm, custom_calls, stream)?;
+        let program = Program::load(backend, plan, gemm, custom_calls, stream, config.one_stream)?;
         let slots = program.owned_slots()?;
         let nparams = program.parameter_shapes().len();
         let report = ReportSlot::register(ProgramReport {
@@ -439,7 +439,7 @@ impl<B: Backend> Executable<B> {
             .filter_map(|(s, _)| single(s))
             .collect();
         self.program
-            .plan_moves(&homes, &movable, self.config.shared_staging_area)
+            .plan_moves(&homes, &movable, self.config.one_stream)
             .into_iter()
             .filter_map(|(a, to)| Some((slots.iter().position(|s| single(s) == Some(a))?, to)))
             .collect()
@@ -475,7 +475,7 @@ impl<B: Backend> Executable<B> {
         self.staging_planned = true;
         self.program.plan_staging(
             &params,
-            self.config.shared_staging_area,
+            self.config.one_stream,
             self.config.binding.immutable_buffers,
         );
         self.staging_params = params;

@@ -50,6 +50,7 @@ pub mod residency;
 pub mod selectk;
 pub mod slots;
 pub mod staging;
+mod temps;
 pub mod trace;
 pub mod trsm;
 pub mod vastable;

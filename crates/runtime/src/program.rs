@@ -35,11 +35,13 @@ pub const PACKED_MAX: u64 = 64 << 10;
 pub const PACKED_ALIGN: u64 = 512;
 
 /// One buffer of a program's own memory: its bytes, and the (allocation,
-/// offset, size) of each allocation it holds.
+/// offset, size) of each allocation it holds; `temps`: its temporaries,
+/// on memory the device's programs share (`crate::temps`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OwnBuffer {
     pub bytes: u64,
     pub parts: Vec<(usize, u64, u64)>,
+    pub temps: bool,
 }
 
 /// How a program's own allocations (every one but the parameters) are laid
@@ -48,32 +50,41 @@ pub struct OwnBuffer {
 /// offsets (a granule each would hold 2 MiB for a few bytes:
 /// llama_scan_bf16's 111 small allocations, 20 MiB in all, took 244 MiB),
 /// then a buffer for each larger one: under a device budget, the large
-/// allocations are those past it, and those that can move.
-pub fn own_layout(plan: &Plan) -> Vec<OwnBuffer> {
+/// allocations are those past it, and those that can move. With
+/// `share_temps` (the device's programs run one step at a time), every
+/// temporary goes in one buffer first, at aligned offsets, on memory the
+/// device's programs share.
+pub fn own_layout(plan: &Plan, share_temps: bool) -> Vec<OwnBuffer> {
     let own = plan
         .allocations
         .iter()
         .filter(|a| a.size > 0 && !matches!(a.role, AllocationRole::Parameter { .. }));
-    let mut packed = OwnBuffer {
+    let pack = |temps: bool| OwnBuffer {
         bytes: 0,
         parts: Vec::new(),
+        temps,
     };
+    let add = |b: &mut OwnBuffer, index: usize, size: u64| {
+        b.parts.push((index, b.bytes, size));
+        b.bytes = (b.bytes + size).next_multiple_of(PACKED_ALIGN);
+    };
+    let (mut temps, mut packed) = (pack(true), pack(false));
     let mut out = Vec::new();
     for a in own {
-        if a.size <= PACKED_MAX {
-            packed.parts.push((a.index, packed.bytes, a.size));
-            packed.bytes = (packed.bytes + a.size).next_multiple_of(PACKED_ALIGN);
+        if share_temps && matches!(a.role, AllocationRole::Temp) {
+            add(&mut temps, a.index, a.size);
+        } else if a.size <= PACKED_MAX {
+            add(&mut packed, a.index, a.size);
         } else {
             out.push(OwnBuffer {
                 bytes: a.size,
                 parts: vec![(a.index, 0, a.size)],
+                temps: false,
             });
         }
     }
-    if packed.bytes > 0 {
-        out.insert(0, packed);
-    }
-    out
+    let first = [temps, packed].into_iter().filter(|b| b.bytes > 0);
+    first.chain(out).collect()
 }
 
 /// Where one of a program's own allocations lives.
@@ -97,8 +108,8 @@ pub struct Program<B: Backend> {
     /// The GEMM and convolution plans its ops use, on `gemm`.
     plans: crate::ops::LibraryPlans,
     modules: Vec<B::Module>,
-    /// Its own memory: one buffer per large allocation, one for all the
-    /// small ones ([`PACKED_MAX`]).
+    /// Its own memory ([`own_layout`]): its temporaries (on shared memory),
+    /// its small allocations ([`PACKED_MAX`]), each large one.
     owned: Vec<DeviceBuffer<B>>,
     /// Where each of its own allocations lives in `owned`.
     owned_at: Vec<Owned>,
@@ -125,13 +136,16 @@ pub struct Program<B: Backend> {
 impl<B: Backend> Program<B> {
     /// Load `plan`: check every thunk, load kernels, prepare GEMMs, bind
     /// custom calls to their handlers (from `custom_calls`), upload
-    /// constants, allocate temps and outputs. `stream` orders the uploads.
+    /// constants, allocate temps and outputs (the temps on memory the
+    /// device's programs share with `share_temps`: their steps run one
+    /// after the other). `stream` orders the uploads.
     pub fn load(
         backend: Arc<B>,
         plan: Plan,
         gemm: Option<Arc<dyn GemmEngine<B>>>,
         custom_calls: Option<&dyn CustomCallRegistry>,
         stream: &B::Stream,
+        share_temps: bool,
     ) -> Result<Self> {
         // Support check first (cheap, names the first offender).
         crate::ops::check_support(&plan)?;
@@ -203,7 +217,7 @@ impl<B: Backend> Program<B> {
             let done = backend.event_create()?;
             p.events.insert(id, (start, done));
         }
-        p.allocate_own(stream)?;
+        p.allocate_own(stream, share_temps)?;
         // XLA's host memory space (host offload): the program's own
         // allocations there are device memory here (the copies to and from
         // them are the same bytes, so results do not change; the device
@@ -298,14 +312,22 @@ impl<B: Backend> Program<B> {
             .iter()
             .filter(|x| x.buffer == o.buffer)
             .count();
-        (shared == 1).then_some(o.buffer)
+        (shared == 1 && !self.owned[o.buffer].shared()).then_some(o.buffer)
     }
 
-    /// Allocate its own memory ([`own_layout`]) and write its constants.
-    fn allocate_own(&mut self, stream: &B::Stream) -> Result<()> {
-        for b in own_layout(&self.plan) {
+    /// Allocate its own memory ([`own_layout`]; its temporaries on the
+    /// device's shared memory with `share_temps`) and write its constants.
+    fn allocate_own(&mut self, stream: &B::Stream, share_temps: bool) -> Result<()> {
+        let gran = self.backend.info().vmm_granularity.max(1);
+        for b in own_layout(&self.plan, share_temps) {
             let buffer = self.owned.len();
-            self.owned.push(DeviceBuffer::alloc_in(&self.vmm, b.bytes)?);
+            self.owned.push(if b.temps {
+                let bytes = b.bytes.div_ceil(gran) * gran;
+                let memory = crate::temps::memory(&self.vmm, bytes)?;
+                DeviceBuffer::map_shared(&self.vmm, &memory, b.bytes)?
+            } else {
+                DeviceBuffer::alloc_in(&self.vmm, b.bytes)?
+            });
             self.owned_at
                 .extend(b.parts.into_iter().map(|(allocation, offset, size)| Owned {
                     allocation,
@@ -455,7 +477,7 @@ impl<B: Backend> Program<B> {
     /// Plan the staging for the memory bound now: the program's own buffers
     /// where they are, each parameter allocation's location as given
     /// (`None`: raw device memory), through the device's shared area when
-    /// `shared` ([`crate::RunConfig::shared_staging_area`]), keeping
+    /// `shared` ([`crate::RunConfig::one_stream`]), keeping
     /// read-only parameters in the area from step to step when
     /// `keep_parameters` (immutable buffers). A failure is
     /// said and leaves the program reading host memory in place (correct,

@@ -149,6 +149,11 @@ pub struct DeviceBuffer<B: Backend> {
     phys: Arc<Phys<B>>,
     /// Bytes requested.
     size: u64,
+    /// Bytes of `phys` mapped (all of it, or the start of memory others
+    /// map too: [`DeviceBuffer::map_shared`]).
+    mapped: u64,
+    /// Made by [`DeviceBuffer::map_shared`]: its memory is not its own.
+    shared: bool,
 }
 
 impl<B: Backend> DeviceBuffer<B> {
@@ -179,7 +184,36 @@ impl<B: Backend> DeviceBuffer<B> {
         });
         let mut va = VaReservation::reserve(ctx, mapped, 0)?;
         va.map_rw(0, &phys, 0, mapped)?;
-        Ok(DeviceBuffer { va, phys, size })
+        Ok(DeviceBuffer {
+            va,
+            phys,
+            size,
+            mapped,
+            shared: false,
+        })
+    }
+
+    /// `size` bytes at the start of `phys` (memory other buffers map too:
+    /// several programs' temporaries, never used at once), at an address of
+    /// its own in `ctx`.
+    pub fn map_shared(ctx: &VmmContext<B>, phys: &Arc<Phys<B>>, size: u64) -> Result<Self> {
+        let gran = ctx.backend().info().vmm_granularity.max(1);
+        let mapped = size.max(1).div_ceil(gran) * gran;
+        if mapped > phys.size() {
+            return Err(RuntimeError::invalid(format!(
+                "{size} bytes mapped from {} bytes of memory",
+                phys.size()
+            )));
+        }
+        let mut va = VaReservation::reserve(ctx, mapped, 0)?;
+        va.map_rw(0, phys, 0, mapped)?;
+        Ok(DeviceBuffer {
+            va,
+            phys: phys.clone(),
+            size,
+            mapped,
+            shared: true,
+        })
     }
 
     pub fn ptr(&self) -> DevicePtr {
@@ -192,7 +226,12 @@ impl<B: Backend> DeviceBuffer<B> {
 
     /// Bytes mapped (the size rounded up to the granularity).
     pub fn mapped(&self) -> u64 {
-        self.phys.size()
+        self.mapped
+    }
+
+    /// Is its memory mapped by other buffers too ([`DeviceBuffer::map_shared`])?
+    pub fn shared(&self) -> bool {
+        self.shared
     }
 
     /// Where its memory lives.
@@ -202,9 +241,15 @@ impl<B: Backend> DeviceBuffer<B> {
 
     /// Move its memory to `to` under the same address, its bytes copied on
     /// `copy` when given (waited for). `Ok(false)`: already there.
+    /// Shared memory does not move (an error).
     pub fn relocate(&mut self, to: MemLocation, copy: Option<&B::Stream>) -> Result<bool> {
         if self.phys.location() == to {
             return Ok(false);
+        }
+        if self.shared {
+            return Err(RuntimeError::invalid(
+                "memory other buffers map too does not move",
+            ));
         }
         self.phys = self.va.relocate(0, to, copy)?;
         Ok(true)

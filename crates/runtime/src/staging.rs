@@ -352,7 +352,7 @@ fn unit_input(
 }
 
 /// A device's staging area shared by its programs
-/// ([`crate::RunConfig::shared_staging_area`]): all the room the budget left
+/// ([`crate::RunConfig::one_stream`]): all the room the budget left
 /// when the first of them was staged. Freed with the last program using it.
 struct SharedArea<B: Backend> {
     buf: Option<DeviceBuffer<B>>,

@@ -373,7 +373,7 @@ fn programs_of_a_device_share_one_staging_area_when_configured() {
         let ctx = VmmContext::new(b.clone());
         let stream = b.stream_create().unwrap();
         let cfg = xla_vmm_runtime::RunConfig {
-            shared_staging_area: true,
+            one_stream: true,
             ..Default::default()
         };
         let (n, v) = (4usize, 16u64);
@@ -443,7 +443,7 @@ fn read_only_parameters_stay_in_the_area_until_something_else_uses_it() {
         let ctx = VmmContext::new(b.clone());
         let stream = b.stream_create().unwrap();
         let mut cfg = xla_vmm_runtime::RunConfig {
-            shared_staging_area: true,
+            one_stream: true,
             guard: false,
             ..Default::default()
         };
@@ -726,7 +726,7 @@ fn with_a_shared_area_only_the_first_staged_program_moves_memory() {
     let stream = b.stream_create().unwrap();
     let mut bufs = put_first(&b, &inputs, &stream);
     let cfg = xla_vmm_runtime::RunConfig {
-        shared_staging_area: true,
+        one_stream: true,
         ..Default::default()
     };
     let load =
@@ -777,4 +777,66 @@ fn with_rebalance_off_nothing_moves() {
     assert_eq!(b.budget().usage().relocated, 0);
     drop((exe, bufs));
     b.stream_destroy(stream).unwrap();
+}
+
+#[test]
+fn programs_run_one_step_at_a_time_share_their_temporaries_memory() {
+    // Two programs, each with a 2 MiB temporary, bound to different inputs
+    // and run in turn: with `one_stream` their temporaries are one memory
+    // (mapped at each program's own addresses), the results unchanged.
+    let n = 512 << 10;
+    let v = 4 * n as u64;
+    let (inputs, want) = chains_io(n);
+    let other: Vec<Vec<f32>> = inputs
+        .iter()
+        .map(|x| x.iter().map(|v| v + 7.0).collect())
+        .collect();
+    let want_other: Vec<Vec<f32>> = other
+        .iter()
+        .map(|x| x.iter().map(|v| 2.0 * v + 2.0).collect())
+        .collect();
+    for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
+        let mut held = Vec::new();
+        for one_stream in [false, true] {
+            let b = backend_with(None);
+            let stream = b.stream_create().unwrap();
+            let cfg = xla_vmm_runtime::RunConfig {
+                one_stream,
+                ..Default::default()
+            };
+            let (x, y) = (
+                put_first(&b, &inputs, &stream),
+                put_first(&b, &other, &stream),
+            );
+            let load = || {
+                Executable::load_with(b.clone(), chains(n as u64), None, None, &cfg, &stream)
+                    .unwrap()
+            };
+            let (mut first, mut second) = (load(), load());
+            bind_all(&mut first, &x);
+            bind_all(&mut second, &y);
+            for step in 0..3 {
+                for (exe, want) in [(&mut first, &want), (&mut second, &want_other)] {
+                    let outs = exe.run(&stream, mode).unwrap();
+                    b.stream_synchronize(&stream).unwrap();
+                    let got: Vec<_> = outs
+                        .iter()
+                        .map(|o| f32s_of(&b, o.ptr, n, &stream))
+                        .collect();
+                    assert!(
+                        got == *want,
+                        "{mode:?}, one_stream {one_stream}, step {step}"
+                    );
+                }
+            }
+            held.push(b.budget().usage().device_bytes);
+            drop((first, second, x, y));
+            b.stream_destroy(stream).unwrap();
+        }
+        assert_eq!(
+            held[0] - held[1],
+            v,
+            "{mode:?}: one temporary's memory saved: {held:?}"
+        );
+    }
 }

@@ -150,7 +150,7 @@ impl ClientOptions {
         let mut run = RunConfig::from_lookup(|v| std::env::var(v).ok())
             .map_err(|e| Error::invalid(e.to_string()))?;
         // Every program of a device runs on the device's one stream.
-        run.shared_staging_area = true;
+        run.one_stream = true;
         Ok(ClientOptions {
             backend,
             strict: std::env::var("XLA_VMM_STRICT")

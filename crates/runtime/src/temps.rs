@@ -1,0 +1,49 @@
+//! # Temporaries' memory shared by the programs of a device
+//!
+//! A program's temporaries hold nothing from one step to the next, and the
+//! programs of a device whose steps run one after the other on one stream
+//! (`RunConfig::one_stream`, the plugin) never use theirs at once. Each
+//! such program maps its temporaries at addresses of its own (its graphs
+//! stay valid) onto the start of one physical memory of the device, as
+//! large as the largest program's temporaries: the device holds the
+//! largest, not the sum (stock XLA allocates them per execution from one
+//! pool, to the same effect). A program larger than every earlier one
+//! makes a larger memory, which later programs share; the earlier ones keep
+//! theirs until they are dropped.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex, Weak};
+
+use xla_vmm_device::vmm::{Phys, VmmContext};
+use xla_vmm_device::Backend;
+
+use crate::error::Result;
+
+/// Each device's (backend's) largest temporaries' memory, while a program
+/// maps it.
+static MEMORIES: Mutex<Vec<(usize, Weak<dyn Any + Send + Sync>)>> = Mutex::new(Vec::new());
+
+/// Physical memory of at least `bytes` (a multiple of the granularity) for
+/// temporaries on `ctx`'s device: the device's, when it is as large, else
+/// a new one (then the device's for later programs).
+pub(crate) fn memory<B: Backend + 'static>(
+    ctx: &VmmContext<B>,
+    bytes: u64,
+) -> Result<Arc<Phys<B>>> {
+    let key = Arc::as_ptr(ctx.backend()) as *const () as usize;
+    let mut all = MEMORIES.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|(_, w)| w.strong_count() > 0);
+    let found = all
+        .iter()
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, w)| w.upgrade())
+        .and_then(|a| a.downcast::<Phys<B>>().ok());
+    if let Some(p) = found.filter(|p| p.size() >= bytes) {
+        return Ok(p);
+    }
+    let phys = Arc::new(Phys::create(ctx, bytes)?);
+    let any: Arc<dyn Any + Send + Sync> = phys.clone();
+    all.retain(|(k, _)| *k != key);
+    all.push((key, Arc::downgrade(&any)));
+    Ok(phys)
+}
