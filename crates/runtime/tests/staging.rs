@@ -598,6 +598,19 @@ fn put_first(
         .collect()
 }
 
+/// One step of `exe` in `mode`, waited for: its `n`-f32 outputs.
+fn step_f32s(
+    exe: &mut Executable<HostBackend>,
+    b: &Arc<HostBackend>,
+    stream: &<HostBackend as Backend>::Stream,
+    mode: Mode,
+    n: usize,
+) -> Vec<Vec<f32>> {
+    let outs = exe.run(stream, mode).unwrap();
+    b.stream_synchronize(stream).unwrap();
+    outs.iter().map(|o| f32s_of(b, o.ptr, n, stream)).collect()
+}
+
 /// Bind `bufs` to `exe`'s parameters as the plugin does (id, generation,
 /// physical memory, location).
 fn bind_all(exe: &mut Executable<HostBackend>, bufs: &[VmmBuffer<HostBackend>]) {
@@ -637,15 +650,10 @@ fn a_program_moves_its_memory_where_its_plan_wants_it_before_its_first_run() {
                 assert!(exe.placement(&at).is_empty(), "asked once");
             }
             bind_all(&mut exe, &bufs);
-            let mut outs = Vec::new();
+            let mut got = Vec::new();
             for _ in 0..3 {
-                outs = exe.run(&stream, mode).unwrap();
+                got = step_f32s(&mut exe, &b, &stream, mode, n);
             }
-            b.stream_synchronize(&stream).unwrap();
-            let got: Vec<_> = outs
-                .iter()
-                .map(|o| f32s_of(&b, o.ptr, n, &stream))
-                .collect();
             assert!(
                 got == want,
                 "{mode:?}, rebalanced {rebalance}: outputs differ"
@@ -701,12 +709,7 @@ fn a_program_plans_again_when_another_moves_memory_it_planned_for() {
         bind_all(&mut first, &bufs);
         for k in 0..4 {
             let exe = if k % 2 == 0 { &mut second } else { &mut first };
-            let outs = exe.run(&stream, mode).unwrap();
-            b.stream_synchronize(&stream).unwrap();
-            let got: Vec<_> = outs
-                .iter()
-                .map(|o| f32s_of(&b, o.ptr, n, &stream))
-                .collect();
+            let got = step_f32s(exe, &b, &stream, mode, n);
             assert!(got == want, "{mode:?}: outputs differ after the moves");
         }
         drop((first, second));
@@ -745,12 +748,7 @@ fn with_a_shared_area_only_the_first_staged_program_moves_memory() {
     assert!(second.placement(&at(&bufs)).is_empty(), "the area is made");
     bind_all(&mut second, &bufs);
     for exe in [&mut first, &mut second] {
-        let outs = exe.run(&stream, Mode::Eager).unwrap();
-        b.stream_synchronize(&stream).unwrap();
-        let got: Vec<_> = outs
-            .iter()
-            .map(|o| f32s_of(&b, o.ptr, n, &stream))
-            .collect();
+        let got = step_f32s(exe, &b, &stream, Mode::Eager, n);
         assert!(got == want, "outputs differ");
     }
     drop((first, second, bufs));
@@ -817,12 +815,7 @@ fn programs_run_one_step_at_a_time_share_their_temporaries_memory() {
             bind_all(&mut second, &y);
             for step in 0..3 {
                 for (exe, want) in [(&mut first, &want), (&mut second, &want_other)] {
-                    let outs = exe.run(&stream, mode).unwrap();
-                    b.stream_synchronize(&stream).unwrap();
-                    let got: Vec<_> = outs
-                        .iter()
-                        .map(|o| f32s_of(&b, o.ptr, n, &stream))
-                        .collect();
+                    let got = step_f32s(exe, &b, &stream, mode, n);
                     assert!(
                         got == *want,
                         "{mode:?}, one_stream {one_stream}, step {step}"
