@@ -284,28 +284,38 @@ fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
     p.program_shape.result = f32s(n as usize);
     let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
     let want: Vec<f32> = a.iter().map(|x| x + 3.0).collect();
-    let be = backend();
-    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
-    // (The client sets the budget from its options: this one after it.)
-    be.budget().set_limits(xla_vmm_device::MemoryLimits {
-        device: Some(v),
-        host: None,
-        staging_reserve: Some(0),
-    });
-    let device = devices(client)[0];
-    let x = put_f32(client, device, &a);
-    let exe = xla_vmm_plugin::objects::executable::load_plan(client, p, vec![]).unwrap();
-    for step in 0..4 {
-        let r = execute(exe, &[x], &[]).unwrap();
-        assert!(f32_values(&to_host(r).unwrap()) == want, "step {step}");
-        destroy_buffer(r);
+    // As JAX gets it (one stream per device: temporaries on shared memory)
+    // and not.
+    for one_stream in [true, false] {
+        let be = backend();
+        let mut opts = host_options();
+        opts.run.one_stream = one_stream;
+        let client = client::into_c(Client::with_backend(opts, be.clone()).unwrap());
+        // (The client sets the budget from its options: this one after it.)
+        be.budget().set_limits(xla_vmm_device::MemoryLimits {
+            device: Some(v),
+            host: None,
+            staging_reserve: Some(0),
+        });
+        let device = devices(client)[0];
+        let x = put_f32(client, device, &a);
+        let exe =
+            xla_vmm_plugin::objects::executable::load_plan(client, p.clone(), vec![]).unwrap();
+        for step in 0..4 {
+            let r = execute(exe, &[x], &[]).unwrap();
+            assert!(
+                f32_values(&to_host(r).unwrap()) == want,
+                "one_stream {one_stream}, step {step}"
+            );
+            destroy_buffer(r);
+        }
+        let usage = be.budget().usage();
+        assert_eq!(usage.relocated, 1, "the argument out: {usage:?}");
+        assert!(usage.device_bytes <= v, "{usage:?}");
+        assert!(f32_values(&to_host(x).unwrap()) == a, "the moved argument");
+        destroy_buffer(x);
+        destroy_exe(exe);
+        destroy_client(client);
+        assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
     }
-    let usage = be.budget().usage();
-    assert_eq!(usage.relocated, 1, "the argument out: {usage:?}");
-    assert!(usage.device_bytes <= v, "{usage:?}");
-    assert!(f32_values(&to_host(x).unwrap()) == a, "the moved argument");
-    destroy_buffer(x);
-    destroy_exe(exe);
-    destroy_client(client);
-    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
 }
