@@ -242,3 +242,55 @@ fn a_buffer_moves_between_device_and_host_memory_under_its_address_with_its_byte
     assert_eq!((u.device_bytes, u.host_bytes), (0, 0), "{u:?}");
     b.stream_destroy(s).unwrap();
 }
+
+#[test]
+fn a_move_that_fails_anywhere_leaves_the_buffer_where_it_was_with_its_bytes() {
+    // Every driver call of a move, failing in turn: an error naming it, the
+    // buffer at its address with its bytes, in device memory, and nothing
+    // held (physical memory, address ranges, the budget) beyond it.
+    for (call, nth) in [
+        ("mem_create", 1),
+        ("va_reserve", 1),
+        ("map", 1),
+        ("set_access", 1),
+        ("copy_d2d", 1),
+        ("stream_synchronize", 1),
+        ("unmap", 1),
+        ("map", 2),
+        ("set_access", 2),
+    ] {
+        let (b, a) = setup(2, 2, 64);
+        let s = b.stream_create().unwrap();
+        let mut buf = a.alloc(G).unwrap();
+        b.write_sync(buf.ptr(), &fill(5), &s).unwrap();
+        let (ptr, id) = (buf.ptr(), buf.allocation_id());
+        let held = (a.context().handle_counts(), b.budget().usage());
+        b.inject_failure(call, nth);
+        let e = buf.relocate(MemLocation::Host, &s);
+        b.clear_injected_failures();
+        assert!(e.is_err(), "{call} #{nth}: the move went through");
+        assert_eq!(
+            (buf.ptr(), buf.allocation_id(), buf.location()),
+            (ptr, id, MemLocation::Device),
+            "{call} #{nth}"
+        );
+        let mut got = vec![0u8; G as usize];
+        b.read_sync(&mut got, buf.ptr(), &s).unwrap();
+        assert_eq!(got, fill(5), "{call} #{nth}: bytes");
+        let (counts, usage) = (a.context().handle_counts(), b.budget().usage());
+        assert_eq!(counts, held.0, "{call} #{nth}: handles");
+        assert_eq!(
+            (usage.device_bytes, usage.host_bytes, usage.relocated),
+            (held.1.device_bytes, held.1.host_bytes, 0),
+            "{call} #{nth}: budget"
+        );
+        // And it still moves once the driver behaves.
+        assert!(
+            buf.relocate(MemLocation::Host, &s).unwrap(),
+            "{call} #{nth}"
+        );
+        drop(buf);
+        a.trim().unwrap();
+        b.stream_destroy(s).unwrap();
+    }
+}
