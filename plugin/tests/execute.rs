@@ -247,7 +247,8 @@ fn a_buffer_donated_to_another_program_is_new_content() {
 /// the parameter (read once) to host memory under its address, and the
 /// room it leaves holds the temporary every thunk reads and writes (read
 /// over the link before): the results are right, the budget counts the
-/// move, and the moved buffer reads back right afterwards.
+/// move, and the moved buffer reads back right afterwards; a move that
+/// fails changes nothing but the speed.
 #[test]
 fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
     use xla_vmm_device::Backend;
@@ -285,8 +286,9 @@ fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
     let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
     let want: Vec<f32> = a.iter().map(|x| x + 3.0).collect();
     // As JAX gets it (one stream per device: temporaries on shared memory)
-    // and not.
-    for one_stream in [true, false] {
+    // and not; and with the move failing (the driver refuses its memory):
+    // the argument stays, the results are the same.
+    for (one_stream, fail) in [(true, false), (false, false), (true, true)] {
         let be = backend();
         let mut opts = host_options();
         opts.run.one_stream = one_stream;
@@ -301,6 +303,9 @@ fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
         let x = put_f32(client, device, &a);
         let exe =
             xla_vmm_plugin::objects::executable::load_plan(client, p.clone(), vec![]).unwrap();
+        if fail {
+            be.inject_failure("mem_create", 1);
+        }
         for step in 0..4 {
             let r = execute(exe, &[x], &[]).unwrap();
             assert!(
@@ -310,7 +315,8 @@ fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
             destroy_buffer(r);
         }
         let usage = be.budget().usage();
-        assert_eq!(usage.relocated, 1, "the argument out: {usage:?}");
+        let moved = u64::from(!fail);
+        assert_eq!(usage.relocated, moved, "the argument out: {usage:?}");
         assert!(usage.device_bytes <= v, "{usage:?}");
         assert!(f32_values(&to_host(x).unwrap()) == a, "the moved argument");
         destroy_buffer(x);
