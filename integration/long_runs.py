@@ -97,7 +97,7 @@ def sample(n, window_s):
             out["va_bytes"] = sum(m["va_bytes"] for m in mem)
         plans = [d["library_plans"] for d in r.get("devices", []) if "library_plans" in d]
         if plans:
-            out["library_plans"] = sum(p["gemm"] + p["conv"] for p in plans)
+            out["library_plans"] = sum(p["gemm"] + p["conv"] + p.get("fft", 0) for p in plans)
         out["report_bytes"] = len(json.dumps(r))
         out["stats_bytes"] = len(json.dumps(v.stats()))
     else:

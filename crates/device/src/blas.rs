@@ -357,6 +357,14 @@ pub enum TrsmArgs {
     },
 }
 
+/// The library plans an engine keeps, by kind ([`GemmEngine::live_plans`]).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LivePlans {
+    pub gemm: usize,
+    pub conv: usize,
+    pub fft: usize,
+}
+
 /// A prepared matmul: descriptors built, algorithm chosen. Its key in the
 /// engine's table.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -448,10 +456,16 @@ pub trait GemmEngine<B: Backend>: Send + Sync {
     fn release_conv(&self, plan: ConvPlanId) {
         let _ = plan;
     }
-    /// (GEMM, convolution) plans the engine keeps: those of the loaded
-    /// programs (for leak checks).
-    fn live_plans(&self) -> (usize, usize) {
-        (0, 0)
+    /// As [`GemmEngine::release`], for one user of an FFT plan (plans are
+    /// shared by equal specs: the last user's release frees it). Its runs
+    /// have completed.
+    fn release_fft(&self, plan: FftPlanId) {
+        let _ = plan;
+    }
+    /// The plans the engine keeps: those of the loaded programs (for leak
+    /// checks).
+    fn live_plans(&self) -> LivePlans {
+        LivePlans::default()
     }
     /// At load time: can this engine run `spec` (the BLAS library with a
     /// solver is found, the type is one it solves in)? An engine without

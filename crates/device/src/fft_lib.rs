@@ -5,7 +5,9 @@
 //! - a plan per distinct [`FftSpec`] (XLA keeps one per thunk; equal specs
 //!   give the same plan): create, automatic work-area allocation off,
 //!   `MakePlanMany64` with the spec's lengths, embeds, unit strides and
-//!   distances, which reports the work area it needs;
+//!   distances, which reports the work area it needs; each `prepare` counts
+//!   one more user, each [`FftLib::release`] one less, and the plan is
+//!   destroyed with its last user (a plan holds device memory of its own);
 //! - per run, under the plan's lock (a plan is not safe to use from two
 //!   threads at once): the stream, the work area (the caller's memory),
 //!   `Exec{C2C,R2C,C2R,Z2Z,D2Z,Z2D}` out of place, complex transforms with
@@ -17,6 +19,7 @@
 //! complex-to-real transform intact (XLA copies it first: cuFFT may write
 //! its input).
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
 use std::path::PathBuf;
@@ -78,8 +81,9 @@ struct Api<H> {
     exec_complex: [ExecComplexFn<H>; 2],
     /// R2C, C2R, D2Z, Z2D.
     exec_real: [ExecRealFn<H>; 4],
-    /// Keeps the library mapped for the life of the process.
-    _lib: libloading::Library,
+    /// Keeps the library mapped for the life of the process (`None`: the
+    /// unit tests' stand-in functions).
+    _lib: Option<libloading::Library>,
 }
 
 impl<H: Copy> Api<H> {
@@ -109,7 +113,7 @@ impl<H: Copy> Api<H> {
                         symbol(&lib, l, e[4])?,
                         symbol(&lib, l, e[5])?,
                     ],
-                    _lib: lib,
+                    _lib: Some(lib),
                 })
             })()
         };
@@ -118,24 +122,53 @@ impl<H: Copy> Api<H> {
 }
 
 /// One plan: its spec, its handle (locked while used) and the work area it
-/// asked for.
-struct Plan<H> {
+/// asked for; destroyed when the last reference goes (its last user
+/// released it and no enqueue holds it).
+struct Plan<H: Copy> {
     spec: FftSpec,
     handle: Mutex<H>,
     workspace: u64,
+    destroy: unsafe extern "C" fn(H) -> Status,
+    label: &'static str,
+}
+
+impl<H: Copy> Drop for Plan<H> {
+    fn drop(&mut self) {
+        let handle = *self.handle.get_mut().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: made by `prepare`; this is its last reference, so nothing
+        // uses it; the device is current (every `FftLib` method and its drop
+        // run with it current, and a plan goes in one of them).
+        let s = unsafe { (self.destroy)(handle) };
+        if s != 0 {
+            tracing::warn!(status = s, "{} plan destroy failed", self.label);
+        }
+    }
+}
+
+/// A plan in the table and how many loaded programs use it.
+struct Entry<H: Copy> {
+    plan: Arc<Plan<H>>,
+    users: usize,
+}
+
+/// The plans by id (ids never reused: a stale one is an error).
+struct Plans<H: Copy> {
+    by_id: HashMap<usize, Entry<H>>,
+    next: usize,
 }
 
 /// One device's FFT library and its plans. The device must be current on
 /// the calling thread for every method and for drop.
 pub(crate) struct FftLib<H: Copy> {
+    /// First field: dropped (its plans destroyed) before the library goes.
+    plans: Mutex<Plans<H>>,
     abi: &'static FftAbi,
     api: Api<H>,
-    plans: Mutex<Vec<Arc<Plan<H>>>>,
 }
 
 // SAFETY: a handle is used only under its plan's mutex (stream, work area,
-// exec), and destroyed by `Drop` with exclusive access; cuFFT and hipFFT
-// plans may move between threads.
+// exec), and destroyed by its plan's `Drop` with exclusive access; cuFFT and
+// hipFFT plans may move between threads.
 unsafe impl<H: Copy> Send for FftLib<H> {}
 // SAFETY: see above.
 unsafe impl<H: Copy> Sync for FftLib<H> {}
@@ -148,11 +181,7 @@ impl<H: Copy> FftLib<H> {
             match Api::open(abi, &path) {
                 Ok(api) => {
                     tracing::info!(library = %path.display(), "{} loaded for FFTs", abi.label);
-                    return Ok(FftLib {
-                        abi,
-                        api,
-                        plans: Mutex::new(Vec::new()),
-                    });
+                    return Ok(Self::with_api(abi, api));
                 }
                 Err(e) => tried.push(e),
             }
@@ -162,6 +191,21 @@ impl<H: Copy> FftLib<H> {
             abi.label,
             tried.join("; ")
         )))
+    }
+
+    fn with_api(abi: &'static FftAbi, api: Api<H>) -> Self {
+        FftLib {
+            plans: Mutex::new(Plans {
+                by_id: HashMap::new(),
+                next: 0,
+            }),
+            abi,
+            api,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Plans<H>> {
+        self.plans.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn check(&self, call: &'static str, s: Status) -> Result<()> {
@@ -178,7 +222,8 @@ impl<H: Copy> FftLib<H> {
         i + if spec.double { 3 } else { 0 }
     }
 
-    /// The plan for `spec`, made the first time.
+    /// The plan for `spec`, made the first time; one more user of it until
+    /// [`FftLib::release`].
     pub fn prepare(&self, spec: &FftSpec) -> Result<FftPlanId> {
         let rank = spec.n.len();
         if !(1..=3).contains(&rank) || spec.inembed.len() != rank || spec.onembed.len() != rank {
@@ -187,9 +232,10 @@ impl<H: Copy> FftLib<H> {
                 spec.inembed, spec.onembed
             )));
         }
-        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = plans.iter().position(|p| p.spec == *spec) {
-            return Ok(FftPlanId(i));
+        let mut plans = self.lock();
+        if let Some((&id, e)) = plans.by_id.iter_mut().find(|(_, e)| e.plan.spec == *spec) {
+            e.users += 1;
+            return Ok(FftPlanId(id));
         }
         let mut h = MaybeUninit::<H>::uninit();
         // SAFETY: `h` is a valid out pointer; the device is current.
@@ -229,19 +275,48 @@ impl<H: Copy> FftLib<H> {
             unsafe { (self.api.destroy)(handle) };
             return Err(e);
         }
-        plans.push(Arc::new(Plan {
+        let plan = Arc::new(Plan {
             spec: spec.clone(),
             handle: Mutex::new(handle),
             workspace: work as u64,
-        }));
-        Ok(FftPlanId(plans.len() - 1))
+            destroy: self.api.destroy,
+            label: self.abi.label,
+        });
+        let id = plans.next;
+        plans.next += 1;
+        plans.by_id.insert(id, Entry { plan, users: 1 });
+        Ok(FftPlanId(id))
+    }
+
+    /// One user of plan `id` is gone (its program dropped or failed to
+    /// load): with the last, the plan is destroyed. The caller's runs of it
+    /// have completed. An unknown id is ignored.
+    pub fn release(&self, id: FftPlanId) {
+        let gone = {
+            let mut plans = self.lock();
+            let Some(e) = plans.by_id.get_mut(&id.0) else {
+                return;
+            };
+            e.users -= 1;
+            if e.users > 0 {
+                return;
+            }
+            plans.by_id.remove(&id.0)
+        };
+        // Destroyed here, outside the table's lock.
+        drop(gone);
+    }
+
+    /// Plans kept (those of loaded programs).
+    pub fn live(&self) -> usize {
+        self.lock().by_id.len()
     }
 
     fn plan(&self, id: FftPlanId) -> Result<Arc<Plan<H>>> {
-        let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans
-            .get(id.0)
-            .cloned()
+        self.lock()
+            .by_id
+            .get(&id.0)
+            .map(|e| e.plan.clone())
             .ok_or_else(|| DeviceError::InvalidArgument(format!("no FFT plan {}", id.0)))
     }
 
@@ -306,21 +381,6 @@ impl<H: Copy> FftLib<H> {
     }
 }
 
-impl<H: Copy> Drop for FftLib<H> {
-    fn drop(&mut self) {
-        let plans = std::mem::take(self.plans.get_mut().unwrap_or_else(|p| p.into_inner()));
-        for p in plans {
-            let handle = *p.handle.lock().unwrap_or_else(|p| p.into_inner());
-            // SAFETY: exclusive access (no run holds a plan while the
-            // library is dropped); created by `prepare`.
-            let s = unsafe { (self.api.destroy)(handle) };
-            if s != 0 {
-                tracing::warn!(status = s, "{} plan destroy failed", self.abi.label);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,5 +430,138 @@ mod tests {
         assert_eq!(idx(FftKind::Inverse, true), 3);
         assert_eq!(idx(FftKind::RealToComplex, true), 4);
         assert_eq!(idx(FftKind::ComplexToReal, true), 5);
+    }
+
+    mod stand_in {
+        //! The library's entry points as counters: plans made and destroyed.
+        use super::*;
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+        pub static MADE: AtomicUsize = AtomicUsize::new(0);
+        pub static DESTROYED: AtomicUsize = AtomicUsize::new(0);
+
+        pub unsafe extern "C" fn create(h: *mut c_int) -> Status {
+            *h = MADE.fetch_add(1, SeqCst) as c_int;
+            0
+        }
+        pub unsafe extern "C" fn destroy(_: c_int) -> Status {
+            DESTROYED.fetch_add(1, SeqCst);
+            0
+        }
+        pub unsafe extern "C" fn set_int(_: c_int, _: c_int) -> Status {
+            0
+        }
+        /// Fails for a batch of 13; asks for 64 bytes of work area.
+        pub unsafe extern "C" fn make(
+            _: c_int,
+            _: c_int,
+            _: *mut i64,
+            _: *mut i64,
+            _: i64,
+            _: i64,
+            _: *mut i64,
+            _: i64,
+            _: i64,
+            _: c_int,
+            batch: i64,
+            work: *mut usize,
+        ) -> Status {
+            *work = 64;
+            if batch == 13 {
+                5
+            } else {
+                0
+            }
+        }
+        pub unsafe extern "C" fn set_ptr(_: c_int, _: *mut c_void) -> Status {
+            0
+        }
+        pub unsafe extern "C" fn exec_c(
+            _: c_int,
+            _: *mut c_void,
+            _: *mut c_void,
+            _: c_int,
+        ) -> Status {
+            0
+        }
+        pub unsafe extern "C" fn exec_r(_: c_int, _: *mut c_void, _: *mut c_void) -> Status {
+            0
+        }
+
+        pub fn lib() -> FftLib<c_int> {
+            FftLib::with_api(
+                &ABI,
+                Api {
+                    create,
+                    destroy,
+                    set_auto_allocation: set_int,
+                    make_plan_many64: make,
+                    set_work_area: set_ptr,
+                    set_stream: set_ptr,
+                    exec_complex: [exec_c; 2],
+                    exec_real: [exec_r; 4],
+                    _lib: None,
+                },
+            )
+        }
+    }
+
+    #[test]
+    fn a_plan_is_shared_by_equal_specs_and_destroyed_with_its_last_user() {
+        use stand_in::{DESTROYED, MADE};
+        use std::sync::atomic::Ordering::SeqCst;
+        let spec = |batch| FftSpec {
+            kind: FftKind::Forward,
+            double: false,
+            n: vec![8],
+            inembed: vec![8],
+            idist: 8,
+            onembed: vec![8],
+            odist: 8,
+            batch,
+        };
+        let lib = stand_in::lib();
+        let a = lib.prepare(&spec(2)).unwrap();
+        assert_eq!(
+            lib.prepare(&spec(2)).unwrap(),
+            a,
+            "equal specs share a plan"
+        );
+        let b = lib.prepare(&spec(3)).unwrap();
+        assert_ne!(a, b);
+        assert_eq!((MADE.load(SeqCst), lib.live()), (2, 2));
+        assert_eq!(lib.workspace(a).unwrap(), 64);
+
+        lib.release(a);
+        assert_eq!(
+            (DESTROYED.load(SeqCst), lib.live()),
+            (0, 2),
+            "one user left"
+        );
+        lib.release(a);
+        assert_eq!(
+            (DESTROYED.load(SeqCst), lib.live()),
+            (1, 1),
+            "its last user gone"
+        );
+        assert!(lib.workspace(a).is_err(), "a released plan's id is stale");
+        lib.release(a); // ignored
+        assert_eq!(DESTROYED.load(SeqCst), 1);
+
+        let again = lib.prepare(&spec(2)).unwrap();
+        assert!(again != a && again != b, "ids are not reused");
+        // A plan the library refuses is destroyed at once and not kept.
+        assert!(lib.prepare(&spec(13)).is_err());
+        assert_eq!(
+            (MADE.load(SeqCst), DESTROYED.load(SeqCst), lib.live()),
+            (4, 2, 2)
+        );
+
+        drop(lib);
+        assert_eq!(
+            DESTROYED.load(SeqCst),
+            4,
+            "the library's drop destroys what is left"
+        );
     }
 }

@@ -204,11 +204,14 @@ pub(crate) fn build<B: Backend>(
     let engine =
         engine.ok_or_else(|| RuntimeError::unsupported("fft: no FFT engine on this backend"))?;
     let plan = engine.prepare_fft(&run.spec)?;
+    let work_bytes = engine
+        .fft_workspace(plan)
+        .inspect_err(|_| engine.release_fft(plan))?;
     let op = FftOp {
         run,
         plan,
         scratch_offset: *scratch_bytes,
-        work_bytes: engine.fft_workspace(plan)?,
+        work_bytes,
     };
     *scratch_bytes += op.scratch_bytes();
     Ok(Some(op))

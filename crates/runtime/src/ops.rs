@@ -11,6 +11,7 @@ use xla_vmm::{
 };
 use xla_vmm_device::blas::{Epilogue, GemmEngine, GemmPlanId};
 use xla_vmm_device::dnn::ConvPlanId;
+use xla_vmm_device::fft::FftPlanId;
 use xla_vmm_device::{Backend, ImageKind, LaunchConfig, TensorMapDesc};
 
 use crate::collective::CollOp;
@@ -133,12 +134,13 @@ pub struct LoadCtx<'a, B: Backend> {
     pub plans: LibraryPlans,
 }
 
-/// The library plans (GEMM, convolution) a program prepared on its engine,
-/// released there when the program goes (or fails to load).
+/// The library plans (GEMM, convolution, FFT) a program prepared on its
+/// engine, released there when the program goes (or fails to load).
 #[derive(Debug, Default)]
 pub struct LibraryPlans {
     gemm: Vec<GemmPlanId>,
     conv: Vec<ConvPlanId>,
+    fft: Vec<FftPlanId>,
 }
 
 impl LibraryPlans {
@@ -146,6 +148,7 @@ impl LibraryPlans {
         if let Some(e) = engine {
             self.gemm.drain(..).for_each(|p| e.release(p));
             self.conv.drain(..).for_each(|p| e.release_conv(p));
+            self.fft.drain(..).for_each(|p| e.release_fft(p));
         }
     }
 }
@@ -332,7 +335,10 @@ impl<B: Backend> LoadCtx<'_, B> {
             ThunkKind::Fft(f) => {
                 let name = &t.info.profile_annotation;
                 match crate::fft::build(self.gemm, name, f, &mut self.scratch_bytes)? {
-                    Some(op) => Op::Fft(Box::new(op)),
+                    Some(op) => {
+                        self.plans.fft.push(op.plan);
+                        Op::Fft(Box::new(op))
+                    }
                     None => Op::Sequential(Vec::new()),
                 }
             }

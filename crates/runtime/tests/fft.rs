@@ -59,6 +59,9 @@ struct HostFft {
     backend: Arc<HostBackend>,
     specs: Mutex<Vec<FftSpec>>,
     runs: Mutex<Vec<(FftPlanId, FftArgs)>>,
+    released: Mutex<Vec<FftPlanId>>,
+    /// The library refuses the plan after this many.
+    refuse_after: Option<usize>,
 }
 
 impl HostFft {
@@ -76,12 +79,21 @@ impl GemmEngine<HostBackend> for HostFft {
 
     fn prepare_fft(&self, spec: &FftSpec) -> DeviceResult<FftPlanId> {
         let mut specs = self.specs.lock().unwrap();
+        if Some(specs.len()) == self.refuse_after {
+            return Err(xla_vmm_device::DeviceError::NotAvailable(
+                "test: no plan".into(),
+            ));
+        }
         specs.push(spec.clone());
         Ok(FftPlanId(specs.len() - 1))
     }
 
     fn fft_workspace(&self, _: FftPlanId) -> DeviceResult<u64> {
         Ok(WORK)
+    }
+
+    fn release_fft(&self, plan: FftPlanId) {
+        self.released.lock().unwrap().push(plan);
     }
 
     fn run_fft(&self, plan: FftPlanId, args: &FftArgs, s: &HostStream) -> DeviceResult<()> {
@@ -279,6 +291,8 @@ fn engine(b: &Arc<HostBackend>) -> Arc<HostFft> {
         backend: b.clone(),
         specs: Mutex::default(),
         runs: Mutex::default(),
+        released: Mutex::default(),
+        refuse_after: None,
     })
 }
 
@@ -367,6 +381,42 @@ fn graph_modes_run_a_program_with_ffts_eager_with_the_same_results() {
         let ran = run(&b, engine(&b), mode);
         assert_eq!(ran.outs, eager.outs, "{mode:?}");
     }
+}
+
+/// A program's FFT plans go back to the engine when it goes, and when its
+/// load fails after some were prepared (the engine frees a plan with its
+/// last user: programs compiled and dropped for hours keep none).
+#[test]
+fn a_programs_fft_plans_go_back_to_the_engine_when_it_goes_or_fails_to_load() {
+    let b = backend();
+    let e = engine(&b);
+    run(&b, e.clone(), Mode::Graph);
+    let released = |e: &HostFft| {
+        let mut r: Vec<usize> = e.released.lock().unwrap().iter().map(|p| p.0).collect();
+        r.sort();
+        r
+    };
+    assert_eq!(released(&e), [0, 1, 2, 3], "one release per prepared plan");
+
+    // The library refuses the third transform's plan: the two prepared
+    // before it go back.
+    let stream = b.stream_create().unwrap();
+    let e = Arc::new(HostFft {
+        refuse_after: Some(2),
+        ..Arc::into_inner(engine(&b)).unwrap()
+    });
+    let dyn_engine: Arc<dyn GemmEngine<HostBackend>> = e.clone();
+    let cfg = xla_vmm_runtime::RunConfig::default();
+    let loaded =
+        Executable::load_with(b.clone(), fft_plan(), Some(dyn_engine), None, &cfg, &stream);
+    let err = loaded
+        .err()
+        .expect("the refused plan fails the load")
+        .to_string();
+    assert!(err.contains("test: no plan"), "{err}");
+    assert_eq!(e.specs.lock().unwrap().len(), 2);
+    assert_eq!(released(&e), [0, 1]);
+    b.stream_destroy(stream).unwrap();
 }
 
 #[test]

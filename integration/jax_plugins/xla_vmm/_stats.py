@@ -74,8 +74,9 @@ class Report(dict):
                 lines.append("device %s: %d physical allocations, %d address ranges (%.2f GiB) reserved"
                              % (d["device"], m["allocations"], m["va_ranges"], m["va_bytes"] / 2**30))
             if "library_plans" in d:
-                lines.append("device %s: %d GEMM and %d convolution plans held by loaded programs"
-                             % (d["device"], d["library_plans"]["gemm"], d["library_plans"]["conv"]))
+                lp = d["library_plans"]
+                lines.append("device %s: %d GEMM, %d convolution and %d FFT plans held by loaded programs"
+                             % (d["device"], lp["gemm"], lp["conv"], lp.get("fft", 0)))
         return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ type Probes<T> = Mutex<Vec<(String, Probe<T>)>>;
 /// Each device's memory budget use, while its backend lives.
 static MEMORY: Probes<xla_vmm_device::MemoryUsage> = Mutex::new(Vec::new());
 /// Each device's (GEMM, convolution) plans kept by its engine, while it lives.
-static PLANS: Probes<(usize, usize)> = Mutex::new(Vec::new());
+static PLANS: Probes<xla_vmm_device::blas::LivePlans> = Mutex::new(Vec::new());
 
 fn device_name<B: xla_vmm_device::Backend>(backend: &B) -> String {
     let info = backend.info();
@@ -65,9 +65,8 @@ pub fn report_json() -> String {
         .filter_map(|(name, f)| {
             let u = f()?;
             let mut d = serde_json::json!({"device": name, "memory": u});
-            if let Some((gemm, conv)) = plans.iter().find(|(n, _)| n == name).and_then(|(_, f)| f())
-            {
-                d["library_plans"] = serde_json::json!({"gemm": gemm, "conv": conv});
+            if let Some(p) = plans.iter().find(|(n, _)| n == name).and_then(|(_, f)| f()) {
+                d["library_plans"] = serde_json::json!(p);
             }
             Some(d)
         })
@@ -181,8 +180,12 @@ mod tests {
         ) -> xla_vmm_device::error::Result<()> {
             unreachable!()
         }
-        fn live_plans(&self) -> (usize, usize) {
-            (3, 1)
+        fn live_plans(&self) -> xla_vmm_device::blas::LivePlans {
+            xla_vmm_device::blas::LivePlans {
+                gemm: 3,
+                conv: 1,
+                fft: 2,
+            }
         }
     }
 
@@ -213,13 +216,12 @@ mod tests {
         // The plans an engine keeps for the device's programs, while it lives.
         let engine: std::sync::Arc<dyn GemmEngine<HostBackend>> = std::sync::Arc::new(Plans);
         record_plans(&*b, &engine);
-        let held = |v: &serde_json::Value| {
-            v["devices"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|d| d["library_plans"] == serde_json::json!({"gemm": 3, "conv": 1}))
-        };
+        let held =
+            |v: &serde_json::Value| {
+                v["devices"].as_array().unwrap().iter().any(|d| {
+                    d["library_plans"] == serde_json::json!({"gemm": 3, "conv": 1, "fft": 2})
+                })
+            };
         assert!(held(&serde_json::from_str(&report_json()).unwrap()));
         drop(engine);
         assert!(!held(&serde_json::from_str(&report_json()).unwrap()));

@@ -21,7 +21,7 @@ use xla_vmm_ffi::cuda::cublaslt as sys;
 use super::cudnn::{ConvPlan, Cudnn};
 use super::{CudaBackend, CudaStream};
 use crate::blas::{
-    xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs,
+    xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, LivePlans, MatmulArgs,
     NormalizedGemm, Order, PlanTable, Transpose, TrsmArgs, TrsmSpec,
 };
 use crate::dnn::{ConvArgs, ConvPlanId, ConvSpec};
@@ -818,8 +818,21 @@ impl GemmEngine<CudaBackend> for CudaGemm {
         self.conv_plans.remove(plan.0);
     }
 
-    fn live_plans(&self) -> (usize, usize) {
-        (self.plans.len(), self.conv_plans.len())
+    fn release_fft(&self, plan: FftPlanId) {
+        if let Some(cufft) = self.cufft.peek() {
+            // A plan destroyed goes with the device's context current.
+            if self.bind().is_ok() {
+                cufft.release(plan);
+            }
+        }
+    }
+
+    fn live_plans(&self) -> LivePlans {
+        LivePlans {
+            gemm: self.plans.len(),
+            conv: self.conv_plans.len(),
+            fft: self.cufft.peek().map_or(0, FftLib::live),
+        }
     }
 
     fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{HipBackend, HipStream};
 use crate::blas::{
-    xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, MatmulArgs,
+    xla_type, ComputationType, Epilogue, GemmConfig, GemmEngine, GemmPlanId, LivePlans, MatmulArgs,
     NormalizedGemm, Order, PlanTable, Transpose, TrsmArgs, TrsmSpec,
 };
 use crate::error::{DeviceError, Result};
@@ -778,8 +778,21 @@ impl GemmEngine<HipBackend> for HipGemm {
         self.plans.remove(plan.0);
     }
 
-    fn live_plans(&self) -> (usize, usize) {
-        (self.plans.len(), 0)
+    fn release_fft(&self, plan: FftPlanId) {
+        if let Some(hipfft) = self.hipfft.peek() {
+            // A plan destroyed goes with the device current.
+            if self.bind().is_ok() {
+                hipfft.release(plan);
+            }
+        }
+    }
+
+    fn live_plans(&self) -> LivePlans {
+        LivePlans {
+            gemm: self.plans.len(),
+            conv: 0,
+            fft: self.hipfft.peek().map_or(0, FftLib::live),
+        }
     }
 
     fn prepare_trsm(&self, spec: &TrsmSpec) -> Result<()> {
