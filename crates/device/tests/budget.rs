@@ -198,6 +198,27 @@ fn a_cached_block_in_host_memory_is_not_reused_while_the_device_has_room() {
 }
 
 #[test]
+fn a_buffer_mapped_elsewhere_says_so() {
+    // A VA-stable graph's reservation maps the buffer's memory: moving it
+    // would free nothing until that mapping goes.
+    let (b, a) = setup(2, 2, 64);
+    let buf = a.alloc(G).unwrap();
+    assert!(!buf.held_elsewhere());
+    let mut other = xla_vmm_device::vmm::VaReservation::reserve(a.context(), G, 0).unwrap();
+    other.map_rw(0, buf.phys(), 0, G).unwrap();
+    assert!(buf.held_elsewhere());
+    other.release().unwrap();
+    assert!(!buf.held_elsewhere());
+    // A binding's handle holds it too.
+    let handle = buf.phys().clone();
+    assert!(buf.held_elsewhere());
+    drop(handle);
+    assert!(!buf.held_elsewhere());
+    drop(buf);
+    drop(b);
+}
+
+#[test]
 fn a_buffer_moves_between_device_and_host_memory_under_its_address_with_its_bytes() {
     let (b, a) = setup(2, 2, 64);
     let s = b.stream_create().unwrap();
@@ -255,7 +276,9 @@ fn a_move_that_fails_anywhere_leaves_the_buffer_where_it_was_with_its_bytes() {
         ("set_access", 1),
         ("copy_d2d", 1),
         ("stream_synchronize", 1),
+        // The copy's scratch range, then the buffer's own mapping.
         ("unmap", 1),
+        ("unmap", 2),
         ("map", 2),
         ("set_access", 2),
     ] {
@@ -293,4 +316,29 @@ fn a_move_that_fails_anywhere_leaves_the_buffer_where_it_was_with_its_bytes() {
         a.trim().unwrap();
         b.stream_destroy(s).unwrap();
     }
+}
+
+#[test]
+fn a_block_whose_move_failed_twice_is_never_handed_out_again() {
+    // The new memory cannot be mapped, and neither can the old one back:
+    // the move fails with the range unmapped. Freed, the block must not go
+    // back to the cache (the next buffer of its size would be unmapped).
+    let (b, a) = setup(2, 2, 64);
+    let s = b.stream_create().unwrap();
+    let mut buf = a.alloc(G).unwrap();
+    b.inject_failure("map", 2);
+    b.inject_failure("map", 3);
+    assert!(buf.relocate(MemLocation::Host, &s).is_err());
+    b.clear_injected_failures();
+    let broken = buf.ptr();
+    drop(buf);
+    assert_eq!(a.stats().quarantined, 1);
+    let next = a.alloc(G).unwrap();
+    assert_ne!(next.ptr(), broken, "the unmapped block was reused");
+    b.write_sync(next.ptr(), &fill(9), &s).unwrap();
+    let mut got = vec![0u8; G as usize];
+    b.read_sync(&mut got, next.ptr(), &s).unwrap();
+    assert_eq!(got, fill(9));
+    drop(next);
+    b.stream_destroy(s).unwrap();
 }

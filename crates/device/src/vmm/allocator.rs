@@ -19,6 +19,16 @@ struct Large<B: Backend> {
     generation: u64,
 }
 
+impl<B: Backend> Large<B> {
+    /// Is its range still mapped to its memory (a failed move may leave it
+    /// unmapped)?
+    fn intact(&self) -> bool {
+        self.va
+            .mapping(0)
+            .is_some_and(|m| Arc::ptr_eq(&m.phys, &self.phys))
+    }
+}
+
 /// A sub-allocation slot inside a granule.
 struct Slot {
     granule: u64,
@@ -176,6 +186,23 @@ impl<B: Backend> Buffer<B> {
         tracing::debug!(id = self.id.0, bytes = self.capacity, to = ?to, "vmm: buffer relocated");
         Ok(true)
     }
+    /// Is its physical memory held by anything besides the buffer and its
+    /// own mapping (another reservation that maps it: a VA-stable graph's;
+    /// a program's binding of it)? A move then frees nothing until those
+    /// let go: the old memory stays, beside the new.
+    pub fn held_elsewhere(&self) -> bool {
+        // The buffer's own holders: itself, its block and its mapping.
+        let own = match &self.kind {
+            Some(Kind::Large(b)) => {
+                2 + usize::from(
+                    b.va.mapping(0)
+                        .is_some_and(|m| Arc::ptr_eq(&m.phys, &self.phys)),
+                )
+            }
+            _ => 1,
+        };
+        Arc::strong_count(&self.phys) > own
+    }
     /// Can the runtime map `phys()` (offset `phys_offset()`, `capacity()`
     /// bytes) into another reservation? False for sub-allocated buffers.
     pub fn remappable(&self) -> bool {
@@ -217,7 +244,12 @@ fn take_ready<B: Backend, T>(
     for (i, f) in list.iter().enumerate() {
         let ready = match f.event {
             None => true,
-            Some(k) => events.done(backend, k)?,
+            Some(k) => match events.done(backend, k) {
+                Ok(r) => r,
+                // A block is at hand: an unrelated entry's error waits.
+                Err(_) if found.is_some() => break,
+                Err(e) => return Err(e),
+            },
         };
         if ready {
             found.get_or_insert(i);
@@ -699,6 +731,15 @@ impl<B: Backend> Inner<B> {
         };
         for (kind, _) in blocks {
             match kind {
+                Kind::Large(b) if !b.intact() => {
+                    // A move that failed twice left its range unmapped (or
+                    // mapped elsewhere): never handed out again.
+                    tracing::warn!(
+                        id = b.id.0,
+                        "vmm: a block whose mapping was lost is quarantined"
+                    );
+                    self.quarantine(&mut st, Kind::Large(b));
+                }
                 Kind::Large(b) => {
                     let class = b.va.size();
                     st.large
