@@ -243,26 +243,22 @@ fn a_buffer_donated_to_another_program_is_new_content() {
     }
 }
 
-/// Under a device budget its parameter fills, a program's first run moves
-/// the parameter (read once) to host memory under its address, and the
-/// room it leaves holds the temporary every thunk reads and writes (read
-/// over the link before): the results are right, the budget counts the
-/// move, and the moved buffer reads back right afterwards; a move that
-/// fails changes nothing but the speed.
-#[test]
-fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
-    use xla_vmm_device::Backend;
-    let n: u64 = 512 << 10;
-    let v = 4 * n;
-    let param = AllocationRole::Parameter {
+/// Parameter 0, not aliased with an output.
+fn param0() -> AllocationRole {
+    AllocationRole::Parameter {
         number: 0,
         shape_index: vec![],
         aliased_with_output: false,
-    };
-    // t = a; t += 1 three times; out = t.
+    }
+}
+
+/// t = a; t += 1 three times; out = t: a parameter read once, a temporary
+/// every thunk reads and writes; (the plan, its argument, the result).
+fn read_once_then_temporary(n: u64) -> (Plan, Vec<f32>, Vec<f32>) {
+    let v = 4 * n;
     let mut p = plan(
         vec![
-            alloc(0, v, param),
+            alloc(0, v, param0()),
             alloc(1, v, AllocationRole::Temp),
             alloc(2, v, AllocationRole::Output { outputs: vec![] }),
         ],
@@ -285,20 +281,49 @@ fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
     p.program_shape.result = f32s(n as usize);
     let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
     let want: Vec<f32> = a.iter().map(|x| x + 3.0).collect();
+    (p, a, want)
+}
+
+/// A host-backed client with the device memory budget `v` bytes (no
+/// staging reserve), one stream per device or not.
+fn budget_client(
+    v: u64,
+    one_stream: bool,
+) -> (
+    std::sync::Arc<xla_vmm_device::HostBackend>,
+    *mut PJRT_Client,
+) {
+    use xla_vmm_device::Backend;
+    let be = backend();
+    let mut opts = host_options();
+    opts.run.one_stream = one_stream;
+    let client = client::into_c(Client::with_backend(opts, be.clone()).unwrap());
+    // (The client sets the budget from its options: this one after it.)
+    be.budget().set_limits(xla_vmm_device::MemoryLimits {
+        device: Some(v),
+        host: None,
+        staging_reserve: Some(0),
+    });
+    (be, client)
+}
+
+/// Under a device budget its parameter fills, a program's first run moves
+/// the parameter (read once) to host memory under its address, and the
+/// room it leaves holds the temporary every thunk reads and writes (read
+/// over the link before): the results are right, the budget counts the
+/// move, and the moved buffer reads back right afterwards; a move that
+/// fails changes nothing but the speed.
+#[test]
+fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
+    use xla_vmm_device::Backend;
+    let n: u64 = 512 << 10;
+    let v = 4 * n;
+    let (p, a, want) = read_once_then_temporary(n);
     // As JAX gets it (one stream per device: temporaries on shared memory)
     // and not; and with the move failing (the driver refuses its memory):
     // the argument stays, the results are the same.
     for (one_stream, fail) in [(true, false), (false, false), (true, true)] {
-        let be = backend();
-        let mut opts = host_options();
-        opts.run.one_stream = one_stream;
-        let client = client::into_c(Client::with_backend(opts, be.clone()).unwrap());
-        // (The client sets the budget from its options: this one after it.)
-        be.budget().set_limits(xla_vmm_device::MemoryLimits {
-            device: Some(v),
-            host: None,
-            staging_reserve: Some(0),
-        });
+        let (be, client) = budget_client(v, one_stream);
         let device = devices(client)[0];
         let x = put_f32(client, device, &a);
         let exe =
@@ -314,6 +339,7 @@ fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
             );
             destroy_buffer(r);
         }
+        assert_eq!(be.injections_armed(), 0, "the failure was met");
         let usage = be.budget().usage();
         let moved = u64::from(!fail);
         assert_eq!(usage.relocated, moved, "the argument out: {usage:?}");
@@ -321,6 +347,69 @@ fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
         assert!(f32_values(&to_host(x).unwrap()) == a, "the moved argument");
         destroy_buffer(x);
         destroy_exe(exe);
+        destroy_client(client);
+        assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+    }
+}
+
+/// An argument another program ran with stays where it is: that program's
+/// binding still holds its memory, so a move would hold both the old and
+/// the new until it runs again. Once that program is gone, it moves.
+#[test]
+fn an_argument_another_program_holds_does_not_move() {
+    use xla_vmm_device::Backend;
+    let n: u64 = 512 << 10;
+    let v = 4 * n;
+    let (p, a, want) = read_once_then_temporary(n);
+    for other_dropped in [false, true] {
+        let (be, client) = budget_client(v, true);
+        let device = devices(client)[0];
+        let x = put_f32(client, device, &a);
+        // The other program runs with the argument where no budget applies
+        // yet (its plan moves nothing).
+        let limits = be.budget().limits();
+        be.budget()
+            .set_limits(xla_vmm_device::MemoryLimits::default());
+        // It reads the argument's first element: its own memory is small.
+        let mut first = plan(
+            vec![
+                alloc(0, v, param0()),
+                alloc(1, 4, AllocationRole::Output { outputs: vec![] }),
+            ],
+            1,
+            vec![thunk(
+                "copy",
+                ThunkKind::DeviceToDeviceCopy(copy_of(sl(0, 4), sl(1, 4))),
+            )],
+        );
+        first.program_shape.parameters = vec![f32s(n as usize)];
+        first.program_shape.result = f32s(1);
+        let other = xla_vmm_plugin::objects::executable::load_plan(client, first, vec![]).unwrap();
+        let r = execute(other, &[x], &[]).unwrap();
+        destroy_buffer(r);
+        be.budget().set_limits(limits);
+        if other_dropped {
+            destroy_exe(other);
+        }
+        let exe =
+            xla_vmm_plugin::objects::executable::load_plan(client, p.clone(), vec![]).unwrap();
+        for step in 0..3 {
+            let r = execute(exe, &[x], &[]).unwrap();
+            assert!(f32_values(&to_host(r).unwrap()) == want, "step {step}");
+            destroy_buffer(r);
+        }
+        let usage = be.budget().usage();
+        assert_eq!(
+            usage.relocated,
+            u64::from(other_dropped),
+            "other program dropped: {other_dropped}: {usage:?}"
+        );
+        assert!(f32_values(&to_host(x).unwrap()) == a);
+        destroy_buffer(x);
+        destroy_exe(exe);
+        if !other_dropped {
+            destroy_exe(other);
+        }
         destroy_client(client);
         assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
     }

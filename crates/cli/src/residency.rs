@@ -263,7 +263,8 @@ pub fn as_run(
         xla_vmm_runtime::program::own_layout(plan, true)
             .into_iter()
             .map(|b| {
-                let alone = b.parts.len() == 1;
+                // Shared temporaries never move (as the runtime keeps them).
+                let alone = b.parts.len() == 1 && !b.temps;
                 let parts = b.parts.iter().map(|p| p.0).collect();
                 (parts, b.bytes.div_ceil(GRANULE) * GRANULE, alone, false)
             }),

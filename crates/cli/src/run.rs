@@ -666,14 +666,18 @@ pub(crate) fn bind_inputs<B: Backend>(
         params.push(buf);
     }
     // Under a device budget, the first run's plan may want them elsewhere:
-    // moved under their addresses, as the plugin does.
+    // moved under their addresses, as the plugin does (one that cannot move
+    // stays where it is, said).
     let at: Vec<_> = params
         .iter()
         .map(|b| (Some(b.location()), b.remappable()))
         .collect();
-    for (i, to) in exe.placement(&at) {
-        params[i].relocate(to, stream)?;
-        exe.bind_buffer(i, &params[i])?;
+    for (i, to) in exe.placement(&at, stream) {
+        match params[i].relocate(to, stream) {
+            Ok(_) => exe.bind_buffer(i, &params[i])?,
+            Err(e) => tracing::warn!(input = i, to = ?to, error = %e,
+                "an input's memory could not move; it stays"),
+        }
     }
     Ok(())
 }

@@ -409,13 +409,19 @@ impl<B: Backend> Executable<B> {
     /// allows ([`xla_vmm_policy::rebalance`]): `params[i]` is parameter
     /// `i`'s location (`None`: unknown, raw memory) and whether the caller
     /// can move it between device and host memory under its address (a
-    /// whole allocation of its own). Returns (parameter, location) moves,
-    /// those leaving the device first; the program's own buffers move at
-    /// its first run. Empty after the first call, when nothing is in host
-    /// memory, when no move pays, or with the `rebalance` option off.
+    /// whole allocation of its own, nothing else holding its memory).
+    /// The program's own buffers that leave the device move here, first (a
+    /// constant's bytes copied on `stream`), so that the device memory they
+    /// free is there for the parameters the plan brings to the device.
+    /// Returns (parameter, location) moves, those leaving the device first;
+    /// the caller makes them in that order, and one that fails leaves its
+    /// parameter where it is. Empty after the first call, when nothing is
+    /// in host memory, when no move pays, or with the `rebalance` option
+    /// off.
     pub fn placement(
         &mut self,
         params: &[(Option<MemLocation>, bool)],
+        stream: &B::Stream,
     ) -> Vec<(usize, MemLocation)> {
         if !self.placement_pending() {
             return Vec::new();
@@ -438,16 +444,19 @@ impl<B: Backend> Executable<B> {
             .filter(|(_, p)| p.1)
             .filter_map(|(s, _)| single(s))
             .collect();
-        self.program
-            .plan_moves(&homes, &movable, self.config.one_stream)
+        let moves = self
+            .program
+            .plan_moves(&homes, &movable, self.config.one_stream);
+        self.program.move_own(stream);
+        moves
             .into_iter()
             .filter_map(|(a, to)| Some((slots.iter().position(|s| single(s) == Some(a))?, to)))
             .collect()
     }
 
     /// Plan the staging at the first run for the memory bound then (the
-    /// program's own buffers moved first where [`Executable::placement`]
-    /// said), and again when another program has moved memory since and
+    /// program's own buffers moved by [`Executable::placement`] already),
+    /// and again when another program has moved memory since and
     /// this one's parameters are elsewhere now: after the steps in flight
     /// (they use the old staging), without the graphs that captured it.
     fn plan_staging(&mut self, stream: &B::Stream) -> Result<()> {
@@ -469,8 +478,6 @@ impl<B: Backend> Executable<B> {
             }
             tracing::info!(executable = %self.program.plan().module_name,
                 "memory it planned for moved: its staging planned again");
-        } else {
-            self.program.move_own(stream);
         }
         self.staging_planned = true;
         self.program.plan_staging(

@@ -19,13 +19,14 @@ use xla_vmm_device::Backend;
 
 use crate::error::Result;
 
-/// Each device's (backend's) largest temporaries' memory, while a program
-/// maps it.
+/// Each device's (backend's) temporaries' memories, while a program maps
+/// them.
 static MEMORIES: Mutex<Vec<(usize, Weak<dyn Any + Send + Sync>)>> = Mutex::new(Vec::new());
 
 /// Physical memory of at least `bytes` (a multiple of the granularity) for
-/// temporaries on `ctx`'s device: the device's, when it is as large, else
-/// a new one (then the device's for later programs).
+/// temporaries on `ctx`'s device: the smallest of the device's live ones
+/// that is as large, else a new one (then the device's too, for later
+/// programs; the smaller ones stay with the programs that map them).
 pub(crate) fn memory<B: Backend + 'static>(
     ctx: &VmmContext<B>,
     bytes: u64,
@@ -35,15 +36,15 @@ pub(crate) fn memory<B: Backend + 'static>(
     all.retain(|(_, w)| w.strong_count() > 0);
     let found = all
         .iter()
-        .find(|(k, _)| *k == key)
-        .and_then(|(_, w)| w.upgrade())
-        .and_then(|a| a.downcast::<Phys<B>>().ok());
-    if let Some(p) = found.filter(|p| p.size() >= bytes) {
+        .filter(|(k, _)| *k == key)
+        .filter_map(|(_, w)| w.upgrade()?.downcast::<Phys<B>>().ok())
+        .filter(|p| p.size() >= bytes)
+        .min_by_key(|p| p.size());
+    if let Some(p) = found {
         return Ok(p);
     }
     let phys = Arc::new(Phys::create(ctx, bytes)?);
     let any: Arc<dyn Any + Send + Sync> = phys.clone();
-    all.retain(|(k, _)| *k != key);
     all.push((key, Arc::downgrade(&any)));
     Ok(phys)
 }

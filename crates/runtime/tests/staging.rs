@@ -637,7 +637,7 @@ fn a_program_moves_its_memory_where_its_plan_wants_it_before_its_first_run() {
             assert!(at.iter().all(|a| a.0 == Some(MemLocation::Device)));
             let mut moves = 0;
             if rebalance {
-                let asked = exe.placement(&at);
+                let asked = exe.placement(&at, &stream);
                 moves = asked.len() as u64;
                 let moves = asked;
                 // The parameters, each read once, make room for the
@@ -647,7 +647,7 @@ fn a_program_moves_its_memory_where_its_plan_wants_it_before_its_first_run() {
                 for &(i, to) in &moves {
                     assert!(bufs[i].relocate(to, &stream).unwrap());
                 }
-                assert!(exe.placement(&at).is_empty(), "asked once");
+                assert!(exe.placement(&at, &stream).is_empty(), "asked once");
             }
             bind_all(&mut exe, &bufs);
             let mut got = Vec::new();
@@ -700,7 +700,7 @@ fn a_program_plans_again_when_another_moves_memory_it_planned_for() {
         assert!(first.program().staging_summary().is_none());
         let mut second = Executable::load(b.clone(), chains(n as u64), None, &stream).unwrap();
         let at: Vec<_> = bufs.iter().map(|x| (Some(x.location()), true)).collect();
-        let moves = second.placement(&at);
+        let moves = second.placement(&at, &stream);
         assert!(!moves.is_empty(), "{mode:?}");
         for &(i, to) in &moves {
             bufs[i].relocate(to, &stream).unwrap();
@@ -738,14 +738,17 @@ fn with_a_shared_area_only_the_first_staged_program_moves_memory() {
     let at = |bufs: &[VmmBuffer<HostBackend>]| -> Vec<_> {
         bufs.iter().map(|x| (Some(x.location()), true)).collect()
     };
-    let moves = first.placement(&at(&bufs));
+    let moves = first.placement(&at(&bufs), &stream);
     assert!(!moves.is_empty());
     for &(i, to) in &moves {
         bufs[i].relocate(to, &stream).unwrap();
     }
     bind_all(&mut first, &bufs);
     first.run(&stream, Mode::Eager).unwrap();
-    assert!(second.placement(&at(&bufs)).is_empty(), "the area is made");
+    assert!(
+        second.placement(&at(&bufs), &stream).is_empty(),
+        "the area is made"
+    );
     bind_all(&mut second, &bufs);
     for exe in [&mut first, &mut second] {
         let got = step_f32s(exe, &b, &stream, Mode::Eager, n);
@@ -768,7 +771,7 @@ fn with_rebalance_off_nothing_moves() {
     let mut exe =
         Executable::load_with(b.clone(), chains(n as u64), None, None, &cfg, &stream).unwrap();
     let at: Vec<_> = bufs.iter().map(|x| (Some(x.location()), true)).collect();
-    assert!(exe.placement(&at).is_empty());
+    assert!(exe.placement(&at, &stream).is_empty());
     bind_all(&mut exe, &bufs);
     exe.run(&stream, Mode::Eager).unwrap();
     b.stream_synchronize(&stream).unwrap();
@@ -821,6 +824,21 @@ fn programs_run_one_step_at_a_time_share_their_temporaries_memory() {
                         "{mode:?}, one_stream {one_stream}, step {step}"
                     );
                 }
+            }
+            // Both enqueued before either is waited for.
+            for step in 0..3 {
+                let a = first.run(&stream, mode).unwrap();
+                let c = second.run(&stream, mode).unwrap();
+                b.stream_synchronize(&stream).unwrap();
+                let read = |outs: &[xla_vmm_runtime::Output]| -> Vec<Vec<f32>> {
+                    outs.iter()
+                        .map(|o| f32s_of(&b, o.ptr, n, &stream))
+                        .collect()
+                };
+                assert!(
+                    read(&a) == want && read(&c) == want_other,
+                    "{mode:?}, one_stream {one_stream}, enqueued together, step {step}"
+                );
             }
             held.push(b.budget().usage().device_bytes);
             drop((first, second, x, y));

@@ -223,6 +223,12 @@ impl Buffer {
         drop(freed);
     }
 
+    /// Does an external reference (a zero-copy view, a DLPack export) read
+    /// its memory now?
+    pub fn externally_held(&self) -> bool {
+        self.external_refs.load(Ordering::Acquire) > 0
+    }
+
     /// Donation hands the memory to an output: refused while an external
     /// reference (a zero-copy view, a DLPack export) reads it.
     pub fn check_donatable(&self) -> Result<()> {

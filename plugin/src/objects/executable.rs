@@ -31,6 +31,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use xla_vmm::{Plan, Shape};
+use xla_vmm_device::MemLocation;
 use xla_vmm_ffi::pjrt::*;
 
 use crate::cabi::assignment::{AssignmentProto, DeviceAssignment, MultiDevice};
@@ -518,6 +519,27 @@ impl Executable {
         Ok(part)
     }
 
+    /// Each argument's location and whether its memory may move for the
+    /// program's plan: not while an external reference reads it, not when
+    /// the program runs on a copy of it (written in place, not donatable),
+    /// not when it is passed twice (its room would count twice).
+    fn placement_info(
+        &self,
+        args: &[Arc<Buffer>],
+        non_donatable: &[i64],
+    ) -> Result<Vec<(Option<MemLocation>, bool)>> {
+        let mut seen = Vec::with_capacity(args.len());
+        let mut info = Vec::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            let (ptr, (at, movable)) = a.with_live(|al| Ok((al.ptr, al.placement())))?;
+            let copied = self.aliased[i] && non_donatable.contains(&(i as i64));
+            let repeated = seen.contains(&ptr);
+            seen.push(ptr);
+            info.push((at, movable && !copied && !repeated && !a.externally_held()));
+        }
+        Ok(info)
+    }
+
     /// Enqueue one step; the outputs and the event that completes when the
     /// device has run it.
     /// (The arguments were checked with `check_args`.)
@@ -550,11 +572,8 @@ impl Executable {
         // is moved where its plan wants it (a failure is said: the memory
         // stays, the program reads it where it is).
         if program.placement_pending() {
-            let info = args
-                .iter()
-                .map(|a| a.with_live(|al| Ok(al.placement())))
-                .collect::<Result<Vec<_>>>()?;
-            for (i, to) in program.placement(&info) {
+            let info = self.placement_info(args, non_donatable)?;
+            for (i, to) in program.placement(&info)? {
                 if let Err(e) = args[i].with_live_mut(|al| al.relocate(to)) {
                     tracing::warn!(executable = %self.name, argument = i, to = ?to, error = %e,
                         "an argument's memory could not move; it stays");
@@ -680,14 +699,18 @@ impl Executable {
         // The vendor runs on its own stream: our queued work (the arguments'
         // producers, the copies above) must be done first.
         mem.synchronize()?;
-        let ptrs = args
+        // Each argument's handle is held while the vendor reads it: another
+        // program's first run does not move memory held elsewhere.
+        let (ptrs, _held): (Vec<_>, Vec<_>) = args
             .iter()
             .zip(&copies)
             .map(|(a, c)| match c {
-                Some(c) => Ok(c.ptr),
-                None => a.with_live(|al| Ok(al.ptr)),
+                Some(c) => Ok((c.ptr, None)),
+                None => a.with_live(|al| Ok((al.ptr, al.handle()))),
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
         let view_args: Vec<ViewArg<'_>> = args
             .iter()
             .zip(&ptrs)

@@ -120,7 +120,12 @@ pub trait Backing: Send + Sync {
 impl<B: PluginBackend> Backing for OwnedBuffer<B> {
     fn placement(&self) -> (Option<MemLocation>, bool) {
         match &self.buf {
-            Some(buf) => (Some(buf.location()), buf.remappable()),
+            // Memory another program still maps (or binds) would stay
+            // beside the new: such a buffer does not move.
+            Some(buf) => (
+                Some(buf.location()),
+                buf.remappable() && !buf.held_elsewhere(),
+            ),
             None => (None, false),
         }
     }
@@ -129,6 +134,12 @@ impl<B: PluginBackend> Backing for OwnedBuffer<B> {
         let Some(buf) = self.buf.as_mut() else {
             return Ok(None);
         };
+        // Checked again under the buffer's lock: an execute on another
+        // thread may have taken its handle since the plan was made (it
+        // runs with the memory that handle holds).
+        if buf.held_elsewhere() {
+            return Ok(None);
+        }
         let moved = self.stream.with(|s| Ok(buf.relocate(to, s)?))?;
         Ok(moved.then(|| buf.allocation_id().0))
     }

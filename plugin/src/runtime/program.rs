@@ -50,9 +50,12 @@ pub trait Program: Send {
     /// device and host memory for its plan under the device budget
     /// (`Executable::placement`): `args[i]` is argument `i`'s location and
     /// whether it can move. (argument, location) pairs, those leaving the
-    /// device first.
-    fn placement(&mut self, _args: &[(Option<MemLocation>, bool)]) -> Vec<(usize, MemLocation)> {
-        Vec::new()
+    /// device first (the program's own buffers that leave it have moved).
+    fn placement(
+        &mut self,
+        _args: &[(Option<MemLocation>, bool)],
+    ) -> Result<Vec<(usize, MemLocation)>> {
+        Ok(Vec::new())
     }
 
     /// The execute context the next runs' custom calls read (their user
@@ -136,10 +139,14 @@ impl<B: PluginBackend> Program for RuntimeProgram<B> {
         self.exe.as_ref().is_some_and(|e| e.placement_pending())
     }
 
-    fn placement(&mut self, args: &[(Option<MemLocation>, bool)]) -> Vec<(usize, MemLocation)> {
-        self.exe
-            .as_mut()
-            .map_or_else(Vec::new, |e| e.placement(args))
+    fn placement(
+        &mut self,
+        args: &[(Option<MemLocation>, bool)],
+    ) -> Result<Vec<(usize, MemLocation)>> {
+        let Some(exe) = self.exe.as_mut() else {
+            return Ok(Vec::new());
+        };
+        self.stream.with(|s| Ok(exe.placement(args, s)))
     }
 
     fn set_call_context(&mut self, context: Option<Arc<dyn CallContext>>) {
