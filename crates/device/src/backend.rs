@@ -26,18 +26,7 @@
 
 use crate::budget::{MemLocation, MemoryBudget};
 use crate::error::{DeviceError, Result};
-
-/// A device virtual address (what kernels see). Plain integer: the runtime
-/// does address arithmetic on it; the backend checks it on use.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct DevicePtr(pub u64);
-
-impl DevicePtr {
-    pub const NULL: DevicePtr = DevicePtr(0);
-    pub fn offset(self, bytes: u64) -> DevicePtr {
-        DevicePtr(self.0 + bytes)
-    }
-}
+pub use crate::ptr::DevicePtr;
 
 /// Sort `(dst, src, bytes)` copies by destination, drop empty ones and merge
 /// neighbours that are contiguous on both sides (`a.dst + a.bytes == b.dst`
@@ -521,7 +510,7 @@ pub trait Backend: Send + Sync + 'static {
         _id: &crate::collective::CliqueId,
         _nranks: usize,
         _rank: usize,
-    ) -> Result<Box<dyn crate::collective::Communicator<Self>>>
+    ) -> Result<Box<dyn crate::collective::Communicator<Self::Stream>>>
     where
         Self: Sized,
     {

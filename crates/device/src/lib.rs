@@ -40,6 +40,7 @@ mod libsearch;
 #[allow(unsafe_code)]
 mod nccl_common;
 pub mod probe;
+mod ptr;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod trsm_lib;
 pub mod vmm;

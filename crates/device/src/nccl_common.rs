@@ -242,7 +242,7 @@ impl<D: CommDevice> Drop for Comm<D> {
     }
 }
 
-impl<D: CommDevice> Communicator<D::Backend> for Comm<D> {
+impl<D: CommDevice> Communicator<<D::Backend as Backend>::Stream> for Comm<D> {
     fn rank(&self) -> usize {
         self.rank
     }

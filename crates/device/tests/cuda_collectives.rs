@@ -174,7 +174,7 @@ fn collectives_match_host_results_bit_for_bit() {
     }
 }
 
-fn run_rank(d: &Dev, c: &dyn Communicator<CudaBackend>, rank: usize, n: usize) {
+fn run_rank(d: &Dev, c: &dyn Communicator<Stream>, rank: usize, n: usize) {
     let s = &d.stream;
     let (a, b2, g, rs, p2p, cap) = (0u64, 65536u64, 131072u64, 262144u64, 327680u64, 393216u64);
 

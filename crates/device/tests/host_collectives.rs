@@ -68,7 +68,7 @@ impl Drop for Rank {
     }
 }
 
-type Comm = Box<dyn Communicator<HostBackend>>;
+type Comm = Box<dyn Communicator<xla_vmm_device::host::HostStream>>;
 
 /// Run `f(rank, comm)` for `n` ranks, one thread each; results in rank order.
 fn with_ranks<R: Send + 'static>(

@@ -138,7 +138,7 @@ impl IdExchange for LocalExchange {
     }
 }
 
-type CommMap<B> = HashMap<(Vec<i64>, usize, usize), Arc<dyn Communicator<B>>>;
+type CommMap<B> = HashMap<(Vec<i64>, usize, usize), Arc<dyn Communicator<<B as Backend>::Stream>>>;
 
 /// The communicators of one process, shared by all its devices and executables:
 /// one per (participants in rank order, rank). Key in the exchange: `"xla_vmm/clique/<ids comma-joined>"`.
@@ -169,7 +169,7 @@ impl<B: Backend> Cliques<B> {
         backend: &B,
         participants: &[i64],
         rank: usize,
-    ) -> Result<Arc<dyn Communicator<B>>> {
+    ) -> Result<Arc<dyn Communicator<B::Stream>>> {
         self.communicator_tagged(backend, participants, rank, 0)
     }
 
@@ -184,7 +184,7 @@ impl<B: Backend> Cliques<B> {
         participants: &[i64],
         rank: usize,
         tag: usize,
-    ) -> Result<Arc<dyn Communicator<B>>> {
+    ) -> Result<Arc<dyn Communicator<B::Stream>>> {
         if rank >= participants.len() {
             return Err(RuntimeError::arg(format!(
                 "rank {rank} of a {}-device clique",
@@ -216,7 +216,7 @@ impl<B: Backend> Cliques<B> {
                 .ok_or_else(|| RuntimeError::arg(format!("'{name}': not a clique id")))?
         };
         tracing::info!(clique = %name, rank, "joining clique");
-        let comm: Arc<dyn Communicator<B>> =
+        let comm: Arc<dyn Communicator<B::Stream>> =
             Arc::from(backend.comm_init_rank(&id, participants.len(), rank)?);
         Ok(lock()?.entry(key).or_insert(comm).clone())
     }

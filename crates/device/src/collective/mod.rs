@@ -13,8 +13,8 @@
 //! may be captured into that device's graph. Buffers are device addresses
 //! of that device.
 
-use crate::backend::{Backend, DevicePtr};
 use crate::error::Result;
+use crate::ptr::DevicePtr;
 
 mod teardown;
 pub use teardown::{destroy_timeout, Destroyed, Reaper};
@@ -92,13 +92,14 @@ pub enum ReduceOp {
     Max,
 }
 
-/// One rank of a clique on one device. `count`s are elements of `ty`.
+/// One rank of a clique on one device, enqueuing on streams `S` (its
+/// backend's). `count`s are elements of `ty`.
 ///
 /// Several operations between [`Communicator::group_start`] and
 /// [`Communicator::group_end`] are issued as one (NCCL group semantics):
 /// needed for send/recv pairs (all-to-all, collective permute) so that no
 /// rank blocks on a peer that is itself blocked.
-pub trait Communicator<B: Backend>: Send + Sync {
+pub trait Communicator<S>: Send + Sync {
     /// This rank (0-based position in the clique).
     fn rank(&self) -> usize;
     /// Number of ranks.
@@ -111,7 +112,7 @@ pub trait Communicator<B: Backend>: Send + Sync {
         count: usize,
         ty: CommType,
         op: ReduceOp,
-        stream: &B::Stream,
+        stream: &S,
     ) -> Result<()>;
     /// `dst` = the `count`-element `src` of rank 0, then rank 1, ...
     fn all_gather(
@@ -120,7 +121,7 @@ pub trait Communicator<B: Backend>: Send + Sync {
         dst: DevicePtr,
         count: usize,
         ty: CommType,
-        stream: &B::Stream,
+        stream: &S,
     ) -> Result<()>;
     /// `dst` (`count` elements) = rank-th `count`-element chunk of the
     /// reduction over ranks of `src` (`count × size` elements).
@@ -131,7 +132,7 @@ pub trait Communicator<B: Backend>: Send + Sync {
         count: usize,
         ty: CommType,
         op: ReduceOp,
-        stream: &B::Stream,
+        stream: &S,
     ) -> Result<()>;
     /// `buf` on every rank = `buf` of `root` (in place; `count` elements).
     fn broadcast(
@@ -141,7 +142,7 @@ pub trait Communicator<B: Backend>: Send + Sync {
         count: usize,
         ty: CommType,
         root: usize,
-        stream: &B::Stream,
+        stream: &S,
     ) -> Result<()>;
     /// Point-to-point (inside a group).
     fn send(
@@ -150,7 +151,7 @@ pub trait Communicator<B: Backend>: Send + Sync {
         count: usize,
         ty: CommType,
         peer: usize,
-        stream: &B::Stream,
+        stream: &S,
     ) -> Result<()>;
     fn recv(
         &self,
@@ -158,7 +159,7 @@ pub trait Communicator<B: Backend>: Send + Sync {
         count: usize,
         ty: CommType,
         peer: usize,
-        stream: &B::Stream,
+        stream: &S,
     ) -> Result<()>;
     fn group_start(&self) -> Result<()>;
     fn group_end(&self) -> Result<()>;

@@ -1030,7 +1030,7 @@ impl Backend for CudaBackend {
         id: &crate::collective::CliqueId,
         nranks: usize,
         rank: usize,
-    ) -> Result<Box<dyn crate::collective::Communicator<Self>>> {
+    ) -> Result<Box<dyn crate::collective::Communicator<Self::Stream>>> {
         self.nccl_comm_init_rank(id, nranks, rank)
     }
 

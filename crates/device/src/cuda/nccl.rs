@@ -67,7 +67,7 @@ impl CudaBackend {
         id: &CliqueId,
         nranks: usize,
         rank: usize,
-    ) -> Result<Box<dyn Communicator<CudaBackend>>> {
+    ) -> Result<Box<dyn Communicator<CudaStream>>> {
         let lib = library()?;
         let comm = common::init_rank(lib, id, nranks, rank, NcclDevice(self.ctx.clone()), self.id)?;
         tracing::info!(ordinal = self.ordinal, rank, nranks, library = %lib.path.display(),

@@ -831,7 +831,7 @@ impl Backend for HipBackend {
         id: &crate::collective::CliqueId,
         nranks: usize,
         rank: usize,
-    ) -> Result<Box<dyn crate::collective::Communicator<Self>>> {
+    ) -> Result<Box<dyn crate::collective::Communicator<Self::Stream>>> {
         self.rccl_comm_init_rank(id, nranks, rank)
     }
 

@@ -52,7 +52,7 @@ impl HipBackend {
         id: &CliqueId,
         nranks: usize,
         rank: usize,
-    ) -> Result<Box<dyn Communicator<HipBackend>>> {
+    ) -> Result<Box<dyn Communicator<HipStream>>> {
         let lib = library()?;
         let comm = common::init_rank(lib, id, nranks, rank, RcclDevice(self.ordinal), self.id)?;
         tracing::info!(ordinal = self.ordinal, rank, nranks, library = %lib.path.display(),

@@ -883,7 +883,7 @@ impl Backend for HostBackend {
         id: &crate::collective::CliqueId,
         nranks: usize,
         rank: usize,
-    ) -> Result<Box<dyn crate::collective::Communicator<Self>>> {
+    ) -> Result<Box<dyn crate::collective::Communicator<Self::Stream>>> {
         super::collective::comm_init_rank(self, id, nranks, rank)
     }
 

@@ -226,7 +226,7 @@ pub(super) fn comm_init_rank(
     id: &CliqueId,
     nranks: usize,
     rank: usize,
-) -> Result<Box<dyn Communicator<HostBackend>>> {
+) -> Result<Box<dyn Communicator<HostStream>>> {
     if let Some(e) = backend.count("comm_init_rank") {
         return Err(e);
     }
@@ -646,7 +646,7 @@ fn compute(coll: &Coll, inputs: &[Vec<u8>], n: usize) -> Vec<Vec<u8>> {
     }
 }
 
-impl Communicator<HostBackend> for HostComm {
+impl Communicator<HostStream> for HostComm {
     fn rank(&self) -> usize {
         self.rank
     }

@@ -205,7 +205,7 @@ pub fn load(name: &str, c: &CollectiveThunk, index: usize) -> Result<CollOp> {
 /// first run.
 pub struct Resolved<B: Backend> {
     /// `None` for a clique of one (the op becomes a local copy).
-    pub comm: Option<Arc<dyn Communicator<B>>>,
+    pub comm: Option<Arc<dyn Communicator<B::Stream>>>,
     pub rank: usize,
     pub size: usize,
     /// Collective permute: the rank this device sends to / receives from.
@@ -347,7 +347,7 @@ fn run_buffers<B: Backend>(
     be: &B,
     op: &CollOp,
     r: &Resolved<B>,
-    comm: Option<&dyn Communicator<B>>,
+    comm: Option<&dyn Communicator<B::Stream>>,
     n: u64,
     slots: &SlotTable,
     stream: &B::Stream,
