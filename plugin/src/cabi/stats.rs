@@ -23,7 +23,7 @@ type Probes<T> = Mutex<Vec<(String, Probe<T>)>>;
 
 /// Each device's memory budget use, while its backend lives.
 static MEMORY: Probes<xla_vmm_device::MemoryUsage> = Mutex::new(Vec::new());
-/// Each device's (GEMM, convolution) plans kept by its engine, while it lives.
+/// Each device's (GEMM, convolution, FFT) plans kept by its engine, while it lives.
 static PLANS: Probes<xla_vmm_device::blas::LivePlans> = Mutex::new(Vec::new());
 
 fn device_name<B: xla_vmm_device::Backend>(backend: &B) -> String {
