@@ -649,3 +649,13 @@ class ReportTableTest(unittest.TestCase):
         self.assertIn("(limit 4.00 GiB)", text)
         for quiet in (self.device(relocated=0), self.device()):
             self.assertNotIn("moved", str(report(quiet)))
+
+    def test_the_library_plans_line_counts_ffts_and_reads_an_older_plugin(self):
+        fresh_package()
+        report = importlib.import_module("jax_plugins.xla_vmm._stats").Report
+        d = self.device()
+        d["devices"][0]["library_plans"] = {"gemm": 5, "conv": 1, "fft": 2}
+        self.assertIn("5 GEMM, 1 convolution and 2 FFT plans held by loaded programs", str(report(d)))
+        # A plugin from before FFT plans were counted says none.
+        d["devices"][0]["library_plans"] = {"gemm": 5, "conv": 1}
+        self.assertIn("5 GEMM, 1 convolution and 0 FFT plans", str(report(d)))
