@@ -320,12 +320,21 @@ fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
     let v = 4 * n;
     let (p, a, want) = read_once_then_temporary(n);
     // As JAX gets it (one stream per device: temporaries on shared memory)
-    // and not; and with the move failing (the driver refuses its memory):
+    // and not; with the move failing (the driver refuses its memory), and
+    // with an external reference (a DLPack export) reading the argument:
     // the argument stays, the results are the same.
-    for (one_stream, fail) in [(true, false), (false, false), (true, true)] {
+    for (one_stream, fail, external) in [
+        (true, false, false),
+        (false, false, false),
+        (true, true, false),
+        (true, false, true),
+    ] {
         let (be, client) = budget_client(v, one_stream);
         let device = devices(client)[0];
         let x = put_f32(client, device, &a);
+        if external {
+            assert!(external_ref(x, true).is_none());
+        }
         let exe =
             xla_vmm_plugin::objects::executable::load_plan(client, p.clone(), vec![]).unwrap();
         if fail {
@@ -341,10 +350,13 @@ fn a_program_moves_its_arguments_where_its_plan_wants_them_at_its_first_run() {
         }
         assert_eq!(be.injections_armed(), 0, "the failure was met");
         let usage = be.budget().usage();
-        let moved = u64::from(!fail);
+        let moved = u64::from(!fail && !external);
         assert_eq!(usage.relocated, moved, "the argument out: {usage:?}");
         assert!(usage.device_bytes <= v, "{usage:?}");
         assert!(f32_values(&to_host(x).unwrap()) == a, "the moved argument");
+        if external {
+            assert!(external_ref(x, false).is_none());
+        }
         destroy_buffer(x);
         destroy_exe(exe);
         destroy_client(client);
