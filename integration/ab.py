@@ -169,8 +169,8 @@ def best_stock_ms(rows, model):
 
 
 def markdown(rows, steps):
-    out = ["| model | config | path | median ms (steps>=3 of %d) | vs best stock | speedup vs t=0 | final loss | "
-           "losses = t0 | remaps/step | copies/step | host µs/step |" % steps,
+    out = ["| model | config | path | median ms (steps>=%d of %d) | vs best stock | speedup vs t=0 | final loss | "
+           "losses = t0 | remaps/step | copies/step | host µs/step |" % (MEASURE_FROM, steps),
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     t0 = {r["model"]: r["loss_bits"] for r in rows if r["config"] == "vmm t=0"}
     f = lambda v, fmt: (fmt % v) if isinstance(v, (int, float)) else "-"  # noqa: E731
