@@ -85,17 +85,28 @@ def variants_of(spec, cfg):
     return out
 
 
+def essential(var):
+    """A row the gate compares: a stock configuration or our default (`vmm_t1`); the others diagnose."""
+    base = var.partition("@")[0]
+    return base in {short for _, _, short in STOCK_CONFIGS} or base == "vmm_t1"
+
+
 def run_order(configs, variants):
     """The runs (config, variant) in the order they are made: every config's stock rows and the default
     (`vmm_t1`) first, then our other modes, so that a budget cut short still measures what the gate
     compares (each config's best stock against the default) before the diagnostic rows."""
     plan = [(cfg, var) for cfg in [c for c in configs.split(",") if c] for var in variants_of(variants, cfg)]
-    stock = {short for _, _, short in STOCK_CONFIGS}
-
-    def essential(var):
-        base = var.partition("@")[0]
-        return base in stock or base == "vmm_t1"
     return [p for p in plan if essential(p[1])] + [p for p in plan if not essential(p[1])]
+
+
+def exit_status(rows, required=()):
+    """0 when every run that counts succeeded: with `required` (variant prefixes) only their rows count;
+    a diagnostic row the budget left out does not (the gate's rows run first: `run_order`)."""
+    def counts(r):
+        if required and not r["variant"].startswith(required):
+            return False
+        return not (r["rc"] == "skip" and r["error"].startswith("budget spent") and not essential(r["variant"]))
+    return 0 if all(r["rc"] == 0 for r in rows if counts(r)) else 1
 
 
 def parse_log(lines, tokens):
@@ -331,8 +342,7 @@ def main():
     if ahead is not None:
         ahead.cancel()
     print(summarize(rows, a.measure_from))
-    required = tuple(p for p in a.required.split(",") if p)
-    return 0 if all(r["rc"] == 0 for r in rows if not required or r["variant"].startswith(required)) else 1
+    return exit_status(rows, tuple(p for p in a.required.split(",") if p))
 
 
 if __name__ == "__main__":

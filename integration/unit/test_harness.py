@@ -286,6 +286,19 @@ class MaxText(unittest.TestCase):
                                  ("tiny", "vmm_eager"), ("tiny", "vmm_recapture"),
                                  ("1B", "vmm_eager"), ("1B", "vmm_recapture")])
 
+    def test_a_diagnostic_row_the_budget_left_out_does_not_fail_the_run(self):
+        row = lambda var, rc, error="": {"variant": var, "rc": rc, "error": error}  # noqa: E731
+        spent = "budget spent (--budget-s 264)"
+        ran = [row("cuda", 0), row("vmm_t1", 0)]
+        self.assertEqual(self.m.exit_status(ran + [row("vmm_eager", "skip", spent)]), 0)
+        # The gate's own rows must run; a diagnostic row that failed fails.
+        self.assertEqual(self.m.exit_status(ran + [row("vmm_t1", "skip", spent)]), 1)
+        self.assertEqual(self.m.exit_status(ran + [row("vmm_recapture", 1, "Traceback")]), 1)
+        self.assertEqual(self.m.exit_status(ran + [row("vmm_eager", "skip", "no xla-vmm wheel")]), 1)
+        # With --required, only those rows count (stock's failures are results).
+        self.assertEqual(self.m.exit_status([row("cuda", 1), row("vmm_t1", 0)], ("vmm",)), 0)
+        self.assertEqual(self.m.exit_status([row("cuda", 0), row("vmm_t1", 137)], ("vmm",)), 1)
+
 
     def test_a_prepared_run_waits_for_its_go(self):
         # The harness's prelude without MaxText: import, say so, wait for the go, run with the arguments.
