@@ -141,6 +141,66 @@ fn dynamic_slice_fusion_reports_real_buffers_only() {
         vec![(s(8, 0, 64), Access::Read), (s(9, 0, 4), Access::Write)]
     );
     assert_eq!(d.kind_name(), "dynamic_slice_fusion");
+    // Without synthetic allocations, a use touches its whole slice.
+    assert_eq!(
+        d.own_uses_touched(),
+        vec![
+            (s(8, 0, 64), Access::Read, 64),
+            (s(9, 0, 4), Access::Write, 4)
+        ]
+    );
+}
+
+#[test]
+fn dynamic_slice_fusion_touches_its_windows() {
+    use xla_vmm::{AllocationRole, BufferAllocation, DsfParameter, DsfResult};
+    let window = |index: usize, size: u64| BufferAllocation {
+        index,
+        size,
+        role: AllocationRole::Temp,
+        maybe_live_out: false,
+        is_tuple: false,
+        is_thread_local: false,
+        color: 0,
+    };
+    // One layer (16 bytes) of a stacked weight of 64 copied into a
+    // temporary; one row (8 bytes) of a stacked output of 32 updated.
+    let param = |n: u64| DsfParameter {
+        parameter_number: n,
+        parameter_shape: None,
+        slice_shape: None,
+        slice_config: None,
+        slice_offsets: vec![],
+    };
+    let d = thunk(ThunkKind::DynamicSliceFusion(DynamicSliceFusionThunk {
+        parameters: vec![param(0), param(5)],
+        results: vec![DsfResult {
+            parameter_number: Some(1),
+            result_number: 0,
+            result_shape: None,
+            update_shape: None,
+            update_config: None,
+            update_offsets: vec![],
+        }],
+        // Parameter 5 names no buffer: it has no use, and the windows keep
+        // their positions (the result's is the third).
+        parameter_buffers: vec![s(3, 0, 64)],
+        result_buffers: vec![s(4, 32, 32)],
+        embedded_allocations: vec![window(0, 16), window(1, 16), window(2, 8)],
+        embedded: vec![],
+        verify_offsets: false,
+    }));
+    assert_eq!(
+        d.own_uses_touched(),
+        vec![
+            (s(3, 0, 64), Access::Read, 16),
+            (s(4, 32, 32), Access::Write, 8)
+        ]
+    );
+    assert_eq!(
+        d.own_uses(),
+        vec![(s(3, 0, 64), Access::Read), (s(4, 32, 32), Access::Write)]
+    );
 }
 
 #[test]

@@ -1,6 +1,9 @@
 //! Traversal of the thunk tree and the slices each thunk reads and writes.
 
-use super::{Access, CollectiveOp, CollectiveThunk, ShapedSlice, Slice, Thunk, ThunkKind};
+use super::{
+    Access, CollectiveOp, CollectiveThunk, DynamicSliceFusionThunk, ShapedSlice, Slice, Thunk,
+    ThunkKind,
+};
 
 /// A nested thunk sequence of a thunk, with what it is.
 #[derive(Clone, Copy, Debug)]
@@ -219,22 +222,7 @@ impl Thunk {
             ThunkKind::While(w) => out.push((w.condition_result, Access::Write)),
             ThunkKind::Conditional(c) => out.push((c.branch_index.slice, Access::Read)),
             ThunkKind::DynamicSliceFusion(d) => {
-                for p in &d.parameters {
-                    if let Some(s) = usize::try_from(p.parameter_number)
-                        .ok()
-                        .and_then(|i| d.parameter_buffers.get(i))
-                    {
-                        out.push((*s, Access::Read));
-                    }
-                }
-                for r in &d.results {
-                    if let Some(s) = usize::try_from(r.result_number)
-                        .ok()
-                        .and_then(|i| d.result_buffers.get(i))
-                    {
-                        out.push((*s, Access::Write));
-                    }
-                }
+                out.extend(dsf_uses(d).into_iter().map(|(s, a, _)| (s, a)))
             }
             ThunkKind::CustomCall(c) => {
                 for s in &c.operands {
@@ -259,6 +247,23 @@ impl Thunk {
             | ThunkKind::Unsupported { .. } => {}
         }
         out
+    }
+
+    /// [`Thunk::own_uses`] with the bytes one run of the thunk touches in
+    /// each slice: the slice's size, except for a dynamic-slice fusion,
+    /// which reads (or updates) one window of each of its buffers, the size
+    /// of the synthetic allocation its embedded thunks address (a scan over
+    /// layers copies one layer's weights out of the stacked buffer per
+    /// iteration, not the whole buffer).
+    pub fn own_uses_touched(&self) -> Vec<(Slice, Access, u64)> {
+        match &self.kind {
+            ThunkKind::DynamicSliceFusion(d) => dsf_uses(d),
+            _ => self
+                .own_uses()
+                .into_iter()
+                .map(|(s, a)| (s, a, s.size))
+                .collect(),
+        }
     }
 
     /// All slices of the plan's allocations this thunk accesses, including
@@ -333,4 +338,29 @@ fn collective_uses(c: &CollectiveThunk, out: &mut Vec<(Slice, Access)>) {
         };
         out.push((d, access));
     }
+}
+
+/// A dynamic-slice fusion's real slices: reads of its (sliced) parameter
+/// buffers, writes of its result buffers, each with the bytes of its window
+/// (the synthetic allocation of the same position: parameters first, then
+/// results), at most the slice's size.
+fn dsf_uses(d: &DynamicSliceFusionThunk) -> Vec<(Slice, Access, u64)> {
+    let window = |i: usize, s: &Slice| {
+        d.embedded_allocations
+            .get(i)
+            .map_or(s.size, |a| a.size.min(s.size))
+    };
+    let params = d.parameters.iter().enumerate().filter_map(|(i, p)| {
+        let s = usize::try_from(p.parameter_number)
+            .ok()
+            .and_then(|n| d.parameter_buffers.get(n))?;
+        Some((*s, Access::Read, window(i, s)))
+    });
+    let results = d.results.iter().enumerate().filter_map(|(j, r)| {
+        let s = usize::try_from(r.result_number)
+            .ok()
+            .and_then(|n| d.result_buffers.get(n))?;
+        Some((*s, Access::Write, window(d.parameters.len() + j, s)))
+    });
+    params.chain(results).collect()
 }

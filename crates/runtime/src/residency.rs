@@ -183,13 +183,13 @@ fn leaf(t: &Thunk, flops: f64, segs: &[(usize, u64, u64)]) -> ThunkStep {
     ThunkStep {
         name: format!("{} '{}'", t.kind_name(), t.info.profile_annotation),
         uses: t
-            .own_uses()
+            .own_uses_touched()
             .into_iter()
-            .filter(|(s, _)| s.size > 0)
-            .filter_map(|(s, a)| {
+            .filter(|(s, _, _)| s.size > 0)
+            .filter_map(|(s, a, bytes)| {
                 Some(Use {
                     buffer: seg(s.allocation, s.offset)?,
-                    bytes: s.size,
+                    bytes,
                     read: a.reads(),
                     write: a.writes(),
                     reuse: reuse.iter().find(|x| x.0 == s).map_or(1.0, |x| x.1),

@@ -319,18 +319,35 @@ fn unit_input(
             write,
             reuse,
         });
-        let mut uses: Vec<Use> = Vec::new();
+        // A buffer's uses in the unit joined: the bytes its runs touch (a
+        // loop's runs add up: a scan reads one window of a stacked weight
+        // per iteration, the whole of it per step), at most the buffer; the
+        // reads over the link in place (re-reads included) as its reuse.
+        let mut uses: Vec<(Use, f64)> = Vec::new();
         for u in segment_uses.chain(value_uses) {
-            match uses.iter_mut().find(|x| x.buffer == u.buffer) {
-                Some(x) => {
-                    x.bytes = x.bytes.max(u.bytes);
+            let reads = if u.read {
+                u.bytes as f64 * u.reuse.max(1.0)
+            } else {
+                0.0
+            };
+            match uses.iter_mut().find(|x| x.0.buffer == u.buffer) {
+                Some((x, r)) => {
+                    x.bytes = x.bytes.saturating_add(u.bytes);
                     x.read |= u.read;
                     x.write |= u.write;
-                    x.reuse = x.reuse.max(u.reuse);
+                    *r += reads;
                 }
-                None => uses.push(u),
+                None => uses.push((u, reads)),
             }
         }
+        let uses = uses
+            .into_iter()
+            .map(|(mut u, reads)| {
+                u.bytes = u.bytes.min(buffers[u.buffer].bytes);
+                u.reuse = (reads / u.bytes.max(1) as f64).max(1.0);
+                u
+            })
+            .collect();
         steps.push(xla_vmm_policy::residency::ThunkStep {
             name: format!("{} '{}'", t.kind_name(), t.info.profile_annotation),
             uses,

@@ -851,3 +851,137 @@ fn programs_run_one_step_at_a_time_share_their_temporaries_memory() {
         );
     }
 }
+
+/// Over `n = 4·m` f32: a scan over 4 layers. `while` (trip count 4) runs a
+/// dynamic-slice fusion that doubles layer `i` of p0 (the stacked weight,
+/// read one window a layer) into layer `i` of out0, then a kernel that
+/// reads all of p1 every iteration (doubling it into out1, the same each
+/// time); then p2 += 1 (donated). Outputs: out0 = 2·p0, out1 = 2·p1, p2 + 1.
+fn scan_program(n: u64) -> Plan {
+    assert_eq!(n % 4, 0);
+    let (v, layer) = (4 * n, n);
+    let allocs = vec![
+        alloc(0, v, param(0, false)),
+        alloc(1, v, param(1, false)),
+        alloc(2, v, param(2, true)),
+        alloc(3, v, AllocationRole::Output { outputs: vec![] }),
+        alloc(4, v, AllocationRole::Output { outputs: vec![] }),
+        alloc(5, 4, AllocationRole::Temp),
+    ];
+    let per_layer = Some(DynamicSliceConfig {
+        loop_index: Some(0),
+        byte_offset: 0,
+        byte_stride: layer as i64,
+    });
+    let dsf = DynamicSliceFusionThunk {
+        parameters: vec![DsfParameter {
+            parameter_number: 0,
+            parameter_shape: None,
+            slice_shape: None,
+            slice_config: per_layer,
+            slice_offsets: vec![],
+        }],
+        results: vec![DsfResult {
+            parameter_number: None,
+            result_number: 0,
+            result_shape: None,
+            update_shape: None,
+            update_config: per_layer,
+            update_offsets: vec![],
+        }],
+        parameter_buffers: vec![sl(0, 0, v)],
+        result_buffers: vec![sl(3, 0, v)],
+        embedded_allocations: vec![
+            alloc(0, layer, AllocationRole::Temp),
+            alloc(1, layer, AllocationRole::Temp),
+        ],
+        embedded: vec![kernel(
+            "scale2",
+            vec![(sl(0, 0, layer), false), (sl(1, 0, layer), true)],
+            Some((n / 4) as u32),
+            1,
+        )],
+        verify_offsets: false,
+    };
+    let body = vec![
+        thunk("dsf", ThunkKind::DynamicSliceFusion(dsf)),
+        kernel(
+            "scale2",
+            vec![(sl(1, 0, v), false), (sl(4, 0, v), true)],
+            Some(n as u32),
+            1,
+        ),
+    ];
+    let w = WhileThunk {
+        condition_result: sl(5, 0, 1),
+        condition: vec![],
+        body,
+        trip_count: Some(4),
+    };
+    let thunks = vec![
+        thunk("while", ThunkKind::While(w)),
+        kernel("inc", vec![(sl(2, 0, v), true)], None, n),
+    ];
+    let f = f32s(n as usize);
+    plan(
+        allocs,
+        vec![f.clone(), f.clone(), f.clone()],
+        vec![(3, f.clone()), (4, f.clone()), (2, f)],
+        thunks,
+    )
+}
+
+#[test]
+fn a_scan_reads_one_window_of_its_stacked_weight_per_layer() {
+    use xla_vmm_policy::residency::{Home, Rates};
+    const N: u64 = 1 << 16; // 256 KiB a buffer, 64 KiB a layer
+    let p = scan_program(N);
+    // Unrolled (inspect's planner): each of the 4 runs of the fusion touches
+    // one layer of p0; the kernel all of p1, each time.
+    let input = xla_vmm_runtime::residency::residency_input(&p, 1 << 30, Rates::H200).unwrap();
+    let bytes_of = |name: &str| -> Vec<u64> {
+        input
+            .steps
+            .iter()
+            .filter(|s| s.name.contains(name))
+            .map(|s| s.uses.iter().map(|u| u.bytes).sum())
+            .collect()
+    };
+    assert_eq!(
+        bytes_of("dsf"),
+        vec![2 * N; 4],
+        "a layer read, a layer written"
+    );
+    assert_eq!(bytes_of("scale2"), vec![8 * N; 4]);
+    // As a program's first run plans it (the loop one unit): p0 is read
+    // once per step, all of it; p1 four times.
+    let homes = vec![Home::Host; p.allocations.len()];
+    let staging = xla_vmm_runtime::staging::plan_staging(&p, &homes, 64 << 20, Rates::H200, false)
+        .unwrap()
+        .expect("staged");
+    let seg_of = |a: usize| staging.segments.iter().position(|s| s.0 == a).unwrap();
+    let loop_uses = &staging.input.steps[0].uses;
+    let use_of = |a: usize| loop_uses.iter().find(|u| u.buffer == seg_of(a)).unwrap();
+    assert_eq!((use_of(0).bytes, use_of(0).reuse), (4 * N, 1.0));
+    assert_eq!((use_of(1).bytes, use_of(1).reuse), (4 * N, 4.0));
+    assert_eq!((use_of(3).bytes, use_of(3).write), (4 * N, true));
+    // Staged in every mode, with the results of no limit.
+    let want = {
+        let b = backend_with(None);
+        two_steps_of(
+            &b,
+            scan_program(N),
+            N as usize,
+            Mode::Eager,
+            MemLocation::Device,
+        )
+        .0
+    };
+    assert_eq!(want[0][..3], [2.0, 4.0, 6.0]);
+    for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
+        let b = backend_with(Some(64 << 20));
+        let (got, staged) = two_steps_of(&b, scan_program(N), N as usize, mode, MemLocation::Host);
+        assert!(staged.is_some(), "{mode:?}: not staged");
+        assert_eq!(got, want, "{mode:?}");
+    }
+}
