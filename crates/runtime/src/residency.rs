@@ -13,7 +13,7 @@
 //! traffic's: for Triton GEMM fusions an underestimate, which only makes
 //! prefetches start earlier).
 
-use xla_vmm::{AllocationRole, GemmConfig, Plan, Slice, Thunk, ThunkKind};
+use xla_vmm::{Access, AllocationRole, GemmConfig, Plan, Slice, Thunk, ThunkKind};
 use xla_vmm_policy::residency::{
     gemm_reuse, plan_residency, Buffer, Home, Rates, ResidencyInput, ResidencyPlan, ThunkStep, Use,
 };
@@ -172,6 +172,45 @@ pub(crate) fn operand_reuse(t: &Thunk) -> Vec<(Slice, f64)> {
     }
 }
 
+/// Bytes one run of `t` touches in each of its own slices:
+/// [`Thunk::own_uses_touched`] (a dynamic-slice fusion's windows), and for
+/// XLA's dynamic-slice and in-place dynamic-update-slice kernels (their
+/// fusion named so; XLA launches them one thread per element of the window)
+/// the window of their stacked operand, at most the launch's threads times
+/// its element size: the slice a scan reads out of a stacked buffer, the
+/// update it writes into one, not the whole buffer.
+pub(crate) fn touched_uses(t: &Thunk) -> Vec<(Slice, Access, u64)> {
+    let mut uses = t.own_uses_touched();
+    let (args, launch) = match &t.kind {
+        ThunkKind::CustomKernel(k) => (&k.args, &k.launch),
+        ThunkKind::Kernel(k) => (&k.args, &k.launch),
+        _ => return uses,
+    };
+    let name = &t.info.profile_annotation;
+    let update = name.contains("dynamic_update_slice");
+    if !update && !name.contains("dynamic_slice") {
+        return uses;
+    }
+    let threads = launch
+        .blocks
+        .volume()
+        .saturating_mul(launch.threads.volume());
+    // A kernel's uses are its arguments, in order.
+    for ((_, access, bytes), arg) in uses.iter_mut().zip(args) {
+        let stacked = if update {
+            *access == Access::Write
+        } else {
+            !access.writes()
+        };
+        let bits = arg.shape.as_ref().and_then(|s| s.element_type.bit_width());
+        if let (true, Some(bits)) = (stacked, bits) {
+            let window = threads.saturating_mul(u64::from(bits)).div_ceil(8);
+            *bytes = (*bytes).min(window.max(1));
+        }
+    }
+    uses
+}
+
 fn leaf(t: &Thunk, flops: f64, segs: &[(usize, u64, u64)]) -> ThunkStep {
     // A slice lies in one segment (segments join overlapping slices).
     let seg = |a: usize, off: u64| {
@@ -182,8 +221,7 @@ fn leaf(t: &Thunk, flops: f64, segs: &[(usize, u64, u64)]) -> ThunkStep {
     let reuse = operand_reuse(t);
     ThunkStep {
         name: format!("{} '{}'", t.kind_name(), t.info.profile_annotation),
-        uses: t
-            .own_uses_touched()
+        uses: touched_uses(t)
             .into_iter()
             .filter(|(s, _, _)| s.size > 0)
             .filter_map(|(s, a, bytes)| {

@@ -985,3 +985,86 @@ fn a_scan_reads_one_window_of_its_stacked_weight_per_layer() {
         assert_eq!(got, want, "{mode:?}");
     }
 }
+
+#[test]
+fn dynamic_slice_kernels_touch_one_window_of_their_stacked_operand() {
+    use xla_vmm_policy::residency::Rates;
+    // A stacked f32 buffer of 4 layers of 1024; XLA launches a dynamic-slice
+    // or in-place dynamic-update-slice kernel one thread per element of the
+    // window (2 blocks of 512).
+    let (layer, stacked) = (4096u64, 4 * 4096u64);
+    let f32_shape = |dims: Vec<i64>| Shape {
+        element_type: ElementType::F32,
+        dimensions: dims,
+        ..Default::default()
+    };
+    let with_shapes = |mut t: Thunk, shapes: Vec<Shape>| {
+        if let ThunkKind::CustomKernel(k) = &mut t.kind {
+            k.launch.threads.x = 512;
+            for (a, s) in k.args.iter_mut().zip(shapes) {
+                a.shape = Some(s);
+            }
+        }
+        t
+    };
+    let stacked_shape = || f32_shape(vec![4, 1024]);
+    let layer_shape = || f32_shape(vec![1024]);
+    let index_shape = || Shape {
+        element_type: ElementType::S32,
+        ..Default::default()
+    };
+    let p = |name: &str| {
+        plan(
+            vec![
+                alloc(0, stacked, param(0, true)),
+                alloc(1, layer, param(1, false)),
+                alloc(2, 4, param(2, false)),
+                alloc(3, layer, AllocationRole::Output { outputs: vec![] }),
+            ],
+            vec![f32s(4096), f32s(1024), f32s(1)],
+            vec![(3, f32s(1024)), (0, f32s(4096))],
+            vec![
+                with_shapes(
+                    kernel(
+                        &format!("loop_dynamic_update_slice_fusion.{name}"),
+                        vec![
+                            (sl(0, 0, stacked), true),
+                            (sl(2, 0, 4), false),
+                            (sl(1, 0, layer), false),
+                        ],
+                        None,
+                        2,
+                    ),
+                    vec![stacked_shape(), index_shape(), layer_shape()],
+                ),
+                with_shapes(
+                    kernel(
+                        &format!("loop_dynamic_slice_fusion.{name}"),
+                        vec![
+                            (sl(0, 0, stacked), false),
+                            (sl(2, 0, 4), false),
+                            (sl(3, 0, layer), true),
+                        ],
+                        None,
+                        2,
+                    ),
+                    vec![stacked_shape(), index_shape(), layer_shape()],
+                ),
+            ],
+        )
+    };
+    let input = xla_vmm_runtime::residency::residency_input(&p("1"), 1 << 30, Rates::H200).unwrap();
+    let bytes: Vec<Vec<u64>> = input
+        .steps
+        .iter()
+        .map(|s| s.uses.iter().map(|u| u.bytes).collect())
+        .collect();
+    assert_eq!(bytes, vec![vec![layer, 4, layer], vec![layer, 4, layer]]);
+    // Another kernel over the same arguments touches all of them.
+    let mut other = p("1");
+    for t in &mut other.thunks {
+        t.info.profile_annotation = "loop_add_fusion".into();
+    }
+    let input = xla_vmm_runtime::residency::residency_input(&other, 1 << 30, Rates::H200).unwrap();
+    assert_eq!(input.steps[0].uses[0].bytes, stacked);
+}
