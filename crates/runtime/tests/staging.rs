@@ -998,20 +998,38 @@ fn dynamic_slice_kernels_touch_one_window_of_their_stacked_operand() {
         dimensions: dims,
         ..Default::default()
     };
-    let with_shapes = |mut t: Thunk, shapes: Vec<Shape>| {
+    let stacked_shape = f32_shape(vec![4, 1024]);
+    let layer_shape = f32_shape(vec![1024]);
+    let index_shape = Shape {
+        element_type: ElementType::S32,
+        ..Default::default()
+    };
+    // `name` over (the stacked buffer, its index, a layer), the stacked one
+    // written when `update`, else the layer.
+    let dynamic = |name: &str, update: bool| {
+        let layer_slice = if update {
+            sl(1, 0, layer)
+        } else {
+            sl(3, 0, layer)
+        };
+        let mut t = kernel(
+            name,
+            vec![
+                (sl(0, 0, stacked), update),
+                (sl(2, 0, 4), false),
+                (layer_slice, !update),
+            ],
+            None,
+            2,
+        );
         if let ThunkKind::CustomKernel(k) = &mut t.kind {
             k.launch.threads.x = 512;
+            let shapes = [&stacked_shape, &index_shape, &layer_shape];
             for (a, s) in k.args.iter_mut().zip(shapes) {
-                a.shape = Some(s);
+                a.shape = Some(s.clone());
             }
         }
         t
-    };
-    let stacked_shape = || f32_shape(vec![4, 1024]);
-    let layer_shape = || f32_shape(vec![1024]);
-    let index_shape = || Shape {
-        element_type: ElementType::S32,
-        ..Default::default()
     };
     let p = |name: &str| {
         plan(
@@ -1024,32 +1042,8 @@ fn dynamic_slice_kernels_touch_one_window_of_their_stacked_operand() {
             vec![f32s(4096), f32s(1024), f32s(1)],
             vec![(3, f32s(1024)), (0, f32s(4096))],
             vec![
-                with_shapes(
-                    kernel(
-                        &format!("loop_dynamic_update_slice_fusion.{name}"),
-                        vec![
-                            (sl(0, 0, stacked), true),
-                            (sl(2, 0, 4), false),
-                            (sl(1, 0, layer), false),
-                        ],
-                        None,
-                        2,
-                    ),
-                    vec![stacked_shape(), index_shape(), layer_shape()],
-                ),
-                with_shapes(
-                    kernel(
-                        &format!("loop_dynamic_slice_fusion.{name}"),
-                        vec![
-                            (sl(0, 0, stacked), false),
-                            (sl(2, 0, 4), false),
-                            (sl(3, 0, layer), true),
-                        ],
-                        None,
-                        2,
-                    ),
-                    vec![stacked_shape(), index_shape(), layer_shape()],
-                ),
+                dynamic(&format!("loop_dynamic_update_slice_fusion.{name}"), true),
+                dynamic(&format!("loop_dynamic_slice_fusion.{name}"), false),
             ],
         )
     };
