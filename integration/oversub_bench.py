@@ -214,10 +214,11 @@ def main():
     for r in rows:
         for st in r.get("staging", []):
             md.append("- %s, %s (runs as %s): %d buffers (%.0f MiB) staged through a %.0f MiB area (%d, %.0f MiB, kept there "
-                      "from step to step, copied in at %d steps), %d (%.0f MiB) read in "
-                      "place, %.0f MiB on the device; per step %.0f MiB in, %.0f MiB out" % (
+                      "from step to step; %d, %.0f MiB, fetched by the step before; copied in before %d steps), %d "
+                      "(%.0f MiB) read in place, %.0f MiB on the device; per step %.0f MiB in, %.0f MiB out" % (
                           r["label"], st["program"], st.get("runner"), st["staged"], st["staged_bytes"] / 2**20,
                           st["area_bytes"] / 2**20, st.get("kept", 0), st.get("kept_bytes", 0) / 2**20,
+                          st.get("carried", 0), st.get("carried_bytes", 0) / 2**20,
                           st.get("refills", 0), st["in_place"], st["in_place_bytes"] / 2**20,
                           st["device_bytes"] / 2**20, st["bytes_in_per_step"] / 2**20,
                           st["bytes_out_per_step"] / 2**20))

@@ -659,3 +659,18 @@ class ReportTableTest(unittest.TestCase):
         # A plugin from before FFT plans were counted says none.
         d["devices"][0]["library_plans"] = {"gemm": 5, "conv": 1}
         self.assertIn("5 GEMM, 1 convolution and 0 FFT plans", str(report(d)))
+
+    def test_a_staged_program_says_what_stays_and_what_the_step_before_fetches(self):
+        fresh_package()
+        report = importlib.import_module("jax_plugins.xla_vmm._stats").Report
+        staging = {"staged": 6, "staged_bytes": 6 << 20, "area_bytes": 4 << 20, "kept": 1, "kept_bytes": 1 << 20,
+                   "carried": 2, "carried_bytes": 2 << 20, "in_place": 1, "in_place_bytes": 1 << 20,
+                   "bytes_in_per_step": 5 << 20, "bytes_out_per_step": 0}
+        d = {"programs": [{"program": "jit_f", "mode": "graph", "runner": "va-stable graph", "steps": 3,
+                           "staging": staging}], "devices": []}
+        text = str(report(d))
+        self.assertIn("(1, 1.0 MiB, kept there from step to step; 2, 2.0 MiB, fetched by the step before)", text)
+        # A plugin from before the step before fetched anything says none.
+        for k in ("carried", "carried_bytes"):
+            del staging[k]
+        self.assertIn("; 0, 0.0 MiB, fetched by the step before", str(report(d)))

@@ -373,12 +373,14 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
     let m = p.summary();
     let _ = writeln!(
         s,
-        "  staging area {}: {} buffers ({}) staged ({} of them, {}, kept from step to step), {} ({}) read in place; per step {} in, {} out",
+        "  staging area {}: {} buffers ({}) staged ({} of them, {}, kept from step to step; {}, {}, fetched by the step before), {} ({}) read in place; per step {} in, {} out",
         gib(m.area_bytes),
         m.staged,
         gib(m.staged_bytes),
         m.kept,
         gib(m.kept_bytes),
+        m.carried,
+        gib(m.carried_bytes),
         m.in_place,
         gib(m.in_place_bytes),
         gib(m.bytes_in_per_step),

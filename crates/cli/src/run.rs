@@ -480,8 +480,8 @@ pub fn replay<B: Backend>(
         }
         if let Some(s) = exe.program().staging_summary() {
             println!(
-                "staging: area {} bytes; {} buffers staged ({} bytes; {} of them kept from step to step, {} bytes, copied in at {} steps), {} read in place ({} bytes), {} bytes on the device; per step {} bytes in, {} out",
-                s.area_bytes, s.staged, s.staged_bytes, s.kept, s.kept_bytes, s.refills,
+                "staging: area {} bytes; {} buffers staged ({} bytes; {} of them kept from step to step, {} bytes, {} fetched by the step before, {} bytes; copied in before {} steps), {} read in place ({} bytes), {} bytes on the device; per step {} bytes in, {} out",
+                s.area_bytes, s.staged, s.staged_bytes, s.kept, s.kept_bytes, s.carried, s.carried_bytes, s.refills,
                 s.in_place, s.in_place_bytes, s.device_bytes, s.bytes_in_per_step, s.bytes_out_per_step
             );
             if s.timed_steps > 0 {

@@ -94,6 +94,32 @@ pub struct Kept {
     pub offset: u64,
 }
 
+/// A read-only buffer fetched at the end of the step before for its first
+/// stay in a step ([`carry`]): its range in the area is free from thunk
+/// `after` of a step to thunk `needed_by` of the next, so the step before
+/// copies it in once that range is free, and the step's first thunks need
+/// not wait for it. The caller copies it in before a step whose step before
+/// was not this staging's, or whose home holds other content than the step
+/// before carried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Carried {
+    /// The buffer (index into the input's buffers).
+    pub buffer: usize,
+    /// Its place in the area.
+    pub offset: u64,
+    /// The last thunk of the step using its range; the copy is issued after
+    /// it (and `after_out`).
+    pub after: usize,
+    /// The last copy home out of its range (index into
+    /// [`Staging::copies_out`]).
+    pub after_out: Option<usize>,
+    /// The thunk that uses it first.
+    pub needed_by: usize,
+    /// Copied at all: `false` when the range's last stay in the step is the
+    /// buffer's own, at the same place (it is still there).
+    pub fetch: bool,
+}
+
 /// One step's copies and addresses.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Staging {
@@ -104,6 +130,9 @@ pub struct Staging {
     pub kept: Vec<Kept>,
     /// Their bytes.
     pub kept_bytes: u64,
+    /// Buffers fetched at the end of the step before for their first stay
+    /// ([`carry`]; not among `copies_in`).
+    pub carried: Vec<Carried>,
     /// Copies in, in issue order.
     pub copies_in: Vec<CopyIn>,
     /// Copies home, in issue order.
@@ -553,6 +582,17 @@ pub fn estimate_us(input: &ResidencyInput, placements: &[Placement], s: &Staging
     let mut landed = vec![0.0f64; s.copies_in.len()];
     let mut homed = vec![0.0f64; s.copies_out.len()];
     let (mut now, mut link_in, mut link_out) = (0.0f64, 0.0f64, 0.0f64);
+    // The next step's carried copies issued after thunk `k` (behind the
+    // copies in issued there), once its range is free.
+    let carry_after = |k: usize, now: f64, link_in: &mut f64, homed: &[f64]| {
+        for c in s.carried.iter().filter(|c| c.fetch && c.after == k) {
+            let after = c
+                .after_out
+                .and_then(|j| homed.get(j).copied())
+                .unwrap_or(0.0);
+            *link_in = link_in.max(now).max(after) + secs(c.buffer);
+        }
+    };
     for k in 0..m {
         for &i in &ins_at[k] {
             let c = &s.copies_in[i];
@@ -563,6 +603,9 @@ pub fn estimate_us(input: &ResidencyInput, placements: &[Placement], s: &Staging
             link_in = link_in.max(now).max(after) + secs(c.buffer);
             landed[i] = link_in;
         }
+        if k > 0 {
+            carry_after(k - 1, now, &mut link_in, &homed);
+        }
         let start = needs[k].iter().map(|&i| landed[i]).fold(now, f64::max);
         now = start + crate::residency::thunk_us(&input.steps[k], placements, &input.rates);
         for &j in &outs_at[k] {
@@ -570,7 +613,82 @@ pub fn estimate_us(input: &ResidencyInput, placements: &[Placement], s: &Staging
             homed[j] = link_out;
         }
     }
+    if m > 0 {
+        carry_after(m - 1, now, &mut link_in, &homed);
+    }
     now.max(link_in).max(link_out)
+}
+
+/// `base` with the first stays of read-only buffers fed from the step
+/// before, when that makes the step faster ([`estimate_us`], in the steady
+/// state: each step fetches the next one's).
+///
+/// A copy in issued at the step's start (its range in the area unused
+/// before it) of a buffer that `keepable` allows, that lives across steps
+/// and that no thunk writes holds the same bytes at every step's start; the
+/// step before can fetch it once the last stay in its range is over (and
+/// its copy home), so that the step's first thunks find it there. When
+/// that last stay is the buffer's own at the same place, nothing is
+/// fetched at all.
+pub fn carry(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    keepable: &[bool],
+    base: Staging,
+) -> Result<Staging> {
+    let bufs = &input.buffers;
+    if keepable.len() != bufs.len() {
+        return Err(PolicyError::InvalidResidency(format!(
+            "{} keepable flags for {} buffers",
+            keepable.len(),
+            bufs.len()
+        )));
+    }
+    let mut written = vec![false; bufs.len()];
+    for u in input.steps.iter().flat_map(|t| &t.uses) {
+        written[u.buffer] |= u.write;
+    }
+    let span = |b: usize, off: u64| (off, off + bufs[b].bytes);
+    let overlaps = |(a0, a1): (u64, u64), (b0, b1): (u64, u64)| a0 < b1 && b0 < a1;
+    let mut s = base.clone();
+    s.copies_in.clear();
+    for c in &base.copies_in {
+        let b = c.buffer;
+        let fits = c.issue_before == 0 && keepable[b] && bufs[b].persistent && !written[b];
+        let range = span(b, c.offset);
+        // The range's last stay in the step (the latest to end; the
+        // buffer's own first among equals).
+        let last = base
+            .stays
+            .iter()
+            .filter(|st| overlaps(span(st.buffer, st.offset), range))
+            .max_by_key(|st| (st.last, st.buffer == b && st.offset == c.offset));
+        let (true, Some(last)) = (fits, last) else {
+            s.copies_in.push(*c);
+            continue;
+        };
+        let fetch = !(last.buffer == b && last.offset == c.offset);
+        let after_out = base
+            .copies_out
+            .iter()
+            .rposition(|o| overlaps(span(o.buffer, o.offset), range));
+        s.carried.push(Carried {
+            buffer: b,
+            offset: c.offset,
+            after: last.last,
+            after_out,
+            needed_by: c.needed_by,
+            fetch,
+        });
+        if !fetch {
+            s.bytes_in -= bufs[b].bytes;
+        }
+    }
+    if s.carried.is_empty() {
+        return Ok(base);
+    }
+    let better = estimate_us(input, placements, &s) < estimate_us(input, placements, &base);
+    Ok(if better { s } else { base })
 }
 
 #[cfg(test)]
@@ -741,6 +859,129 @@ mod tests {
             .copies_in
             .iter()
             .any(|c| c.buffer == 0 && c.needed_by == 2));
+    }
+
+    /// Checks a staging's carried buffers: each is a first stay that no
+    /// copy in fills, its range unused in the step before that stay and
+    /// after `after` (and after the copy home it follows), and a buffer no
+    /// thunk writes.
+    fn check_carried(input: &ResidencyInput, s: &Staging) {
+        let span = |b: usize, off: u64| (off, off + input.buffers[b].bytes);
+        let overlaps = |(a0, a1): (u64, u64), (b0, b1): (u64, u64)| a0 < b1 && b0 < a1;
+        for c in &s.carried {
+            let range = span(c.buffer, c.offset);
+            assert!(input
+                .steps
+                .iter()
+                .flat_map(|t| &t.uses)
+                .all(|u| u.buffer != c.buffer || !u.write));
+            assert!(!s
+                .copies_in
+                .iter()
+                .any(|x| x.buffer == c.buffer && x.needed_by == c.needed_by));
+            assert!(s.stays.iter().any(|st| st.buffer == c.buffer
+                && st.offset == c.offset
+                && st.first == c.needed_by));
+            for st in &s.stays {
+                if !overlaps(span(st.buffer, st.offset), range) {
+                    continue;
+                }
+                assert!(st.first >= c.needed_by, "{st:?} before {c:?}");
+                assert!(st.last <= c.after, "{st:?} after {c:?}");
+                let own = st.buffer == c.buffer && st.offset == c.offset;
+                if st.last == c.after {
+                    assert_eq!(own, !c.fetch, "{c:?}");
+                }
+            }
+            for (i, o) in s.copies_out.iter().enumerate() {
+                if overlaps(span(o.buffer, o.offset), range) {
+                    assert!(c.after_out.is_some_and(|j| j >= i), "{c:?} before {o:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_step_before_fetches_the_first_weights_once_their_range_is_free() {
+        // Four 100 MB weights read once each by a light thunk, an area for
+        // two: the first two ranges are free after thunks 2 and 3, where
+        // the step fetches the next step's first two weights; they no
+        // longer wait at the start.
+        let buffers = (0..4).map(|i| buf(i, 100, true)).collect();
+        let steps = (0..4)
+            .map(|i| thunk("t", &[(i, 100, true, false)], 1e6))
+            .collect();
+        let input = input(buffers, steps, 200);
+        let placements = vec![Placement::Staged; 4];
+        let base = stage(&input, &placements, 200 * MB, 512).unwrap();
+        let s = carry(&input, &placements, &[true; 4], base.clone()).unwrap();
+        check(&input, &placements, &s, 200 * MB);
+        check_carried(&input, &s);
+        let carried: Vec<(usize, usize, bool)> = s
+            .carried
+            .iter()
+            .map(|c| (c.buffer, c.after, c.fetch))
+            .collect();
+        assert_eq!(carried, vec![(0, 2, true), (1, 3, true)]);
+        let ins: Vec<usize> = s.copies_in.iter().map(|c| c.buffer).collect();
+        assert_eq!(ins, vec![2, 3]);
+        assert_eq!(
+            s.bytes_in,
+            400 * MB,
+            "every weight still crosses once a step"
+        );
+        assert!(estimate_us(&input, &placements, &s) < estimate_us(&input, &placements, &base));
+        // What the caller cannot name the content of is not carried.
+        let s = carry(&input, &placements, &[false; 4], base.clone()).unwrap();
+        assert_eq!(s, base);
+        // Nor what a thunk writes.
+        let mut written = input.clone();
+        written.steps[0].uses[0].write = true;
+        let wbase = stage(&written, &placements, 200 * MB, 512).unwrap();
+        let s = carry(&written, &placements, &[true; 4], wbase).unwrap();
+        assert!(s.carried.iter().all(|c| c.buffer != 0), "{:?}", s.carried);
+    }
+
+    #[test]
+    fn a_weight_whose_range_no_one_else_uses_stays_for_the_next_step() {
+        // Weight 0 read first and last, in a range of its own; weights 1
+        // and 2 share the rest: weight 0 is still in its range when the
+        // next step starts, nothing fetches it.
+        let buffers = (0..3).map(|i| buf(i, 100, true)).collect();
+        let steps = [0, 1, 2, 0]
+            .iter()
+            .map(|&i| thunk("t", &[(i, 100, true, false)], 1e6))
+            .collect();
+        let input = input(buffers, steps, 200);
+        let placements = vec![Placement::Staged; 3];
+        let base = stage(&input, &placements, 200 * MB, 512).unwrap();
+        let s = carry(&input, &placements, &[true; 3], base.clone()).unwrap();
+        check(&input, &placements, &s, 200 * MB);
+        check_carried(&input, &s);
+        let c0 = s.carried.iter().find(|c| c.buffer == 0).expect("carried");
+        assert!(!c0.fetch, "{c0:?}");
+        assert_eq!(s.bytes_in, base.bytes_in - 100 * MB);
+    }
+
+    #[test]
+    fn carried_buffers_never_collide_in_random_programs() {
+        let mut r = Rng(0x9e3779b97f4a7c15);
+        let mut carried_some = 0;
+        for _ in 0..2000 {
+            let (input, plan, area) = random_program(&mut r, 3);
+            let Ok(base) = stage(&input, &plan.placements, area, 512) else {
+                continue;
+            };
+            let flags = vec![true; input.buffers.len()];
+            let s = carry(&input, &plan.placements, &flags, base).unwrap();
+            check(&input, &plan.placements, &s, area);
+            check_carried(&input, &s);
+            carried_some += usize::from(!s.carried.is_empty());
+        }
+        assert!(
+            carried_some > 50,
+            "carried something in {carried_some} programs"
+        );
     }
 
     /// A xorshift generator for the random-program tests.

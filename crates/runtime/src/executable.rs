@@ -559,6 +559,7 @@ impl<B: Backend> Executable<B> {
             }
             Mode::Graph => self.run_va_stable(stream)?,
         }
+        self.program.staging_end();
         drop(span);
         let stats_key = (mode == Mode::Graph && self.va.is_some())
             .then(|| self.va.as_ref().map(|v| v.stats().executable.as_str()))

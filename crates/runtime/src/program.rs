@@ -540,6 +540,13 @@ impl<B: Backend> Program<B> {
         staging.begin_step(&self.backend, &content, slots, stream, graph)
     }
 
+    /// After a step's work was enqueued whole ([`Staging::end_step`]).
+    pub(crate) fn staging_end(&self) {
+        if let Some(s) = self.staging.as_ref() {
+            s.end_step();
+        }
+    }
+
     /// Its staging's summary when a timed step was read back since the
     /// last call (one mutex per call otherwise).
     pub(crate) fn staging_reading(&self) -> Option<crate::staging::StagingSummary> {

@@ -48,7 +48,7 @@ use xla_vmm_policy::residency::{
     demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, ResidencyPlan,
     Use,
 };
-use xla_vmm_policy::staging::{keep, stage, Staging as StagedSteps};
+use xla_vmm_policy::staging::{carry, keep, stage, Staging as StagedSteps};
 use xla_vmm_policy::PolicyError;
 
 use crate::error::{Result, RuntimeError, Teardown};
@@ -77,6 +77,11 @@ pub struct StagingSummary {
     pub kept: usize,
     pub kept_bytes: u64,
     pub refills: u64,
+    /// Of the staged, those the step before fetches for their first stay
+    /// (its first ops do not wait for them; copied in before the step when
+    /// the step before did not leave them there, a refill), and their bytes.
+    pub carried: usize,
+    pub carried_bytes: u64,
     /// Buffers read and written in host memory in place, and their bytes.
     pub in_place: usize,
     pub in_place_bytes: u64,
@@ -165,6 +170,10 @@ struct Around {
     /// Copies home issued after it, after the mark `after`.
     outs: Vec<usize>,
     after: Option<usize>,
+    /// The next step's carried copies issued before it (indices into
+    /// `tails`), behind its copies in: their range is free since the op
+    /// before.
+    tails: Vec<usize>,
     /// Its staged bytes, in the area.
     redirects: Vec<Redirect>,
 }
@@ -194,11 +203,31 @@ pub(crate) struct Staging<B: Backend> {
     /// token on the area.
     kept: Vec<Copy>,
     filled: std::sync::Mutex<Vec<Option<Content>>>,
+    /// Buffers the step before fetches for their first stay
+    /// ([`xla_vmm_policy::staging::carry`]): each one's copy (made before
+    /// the step when the step before did not leave it there), the copies the
+    /// step issues for the next one (`tails`; those after the last op:
+    /// `tails_at_end`, after the mark `tail_mark`), and what names the
+    /// content the last step that ran to its end carried, and the one this
+    /// step carries.
+    heads: Vec<Copy>,
+    tails: Vec<Copy>,
+    tails_at_end: Vec<usize>,
+    tail_mark: Option<usize>,
+    carried: std::sync::Mutex<Carried>,
     token: u64,
     /// Steps that copied kept buffers in.
     refills: AtomicU64,
     clock: Clock<B>,
     summary: StagingSummary,
+}
+
+/// What the carried buffers hold: at the start of the next step (the last
+/// step that ran to its end carried them), and what this step carries.
+#[derive(Default)]
+struct Carried {
+    ready: Vec<Option<Content>>,
+    pending: Vec<Option<Content>>,
 }
 
 /// What names a kept buffer's content: its allocation's id and generation
@@ -543,6 +572,7 @@ pub fn plan_staging(
         })
         .collect();
     let copies = keep(&input, &placements, room, ALIGN, &keepable, copies)
+        .and_then(|s| carry(&input, &placements, &keepable, s))
         .map_err(|e| RuntimeError::invalid(format!("staging: {e}")))?;
     if copies.stays.is_empty() {
         return Ok(None);
@@ -615,16 +645,31 @@ pub(crate) fn room<B: Backend>(be: &B) -> u64 {
     }
 }
 
+/// The step's copies arranged around its units ([`arrange`]).
+struct Arranged {
+    around: Vec<Around>,
+    ins: Vec<Copy>,
+    outs: Vec<Copy>,
+    /// Every carried buffer's copy, and those the step fetches for the
+    /// next (indices of the latter issued after the last unit).
+    heads: Vec<Copy>,
+    tails: Vec<Copy>,
+    tails_at_end: Vec<usize>,
+    tail_mark: Option<usize>,
+    /// Marks: events recorded on the compute stream where copies are
+    /// issued or follow.
+    n_marks: usize,
+}
+
 /// Around each unit: the copies in issued before it and waited for by it,
-/// the copies home after it, the redirects of its staged segments into the
-/// area at `base`; the copies in and out; and the number of marks (events
-/// recorded on the compute stream where copies are issued or follow).
+/// the copies home after it, the next step's carried copies issued before
+/// it, the redirects of its staged segments into the area at `base`.
 fn arrange(
     n_units: usize,
     steps: &StagedSteps,
     segs: &crate::residency::Segments,
     base: DevicePtr,
-) -> (Vec<Around>, Vec<Copy>, Vec<Copy>, usize) {
+) -> Arranged {
     let slice = |b: usize| {
         let (allocation, start, end) = segs[b];
         Slice {
@@ -633,34 +678,51 @@ fn arrange(
             size: end - start,
         }
     };
+    let copy = |b: usize, area: u64, after_out: Option<usize>| Copy {
+        home: slice(b),
+        area,
+        after_out,
+    };
     let mut around: Vec<Around> = (0..n_units).map(|_| Around::default()).collect();
     let (mut n_marks, mut ins, mut outs) = (0, Vec::new(), Vec::new());
+    let mut mark = |m: &mut Option<usize>| {
+        if m.is_none() {
+            *m = Some(n_marks);
+            n_marks += 1;
+        }
+    };
     for (i, c) in steps.copies_in.iter().enumerate() {
         let a = &mut around[c.issue_before];
         a.ins.push(i);
-        if a.issue.is_none() {
-            a.issue = Some(n_marks);
-            n_marks += 1;
-        }
+        mark(&mut a.issue);
         around[c.needed_by].waits.push(i);
-        ins.push(Copy {
-            home: slice(c.buffer),
-            area: c.offset,
-            after_out: c.after_out,
-        });
+        ins.push(copy(c.buffer, c.offset, c.after_out));
     }
     for (i, c) in steps.copies_out.iter().enumerate() {
         let a = &mut around[c.after];
         a.outs.push(i);
-        if a.after.is_none() {
-            a.after = Some(n_marks);
-            n_marks += 1;
+        mark(&mut a.after);
+        outs.push(copy(c.buffer, c.offset, None));
+    }
+    let (mut heads, mut tails, mut tails_at_end, mut tail_mark) =
+        (Vec::new(), Vec::new(), Vec::new(), None);
+    for c in &steps.carried {
+        heads.push(copy(c.buffer, c.offset, None));
+        if !c.fetch {
+            continue;
         }
-        outs.push(Copy {
-            home: slice(c.buffer),
-            area: c.offset,
-            after_out: None,
-        });
+        let t = tails.len();
+        tails.push(copy(c.buffer, c.offset, c.after_out));
+        match around.get_mut(c.after + 1) {
+            Some(a) => {
+                a.tails.push(t);
+                mark(&mut a.issue);
+            }
+            None => {
+                tails_at_end.push(t);
+                mark(&mut tail_mark);
+            }
+        }
     }
     for s in &steps.stays {
         if let Some(j) = s.after_out {
@@ -677,7 +739,16 @@ fn arrange(
             a.redirects.push(r);
         }
     }
-    (around, ins, outs, n_marks)
+    Arranged {
+        around,
+        ins,
+        outs,
+        heads,
+        tails,
+        tails_at_end,
+        tail_mark,
+        n_marks,
+    }
 }
 
 impl<B: Backend> Staging<B> {
@@ -743,7 +814,16 @@ impl<B: Backend> Staging<B> {
             in_place_bytes = summary.in_place_bytes, device_bytes = summary.device_bytes,
             bytes_in = summary.bytes_in_per_step, bytes_out = summary.bytes_out_per_step,
             "part of it is in host memory: staged through a device area");
-        let (around, ins, outs, n_marks) = arrange(units.len(), &steps, &segs, area.ptr());
+        let Arranged {
+            around,
+            ins,
+            outs,
+            heads,
+            tails,
+            tails_at_end,
+            tail_mark,
+            n_marks,
+        } = arrange(units.len(), &steps, &segs, area.ptr());
         let kept: Vec<Copy> = steps
             .kept
             .iter()
@@ -799,6 +879,14 @@ impl<B: Backend> Staging<B> {
             around,
             filled: std::sync::Mutex::new(vec![None; kept.len()]),
             kept,
+            carried: std::sync::Mutex::new(Carried {
+                ready: vec![None; heads.len()],
+                pending: vec![None; heads.len()],
+            }),
+            heads,
+            tails,
+            tails_at_end,
+            tail_mark,
             token: TOKENS.fetch_add(1, Ordering::Relaxed),
             refills: AtomicU64::new(0),
             clock,
@@ -942,30 +1030,68 @@ impl<B: Backend> Staging<B> {
     ) -> Result<()> {
         let ours = self.area.claim(self.token);
         self.graph_clock_tick(be, graph);
-        if self.kept.is_empty() {
-            return Ok(());
-        }
-        let mut filled = self.filled.lock().unwrap_or_else(|e| e.into_inner());
+        let copy_in = |c: &Copy| -> Result<()> {
+            let to = self.area.ptr().offset(c.area);
+            be.copy_d2d(to, slots.resolve(&c.home)?, c.home.size, stream)?;
+            Ok(())
+        };
         let mut copied = false;
-        for (k, f) in self.kept.iter().zip(filled.iter_mut()) {
-            let now = content(k.home.allocation);
-            if ours && now.is_some() && *f == now {
-                continue;
+        if !self.kept.is_empty() {
+            let mut filled = self.filled.lock().unwrap_or_else(|e| e.into_inner());
+            for (k, f) in self.kept.iter().zip(filled.iter_mut()) {
+                let now = content(k.home.allocation);
+                if ours && now.is_some() && *f == now {
+                    continue;
+                }
+                *f = None;
+                copy_in(k)?;
+                *f = now;
+                copied = true;
             }
-            *f = None;
-            be.copy_d2d(
-                self.area.ptr().offset(k.area),
-                slots.resolve(&k.home)?,
-                k.home.size,
-                stream,
-            )?;
-            *f = now;
-            copied = true;
+        }
+        if !self.heads.is_empty() {
+            // What the step before carried counts once, and only when it
+            // ran to its end ([`Staging::end_step`]).
+            let mut c = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+            let Carried { ready, pending } = &mut *c;
+            for ((h, r), p) in self.heads.iter().zip(ready).zip(pending) {
+                let now = content(h.home.allocation);
+                let there = ours && now.is_some() && *r == now;
+                *r = None;
+                *p = now;
+                if !there {
+                    copy_in(h)?;
+                    copied = true;
+                }
+            }
         }
         if copied {
             self.refills.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// Issue the next step's carried copy `t` on the stream of copies in
+    /// (after the copy home out of its range it follows).
+    fn fetch_tail(&self, be: &B, t: usize, slots: &SlotTable) -> Result<()> {
+        let c = &self.tails[t];
+        if let Some(j) = c.after_out {
+            be.stream_wait_event(&self.in_stream, &self.homed[j])?;
+        }
+        let to = self.area.ptr().offset(c.area);
+        be.copy_d2d(to, slots.resolve(&c.home)?, c.home.size, &self.in_stream)?;
+        Ok(())
+    }
+
+    /// After a step's work was enqueued whole: what it carries is in the
+    /// area for the next step.
+    pub(crate) fn end_step(&self) {
+        if self.heads.is_empty() {
+            return;
+        }
+        let mut c = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        let Carried { ready, pending } = &mut *c;
+        ready.clone_from(pending);
     }
 
     /// Wait for the copy streams, release everything (failures in `t`).
@@ -1050,6 +1176,9 @@ impl<B: Backend> StagedRun<B> for Staging<B> {
                     }
                     be.event_record(&self.landed[i], cin)?;
                 }
+                for &t in &a.tails {
+                    self.fetch_tail(be, t, slots)?;
+                }
             }
             let pair = match waits.peek() {
                 Some((k, ..)) if *k == n => waits.next(),
@@ -1080,6 +1209,13 @@ impl<B: Backend> StagedRun<B> for Staging<B> {
                 }
             }
         }
+        if let Some(m) = self.tail_mark {
+            be.event_record(&self.marks[m], stream)?;
+            be.stream_wait_event(cin, &self.marks[m])?;
+            for &t in &self.tails_at_end {
+                self.fetch_tail(be, t, slots)?;
+            }
+        }
         for (e, s) in self.joins.iter().zip([cin, cout]) {
             be.event_record(e, s)?;
             be.stream_wait_event(stream, e)?;
@@ -1108,6 +1244,12 @@ fn summarize(
     };
     s.kept = steps.kept.len();
     s.kept_bytes = steps.kept_bytes;
+    s.carried = steps.carried.len();
+    s.carried_bytes = steps
+        .carried
+        .iter()
+        .map(|c| input.buffers[c.buffer].bytes)
+        .sum();
     for (b, p) in input.buffers.iter().zip(placements) {
         match (b.home, p) {
             (Home::Device, _) => s.device_bytes += b.bytes,

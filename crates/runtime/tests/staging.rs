@@ -1062,3 +1062,140 @@ fn dynamic_slice_kernels_touch_one_window_of_their_stacked_operand() {
     let input = xla_vmm_runtime::residency::residency_input(&other, 1 << 30, Rates::H200).unwrap();
     assert_eq!(input.steps[0].uses[0].bytes, stacked);
 }
+
+/// Over `n` f32: four weights p0..p3, each read once (out_i = 2·p_i), in
+/// order; then a kernel that the planner takes to read and write all of a
+/// 64 MiB temporary (`inc` of its first element: device time in which the
+/// link has nothing of this step to carry).
+fn weights(n: u64) -> Plan {
+    let v = 4 * n;
+    let big = 64u64 << 20;
+    let mut allocs: Vec<_> = (0..4)
+        .map(|i| alloc(i, v, param(i as u64, false)))
+        .collect();
+    allocs.extend((4..8).map(|i| alloc(i, v, AllocationRole::Output { outputs: vec![] })));
+    allocs.push(alloc(8, big, AllocationRole::Temp));
+    let mut thunks: Vec<Thunk> = (0..4)
+        .map(|i| {
+            kernel(
+                "scale2",
+                vec![(sl(i, 0, v), false), (sl(4 + i, 0, v), true)],
+                Some(n as u32),
+                1,
+            )
+        })
+        .collect();
+    thunks.push(kernel("inc", vec![(sl(8, 0, big), true)], None, 1));
+    let f = f32s(n as usize);
+    plan(
+        allocs,
+        vec![f.clone(); 4],
+        (4..8).map(|i| (i, f.clone())).collect(),
+        thunks,
+    )
+}
+
+/// Read-only weights that rotate through an area too small for them all:
+/// the step before fetches the next step's first ones once their range is
+/// free, so that a step starts without waiting for them. They are copied in
+/// before a step only when the step before did not leave them there: at the
+/// first step, after a parameter's content changed, every step for raw
+/// memory. Every step's results are right, in every mode.
+#[test]
+fn the_step_before_fetches_the_next_steps_first_weights() {
+    use xla_vmm_policy::residency::{Home, Rates};
+    let n = 256u64 << 10;
+    let v = 4 * n; // 1 MiB
+                   // The plan, with room for two weights: some are carried.
+    let mut homes = vec![Home::Host; 4];
+    homes.extend([Home::Device; 5]);
+    let planned =
+        xla_vmm_runtime::staging::plan_staging(&weights(n), &homes, 2 * v, Rates::H200, true)
+            .unwrap()
+            .expect("staged");
+    assert!(!planned.copies.carried.is_empty(), "{:?}", planned.copies);
+    for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
+        // The outputs take 8 MiB of device memory (a granule each), the
+        // temporary 64: 2 MiB of room for the area.
+        let b = backend_with(Some(74 << 20));
+        let ctx = VmmContext::new(b.clone());
+        let stream = b.stream_create().unwrap();
+        let mut cfg = xla_vmm_runtime::RunConfig {
+            guard: false,
+            ..Default::default()
+        };
+        cfg.binding.immutable_buffers = true;
+        cfg.set("rebalance", "0").unwrap();
+        let mut exe =
+            Executable::load_with(b.clone(), weights(n), None, None, &cfg, &stream).unwrap();
+        let bufs: Vec<_> = (0..4)
+            .map(|_| DeviceBuffer::alloc_at(&ctx, v, MemLocation::Host).unwrap())
+            .collect();
+        let bind =
+            |exe: &mut Executable<HostBackend>, i: usize, scale: f32, generation: Option<u64>| {
+                let vals: Vec<f32> = (0..n).map(|k| scale * (i + 1) as f32 + k as f32).collect();
+                b.write_sync(bufs[i].ptr(), &bytes(&vals), &stream).unwrap();
+                let mut user = UserBuffer::raw(bufs[i].ptr(), v);
+                user.location = Some(MemLocation::Host);
+                if let Some(g) = generation {
+                    user.id = Some(100 + i as u64);
+                    user.generation = g;
+                }
+                exe.bind_user_buffer(i, user).unwrap();
+                vals
+            };
+        let mut vals: Vec<Vec<f32>> = (0..4).map(|i| bind(&mut exe, i, 1.0, Some(0))).collect();
+        let step = |exe: &mut Executable<HostBackend>, vals: &[Vec<f32>], what: &str| {
+            let outs = exe.run(&stream, mode).unwrap();
+            b.stream_synchronize(&stream).unwrap();
+            for (i, o) in outs.iter().enumerate() {
+                let got = f32s_of(&b, o.ptr, n as usize, &stream);
+                let want: Vec<f32> = vals[i].iter().map(|x| 2.0 * x).collect();
+                assert!(got == want, "{mode:?}, {what}: output {i}");
+            }
+            let s = exe.program().staging_summary().expect("staged");
+            assert!(s.carried >= 1, "{mode:?}: {s:?}");
+            s.refills
+        };
+        for _ in 0..4 {
+            step(&mut exe, &vals, "steady");
+        }
+        assert_eq!(
+            step(&mut exe, &vals, "steady"),
+            1,
+            "{mode:?}: copied in at the first step only"
+        );
+        if mode == Mode::Eager {
+            // A step that fails part way carries nothing: the next one
+            // copies in again.
+            b.inject_failure("launch", 3);
+            assert!(exe.run(&stream, mode).is_err());
+            b.clear_injected_failures();
+            b.stream_synchronize(&stream).unwrap();
+            assert_eq!(step(&mut exe, &vals, "after a failed step"), 2, "{mode:?}");
+            for _ in 0..2 {
+                step(&mut exe, &vals, "steady again");
+            }
+        }
+        let base = if mode == Mode::Eager { 1 } else { 0 };
+        // New content of every weight: copied in again, once.
+        for (i, v) in vals.iter_mut().enumerate() {
+            *v = bind(&mut exe, i, 3.0, Some(1));
+        }
+        step(&mut exe, &vals, "renewed");
+        assert_eq!(step(&mut exe, &vals, "renewed"), base + 2, "{mode:?}");
+        // Raw memory names no content: copied in before every step.
+        for k in 0..2 {
+            for (i, v) in vals.iter_mut().enumerate() {
+                *v = bind(&mut exe, i, 5.0 + k as f32, None);
+            }
+            step(&mut exe, &vals, "raw");
+        }
+        assert_eq!(step(&mut exe, &vals, "raw"), base + 5, "{mode:?}");
+        drop(exe);
+        for buf in bufs {
+            buf.free().unwrap();
+        }
+        b.stream_destroy(stream).unwrap();
+    }
+}

@@ -52,10 +52,12 @@ class Report(dict):
             s = p.get("staging")
             if s:
                 lines.append("%s: part in host memory; %d buffers (%.1f MiB) staged through a %.1f MiB device "
-                             "area (%d, %.1f MiB, kept there from step to step), %d (%.1f MiB) read in place; "
-                             "per step %.1f MiB in, %.1f MiB out"
+                             "area (%d, %.1f MiB, kept there from step to step; %d, %.1f MiB, fetched by the step "
+                             "before), %d (%.1f MiB) read in place; per step %.1f MiB in, %.1f MiB out"
                              % (p["program"], s["staged"], s["staged_bytes"] / 2**20, s["area_bytes"] / 2**20,
-                                s.get("kept", 0), s.get("kept_bytes", 0) / 2**20, s["in_place"], s["in_place_bytes"] / 2**20, s["bytes_in_per_step"] / 2**20,
+                                s.get("kept", 0), s.get("kept_bytes", 0) / 2**20, s.get("carried", 0),
+                                s.get("carried_bytes", 0) / 2**20, s["in_place"], s["in_place_bytes"] / 2**20,
+                                s["bytes_in_per_step"] / 2**20,
                                 s["bytes_out_per_step"] / 2**20))
                 if s.get("timed_steps"):
                     lines.append("%s: last step timed: %.2f ms on the device, copies in %.2f ms at %.1f GB/s, "
