@@ -120,6 +120,8 @@ def child(a):
         rep = report()
         out["staging"] = [dict(p["staging"], program=p["program"], runner=p.get("runner"))
                           for p in rep.get("programs", []) if p.get("staging")]
+        out["not_staged"] = [dict(program=p["program"], runner=p.get("runner"), why=p["staging_note"])
+                             for p in rep.get("programs", []) if p.get("staging_note")]
         out["memory"] = [d["memory"] for d in rep.get("devices", [])]
     return out
 
@@ -212,6 +214,9 @@ def main():
             r["decode"]["tokens_per_s"], "%.2f" % lb if lb else "-",
             "%.0f%%" % (100 * lb / r["decode"]["ms"]) if lb else "-", same(r)))
     for r in rows:
+        for st in r.get("not_staged", []):
+            md.append("- %s, %s (runs as %s): part in host memory, not staged (%s): read in place" % (
+                r["label"], st["program"], st.get("runner"), st["why"]))
         for st in r.get("staging", []):
             md.append("- %s, %s (runs as %s): %d buffers (%.0f MiB) staged through a %.0f MiB area (%d, %.0f MiB, kept there "
                       "from step to step; %d, %.0f MiB, fetched by the step before; copied in before %d steps), %d "

@@ -674,3 +674,7 @@ class ReportTableTest(unittest.TestCase):
         for k in ("carried", "carried_bytes"):
             del staging[k]
         self.assertIn("; 0, 0.0 MiB, fetched by the step before", str(report(d)))
+        # A program with memory in host memory that is not staged says why.
+        d["programs"].append({"program": "jit_g", "mode": "graph", "runner": "eager", "steps": 1,
+                              "staging_note": "nothing pays to stage"})
+        self.assertIn("jit_g: part in host memory, not staged (nothing pays to stage)", str(report(d)))

@@ -490,6 +490,10 @@ pub fn replay<B: Backend>(
                     s.gpu_step_us, s.copy_in_us, s.copy_in_gbps, s.waited_us, 100.0 * s.link_utilisation
                 );
             }
+        } else if let Some(why) = exe.program().staging_note() {
+            println!(
+                "staging: none; part of its memory is in host memory, read there in place ({why})"
+            );
         }
         if let Some(g) = exe.guard_report() {
             let ms = |v: Option<f64>| v.map_or("-".to_string(), |u| format!("{:.3}", u / 1e3));

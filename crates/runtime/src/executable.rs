@@ -488,7 +488,11 @@ impl<B: Backend> Executable<B> {
         self.staging_params = params;
         self.staging_epoch = self.program.backend().budget().relocations();
         let staging = self.program.staging_summary();
-        self.report.update(|r| r.staging = staging);
+        let note = self.program.staging_note().map(str::to_string);
+        self.report.update(|r| {
+            r.staging = staging;
+            r.staging_note = note;
+        });
         Ok(())
     }
 

@@ -24,7 +24,7 @@ use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::ExecEnv;
 use crate::ops::{LoadCtx, Op};
 use crate::slots::{DeviceBuffer, SlotTable};
-use crate::staging::Staging;
+use crate::staging::{Planned, Staging};
 use xla_vmm_policy::residency::{Home, Rates};
 
 /// Its own allocations of at most this many bytes share one buffer.
@@ -129,6 +129,9 @@ pub struct Program<B: Backend> {
     /// Staging through device memory when part of the program's memory is
     /// in host memory (planned at the first run).
     staging: Option<Staging<B>>,
+    /// Why part of its memory is in host memory and not staged (its kernels
+    /// read it there in place).
+    staging_note: Option<String>,
     /// Scratch memory its ops use at fixed offsets (FFT work areas).
     scratch: Option<DeviceBuffer<B>>,
 }
@@ -200,6 +203,7 @@ impl<B: Backend> Program<B> {
             capture_blocker,
             host_staging: Default::default(),
             staging: None,
+            staging_note: None,
             scratch: None,
         };
         if scratch_bytes > 0 {
@@ -499,14 +503,18 @@ impl<B: Backend> Program<B> {
             shared,
             keep_parameters,
         );
-        let old = match made {
-            Ok(s) => std::mem::replace(&mut self.staging, s),
+        let (new, note) = match made {
+            Ok(Planned::Staged(s)) => (Some(*s), None),
+            Ok(Planned::AllOnDevice) => (None, None),
+            Ok(Planned::InPlace(why)) => (None, Some(why.to_string())),
             Err(e) => {
                 tracing::warn!(executable = %self.plan.module_name, error = %e,
                     "part of it is in host memory but it cannot be staged; read in place");
-                self.staging.take()
+                (None, Some(format!("it cannot be staged: {e}")))
             }
         };
+        self.staging_note = note;
+        let old = std::mem::replace(&mut self.staging, new);
         if let Some(old) = old {
             let mut t = Teardown::new("a program's previous staging");
             old.release(&self.backend, &mut t);
@@ -552,6 +560,12 @@ impl<B: Backend> Program<B> {
     pub(crate) fn staging_reading(&self) -> Option<crate::staging::StagingSummary> {
         let s = self.staging.as_ref()?;
         s.take_fresh().then(|| s.summary(self.backend()))
+    }
+
+    /// Why part of its memory is in host memory and not staged (`None`:
+    /// staged, or nothing there).
+    pub fn staging_note(&self) -> Option<&str> {
+        self.staging_note.as_deref()
     }
 
     /// What its staging does per step (`None`: nothing is staged).

@@ -38,6 +38,9 @@ pub struct ProgramReport {
     /// What staging through device memory does per step, when part of its
     /// memory is in host memory ([`crate::staging`]).
     pub staging: Option<crate::staging::StagingSummary>,
+    /// Part of its memory is in host memory and it is not staged: why (its
+    /// kernels read that memory in place, over the link).
+    pub staging_note: Option<String>,
 }
 
 type Slot = Arc<Mutex<ProgramReport>>;

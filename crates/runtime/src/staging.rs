@@ -230,6 +230,16 @@ struct Carried {
     pending: Vec<Option<Content>>,
 }
 
+/// What [`Staging::plan`] made of a program.
+pub(crate) enum Planned<B: Backend> {
+    /// Staged through a device area.
+    Staged(Box<Staging<B>>),
+    /// Nothing of it is in host memory.
+    AllOnDevice,
+    /// Part of it is in host memory and its kernels read it in place: why.
+    InPlace(&'static str),
+}
+
 /// What names a kept buffer's content: its allocation's id and generation
 /// (a parameter under immutable buffers), or the program's own constant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -752,9 +762,8 @@ fn arrange(
 }
 
 impl<B: Backend> Staging<B> {
-    /// The staging of `plan` whose allocations live at `homes` (`None`:
-    /// nothing is in host memory, or nothing pays to stage; said at info
-    /// level). `ops` are the loaded ops of `plan`.
+    /// The staging of `plan` whose allocations live at `homes`, or why there
+    /// is none (said at info level). `ops` are the loaded ops of `plan`.
     pub(crate) fn plan(
         ctx: &VmmContext<B>,
         plan: &Plan,
@@ -762,12 +771,12 @@ impl<B: Backend> Staging<B> {
         homes: &[Home],
         shared: bool,
         keep_parameters: bool,
-    ) -> Result<Option<Self>>
+    ) -> Result<Planned<B>>
     where
         B: 'static,
     {
         if !homes.contains(&Home::Host) {
-            return Ok(None);
+            return Ok(Planned::AllOnDevice);
         }
         let be = ctx.backend();
         let name = &plan.module_name;
@@ -778,7 +787,9 @@ impl<B: Backend> Staging<B> {
         if units.len() != thunks.len() || has_async(&units) {
             tracing::info!(executable = %name,
                 "part of it is in host memory; not staged (async work), read in place");
-            return Ok(None);
+            return Ok(Planned::InPlace(
+                "async work: its staged bytes would have to outlive an op",
+            ));
         }
         let gran = be.info().vmm_granularity.max(1);
         // A shared area the device has: its room; else what the budget leaves.
@@ -790,7 +801,11 @@ impl<B: Backend> Staging<B> {
         let Some(planned) = plan_staging(plan, homes, room, Rates::H200, keep_parameters)? else {
             tracing::info!(executable = %name, room,
                 "part of it is in host memory; nothing pays to stage, read in place");
-            return Ok(None);
+            return Ok(Planned::InPlace(if room == 0 {
+                "no device room for a staging area"
+            } else {
+                "nothing pays to stage"
+            }));
         };
         let StagingPlan {
             input,
@@ -865,7 +880,7 @@ impl<B: Backend> Staging<B> {
             streams.next().expect("made above"),
             streams.next().expect("made above"),
         );
-        Ok(Some(Staging {
+        Ok(Planned::Staged(Box::new(Staging {
             area,
             in_stream,
             out_stream,
@@ -891,7 +906,7 @@ impl<B: Backend> Staging<B> {
             refills: AtomicU64::new(0),
             clock,
             summary,
-        }))
+        })))
     }
 
     /// The plan's figures and the measured ones.

@@ -1199,3 +1199,42 @@ fn the_step_before_fetches_the_next_steps_first_weights() {
         b.stream_destroy(stream).unwrap();
     }
 }
+
+/// A program whose memory is partly in host memory and that is not staged
+/// says why in its report (its kernels read that memory in place); one
+/// that is staged, or has nothing there, says nothing.
+#[test]
+fn a_program_read_in_place_says_why() {
+    let note = |limit: Option<u64>, at: MemLocation| {
+        let b = backend_with(limit);
+        let ctx = VmmContext::new(b.clone());
+        let stream = b.stream_create().unwrap();
+        let mut exe = Executable::load(b.clone(), program(4), None, &stream).unwrap();
+        let bufs: Vec<_> = (0..3)
+            .map(|_| DeviceBuffer::alloc_at(&ctx, 16, at).unwrap())
+            .collect();
+        for (i, buf) in bufs.iter().enumerate() {
+            let mut user = UserBuffer::raw(buf.ptr(), 16);
+            user.location = Some(buf.location());
+            exe.bind_user_buffer(i, user).unwrap();
+        }
+        exe.run(&stream, Mode::Eager).unwrap();
+        b.stream_synchronize(&stream).unwrap();
+        let got = (
+            exe.program().staging_note().map(str::to_string),
+            exe.program().staging_summary().is_some(),
+        );
+        drop(exe);
+        for buf in bufs {
+            buf.free().unwrap();
+        }
+        got
+    };
+    // The program's own buffer takes the whole 2 MiB limit: no room.
+    assert_eq!(
+        note(Some(2 << 20), MemLocation::Host),
+        (Some("no device room for a staging area".to_string()), false)
+    );
+    assert_eq!(note(Some(64 << 20), MemLocation::Host), (None, true));
+    assert_eq!(note(None, MemLocation::Device), (None, false));
+}

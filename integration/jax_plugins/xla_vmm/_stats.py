@@ -50,6 +50,9 @@ class Report(dict):
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
         for p in self.get("programs", []):
             s = p.get("staging")
+            if p.get("staging_note"):
+                lines.append("%s: part in host memory, not staged (%s): its kernels read it in place"
+                             % (p["program"], p["staging_note"]))
             if s:
                 lines.append("%s: part in host memory; %d buffers (%.1f MiB) staged through a %.1f MiB device "
                              "area (%d, %.1f MiB, kept there from step to step; %d, %.1f MiB, fetched by the step "
