@@ -56,10 +56,10 @@ pub(super) fn read(
         vmm_supported,
         // WHILE nodes via cuGraphAddNode: CUDA 12.4+.
         conditional_nodes: syms.conditional && version >= 12040,
-        // IF nodes per branch are built (`conditional.rs`) and tested on the
-        // host backend, but their conformance test has not run on a GPU yet:
-        // programs with a conditional run eager here until it has.
-        case_nodes: false,
+        // IF nodes per branch (`conditional.rs`), the same driver calls: the
+        // conformance check `graph_conditional_case` passed on an H100
+        // (driver 580, CUDA 13.0).
+        case_nodes: syms.conditional && version >= 12040,
         graph_event_records: true,
     })
 }
