@@ -122,6 +122,10 @@ def child(a):
                           for p in rep.get("programs", []) if p.get("staging")]
         out["not_staged"] = [dict(program=p["program"], runner=p.get("runner"), why=p["staging_note"])
                              for p in rep.get("programs", []) if p.get("staging_note")]
+        # The rest: every program's memory on the device, or a program on the vendor runtime (why).
+        out["other_programs"] = [dict(program=p["program"], runner=p.get("runner"), reason=p.get("reason"),
+                                      steps=p.get("steps"))
+                                 for p in rep.get("programs", []) if not p.get("staging") and not p.get("staging_note")]
         out["memory"] = [d["memory"] for d in rep.get("devices", [])]
     return out
 
@@ -217,6 +221,10 @@ def main():
         for st in r.get("not_staged", []):
             md.append("- %s, %s (runs as %s): part in host memory, not staged (%s): read in place" % (
                 r["label"], st["program"], st.get("runner"), st["why"]))
+        for p in r.get("other_programs", []):
+            md.append("- %s, %s (runs as %s%s, %s steps): no part staged or read in place" % (
+                r["label"], p["program"], p.get("runner"), ": " + p["reason"] if p.get("reason") else "",
+                p.get("steps")))
         for st in r.get("staging", []):
             md.append("- %s, %s (runs as %s): %d buffers (%.0f MiB) staged through a %.0f MiB area (%d, %.0f MiB, kept there "
                       "from step to step; %d, %.0f MiB, fetched by the step before; copied in before %d steps), %d "

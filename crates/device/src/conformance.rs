@@ -31,6 +31,7 @@ pub fn checks<B: Backend>() -> Vec<(&'static str, CheckFn<B>)> {
         ("vmm_map_unmap_set_access", vmm_map_unmap::<B>),
         ("vmm_map_over_mapped_fails", map_over_mapped::<B>),
         ("vmm_remap_same_phys_two_vas", remap_two_vas::<B>),
+        ("vmm_host_memory_second_mapping", host_second_mapping::<B>),
         ("copy_h2d_d2d_d2h", copies::<B>),
         ("copy_d2d_batch", copy_batch::<B>),
         ("memset_d8_d32", memsets::<B>),
@@ -292,6 +293,52 @@ fn remap_two_vas<B: Backend>(b: &Arc<B>) -> R {
     })?;
     drop(a);
     c.release().ctx("release c")
+}
+
+/// Host-located physical memory mapped at a second address, whole and a
+/// prefix of it: where the driver allows it, the bytes are the same through
+/// every mapping; where it refuses, the refusal is an error (said on
+/// stderr) and the first mapping is intact. The runtime maps host-located
+/// memory once (shared temporaries are device memory only): this records
+/// what the driver does.
+fn host_second_mapping<B: Backend>(b: &Arc<B>) -> R {
+    let g = b.info().vmm_granularity;
+    let ctx = VmmContext::new(b.clone());
+    let mut sc = Scope::new(&**b);
+    let s = sc.stream()?;
+    let s = &sc.streams[s];
+    let phys = match Phys::create_at(&ctx, 2 * g, MemLocation::Host) {
+        Err(crate::DeviceError::Unsupported(why)) => {
+            tracing::info!(%why, "host_second_mapping: no host-located memory here; skipped");
+            return Ok(());
+        }
+        r => Arc::new(r.ctx("mem_create_at host")?),
+    };
+    let mut a = VaReservation::reserve(&ctx, 2 * g, 0).ctx("va_reserve")?;
+    a.map_rw(0, &phys, 0, 2 * g).ctx("map a")?;
+    let data = pattern(2 * g as usize, 11);
+    b.write_sync(a.base(), &data, s).ctx("write via a")?;
+    for (what, size) in [("whole", 2 * g), ("a prefix", g)] {
+        let mut c = VaReservation::reserve(&ctx, size, 0).ctx("va_reserve")?;
+        match c.map_rw(0, &phys, 0, size) {
+            Ok(()) => {
+                ensure(
+                    read(&**b, s, c.base(), size as usize)? == data[..size as usize],
+                    || format!("host memory mapped a second time ({what}): other bytes"),
+                )?;
+                eprintln!("host memory mapped a second time ({what}): allowed");
+            }
+            Err(e) => eprintln!("host memory mapped a second time ({what}): refused: {e}"),
+        }
+        drop(c);
+    }
+    ensure(read(&**b, s, a.base(), data.len())? == data, || {
+        "the first mapping changed".into()
+    })?;
+    drop(a);
+    drop(phys);
+    drop(sc);
+    no_leaks(&ctx)
 }
 
 fn copies<B: Backend>(b: &Arc<B>) -> R {

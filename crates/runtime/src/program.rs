@@ -325,12 +325,13 @@ impl<B: Backend> Program<B> {
         let gran = self.backend.info().vmm_granularity.max(1);
         for b in own_layout(&self.plan, share_temps) {
             let buffer = self.owned.len();
-            self.owned.push(if b.temps {
-                let bytes = b.bytes.div_ceil(gran) * gran;
-                let memory = crate::temps::memory(&self.vmm, bytes)?;
-                DeviceBuffer::map_shared(&self.vmm, &memory, b.bytes)?
-            } else {
-                DeviceBuffer::alloc_in(&self.vmm, b.bytes)?
+            let shared = b
+                .temps
+                .then(|| crate::temps::memory(&self.vmm, b.bytes.div_ceil(gran) * gran))
+                .flatten();
+            self.owned.push(match shared {
+                Some(memory) => DeviceBuffer::map_shared(&self.vmm, &memory, b.bytes)?,
+                None => DeviceBuffer::alloc_in(&self.vmm, b.bytes)?,
             });
             self.owned_at
                 .extend(b.parts.into_iter().map(|(allocation, offset, size)| Owned {

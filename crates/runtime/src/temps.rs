@@ -10,6 +10,15 @@
 //! pool, to the same effect). A program larger than every earlier one
 //! makes a larger memory, which later programs share; the earlier ones keep
 //! theirs until they are dropped.
+//!
+//! Only device memory is shared. Under a device budget that has no room
+//! left, a program's temporaries are its own memory wherever the budget
+//! puts it (host memory): memory other buffers map does not move, so
+//! shared temporaries in host memory could never come back to the device
+//! for a plan that wants them there; and mapping shared temporaries that
+//! were in host memory for a second program failed on the GPU
+//! (`CUDA_ERROR_NOT_SUPPORTED` from `cuMemMap`, H100, driver 580.159.04:
+//! that program then ran on the vendor runtime).
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, Weak};
@@ -17,20 +26,20 @@ use std::sync::{Arc, Mutex, Weak};
 use xla_vmm_device::vmm::{Phys, VmmContext};
 use xla_vmm_device::Backend;
 
-use crate::error::Result;
-
 /// Each device's (backend's) temporaries' memories, while a program maps
 /// them.
 static MEMORIES: Mutex<Vec<(usize, Weak<dyn Any + Send + Sync>)>> = Mutex::new(Vec::new());
 
-/// Physical memory of at least `bytes` (a multiple of the granularity) for
+/// Device memory of at least `bytes` (a multiple of the granularity) for
 /// temporaries on `ctx`'s device: the smallest of the device's live ones
 /// that is as large, else a new one (then the device's too, for later
 /// programs; the smaller ones stay with the programs that map them).
+/// `None`: the device budget has no room for a new one (the caller's
+/// temporaries are its own memory).
 pub(crate) fn memory<B: Backend + 'static>(
     ctx: &VmmContext<B>,
     bytes: u64,
-) -> Result<Arc<Phys<B>>> {
+) -> Option<Arc<Phys<B>>> {
     let key = Arc::as_ptr(ctx.backend()) as *const () as usize;
     let mut all = MEMORIES.lock().unwrap_or_else(|e| e.into_inner());
     all.retain(|(_, w)| w.strong_count() > 0);
@@ -41,10 +50,16 @@ pub(crate) fn memory<B: Backend + 'static>(
         .filter(|p| p.size() >= bytes)
         .min_by_key(|p| p.size());
     if let Some(p) = found {
-        return Ok(p);
+        return Some(p);
     }
-    let phys = Arc::new(Phys::create(ctx, bytes)?);
+    let phys = match Phys::create_device(ctx, bytes) {
+        Ok(p) => Arc::new(p),
+        Err(e) => {
+            tracing::debug!(bytes, error = %e, "temporaries not shared: no device memory for them");
+            return None;
+        }
+    };
     let any: Arc<dyn Any + Send + Sync> = phys.clone();
     all.push((key, Arc::downgrade(&any)));
-    Ok(phys)
+    Some(phys)
 }

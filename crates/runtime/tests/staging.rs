@@ -852,6 +852,52 @@ fn programs_run_one_step_at_a_time_share_their_temporaries_memory() {
     }
 }
 
+#[test]
+fn temporaries_that_find_no_device_room_are_each_programs_own() {
+    // The parameters fill the device limit: each program's temporary lands
+    // in host memory. Those are not shared (one_stream or not, the same
+    // host bytes are held), and both programs give their results.
+    let n = 512 << 10;
+    let v = 4 * n as u64;
+    let (inputs, want) = chains_io(n);
+    for mode in [Mode::Eager, Mode::Graph] {
+        let mut host = Vec::new();
+        for one_stream in [false, true] {
+            let b = backend_with(Some(3 * v));
+            let stream = b.stream_create().unwrap();
+            let cfg = xla_vmm_runtime::RunConfig {
+                one_stream,
+                ..Default::default()
+            };
+            let x = put_first(&b, &inputs, &stream);
+            let load = || {
+                Executable::load_with(b.clone(), chains(n as u64), None, None, &cfg, &stream)
+                    .unwrap()
+            };
+            let (mut first, mut second) = (load(), load());
+            host.push(b.budget().usage().host_bytes);
+            bind_all(&mut first, &x);
+            bind_all(&mut second, &x);
+            for step in 0..2 {
+                for exe in [&mut first, &mut second] {
+                    let got = step_f32s(exe, &b, &stream, mode, n);
+                    assert!(
+                        got == want,
+                        "{mode:?}, one_stream {one_stream}, step {step}"
+                    );
+                }
+            }
+            drop((first, second, x));
+            b.stream_destroy(stream).unwrap();
+        }
+        assert!(
+            host[0] >= 2 * v,
+            "{mode:?}: both temporaries in host memory: {host:?}"
+        );
+        assert_eq!(host[0], host[1], "{mode:?}: nothing shared in host memory");
+    }
+}
+
 /// Over `n = 4·m` f32: a scan over 4 layers. `while` (trip count 4) runs a
 /// dynamic-slice fusion that doubles layer `i` of p0 (the stacked weight,
 /// read one window a layer) into layer `i` of out0, then a kernel that
