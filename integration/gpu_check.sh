@@ -220,8 +220,8 @@ want bench && check "bench" python3 integration/bench.py --vmm "$VMM" --ref "$WO
 #     or its losses moved). GATE_BUDGET_S (default 530): the whole gate's seconds; the MaxText part gets
 #     what bench and A/B left. `perf-bench` and `perf-mt` are its halves, for narrow runs.
 #     Every row is measured after its warm-up (our never-slower guard decides within a program's first ~16
-#     steps): bench.py times 30 steps after 20 untimed ones, the A/B and MaxText take the median of steps
-#     20-39 of 40 (PERF_MEASURE_FROM), stock's rows the same.
+#     steps, and takes its second look by ~step 35): bench.py times 30 steps after 40 untimed ones, the A/B
+#     and MaxText take the median of steps 40-59 of 60 (PERF_MEASURE_FROM), stock's rows the same.
 #     PERF_BENCH_ENV: extra bench rows ('NAME:K=V,K=V;NAME2:...'); MT_CONFIGS / MT_VARIANTS / MT_STEPS:
 #     the MaxText part (integration/maxtext/run.py); PERF_AB_MODELS / PERF_AB_STEPS / PERF_AB_THRESHOLDS /
 #     PERF_AB_REPEAT (our rows run that many times in turn, the median shown) / PERF_AB_MODES (our other rows;
@@ -235,10 +235,10 @@ if want perf || want perf-bench; then
   benv=()
   IFS=';' read -r -a _rows <<<"${PERF_BENCH_ENV:-}"
   for r in "${_rows[@]}"; do [ -n "$r" ] && benv+=(--vmm-env "$r"); done
-  check "perf:bench" python3 integration/bench.py --vmm "$VMM" --ref "$WORK/ref" --steps 30 \
+  check "perf:bench" python3 integration/bench.py --vmm "$VMM" --ref "$WORK/ref" --steps 30 --warmup 40 \
     --json "$PERF/bench.json" "${benv[@]}" llama_sgd_f32 llama_scan_bf16
-  check "perf:ab" python3 integration/ab.py --out "$PERF/ab" --vmm "$VMM" --steps "${PERF_AB_STEPS:-40}" \
-    --measure-from "${PERF_MEASURE_FROM:-20}" \
+  check "perf:ab" python3 integration/ab.py --out "$PERF/ab" --vmm "$VMM" --steps "${PERF_AB_STEPS:-60}" \
+    --measure-from "${PERF_MEASURE_FROM:-40}" \
     --repeat "${PERF_AB_REPEAT:-1}" --models "${PERF_AB_MODELS:-llama_small_f32,maxtext_tiny_bf16}" \
     --thresholds "${PERF_AB_THRESHOLDS:-1}" --modes "${PERF_AB_MODES:-eager,graph-recapture}"
 fi
@@ -250,7 +250,7 @@ if want perf || want perf-mt; then
     mt_budget=${MT_BUDGET_S:-$(( ${GATE_BUDGET_S:-530} - ($(date +%s) - GATE_T0) ))}
     check "perf:maxtext" python3 integration/maxtext/run.py --mt "$MT" --out "$PERF/mt" ${wheel:+--wheel "$wheel"} \
       --configs "${MT_CONFIGS:-tiny,1B}" --variants "${MT_VARIANTS:-cuda,cuda_skip_temp,vmm_t1,vmm_eager,vmm_recapture}" \
-      --steps "${MT_STEPS:-40}" --measure-from "${PERF_MEASURE_FROM:-20}" --budget-s "$mt_budget"
+      --steps "${MT_STEPS:-60}" --measure-from "${PERF_MEASURE_FROM:-40}" --budget-s "$mt_budget"
   else
     check "perf:maxtext" sh -c "echo 'no MaxText folder at $MT (integration/maxtext/prepare.sh, then stage_gpu.sh --perf)'; exit 1"
   fi

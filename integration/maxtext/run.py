@@ -13,7 +13,7 @@ to run for that config only (`tiny:cuda_skip_profiled`).
 
 Step time: MaxText prints `seconds:` with 3 decimals, too coarse for the tiny config, and
 `Tokens/s/device:` with 3 decimals of tokens/s, which is exact enough: ms/step = tokens per step /
-(tokens/s). Median over steps >= --measure-from (default 3; the gate: 20 of 40, after every row's warm-up). Losses (3 decimals, as MaxText prints them) are compared per step
+(tokens/s). Median over steps >= --measure-from (default 3; the gate: 40 of 60, after every row's warm-up). Losses (3 decimals, as MaxText prints them) are compared per step
 against the same config's `cuda` run. Writes OUT/mt.json and OUT/mt.md after every run (a call cut short
 keeps what it finished), and every run's log into OUT/mt_logs.tar.gz. --budget-s: no run starts once
 that many seconds have passed, and a run's timeout is cut to what is left.

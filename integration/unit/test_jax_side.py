@@ -678,3 +678,16 @@ class ReportTableTest(unittest.TestCase):
         d["programs"].append({"program": "jit_g", "mode": "graph", "runner": "eager", "steps": 1,
                               "staging_note": "nothing pays to stage"})
         self.assertIn("jit_g: part in host memory, not staged (nothing pays to stage)", str(report(d)))
+
+    def test_the_guard_line_says_the_second_look(self):
+        fresh_package()
+        report = importlib.import_module("jax_plugins.xla_vmm._stats").Report
+        guard = {"runner": "va-stable", "decided_at_step": 16, "va_stable_us": 3515.0, "recapture_us": 3702.0,
+                 "eager_us": 6228.0, "samples": [3, 3, 2], "second_look": None}
+        d = {"programs": [{"program": "jit_step", "mode": "graph", "runner": "va-stable graph", "steps": 40,
+                           "guard": guard}], "devices": []}
+        self.assertIn("guard at step 16: va-stable 3.515, recapture 3.702, eager 6.228 ms", str(report(d)))
+        self.assertNotIn("second look", str(report(d)))
+        guard.update(runner="recapture", second_look={"decided_at_step": 34, "va_stable_us": 3480.0,
+                                                      "recapture_us": 3270.0})
+        self.assertIn("; second look at step 34: va-stable 3.480, recapture 3.270 ms", str(report(d)))

@@ -505,6 +505,15 @@ pub fn replay<B: Backend>(
                 ms(g.recapture_us),
                 ms(g.eager_us)
             );
+            if let Some(s) = &g.second_look {
+                println!(
+                    "guard: second look at step {}: runs as {} (median step ms: va-stable {} recapture {})",
+                    s.decided_at_step,
+                    g.runner.name(),
+                    ms(s.va_stable_us),
+                    ms(s.recapture_us)
+                );
+            }
         }
         if failed {
             bail!(

@@ -343,25 +343,24 @@ impl<B: Backend> Executable<B> {
         }
         let be = self.program.backend_arc();
         let guard = self.guard.get_or_insert_with(Guard::new);
-        let undecided = guard.report().is_none();
         let runner = guard.begin_step(&*be, stream)?;
         let out = self.run(stream, runner.mode());
-        if undecided {
-            if let Some(g) = self.guard.as_mut() {
-                g.end_step(&*be, &self.program.plan().module_name);
-                if let Some(r) = g.report() {
-                    if let Some(va) = self.va.as_mut() {
-                        va.note_guard(r.clone());
-                    }
-                    let (r, name) = (r.clone(), self.runner_name());
-                    let keep = r.runner;
-                    self.report.update(|x| {
-                        x.guard = Some(r);
-                        x.runner = name;
-                    });
-                    self.release_unchosen(stream, keep);
-                }
+        let name = &self.program.plan().module_name;
+        let decided = self
+            .guard
+            .as_mut()
+            .and_then(|g| g.end_step(&*be, name).then(|| g.report().cloned()))
+            .flatten();
+        if let Some(r) = decided {
+            if let Some(va) = self.va.as_mut() {
+                va.note_guard(r.clone());
             }
+            let (keep, name) = (r.runner, self.runner_name());
+            self.report.update(|x| {
+                x.guard = Some(r);
+                x.runner = name;
+            });
+            self.release_unchosen(stream, keep);
         }
         out
     }

@@ -63,7 +63,7 @@ pub use custom_call::{
 };
 pub use error::{Result, RuntimeError};
 pub use executable::{Executable, Mode, Output};
-pub use guard::{GuardReport, Runner};
+pub use guard::{GuardReport, Runner, SecondLook};
 pub use host_execute::{HostArray, HostArrayMut, HostProgram};
 pub use program::Program;
 pub use slots::{DeviceBuffer, Redirect, SlotTable};

@@ -236,9 +236,10 @@ fn vmm_calls(b: &HostBackend) -> u64 {
 
 #[test]
 fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
-    use xla_vmm_runtime::guard::{Runner, SAMPLES, VA_WARM_STEPS};
+    use xla_vmm_runtime::guard::{Runner, SAMPLES, SECOND_LOOK_AFTER, VA_WARM_STEPS};
     let b = backend();
-    let steps = 30;
+    // Room for the first trial, the wait and the second look.
+    let steps = 50;
     let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, steps);
     let mut l = Loop::new(&b, None, false);
     l.configured = true;
@@ -263,6 +264,27 @@ fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
     );
     assert_eq!(r.samples[0], SAMPLES, "{r:?}");
     assert!(r.va_stable_us.is_some_and(|u| u > 0.0), "{r:?}");
+    // A second look only after keeping the VA-stable graph against a
+    // recapture within reach; then its decision is the runner.
+    if let Some(s) = &r.second_look {
+        let from = r.decided_at_step + SECOND_LOOK_AFTER;
+        assert!(
+            (from + 2 * SAMPLES as u64 + 1..=from + 4 * SAMPLES as u64)
+                .contains(&s.decided_at_step),
+            "{r:?}"
+        );
+        assert!(
+            s.va_stable_us.is_some() && s.recapture_us.is_some(),
+            "{r:?}"
+        );
+    } else {
+        assert!(
+            r.runner != Runner::VaStable
+                || r.recapture_us
+                    .is_none_or(|u| u >= r.va_stable_us.unwrap() * 1.25),
+            "{r:?}"
+        );
+    }
     assert_eq!(l.exe.runner_name(), r.runner.name());
     if r.runner == Runner::VaStable {
         let st = l.exe.stats().expect("VA-stable ran first");

@@ -45,7 +45,12 @@ class Report(dict):
                 ms = lambda k: "-" if g.get(k) is None else "%.3f" % (g[k] / 1e3)  # noqa: E731
                 why = "guard at step %d: va-stable %s, recapture %s, eager %s ms" % (
                     g["decided_at_step"], ms("va_stable_us"), ms("recapture_us"), ms("eager_us"))
-            rows.append((p["program"], p["mode"], p["runner"], str(p["steps"]), why[:100]))
+                s = g.get("second_look")
+                if s:
+                    sm = lambda k: "-" if s.get(k) is None else "%.3f" % (s[k] / 1e3)  # noqa: E731
+                    why += "; second look at step %d: va-stable %s, recapture %s ms" % (
+                        s["decided_at_step"], sm("va_stable_us"), sm("recapture_us"))
+            rows.append((p["program"], p["mode"], p["runner"], str(p["steps"]), why[:160]))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
         for p in self.get("programs", []):
