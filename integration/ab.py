@@ -82,7 +82,11 @@ def child_vmm(name, d, steps, fresh_batch):
     bits, times = loop(compiled, args, steps, dev, fresh_batch)
     st = xla_vmm.stats()
     best = max(st.values(), key=lambda s: s.get("steps", 0)) if st else {}
-    return {"loss_bits": bits, "step_ms": times, "stats": best}
+    # The training step's report line: the runner it ended on, the guard, graph-recapture's captures.
+    programs = xla_vmm.report().get("programs", [])
+    line = max(programs, key=lambda p: p.get("steps", 0)) if programs else {}
+    return {"loss_bits": bits, "step_ms": times, "stats": best,
+            "report": {k: line.get(k) for k in ("program", "runner", "steps", "graph_captures", "guard")}}
 
 
 def run_child(argv, env, timeout):
@@ -156,7 +160,7 @@ def row(model, config, path, r, base_ms):
         "copies_per_step": st.get("copies", 0) / steps if st else None,
         "skips_per_step": st.get("skips", 0) / steps if st else None,
         "host_us_per_step": st.get("host_binding_ns", 0) / steps / 1e3 if st else None,
-        "stats": st, "step_ms": r["step_ms"],
+        "stats": st, "report": r.get("report"), "step_ms": r["step_ms"],
         **({"run_medians_ms": r["run_medians_ms"]} if "run_medians_ms" in r else {}),
     }
 

@@ -569,8 +569,10 @@ impl<B: Backend> Executable<B> {
             .flatten();
         // A staged program's step read back this run reaches the report.
         let staging = self.program.staging_reading();
+        let captures = self.recapture.captures();
         self.report.update(|r| {
             r.steps += 1;
+            r.graph_captures = captures;
             if r.binding_stats.is_none() {
                 r.binding_stats = stats_key.map(str::to_string);
             }

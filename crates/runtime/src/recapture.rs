@@ -20,11 +20,22 @@ struct Captured<B: Backend> {
 /// The recapture runner: the last captured graph and its exec.
 pub(crate) struct Recapture<B: Backend> {
     captured: Option<Captured<B>>,
+    /// Captures so far (released graphs included).
+    captures: u64,
 }
 
 impl<B: Backend> Recapture<B> {
     pub(crate) fn new() -> Self {
-        Recapture { captured: None }
+        Recapture {
+            captured: None,
+            captures: 0,
+        }
+    }
+
+    /// Captures so far: one per run whose parameter addresses differ from
+    /// the previous run's.
+    pub(crate) fn captures(&self) -> u64 {
+        self.captures
     }
 
     /// Launch the program on `stream` with the addresses of `slots`,
@@ -42,6 +53,7 @@ impl<B: Backend> Recapture<B> {
             .as_ref()
             .is_none_or(|c| c.bases != slots.bases());
         if fresh {
+            self.captures += 1;
             // No vendor work while the stream captures (capture_gate).
             let gate = xla_vmm_device::capture_gate::capture();
             be.stream_begin_capture(stream)?;

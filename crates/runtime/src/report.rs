@@ -31,6 +31,10 @@ pub struct ProgramReport {
     /// the vendor runtime.
     pub reason: Option<String>,
     pub steps: u64,
+    /// Graph-recapture's captures so far: about one per step when its
+    /// parameters' addresses change from step to step (each capture costs
+    /// host time), a few when they repeat.
+    pub graph_captures: u64,
     /// The never-slower guard's decision, once taken.
     pub guard: Option<GuardReport>,
     /// Its entry in the binding stats (`stats()`), once it ran VA-stable.

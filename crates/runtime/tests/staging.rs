@@ -853,6 +853,39 @@ fn programs_run_one_step_at_a_time_share_their_temporaries_memory() {
 }
 
 #[test]
+fn the_report_counts_graph_recaptures_by_parameter_addresses() {
+    let n = 1024;
+    let (inputs, want) = chains_io(n);
+    let b = backend_with(None);
+    let stream = b.stream_create().unwrap();
+    let (x, y) = (
+        put_first(&b, &inputs, &stream),
+        put_first(&b, &inputs, &stream),
+    );
+    let mut plan = chains(n as u64);
+    plan.module_name = "recaptures_counted".into();
+    let mut exe = Executable::load(b.clone(), plan, None, &stream).unwrap();
+    let captures = || {
+        xla_vmm_runtime::report::all_reports()
+            .into_iter()
+            .find(|r| r.program == "recaptures_counted")
+            .map(|r| (r.steps, r.graph_captures))
+    };
+    // The same addresses: one capture; others: one more each time.
+    for (bufs, want_captures) in [(&x, 1), (&x, 1), (&y, 2), (&x, 3), (&x, 3)] {
+        bind_all(&mut exe, bufs);
+        assert_eq!(
+            step_f32s(&mut exe, &b, &stream, Mode::GraphRecapture, n),
+            want
+        );
+        assert_eq!(captures().unwrap().1, want_captures);
+    }
+    assert_eq!(captures().unwrap().0, 5);
+    drop((exe, x, y));
+    b.stream_destroy(stream).unwrap();
+}
+
+#[test]
 fn temporaries_that_find_no_device_room_are_each_programs_own() {
     // The parameters fill the device limit: each program's temporary lands
     // in host memory. Those are not shared (one_stream or not, the same
