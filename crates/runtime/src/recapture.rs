@@ -1,7 +1,12 @@
 //! Graph-recapture mode (the user's `graph-recapture`): the whole program
-//! captured into one graph, replayed each run, re-captured (and the exec
-//! updated in place where the driver allows) when a parameter address
-//! changes.
+//! captured into one graph per set of parameter addresses, replayed each
+//! run whose addresses it was captured with. The last [`GRAPHS`] address
+//! sets keep their graphs: a loop whose inputs cycle through a few buffers
+//! (an allocator handing out the oldest freed block of a size, JAX's
+//! asynchronous dispatch keeping several steps' inputs alive) replays them
+//! and captures nothing after its first cycle. A new address set past that
+//! takes the least recently used graph's place (its exec updated in place
+//! where the driver allows).
 
 use xla_vmm_device::{Backend, DevicePtr};
 
@@ -10,6 +15,9 @@ use crate::exec::{run_program, ExecEnv};
 use crate::program::Program;
 use crate::slots::SlotTable;
 
+/// Address sets whose graphs are kept.
+pub(crate) const GRAPHS: usize = 4;
+
 struct Captured<B: Backend> {
     /// The slot bases the graph was captured with.
     bases: Vec<DevicePtr>,
@@ -17,9 +25,10 @@ struct Captured<B: Backend> {
     exec: B::GraphExec,
 }
 
-/// The recapture runner: the last captured graph and its exec.
+/// The recapture runner: the graphs of the last [`GRAPHS`] address sets,
+/// the most recently used last.
 pub(crate) struct Recapture<B: Backend> {
-    captured: Option<Captured<B>>,
+    captured: Vec<Captured<B>>,
     /// Captures so far (released graphs included).
     captures: u64,
 }
@@ -27,7 +36,7 @@ pub(crate) struct Recapture<B: Backend> {
 impl<B: Backend> Recapture<B> {
     pub(crate) fn new() -> Self {
         Recapture {
-            captured: None,
+            captured: Vec::new(),
             captures: 0,
         }
     }
@@ -39,7 +48,7 @@ impl<B: Backend> Recapture<B> {
     }
 
     /// Launch the program on `stream` with the addresses of `slots`,
-    /// capturing it first when they differ from the last capture's.
+    /// capturing it first when no kept graph has them.
     pub(crate) fn execute(
         &mut self,
         program: &Program<B>,
@@ -48,59 +57,76 @@ impl<B: Backend> Recapture<B> {
         stream: &B::Stream,
     ) -> Result<()> {
         let be = program.backend();
-        let fresh = self
-            .captured
-            .as_ref()
-            .is_none_or(|c| c.bases != slots.bases());
-        if fresh {
-            self.captures += 1;
-            // No vendor work while the stream captures (capture_gate).
-            let gate = xla_vmm_device::capture_gate::capture();
-            be.stream_begin_capture(stream)?;
-            let walked = run_program(env, program.ops(), slots, stream);
-            let captured = be.stream_end_capture(stream);
-            drop(gate);
-            walked?;
-            let graph = captured?;
-            // The old exec updated in place, else a fresh one; on any error
-            // neither graph is left behind.
-            let mut t = Teardown::new("graph-recapture's previous graph");
-            let exec = match self.captured.take() {
-                Some(old) => {
-                    let updated = be.graph_exec_update(&old.exec, &graph);
-                    if matches!(updated, Ok(true)) {
-                        t.check("graph_destroy", be.graph_destroy(old.graph));
-                        Ok(old.exec)
-                    } else {
-                        t.check("graph_exec_destroy", be.graph_exec_destroy(old.exec));
-                        t.check("graph_destroy", be.graph_destroy(old.graph));
-                        updated.and_then(|_| be.graph_instantiate(&graph))
-                    }
-                }
-                None => be.graph_instantiate(&graph),
-            };
-            let exec = match exec {
-                Ok(e) => e,
-                Err(e) => {
-                    t.check("graph_destroy", be.graph_destroy(graph));
-                    return Err(e.into());
-                }
-            };
-            self.captured = Some(Captured {
-                bases: slots.bases().to_vec(),
-                graph,
-                exec,
-            });
+        match self.captured.iter().position(|c| c.bases == slots.bases()) {
+            // Most recently used last.
+            Some(i) => {
+                let c = self.captured.remove(i);
+                self.captured.push(c);
+            }
+            None => {
+                let c = self.capture(program, env, slots, stream)?;
+                self.captured.push(c);
+            }
         }
-        let c = self.captured.as_ref().expect("captured above");
+        let c = self.captured.last().expect("found or captured above");
         be.graph_launch(&c.exec, stream)?;
         Ok(())
     }
 
-    /// Destroy the graph and its exec (the caller has synchronized).
+    /// Capture the program with the addresses of `slots`: a new exec while
+    /// fewer than [`GRAPHS`] are kept, else the least recently used one's
+    /// (updated in place, else instantiated again); on any error no graph
+    /// of it is left behind.
+    fn capture(
+        &mut self,
+        program: &Program<B>,
+        env: &ExecEnv<'_, B>,
+        slots: &SlotTable,
+        stream: &B::Stream,
+    ) -> Result<Captured<B>> {
+        let be = program.backend();
+        self.captures += 1;
+        // No vendor work while the stream captures (capture_gate).
+        let gate = xla_vmm_device::capture_gate::capture();
+        be.stream_begin_capture(stream)?;
+        let walked = run_program(env, program.ops(), slots, stream);
+        let captured = be.stream_end_capture(stream);
+        drop(gate);
+        walked?;
+        let graph = captured?;
+        let mut t = Teardown::new("graph-recapture's previous graph");
+        let oldest = (self.captured.len() >= GRAPHS).then(|| self.captured.remove(0));
+        let exec = match oldest {
+            Some(old) => {
+                let updated = be.graph_exec_update(&old.exec, &graph);
+                if matches!(updated, Ok(true)) {
+                    t.check("graph_destroy", be.graph_destroy(old.graph));
+                    Ok(old.exec)
+                } else {
+                    t.check("graph_exec_destroy", be.graph_exec_destroy(old.exec));
+                    t.check("graph_destroy", be.graph_destroy(old.graph));
+                    updated.and_then(|_| be.graph_instantiate(&graph))
+                }
+            }
+            None => be.graph_instantiate(&graph),
+        };
+        match exec {
+            Ok(exec) => Ok(Captured {
+                bases: slots.bases().to_vec(),
+                graph,
+                exec,
+            }),
+            Err(e) => {
+                t.check("graph_destroy", be.graph_destroy(graph));
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Destroy the graphs and their execs (the caller has synchronized).
     pub(crate) fn release(&mut self, be: &B) {
-        if let Some(c) = self.captured.take() {
-            let mut t = Teardown::new("graph-recapture's graph");
+        let mut t = Teardown::new("graph-recapture's graphs");
+        for c in self.captured.drain(..) {
             t.check("graph_exec_destroy", be.graph_exec_destroy(c.exec));
             t.check("graph_destroy", be.graph_destroy(c.graph));
         }
