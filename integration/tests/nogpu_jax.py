@@ -162,6 +162,31 @@ class NoGpu(unittest.TestCase):
         self.assertIn("plane True", p.stdout, p.stderr)
         self.assertIn("transfer True", p.stdout, p.stderr)
 
+    def test_the_timeline_picture_of_a_trace_shows_our_plane(self):
+        """integration/diag/trace_timeline.py draws our plane's events of a trace (here a transfer, on the
+        host backend) as an SVG and sums each line's busy time."""
+        tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "diag", "trace_timeline.py")
+        with tempfile.TemporaryDirectory() as d:
+            code = ("import jax, numpy as np\n"
+                    "with jax.profiler.trace(%r):\n"
+                    "    for _ in range(2):\n"
+                    "        np.asarray(jax.device_put(np.arange(1024, dtype=np.float32)))\n" % d)
+            p = jax_run(code, True, JAX_PLATFORMS="vmm", XLA_VMM_BACKEND="host")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            out = os.path.join(d, "t.svg")
+            p = subprocess.run([sys.executable, tool, d, "--out", out, "--around", "transfer to device",
+                                "--index", "0"], capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertRegex(p.stdout, r"xla-vmm .* [1-9]\d* events  busy")
+            with open(out) as fh:
+                picture = fh.read()
+            self.assertTrue(picture.startswith("<svg"))
+            self.assertIn("<title>transfer to device", picture)
+            p = subprocess.run([sys.executable, tool, d, "--around", "step"], capture_output=True, text=True,
+                               timeout=120)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("no 'step' event", p.stdout + p.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
