@@ -2,12 +2,12 @@
 VA-stable binding's plan / apply / launch, staged steps, transfers, a line per host thread) above the GPU's
 streams (kernels, copies), on one time axis, written as an SVG (a browser shows it; no plotting library).
 
-    python3 integration/diag/trace_timeline.py TRACE [--out step.svg] [--around step] [--index -2]
+    python3 integration/diag/trace_timeline.py TRACE [--out step.svg] [--around step] [--index K]
 
 TRACE: an .xplane.pb, or a folder searched for the newest one (jax.profiler.trace's, MaxText's
-`profiler=xplane` output). The window: our plane's `--index`th event named `--around` (default: the one
-before the last `step`), from its start to the next such event's start (one period of the loop: the step,
-and whatever the device still ran for it), else to its end. Prints, per line, the events and busy time
+`profiler=xplane` output). The window: our plane's longest event named `--around` (default `step`: the
+training step's, not a small program's), or its `--index`th, from its start to the next such event's start
+(one period of the loop: the step, and whatever the device still ran for it), else to its end. Prints, per line, the events and busy time
 inside the window. Needs jax (its ProfileData reads the trace); runs where the trace was made.
 """
 import argparse
@@ -46,11 +46,11 @@ def load(path):
 
 
 def window(lines, around, index):
-    """(start_ns, end_ns) of our plane's `index`th event named `around` (see the module docs)."""
+    """(start_ns, end_ns) of our plane's `index`th event named `around`, or its longest (`index` None)."""
     marks = sorted(e for p, _, evs in lines if p == OURS for e in evs if e[0] == around)
     if not marks:
         raise SystemExit("no '%s' event on %s in this trace" % (around, OURS))
-    i = index % len(marks)
+    i = index % len(marks) if index is not None else max(range(len(marks)), key=lambda k: (marks[k][2], k))
     _, start, dur = marks[i]
     end = marks[i + 1][1] if i + 1 < len(marks) else start + dur
     return start, max(end, start + dur, start + 1)
@@ -103,7 +103,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--out", default="step.svg")
     ap.add_argument("--around", default="step")
-    ap.add_argument("--index", type=int, default=-2)
+    ap.add_argument("--index", type=int, default=None)
     ap.add_argument("--title", default="")
     a = ap.parse_args()
     lines = load(a.trace)
