@@ -27,6 +27,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -254,6 +255,10 @@ def main():
     ap.add_argument("--wheel", default=None)
     ap.add_argument("--site", default="/tmp/mt_site")
     ap.add_argument("--extra", default="", help="more MaxText key=value args for every run")
+    ap.add_argument("--profile", type=int, default=None, metavar="STEP",
+                    help="trace steps STEP and STEP+1 of every run with jax.profiler (MaxText's profiler=xplane; "
+                         "our runs as JAX_PLATFORMS=vmm,cuda so that the CUDA plugin's tracer records the kernels) "
+                         "and draw the longest step as OUT/CONFIG_VARIANT_step.svg (diag/trace_timeline.py)")
     ap.add_argument("--required", default="",
                     help="comma list of variant prefixes whose runs must succeed for exit status 0 (default: all "
                          "runs); the others are measured, their failures reported")
@@ -280,17 +285,52 @@ def main():
         with tarfile.open(os.path.join(a.out, "mt_logs.tar.gz"), "w:gz") as tf:
             tf.add(logd, arcname="mt_logs")
 
+    def work_of(cfg, var):
+        return "/tmp/mt_ab_work/%s_%s" % (cfg, re.sub(r"[^A-Za-z0-9_]", "_", var))
+
+    extra = a.extra
+    if a.profile is not None:
+        extra += " profiler=xplane skip_first_n_steps_for_profiler=%d profiler_steps=2" % a.profile
+
     def command(cfg, var):
-        work = "/tmp/mt_ab_work/%s_%s" % (cfg, re.sub(r"[^A-Za-z0-9_]", "_", var))
-        return trainer_args(src, cfg, "mt_%s_%s" % (cfg, var.split("@")[0]), work, a.steps, a.extra)
+        return trainer_args(src, cfg, "mt_%s_%s" % (cfg, var.split("@")[0]), work_of(cfg, var), a.steps, extra)
+
+    def run_env(var):
+        env = variant_env(var)
+        if env is not None and a.profile is not None and env["JAX_PLATFORMS"] == "vmm":
+            # The CUDA plugin loaded beside ours (not preallocating) records every kernel of the process.
+            env = dict(env, JAX_PLATFORMS="vmm,cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+        return env
+
+    def picture(cfg, var):
+        """The traced run's longest step as an SVG in OUT (its trace copied beside it)."""
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "diag"))
+        import trace_timeline
+
+        name = "%s_%s" % (cfg, re.sub(r"[^A-Za-z0-9_]", "_", var))
+        found = glob.glob(os.path.join(work_of(cfg, var), "**", "*.xplane.pb"), recursive=True)
+        if not found:
+            return "no trace written"
+        trace = max(found, key=os.path.getmtime)
+        shutil.copy(trace, os.path.join(a.out, name + ".xplane.pb"))
+        try:
+            lines = trace_timeline.load(trace)
+            start, end = trace_timeline.window(lines, "step", None)
+        except SystemExit as e:
+            return str(e)
+        title = "MaxText %s, %s: one training step, %.3f ms" % (cfg, var, (end - start) / 1e6)
+        svg, summary = trace_timeline.svg(lines, start, end, title)
+        with open(os.path.join(a.out, name + "_step.svg"), "w") as fh:
+            fh.write(svg)
+        return "\n".join([title] + summary)
 
     def prepare(k):
         """Start run k's process ahead (None when its variant cannot run)."""
         if k >= len(plan):
             return None
         cfg, var = plan[k]
-        env = variant_env(var)
-        if env is None or (env["JAX_PLATFORMS"] == "vmm" and not have_vmm):
+        env = run_env(var)
+        if env is None or (env["JAX_PLATFORMS"].startswith("vmm") and not have_vmm):
             return None
         log = os.path.join(logd, "mt_%s_%s.log" % (cfg, re.sub(r"[^A-Za-z0-9_=.-]", "_", var)))
         return Prepared(command(cfg, var), dict(env0, **env), log)
@@ -298,14 +338,14 @@ def main():
     ahead = prepare(0)
     for k, (cfg, var) in enumerate(plan):
         _, tokens = CONFIGS[cfg]
-        env = variant_env(var)
+        env = run_env(var)
         current, ahead = ahead, None
         row = {"config": cfg, "variant": var, "rc": "skip", "steps_done": 0, "median_ms": None,
                "max_dloss": None, "vmm_lines": 0, "error": "", "ms": {}, "losses": {}}
         left = a.budget_s - (time.time() - t0) - 15
         if env is None:
             row["error"] = "unknown variant"
-        elif env["JAX_PLATFORMS"] == "vmm" and not have_vmm:
+        elif env["JAX_PLATFORMS"].startswith("vmm") and not have_vmm:
             row["error"] = "no xla-vmm wheel"
         elif left < 40:
             row["error"] = "budget spent (--budget-s %g)" % a.budget_s
@@ -339,6 +379,8 @@ def main():
         save()
         say("%s %s: rc=%s in %.0fs, %d steps, median %s ms/step" % (
             cfg, var, rc, row["wall_s"], len(st), "%.3f" % row["median_ms"] if row["median_ms"] else "-"))
+        if a.profile is not None:
+            say("%s %s: trace: %s" % (cfg, var, picture(cfg, var)))
     if ahead is not None:
         ahead.cancel()
     print(summarize(rows, a.measure_from))
