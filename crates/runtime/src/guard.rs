@@ -437,17 +437,26 @@ impl<B: Backend> Guard<B> {
 mod tests {
     use super::*;
 
-    fn run_trial(times: impl Fn(Runner) -> f64) -> (GuardReport, Vec<Runner>) {
-        let mut t = Trial::default();
+    /// Every step of `t`'s schedule, its counted ones sampled at `times`:
+    /// the trial and the steps it ran.
+    fn sample_all(mut t: Trial, times: impl Fn(Runner) -> f64) -> (Trial, Vec<Planned>) {
         let mut ran = Vec::new();
         while let Some(p) = t.next_step() {
-            ran.push(p.runner);
+            ran.push(p);
             if p.counted {
                 t.sample(p.runner, times(p.runner));
             }
         }
         assert!(t.complete());
-        (t.decide(ran.len() as u64), ran)
+        (t, ran)
+    }
+
+    fn run_trial(times: impl Fn(Runner) -> f64) -> (GuardReport, Vec<Runner>) {
+        let (t, ran) = sample_all(Trial::default(), times);
+        (
+            t.decide(ran.len() as u64),
+            ran.iter().map(|p| p.runner).collect(),
+        )
     }
 
     #[test]
@@ -488,39 +497,23 @@ mod tests {
     #[test]
     fn a_close_va_stable_decision_gets_a_second_look_against_recapture_alone() {
         // Kept VA-stable, recapture 5% slower in the trial: a second look.
-        let mut first = Trial::default();
-        while let Some(p) = first.next_step() {
-            if p.counted {
-                first.sample(
-                    p.runner,
-                    match p.runner {
-                        Runner::VaStable => 1000.0,
-                        Runner::Recapture => 1050.0,
-                        Runner::Eager => 2000.0,
-                    },
-                );
-            }
-        }
+        let (first, _) = sample_all(Trial::default(), |r| match r {
+            Runner::VaStable => 1000.0,
+            Runner::Recapture => 1050.0,
+            Runner::Eager => 2000.0,
+        });
         let d = first.decide(17);
         assert_eq!(d.runner, Runner::VaStable);
         assert!(first.wants_second_look(&d));
         // In the steady state recapture is 4% faster: it takes the program.
-        let mut second = Trial::second_look();
-        let mut ran = Vec::new();
-        while let Some(p) = second.next_step() {
-            ran.push((p.runner, p.counted));
-            if p.counted {
-                second.sample(
-                    p.runner,
-                    if p.runner == Runner::VaStable {
-                        1000.0
-                    } else {
-                        960.0
-                    },
-                );
+        let (second, ran) = sample_all(Trial::second_look(), |r| {
+            if r == Runner::VaStable {
+                1000.0
+            } else {
+                960.0
             }
-        }
-        assert!(second.complete());
+        });
+        let ran: Vec<_> = ran.iter().map(|p| (p.runner, p.counted)).collect();
         let mut want = vec![(Runner::VaStable, true); SAMPLES];
         want.push((Runner::Recapture, false));
         want.extend(vec![(Runner::Recapture, true); SAMPLES]);
@@ -576,26 +569,14 @@ mod tests {
             (900.0, 1500.0, Runner::Recapture),
             (1100.0, 800.0, Runner::Eager),
         ] {
-            let (d, _) = run_trial(|r| match r {
+            let (t, _) = sample_all(Trial::default(), |r| match r {
                 Runner::VaStable => 1000.0,
                 Runner::Recapture => rec,
                 Runner::Eager => eager,
             });
+            let d = t.decide(20);
             assert_eq!(d.runner, runner);
-            let mut t = Trial::default();
-            while let Some(p) = t.next_step() {
-                if p.counted {
-                    t.sample(
-                        p.runner,
-                        match p.runner {
-                            Runner::VaStable => 1000.0,
-                            Runner::Recapture => rec,
-                            Runner::Eager => eager,
-                        },
-                    );
-                }
-            }
-            assert!(!t.wants_second_look(&t.decide(20)), "{runner:?}");
+            assert!(!t.wants_second_look(&d), "{runner:?}");
         }
     }
 
