@@ -63,6 +63,13 @@ pub struct Args {
     /// (integration/stock_ref.py's NAME.loop.json).
     #[arg(long)]
     pub loop_ref: Option<PathBuf>,
+    /// The loop's steps after the first run with these modes in turn,
+    /// whatever the configuration (no guard): `MODE:N,...`, e.g.
+    /// `graph-recapture:10,eager:3,graph-recapture:36` (a diagnostic: what
+    /// one runner leaves behind for the next, step by step); steps past
+    /// it run as configured.
+    #[arg(long)]
+    pub schedule: Option<String>,
     /// Outputs that stock XLA itself does not reproduce run to run (the
     /// `stock_nondeterministic_outputs` of stock_ref.py's NAME.loop.json):
     /// a difference there is reported, with the thunks that write the
@@ -819,6 +826,25 @@ fn show(b: &[u8], descr: &str) -> String {
     }
 }
 
+/// `--schedule MODE:N,...`: one mode per step.
+fn parse_schedule(text: &str) -> anyhow::Result<Vec<Mode>> {
+    let mut modes = Vec::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        let (mode, n) = part
+            .rsplit_once(':')
+            .ok_or_else(|| anyhow!("--schedule: '{part}' is not MODE:STEPS"))?;
+        let mode = Mode::parse(mode).map_err(|e| anyhow!("--schedule: {e}"))?;
+        let n: usize = n
+            .parse()
+            .map_err(|_| anyhow!("--schedule: '{n}' in '{part}' is not a step count"))?;
+        if n > 1_000_000 {
+            bail!("--schedule: {n} steps of {} is absurd", mode.name());
+        }
+        modes.extend(std::iter::repeat_n(mode, n));
+    }
+    Ok(modes)
+}
+
 /// `--loop-steps`: the first run already happened (its loss is step 0).
 ///
 /// Outputs are fed back as a donated JAX loop does: an output aliased with
@@ -843,10 +869,16 @@ fn train_loop<B: Backend>(
         be.read_sync(&mut b, last.ptr, stream)?;
         Ok(u32::from_le_bytes(b))
     };
+    let schedule = args
+        .schedule
+        .as_deref()
+        .map(parse_schedule)
+        .transpose()?
+        .unwrap_or_default();
     let mut bits = vec![read_loss(exe)?];
     // Per-step wall time (feed, run, wait, read the loss), for integration/ab.py.
     let mut step_ms = vec![None];
-    for _ in 1..args.loop_steps {
+    for step in 1..args.loop_steps {
         let t = Instant::now();
         let outs = exe.outputs()?;
         let n_state = outs.len().saturating_sub(1);
@@ -872,7 +904,10 @@ fn train_loop<B: Backend>(
             exe.bind_buffer(i, p)?;
             allocator.free(old, stream)?;
         }
-        exe.step(stream)?;
+        match schedule.get(step - 1) {
+            Some(&mode) => drop(exe.run(stream, mode)?),
+            None => drop(exe.step(stream)?),
+        }
         be.stream_synchronize(stream)?;
         bits.push(read_loss(exe)?);
         step_ms.push(Some(t.elapsed().as_secs_f64() * 1e3));
@@ -1020,5 +1055,21 @@ mod tests {
             needs_gpu_reason(&E::InvalidProgram(kernel.into()), &[]),
             None
         );
+    }
+
+    #[test]
+    fn a_schedule_is_one_mode_per_step_and_bad_parts_are_named() {
+        let s = parse_schedule("graph-recapture:2,eager:1,graph:2").unwrap();
+        use Mode::*;
+        assert_eq!(s, [GraphRecapture, GraphRecapture, Eager, Graph, Graph]);
+        for (bad, says) in [
+            ("eager", "not MODE:STEPS"),
+            ("fast:3", "--schedule"),
+            ("eager:x", "'x' in 'eager:x' is not a step count"),
+            ("eager:99999999999", "absurd"),
+        ] {
+            let e = parse_schedule(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 }

@@ -509,6 +509,7 @@ mod tests {
             compare: compare.then(|| dir.join("want.npz")),
             loop_steps: 0,
             loop_ref: None,
+            schedule: None,
             nondeterministic: None,
             device: 0,
             devices: 2,
