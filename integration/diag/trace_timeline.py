@@ -5,10 +5,11 @@ streams (kernels, copies), on one time axis, written as an SVG (a browser shows 
     python3 integration/diag/trace_timeline.py TRACE [--out step.svg] [--around step] [--index K]
 
 TRACE: an .xplane.pb, or a folder searched for the newest one (jax.profiler.trace's, MaxText's
-`profiler=xplane` output). The window: our plane's longest event named `--around` (default `step`: the
-training step's, not a small program's), or its `--index`th, from its start to the next such event's start
-(one period of the loop: the step, and whatever the device still ran for it), else to its end. Prints, per line, the events and busy time
-inside the window. Needs jax (its ProfileData reads the trace); runs where the trace was made.
+`profiler=xplane` output). The window: our plane's longest event named `--around` or `--around NAME`
+(default `step`: our steps are `step PROGRAM`, the longest is the training step's), or its `--index`th,
+from its start to the next step of the same program (one period of the loop), else until the device work
+that began during it has ended. Prints, per line, the events and busy time inside the window. Needs jax
+(its ProfileData reads the trace).
 """
 import argparse
 import glob
@@ -40,20 +41,45 @@ def load(path):
             if gpu and "tream" not in (line.name or ""):
                 continue  # the per-device summary lines repeat the streams' events
             evs = [(ev.name, float(ev.start_ns), float(ev.duration_ns)) for ev in line.events]
-            if evs:
+            if not evs:
+                continue
+            if gpu:
                 lines.append((plane.name, line.name or "", evs))
+            else:  # nested spans (a step's plan / apply / launch) one row deeper each
+                for depth, nested in enumerate(by_depth(evs)):
+                    lines.append((plane.name, (line.name or "") + (" +%d" % depth if depth else ""), nested))
     return lines
+
+
+def by_depth(evs):
+    """`evs` split into rows by nesting: row k holds the events inside k others."""
+    rows, open_ends = [], []
+    for ev in sorted(evs, key=lambda e: (e[1], -e[2])):
+        while open_ends and open_ends[-1] <= ev[1]:
+            open_ends.pop()
+        d = len(open_ends)
+        if d == len(rows):
+            rows.append([])
+        rows[d].append(ev)
+        open_ends.append(ev[1] + ev[2])
+    return rows
 
 
 def window(lines, around, index):
     """(start_ns, end_ns) of our plane's `index`th event named `around`, or its longest (`index` None)."""
-    marks = sorted(e for p, _, evs in lines if p == OURS for e in evs if e[0] == around)
+    # Our step spans are named `step PROGRAM`.
+    marks = sorted(e for p, _, evs in lines if p == OURS for e in evs
+                   if e[0] == around or e[0].startswith(around + " "))
     if not marks:
         raise SystemExit("no '%s' event on %s in this trace" % (around, OURS))
     i = index % len(marks) if index is not None else max(range(len(marks)), key=lambda k: (marks[k][2], k))
-    _, start, dur = marks[i]
-    end = marks[i + 1][1] if i + 1 < len(marks) else start + dur
-    return start, max(end, start + dur, start + 1)
+    name, start, dur = marks[i]
+    later = [m for m in marks[i + 1:] if m[0] == name]
+    if later:  # one period of this program's loop
+        return start, max(later[0][1], start + dur)
+    # Its last step: until the device work that began during it has ended.
+    ends = [s + d for p, _, evs in lines if p != OURS for _, s, d in evs if start <= s <= start + dur]
+    return start, max(ends + [start + dur, start + 1])
 
 
 def colour(name):
@@ -66,7 +92,7 @@ def svg(lines, start, end, title):
     """The picture of `lines` between `start` and `end` (ns), and a text summary per line."""
     scale = (WIDTH - LABEL - 10) / (end - start)
     rows, summary = [], []
-    for plane, line, evs in lines:
+    for plane, line, evs in sorted(lines, key=lambda x: x[0] != OURS):  # ours first
         inside = [(n, s, d) for n, s, d in evs if s < end and s + d > start]
         if inside:
             rows.append((plane, line, inside))

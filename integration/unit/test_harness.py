@@ -523,3 +523,38 @@ class BenchIo(unittest.TestCase):
             with open(os.path.join(d, "x.md")) as fh:
                 self.assertEqual(fh.read(), "| a |\n|---|\n")
             self.assertEqual(read_json(os.path.join(d, "x.json")), {"rows": [1]})
+
+
+class TraceTimeline(unittest.TestCase):
+    """integration/diag/trace_timeline.py's window and rows (its trace reading: tests/nogpu_jax.py)."""
+
+    def setUp(self):
+        self.m = load("trace_timeline", os.path.join(INTEGRATION, "diag", "trace_timeline.py"))
+
+    def test_nested_spans_go_one_row_deeper_each(self):
+        evs = [("step a", 0.0, 100.0), ("bind: plan", 10.0, 20.0), ("launch", 40.0, 30.0), ("inner", 45.0, 5.0),
+               ("step b", 150.0, 10.0)]
+        rows = self.m.by_depth(evs)
+        self.assertEqual([[e[0] for e in r] for r in rows], [["step a", "step b"], ["bind: plan", "launch"], ["inner"]])
+
+    def test_the_window_is_the_longest_step_to_the_same_programs_next(self):
+        ours, gpu = self.m.OURS, "/device:GPU:0"
+        lines = [(ours, "thread 1", [("step jit_train", 0.0, 50.0), ("step jit_add", 60.0, 5.0),
+                                     ("step jit_train", 100.0, 40.0)]),
+                 (gpu, "Stream #1", [("fusion", 10.0, 70.0), ("fusion", 110.0, 60.0)])]
+        self.assertEqual(self.m.window(lines, "step", None), (0.0, 100.0))
+        # The program's last step: until the device work that began in it ends.
+        self.assertEqual(self.m.window(lines, "step", -1), (100.0, 170.0))
+        self.assertEqual(self.m.window(lines, "step jit_add", None), (60.0, 65.0))
+        with self.assertRaises(SystemExit):
+            self.m.window(lines, "transfer", None)
+
+    def test_the_picture_has_a_row_per_line_with_events_in_the_window(self):
+        lines = [(self.m.OURS, "thread 1", [("step x", 0.0, 1e6)]),
+                 ("/device:GPU:0", "Stream #2", [("k<1>", 2e5, 1e5), ("late", 5e6, 1e5)])]
+        svg, summary = self.m.svg(lines, 0.0, 1e6, "t & u")
+        self.assertIn("t &amp; u", svg)
+        self.assertIn("<title>k&lt;1&gt; 100.0 us</title>", svg)
+        self.assertNotIn("late", svg)
+        self.assertEqual(len(summary), 2)
+        self.assertRegex(summary[1], r"GPU:0 Stream #2 +1 events  busy +0.100 ms")
