@@ -25,6 +25,7 @@ Columns: median step time, the ratio against the best stock configuration (comma
 measured in the same run, the speedup against threshold 0, loss bits against threshold 0, binding stats.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -37,6 +38,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "tests"))
 from llama_ab import load_on_vmm, loop, program, save_exe  # noqa: E402  (the pytest A/B's programs and loop)
 from stock_configs import STOCK_CONFIGS  # noqa: E402
+from benchio import run_json_child  # noqa: E402
+from gpu_clocks import Sampler, summary_line  # noqa: E402
 
 MODELS = ["llama_small_f32", "llama_110m_bf16", "maxtext_tiny_bf16"]
 THRESHOLDS = [0, 1, 4096, 65536, 1048576]
@@ -71,39 +74,49 @@ def child_stock(name, d, steps, save, fresh_batch):
             fh.write(stock_ref.pjrt_bytes(compiled.runtime_executable().serialize()))
         np.savez(os.path.join(d, name + ".npz"),
                  **{"in_%d" % i: np.asarray(a) for i, a in enumerate(jax.tree.leaves(args))})
-    bits, times = loop(compiled, jax.tree.map(np.asarray, args), steps, jax.devices()[0], fresh_batch)
-    return {"loss_bits": bits, "step_ms": times, "compile_s": compile_s}
+    stamps = []
+    bits, times = loop(compiled, jax.tree.map(np.asarray, args), steps, jax.devices()[0], fresh_batch, stamps)
+    return {"loss_bits": bits, "step_ms": times, "compile_s": compile_s, "step_t": stamps}
 
 
 def child_vmm(name, d, steps, fresh_batch):
     from jax_plugins import xla_vmm
 
     compiled, args, dev = load_on_vmm(d, name)
-    bits, times = loop(compiled, args, steps, dev, fresh_batch)
+    stamps = []
+    bits, times = loop(compiled, args, steps, dev, fresh_batch, stamps)
     st = xla_vmm.stats()
     best = max(st.values(), key=lambda s: s.get("steps", 0)) if st else {}
     # The training step's report line: the runner it ended on, the guard, graph-recapture's captures.
     programs = xla_vmm.report().get("programs", [])
     line = max(programs, key=lambda p: p.get("steps", 0)) if programs else {}
-    return {"loss_bits": bits, "step_ms": times, "stats": best,
+    return {"loss_bits": bits, "step_ms": times, "stats": best, "step_t": stamps,
             "report": {k: line.get(k) for k in ("program", "runner", "steps", "graph_captures", "guard")}}
 
 
-def run_child(argv, env, timeout):
-    """Run this script as a child; its last stdout line is a JSON result."""
+def run_child(argv, env, timeout, clocks_ms=None):
+    """Run this script as a child; its last stdout line is a JSON result. clocks_ms: poll the GPU's clocks
+    that often while it runs (gpu_clocks.py), kept per step window in the result's `gpu_clocks`."""
     t = time.perf_counter()
-    try:
-        p = subprocess.run([sys.executable, os.path.abspath(__file__)] + argv, env=env,
-                           capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, "timeout after %ds" % timeout
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if p.returncode != 0 or not lines:
-        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
-        return None, "rc %d: %s" % (p.returncode, " | ".join(tail))
-    r = json.loads(lines[-1])
+    sampler = Sampler(clocks_ms) if clocks_ms else contextlib.nullcontext()
+    with sampler:
+        r, err = run_json_child([sys.executable, os.path.abspath(__file__)] + argv, env, timeout)
+    if r is None:
+        return None, err
     r["wall_s"] = time.perf_counter() - t
+    if clocks_ms:
+        r["gpu_clocks"] = clock_windows(sampler, r.get("step_t") or [])
     return r, None
+
+
+def clock_windows(sampler, stamps):
+    """The GPU's clocks over the first steps (0 to MEASURE_FROM - 1) and over the steps the medians count
+    (stamps: each step's start and the last one's end, time.monotonic()); without stamps, the whole child."""
+    if len(stamps) < 2:
+        return {"child": sampler.summary()}
+    k = min(MEASURE_FROM, len(stamps) - 1)
+    return {"first_steps": sampler.summary(stamps[0], stamps[k]),
+            "measured_steps": sampler.summary(stamps[k], stamps[-1])}
 
 
 def run_cli(vmm, d, name, threshold, steps, timeout):
@@ -161,6 +174,7 @@ def row(model, config, path, r, base_ms):
         "skips_per_step": st.get("skips", 0) / steps if st else None,
         "host_us_per_step": st.get("host_binding_ns", 0) / steps / 1e3 if st else None,
         "stats": st, "report": r.get("report"), "step_ms": r["step_ms"],
+        **({"gpu_clocks": r["gpu_clocks"]} if "gpu_clocks" in r else {}),
         **({"run_medians_ms": r["run_medians_ms"]} if "run_medians_ms" in r else {}),
     }
 
@@ -191,6 +205,15 @@ def markdown(rows, steps):
     return "\n".join(out)
 
 
+def clock_lines(rows):
+    """A line per row and step window that has clock readings."""
+    out = []
+    for r in rows:
+        for window, s in (r.get("gpu_clocks") or {}).items():
+            out.append("- %s %s, %s: %s" % (r["model"], r["config"], window.replace("_", " "), summary_line(s)))
+    return out
+
+
 def write(d, steps, rows, errors, pending):
     """ab.md and ab.json as far as the run got (rewritten after every model)."""
     table = markdown(rows, steps)
@@ -200,6 +223,9 @@ def write(d, steps, rows, errors, pending):
             fh.write("\nErrors:\n" + "\n".join("- " + e for e in errors) + "\n")
         if pending:
             fh.write("\nNot run (time budget): %s\n" % ", ".join(pending))
+        clocks = clock_lines(rows)
+        if clocks:
+            fh.write("\nThe GPU's clocks while each row ran (gpu_clocks.py):\n" + "\n".join(clocks) + "\n")
     with open(os.path.join(d, "ab.json"), "w") as fh:
         json.dump({"steps": steps, "rows": rows, "errors": errors, "pending": pending}, fh, indent=1)
     return table
@@ -229,6 +255,10 @@ def main():
                          "median of its runs' medians (the rows' spread between runs is 1-4%%)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no model after this many seconds (the rest is listed as not run)")
+    ap.add_argument("--gpu-clocks-ms", type=int, default=None,
+                    help="poll the GPU's clocks, power and throttle reasons this often (ms) during every row, "
+                         "reported for its first steps and its measured ones (issue 30's slowdown: a diagnostic; "
+                         "polling costs the host a little)")
     ap.add_argument("--merge", default=None,
                     help="an ab.json of an earlier call (same --steps): its rows of models not run here are kept")
     # internal: child processes
@@ -273,7 +303,7 @@ def main():
             env = dict(base, XLA_FLAGS=(flags + " " + extra).strip())
             print("[%s] %s ..." % (model, config), flush=True)
             r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "stock", "--name", model]
-                               + (["--save"] if save else []) + child_flags, env, a.timeout)
+                               + (["--save"] if save else []) + child_flags, env, a.timeout, a.gpu_clocks_ms)
             if r is None:
                 errors.append("%s %s: %s" % (model, config, err))
                 print("  failed: %s" % err, flush=True)
@@ -298,7 +328,7 @@ def main():
                 if t is not None:
                     env["XLA_VMM_TMP_COPY_THRESHOLD"] = str(t)
                 r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "vmm", "--name", model]
-                                   + child_flags, env, a.timeout)
+                                   + child_flags, env, a.timeout, a.gpu_clocks_ms)
                 path = "plugin"
                 # The CLI's loop binds the same buffers every step: no stand-in for a fresh batch.
                 fallback = not a.no_fallback and not a.fresh_batch

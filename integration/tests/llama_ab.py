@@ -40,8 +40,9 @@ def program(name):
     return train_step, (make_state(jax.random.PRNGKey(0)), x), (0,)
 
 
-def loop(compiled, args, steps, device, fresh_batch=False):
+def loop(compiled, args, steps, device, fresh_batch=False, stamps=None):
     """Run `steps` steps, state = all outputs but the last (the loss); return (loss bits, ms).
+    stamps: a list that gets each step's start (time.monotonic(), seconds), and the end of the last step.
 
     fresh_batch: the inputs that are not state (the batch) are put on the device anew before every
     step, as a training loop puts each step's batch: same values (so losses stay comparable), new
@@ -53,6 +54,8 @@ def loop(compiled, args, steps, device, fresh_batch=False):
     treedef = jax.tree.structure(cur)
     bits, times, host_batch = [], [], None
     for _ in range(steps):
+        if stamps is not None:
+            stamps.append(time.monotonic())
         t = time.perf_counter()
         res = compiled(*cur)
         leaves = jax.tree.leaves(res)
@@ -66,6 +69,8 @@ def loop(compiled, args, steps, device, fresh_batch=False):
                 host_batch = [np.asarray(x) for x in batch]
             batch = jax.block_until_ready([jax.device_put(h, device) for h in host_batch])
         cur = jax.tree.unflatten(treedef, leaves[:n_state] + batch)
+    if stamps is not None:
+        stamps.append(time.monotonic())
     return bits, times
 
 

@@ -102,7 +102,7 @@ class AB(unittest.TestCase):
     def setUp(self):
         self.m = load("ab", os.path.join(INTEGRATION, "ab.py"))
 
-        def fake(argv, env, timeout):
+        def fake(argv, env, timeout, clocks_ms=None):
             name, d = argv[argv.index("--name") + 1], argv[argv.index("--out") + 1]
             if "--save" in argv:
                 with open(os.path.join(d, name + ".exe.pkl"), "w") as fh:
@@ -131,13 +131,56 @@ class AB(unittest.TestCase):
             self.assertIn("| b | vmm t=0 | plugin | 4.000 | 1.25x | 1.00x |", text)
 
 
+class ABClocks(unittest.TestCase):
+    def test_each_rows_clocks_are_kept_per_step_window_and_listed_under_the_table(self):
+        m = load("ab", os.path.join(INTEGRATION, "ab.py"))
+        asked = []
+
+        def fake(argv, env, timeout, clocks_ms=None):
+            asked.append(clocks_ms)
+            name, d = argv[argv.index("--name") + 1], argv[argv.index("--out") + 1]
+            if "--save" in argv:
+                with open(os.path.join(d, name + ".exe.pkl"), "w") as fh:
+                    fh.write("x")
+            s = {"n": 3, "sm_mhz": 1980, "sm_mhz_min": 1900, "sm_mhz_max": 1980, "mem_mhz": 2619,
+                 "reasons": {"sw_power_cap": 0.5}}
+            return {"step_ms": [9, 9, 9, 4, 4], "loss_bits": [7],
+                    "gpu_clocks": {"first_steps": s, "measured_steps": dict(s, sm_mhz=1755)}}, None
+
+        m.run_child = fake
+        with tempfile.TemporaryDirectory() as d:
+            code, _ = quiet(m.main, ["ab.py", "--out", d, "--steps", "5", "--models", "a", "--thresholds", "1",
+                                     "--modes", "", "--stock-configs", "onoff", "--gpu-clocks-ms", "10"])
+            self.assertEqual(code, 0)
+            self.assertEqual(asked, [10, 10, 10])
+            with open(os.path.join(d, "ab.md")) as fh:
+                md = fh.read()
+            self.assertIn("- a vmm t=1, measured steps: gpu clocks: 3 readings, SM 1755 MHz (min 1900, max 1980)", md)
+            self.assertIn("reasons sw_power_cap 50%", md)
+            rows = read_json(os.path.join(d, "ab.json"))["rows"]
+            self.assertEqual(rows[-1]["gpu_clocks"]["first_steps"]["sm_mhz"], 1980)
+
+    def test_the_windows_split_at_the_first_measured_step(self):
+        m = load("ab", os.path.join(INTEGRATION, "ab.py"))
+        m.MEASURE_FROM = 2
+        g = load("gpu_clocks", os.path.join(INTEGRATION, "gpu_clocks.py"))
+        s = g.Sampler()
+        s.readings = [{"t": t, "sm_mhz": mhz, "mem_mhz": 1} for t, mhz in [(0.5, 1900), (1.5, 1800), (2.5, 1700),
+                                                                            (3.5, 1600)]]
+        s.why = None
+        w = m.clock_windows(s, [0.0, 1.0, 2.0, 3.0, 4.0])
+        self.assertEqual((w["first_steps"]["n"], w["first_steps"]["sm_mhz_max"]), (2, 1900))
+        self.assertEqual((w["measured_steps"]["n"], w["measured_steps"]["sm_mhz_min"]), (2, 1600))
+        self.assertEqual(list(m.clock_windows(s, [])), ["child"])
+
+
 class ABRepeat(unittest.TestCase):
     def setUp(self):
         self.m = load("ab", os.path.join(INTEGRATION, "ab.py"))
         self.order = []
         self.ms = {"0": iter([4.0, 4.4, 4.2]), "1": iter([3.0, 3.3, 3.1])}
 
-        def fake(argv, env, timeout):
+        def fake(argv, env, timeout, clocks_ms=None):
             name, d = argv[argv.index("--name") + 1], argv[argv.index("--out") + 1]
             if "--save" in argv:
                 with open(os.path.join(d, name + ".exe.pkl"), "w") as fh:
@@ -497,10 +540,6 @@ class VaGap(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(d, "va_gap.md")))
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class BenchIo(unittest.TestCase):
     def test_a_child_gives_its_last_json_line_or_says_why_not(self):
         b = load("benchio", os.path.join(INTEGRATION, "benchio.py"))
@@ -558,3 +597,7 @@ class TraceTimeline(unittest.TestCase):
         self.assertNotIn("late", svg)
         self.assertEqual(len(summary), 2)
         self.assertRegex(summary[1], r"GPU:0 Stream #2 +1 events  busy +0.100 ms")
+
+
+if __name__ == "__main__":
+    unittest.main()
