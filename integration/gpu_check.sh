@@ -463,14 +463,22 @@ fi
 #     1B (staged at $S/mt) on stock uncapped (the losses' reference and the ceiling), on us with no limit and with
 #     XLA_VMM_DEVICE_MEMORY_LIMIT=$TRAIN_OVERSUB_LIMIT (default 10G: its parameters, optimizer state and
 #     activations are about twice that), and on stock capped to the same memory (XLA_PYTHON_CLIENT_MEM_FRACTION=
-#     $TRAIN_OVERSUB_FRACTION, default 0.07 of the H200's 141 GB) without and with MaxText's own parameter and
+#     $TRAIN_OVERSUB_FRACTION, default the limit over the card's memory: 0.07 of an H200, 0.125 of an H100)
+#     without and with MaxText's own parameter and
 #     optimizer host offload (../shared/maxtext/README.md: both failed on stock GPU when tried). The check
 #     fails when one of our runs fails; stock's failures are results, shown in the table.
 if want train-oversub; then
   MT=${PERF_MT:-$S/mt}
   wheel=$(ls "$S"/wheel/*.whl 2>/dev/null | head -1)
   lim=${TRAIN_OVERSUB_LIMIT:-10G}
-  frac=${TRAIN_OVERSUB_FRACTION:-0.07}
+  # The limit as a share of the card's memory (XLA_PYTHON_CLIENT_MEM_FRACTION is one of the total).
+  frac=${TRAIN_OVERSUB_FRACTION:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null |
+    python3 -c "import sys
+u = {'K': 10, 'M': 20, 'G': 30, 'T': 40}
+t = float(sys.stdin.read().split()[0]) * 2**20
+s = sys.argv[1].upper().rstrip('B').rstrip('I')
+print('%.4f' % ((float(s[:-1]) * 2**u[s[-1]] if s[-1] in u else float(s)) / t))" "$lim" 2>/dev/null)}
+  frac=${frac:-0.07}
   check "train-oversub" python3 integration/maxtext/run.py --mt "$MT" --out "$WORK/train_oversub" \
     ${wheel:+--wheel "$wheel"} --configs 1B,1B_offload --steps "${TRAIN_OVERSUB_STEPS:-20}" --measure-from 5 \
     --budget-s "${TRAIN_OVERSUB_BUDGET_S:-400}" --required vmm --variants "1B:cuda,1B:vmm_t1,1B:vmm_t1@XLA_VMM_DEVICE_MEMORY_LIMIT=$lim,\
