@@ -27,3 +27,41 @@ def write_results(out, name, md_lines, data):
         fh.write(text + "\n")
     with open(os.path.join(out, name + ".json"), "w") as fh:
         json.dump(data, fh, indent=1)
+
+
+def parse_bytes(text):
+    """A byte count as the plugin takes it (`16G`, `512M`, `1.5GiB`, `1048576`: K, M, G, T powers of 1024)."""
+    t = text.strip().upper()
+    for suffix in ("IB", "B"):
+        if t.endswith(suffix) and len(t) > len(suffix):
+            t = t[:-len(suffix)]
+            break
+    shift = {"K": 10, "M": 20, "G": 30, "T": 40}.get(t[-1:], 0)
+    return int(float(t[:-1] if shift else t) * (1 << shift))
+
+
+def gpu_memory_bytes(gpu=0):
+    """The GPU's memory as nvidia-smi reports it (None where it cannot say)."""
+    try:
+        p = subprocess.run(["nvidia-smi", "-i", str(gpu), "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+        return int(float(p.stdout.split()[0]) * 2**20) if p.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def memory_fraction(limit, total):
+    """`limit` (parse_bytes text) as a share of `total` bytes: stock XLA's XLA_PYTHON_CLIENT_MEM_FRACTION for the
+    same device memory as XLA_VMM_DEVICE_MEMORY_LIMIT=limit."""
+    return parse_bytes(limit) / total
+
+
+if __name__ == "__main__":
+    # python3 integration/benchio.py memory-fraction LIMIT [DEFAULT]: the share of GPU 0's memory (DEFAULT where
+    # nvidia-smi cannot say).
+    import sys
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "memory-fraction":
+        total = gpu_memory_bytes()
+        print("%.4f" % memory_fraction(sys.argv[2], total) if total else (sys.argv[3:] or ["-"])[0])
+    else:
+        sys.exit("usage: benchio.py memory-fraction LIMIT [DEFAULT]")

@@ -135,7 +135,9 @@ done
 if [ -n "${SAVE_TO:-}" ]; then
   mkdir -p "$SAVE_TO"
   printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed, $skipped skipped" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* 2>/dev/null)
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* oversub/oversub.* train_oversub/mt.* 2>/dev/null)
+  # The oversub programs' executables on their own (their size should not cost the logs).
+  [ -d "$WORK/oversub/exe" ] && tar -czf "$SAVE_TO/oversub_exe.tar.gz" -C "$WORK/oversub" exe
 fi
 }
 CHILD=; CURRENT=
@@ -472,13 +474,7 @@ if want train-oversub; then
   wheel=$(ls "$S"/wheel/*.whl 2>/dev/null | head -1)
   lim=${TRAIN_OVERSUB_LIMIT:-10G}
   # The limit as a share of the card's memory (XLA_PYTHON_CLIENT_MEM_FRACTION is one of the total).
-  frac=${TRAIN_OVERSUB_FRACTION:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null |
-    python3 -c "import sys
-u = {'K': 10, 'M': 20, 'G': 30, 'T': 40}
-t = float(sys.stdin.read().split()[0]) * 2**20
-s = sys.argv[1].upper().rstrip('B').rstrip('I')
-print('%.4f' % ((float(s[:-1]) * 2**u[s[-1]] if s[-1] in u else float(s)) / t))" "$lim" 2>/dev/null)}
-  frac=${frac:-0.07}
+  frac=${TRAIN_OVERSUB_FRACTION:-$(python3 integration/benchio.py memory-fraction "$lim" 0.07)}
   check "train-oversub" python3 integration/maxtext/run.py --mt "$MT" --out "$WORK/train_oversub" \
     ${wheel:+--wheel "$wheel"} --configs 1B,1B_offload --steps "${TRAIN_OVERSUB_STEPS:-20}" --measure-from 5 \
     --budget-s "${TRAIN_OVERSUB_BUDGET_S:-400}" --required vmm --variants "1B:cuda,1B:vmm_t1,1B:vmm_t1@XLA_VMM_DEVICE_MEMORY_LIMIT=$lim,\
@@ -493,7 +489,8 @@ fi
 if want oversub; then
   check "oversub" env ${OVERSUB_ENV:-} XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" PYTHONPATH=integration \
     python3 integration/oversub_bench.py --out "$WORK/oversub" --rows "${OVERSUB_ROWS:-vmm}" \
-    --ratios "${OVERSUB_RATIOS:-1.5,2}" --steps "${OVERSUB_STEPS:-6}" --warmup 20 --timeout 60
+    --ratios "${OVERSUB_RATIOS:-1.5,2}" --steps "${OVERSUB_STEPS:-6}" --warmup 20 --timeout 60 \
+    --save-exe "$WORK/oversub/exe"
 fi
 
 # 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the

@@ -13,7 +13,9 @@ A llama-family forward pass whose bf16 weights are 1.5x, 1.75x and 2x a device b
 
 Two phases, each its own jitted program: prefill (--batch x --seq tokens) and decode (--batch tokens of one
 position each; attention over that one position, so the step is the weights' traffic, as decode is). One
-process per row. Prints a Markdown table, writes DIR/oversub.json.
+process per row. Prints a Markdown table, writes DIR/oversub.json; --save-exe DIR keeps the two programs'
+serialized executables (the `vmm none` row's compile; every row compiles the same) for `xla-vmm inspect
+PHASE.pjrt --memory-budget BYTES --as-run`, so that their plans can be studied without a GPU.
 
     XLA_VMM_LIBRARY=.dev/perf/lib/libxla_vmm_plugin.so \
       python3 integration/oversub_bench.py --out DIR [--layers 8] [--dim 4096] [--ffn 14336] [--ratios 1.5,1.75,2]
@@ -29,7 +31,7 @@ HERE = os.path.abspath(__file__)
 # The jax_plugins package (xla-vmm's registration) next to this file; XLA_VMM_LIBRARY names the plugin.
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchio import run_json_child, write_results  # noqa: E402
+from benchio import gpu_memory_bytes, run_json_child, write_results  # noqa: E402
 
 
 def weight_bytes(layers, dim, ffn, vocab):
@@ -134,6 +136,9 @@ def run(a, mode, ratio, wbytes, total_dev):
     env = dict(os.environ)
     argv = [sys.executable, HERE, "--child", "--mode", mode, "--ratio", str(ratio)] + [
         "--%s=%s" % (k, getattr(a, k)) for k in ("layers", "dim", "ffn", "vocab", "batch", "seq", "steps", "warmup")]
+    if a.save_exe and mode == "vmm" and not ratio:
+        os.makedirs(a.save_exe, exist_ok=True)
+        argv += ["--save-exe", a.save_exe]
     budget = int(wbytes / ratio) if ratio else None
     # Every row compiles the same programs the same way (no timing-based autotuning, deterministic
     # reductions), so that outputs can be compared bit for bit across the rows' processes.
@@ -164,10 +169,12 @@ def main():
     ap.add_argument("--rows", default="vmm,offload", help="which of vmm (with no budget and each ratio) "
                     "and offload (stock, each ratio) to run")
     ap.add_argument("--link-gbps", type=float, default=55.0)
-    ap.add_argument("--device-gib", type=float, default=139.8, help="the GPU's memory (stock's fraction)")
+    ap.add_argument("--device-gib", type=float, default=None,
+                    help="the GPU's memory, for stock's XLA_PYTHON_CLIENT_MEM_FRACTION (default: nvidia-smi's, else "
+                         "the H200's 139.8)")
     ap.add_argument("--timeout", type=int, default=240)
-    ap.add_argument("--save-exe", default=None, help="with --child: also write each phase's serialized "
-                    "executable to this folder (PHASE.pjrt)")
+    ap.add_argument("--save-exe", default=None, help="write each phase's serialized executable to this folder "
+                    "(PHASE.pjrt; the `vmm none` row's)")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--mode", default="vmm")
     ap.add_argument("--ratio", type=float, default=0.0)
@@ -177,7 +184,7 @@ def main():
         return 0
     os.makedirs(a.out, exist_ok=True)
     wbytes = weight_bytes(a.layers, a.dim, a.ffn, a.vocab)
-    total_dev = a.device_gib * 2**30
+    total_dev = a.device_gib * 2**30 if a.device_gib else (gpu_memory_bytes() or 139.8 * 2**30)
     ratios = [float(r) for r in a.ratios.split(",") if r.strip()]
     kinds = a.rows.split(",")
     plan = ([("vmm", 0.0)] + [("vmm", r) for r in ratios] if "vmm" in kinds else []) + (

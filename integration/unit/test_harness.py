@@ -464,6 +464,22 @@ class OversubBench(unittest.TestCase):
                     self.assertEqual(table["errors"], ["vmm 2.00x: outputs differ from vmm none's"])
 
 
+class OversubBenchRows(unittest.TestCase):
+    def test_only_the_unbudgeted_row_saves_the_executables_and_stock_gets_the_cards_share(self):
+        m = load("oversub_bench", os.path.join(INTEGRATION, "oversub_bench.py"))
+        seen = []
+        m.run_json_child = lambda argv, env, timeout: (seen.append((argv, env)), ({}, None))[1]
+        a = mock.Mock(layers=1, dim=2, ffn=3, vocab=4, batch=1, seq=8, steps=1, warmup=1, timeout=9,
+                      save_exe="/tmp/x_exe_dir_test")
+        with mock.patch("os.makedirs"):
+            m.run(a, "vmm", 0.0, 8 << 30, 80 << 30)
+            m.run(a, "vmm", 2.0, 8 << 30, 80 << 30)
+            m.run(a, "offload", 2.0, 8 << 30, 80 << 30)
+        self.assertEqual(["--save-exe" in argv for argv, _ in seen], [True, False, False])
+        self.assertEqual(seen[1][1]["XLA_VMM_DEVICE_MEMORY_LIMIT"], str(4 << 30))
+        self.assertEqual(seen[2][1]["XLA_PYTHON_CLIENT_MEM_FRACTION"], "0.0500")
+
+
 class JaxSliceLastWords(unittest.TestCase):
     def test_the_plugins_crash_report_comes_whole_then_the_python_stack(self):
         m = load("jax_tests", os.path.join(INTEGRATION, "jax_tests.py"))
@@ -551,6 +567,22 @@ class BenchIo(unittest.TestCase):
         self.assertEqual(why, "rc 3: boom")
         self.assertEqual(b.run_json_child([py, "-c", "import time; time.sleep(5)"], None, 1),
                          (None, "timeout after 1s"))
+
+    def test_byte_counts_and_the_share_of_the_cards_memory(self):
+        b = load("benchio", os.path.join(INTEGRATION, "benchio.py"))
+        self.assertEqual([b.parse_bytes(t) for t in ("16G", "512m", "1.5GiB", "1048576", "2KB")],
+                         [16 << 30, 512 << 20, 3 << 29, 1 << 20, 2048])
+        self.assertAlmostEqual(b.memory_fraction("10G", 80 << 30), 0.125)
+        with tempfile.TemporaryDirectory() as d:
+            smi = os.path.join(d, "nvidia-smi")
+            with open(smi, "w") as fh:
+                fh.write("#!/bin/sh\necho 81559\n")
+            os.chmod(smi, 0o755)
+            with mock.patch.dict(os.environ, {"PATH": d + os.pathsep + os.environ["PATH"]}):
+                self.assertEqual(b.gpu_memory_bytes(), 81559 << 20)
+            with mock.patch.dict(os.environ, {"PATH": d}):
+                os.remove(smi)
+                self.assertIsNone(b.gpu_memory_bytes())
 
     def test_results_are_printed_and_written(self):
         b = load("benchio", os.path.join(INTEGRATION, "benchio.py"))
