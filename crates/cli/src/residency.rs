@@ -391,6 +391,9 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
         .filter(|&i| p.placements[i] == Placement::InPlace && touched[i] > 0)
         .collect();
     in_place.sort_by_key(|&i| std::cmp::Reverse(touched[i]));
+    if in_place.is_empty() {
+        return;
+    }
     let _ = writeln!(s, "  read in place, by bytes over the link per step:");
     for &i in in_place.iter().take(SHOWN) {
         let b = &p.input.buffers[i];

@@ -210,6 +210,22 @@ fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
 }
 
 #[test]
+fn as_run_text_lists_buffers_read_in_place_only_where_there_are_some() {
+    // llama_sgd_f32 under 256 MiB: everything in host memory is staged.
+    let file = fixtures().join("llama_sgd_f32.pjrt");
+    let out = inspect(&[
+        file.to_str().unwrap(),
+        "--memory-budget",
+        "256M",
+        "--as-run",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(" 0 (0.0 MiB) read in place;"), "{text}");
+    assert!(!text.contains("read in place, by bytes"), "{text}");
+}
+
+#[test]
 fn as_run_shows_what_the_first_run_moves_for_its_plan() {
     // llama_sgd_f32 under a 150 MiB limit: the parameters put first hold
     // the device, the area left is too small for a step's temporaries, so
