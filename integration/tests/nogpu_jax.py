@@ -143,6 +143,24 @@ class NoGpu(unittest.TestCase):
         self.assertIn("no vendor XLA GPU plugin found", error)
         self.assertIn('pip install "jax[cuda13]"', error)
 
+    def test_xla_vmm_report_writes_the_report_at_exit(self):
+        import json
+        code = ("import jax, numpy as np\n"
+                "x = jax.device_put(np.arange(4, dtype=np.float32))\n"
+                "print(np.asarray(x).tolist())\n")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "report_%p.json")
+            p = jax_run(code, True, JAX_PLATFORMS="vmm", XLA_VMM_BACKEND="host", XLA_VMM_REPORT=path)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            [name] = os.listdir(d)
+            with open(os.path.join(d, name)) as fh:
+                r = json.load(fh)
+            self.assertEqual(r["programs"], [])
+            self.assertEqual([x["device"].split()[0] for x in r["devices"]], ["host"])
+            p = jax_run(code, True, JAX_PLATFORMS="vmm", XLA_VMM_BACKEND="host", XLA_VMM_REPORT="-")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("device host", p.stderr)
+
     def test_a_jax_profiler_trace_holds_the_plugins_plane_and_transfers(self):
         """jax.profiler.trace finds the plugin's profiler extension (JAX registers it when it loads
         the plugin) and the trace it writes holds our plane with the transfers made during it."""

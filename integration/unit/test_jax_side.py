@@ -192,17 +192,14 @@ class CudaAlias(unittest.TestCase):
         self.assertNotIn("vmm", xb._alias_to_platforms)
 
 
-class Registration(unittest.TestCase):
-    """Whether `initialize()` registers the plugin, against a stand-in of JAX and of the loader: when
-    JAX_PLATFORMS does not name vmm, only if the backend can start and the jax is the supported one
-    (JAX creates every registered plugin's client, so one that cannot start would break JAX);
-    when it does, always, and the error at client creation says what is missing and what to set."""
+class WithStandIns:
+    """`initialize()` against a stand-in of JAX and of the loader (a mixin of the registration tests)."""
 
     def setUp(self):
         self.lib = tempfile.NamedTemporaryFile(suffix=".so")
         self.env = dict(os.environ)
         for v in ("XLA_VMM_BACKEND", "JAX_PLATFORMS", "XLA_VMM_HIP_LIBRARY", "XLA_VMM_VENDOR_PLUGIN",
-                  "CUDA_VISIBLE_DEVICES", "XLA_VMM_GPU_ALIAS"):
+                  "CUDA_VISIBLE_DEVICES", "XLA_VMM_GPU_ALIAS", "XLA_VMM_REPORT"):
             os.environ.pop(v, None)
         os.environ["XLA_VMM_LIBRARY"] = self.lib.name
 
@@ -223,6 +220,13 @@ class Registration(unittest.TestCase):
 
     def warnings(self, records):
         return [r.getMessage() for r in records if r.levelno >= 30]
+
+
+class Registration(WithStandIns, unittest.TestCase):
+    """Whether `initialize()` registers the plugin: when JAX_PLATFORMS does not name vmm, only if the
+    backend can start and the jax is the supported one (JAX creates every registered plugin's client,
+    so one that cannot start would break JAX); when it does, always, and the error at client creation
+    says what is missing and what to set."""
 
     def test_without_the_driver_and_vmm_not_named_it_is_not_registered_and_says_so_quietly(self):
         for platforms in ("", "cpu", "cuda,cpu"):
@@ -370,6 +374,48 @@ def load_runner():
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     return m
+
+
+class ReportAtExit(WithStandIns, unittest.TestCase):
+    """XLA_VMM_REPORT: report() written at exit for a script that cannot call it."""
+
+    def test_registration_arms_it_and_only_when_asked(self):
+        import atexit
+        calls = []
+        real = atexit.register
+        atexit.register = lambda f, *a: calls.append((f.__name__, a))
+        try:
+            self.start("vmm", loadable=("libcuda.so.1",))
+            os.environ["XLA_VMM_REPORT"] = "/tmp/r_%p.json"
+            self.start("vmm", loadable=("libcuda.so.1",))
+        finally:
+            atexit.register = real
+        self.assertEqual(calls, [("write_report", ("/tmp/r_%p.json", self.lib.name))])
+
+    def test_the_report_goes_to_stderr_a_table_or_json_and_a_failure_is_a_warning(self):
+        import contextlib
+        import io
+        pkg = fresh_package()
+        data = {"programs": [{"program": "jit_step", "mode": "graph", "runner": "va-stable graph",
+                              "steps": 7}], "devices": []}
+        Report = importlib.import_module("jax_plugins.xla_vmm._stats").Report
+        pkg.report = lambda library=None: Report(data)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            pkg.write_report("-")
+        self.assertIn("jit_step", err.getvalue())
+        with tempfile.TemporaryDirectory() as d:
+            pkg.write_report(os.path.join(d, "r_%p.json"))
+            with open(os.path.join(d, "r_%d.json" % os.getpid())) as fh:
+                self.assertEqual(json.load(fh), data)
+            pkg.write_report(os.path.join(d, "r.txt"))
+            with open(os.path.join(d, "r.txt")) as fh:
+                self.assertIn("va-stable graph", fh.read())
+            with _Records() as records:
+                pkg.write_report(os.path.join(d, "no", "such", "dir.json"))
+            [w] = [r.getMessage() for r in records if r.levelno >= 30]
+            self.assertIn("XLA_VMM_REPORT=", w)
+            self.assertIn("could not be written", w)
 
 
 class SliceRunner(unittest.TestCase):

@@ -26,11 +26,19 @@ library ``libcuda.so.1`` loads and a GPU device node is there) and the
 installed jax is the one it is built for (:data:`JAX_VERSION`). When ``vmm``
 is named, a missing driver or another jax is an error at the first use of
 the backend that says what is missing and what to set or install.
+
+``XLA_VMM_REPORT`` (read once, at registration): at the process's exit, write
+:func:`report` for a script that cannot call it (MaxText's trainer, say):
+``-`` prints its table on stderr, a path ending in ``.json`` gets its data,
+any other path its table; ``%p`` in the path is the process id.
 """
 
+import atexit
 import importlib.util
+import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -454,6 +462,9 @@ def initialize():
     xla_bridge.register_plugin(
         PLUGIN_NAME, priority=300, library_path=path, options=_client_options
     )
+    target = os.environ.get("XLA_VMM_REPORT", "").strip()
+    if target:
+        atexit.register(write_report, target, path)
     platform = gpu_platform()
     if os.environ.get("XLA_VMM_GPU_ALIAS", "1").strip() != "0" and _vmm_replaces_gpu():
         _alias_as_gpu(xla_bridge, platform)
@@ -487,6 +498,24 @@ def _alias_as_gpu(xla_bridge, platform):
     aliases[PLUGIN_NAME] = [PLUGIN_NAME, platform]
     global _alias_platform
     _alias_platform = platform
+
+
+def write_report(target, library=None):
+    """Write :func:`report` to `target` (see ``XLA_VMM_REPORT`` in the module's doc); a failure is
+    logged, never raised (it runs at exit)."""
+    try:
+        r = report(library)
+        if target in ("-", "stderr"):
+            print(str(r), file=sys.stderr)
+            return
+        path = target.replace("%p", str(os.getpid()))
+        with open(path, "w") as fh:
+            if path.endswith(".json"):
+                json.dump(dict(r), fh, indent=1)
+            else:
+                fh.write(str(r) + "\n")
+    except Exception as e:  # noqa: BLE001  (at exit: say it, do not raise)
+        logger.warning("xla-vmm: XLA_VMM_REPORT=%s: the report could not be written: %s", target, e)
 
 
 # The JAX GPU platform the vmm client also answers as ("cuda" / "rocm"), once aliased.
