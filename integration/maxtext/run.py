@@ -18,6 +18,10 @@ against the same config's `cuda` run. Writes OUT/mt.json and OUT/mt.md after eve
 keeps what it finished), and every run's log into OUT/mt_logs.tar.gz. --budget-s: no run starts once
 that many seconds have passed, and a run's timeout is cut to what is left.
 
+Our runs write the plugin's `report()` at exit (XLA_VMM_REPORT) with JAX logging its compiles
+(JAX_LOG_COMPILES=1): each vmm row gets `programs`, what ran how, and the programs JAX compiled that the report
+does not list (issue 32: it must list every one); mt.md has a line per run.
+
 Half of a run's ~35 s is Python importing MaxText (no GPU work). So the next run's process is started, at
 low CPU priority, while the current one runs: it imports MaxText, says so, and waits; it is let go (its
 environment set from the start) once the current run has exited. A run's wall time counts from its go.
@@ -52,6 +56,7 @@ CONFIGS = {
 STEP_RE = re.compile(r"completed step: (\d+), seconds: ([0-9.]+).*?Tokens/s/device: ([0-9.]+).*?loss: ([0-9.eE+-]+|nan|inf)")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 VMM_LINE = re.compile(r"\b(WARN|ERROR)\b\s+(xla_vmm\S*)")
+COMPILING = re.compile(r"Compiling (\S+) with global shapes")
 DEFAULT_VARIANTS = "cuda,cuda_nocb,cuda_skip_temp,cuda_skip_profiled,vmm_t1,vmm_t0,vmm_eager,vmm_recapture"
 
 
@@ -172,6 +177,37 @@ class Prepared:
         self.fh.close()
 
 
+def programs_of(lines, reports):
+    """What the plugin's reports (`report()` data written at exit) say of the programs JAX compiled (its
+    `Compiling NAME` log lines): how many each runner ran, those not on a graph with why, and the compiled
+    names no report lists (JAX's NAME is the HLO module's without its `jit_`)."""
+    listed = [p for r in reports for p in r.get("programs", [])]
+    compiled = [m.group(1) for m in (COMPILING.search(ANSI.sub("", x)) for x in lines) if m]
+    key = lambda name: re.sub(r"^jit_", "", re.sub(r"[^A-Za-z0-9_]", "_", name))  # noqa: E731
+    names = {key(p["program"]) for p in listed}
+    runners = {}
+    for p in listed:
+        runners[p["runner"]] = runners.get(p["runner"], 0) + 1
+    return {"listed": len(listed), "compiled": len(compiled), "by_runner": runners,
+            "not_graph": sorted({(p["program"], p["runner"], p.get("reason") or "") for p in listed
+                                 if p["runner"] not in ("va-stable graph", "graph-recapture")}),
+            "unlisted": sorted({c for c in compiled if key(c) not in names})}
+
+
+def programs_line(row):
+    """One line of mt.md: a run's programs (`programs_of`)."""
+    p = row["programs"]
+    text = "- %s %s: %d programs listed (JAX compiled %d): %s" % (
+        row["config"], row["variant"], p["listed"], p["compiled"],
+        ", ".join("%d %s" % (n, r) for r, n in sorted(p["by_runner"].items())) or "none")
+    if p["not_graph"]:
+        text += "; not a graph: " + "; ".join("%s (%s%s)" % (n, r, ": " + why[:120] if why else "")
+                                              for n, r, why in p["not_graph"])
+    if p["unlisted"]:
+        text += "; NOT LISTED: " + ", ".join(p["unlisted"])
+    return text
+
+
 def first_error(lines, rc):
     for line in lines:
         if re.search(r"\bERROR\b\s+xla_vmm", line) or "panicked at" in line:
@@ -206,6 +242,9 @@ def summarize(rows, first=3):
         out.append("| %s | %s | %s | %d | %s | %s | %s | %d | %s |" % (
             r["config"], r["variant"], r["rc"], r["steps_done"], f(r["median_ms"], 3), vs, f(r["max_dloss"], 3),
             r["vmm_lines"], err))
+    progs = [programs_line(r) for r in rows if r.get("programs")]
+    if progs:
+        out += ["", "Programs of our runs (the plugin's report() at exit, against JAX's compile log):"] + progs
     return "\n".join(out)
 
 
@@ -333,7 +372,13 @@ def main():
         if env is None or (env["JAX_PLATFORMS"].startswith("vmm") and not have_vmm):
             return None
         log = os.path.join(logd, "mt_%s_%s.log" % (cfg, re.sub(r"[^A-Za-z0-9_=.-]", "_", var)))
-        return Prepared(command(cfg, var), dict(env0, **env), log)
+        cmd = command(cfg, var)
+        if env["JAX_PLATFORMS"].startswith("vmm"):
+            for old in glob.glob(os.path.join(work_of(cfg, var), "report_*.json")):
+                os.remove(old)
+            env = dict(env, XLA_VMM_REPORT=os.path.join(work_of(cfg, var), "report_%p.json"),
+                       JAX_LOG_COMPILES="1")
+        return Prepared(cmd, dict(env0, **env), log)
 
     ahead = prepare(0)
     for k, (cfg, var) in enumerate(plan):
@@ -375,6 +420,16 @@ def main():
                    ms={k2: v[0] for k2, v in st.items()}, losses={k2: v[1] for k2, v in st.items()},
                    max_dloss=max(abs(st[k2][1] - base["losses"][k2]) for k2 in common) if common else None,
                    vmm_lines=sum(1 for x in lines if VMM_LINE.search(x)), error=first_error(lines, rc))
+        if env["JAX_PLATFORMS"].startswith("vmm"):
+            reports = []
+            for f in glob.glob(os.path.join(work_of(cfg, var), "report_*.json")):
+                try:
+                    with open(f) as fh:
+                        reports.append(json.load(fh))
+                except (OSError, ValueError) as e:
+                    say("%s %s: report %s unreadable: %s" % (cfg, var, f, e))
+            if reports:
+                row["programs"] = programs_of(lines, reports)
         rows.append(row)
         save()
         say("%s %s: rc=%s in %.0fs, %d steps, median %s ms/step" % (

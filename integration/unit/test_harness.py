@@ -343,6 +343,28 @@ class MaxText(unittest.TestCase):
         self.assertEqual(self.m.exit_status([row("cuda", 0), row("vmm_t1", 137)], ("vmm",)), 1)
 
 
+    def test_programs_are_matched_against_jaxs_compile_log(self):
+        lines = ["WARNING:jax._src.interpreters.pxla:Compiling train_step with global shapes and types [...]",
+                 "\x1b[33mWARNING\x1b[0m Compiling _multi_slice with global shapes and types [...]",
+                 "W1205 Compiling shard_batch with global shapes and types",
+                 "completed step: 3, seconds: 0.003"]
+        reports = [{"programs": [
+            {"program": "jit_train_step", "runner": "va-stable graph", "steps": 60},
+            {"program": "jit__multi_slice", "runner": "eager", "steps": 2,
+             "reason": "conditional c reads its branch index on the host"}]}]
+        p = self.m.programs_of(lines, reports)
+        self.assertEqual((p["listed"], p["compiled"]), (2, 3))
+        self.assertEqual(p["by_runner"], {"va-stable graph": 1, "eager": 1})
+        self.assertEqual(p["unlisted"], ["shard_batch"])
+        self.assertEqual(p["not_graph"], [("jit__multi_slice", "eager",
+                                           "conditional c reads its branch index on the host")])
+        row = {"config": "tiny", "variant": "vmm_t1", "rc": 0, "steps_done": 0, "median_ms": None,
+               "max_dloss": None, "vmm_lines": 0, "error": "", "programs": p}
+        md = self.m.summarize([row])
+        self.assertIn("- tiny vmm_t1: 2 programs listed (JAX compiled 3): 1 eager, 1 va-stable graph; not a graph: "
+                      "jit__multi_slice (eager: conditional c reads its branch index on the host); "
+                      "NOT LISTED: shard_batch", md)
+
     def test_a_prepared_run_waits_for_its_go(self):
         # The harness's prelude without MaxText: import, say so, wait for the go, run with the arguments.
         prelude = ("import sys\nprint('imported', flush=True)\nif sys.stdin.readline().strip() != 'go':\n"

@@ -464,6 +464,8 @@ def initialize():
     )
     target = os.environ.get("XLA_VMM_REPORT", "").strip()
     if target:
+        # Registered after JAX's own exit handler (jax.api's clean_up, at `import jax`), which clears
+        # the backends and their programs: exit handlers run last in, first out, so this one sees them.
         atexit.register(write_report, target, path)
     platform = gpu_platform()
     if os.environ.get("XLA_VMM_GPU_ALIAS", "1").strip() != "0" and _vmm_replaces_gpu():
