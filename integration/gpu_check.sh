@@ -11,7 +11,7 @@
 # configuration or than our eager or graph-recapture mode on any row, or its losses moved (perf_gate.py).
 # `perf-bench` and `perf-mt` are its halves, for narrow runs. Opt-in, only when named: `bench` (bench.py alone), `sanitize` (compute-sanitizer memcheck on a 200-step VA-stable loop at thresholds 0 / 1 / 4096),
 # `sanitize-jax` (memcheck over a short llama training through the plugin under JAX),
-# `copy-paths` (the VA-stable copy paths' diagnostic), `budget` (programs past a device memory budget,
+# `copy-paths` (the VA-stable copy paths' diagnostic), `schedules` (integration/diag/schedules.sh), `budget` (programs past a device memory budget,
 # bit-identical to stock), `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
 # `jax` (a slice of JAX's own test suite, stock then vmm, side by side: integration/jax_tests.py on the
 # tests staged at $S/jaxtests by `JAX_SRC=... stage_gpu.sh --perf`; JAX_SLICE_FILES / JAX_SLICE_BUDGET_S /
@@ -274,6 +274,10 @@ want copy-paths && check "copy-paths" bash integration/diag/copy_paths.sh "$S" "
 #      completion path (integration/diag/va_gap.py; results/va_gap_f66ded2.md). VA_GAP_MODELS, VA_GAP_ROWS.
 want va-gap && check "va-gap" python3 integration/diag/va_gap.py --vmm "$VMM" --out "$WORK/va_gap" --steps 30 \
   --rows "${VA_GAP_ROWS:-modes}" ${VA_GAP_MODELS:-llama_small_f32 maxtext_tiny_bf16}
+# 5b'''. What one runner leaves behind for the next (opt in: section `schedules`, issue 30): training loops of
+#       the stock references with their steps in the modes a schedule names, the GPU's clocks per row
+#       (integration/diag/schedules.sh; SCHEDULES_MODELS, SCHEDULES_LONG=0 leaves out its 1000-step rows).
+want schedules && check "schedules" bash integration/diag/schedules.sh "$VMM" "$WORK/schedules_ref"
 # 5b''. Programs past a device memory budget (opt in: section `budget`, issue 29): the fixtures and the
 #       stock references with XLA_VMM_DEVICE_MEMORY_LIMIT far below their buffers, so that most of them live
 #       in host memory mapped for the device (cuMemCreate, host NUMA) and what the staging reserve allows is
