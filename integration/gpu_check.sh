@@ -447,12 +447,15 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 #     LONG_STEPS (default 20,000) steps on stock then the plugin (host RSS, device bytes, report() and stats()
 #     flat after warm-up, step time without drift, losses bit-identical), and 8 Python threads dispatching
 #     different programs and transfers at once for LONG_THREADS_S (120) s, each worker's results equal to the
-#     same work run serially: integration/long_runs.py.
+#     same work run serially; 2,000 distinct programs compiled, run and dropped (LONG_CHURN_PROGRAMS), the
+#     plugin's counters back where they were: integration/long_runs.py.
 if want long; then
   check "long:interrupt" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py interrupt \
     --platform vmm --trials "${LONG_TRIALS:-50}" --out "$WORK/long"
   check "long:soak" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py soak \
     --platforms cuda,vmm --steps "${LONG_STEPS:-20000}" --every 1000 --out "$WORK/long"
+  check "long:churn" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py churn \
+    --platform vmm --programs "${LONG_CHURN_PROGRAMS:-2000}" --every 200 --out "$WORK/long"
   check "long:threads" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py threads \
     --platform vmm --threads 8 --seconds "${LONG_THREADS_S:-120}" --out "$WORK/long"
 fi

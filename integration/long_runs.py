@@ -3,6 +3,7 @@ threads dispatching at once.
 
     python3 integration/long_runs.py interrupt [--platform vmm] [--trials 50] [--seed 0] [--out DIR]
     python3 integration/long_runs.py soak [--platforms cuda,vmm] [--steps 20000] [--every 1000] [--out DIR]
+    python3 integration/long_runs.py churn [--platform vmm] [--programs 2000] [--every 200] [--out DIR]
     python3 integration/long_runs.py threads [--platform vmm] [--threads 8] [--seconds 120] [--out DIR]
 
 The loop: a two-layer MLP regression trained by SGD under `jax.jit` with its parameters donated, the
@@ -27,6 +28,13 @@ mean step time. A platform passes when, after the first two windows, RSS and dev
 the losses of all platforms must be bit-identical (a checksum of every step's loss bits, and the
 losses every --every steps).
 
+churn: --programs distinct jitted programs (input shapes and constants varied) compiled, run once (an exact
+integer result checked against numpy) and dropped, one after another in one process; every --every programs,
+after a garbage collection and jax.clear_caches(), its host RSS and on vmm the plugin's counters (the programs
+report() lists, live allocations, reserved address ranges and bytes, device bytes, library plans, the size of
+stats()). Passes when every result is right, every counter is back at its value after the first --every
+programs, and RSS stays within 5% (or 64 MiB) of it.
+
 threads: --threads Python threads in one process dispatch on the same device at once for --seconds, each
 its own kind of work (worker w does kind w % 4): an SGD step with its parameters donated; a chain of
 matrix products on fresh inputs; transfers (a host array put on the device, reduced there, the result
@@ -36,7 +44,7 @@ worker for the iterations it made in the first, one worker after another. A work
 nothing and its checksum equals the serial one; a worker still running 60 s past the deadline is a hang
 (the process reports it and exits).
 
-Writes OUT/long_runs_{interrupt,soak,threads}.{md,json}; exit status 0 when every check passed, 1 otherwise.
+Writes OUT/long_runs_{interrupt,soak,churn,threads}.{md,json}; exit status 0 when every check passed, 1 otherwise.
 """
 import argparse
 import os
@@ -51,8 +59,39 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from benchio import run_json_child, write_results  # noqa: E402
 
+# What the children sample: host RSS, and on vmm the plugin's report(): its devices' memory counters (device
+# bytes; where the plugin counts them, live allocations, reserved address space, library plans), the
+# programs it lists, and the sizes of report() and stats().
+COUNTERS = r'''
+import json
+
+def rss():
+    with open("/proc/self/status") as f:
+        for ln in f:
+            if ln.startswith("VmRSS:"):
+                return int(ln.split()[1]) * 1024
+    return 0
+
+def plugin_counters():
+    import jax_plugins.xla_vmm as v
+    r = v.report()
+    mem = [d["memory"] for d in r.get("devices", [])]
+    out = {"device_bytes": sum(m["device_bytes"] for m in mem), "programs": len(r.get("programs", []))}
+    # Newer plugins count live allocations and reserved address space too.
+    if mem and "va_ranges" in mem[0]:
+        out["allocations"] = sum(m["allocations"] for m in mem)
+        out["va_ranges"] = sum(m["va_ranges"] for m in mem)
+        out["va_bytes"] = sum(m["va_bytes"] for m in mem)
+    plans = [d["library_plans"] for d in r.get("devices", []) if "library_plans" in d]
+    if plans:
+        out["library_plans"] = sum(p["gemm"] + p["conv"] + p.get("fft", 0) for p in plans)
+    out["report_bytes"] = len(json.dumps(r))
+    out["stats_bytes"] = len(json.dumps(v.stats()))
+    return out
+'''
+
 # The child: the training loop. argv: steps (0: forever), every (sampling), platform.
-CHILD = r'''
+CHILD = COUNTERS + r'''
 import json, os, sys, time
 steps, every, platform = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 import jax, jax.numpy as jnp, numpy as np
@@ -77,29 +116,10 @@ k = jax.random.PRNGKey(0)
 p = {"w1": jax.random.normal(k, (32, 256), jnp.float32) * 0.1, "b1": jnp.zeros((256,), jnp.float32),
      "w2": jax.random.normal(jax.random.fold_in(k, 1), (256, 8), jnp.float32) * 0.1}
 
-def rss():
-    with open("/proc/self/status") as f:
-        for ln in f:
-            if ln.startswith("VmRSS:"):
-                return int(ln.split()[1]) * 1024
-    return 0
-
 def sample(n, window_s):
     out = {"step": n, "rss": rss(), "step_ms": 1e3 * window_s / every}
     if platform == "vmm":
-        import jax_plugins.xla_vmm as v
-        r = v.report()
-        mem = [d["memory"] for d in r.get("devices", [])]
-        out["device_bytes"] = sum(m["device_bytes"] for m in mem)
-        # Newer plugins count live allocations and reserved address space too.
-        if mem and "va_ranges" in mem[0]:
-            out["allocations"] = sum(m["allocations"] for m in mem)
-            out["va_bytes"] = sum(m["va_bytes"] for m in mem)
-        plans = [d["library_plans"] for d in r.get("devices", []) if "library_plans" in d]
-        if plans:
-            out["library_plans"] = sum(p["gemm"] + p["conv"] + p.get("fft", 0) for p in plans)
-        out["report_bytes"] = len(json.dumps(r))
-        out["stats_bytes"] = len(json.dumps(v.stats()))
+        out.update(plugin_counters())
     else:
         s = jax.devices()[0].memory_stats() or {}
         out["device_bytes"] = s.get("bytes_in_use", 0)
@@ -127,6 +147,46 @@ while steps == 0 or n < steps:
         samples.append(sample(n, now - t))
         t = now
 print(json.dumps({"checksum": checksum, "losses": kept, "samples": samples, "steps": n}))
+'''
+
+# The churn child. argv: programs, every (sampling), platform. Program k: a jitted function of an int32
+# (n, m) input, (n, m) distinct for k < 2013, its constants k's: compiled, run once, checked, dropped.
+CHURN_CHILD = COUNTERS + r'''
+import gc, sys, time
+programs, every, platform = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+import jax, jax.numpy as jnp, numpy as np
+
+def one(k):
+    n, m = 8 + k % 61, 1 + (k // 61) % 33
+    x = np.arange(n * m, dtype=np.int32).reshape(n, m)
+    f = lambda a: ((a * (k + 1) + 3).sum(axis=0),
+                   jnp.tanh(a.astype(jnp.float32) @ jnp.full((m, 4), 1e-3, jnp.float32)))
+    c = jax.jit(f).lower(x).compile()
+    exact, small = c(x)
+    ok = np.array_equal(np.asarray(exact), (x * (k + 1) + 3).sum(axis=0)) and np.asarray(small).shape == (n, 4)
+    return ok
+
+def sample(k):
+    # Every program of this loop dropped: nothing of theirs may be left.
+    gc.collect()
+    jax.clear_caches()
+    gc.collect()
+    out = {"programs_run": k, "rss": rss()}
+    if platform == "vmm":
+        out.update(plugin_counters())
+    return out
+
+warm = min(every, programs)
+bad = [k for k in range(warm) if not one(k)]
+samples = [sample(warm)]
+t = time.perf_counter()
+for k in range(warm, programs):
+    if not one(k):
+        bad.append(k)
+    if (k + 1) % every == 0 or k + 1 == programs:
+        samples.append(sample(k + 1))
+print(json.dumps({"programs": programs, "wrong": bad, "samples": samples,
+                  "seconds": time.perf_counter() - t}))
 '''
 
 # The threads child. argv: platform, threads, seconds (parallel) or a comma list of per-worker iterations
@@ -349,6 +409,33 @@ def soak(args):
     return 0 if ok else 1
 
 
+def churn(args):
+    r, err = run_json_child([sys.executable, "-c", CHURN_CHILD, str(args.programs), str(args.every), args.platform],
+                            platform_env(args.platform), args.timeout_s)
+    if r is None:
+        write_results(args.out, "long_runs_churn", ["# Churn: failed: %s" % err], {"error": err})
+        return 1
+    s = r["samples"]
+    # The plugin's counters back at their value after the warm-up, exactly; host RSS within 5% (or 64 MiB).
+    checks = {"results": not r["wrong"], "rss": flat([x["rss"] for x in s], 0.05, 64 << 20)}
+    for k in ("programs", "allocations", "va_ranges", "va_bytes", "device_bytes", "library_plans", "stats_bytes"):
+        if k in s[0]:
+            checks[k] = flat([x[k] for x in s], 0.0, 0)
+    r["checks"] = checks
+    cols = [k for k in ("programs", "allocations", "va_ranges", "va_bytes", "device_bytes", "library_plans")
+            if k in s[0]]
+    md = ["# Churn: %d programs compiled, run, checked and dropped in one process (%s), %.0f s" % (
+              r["programs"], args.platform, r["seconds"]), "",
+          "| " + " | ".join(["programs run", "host RSS MiB"] + cols) + " |", "|---" * (2 + len(cols)) + "|"]
+    md += ["| " + " | ".join([str(x["programs_run"]), "%.1f" % (x["rss"] / 2**20)] + [str(x[k]) for k in cols])
+           + " |" for x in s]
+    md += ["", "Checks: %s." % ", ".join("%s %s" % (k, "ok" if v else "FAILED") for k, v in checks.items())]
+    if r["wrong"]:
+        md.append("Wrong results: programs %s." % r["wrong"][:20])
+    write_results(args.out, "long_runs_churn", md, r)
+    return 0 if all(checks.values()) else 1
+
+
 def threads(args):
     cmd = [sys.executable, "-c", THREADS_CHILD, args.platform, str(args.threads)]
     par, err = run_json_child(cmd + ["%g" % args.seconds], platform_env(args.platform), args.seconds + 600)
@@ -386,15 +473,20 @@ def main():
     s.add_argument("--steps", type=int, default=20000)
     s.add_argument("--every", type=int, default=1000)
     s.add_argument("--timeout-s", type=int, default=1800)
+    c = sub.add_parser("churn")
+    c.add_argument("--platform", default="vmm", choices=["vmm", "cuda", "cpu"])
+    c.add_argument("--programs", type=int, default=2000)
+    c.add_argument("--every", type=int, default=200)
+    c.add_argument("--timeout-s", type=int, default=1800)
     t = sub.add_parser("threads")
     t.add_argument("--platform", default="vmm", choices=["vmm", "cuda", "cpu"])
     t.add_argument("--threads", type=int, default=8)
     t.add_argument("--seconds", type=float, default=120.0)
-    for p in (i, s, t):
+    for p in (i, s, c, t):
         p.add_argument("--out", default=".")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    return {"interrupt": interrupt, "soak": soak, "threads": threads}[args.what](args)
+    return {"interrupt": interrupt, "soak": soak, "churn": churn, "threads": threads}[args.what](args)
 
 
 if __name__ == "__main__":

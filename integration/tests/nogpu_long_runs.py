@@ -1,5 +1,5 @@
 """integration/long_runs.py's own logic on the CPU jax of CI's venv (.ci/test runs the `nogpu_*.py`
-files there): the interrupt trials, the soak and the threads run their work on `cpu`, as they run it on
+files there): the interrupt trials, the soak, the churn and the threads run their work on `cpu`, as they run it on
 `vmm` and `cuda` on the GPU machine."""
 import json
 import os
@@ -39,6 +39,14 @@ class LongRuns(unittest.TestCase):
         self.assertEqual(len(data["cpu"]["samples"]), 5)
         self.assertTrue(all(data["cpu"]["checks"].values()), data["cpu"]["checks"])
         self.assertIn("bit-identical across platforms", md)
+
+    def test_programs_compiled_run_and_dropped_leave_flat_counters(self):
+        p, data, md = run("churn", "--platform", "cpu", "--programs", "60", "--every", "20")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(data["wrong"], [])
+        self.assertEqual([x["programs_run"] for x in data["samples"]], [20, 40, 60])
+        self.assertEqual(data["checks"], {"results": True, "rss": True})
+        self.assertIn("Checks: results ok, rss ok.", md)
 
     def test_eight_threads_at_once_compute_what_the_same_work_computes_serially(self):
         p, data, md = run("threads", "--platform", "cpu", "--threads", "8", "--seconds", "3")
