@@ -79,18 +79,38 @@ def child_stock(name, d, steps, save, fresh_batch):
     return {"loss_bits": bits, "step_ms": times, "compile_s": compile_s, "step_t": stamps}
 
 
-def child_vmm(name, d, steps, fresh_batch):
+# The plugin's device counters the A/B can follow step by step (report()'s devices; cumulative).
+STEP_COUNTERS = ("maps", "unmaps", "allocations_made", "va_ranges_made")
+
+
+def counters_now(report):
+    """The STEP_COUNTERS of `report` (report() data) summed over its devices (those it has)."""
+    mem = [d.get("memory", {}) for d in report.get("devices", [])]
+    return {k: sum(m[k] for m in mem) for k in STEP_COUNTERS if mem and all(k in m for m in mem)}
+
+
+def per_step(samples):
+    """Each step's counter changes from cumulative samples (the first: before step 0)."""
+    return [{k: b[k] - a[k] for k in b if k in a} for a, b in zip(samples, samples[1:])]
+
+
+def child_vmm(name, d, steps, fresh_batch, step_counters=False):
     from jax_plugins import xla_vmm
 
     compiled, args, dev = load_on_vmm(d, name)
-    stamps = []
-    bits, times = loop(compiled, args, steps, dev, fresh_batch, stamps)
+    stamps, counted = [], []
+    hook = None
+    if step_counters:
+        counted.append(counters_now(xla_vmm.report()))
+        hook = lambda _step: counted.append(counters_now(xla_vmm.report()))  # noqa: E731
+    bits, times = loop(compiled, args, steps, dev, fresh_batch, stamps, hook)
     st = xla_vmm.stats()
     best = max(st.values(), key=lambda s: s.get("steps", 0)) if st else {}
     # The training step's report line: the runner it ended on, the guard, graph-recapture's captures.
     programs = xla_vmm.report().get("programs", [])
     line = max(programs, key=lambda p: p.get("steps", 0)) if programs else {}
     return {"loss_bits": bits, "step_ms": times, "stats": best, "step_t": stamps,
+            **({"step_counters": per_step(counted)} if step_counters else {}),
             "report": {k: line.get(k) for k in ("program", "runner", "steps", "graph_captures", "guard")}}
 
 
@@ -175,6 +195,7 @@ def row(model, config, path, r, base_ms):
         "host_us_per_step": st.get("host_binding_ns", 0) / steps / 1e3 if st else None,
         "stats": st, "report": r.get("report"), "step_ms": r["step_ms"],
         **({"gpu_clocks": r["gpu_clocks"]} if "gpu_clocks" in r else {}),
+        **({"step_counters": r["step_counters"]} if "step_counters" in r else {}),
         **({"run_medians_ms": r["run_medians_ms"]} if "run_medians_ms" in r else {}),
     }
 
@@ -214,6 +235,20 @@ def clock_lines(rows):
     return out
 
 
+def counter_lines(rows, first=16):
+    """A line per row whose steps were counted: each of its first steps' map / unmap / allocation / VA range
+    changes (what the process does to the device's page tables step by step)."""
+    out = []
+    for r in rows:
+        per = r.get("step_counters")
+        if not per:
+            continue
+        cell = lambda c: "/".join(str(c.get(k, "-")) for k in STEP_COUNTERS)  # noqa: E731
+        out.append("- %s %s: %s" % (r["model"], r["config"], " ".join("%d:%s" % (i, cell(c))
+                                                                   for i, c in enumerate(per[:first]))))
+    return out
+
+
 def write(d, steps, rows, errors, pending):
     """ab.md and ab.json as far as the run got (rewritten after every model)."""
     table = markdown(rows, steps)
@@ -223,6 +258,10 @@ def write(d, steps, rows, errors, pending):
             fh.write("\nErrors:\n" + "\n".join("- " + e for e in errors) + "\n")
         if pending:
             fh.write("\nNot run (time budget): %s\n" % ", ".join(pending))
+        counted = counter_lines(rows)
+        if counted:
+            fh.write("\nPer step (step:maps/unmaps/allocations made/VA ranges made), the first steps:\n"
+                     + "\n".join(counted) + "\n")
         clocks = clock_lines(rows)
         if clocks:
             fh.write("\nThe GPU's clocks while each row ran (gpu_clocks.py):\n" + "\n".join(clocks) + "\n")
@@ -259,6 +298,9 @@ def main():
                     help="poll the GPU's clocks, power and throttle reasons this often (ms) during every row, "
                          "reported for its first steps and its measured ones (issue 30's slowdown: a diagnostic; "
                          "polling costs the host a little)")
+    ap.add_argument("--step-counters", action="store_true",
+                    help="our rows record report()'s map / unmap / allocation counters after every step (outside "
+                         "the timer), listed under the table: what the process does to the page tables per step")
     ap.add_argument("--merge", default=None,
                     help="an ab.json of an earlier call (same --steps): its rows of models not run here are kept")
     # internal: child processes
@@ -274,7 +316,7 @@ def main():
         print(json.dumps(child_stock(a.name, d, a.steps, a.save, a.fresh_batch)))
         return 0
     if a.child == "vmm":
-        print(json.dumps(child_vmm(a.name, d, a.steps, a.fresh_batch)))
+        print(json.dumps(child_vmm(a.name, d, a.steps, a.fresh_batch, a.step_counters)))
         return 0
 
     rows, errors, pending = [], [], []
@@ -328,7 +370,8 @@ def main():
                 if t is not None:
                     env["XLA_VMM_TMP_COPY_THRESHOLD"] = str(t)
                 r, err = run_child(["--out", d, "--steps", str(a.steps), "--child", "vmm", "--name", model]
-                                   + child_flags, env, a.timeout, a.gpu_clocks_ms)
+                                   + child_flags + (["--step-counters"] if a.step_counters else []), env,
+                                   a.timeout, a.gpu_clocks_ms)
                 path = "plugin"
                 # The CLI's loop binds the same buffers every step: no stand-in for a fresh batch.
                 fallback = not a.no_fallback and not a.fresh_batch

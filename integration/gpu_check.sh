@@ -228,7 +228,8 @@ want bench && check "bench" python3 integration/bench.py --vmm "$VMM" --ref "$WO
 #     the MaxText part (integration/maxtext/run.py); PERF_AB_MODELS / PERF_AB_STEPS / PERF_AB_THRESHOLDS /
 #     PERF_AB_REPEAT (our rows run that many times in turn, the median shown) / PERF_AB_MODES (our other rows;
 #     add `va-stable` for graph mode without the guard) / PERF_AB_GPU_CLOCKS_MS (poll the GPU's clocks that often
-#     during each row: a diagnostic, the rows then cost the host a little more): the A/B.
+#     during each row: a diagnostic, the rows then cost the host a little more) / PERF_AB_STEP_COUNTERS=1 (our
+#     rows record the plugin's map / unmap / allocation counters after every step): the A/B.
 PERF=$WORK/perf
 GATE_T0=$(date +%s)
 if want perf || want perf-bench; then
@@ -244,7 +245,7 @@ if want perf || want perf-bench; then
     --measure-from "${PERF_MEASURE_FROM:-40}" \
     --repeat "${PERF_AB_REPEAT:-1}" --models "${PERF_AB_MODELS:-llama_small_f32,maxtext_tiny_bf16}" \
     --thresholds "${PERF_AB_THRESHOLDS:-1}" --modes "${PERF_AB_MODES:-eager,graph-recapture}" \
-    ${PERF_AB_GPU_CLOCKS_MS:+--gpu-clocks-ms "$PERF_AB_GPU_CLOCKS_MS"}
+    ${PERF_AB_GPU_CLOCKS_MS:+--gpu-clocks-ms "$PERF_AB_GPU_CLOCKS_MS"} ${PERF_AB_STEP_COUNTERS:+--step-counters}
 fi
 if want perf || want perf-mt; then
   MT=${PERF_MT:-$S/mt}

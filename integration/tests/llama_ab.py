@@ -40,9 +40,10 @@ def program(name):
     return train_step, (make_state(jax.random.PRNGKey(0)), x), (0,)
 
 
-def loop(compiled, args, steps, device, fresh_batch=False, stamps=None):
+def loop(compiled, args, steps, device, fresh_batch=False, stamps=None, after_step=None):
     """Run `steps` steps, state = all outputs but the last (the loss); return (loss bits, ms).
     stamps: a list that gets each step's start (time.monotonic(), seconds), and the end of the last step.
+    after_step: called after each step's timer, with the step's number.
 
     fresh_batch: the inputs that are not state (the batch) are put on the device anew before every
     step, as a training loop puts each step's batch: same values (so losses stay comparable), new
@@ -62,6 +63,8 @@ def loop(compiled, args, steps, device, fresh_batch=False, stamps=None):
         loss = leaves[-1].block_until_ready()
         times.append((time.perf_counter() - t) * 1e3)
         bits.append(int(np.asarray(loss, dtype=np.float32).view(np.uint32)))
+        if after_step is not None:
+            after_step(len(times) - 1)
         n_state = len(leaves) - 1
         batch = jax.tree.leaves(cur)[n_state:]
         if fresh_batch:

@@ -174,6 +174,22 @@ class ABClocks(unittest.TestCase):
         self.assertEqual(list(m.clock_windows(s, [])), ["child"])
 
 
+class ABStepCounters(unittest.TestCase):
+    def test_each_steps_page_table_changes_from_the_cumulative_counters(self):
+        m = load("ab", os.path.join(INTEGRATION, "ab.py"))
+        mem = lambda n: {"maps": 10 + 2 * n, "unmaps": 4 + n * n, "allocations_made": 5 + n,  # noqa: E731
+                         "va_ranges_made": 3, "device_bytes": 1}
+        samples = [m.counters_now({"devices": [{"memory": mem(n)}, {"memory": mem(n)}]}) for n in range(4)]
+        self.assertEqual(samples[0], {"maps": 20, "unmaps": 8, "allocations_made": 10, "va_ranges_made": 6})
+        per = m.per_step(samples)
+        self.assertEqual([p["unmaps"] for p in per], [2, 6, 10])
+        self.assertEqual(per[0], {"maps": 4, "unmaps": 2, "allocations_made": 2, "va_ranges_made": 0})
+        # An older plugin without the counters: nothing.
+        self.assertEqual(m.counters_now({"devices": [{"memory": {"device_bytes": 1}}]}), {})
+        rows = [{"model": "a", "config": "vmm t=1", "step_counters": per}, {"model": "a", "config": "stock"}]
+        self.assertEqual(m.counter_lines(rows), ["- a vmm t=1: 0:4/2/2/0 1:4/6/2/0 2:4/10/2/0"])
+
+
 class ABRepeat(unittest.TestCase):
     def setUp(self):
         self.m = load("ab", os.path.join(INTEGRATION, "ab.py"))
