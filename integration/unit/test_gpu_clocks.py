@@ -100,12 +100,12 @@ class Sampling(unittest.TestCase):
             err = io.StringIO()
             with redirect_stderr(err):
                 rc = gpu_clocks.main(["--period-ms", "5", "--out", out, "--",
-                                      sys.executable, "-c", "import time, sys; time.sleep(0.3); sys.exit(3)"])
+                                      sys.executable, "-c", "import time, sys; time.sleep(1.5); sys.exit(3)"])
             self.assertEqual(rc, 3)
             self.assertRegex(err.getvalue(), r"gpu clocks: \d+ readings, SM \d+ MHz")
             with open(out) as fh:
                 got = json.load(fh)
-            self.assertEqual(got["cmd"][-1], "import time, sys; time.sleep(0.3); sys.exit(3)")
+            self.assertEqual(got["cmd"][-1], "import time, sys; time.sleep(1.5); sys.exit(3)")
             self.assertEqual(got["summary"]["n"], len(got["readings"]))
 
 
