@@ -523,29 +523,54 @@ mod tests {
         assert!(!second.wants_second_look(&s), "one second look");
     }
 
-    #[test]
-    fn the_guard_switches_at_its_second_look_when_recapture_is_faster_then() {
-        // Step periods on the host backend's stream: the wall time between
-        // steps. VA-stable 2 ms; recapture 2.3 ms in the first trial, 1.4
-        // ms from then on (eager 4 ms): kept VA-stable, then recapture.
-        use xla_vmm_device::host::HostBackend;
-        let be = HostBackend::new(Default::default()).unwrap();
-        let stream = be.stream_create().unwrap();
-        let mut g = Guard::<HostBackend>::new();
+    /// 60 steps of a guard on `be`'s `stream` whose runners take: VA-stable
+    /// 6 ms; recapture 6.6 ms until the first decision, 4.2 ms after it;
+    /// eager 12 ms. The guard and its decisions (step, report).
+    fn second_look_scenario(
+        be: &xla_vmm_device::host::HostBackend,
+        stream: &<xla_vmm_device::host::HostBackend as Backend>::Stream,
+    ) -> (
+        Guard<xla_vmm_device::host::HostBackend>,
+        Vec<(u64, GuardReport)>,
+    ) {
+        let mut g = Guard::new();
         let mut decisions = Vec::new();
         for step in 0..60u64 {
-            let runner = g.begin_step(&be, &stream).unwrap();
+            let runner = g.begin_step(be, stream).unwrap();
             let ms = match runner {
-                Runner::VaStable => 2.0,
-                Runner::Recapture if g.report().is_none() => 2.3,
-                Runner::Recapture => 1.4,
-                Runner::Eager => 4.0,
+                Runner::VaStable => 6.0,
+                Runner::Recapture if g.report().is_none() => 6.6,
+                Runner::Recapture => 4.2,
+                Runner::Eager => 12.0,
             };
             std::thread::sleep(std::time::Duration::from_secs_f64(ms / 1e3));
-            if g.end_step(&be, "second_look_test") {
+            if g.end_step(be, "second_look_test") {
                 decisions.push((step, g.report().unwrap().clone()));
             }
         }
+        (g, decisions)
+    }
+
+    #[test]
+    fn the_guard_switches_at_its_second_look_when_recapture_is_faster_then() {
+        // Step periods on the host backend's stream: the wall time between
+        // steps (`second_look_scenario`): kept VA-stable, then recapture.
+        // Sleeps only overshoot, but on a loaded machine by milliseconds: a
+        // trial whose first recapture sample passed the drop ratio has no
+        // second look to test, and is run again (three tries).
+        use xla_vmm_device::host::HostBackend;
+        let be = HostBackend::new(Default::default()).unwrap();
+        let stream = be.stream_create().unwrap();
+        let mut tries = 0;
+        let (mut g, decisions) = loop {
+            tries += 1;
+            let (mut g, d) = second_look_scenario(&be, &stream);
+            let dropped = d.first().is_some_and(|(_, r)| r.samples[1] < SAMPLES);
+            if !dropped || tries == 3 {
+                break (g, d);
+            }
+            g.release(&be);
+        };
         assert_eq!(decisions.len(), 2, "{decisions:?}");
         let (first, last) = (&decisions[0].1, &decisions[1].1);
         assert_eq!(first.runner, Runner::VaStable, "{first:?}");
