@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "tests"))
 from llama_ab import load_on_vmm, loop, program, save_exe  # noqa: E402  (the pytest A/B's programs and loop)
 from stock_configs import STOCK_CONFIGS  # noqa: E402
-from benchio import run_json_child  # noqa: E402
+from benchio import memory_sums, run_json_child  # noqa: E402
 from gpu_clocks import Sampler, summary_line  # noqa: E402
 
 MODELS = ["llama_small_f32", "llama_110m_bf16", "maxtext_tiny_bf16"]
@@ -85,8 +85,7 @@ STEP_COUNTERS = ("maps", "unmaps", "allocations_made", "va_ranges_made")
 
 def counters_now(report):
     """The STEP_COUNTERS of `report` (report() data) summed over its devices (those it has)."""
-    mem = [d.get("memory", {}) for d in report.get("devices", [])]
-    return {k: sum(m[k] for m in mem) for k in STEP_COUNTERS if mem and all(k in m for m in mem)}
+    return memory_sums(report, STEP_COUNTERS)
 
 
 def per_step(samples):

@@ -29,6 +29,13 @@ def write_results(out, name, md_lines, data):
         json.dump(data, fh, indent=1)
 
 
+def memory_sums(report, keys):
+    """`report()` data's device memory counters `keys`, each summed over its devices (a key some device
+    lacks, as an older plugin's, is left out)."""
+    mem = [d.get("memory", {}) for d in report.get("devices", [])]
+    return {k: sum(m[k] for m in mem) for k in keys if mem and all(k in m for m in mem)}
+
+
 def parse_bytes(text):
     """A byte count as the plugin takes it (`16G`, `512M`, `1.5GiB`, `1048576`: K, M, G, T powers of 1024)."""
     t = text.strip().upper()

@@ -74,14 +74,11 @@ def rss():
 
 def plugin_counters():
     import jax_plugins.xla_vmm as v
+    from benchio import memory_sums  # on vmm the children's path has integration/ (platform_env)
     r = v.report()
-    mem = [d["memory"] for d in r.get("devices", [])]
-    out = {"device_bytes": sum(m["device_bytes"] for m in mem), "programs": len(r.get("programs", []))}
     # Newer plugins count live allocations and reserved address space too.
-    if mem and "va_ranges" in mem[0]:
-        out["allocations"] = sum(m["allocations"] for m in mem)
-        out["va_ranges"] = sum(m["va_ranges"] for m in mem)
-        out["va_bytes"] = sum(m["va_bytes"] for m in mem)
+    out = {"device_bytes": 0, "programs": len(r.get("programs", [])),
+           **memory_sums(r, ("device_bytes", "allocations", "va_ranges", "va_bytes"))}
     plans = [d["library_plans"] for d in r.get("devices", []) if "library_plans" in d]
     if plans:
         out["library_plans"] = sum(p["gemm"] + p["conv"] + p.get("fft", 0) for p in plans)
