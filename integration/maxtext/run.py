@@ -346,7 +346,7 @@ def main():
         sys.path.insert(0, os.path.join(os.path.dirname(HERE), "diag"))
         import trace_timeline
 
-        name = "%s_%s" % (cfg, re.sub(r"[^A-Za-z0-9_]", "_", var))
+        name = os.path.basename(work_of(cfg, var))
         found = glob.glob(os.path.join(work_of(cfg, var), "**", "*.xplane.pb"), recursive=True)
         if not found:
             return "no trace written"
