@@ -329,8 +329,16 @@ impl<B: Backend> Program<B> {
                 .temps
                 .then(|| crate::temps::memory(&self.vmm, b.bytes.div_ceil(gran) * gran))
                 .flatten();
-            self.owned.push(match shared {
-                Some(memory) => DeviceBuffer::map_shared(&self.vmm, &memory, b.bytes)?,
+            // Sharing saves memory; a failure to map the shared memory
+            // leaves the program its own (said once), not unloaded.
+            let mapped = shared.map(|m| DeviceBuffer::map_shared(&self.vmm, &m, b.bytes));
+            self.owned.push(match mapped {
+                Some(Ok(buf)) => buf,
+                Some(Err(e)) => {
+                    tracing::warn!(executable = %self.plan.module_name, error = %e,
+                        "the device's shared temporaries could not be mapped; this program's are its own");
+                    DeviceBuffer::alloc_in(&self.vmm, b.bytes)?
+                }
                 None => DeviceBuffer::alloc_in(&self.vmm, b.bytes)?,
             });
             self.owned_at

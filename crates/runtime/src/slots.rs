@@ -195,14 +195,16 @@ impl<B: Backend> DeviceBuffer<B> {
 
     /// `size` bytes at the start of `phys` (memory other buffers map too:
     /// several programs' temporaries, never used at once), at an address of
-    /// its own in `ctx`.
+    /// its own in `ctx`. The whole of `phys` is mapped, however small
+    /// `size`: the CUDA driver refused to map a prefix of a larger shared
+    /// memory (`CUDA_ERROR_NOT_SUPPORTED`, H100, driver 580.159.04), where
+    /// whole allocations map at several addresses every step (VA-stable
+    /// remaps).
     pub fn map_shared(ctx: &VmmContext<B>, phys: &Arc<Phys<B>>, size: u64) -> Result<Self> {
-        let gran = ctx.backend().info().vmm_granularity.max(1);
-        let mapped = size.max(1).div_ceil(gran) * gran;
-        if mapped > phys.size() {
+        let mapped = phys.size();
+        if size > mapped {
             return Err(RuntimeError::invalid(format!(
-                "{size} bytes mapped from {} bytes of memory",
-                phys.size()
+                "{size} bytes mapped from {mapped} bytes of memory"
             )));
         }
         let mut va = VaReservation::reserve(ctx, mapped, 0)?;

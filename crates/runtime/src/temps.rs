@@ -15,10 +15,12 @@
 //! left, a program's temporaries are its own memory wherever the budget
 //! puts it (host memory): memory other buffers map does not move, so
 //! shared temporaries in host memory could never come back to the device
-//! for a plan that wants them there; and mapping shared temporaries that
-//! were in host memory for a second program failed on the GPU
-//! (`CUDA_ERROR_NOT_SUPPORTED` from `cuMemMap`, H100, driver 580.159.04:
-//! that program then ran on the vendor runtime).
+//! for a plan that wants them there.
+//!
+//! Each program maps the whole memory ([`crate::slots::DeviceBuffer::map_shared`]:
+//! the driver refused a prefix of it, and that program then ran on the
+//! vendor runtime); a mapping that fails all the same leaves the program
+//! temporaries of its own.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, Weak};

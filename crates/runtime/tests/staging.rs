@@ -941,6 +941,58 @@ fn temporaries_that_find_no_device_room_are_each_programs_own() {
     }
 }
 
+#[test]
+fn a_smaller_program_maps_the_larger_shared_temporaries_whole_and_a_failed_map_leaves_it_its_own() {
+    // chains(2n) makes the device's shared temporaries (4 MiB); chains(n)
+    // (2 MiB of temporaries) maps that memory whole. A map that fails
+    // leaves it temporaries of its own: it loads and runs all the same.
+    let n = 512 << 10;
+    let v = 4 * n as u64;
+    let (small_in, small_want) = chains_io(n);
+    let (big_in, big_want) = chains_io(2 * n);
+    let mut grown = Vec::new();
+    for fail in [false, true] {
+        let b = backend_with(None);
+        let stream = b.stream_create().unwrap();
+        let cfg = xla_vmm_runtime::RunConfig {
+            one_stream: true,
+            ..Default::default()
+        };
+        let (xb, xs) = (
+            put_first(&b, &big_in, &stream),
+            put_first(&b, &small_in, &stream),
+        );
+        let load = |m: usize| {
+            Executable::load_with(b.clone(), chains((m * n) as u64), None, None, &cfg, &stream)
+        };
+        let mut big = load(2).unwrap();
+        let before = b.budget().usage().device_bytes;
+        if fail {
+            // The small program's first map is its shared temporaries'.
+            b.inject_failure("map", 1);
+        }
+        let mut small = load(1).expect("loads whether or not the shared memory maps");
+        assert_eq!(b.injections_armed(), 0, "the injected failure fired");
+        grown.push(b.budget().usage().device_bytes - before);
+        bind_all(&mut big, &xb);
+        bind_all(&mut small, &xs);
+        for mode in [Mode::Eager, Mode::GraphRecapture, Mode::Graph] {
+            for step in 0..2 {
+                assert!(step_f32s(&mut big, &b, &stream, mode, 2 * n) == big_want);
+                let got = step_f32s(&mut small, &b, &stream, mode, n);
+                assert!(got == small_want, "fail {fail}, {mode:?}, step {step}");
+            }
+        }
+        drop((big, small, xb, xs));
+        b.stream_destroy(stream).unwrap();
+    }
+    assert_eq!(
+        grown[1] - grown[0],
+        v,
+        "its own temporaries only when the map failed: {grown:?}"
+    );
+}
+
 /// Over `n = 4·m` f32: a scan over 4 layers. `while` (trip count 4) runs a
 /// dynamic-slice fusion that doubles layer `i` of p0 (the stacked weight,
 /// read one window a layer) into layer `i` of out0, then a kernel that
