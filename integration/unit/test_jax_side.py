@@ -742,3 +742,7 @@ class ReportTableTest(unittest.TestCase):
         self.assertIn("captured 30 times in 40 steps; guard at step 16", str(report(d)))
         d["programs"][0].update(graph_captures=2)
         self.assertNotIn("captured", str(report(d)))
+        # Eager left out of the trial: the line says why.
+        guard.update(eager_us=None, samples=[3, 3, 0], eager_skipped=True, second_look=None)
+        self.assertIn("guard at step 16: va-stable 3.515, recapture 3.702 ms (eager not sampled: recapture replayed "
+                      "one graph)", str(report(d)))

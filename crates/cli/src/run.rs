@@ -504,13 +504,17 @@ pub fn replay<B: Backend>(
         }
         if let Some(g) = exe.guard_report() {
             let ms = |v: Option<f64>| v.map_or("-".to_string(), |u| format!("{:.3}", u / 1e3));
+            let eager = if g.eager_skipped {
+                "not sampled (recapture replayed one graph)".to_string()
+            } else {
+                ms(g.eager_us)
+            };
             println!(
-                "guard: runs as {} from step {} (median step ms: va-stable {} recapture {} eager {})",
+                "guard: runs as {} from step {} (median step ms: va-stable {} recapture {} eager {eager})",
                 g.runner.name(),
                 g.decided_at_step,
                 ms(g.va_stable_us),
                 ms(g.recapture_us),
-                ms(g.eager_us)
             );
             if let Some(s) = &g.second_look {
                 println!(

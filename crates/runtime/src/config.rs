@@ -44,8 +44,9 @@ pub const OPTIONS: &[OptionSpec] = &[
         env: "XLA_VMM_GUARD",
         values: "0, 1",
         default: "1",
-        doc: "graph mode measures each program's first steps as VA-stable graph, graph-recapture and \
-              eager, and runs the fastest (said in stats() and one log line); 0 keeps VA-stable graphs",
+        doc: "graph mode measures each program's first steps as VA-stable graph and graph-recapture \
+              (and eager where recapture captures again), and runs the fastest (said in stats() and one \
+              log line); 0 keeps VA-stable graphs",
     },
     OptionSpec {
         key: "xla_vmm_tmp_copy_threshold",

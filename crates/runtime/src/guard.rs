@@ -21,7 +21,13 @@
 //! capture, and auto's re-plan after
 //! [`xla_vmm_policy::tracker::DEFAULT_REPLAN_AFTER_STEPS`] steps), then
 //! [`SAMPLES`] counted steps of it; one uncounted step of graph-recapture
-//! (its capture), then [`SAMPLES`] counted; then [`SAMPLES`] of eager. A
+//! (its capture), then [`SAMPLES`] counted; then [`SAMPLES`] of eager, only
+//! where graph-recapture captured again during its counted steps (the
+//! program's addresses change from step to step): where it replayed one
+//! graph, eager runs the same kernels launched one by one and cannot be
+//! faster, and eager steps cost the steps after them (in `xla-vmm run
+//! --schedule`, three eager steps left every later graph step of
+//! llama_scan_bf16 ~0.1 ms slower on an H100). A
 //! runner that a first sample shows [`DROP_RATIO`] times slower than the best
 //! so far is not run again. The fastest median wins; the VA-stable graph
 //! keeps the program unless another runner is more than [`SWITCH_MARGIN`]
@@ -111,6 +117,9 @@ pub struct GuardReport {
     pub eager_us: Option<f64>,
     /// Samples taken per runner (VA-stable, recapture, eager).
     pub samples: [usize; 3],
+    /// Eager was not sampled: graph-recapture replayed one graph through
+    /// its counted steps (see the module's docs).
+    pub eager_skipped: bool,
     /// The second look, once taken (`runner` is its decision then).
     pub second_look: Option<SecondLook>,
 }
@@ -143,6 +152,11 @@ pub struct Trial {
     samples: [Vec<f64>; 3],
     /// Runners not to sample any more (dropped after one slow sample).
     dropped: [bool; 3],
+    /// Graph-recapture's captures so far when its first counted step was
+    /// handed out.
+    recapture_captures: Option<u64>,
+    /// Eager was left out (graph-recapture did not capture again).
+    eager_skipped: bool,
 }
 
 impl Trial {
@@ -177,12 +191,25 @@ impl Trial {
     }
 
     /// The runner of the next trial step (`None`: every step was handed out;
-    /// the default runs until the decision).
-    pub fn next_step(&mut self) -> Option<Planned> {
+    /// the default runs until the decision). `captures`: graph-recapture's
+    /// captures so far (eager is sampled only if it captured during its
+    /// counted steps).
+    pub fn next_step(&mut self, captures: u64) -> Option<Planned> {
         loop {
             let planned = self.schedule(self.issued)?;
             self.issued += 1;
-            if !self.dropped[planned.runner.index()] {
+            let i = planned.runner.index();
+            match planned.runner {
+                Runner::Recapture if planned.counted && self.recapture_captures.is_none() => {
+                    self.recapture_captures = Some(captures);
+                }
+                Runner::Eager if !self.dropped[i] && self.recapture_captures == Some(captures) => {
+                    self.dropped[i] = true;
+                    self.eager_skipped = true;
+                }
+                _ => {}
+            }
+            if !self.dropped[i] {
                 return Some(planned);
             }
         }
@@ -256,6 +283,7 @@ impl Trial {
             recapture_us: m(Runner::Recapture),
             eager_us: m(Runner::Eager),
             samples: [0, 1, 2].map(|i| self.samples[i].len()),
+            eager_skipped: self.eager_skipped,
             second_look: None,
         }
     }
@@ -326,8 +354,14 @@ impl<B: Backend> Guard<B> {
     }
 
     /// The runner of the next step, with its start event recorded on
-    /// `stream` while the trial lasts.
-    pub(crate) fn begin_step(&mut self, be: &B, stream: &B::Stream) -> Result<Runner> {
+    /// `stream` while the trial lasts. `captures`: graph-recapture's
+    /// captures so far ([`Trial::next_step`]).
+    pub(crate) fn begin_step(
+        &mut self,
+        be: &B,
+        stream: &B::Stream,
+        captures: u64,
+    ) -> Result<Runner> {
         let current = self.decided.as_ref().map_or(Runner::VaStable, |d| d.runner);
         match self.phase {
             Phase::Done => return Ok(current),
@@ -338,7 +372,7 @@ impl<B: Backend> Guard<B> {
             }
             Phase::Trial => {}
         }
-        let planned = self.trial.next_step().unwrap_or(Planned {
+        let planned = self.trial.next_step(captures).unwrap_or(Planned {
             runner: current,
             counted: false,
         });
@@ -438,10 +472,18 @@ mod tests {
     use super::*;
 
     /// Every step of `t`'s schedule, its counted ones sampled at `times`:
-    /// the trial and the steps it ran.
-    fn sample_all(mut t: Trial, times: impl Fn(Runner) -> f64) -> (Trial, Vec<Planned>) {
-        let mut ran = Vec::new();
-        while let Some(p) = t.next_step() {
+    /// the trial and the steps it ran. `recaptures`: every graph-recapture
+    /// step captures (the program's addresses change every step).
+    fn sample_all(
+        mut t: Trial,
+        times: impl Fn(Runner) -> f64,
+        recaptures: bool,
+    ) -> (Trial, Vec<Planned>) {
+        let (mut ran, mut captures) = (Vec::new(), 0);
+        while let Some(p) = t.next_step(captures) {
+            if p.runner == Runner::Recapture && (recaptures || captures == 0) {
+                captures += 1;
+            }
             ran.push(p);
             if p.counted {
                 t.sample(p.runner, times(p.runner));
@@ -452,7 +494,7 @@ mod tests {
     }
 
     fn run_trial(times: impl Fn(Runner) -> f64) -> (GuardReport, Vec<Runner>) {
-        let (t, ran) = sample_all(Trial::default(), times);
+        let (t, ran) = sample_all(Trial::default(), times, true);
         (
             t.decide(ran.len() as u64),
             ran.iter().map(|p| p.runner).collect(),
@@ -478,6 +520,30 @@ mod tests {
     }
 
     #[test]
+    fn eager_is_sampled_only_where_graph_recapture_captured_during_its_counted_steps() {
+        let times = |r| match r {
+            Runner::VaStable => 1000.0,
+            Runner::Recapture => 1050.0,
+            Runner::Eager => 900.0,
+        };
+        // One capture (its uncounted first step), then replays: no eager.
+        let (t, ran) = sample_all(Trial::default(), times, false);
+        assert!(ran.iter().all(|p| p.runner != Runner::Eager), "{ran:?}");
+        let d = t.decide(ran.len() as u64);
+        assert_eq!(
+            (d.runner, d.samples, d.eager_us),
+            (Runner::VaStable, [SAMPLES, SAMPLES, 0], None)
+        );
+        assert!(d.eager_skipped);
+        assert_eq!(ran.len(), VA_WARM_STEPS + SAMPLES + 1 + SAMPLES);
+        // Captured at every step: eager is measured, and wins here.
+        let (t, _) = sample_all(Trial::default(), times, true);
+        let d = t.decide(20);
+        assert_eq!((d.runner, d.samples), (Runner::Eager, [SAMPLES; 3]));
+        assert!(!d.eager_skipped);
+    }
+
+    #[test]
     fn va_stable_keeps_the_program_unless_beaten_by_the_margin() {
         let (d, _) = run_trial(|r| match r {
             Runner::VaStable => 1000.0,
@@ -497,22 +563,30 @@ mod tests {
     #[test]
     fn a_close_va_stable_decision_gets_a_second_look_against_recapture_alone() {
         // Kept VA-stable, recapture 5% slower in the trial: a second look.
-        let (first, _) = sample_all(Trial::default(), |r| match r {
-            Runner::VaStable => 1000.0,
-            Runner::Recapture => 1050.0,
-            Runner::Eager => 2000.0,
-        });
+        let (first, _) = sample_all(
+            Trial::default(),
+            |r| match r {
+                Runner::VaStable => 1000.0,
+                Runner::Recapture => 1050.0,
+                Runner::Eager => 2000.0,
+            },
+            true,
+        );
         let d = first.decide(17);
         assert_eq!(d.runner, Runner::VaStable);
         assert!(first.wants_second_look(&d));
         // In the steady state recapture is 4% faster: it takes the program.
-        let (second, ran) = sample_all(Trial::second_look(), |r| {
-            if r == Runner::VaStable {
-                1000.0
-            } else {
-                960.0
-            }
-        });
+        let (second, ran) = sample_all(
+            Trial::second_look(),
+            |r| {
+                if r == Runner::VaStable {
+                    1000.0
+                } else {
+                    960.0
+                }
+            },
+            true,
+        );
         let ran: Vec<_> = ran.iter().map(|p| (p.runner, p.counted)).collect();
         let mut want = vec![(Runner::VaStable, true); SAMPLES];
         want.push((Runner::Recapture, false));
@@ -536,12 +610,13 @@ mod tests {
         let mut g = Guard::new();
         let mut decisions = Vec::new();
         for step in 0..60u64 {
-            let runner = g.begin_step(be, stream).unwrap();
+            // Graph-recapture replays its one graph: eager is not sampled.
+            let runner = g.begin_step(&be, &stream, 1).unwrap();
             let ms = match runner {
-                Runner::VaStable => 6.0,
-                Runner::Recapture if g.report().is_none() => 6.6,
-                Runner::Recapture => 4.2,
-                Runner::Eager => 12.0,
+                Runner::VaStable => 2.0,
+                Runner::Recapture if g.report().is_none() => 2.3,
+                Runner::Recapture => 1.4,
+                Runner::Eager => unreachable!("eager sampled"),
             };
             std::thread::sleep(std::time::Duration::from_secs_f64(ms / 1e3));
             if g.end_step(be, "second_look_test") {
@@ -579,7 +654,7 @@ mod tests {
         let s = last.second_look.as_ref().unwrap();
         assert!(s.decided_at_step >= first.decided_at_step + SECOND_LOOK_AFTER);
         assert!(s.recapture_us.unwrap() < s.va_stable_us.unwrap());
-        assert_eq!(g.begin_step(&be, &stream).unwrap(), Runner::Recapture);
+        assert_eq!(g.begin_step(&be, &stream, 1).unwrap(), Runner::Recapture);
         g.release(&be);
         be.stream_synchronize(&stream).unwrap();
         be.stream_destroy(stream).unwrap();
@@ -594,11 +669,15 @@ mod tests {
             (900.0, 1500.0, Runner::Recapture),
             (1100.0, 800.0, Runner::Eager),
         ] {
-            let (t, _) = sample_all(Trial::default(), |r| match r {
-                Runner::VaStable => 1000.0,
-                Runner::Recapture => rec,
-                Runner::Eager => eager,
-            });
+            let (t, _) = sample_all(
+                Trial::default(),
+                |r| match r {
+                    Runner::VaStable => 1000.0,
+                    Runner::Recapture => rec,
+                    Runner::Eager => eager,
+                },
+                true,
+            );
             let d = t.decide(20);
             assert_eq!(d.runner, runner);
             assert!(!t.wants_second_look(&d), "{runner:?}");
@@ -609,7 +688,9 @@ mod tests {
     fn medians_resist_one_outlier_and_bad_samples_are_ignored() {
         let mut t = Trial::default();
         let mut k = 0;
-        while let Some(p) = t.next_step() {
+        let mut captures = 0;
+        while let Some(p) = t.next_step(captures) {
+            captures += u64::from(p.runner == Runner::Recapture);
             if p.counted {
                 k += 1;
                 let us = match (p.runner, k) {

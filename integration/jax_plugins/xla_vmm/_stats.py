@@ -43,8 +43,12 @@ class Report(dict):
             g = p.get("guard")
             if g:
                 ms = lambda k: "-" if g.get(k) is None else "%.3f" % (g[k] / 1e3)  # noqa: E731
-                why = "guard at step %d: va-stable %s, recapture %s, eager %s ms" % (
-                    g["decided_at_step"], ms("va_stable_us"), ms("recapture_us"), ms("eager_us"))
+                if g.get("eager_skipped"):
+                    why = "guard at step %d: va-stable %s, recapture %s ms (eager not sampled: recapture " \
+                          "replayed one graph)" % (g["decided_at_step"], ms("va_stable_us"), ms("recapture_us"))
+                else:
+                    why = "guard at step %d: va-stable %s, recapture %s, eager %s ms" % (
+                        g["decided_at_step"], ms("va_stable_us"), ms("recapture_us"), ms("eager_us"))
                 s = g.get("second_look")
                 if s:
                     sm = lambda k: "-" if s.get(k) is None else "%.3f" % (s[k] / 1e3)  # noqa: E731
