@@ -343,7 +343,12 @@ impl<B: Backend> Executable<B> {
         }
         let be = self.program.backend_arc();
         let guard = self.guard.get_or_insert_with(Guard::new);
-        let runner = guard.begin_step(&*be, stream, self.recapture.captures())?;
+        let runner = guard.begin_step(
+            &*be,
+            stream,
+            self.recapture.captures(),
+            self.program.in_host_memory(),
+        )?;
         let out = self.run(stream, runner.mode());
         let name = &self.program.plan().module_name;
         let decided = self

@@ -23,7 +23,9 @@
 //! [`SAMPLES`] counted steps of it; one uncounted step of graph-recapture
 //! (its capture), then [`SAMPLES`] counted; then [`SAMPLES`] of eager, only
 //! where graph-recapture captured again during its counted steps (the
-//! program's addresses change from step to step): where it replayed one
+//! program's addresses change from step to step) or part of the program's
+//! memory is in host memory (a staged prefill ran 84 ms a step eager against
+//! 140 as a VA-stable graph on the H200). Otherwise recapture replayed one
 //! graph, eager runs the same kernels launched one by one and cannot be
 //! faster, and eager steps cost the steps after them (in `xla-vmm run
 //! --schedule`, three eager steps left every later graph step of
@@ -118,7 +120,8 @@ pub struct GuardReport {
     /// Samples taken per runner (VA-stable, recapture, eager).
     pub samples: [usize; 3],
     /// Eager was not sampled: graph-recapture replayed one graph through
-    /// its counted steps (see the module's docs).
+    /// its counted steps, and none of the program's memory is in host
+    /// memory (see the module's docs).
     pub eager_skipped: bool,
     /// The second look, once taken (`runner` is its decision then).
     pub second_look: Option<SecondLook>,
@@ -155,7 +158,8 @@ pub struct Trial {
     /// Graph-recapture's captures so far when its first counted step was
     /// handed out.
     recapture_captures: Option<u64>,
-    /// Eager was left out (graph-recapture did not capture again).
+    /// Eager was left out (graph-recapture did not capture again, nothing in
+    /// host memory).
     eager_skipped: bool,
 }
 
@@ -192,9 +196,10 @@ impl Trial {
 
     /// The runner of the next trial step (`None`: every step was handed out;
     /// the default runs until the decision). `captures`: graph-recapture's
-    /// captures so far (eager is sampled only if it captured during its
-    /// counted steps).
-    pub fn next_step(&mut self, captures: u64) -> Option<Planned> {
+    /// captures so far; `host_memory`: part of the program's memory is in
+    /// host memory (eager is sampled only then or if recapture captured
+    /// during its counted steps).
+    pub fn next_step(&mut self, captures: u64, host_memory: bool) -> Option<Planned> {
         loop {
             let planned = self.schedule(self.issued)?;
             self.issued += 1;
@@ -203,7 +208,11 @@ impl Trial {
                 Runner::Recapture if planned.counted && self.recapture_captures.is_none() => {
                     self.recapture_captures = Some(captures);
                 }
-                Runner::Eager if !self.dropped[i] && self.recapture_captures == Some(captures) => {
+                Runner::Eager
+                    if !self.dropped[i]
+                        && !host_memory
+                        && self.recapture_captures == Some(captures) =>
+                {
                     self.dropped[i] = true;
                     self.eager_skipped = true;
                 }
@@ -354,13 +363,14 @@ impl<B: Backend> Guard<B> {
     }
 
     /// The runner of the next step, with its start event recorded on
-    /// `stream` while the trial lasts. `captures`: graph-recapture's
-    /// captures so far ([`Trial::next_step`]).
+    /// `stream` while the trial lasts. `captures`, `host_memory`: as
+    /// [`Trial::next_step`] takes them.
     pub(crate) fn begin_step(
         &mut self,
         be: &B,
         stream: &B::Stream,
         captures: u64,
+        host_memory: bool,
     ) -> Result<Runner> {
         let current = self.decided.as_ref().map_or(Runner::VaStable, |d| d.runner);
         match self.phase {
@@ -372,10 +382,13 @@ impl<B: Backend> Guard<B> {
             }
             Phase::Trial => {}
         }
-        let planned = self.trial.next_step(captures).unwrap_or(Planned {
-            runner: current,
-            counted: false,
-        });
+        let planned = self
+            .trial
+            .next_step(captures, host_memory)
+            .unwrap_or(Planned {
+                runner: current,
+                counted: false,
+            });
         let event = be.event_create()?;
         if let Err(e) = be.event_record(&event, stream) {
             Teardown::new("a guard event").check("event_destroy", be.event_destroy(event));
@@ -480,7 +493,7 @@ mod tests {
         recaptures: bool,
     ) -> (Trial, Vec<Planned>) {
         let (mut ran, mut captures) = (Vec::new(), 0);
-        while let Some(p) = t.next_step(captures) {
+        while let Some(p) = t.next_step(captures, false) {
             if p.runner == Runner::Recapture && (recaptures || captures == 0) {
                 captures += 1;
             }
@@ -541,6 +554,14 @@ mod tests {
         let d = t.decide(20);
         assert_eq!((d.runner, d.samples), (Runner::Eager, [SAMPLES; 3]));
         assert!(!d.eager_skipped);
+        // Replays, but part of its memory is in host memory: eager too.
+        let mut t = Trial::default();
+        while let Some(p) = t.next_step(1, true) {
+            if p.counted {
+                t.sample(p.runner, times(p.runner));
+            }
+        }
+        assert_eq!(t.decide(20).runner, Runner::Eager);
     }
 
     #[test]
@@ -611,7 +632,7 @@ mod tests {
         let mut decisions = Vec::new();
         for step in 0..60u64 {
             // Graph-recapture replays its one graph: eager is not sampled.
-            let runner = g.begin_step(&be, &stream, 1).unwrap();
+            let runner = g.begin_step(&be, &stream, 1, false).unwrap();
             let ms = match runner {
                 Runner::VaStable => 2.0,
                 Runner::Recapture if g.report().is_none() => 2.3,
@@ -654,7 +675,10 @@ mod tests {
         let s = last.second_look.as_ref().unwrap();
         assert!(s.decided_at_step >= first.decided_at_step + SECOND_LOOK_AFTER);
         assert!(s.recapture_us.unwrap() < s.va_stable_us.unwrap());
-        assert_eq!(g.begin_step(&be, &stream, 1).unwrap(), Runner::Recapture);
+        assert_eq!(
+            g.begin_step(&be, &stream, 1, false).unwrap(),
+            Runner::Recapture
+        );
         g.release(&be);
         be.stream_synchronize(&stream).unwrap();
         be.stream_destroy(stream).unwrap();
@@ -689,7 +713,7 @@ mod tests {
         let mut t = Trial::default();
         let mut k = 0;
         let mut captures = 0;
-        while let Some(p) = t.next_step(captures) {
+        while let Some(p) = t.next_step(captures, false) {
             captures += u64::from(p.runner == Runner::Recapture);
             if p.counted {
                 k += 1;

@@ -577,6 +577,11 @@ impl<B: Backend> Program<B> {
         self.staging_note.as_deref()
     }
 
+    /// Is part of its memory in host memory (staged, or read in place)?
+    pub(crate) fn in_host_memory(&self) -> bool {
+        self.staging.is_some() || self.staging_note.is_some()
+    }
+
     /// What its staging does per step (`None`: nothing is staged).
     pub fn staging_summary(&self) -> Option<crate::staging::StagingSummary> {
         let be = self.backend();

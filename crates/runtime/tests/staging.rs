@@ -111,23 +111,9 @@ fn steps_of(
     at: MemLocation,
     steps: usize,
 ) -> (Vec<Vec<f32>>, Option<StagingSummary>) {
-    let ctx = VmmContext::new(b.clone());
     let stream = b.stream_create().unwrap();
     let mut exe = Executable::load(b.clone(), plan, None, &stream).unwrap();
-    let inputs: [Vec<f32>; 3] = [
-        (0..n).map(|i| 1.0 + i as f32).collect(),
-        (0..n).map(|i| 5.0 + i as f32).collect(),
-        (0..n).map(|i| 10.0 * (i + 1) as f32).collect(),
-    ];
-    let mut bufs = Vec::new();
-    for (i, v) in inputs.iter().enumerate() {
-        let buf = DeviceBuffer::alloc_at(&ctx, 4 * n as u64, at).unwrap();
-        b.write_sync(buf.ptr(), &bytes(v), &stream).unwrap();
-        let mut user = UserBuffer::raw(buf.ptr(), 4 * n as u64);
-        user.location = Some(buf.location());
-        exe.bind_user_buffer(i, user).unwrap();
-        bufs.push(buf);
-    }
+    let bufs = bind_three(b, &mut exe, n, at, &stream);
     let mut outs = Vec::new();
     for _ in 0..steps {
         outs = exe.run(&stream, mode).unwrap();
@@ -141,6 +127,35 @@ fn steps_of(
     }
     b.stream_destroy(stream).unwrap();
     (got, staged)
+}
+
+/// Binds `exe`'s three `n`-f32 parameters to buffers at `at` holding p0 =
+/// 1.., p1 = 5.., p2 = 10, 20, ..; returns the buffers.
+fn bind_three(
+    b: &Arc<HostBackend>,
+    exe: &mut Executable<HostBackend>,
+    n: usize,
+    at: MemLocation,
+    stream: &<HostBackend as Backend>::Stream,
+) -> Vec<DeviceBuffer<HostBackend>> {
+    let ctx = VmmContext::new(b.clone());
+    let inputs: [Vec<f32>; 3] = [
+        (0..n).map(|i| 1.0 + i as f32).collect(),
+        (0..n).map(|i| 5.0 + i as f32).collect(),
+        (0..n).map(|i| 10.0 * (i + 1) as f32).collect(),
+    ];
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let buf = DeviceBuffer::alloc_at(&ctx, 4 * n as u64, at).unwrap();
+            b.write_sync(buf.ptr(), &bytes(v), stream).unwrap();
+            let mut user = UserBuffer::raw(buf.ptr(), 4 * n as u64);
+            user.location = Some(buf.location());
+            exe.bind_user_buffer(i, user).unwrap();
+            buf
+        })
+        .collect()
 }
 
 /// [`two_steps_on`] for 4 f32 on a fresh backend with a device `limit`.
@@ -181,6 +196,34 @@ fn parameters_in_host_memory_are_staged_in_every_mode_with_the_same_results() {
 
 /// A VA-stable graph captured once times its replays: the clock is read
 /// once in `CLOCK_EVERY` steps, each read one replay's figures.
+/// The guard samples eager for a program with memory in host memory (a
+/// staged prefill ran faster eager than as a graph on the GPU), and not for
+/// one whose graph-recapture replayed one graph.
+#[test]
+fn the_guard_samples_eager_only_for_a_program_with_memory_in_host_memory() {
+    for at in [MemLocation::Host, MemLocation::Device] {
+        let b = backend_with(Some(64 << 20));
+        let stream = b.stream_create().unwrap();
+        let mut exe = Executable::load(b.clone(), program(4), None, &stream).unwrap();
+        assert!(exe.config().guard && exe.config().mode == Mode::Graph);
+        let bufs = bind_three(&b, &mut exe, 4, at, &stream);
+        for _ in 0..30 {
+            exe.step(&stream).unwrap();
+            b.stream_synchronize(&stream).unwrap();
+        }
+        let r = exe.guard_report().expect("decided").clone();
+        let staged = exe.program().staging_summary().is_some();
+        assert_eq!(staged, at == MemLocation::Host);
+        assert_eq!(r.eager_skipped, !staged, "{at:?}: {r:?}");
+        assert_eq!(r.samples[2] > 0, staged, "{at:?}: {r:?}");
+        drop(exe);
+        for buf in bufs {
+            buf.free().unwrap();
+        }
+        b.stream_destroy(stream).unwrap();
+    }
+}
+
 #[test]
 fn a_staged_graph_times_its_replays() {
     let b = backend_with(Some(64 << 20));
