@@ -22,8 +22,9 @@
 //! [`xla_vmm_policy::tracker::DEFAULT_REPLAN_AFTER_STEPS`] steps), then
 //! [`SAMPLES`] counted steps of it; one uncounted step of graph-recapture
 //! (its capture), then [`SAMPLES`] counted; then [`SAMPLES`] of eager, only
-//! where graph-recapture captured again during its counted steps (the
-//! program's addresses change from step to step) or part of the program's
+//! where graph-recapture captured again in most of its counted steps (the
+//! program's addresses change from step to step, so its median is a
+//! capture's) or part of the program's
 //! memory is in host memory (a staged prefill ran 84 ms a step eager against
 //! 140 as a VA-stable graph on the H200). Otherwise recapture replayed one
 //! graph, eager runs the same kernels launched one by one and cannot be
@@ -156,8 +157,9 @@ pub struct Trial {
     /// Runners not to sample any more (dropped after one slow sample).
     dropped: [bool; 3],
     /// Graph-recapture's captures so far when its first counted step was
-    /// handed out.
+    /// handed out, and its counted steps handed out.
     recapture_captures: Option<u64>,
+    recapture_counted: u64,
     /// Eager was left out (graph-recapture did not capture again, nothing in
     /// host memory).
     eager_skipped: bool,
@@ -197,22 +199,20 @@ impl Trial {
     /// The runner of the next trial step (`None`: every step was handed out;
     /// the default runs until the decision). `captures`: graph-recapture's
     /// captures so far; `host_memory`: part of the program's memory is in
-    /// host memory (eager is sampled only then or if recapture captured
-    /// during its counted steps).
+    /// host memory (eager is sampled only then or if recapture captured in
+    /// most of its counted steps: a loop whose buffers take turns captures
+    /// once per buffer set, then replays).
     pub fn next_step(&mut self, captures: u64, host_memory: bool) -> Option<Planned> {
         loop {
             let planned = self.schedule(self.issued)?;
             self.issued += 1;
             let i = planned.runner.index();
             match planned.runner {
-                Runner::Recapture if planned.counted && self.recapture_captures.is_none() => {
-                    self.recapture_captures = Some(captures);
+                Runner::Recapture if planned.counted && !self.dropped[i] => {
+                    self.recapture_captures.get_or_insert(captures);
+                    self.recapture_counted += 1;
                 }
-                Runner::Eager
-                    if !self.dropped[i]
-                        && !host_memory
-                        && self.recapture_captures == Some(captures) =>
-                {
+                Runner::Eager if !self.dropped[i] && !host_memory && !self.recaptured(captures) => {
                     self.dropped[i] = true;
                     self.eager_skipped = true;
                 }
@@ -222,6 +222,13 @@ impl Trial {
                 return Some(planned);
             }
         }
+    }
+
+    /// Did graph-recapture capture in most of its counted steps (`captures`:
+    /// its captures so far, all of them run)?
+    fn recaptured(&self, captures: u64) -> bool {
+        self.recapture_captures
+            .is_some_and(|at| 2 * captures.saturating_sub(at) > self.recapture_counted)
     }
 
     /// Add a counted period of `runner`.
@@ -554,6 +561,21 @@ mod tests {
         let d = t.decide(20);
         assert_eq!((d.runner, d.samples), (Runner::Eager, [SAMPLES; 3]));
         assert!(!d.eager_skipped);
+        // Two buffer sets taking turns: one more capture in its counted
+        // steps, then replays (the median is a replay's): no eager.
+        let mut t = Trial::default();
+        let mut captures = 0;
+        let mut eager = 0;
+        while let Some(p) = t.next_step(captures, false) {
+            if p.runner == Runner::Recapture && captures < 2 {
+                captures += 1;
+            }
+            eager += usize::from(p.runner == Runner::Eager);
+            if p.counted {
+                t.sample(p.runner, times(p.runner));
+            }
+        }
+        assert_eq!((eager, t.decide(20).eager_skipped), (0, true));
         // Replays, but part of its memory is in host memory: eager too.
         let mut t = Trial::default();
         while let Some(p) = t.next_step(1, true) {
