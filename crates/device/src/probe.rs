@@ -1,6 +1,8 @@
 //! Cost probe: measures, on the current device, what the copy-vs-remap
 //! policy needs to know (remap cost, copy bandwidth and launch overhead,
-//! graph launch overhead, free memory). Generic over [`Backend`], so it runs
+//! graph launch overhead, free memory), and the host link as the memory
+//! budget's staging uses it (copies between host-located VMM memory and
+//! device memory, each way and both ways at once). Generic over [`Backend`], so it runs
 //! on the host backend in CI and on CUDA/HIP devices for real numbers.
 //!
 //! All timings are host wall-clock medians (the remap calls are host-side
@@ -12,6 +14,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{Backend, DevicePtr};
+use crate::budget::MemLocation;
 use crate::error::{DeviceError, Result};
 
 /// What to measure and how often.
@@ -29,6 +32,9 @@ pub struct ProbeConfig {
     /// Nodes in the graph of tiny memsets.
     pub graph_nodes: usize,
     pub graph_reps: usize,
+    /// Size of each host-link copy, and copies per direction.
+    pub link_bytes: u64,
+    pub link_reps: usize,
 }
 
 const MIB: u64 = 1 << 20;
@@ -44,6 +50,8 @@ impl Default for ProbeConfig {
             tiny_copies: 2000,
             graph_nodes: 200,
             graph_reps: 50,
+            link_bytes: 256 * MIB,
+            link_reps: 8,
         }
     }
 }
@@ -59,6 +67,8 @@ impl ProbeConfig {
             tiny_copies: 200,
             graph_nodes: 20,
             graph_reps: 5,
+            link_bytes: 8 * MIB,
+            link_reps: 2,
         }
     }
 }
@@ -73,6 +83,21 @@ pub struct RemapCost {
     /// Median of the per-round totals (not the sum of the medians).
     pub total_us: f64,
     pub samples: usize,
+}
+
+/// The host link as staging uses it: copies between host-located VMM memory
+/// mapped for the device and device memory, on the device's copy path.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LinkCosts {
+    /// Bytes of each copy.
+    pub bytes: u64,
+    /// Host memory to device memory, bytes/s.
+    pub to_device_bytes_per_s: f64,
+    /// Device memory to host memory, bytes/s.
+    pub to_host_bytes_per_s: f64,
+    /// Both at once, on two streams: the bytes of both directions per
+    /// second (twice one direction's rate where the link is full duplex).
+    pub both_ways_bytes_per_s: f64,
 }
 
 /// Measured device costs; the auto threshold policy reads these.
@@ -108,6 +133,11 @@ pub struct DeviceCosts {
     /// Peak bandwidth from device attributes (bytes/s), for comparison.
     pub peak_bandwidth_bytes_per_s: f64,
     pub vmm_granularity: u64,
+    /// The host link (`None`: not measured, `link_note` says why).
+    #[serde(default)]
+    pub link: Option<LinkCosts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_note: Option<String>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -127,13 +157,23 @@ fn us_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e6
 }
 
-/// Physical memory mapped at a fresh VA range, released on every path.
+/// Device memory mapped at a fresh VA range, released on every path.
 fn with_mapping<B: Backend, T>(
     b: &B,
     bytes: u64,
     f: impl FnOnce(&B::VaRange) -> Result<T>,
 ) -> Result<T> {
-    let mem = b.mem_create_at(bytes, crate::budget::MemLocation::Device)?;
+    with_mapping_at(b, bytes, MemLocation::Device, f)
+}
+
+/// [`with_mapping`] of memory at `location`.
+fn with_mapping_at<B: Backend, T>(
+    b: &B,
+    bytes: u64,
+    location: MemLocation,
+    f: impl FnOnce(&B::VaRange) -> Result<T>,
+) -> Result<T> {
+    let mem = b.mem_create_at(bytes, location)?;
     let va = match b.va_reserve(bytes, 0) {
         Ok(va) => va,
         Err(e) => {
@@ -164,7 +204,7 @@ fn round_up(v: u64, g: u64) -> u64 {
 }
 
 fn probe_remap<B: Backend>(b: &B, bytes: u64, iters: usize) -> Result<RemapCost> {
-    let mem = b.mem_create_at(bytes, crate::budget::MemLocation::Device)?;
+    let mem = b.mem_create_at(bytes, MemLocation::Device)?;
     let va = match b.va_reserve(bytes, 0) {
         Ok(va) => va,
         Err(e) => {
@@ -249,6 +289,84 @@ fn probe_copies<B: Backend>(b: &B, s: &B::Stream, cfg: &ProbeConfig, g: u64) -> 
             Ok((bw, us_since(t) / n as f64))
         })
     })
+}
+
+/// The host link: `reps` copies of `bytes` from host-located memory to
+/// device memory, then back, then both at once (the copies home on a
+/// second stream forked from and joined to `s`).
+fn probe_link<B: Backend>(b: &B, s: &B::Stream, bytes: u64, reps: usize) -> Result<LinkCosts> {
+    use MemLocation::{Device, Host};
+    let reps = reps.max(1);
+    let rate = |secs: f64, copies: usize| bytes as f64 * copies as f64 / secs.max(1e-12);
+    with_mapping_at(b, bytes, Host, |from_host| {
+        with_mapping_at(b, bytes, Host, |to_host| {
+            with_mapping_at(b, bytes, Device, |to_dev| {
+                with_mapping_at(b, bytes, Device, |from_dev| {
+                    let (hi, ho) = (b.va_base(from_host), b.va_base(to_host));
+                    let (di, dout) = (b.va_base(to_dev), b.va_base(from_dev));
+                    b.memset_d8(hi, 0x5a, bytes, s)?;
+                    b.memset_d8(dout, 0xa5, bytes, s)?;
+                    // Warm-up, one copy each way.
+                    b.copy_d2d(di, hi, bytes, s)?;
+                    b.copy_d2d(ho, dout, bytes, s)?;
+                    b.stream_synchronize(s)?;
+                    let each = |dst: DevicePtr, src: DevicePtr| {
+                        timed_on_stream(b, s, || {
+                            (0..reps).try_for_each(|_| b.copy_d2d(dst, src, bytes, s))
+                        })
+                    };
+                    let to_device = rate(each(di, hi)?, reps);
+                    let to_host_rate = rate(each(ho, dout)?, reps);
+                    let both = with_second_stream(b, s, |home| {
+                        (0..reps).try_for_each(|_| {
+                            b.copy_d2d(di, hi, bytes, s)?;
+                            b.copy_d2d(ho, dout, bytes, home)
+                        })
+                    })?;
+                    Ok(LinkCosts {
+                        bytes,
+                        to_device_bytes_per_s: to_device,
+                        to_host_bytes_per_s: to_host_rate,
+                        both_ways_bytes_per_s: rate(both, 2 * reps),
+                    })
+                })
+            })
+        })
+    })
+}
+
+/// Seconds the work `f` enqueues on `s` and on a second stream (forked from
+/// `s` before it, joined to `s` after it) takes; everything made here is
+/// released on every path.
+fn with_second_stream<B: Backend>(
+    b: &B,
+    s: &B::Stream,
+    f: impl FnOnce(&B::Stream) -> Result<()>,
+) -> Result<f64> {
+    let second = b.stream_create()?;
+    let fork = b.event_create();
+    let join = b.event_create();
+    let secs = match (&fork, &join) {
+        (Ok(fork), Ok(join)) => timed_on_stream(b, s, || {
+            b.event_record(fork, s)?;
+            b.stream_wait_event(&second, fork)?;
+            f(&second)?;
+            b.event_record(join, &second)?;
+            b.stream_wait_event(s, join)
+        }),
+        (Err(e), _) | (_, Err(e)) => Err(e.clone()),
+    };
+    let waited = b.stream_synchronize(&second);
+    let released = [fork, join]
+        .into_iter()
+        .flatten()
+        .map(|e| b.event_destroy(e))
+        .chain([b.stream_destroy(second)])
+        .collect::<Result<Vec<()>>>();
+    let secs = secs?;
+    waited?;
+    released?;
+    Ok(secs)
 }
 
 /// Seconds the work `f` enqueues on `s` takes: device events if the backend
@@ -516,6 +634,18 @@ pub fn probe<B: Backend>(b: &B, cfg: &ProbeConfig) -> Result<DeviceCosts> {
         drop(f);
         b.module_unload(m)
     });
+    // Two copies of the link size in device memory, two in host memory.
+    let link_bytes = round_up(cfg.link_bytes.max(1), g);
+    let link = match rest {
+        Err(_) => Err("not measured".to_string()),
+        Ok(_) if 2 * link_bytes > free_bytes / 2 => Err(format!(
+            "{} of device memory free, too little for two {} copies",
+            human_bytes(free_bytes),
+            human_bytes(link_bytes)
+        )),
+        Ok(_) => probe_link(b, &s, link_bytes, cfg.link_reps)
+            .map_err(|e| format!("host-located memory: {e}")),
+    };
     let destroyed = b.stream_destroy(s);
     let ((copy_bw_bytes_per_s, copy_launch_us), memset, kernel) = rest?;
     unloaded?;
@@ -543,6 +673,8 @@ pub fn probe<B: Backend>(b: &B, cfg: &ProbeConfig) -> Result<DeviceCosts> {
         total_bytes,
         peak_bandwidth_bytes_per_s: info.memory_bandwidth,
         vmm_granularity: info.vmm_granularity,
+        link_note: link.as_ref().err().cloned(),
+        link: link.ok(),
     })
 }
 
@@ -655,6 +787,25 @@ impl DeviceCosts {
             "tiny copy         {:.2} us per copy (back to back)",
             self.copy_launch_us
         );
+        match (&self.link, &self.link_note) {
+            (Some(l), _) => {
+                let _ = writeln!(
+                    t,
+                    "host link         to device {:.1} GB/s, to host {:.1} GB/s, both at once {:.1} GB/s in all ({} copies of host-located memory)",
+                    l.to_device_bytes_per_s / 1e9,
+                    l.to_host_bytes_per_s / 1e9,
+                    l.both_ways_bytes_per_s / 1e9,
+                    human_bytes(l.bytes)
+                );
+            }
+            (None, note) => {
+                let _ = writeln!(
+                    t,
+                    "host link         not measured ({})",
+                    note.as_deref().unwrap_or("no reason given")
+                );
+            }
+        }
         let _ = writeln!(
             t,
             "{} {}s  eager + sync {:.1} us",
@@ -725,6 +876,28 @@ mod tests {
         assert_eq!((back.remap.len(), back.free_bytes), (2, c.free_bytes));
         assert!((back.copy_bw_bytes_per_s / c.copy_bw_bytes_per_s - 1.0).abs() < 1e-9);
         assert!(c.to_table().contains("remap"));
+        let l = c
+            .link
+            .as_ref()
+            .expect("the host backend has host-located memory");
+        assert_eq!(l.bytes, 8 * MIB);
+        assert!(l.to_device_bytes_per_s > 0.0 && l.to_host_bytes_per_s > 0.0);
+        assert!(l.both_ways_bytes_per_s > 0.0);
+        assert_eq!(back.link, c.link);
+        assert!(c.to_table().contains("host link         to device"));
+        let (free, total) = b.mem_info().unwrap();
+        assert_eq!(free, total, "everything released");
+        assert_eq!(b.outstanding().events, 0);
+    }
+
+    #[test]
+    fn an_earlier_probes_json_without_the_link_still_reads() {
+        let b = crate::host::HostBackend::new(crate::host::HostConfig::default()).unwrap();
+        let mut v = serde_json::to_value(probe(&b, &ProbeConfig::quick()).unwrap()).unwrap();
+        v.as_object_mut().unwrap().remove("link");
+        let back: DeviceCosts = serde_json::from_value(v).unwrap();
+        assert!(back.link.is_none());
+        assert!(back.to_table().contains("host link         not measured"));
     }
 
     #[test]
@@ -757,6 +930,12 @@ mod tests {
         p.copy_bytes = 2 * MIB;
         let c = probe(&b, &p).unwrap();
         assert_eq!(c.remap.len(), 1);
+        // Four 8 MiB copies do not fit in 16 MiB: the link is not measured.
+        assert!(c.link.is_none());
+        assert!(
+            c.link_note.as_deref().unwrap().contains("too little"),
+            "{c:?}"
+        );
         // Everything the probe created was released.
         let (free, total) = b.mem_info().unwrap();
         assert_eq!(free, total);
