@@ -45,7 +45,7 @@ pub const OPTIONS: &[OptionSpec] = &[
         values: "0, 1",
         default: "1",
         doc: "graph mode measures each program's first steps as VA-stable graph and graph-recapture \
-              (and eager where recapture captures again), and runs the fastest (said in stats() and one \
+              (and eager where recapture keeps capturing or memory is in host memory), and runs the fastest (said in stats() and one \
               log line); 0 keeps VA-stable graphs",
     },
     OptionSpec {
