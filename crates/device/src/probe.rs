@@ -296,42 +296,57 @@ fn probe_copies<B: Backend>(b: &B, s: &B::Stream, cfg: &ProbeConfig, g: u64) -> 
 /// second stream forked from and joined to `s`).
 fn probe_link<B: Backend>(b: &B, s: &B::Stream, bytes: u64, reps: usize) -> Result<LinkCosts> {
     use MemLocation::{Device, Host};
-    let reps = reps.max(1);
-    let rate = |secs: f64, copies: usize| bytes as f64 * copies as f64 / secs.max(1e-12);
     with_mapping_at(b, bytes, Host, |from_host| {
         with_mapping_at(b, bytes, Host, |to_host| {
             with_mapping_at(b, bytes, Device, |to_dev| {
                 with_mapping_at(b, bytes, Device, |from_dev| {
-                    let (hi, ho) = (b.va_base(from_host), b.va_base(to_host));
-                    let (di, dout) = (b.va_base(to_dev), b.va_base(from_dev));
-                    b.memset_d8(hi, 0x5a, bytes, s)?;
-                    b.memset_d8(dout, 0xa5, bytes, s)?;
-                    // Warm-up, one copy each way.
-                    b.copy_d2d(di, hi, bytes, s)?;
-                    b.copy_d2d(ho, dout, bytes, s)?;
-                    b.stream_synchronize(s)?;
-                    let each = |dst: DevicePtr, src: DevicePtr| {
-                        timed_on_stream(b, s, || {
-                            (0..reps).try_for_each(|_| b.copy_d2d(dst, src, bytes, s))
-                        })
-                    };
-                    let to_device = rate(each(di, hi)?, reps);
-                    let to_host_rate = rate(each(ho, dout)?, reps);
-                    let both = with_second_stream(b, s, |home| {
-                        (0..reps).try_for_each(|_| {
-                            b.copy_d2d(di, hi, bytes, s)?;
-                            b.copy_d2d(ho, dout, bytes, home)
-                        })
-                    })?;
-                    Ok(LinkCosts {
-                        bytes,
-                        to_device_bytes_per_s: to_device,
-                        to_host_bytes_per_s: to_host_rate,
-                        both_ways_bytes_per_s: rate(both, 2 * reps),
-                    })
+                    let ptrs = [from_host, to_host, to_dev, from_dev].map(|r| b.va_base(r));
+                    let measured = link_rates(b, s, ptrs, bytes, reps.max(1));
+                    if measured.is_err() {
+                        // Nothing may use the memory once it is unmapped.
+                        let _ = b.stream_synchronize(s);
+                    }
+                    measured
                 })
             })
         })
+    })
+}
+
+/// [`probe_link`]'s copies between its four ranges: from host memory, to
+/// host memory, to device memory, from device memory.
+fn link_rates<B: Backend>(
+    b: &B,
+    s: &B::Stream,
+    [hi, ho, di, dout]: [DevicePtr; 4],
+    bytes: u64,
+    reps: usize,
+) -> Result<LinkCosts> {
+    let rate = |secs: f64, copies: usize| bytes as f64 * copies as f64 / secs.max(1e-12);
+    b.memset_d8(hi, 0x5a, bytes, s)?;
+    b.memset_d8(dout, 0xa5, bytes, s)?;
+    // Warm-up, one copy each way.
+    b.copy_d2d(di, hi, bytes, s)?;
+    b.copy_d2d(ho, dout, bytes, s)?;
+    b.stream_synchronize(s)?;
+    let each = |dst: DevicePtr, src: DevicePtr| {
+        timed_on_stream(b, s, || {
+            (0..reps).try_for_each(|_| b.copy_d2d(dst, src, bytes, s))
+        })
+    };
+    let to_device = rate(each(di, hi)?, reps);
+    let to_host = rate(each(ho, dout)?, reps);
+    let both = with_second_stream(b, s, |home| {
+        (0..reps).try_for_each(|_| {
+            b.copy_d2d(di, hi, bytes, s)?;
+            b.copy_d2d(ho, dout, bytes, home)
+        })
+    })?;
+    Ok(LinkCosts {
+        bytes,
+        to_device_bytes_per_s: to_device,
+        to_host_bytes_per_s: to_host,
+        both_ways_bytes_per_s: rate(both, 2 * reps),
     })
 }
 
@@ -888,6 +903,23 @@ mod tests {
         let (free, total) = b.mem_info().unwrap();
         assert_eq!(free, total, "everything released");
         assert_eq!(b.outstanding().events, 0);
+    }
+
+    #[test]
+    fn a_failing_copy_in_the_link_probe_is_said_and_leaves_nothing_behind() {
+        let b = crate::host::HostBackend::new(crate::host::HostConfig::default()).unwrap();
+        probe(&b, &ProbeConfig::quick()).unwrap();
+        let copies = b.call_count("copy_d2d");
+        let before = b.outstanding();
+        // Each of the link probe's last copies (both ways at once) fails in turn.
+        for k in 0..4 {
+            b.inject_failure("copy_d2d", copies - k);
+            let c = probe(&b, &ProbeConfig::quick()).unwrap();
+            assert!(c.link.is_none(), "{c:?}");
+            let note = c.link_note.unwrap();
+            assert!(note.contains("HOST_INJECTED_FAILURE"), "{note}");
+            assert_eq!(b.outstanding(), before, "copy {k} from the end");
+        }
     }
 
     #[test]
