@@ -81,6 +81,13 @@ pub struct MemoryUsage {
     /// Virtual address ranges reserved, and their bytes.
     pub va_ranges: u64,
     pub va_bytes: u64,
+    /// Since the budget was made: physical allocations and VA ranges made,
+    /// and map and unmap calls (each unmap changes the device's page
+    /// tables: what a process does to them step by step shows here).
+    pub allocations_made: u64,
+    pub va_ranges_made: u64,
+    pub maps: u64,
+    pub unmaps: u64,
     pub limits: MemoryLimits,
 }
 
@@ -102,6 +109,10 @@ pub struct MemoryBudget {
     relocated: AtomicU64,
     va_ranges: AtomicU64,
     va_bytes: AtomicU64,
+    allocations_made: AtomicU64,
+    va_ranges_made: AtomicU64,
+    maps: AtomicU64,
+    unmaps: AtomicU64,
     reserve_pct: AtomicU64,
     /// The first spill has been said (once per budget, at info level).
     said: AtomicBool,
@@ -122,6 +133,10 @@ impl Default for MemoryBudget {
             relocated: AtomicU64::new(0),
             va_ranges: AtomicU64::new(0),
             va_bytes: AtomicU64::new(0),
+            allocations_made: AtomicU64::new(0),
+            va_ranges_made: AtomicU64::new(0),
+            maps: AtomicU64::new(0),
+            unmaps: AtomicU64::new(0),
             reserve_pct: AtomicU64::new(u64::from(DEFAULT_STAGING_RESERVE_PCT)),
             said: AtomicBool::new(false),
         }
@@ -167,6 +182,10 @@ impl MemoryBudget {
             relocated: self.relocated.load(Ordering::Relaxed),
             va_ranges: self.va_ranges.load(Ordering::Relaxed),
             va_bytes: self.va_bytes.load(Ordering::Relaxed),
+            allocations_made: self.allocations_made.load(Ordering::Relaxed),
+            va_ranges_made: self.va_ranges_made.load(Ordering::Relaxed),
+            maps: self.maps.load(Ordering::Relaxed),
+            unmaps: self.unmaps.load(Ordering::Relaxed),
             limits: self.limits(),
         }
     }
@@ -208,6 +227,7 @@ impl MemoryBudget {
             Ok(before) => {
                 peak.fetch_max(before + bytes, Ordering::Relaxed);
                 self.allocations.fetch_add(1, Ordering::Relaxed);
+                self.allocations_made.fetch_add(1, Ordering::Relaxed);
                 true
             }
             Err(_) => false,
@@ -240,6 +260,15 @@ impl MemoryBudget {
         };
         step(&self.va_ranges, 1);
         step(&self.va_bytes, bytes);
+        if reserved {
+            self.va_ranges_made.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A range was mapped (`true`) or unmapped.
+    pub fn note_mapping(&self, mapped: bool) {
+        let c = if mapped { &self.maps } else { &self.unmaps };
+        c.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Count an allocation placed on the host for want of device memory;
@@ -322,6 +351,31 @@ mod tests {
         // A give without a take does not wrap.
         b.give(MemLocation::Device, 1);
         assert_eq!(b.usage().allocations, 0);
+    }
+
+    #[test]
+    fn what_was_ever_made_mapped_and_unmapped_only_grows() {
+        use crate::backend::Backend;
+        let b = crate::host::HostBackend::new(crate::host::HostConfig::default()).unwrap();
+        let before = b.budget().usage();
+        let mem = b.mem_create_at(2 << 20, MemLocation::Device).unwrap();
+        let va = b.va_reserve(2 << 20, 0).unwrap();
+        for _ in 0..3 {
+            b.map(&va, 0, &mem, 0, 2 << 20).unwrap();
+            b.unmap(&va, 0, 2 << 20).unwrap();
+        }
+        // A failed map counts nothing.
+        assert!(b.map(&va, 4 << 20, &mem, 0, 2 << 20).is_err());
+        b.va_free(va).unwrap();
+        b.mem_release(mem).unwrap();
+        let u = b.budget().usage();
+        let made = |u: &MemoryUsage| (u.allocations_made, u.va_ranges_made, u.maps, u.unmaps);
+        let (a, v, m, n) = made(&before);
+        assert_eq!(made(&u), (a + 1, v + 1, m + 3, n + 3));
+        assert_eq!(
+            (u.allocations, u.va_ranges),
+            (before.allocations, before.va_ranges)
+        );
     }
 
     #[test]

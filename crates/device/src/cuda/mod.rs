@@ -364,7 +364,9 @@ impl Backend for CudaBackend {
         self.bind()?;
         // SAFETY: both ranges checked to lie inside live objects we own;
         // mapping over an existing mapping is rejected by the driver.
-        unsafe { result::vmm::map(va.base + va_offset, bytes, mem_offset, mem.handle) }
+        unsafe { result::vmm::map(va.base + va_offset, bytes, mem_offset, mem.handle) }?;
+        self.budget().note_mapping(true);
+        Ok(())
     }
 
     fn unmap(&self, va: &CudaVaRange, va_offset: u64, bytes: u64) -> Result<()> {
@@ -376,6 +378,7 @@ impl Backend for CudaBackend {
         // the caller's documented obligation (a violation faults the GPU
         // context, it cannot corrupt host memory).
         unsafe { result::vmm::unmap(va.base + va_offset, bytes) }?;
+        self.budget().note_mapping(false);
         self.pay_remap_cost(t0)
     }
 

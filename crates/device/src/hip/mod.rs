@@ -322,7 +322,9 @@ impl Backend for HipBackend {
         self.vmm_range("map (physical)", mem_offset, bytes, mem.bytes)?;
         self.bind()?;
         // SAFETY: both ranges lie inside live objects we own.
-        unsafe { result::vmm::map(va.base + va_offset, bytes, mem_offset, mem.handle) }
+        unsafe { result::vmm::map(va.base + va_offset, bytes, mem_offset, mem.handle) }?;
+        self.budget().note_mapping(true);
+        Ok(())
     }
 
     fn unmap(&self, va: &HipVaRange, va_offset: u64, bytes: u64) -> Result<()> {
@@ -331,7 +333,9 @@ impl Backend for HipBackend {
         self.bind()?;
         // SAFETY: range inside our reservation; queued-work ordering is the
         // caller's documented obligation.
-        unsafe { result::vmm::unmap(va.base + va_offset, bytes) }
+        unsafe { result::vmm::unmap(va.base + va_offset, bytes) }?;
+        self.budget().note_mapping(false);
+        Ok(())
     }
 
     fn set_access(&self, va: &HipVaRange, va_offset: u64, bytes: u64) -> Result<()> {

@@ -195,13 +195,17 @@ impl Backend for HostBackend {
         self.check(va.backend)?;
         self.check(mem.backend)?;
         let mut st = self.enter("map")?;
-        st.mem.map(va.id, va_offset, mem.id, mem_offset, bytes)
+        st.mem.map(va.id, va_offset, mem.id, mem_offset, bytes)?;
+        self.budget().note_mapping(true);
+        Ok(())
     }
 
     fn unmap(&self, va: &HostVa, va_offset: u64, bytes: u64) -> Result<()> {
         self.check(va.backend)?;
         let mut st = self.enter("unmap")?;
-        st.mem.unmap(va.id, va_offset, bytes)
+        st.mem.unmap(va.id, va_offset, bytes)?;
+        self.budget().note_mapping(false);
+        Ok(())
     }
 
     fn set_access(&self, va: &HostVa, va_offset: u64, bytes: u64) -> Result<()> {
