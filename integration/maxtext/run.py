@@ -180,10 +180,15 @@ class Prepared:
 def programs_of(lines, reports):
     """What the plugin's reports (`report()` data written at exit) say of the programs JAX compiled (its
     `Compiling NAME` log lines): how many each runner ran, those not on a graph with why, and the compiled
-    names no report lists (JAX's NAME is the HLO module's without its `jit_`)."""
+    names no report lists. JAX logs `jit(f)` (older releases `f`) where the HLO module is `jit_f`, its
+    name's other characters made `_` (`jit(<lambda>)`: `jit__lambda_`)."""
     listed = [p for r in reports for p in r.get("programs", [])]
     compiled = [m.group(1) for m in (COMPILING.search(ANSI.sub("", x)) for x in lines) if m]
-    key = lambda name: re.sub(r"^jit_", "", re.sub(r"[^A-Za-z0-9_]", "_", name))  # noqa: E731
+    def key(name):
+        inner = re.fullmatch(r"jit\((.*)\)", name)
+        name = inner.group(1) if inner else re.sub(r"^jit_", "", name)
+        return re.sub(r"[^A-Za-z0-9_]", "_", name).strip("_")
+
     names = {key(p["program"]) for p in listed}
     runners = {}
     for p in listed:
@@ -212,11 +217,12 @@ def first_error(lines, rc):
     for line in lines:
         if re.search(r"\bERROR\b\s+xla_vmm", line) or "panicked at" in line:
             return line.strip()
-    for i, line in enumerate(lines):
-        if line.startswith("Traceback (most recent call last)"):
-            for m in lines[i + 1:]:
-                if m.strip() and not m[0].isspace():
-                    return m.strip()
+    # The last traceback's exception: the one that ended the process (an earlier one may have been
+    # caught and logged, or chained under it).
+    for i in reversed([i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]):
+        for m in lines[i + 1:]:
+            if m.strip() and not m[0].isspace():
+                return m.strip()
     for line in lines:
         if re.search(r"Fatal Python error|Segmentation fault|core dumped|Check failed|F\d{4} ", line):
             return line.strip()

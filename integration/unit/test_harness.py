@@ -363,23 +363,40 @@ class MaxText(unittest.TestCase):
         lines = ["WARNING:jax._src.interpreters.pxla:Compiling train_step with global shapes and types [...]",
                  "\x1b[33mWARNING\x1b[0m Compiling _multi_slice with global shapes and types [...]",
                  "W1205 Compiling shard_batch with global shapes and types",
+                 # jax 0.11's form: jit(NAME); a lambda's module is jit__lambda_
+                 "W1205 18:04:10 pxla.py:1874] Compiling jit(<lambda>) with global shapes and types [...]",
+                 "W1205 18:04:11 pxla.py:1874] Compiling jit(_where) with global shapes and types [...]",
                  "completed step: 3, seconds: 0.003"]
         reports = [{"programs": [
             {"program": "jit_train_step", "runner": "va-stable graph", "steps": 60},
+            {"program": "jit__lambda_", "runner": "va-stable graph", "steps": 1},
+            {"program": "jit__where", "runner": "va-stable graph", "steps": 1},
             {"program": "jit__multi_slice", "runner": "eager", "steps": 2,
              "reason": "conditional c reads its branch index on the host"}]}]
         p = self.m.programs_of(lines, reports)
-        self.assertEqual((p["listed"], p["compiled"]), (2, 3))
-        self.assertEqual(p["by_runner"], {"va-stable graph": 1, "eager": 1})
+        self.assertEqual((p["listed"], p["compiled"]), (4, 5))
+        self.assertEqual(p["by_runner"], {"va-stable graph": 3, "eager": 1})
         self.assertEqual(p["unlisted"], ["shard_batch"])
         self.assertEqual(p["not_graph"], [("jit__multi_slice", "eager",
                                            "conditional c reads its branch index on the host")])
         row = {"config": "tiny", "variant": "vmm_t1", "rc": 0, "steps_done": 0, "median_ms": None,
                "max_dloss": None, "vmm_lines": 0, "error": "", "programs": p}
         md = self.m.summarize([row])
-        self.assertIn("- tiny vmm_t1: 2 programs listed (JAX compiled 3): 1 eager, 1 va-stable graph; not a graph: "
+        self.assertIn("- tiny vmm_t1: 4 programs listed (JAX compiled 5): 1 eager, 3 va-stable graph; not a graph: "
                       "jit__multi_slice (eager: conditional c reads its branch index on the host); "
                       "NOT LISTED: shard_batch", md)
+
+    def test_the_error_named_is_the_one_that_ended_the_run(self):
+        # A traceback logged and caught earlier (an optional import) is not why the run died.
+        lines = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+                 "ModuleNotFoundError: No module named 'transformer_engine'", "completed step: 0",
+                 "Traceback (most recent call last):", '  File "train.py", line 9, in main',
+                 "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.63GiB."]
+        self.assertEqual(self.m.first_error(lines, 1),
+                         "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.63GiB.")
+        self.assertEqual(self.m.first_error(["completed step: 3"], 0), "")
+        self.assertEqual(self.m.first_error(["ERROR xla_vmm: bad", "Traceback (most recent call last):", "E: x"], 1),
+                         "ERROR xla_vmm: bad")
 
     def test_a_prepared_run_waits_for_its_go(self):
         # The harness's prelude without MaxText: import, say so, wait for the go, run with the arguments.
