@@ -135,7 +135,7 @@ done
 if [ -n "${SAVE_TO:-}" ]; then
   mkdir -p "$SAVE_TO"
   printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed, $skipped skipped" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* oversub/oversub.* train_oversub/mt.* train_oversub/mt_logs.tar.gz 2>/dev/null)
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* oversub/oversub.* train_oversub/mt.* train_oversub/mt_logs.tar.gz long/long_runs_* ckpt/ckpt.* ckpt/ckpt_logs.tar.gz 2>/dev/null)
   # The oversub programs' executables on their own (their size should not cost the logs).
   [ -d "$WORK/oversub/exe" ] && tar -czf "$SAVE_TO/oversub_exe.tar.gz" -C "$WORK/oversub" exe
 fi
@@ -453,6 +453,9 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 if want long; then
   check "long:interrupt" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py interrupt \
     --platform vmm --trials "${LONG_TRIALS:-50}" --out "$WORK/long"
+  # Stock's exit under the same interrupts, for reference (long_runs_interrupt_cuda.md; never a FAIL).
+  [ "${LONG_STOCK_TRIALS:-10}" -gt 0 ] && check "long:interrupt:stock" python3 integration/long_runs.py interrupt \
+    --platform cuda --trials "${LONG_STOCK_TRIALS:-10}" --reference --out "$WORK/long"
   check "long:soak" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py soak \
     --platforms cuda,vmm --steps "${LONG_STEPS:-20000}" --every 1000 --out "$WORK/long"
   check "long:churn" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py churn \

@@ -15,12 +15,15 @@ checks this script).
 interrupt: each trial starts the loop in a child process, waits until its first step has run, waits a
 random 0-500 ms more and sends SIGINT. A trial passes when the child exits within 5 s with Python's
 KeyboardInterrupt (it raises in Python, the plugin's teardown does not hang); a child still alive at
-5 s is killed and counted as hung. With `nvidia-smi` on the machine, no trial's process may still
-hold the GPU afterwards.
+5 s is killed and counted as hung, after its threads' states (/proc: name, state, kernel wait) and its
+Python stacks (faulthandler, on SIGUSR1) are taken into the results. With `nvidia-smi` on the machine, no
+trial's process may still hold the GPU afterwards. `--reference`: a platform measured for comparison
+(stock's), its results written as long_runs_interrupt_PLATFORM, exit status 0.
 
 soak: the loop for --steps steps per platform, one child each; every --every steps the child samples
 its host RSS, the device bytes in use (the plugin: report()'s device budget; stock: memory_stats()),
-and on vmm the size of report() and stats() (which must not grow with steps) and, where the plugin
+and on vmm how many entries report() and stats() hold (keys and list items, nested: no map or list may
+grow with steps; a counter's digits may) and, where the plugin
 counts them, its live allocations, reserved address space and library plans (which must not move), and the window's
 mean step time. A platform passes when, after the first two windows, RSS and device bytes stay within 1%
 (or 4 MiB) of their value then, and the step time of the last window is within 25% of the third's
@@ -31,8 +34,8 @@ losses every --every steps).
 churn: --programs distinct jitted programs (input shapes and constants varied) compiled, run once (an exact
 integer result checked against numpy) and dropped, one after another in one process; every --every programs,
 after a garbage collection and jax.clear_caches(), its host RSS and on vmm the plugin's counters (the programs
-report() lists, live allocations, reserved address ranges and bytes, device bytes, library plans, the size of
-stats()). Passes when every result is right, every counter is back at its value after the first --every
+report() lists, live allocations, reserved address ranges and bytes, device bytes, library plans, the entries
+of stats()). Passes when every result is right, every counter is back at its value after the first --every
 programs, and RSS stays within 5% (or 64 MiB) of it.
 
 threads: --threads Python threads in one process dispatch on the same device at once for --seconds, each
@@ -61,7 +64,7 @@ from benchio import run_json_child, write_results  # noqa: E402
 
 # What the children sample: host RSS, and on vmm the plugin's report(): its devices' memory counters (device
 # bytes; where the plugin counts them, live allocations, reserved address space, library plans), the
-# programs it lists, and the sizes of report() and stats().
+# programs it lists, and how many entries report() and stats() hold (keys and list items, nested).
 COUNTERS = r'''
 import json
 
@@ -70,6 +73,15 @@ def rss():
         for ln in f:
             if ln.startswith("VmRSS:"):
                 return int(ln.split()[1]) * 1024
+    return 0
+
+def entries(x):
+    """How many keys and items a JSON value holds, nested: what grows when a map or a list grows (the
+    digits of a counter that counts steps do not)."""
+    if isinstance(x, dict):
+        return len(x) + sum(entries(v) for v in x.values())
+    if isinstance(x, list):
+        return len(x) + sum(entries(v) for v in x)
     return 0
 
 def plugin_counters():
@@ -82,14 +94,16 @@ def plugin_counters():
     plans = [d["library_plans"] for d in r.get("devices", []) if "library_plans" in d]
     if plans:
         out["library_plans"] = sum(p["gemm"] + p["conv"] + p.get("fft", 0) for p in plans)
-    out["report_bytes"] = len(json.dumps(r))
-    out["stats_bytes"] = len(json.dumps(v.stats()))
+    out["report_entries"] = entries(r)
+    out["stats_entries"] = entries(v.stats())
     return out
 '''
 
 # The child: the training loop. argv: steps (0: forever), every (sampling), platform.
 CHILD = COUNTERS + r'''
-import json, os, sys, time
+import faulthandler, json, os, signal, sys, time
+# A hung interrupt trial asks for every Python thread's stack before it kills the child.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 steps, every, platform = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 import jax, jax.numpy as jnp, numpy as np
 from functools import partial
@@ -298,6 +312,26 @@ def gpu_processes():
     return {int(x) for x in p.stdout.split() if x.strip().isdigit()}
 
 
+def thread_states(pid):
+    """What each thread of a process is doing, from /proc: `name state wchan` with how many threads share it
+    (a hung exit: which threads wait, and in which kernel function)."""
+    counts = {}
+    for tid in sorted(os.listdir("/proc/%d/task" % pid)) if os.path.isdir("/proc/%d/task" % pid) else []:
+        base = "/proc/%d/task/%s/" % (pid, tid)
+        try:
+            with open(base + "comm") as fh:
+                name = fh.read().strip()
+            with open(base + "stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+            with open(base + "wchan") as fh:
+                wchan = fh.read().strip() or "-"
+        except OSError:
+            continue
+        key = "%s %s %s" % (name, state, wchan)
+        counts[key] = counts.get(key, 0) + 1
+    return ["%s x%d" % kv for kv in sorted(counts.items())]
+
+
 def one_interrupt(platform, delay_s, ready_timeout_s=300, exit_timeout_s=5.0):
     """One trial: (record, pid)."""
     child = subprocess.Popen([sys.executable, "-c", CHILD, "0", "1000", platform], env=platform_env(platform),
@@ -319,9 +353,16 @@ def one_interrupt(platform, delay_s, ready_timeout_s=300, exit_timeout_s=5.0):
         _, err = child.communicate(timeout=exit_timeout_s)
         hung = False
     except subprocess.TimeoutExpired:
+        took = time.time() - t
+        threads = thread_states(child.pid)
+        child.send_signal(signal.SIGUSR1)  # faulthandler: the Python stacks, to stderr
+        time.sleep(0.5)
         child.kill()
         _, err = child.communicate()
         hung = True
+        return {"ok": False, "delay_ms": round(1e3 * delay_s), "exit_s": round(took, 3), "rc": child.returncode,
+                "why": "hung (killed after %.0f s)" % exit_timeout_s, "threads": threads,
+                "stderr_tail": err.strip().splitlines()[-40:]}, child.pid
     took = time.time() - t
     raised = "KeyboardInterrupt" in err
     ok = not hung and raised and took <= exit_timeout_s
@@ -351,10 +392,20 @@ def interrupt(args):
                                        "n/a (no nvidia-smi)" if left is None else len(still))]
     bad = [t for t in trials if not t["ok"]]
     if bad:
-        md += ["", "Failed trials:"] + ["- %s" % t for t in bad]
-    write_results(args.out, "long_runs_interrupt", md, {"platform": args.platform, "trials": trials,
+        md += ["", "Failed trials:"] + ["- %s" % {k: v for k, v in t.items() if k not in ("threads", "stderr_tail")}
+                                        for t in bad]
+        # The first hang in full: its threads and the end of its stderr (Python's stacks among them).
+        hung = [t for t in bad if "threads" in t]
+        if hung:
+            md += ["", "The first hung trial's threads (name, state, kernel wait: count):", ""]
+            md += ["    " + x for x in hung[0]["threads"]]
+            md += ["", "and the end of its stderr (the Python stacks faulthandler wrote on SIGUSR1):", ""]
+            md += ["    " + x for x in hung[0]["stderr_tail"]]
+    # A reference run's file is named after its platform (beside the plugin's run in the same folder).
+    name = "long_runs_interrupt" + ("_" + args.platform if args.reference else "")
+    write_results(args.out, name, md, {"platform": args.platform, "trials": trials,
                                                          "left_on_gpu": still})
-    return 0 if passed == len(trials) and not still else 1
+    return 0 if args.reference or (passed == len(trials) and not still) else 1
 
 
 def flat(values, tol_frac=0.01, tol_abs=4 << 20):
@@ -379,8 +430,8 @@ def soak(args):
         s = r["samples"][2:] if len(r["samples"]) > 3 else r["samples"]
         checks = {"rss": flat([x["rss"] for x in s]), "device": flat([x["device_bytes"] for x in s])}
         # What must not move at all (where the child sampled it).
-        exact = {"allocations": "allocations", "va_bytes": "va_bytes", "report": "report_bytes",
-                 "stats": "stats_bytes", "library plans": "library_plans"}
+        exact = {"allocations": "allocations", "va_bytes": "va_bytes", "report": "report_entries",
+                 "stats": "stats_entries", "library plans": "library_plans"}
         for label, k in exact.items():
             if k in s[0]:
                 checks[label] = flat([x[k] for x in s], 0.0, 0)
@@ -415,7 +466,7 @@ def churn(args):
     s = r["samples"]
     # The plugin's counters back at their value after the warm-up, exactly; host RSS within 5% (or 64 MiB).
     checks = {"results": not r["wrong"], "rss": flat([x["rss"] for x in s], 0.05, 64 << 20)}
-    for k in ("programs", "allocations", "va_ranges", "va_bytes", "device_bytes", "library_plans", "stats_bytes"):
+    for k in ("programs", "allocations", "va_ranges", "va_bytes", "device_bytes", "library_plans", "stats_entries"):
         if k in s[0]:
             checks[k] = flat([x[k] for x in s], 0.0, 0)
     r["checks"] = checks
@@ -465,6 +516,8 @@ def main():
     i.add_argument("--platform", default="vmm", choices=["vmm", "cuda", "cpu"])
     i.add_argument("--trials", type=int, default=50)
     i.add_argument("--seed", type=int, default=0)
+    i.add_argument("--reference", action="store_true",
+                   help="a reference run (stock's): its results are written, its exit status is 0")
     s = sub.add_parser("soak")
     s.add_argument("--platforms", default="cuda,vmm")
     s.add_argument("--steps", type=int, default=20000)

@@ -23,7 +23,10 @@ checks, each over steps N..2N-1 unless it says otherwise, bit for bit:
     stock -> us     vmm_from_stock equals stock_resume (stock's saved state continued on us)
     us -> stock     stock_from_vmm equals vmm_resume (our saved state continued on stock)
 
-and, for context, whether vmm_full equals stock_full over all 2N steps. A failed check says its first differing
+and, for context, whether vmm_full equals stock_full over all 2N steps. Every run has one learning-rate schedule
+(learning_rate_schedule_steps=2N) and, by default, deterministic reductions and no autotuning (--xla-flags): without
+them a run differs from another of the same platform and steps (a first GPU run: stock's resume against stock's
+uninterrupted run, 0.24 apart at step N). A failed check says its first differing
 step and the largest |dloss|. Exit status 0 when every check passes. Writes OUT/ckpt.json, OUT/ckpt.md and every
 run's log into OUT/ckpt_logs.tar.gz. The next run's process imports MaxText while the current one runs (run.py's
 Prepared); a save run and its resume share one folder and so one JAX compilation cache, as a resumed job would.
@@ -41,6 +44,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from run import CONFIGS, Prepared, first_error, install_site, trainer_args, variant_env  # noqa: E402
+
+# Bit-for-bit comparisons between processes need the same numbers from the same state: reductions without
+# atomics (the embedding's gradient is a scatter-add) and one GEMM algorithm choice (autotuning may pick
+# another in another process).
+DETERMINISTIC = "--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0"
 
 # (run, platform variant, lineage folder, steps: "half" or "full", checkpointing, folder copied from before it runs)
 RUNS = [
@@ -138,9 +146,13 @@ def main():
     ap.add_argument("--site", default="/tmp/mt_site")
     ap.add_argument("--work", default="/tmp/mt_ckpt_work")
     ap.add_argument("--extra", default="", help="more MaxText key=value args for every run")
+    ap.add_argument("--xla-flags", default=DETERMINISTIC,
+                    help="XLA_FLAGS added for every run (default: deterministic reductions, no autotuning)")
     a = ap.parse_args()
     if a.steps < 2:
         sys.exit("--steps must be at least 2 (MaxText saves no checkpoint of step 0)")
+    # Every run of every platform (stock's variants add theirs to these).
+    os.environ["XLA_FLAGS"] = " ".join(x for x in (os.environ.get("XLA_FLAGS", ""), a.xla_flags) if x)
     t0 = time.time()
     say = lambda msg: print("[ckpt %4ds] %s" % (time.time() - t0, msg), flush=True)  # noqa: E731
     src, env0, have_vmm = install_site(a.mt, a.wheel, a.site, say)
@@ -165,9 +177,12 @@ def main():
         # step N, asynchronously, while the steps after it run on (and donate) the state being written.
         extra = ["enable_checkpointing=true", "async_checkpointing=true", "save_checkpoint_on_completion=true",
                  "checkpoint_period=%d" % a.steps] if ckpt else ["enable_checkpointing=false"]
+        # One learning-rate schedule for all (MaxText's follows `steps` otherwise: a save run's N steps
+        # would decay faster than the 2N-step runs it is compared with).
         args = trainer_args(src, a.config, "ckpt", os.path.join(a.work, folder),
                             a.steps if steps == "half" else 2 * a.steps, a.extra,
-                            checkpointing=extra + ["metrics_file=" + metrics(name)])
+                            checkpointing=extra + ["learning_rate_schedule_steps=%d" % (2 * a.steps),
+                                                   "metrics_file=" + metrics(name)])
         return Prepared(args, dict(env0, **env), os.path.join(logd, name + ".log"))
 
     def save(rows):

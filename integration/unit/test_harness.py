@@ -417,8 +417,9 @@ class MaxText(unittest.TestCase):
 class MaxTextCheckpoint(unittest.TestCase):
     # A stand-in for MaxText's trainer: its loss is a function of a state that it saves (JSON, one file per
     # step) where MaxText would, and restores from the newest file; FAKE_BAD=PLATFORM perturbs a restored
-    # state on that platform.
-    TRAINER = """import json, os, sys
+    # state on that platform. As MaxText's, its schedule follows `steps` unless learning_rate_schedule_steps
+    # is given, and without deterministic ops its numbers differ from process to process.
+    TRAINER = """import json, os, random, sys
 print('imported', flush=True)
 if sys.stdin.readline().strip() != 'go':
     sys.exit(0)
@@ -433,8 +434,10 @@ if ck and os.path.isdir(d) and os.listdir(d):
 if start and os.environ.get('FAKE_BAD') == os.environ['JAX_PLATFORMS']:
     state += 1e-3
 with open(kv['metrics_file'], 'a') as f:
+    sched = int(kv.get('learning_rate_schedule_steps', '-1'))
+    noisy = 'xla_gpu_deterministic_ops=true' not in os.environ.get('XLA_FLAGS', '')
     for s in range(start, steps):
-        state = state * 0.9 + 0.01
+        state = state * (1 - 0.1 * s / (sched if sched > 0 else steps)) + 0.01 + (random.random() * 1e-6 if noisy else 0)
         f.write(json.dumps({'step': float(s), 'learning/loss': state, 'run_name': kv['run_name']}) + '\\n')
         if ck and ((s and s % int(kv['checkpoint_period']) == 0) or s == steps - 1):
             os.makedirs(d, exist_ok=True)
@@ -447,9 +450,10 @@ with open(kv['metrics_file'], 'a') as f:
         self.run = sys.modules["run"]
 
     def main(self, d, bad=None):
-        env = dict(os.environ, **({"FAKE_BAD": bad} if bad else {}))
-        site = mock.patch.object(self.m, "install_site", lambda *a: (d, env, True))
-        with site, mock.patch.object(self.run, "PRELUDE", self.TRAINER):
+        extra = {"FAKE_BAD": bad} if bad else {}
+        # As install_site does: the runs' environment is the process's when the runs are prepared.
+        site = mock.patch.object(self.m, "install_site", lambda *a: (d, dict(os.environ, **extra), True))
+        with site, mock.patch.object(self.run, "PRELUDE", self.TRAINER), mock.patch.dict(os.environ):
             code, _ = quiet(self.m.main, ["checkpoint.py", "--mt", d, "--out", d + "/out", "--work", d + "/work",
                                           "--steps", "3"])
         with open(d + "/out/ckpt.md") as fh:
@@ -688,3 +692,36 @@ class TraceTimeline(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LongRunCounters(unittest.TestCase):
+    def test_report_size_counts_entries_not_digits(self):
+        # A soak's report() grows by a digit when a step counter passes 10,000: not a leak. A list or map
+        # that gains an item is.
+        m = load("long_runs", os.path.join(INTEGRATION, "long_runs.py"))
+        ns = {}
+        exec(m.COUNTERS, ns)
+        entries = ns["entries"]
+        early = {"programs": [{"program": "jit_step", "steps": 3000}], "devices": [{"maps": 7}]}
+        late = {"programs": [{"program": "jit_step", "steps": 20000}], "devices": [{"maps": 7}]}
+        self.assertEqual(entries(early), entries(late))
+        grown = {"programs": [{"program": "jit_step", "steps": 20000}, {"program": "jit_new", "steps": 1}],
+                 "devices": [{"maps": 7}]}
+        self.assertGreater(entries(grown), entries(late))
+        self.assertEqual(entries({"a": {"b": [1, 2]}}), 4)
+
+    def test_a_hung_interrupt_trial_says_what_its_threads_were_doing(self):
+        m = load("long_runs", os.path.join(INTEGRATION, "long_runs.py"))
+        # A child that ignores SIGINT (a hang as the trial sees one) and waits in Python.
+        child = ("import faulthandler, signal, sys, time\n"
+                 "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+                 "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                 "print('READY', flush=True)\n"
+                 "def waiting_here():\n    time.sleep(60)\n"
+                 "waiting_here()\n")
+        with mock.patch.object(m, "CHILD", child):
+            rec, _ = m.one_interrupt("cpu", 0.0, ready_timeout_s=60, exit_timeout_s=1.0)
+        self.assertFalse(rec["ok"])
+        self.assertIn("hung", rec["why"])
+        self.assertTrue(any(t.startswith("python") for t in rec["threads"]), rec["threads"])
+        self.assertTrue(any("waiting_here" in line for line in rec["stderr_tail"]), rec["stderr_tail"])
