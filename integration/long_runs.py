@@ -13,7 +13,9 @@ library from XLA_VMM_LIBRARY or the installed package), `cuda` (stock), `cpu` (s
 checks this script).
 
 interrupt: each trial starts the loop in a child process, waits until its first step has run, waits a
-random 0-500 ms more and sends SIGINT. A trial passes when the child exits within 5 s with Python's
+random 0-500 ms more and sends SIGINT. The child sets Python's SIGINT handler first, as a terminal has it (a
+SIGINT that came in ignored, as from a background job without job control, would never raise; the trial
+records which it was). A trial passes when the child exits within 5 s with Python's
 KeyboardInterrupt (it raises in Python, the plugin's teardown does not hang); a child still alive at
 5 s is killed and counted as hung, after its threads' states (/proc: name, state, kernel wait) and its
 Python stacks (faulthandler, on SIGUSR1) are taken into the results. With `nvidia-smi` on the machine, no
@@ -104,6 +106,10 @@ CHILD = COUNTERS + r'''
 import faulthandler, json, os, signal, sys, time
 # A hung interrupt trial asks for every Python thread's stack before it kills the child.
 faulthandler.register(signal.SIGUSR1, all_threads=True)
+# Ctrl-C raises KeyboardInterrupt, as in a terminal, even where SIGINT came in ignored (Python keeps an ignored
+# SIGINT: a parent started in the background without job control, for one, passes it on so).
+sigint_inherited = "ignored" if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else "default"
+signal.signal(signal.SIGINT, signal.default_int_handler)
 steps, every, platform = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 import jax, jax.numpy as jnp, numpy as np
 from functools import partial
@@ -139,7 +145,7 @@ def sample(n, window_s):
 x, y = batch(0)
 p, l = step(p, x, y)
 l.block_until_ready()
-print("READY", flush=True)
+print("READY sigint=%s" % sigint_inherited, flush=True)
 checksum, kept, samples, pending = 0, [], [], []
 t = time.perf_counter()
 n = 1
@@ -346,6 +352,7 @@ def one_interrupt(platform, delay_s, ready_timeout_s=300, exit_timeout_s=5.0):
         child.kill()
         _, err = child.communicate()
         return {"ok": False, "why": "never ready: " + " | ".join(err.strip().splitlines()[-3:])}, child.pid
+    inherited = line.split("sigint=", 1)[1].strip() if "sigint=" in line else "?"
     time.sleep(delay_s)
     child.send_signal(signal.SIGINT)
     t = time.time()
@@ -361,7 +368,7 @@ def one_interrupt(platform, delay_s, ready_timeout_s=300, exit_timeout_s=5.0):
         _, err = child.communicate()
         hung = True
         return {"ok": False, "delay_ms": round(1e3 * delay_s), "exit_s": round(took, 3), "rc": child.returncode,
-                "why": "hung (killed after %.0f s)" % exit_timeout_s, "threads": threads,
+                "why": "hung (killed after %.0f s)" % exit_timeout_s, "sigint_inherited": inherited, "threads": threads,
                 "stderr_tail": err.strip().splitlines()[-40:]}, child.pid
     took = time.time() - t
     raised = "KeyboardInterrupt" in err
@@ -370,7 +377,7 @@ def one_interrupt(platform, delay_s, ready_timeout_s=300, exit_timeout_s=5.0):
         "" if raised else "exit %s without KeyboardInterrupt: %s" % (
             child.returncode, " | ".join(err.strip().splitlines()[-3:])))
     return {"ok": ok, "delay_ms": round(1e3 * delay_s), "exit_s": round(took, 3), "rc": child.returncode,
-            "why": why}, child.pid
+            "why": why, "sigint_inherited": inherited}, child.pid
 
 
 def interrupt(args):
@@ -390,6 +397,10 @@ def interrupt(args):
           "|---|---|---|---|---|",
           "| %d | %d | %d | %.3f | %s |" % (len(trials), passed, sum("hung" in t["why"] for t in trials), worst,
                                        "n/a (no nvidia-smi)" if left is None else len(still))]
+    ignored = sum(t.get("sigint_inherited") == "ignored" for t in trials)
+    if ignored:
+        md += ["", "SIGINT came in ignored in %d of %d children (each sets Python's handler, as a terminal has it)."
+               % (ignored, len(trials))]
     bad = [t for t in trials if not t["ok"]]
     if bad:
         md += ["", "Failed trials:"] + ["- %s" % {k: v for k, v in t.items() if k not in ("threads", "stderr_tail")}

@@ -3,6 +3,7 @@ files there): the interrupt trials, the soak, the churn and the threads run thei
 `vmm` and `cuda` on the GPU machine."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -11,10 +12,12 @@ import unittest
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "long_runs.py")
 
 
-def run(*args):
+def run(*args, sigint_ignored=False):
     with tempfile.TemporaryDirectory() as out:
+        # sigint_ignored: started as from a shell's background job without job control (SIGINT ignored).
+        ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
         p = subprocess.run([sys.executable, SCRIPT, *args, "--out", out], capture_output=True, text=True,
-                           timeout=600)
+                           timeout=600, preexec_fn=ignore)
         name = "long_runs_%s" % args[0]
         with open(os.path.join(out, name + ".json")) as f:
             data = json.load(f)
@@ -30,6 +33,14 @@ class LongRuns(unittest.TestCase):
         self.assertEqual([t["ok"] for t in data["trials"]], [True] * 3, data)
         self.assertTrue(all(t["exit_s"] <= 5 for t in data["trials"]))
         self.assertIn("| 3 | 3 | 0 |", md)
+        self.assertEqual({t["sigint_inherited"] for t in data["trials"]}, {"default"})
+
+    def test_the_loop_raises_on_sigint_even_where_it_came_in_ignored(self):
+        p, data, md = run("interrupt", "--platform", "cpu", "--trials", "2", "--seed", "2", sigint_ignored=True)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr + md)
+        self.assertEqual([t["ok"] for t in data["trials"]], [True] * 2, data)
+        self.assertEqual({t["sigint_inherited"] for t in data["trials"]}, {"ignored"})
+        self.assertIn("SIGINT came in ignored in 2 of 2", md)
 
     def test_a_soak_samples_flat_counters_and_equal_losses(self):
         p, data, md = run("soak", "--platforms", "cpu,cpu", "--steps", "500", "--every", "100")
