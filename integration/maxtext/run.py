@@ -196,7 +196,17 @@ def programs_of(lines, reports):
     return {"listed": len(listed), "compiled": len(compiled), "by_runner": runners,
             "not_graph": sorted({(p["program"], p["runner"], p.get("reason") or "") for p in listed
                                  if p["runner"] not in ("va-stable graph", "graph-recapture")}),
-            "unlisted": sorted({c for c in compiled if key(c) not in names})}
+            "unlisted": sorted({c for c in compiled if key(c) not in names}),
+            "staged": [staged_of(p) for p in listed if p.get("staging")]}
+
+
+def staged_of(p):
+    """What a program past the device budget moved and measured (its report's `staging`)."""
+    s = p["staging"]
+    keys = ("staged_bytes", "device_bytes", "bytes_in_per_step", "bytes_out_per_step", "estimated_step_us",
+            "unbudgeted_step_us", "timed_steps", "gpu_step_us", "copy_in_gbps", "waited_us", "link_utilisation")
+    return dict({"program": p["program"], "runner": p["runner"], "steps": p.get("steps", 0)},
+                **{k: s[k] for k in keys if k in s})
 
 
 def programs_line(row):
@@ -210,6 +220,23 @@ def programs_line(row):
                                               for n, r, why in p["not_graph"])
     if p["unlisted"]:
         text += "; NOT LISTED: " + ", ".join(p["unlisted"])
+    mib = lambda b: "%.0f MiB" % (b / 2**20)  # noqa: E731
+    for st in p.get("staged", []):
+        # The link's bound for this step: its bytes each way at the rate its copies in ran (the directions
+        # added: a lower bound on what overlap could give).
+        gbps = st.get("copy_in_gbps") or 0
+        bound = (st["bytes_in_per_step"] + st["bytes_out_per_step"]) / (gbps * 1e6) if gbps else None
+        text += ("\n  - %s (%s, %d steps): past the budget, %s staged, %s on the device; per step %s in, %s out"
+                 % (st["program"], st["runner"], st["steps"], mib(st.get("staged_bytes", 0)),
+                    mib(st.get("device_bytes", 0)), mib(st["bytes_in_per_step"]), mib(st["bytes_out_per_step"])))
+        if st.get("timed_steps"):
+            text += ("; last timed step %.1f ms on the device, copies in at %.1f GB/s, compute waited %.1f ms, "
+                     "link %.0f%% busy" % (st["gpu_step_us"] / 1e3, gbps, st["waited_us"] / 1e3,
+                                          100 * st.get("link_utilisation", 0)))
+            if bound:
+                text += "; both ways at that rate %.1f ms" % bound
+        text += "; planned %.1f ms (%.1f with no budget)" % (st.get("estimated_step_us", 0) / 1e3,
+                                                             st.get("unbudgeted_step_us", 0) / 1e3)
     return text
 
 

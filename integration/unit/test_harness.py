@@ -386,6 +386,27 @@ class MaxText(unittest.TestCase):
                       "jit__multi_slice (eager: conditional c reads its branch index on the host); "
                       "NOT LISTED: shard_batch", md)
 
+    def test_a_program_past_the_budget_says_what_it_moved(self):
+        lines = ["W1205 Compiling jit(train_step) with global shapes and types [...]"]
+        staging = {"area_bytes": 2 << 30, "staged": 40, "staged_bytes": 9 << 30, "kept": 0, "kept_bytes": 0,
+                   "refills": 0, "carried": 0, "carried_bytes": 0, "in_place": 0, "in_place_bytes": 0,
+                   "device_bytes": 7 << 30, "bytes_in_per_step": 8 << 30, "bytes_out_per_step": 6 << 30,
+                   "estimated_step_us": 290e3, "unbudgeted_step_us": 55e3, "timed_steps": 3, "gpu_step_us": 330e3,
+                   "copy_in_gbps": 50.0, "waited_us": 250e3, "link_utilisation": 0.9}
+        reports = [{"programs": [{"program": "jit_train_step", "runner": "va-stable graph", "steps": 20,
+                                  "staging": staging},
+                                 {"program": "jit_add", "runner": "eager", "steps": 20}]}]
+        p = self.m.programs_of(lines, reports)
+        self.assertEqual([x["program"] for x in p["staged"]], ["jit_train_step"])
+        self.assertEqual(p["staged"][0]["bytes_in_per_step"], 8 << 30)
+        row = {"config": "1B", "variant": "vmm_t1@XLA_VMM_DEVICE_MEMORY_LIMIT=10G", "programs": p}
+        line = self.m.programs_line(row)
+        self.assertIn("jit_train_step (va-stable graph, 20 steps): past the budget, 9216 MiB staged, 7168 MiB on "
+                      "the device; per step 8192 MiB in, 6144 MiB out; last timed step 330.0 ms on the device, "
+                      "copies in at 50.0 GB/s, compute waited 250.0 ms, link 90% busy", line)
+        # 14 GiB at 50 GB/s
+        self.assertIn("both ways at that rate 300.6 ms; planned 290.0 ms (55.0 with no budget)", line)
+
     def test_the_error_named_is_the_one_that_ended_the_run(self):
         # A traceback logged and caught earlier (an optional import) is not why the run died.
         lines = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
