@@ -17,8 +17,8 @@ random 0-500 ms more and sends SIGINT. The child sets Python's SIGINT handler fi
 SIGINT that came in ignored, as from a background job without job control, would never raise; the trial
 records which it was). A trial passes when the child exits within 5 s with Python's
 KeyboardInterrupt (it raises in Python, the plugin's teardown does not hang); a child still alive at
-5 s is killed and counted as hung, after its threads' states (/proc: name, state, kernel wait) and its
-Python stacks (faulthandler, on SIGUSR1) are taken into the results. With `nvidia-smi` on the machine, no
+5 s is killed and counted as hung, after its threads' states (/proc: name, state, kernel wait), their native
+stacks (gdb, where installed) and its Python stacks (faulthandler, on SIGUSR1) are taken into the results. With `nvidia-smi` on the machine, no
 trial's process may still hold the GPU afterwards. `--reference`: a platform measured for comparison
 (stock's), its results written as long_runs_interrupt_PLATFORM, exit status 0.
 
@@ -338,6 +338,20 @@ def thread_states(pid):
     return ["%s x%d" % kv for kv in sorted(counts.items())]
 
 
+def native_stacks(pid, limit=120):
+    """Every thread's native stack (gdb, where the machine has it; else nothing): where in the plugin, jaxlib or
+    the driver a hung process waits."""
+    if not shutil.which("gdb"):
+        return []
+    try:
+        p = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off",
+                            "-ex", "thread apply all bt 25"], capture_output=True, text=True, timeout=30)
+    except (subprocess.TimeoutExpired, OSError) as e:
+        return ["gdb: %s" % e]
+    frames = [x for x in p.stdout.splitlines() if x.startswith(("Thread ", "#"))]
+    return ["gdb: " + x[:200] for x in frames[:limit]]
+
+
 def one_interrupt(platform, delay_s, ready_timeout_s=300, exit_timeout_s=5.0):
     """One trial: (record, pid)."""
     child = subprocess.Popen([sys.executable, "-c", CHILD, "0", "1000", platform], env=platform_env(platform),
@@ -361,7 +375,7 @@ def one_interrupt(platform, delay_s, ready_timeout_s=300, exit_timeout_s=5.0):
         hung = False
     except subprocess.TimeoutExpired:
         took = time.time() - t
-        threads = thread_states(child.pid)
+        threads = thread_states(child.pid) + native_stacks(child.pid)
         child.send_signal(signal.SIGUSR1)  # faulthandler: the Python stacks, to stderr
         time.sleep(0.5)
         child.kill()
@@ -408,7 +422,7 @@ def interrupt(args):
         # The first hang in full: its threads and the end of its stderr (Python's stacks among them).
         hung = [t for t in bad if "threads" in t]
         if hung:
-            md += ["", "The first hung trial's threads (name, state, kernel wait: count):", ""]
+            md += ["", "The first hung trial's threads (name, state, kernel wait: count; native stacks where gdb is):", ""]
             md += ["    " + x for x in hung[0]["threads"]]
             md += ["", "and the end of its stderr (the Python stacks faulthandler wrote on SIGUSR1):", ""]
             md += ["    " + x for x in hung[0]["stderr_tail"]]
