@@ -22,7 +22,8 @@
 # `compare` (2+ GPUs: FSDP llama through the plugin, one process and jax.distributed, every threshold
 # against stock: integration/multi/compare.py), `ab` (integration/ab.py), `feed` (integration/feed_bench.py:
 # a loop fed a fresh batch per step, steps/s against stock), `long` (integration/long_runs.py: SIGINT at
-# random points of 50 training loops, a 20,000-step soak on stock and the plugin, 8 threads at once), `checkpoint`
+# random points of 50 training loops, a 20,000-step soak on stock and the plugin, 2,000 programs compiled and dropped, 8 threads at once;
+# LONG_PARTS names some of interrupt soak churn threads), `checkpoint`
 # (integration/maxtext/checkpoint.py: MaxText saved and resumed with orbax, on us, on stock and across),
 # `train-oversub` (MaxText 1B past a device memory limit on us, against stock capped to the same memory with and
 # without MaxText's own host offload), `oversub` (a llama forward whose weights are 1.5x and 2x the device
@@ -451,16 +452,18 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 #     same work run serially; 2,000 distinct programs compiled, run and dropped (LONG_CHURN_PROGRAMS), the
 #     plugin's counters back where they were: integration/long_runs.py.
 if want long; then
-  check "long:interrupt" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py interrupt \
+  # LONG_PARTS: which of them (default all four; the first GPU run of all four did not fit one device call).
+  part() { [[ " ${LONG_PARTS:-interrupt soak churn threads} " == *" $1 "* ]]; }
+  part interrupt && check "long:interrupt" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py interrupt \
     --platform vmm --trials "${LONG_TRIALS:-50}" --out "$WORK/long"
   # Stock's exit under the same interrupts, for reference (long_runs_interrupt_cuda.md; never a FAIL).
-  [ "${LONG_STOCK_TRIALS:-10}" -gt 0 ] && check "long:interrupt:stock" python3 integration/long_runs.py interrupt \
+  part interrupt && [ "${LONG_STOCK_TRIALS:-10}" -gt 0 ] && check "long:interrupt:stock" python3 integration/long_runs.py interrupt \
     --platform cuda --trials "${LONG_STOCK_TRIALS:-10}" --reference --out "$WORK/long"
-  check "long:soak" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py soak \
+  part soak && check "long:soak" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py soak \
     --platforms cuda,vmm --steps "${LONG_STEPS:-20000}" --every 1000 --out "$WORK/long"
-  check "long:churn" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py churn \
+  part churn && check "long:churn" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py churn \
     --platform vmm --programs "${LONG_CHURN_PROGRAMS:-2000}" --every 200 --out "$WORK/long"
-  check "long:threads" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py threads \
+  part threads && check "long:threads" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py threads \
     --platform vmm --threads 8 --seconds "${LONG_THREADS_S:-120}" --out "$WORK/long"
 fi
 # 8c. Checkpoint and resume (opt in: section `checkpoint`, issue 34 item 5): MaxText (staged at $S/mt) saved
