@@ -6,16 +6,24 @@ import os
 import subprocess
 
 
-def run_json_child(argv, env, timeout):
+def run_json_child(argv, env, timeout, stderr_path=None):
     """Run `argv` with `env`; returns (the last stdout line starting with `{`, parsed; None) or (None, a short
-    reason: the timeout, or the exit status and the last three lines of stderr)."""
+    reason: the timeout, or the exit status and the last three lines of stderr). `stderr_path`: its stderr goes
+    to that file (which the child can then measure) instead of a pipe."""
     try:
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+        if stderr_path is None:
+            p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+            err = p.stderr
+        else:
+            with open(stderr_path, "w") as fh:
+                p = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=fh, text=True, timeout=timeout)
+            with open(stderr_path, errors="replace") as fh:
+                err = fh.read()
     except subprocess.TimeoutExpired:
         return None, "timeout after %ds" % timeout
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
-        return None, "rc %d: %s" % (p.returncode, " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:]))
+        return None, "rc %d: %s" % (p.returncode, " | ".join((err or p.stdout).strip().splitlines()[-3:]))
     return json.loads(lines[-1]), None
 
 

@@ -24,7 +24,8 @@ trial's process may still hold the GPU afterwards. `--reference`: a platform mea
 
 soak: the loop for --steps steps per platform, one child each; every --every steps the child samples
 its host RSS, the device bytes in use (the plugin: report()'s device budget; stock: memory_stats()),
-and on vmm how many entries report() and stats() hold (keys and list items, nested: no map or list may
+the bytes of its log (stderr to a file, the plugin's at info level: no line per step), and on vmm how many
+entries report() and stats() hold (keys and list items, nested: no map or list may
 grow with steps; a counter's digits may) and, where the plugin
 counts them, its live allocations, reserved address space and library plans (which must not move), and the window's
 mean step time. A platform passes when, after the first two windows, RSS and device bytes stay within 1%
@@ -133,8 +134,14 @@ k = jax.random.PRNGKey(0)
 p = {"w1": jax.random.normal(k, (32, 256), jnp.float32) * 0.1, "b1": jnp.zeros((256,), jnp.float32),
      "w2": jax.random.normal(jax.random.fold_in(k, 1), (256, 8), jnp.float32) * 0.1}
 
+def log_bytes():
+    """Bytes written to stderr so far, where it is a file (the soak's): the log must not grow with steps."""
+    import stat
+    st = os.fstat(2)
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
 def sample(n, window_s):
-    out = {"step": n, "rss": rss(), "step_ms": 1e3 * window_s / every}
+    out = {"step": n, "rss": rss(), "step_ms": 1e3 * window_s / every, "log_bytes": log_bytes()}
     if platform == "vmm":
         out.update(plugin_counters())
     else:
@@ -444,8 +451,10 @@ def soak(args):
     results, rows, ok = {}, [], True
     for n, plat in enumerate(platforms):
         key = plat if plat not in results else "%s#%d" % (plat, n)
-        r, err = run_json_child([sys.executable, "-c", CHILD, str(args.steps), str(args.every), plat],
-                                platform_env(plat), args.timeout_s)
+        # Its log (the plugin's at info) to a file the child measures at every sample.
+        env = dict(platform_env(plat), **({"XLA_VMM_LOG": "info"} if plat == "vmm" else {}))
+        r, err = run_json_child([sys.executable, "-c", CHILD, str(args.steps), str(args.every), plat], env,
+                                args.timeout_s, stderr_path=os.path.join(args.out, "long_runs_soak_%s.log" % key))
         if r is None:
             results[key] = {"error": err}
             rows.append("| %s | failed: %s | | | | |" % (key, err))
@@ -460,6 +469,9 @@ def soak(args):
         for label, k in exact.items():
             if k in s[0]:
                 checks[label] = flat([x[k] for x in s], 0.0, 0)
+        # No log line per step: within 4 KiB over the rest of the soak (a line a step would be thousands).
+        if s[0].get("log_bytes") is not None:
+            checks["log"] = flat([x["log_bytes"] for x in s], 0.0, 4096)
         # Drift, where a window is long enough (0.5 s) for its mean not to be noise.
         if len(r["samples"]) >= 4 and args.every * r["samples"][2]["step_ms"] >= 500:
             third, last = r["samples"][2]["step_ms"], r["samples"][-1]["step_ms"]

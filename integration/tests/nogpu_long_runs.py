@@ -49,6 +49,9 @@ class LongRuns(unittest.TestCase):
         self.assertEqual(data["cpu"]["checksum"], data["cpu#1"]["checksum"])
         self.assertEqual(len(data["cpu"]["samples"]), 5)
         self.assertTrue(all(data["cpu"]["checks"].values()), data["cpu"]["checks"])
+        # Its log went to a file the child measured: checked for growth.
+        self.assertIn("log", data["cpu"]["checks"])
+        self.assertTrue(all(x["log_bytes"] is not None for x in data["cpu"]["samples"]))
         self.assertIn("bit-identical across platforms", md)
 
     def test_programs_compiled_run_and_dropped_leave_flat_counters(self):
