@@ -11,7 +11,7 @@
 # configuration or than our eager or graph-recapture mode on any row, or its losses moved (perf_gate.py).
 # `perf-bench` and `perf-mt` are its halves, for narrow runs. Opt-in, only when named: `bench` (bench.py alone), `sanitize` (compute-sanitizer memcheck on a 200-step VA-stable loop at thresholds 0 / 1 / 4096),
 # `sanitize-jax` (memcheck over a short llama training through the plugin under JAX),
-# `copy-paths` (the VA-stable copy paths' diagnostic), `schedules` (integration/diag/schedules.sh), `budget` (programs past a device memory budget,
+# `copy-paths` (the VA-stable copy paths' diagnostic), `schedules` (integration/diag/schedules.sh), `step8` (integration/diag/step8.sh: the guard on and off, remap only, recapture alone, step by step), `budget` (programs past a device memory budget,
 # bit-identical to stock), `multi` (2+ GPUs: NCCL collectives, the multi-device fixtures through the runtime on every device),
 # `jax` (a slice of JAX's own test suite, stock then vmm, side by side: integration/jax_tests.py on the
 # tests staged at $S/jaxtests by `JAX_SRC=... stage_gpu.sh --perf`; JAX_SLICE_FILES / JAX_SLICE_BUDGET_S /
@@ -136,7 +136,7 @@ done
 if [ -n "${SAVE_TO:-}" ]; then
   mkdir -p "$SAVE_TO"
   printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed, $skipped skipped" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* oversub/oversub.* train_oversub/mt.* train_oversub/mt_logs.tar.gz long/long_runs_* ckpt/ckpt.* ckpt/ckpt_logs.tar.gz 2>/dev/null)
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* oversub/oversub.* train_oversub/mt.* train_oversub/mt_logs.tar.gz long/long_runs_* step8/step_times.md step8/*/ab.* ckpt/ckpt.* ckpt/ckpt_logs.tar.gz 2>/dev/null)
   # The oversub programs' executables on their own (their size should not cost the logs).
   [ -d "$WORK/oversub/exe" ] && tar -czf "$SAVE_TO/oversub_exe.tar.gz" -C "$WORK/oversub" exe
 fi
@@ -280,6 +280,7 @@ want va-gap && check "va-gap" python3 integration/diag/va_gap.py --vmm "$VMM" --
 #       the stock references with their steps in the modes a schedule names, the GPU's clocks per row
 #       (integration/diag/schedules.sh; SCHEDULES_MODELS, SCHEDULES_LONG=0 leaves out its 1000-step rows).
 want schedules && check "schedules" bash integration/diag/schedules.sh "$VMM" "$WORK/schedules_ref"
+want step8 && check "step8" bash integration/diag/step8.sh "$WORK/step8" "${STEP8_MODEL:-llama_small_f32}"
 # 5b''. Programs past a device memory budget (opt in: section `budget`, issue 29): the fixtures and the
 #       stock references with XLA_VMM_DEVICE_MEMORY_LIMIT far below their buffers, so that most of them live
 #       in host memory mapped for the device (cuMemCreate, host NUMA) and what the staging reserve allows is

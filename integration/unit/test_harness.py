@@ -746,3 +746,30 @@ class LongRunCounters(unittest.TestCase):
         self.assertIn("hung", rec["why"])
         self.assertTrue(any(t.startswith("python") for t in rec["threads"]), rec["threads"])
         self.assertTrue(any("waiting_here" in line for line in rec["stderr_tail"]), rec["stderr_tail"])
+
+
+class StepTimes(unittest.TestCase):
+    def test_rows_of_several_runs_side_by_side_with_the_guards_decision(self):
+        m = load("step_times", os.path.join(INTEGRATION, "diag", "step_times.py"))
+        with tempfile.TemporaryDirectory() as d:
+            paths = []
+            for tag, rows in (("guard", [
+                    {"model": "m", "config": "vmm t=1 (auto)", "step_ms": [9.0, 3.0, 3.0, 3.4, 3.4],
+                     "report": {"runner": "va-stable graph",
+                                "guard": {"runner": "va-stable", "decided_at_step": 14,
+                                          "second_look": {"decided_at_step": 32}}}},
+                    {"model": "m", "config": "vmm graph-recapture", "step_ms": [8.0, 3.0, 3.0, 3.0, 3.0],
+                     "report": {"runner": "graph-recapture"}}]),
+                    ("remap_only", [{"model": "m", "config": "vmm va-stable", "step_ms": [9.0, 3.1, 3.1, 3.1]},
+                                    {"model": "other", "config": "vmm va-stable", "step_ms": [1.0]}])):
+                os.makedirs(os.path.join(d, tag))
+                paths.append(os.path.join(d, tag, "ab.json"))
+                with open(paths[-1], "w") as fh:
+                    json.dump(rows, fh)
+            code, text = quiet(m.main, ["step_times.py"] + paths + ["--model", "m", "--last", "2"])
+        self.assertEqual(code, 0)
+        self.assertIn("- guard vmm t=1 (auto): 9.00 3.00 3.00 | 3.400 va-stable from step 14, second look at step 32",
+                      text)
+        self.assertIn("- guard vmm graph-recapture: 8.00 3.00 3.00 | 3.000 graph-recapture", text)
+        self.assertIn("- remap_only vmm va-stable: 9.00 3.10 3.10 | 3.100 ", text)
+        self.assertNotIn("other", text)

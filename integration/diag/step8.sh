@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Issue 30: from about step 8 of a JAX process the default mode's steps run ~0.1 ms slower than in a process
+# that runs graph-recapture alone, recapture's trial steps included (perf_gate_297751e.md). Which of the
+# guard's trial and the binding's re-plan starts it? One model through the plugin (ab.py), one process per
+# row: the guard on at thresholds 0 and 1, the guard off (XLA_VMM_GUARD=0: VA-stable only) at the automatic
+# threshold and at 0 (remap only, never a copy), graph-recapture alone; then every row's steps 0-20 side by
+# side (integration/diag/step_times.py) with its per-step map/unmap counts.
+#     bash integration/diag/step8.sh OUT [MODEL]       (on the GPU machine; MODEL default llama_small_f32)
+set -u
+OUT=${1:?usage: step8.sh OUT [MODEL]}
+MODEL=${2:-llama_small_f32}
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+steps=${STEP8_STEPS:-40}
+ab() { python3 "$HERE/ab.py" --models "$MODEL" --steps "$steps" --stock-configs onoff --step-counters "$@"; }
+ab --out "$OUT/guard" --thresholds 0,1 --modes graph-recapture,va-stable || exit 1
+XLA_VMM_TMP_COPY_THRESHOLD=0 ab --out "$OUT/remap_only" --thresholds "" --modes va-stable || exit 1
+python3 "$HERE/diag/step_times.py" "$OUT/guard/ab.json" "$OUT/remap_only/ab.json" --model "$MODEL" --last 20 \
+  | tee "$OUT/step_times.md"
