@@ -222,8 +222,8 @@ def programs_line(row):
         text += "; NOT LISTED: " + ", ".join(p["unlisted"])
     mib = lambda b: "%.0f MiB" % (b / 2**20)  # noqa: E731
     for st in p.get("staged", []):
-        # The link's bound for this step: its bytes each way at the rate its copies in ran (the directions
-        # added: a lower bound on what overlap could give).
+        # The link's time for this step's bytes at the rate its copies in ran, the directions taking turns
+        # (a full-duplex link may need less).
         gbps = st.get("copy_in_gbps") or 0
         bound = (st["bytes_in_per_step"] + st["bytes_out_per_step"]) / (gbps * 1e6) if gbps else None
         text += ("\n  - %s (%s, %d steps): past the budget, %s staged, %s on the device; per step %s in, %s out"
