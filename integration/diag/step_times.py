@@ -15,9 +15,8 @@ import statistics
 def rows_of(path):
     with open(path) as fh:
         data = json.load(fh)
-    rows = data["rows"] if isinstance(data, dict) and "rows" in data else data
     tag = os.path.basename(os.path.dirname(os.path.abspath(path)))
-    return [dict(r, source=tag) for r in rows if isinstance(r, dict) and r.get("step_ms")]
+    return [dict(r, source=tag) for r in data["rows"] if r.get("step_ms")]
 
 
 def guard_of(row):

@@ -765,7 +765,7 @@ class StepTimes(unittest.TestCase):
                 os.makedirs(os.path.join(d, tag))
                 paths.append(os.path.join(d, tag, "ab.json"))
                 with open(paths[-1], "w") as fh:
-                    json.dump(rows, fh)
+                    json.dump({"steps": 5, "rows": rows, "errors": [], "pending": []}, fh)
             code, text = quiet(m.main, ["step_times.py"] + paths + ["--model", "m", "--last", "2"])
         self.assertEqual(code, 0)
         self.assertIn("- guard vmm t=1 (auto): 9.00 3.00 3.00 | 3.400 va-stable from step 14, second look at step 32",

@@ -194,8 +194,6 @@ fn parameters_in_host_memory_are_staged_in_every_mode_with_the_same_results() {
     }
 }
 
-/// A VA-stable graph captured once times its replays: the clock is read
-/// once in `CLOCK_EVERY` steps, each read one replay's figures.
 /// The guard samples eager for a program with memory in host memory (a
 /// staged prefill ran faster eager than as a graph on the GPU), and not for
 /// one whose graph-recapture replayed one graph.
@@ -224,6 +222,8 @@ fn the_guard_samples_eager_only_for_a_program_with_memory_in_host_memory() {
     }
 }
 
+/// A VA-stable graph captured once times its replays: the clock is read
+/// once in `CLOCK_EVERY` steps, each read one replay's figures.
 #[test]
 fn a_staged_graph_times_its_replays() {
     let b = backend_with(Some(64 << 20));

@@ -43,12 +43,10 @@ class Report(dict):
             g = p.get("guard")
             if g:
                 ms = lambda k: "-" if g.get(k) is None else "%.3f" % (g[k] / 1e3)  # noqa: E731
-                if g.get("eager_skipped"):
-                    why = "guard at step %d: va-stable %s, recapture %s ms (eager not sampled: recapture " \
-                          "replayed one graph)" % (g["decided_at_step"], ms("va_stable_us"), ms("recapture_us"))
-                else:
-                    why = "guard at step %d: va-stable %s, recapture %s, eager %s ms" % (
-                        g["decided_at_step"], ms("va_stable_us"), ms("recapture_us"), ms("eager_us"))
+                why = "guard at step %d: va-stable %s, recapture %s" % (
+                    g["decided_at_step"], ms("va_stable_us"), ms("recapture_us"))
+                why += (" ms (eager not sampled: recapture replayed one graph)" if g.get("eager_skipped")
+                        else ", eager %s ms" % ms("eager_us"))
                 s = g.get("second_look")
                 if s:
                     sm = lambda k: "-" if s.get(k) is None else "%.3f" % (s[k] / 1e3)  # noqa: E731
