@@ -278,8 +278,13 @@ fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
             "{r:?}"
         );
     } else {
+        // No second look: another runner won, or recapture was out of reach,
+        // or it was dropped after a slow first sample (samples are read
+        // after later steps were handed out, so a dropped runner may have
+        // two, their median within reach: a CI run on a loaded machine).
         assert!(
             r.runner != Runner::VaStable
+                || r.samples[1] < SAMPLES
                 || r.recapture_us
                     .is_none_or(|u| u >= r.va_stable_us.unwrap() * 1.25),
             "{r:?}"
