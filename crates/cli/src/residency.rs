@@ -13,9 +13,18 @@ use xla_vmm_policy::residency::{Home, Placement, Rates, ResidencyPlan};
 /// The device's rates for the plan (the H200's measured ones by default).
 #[derive(clap::Args, Clone, Debug)]
 pub struct RateArgs {
-    /// Host link bandwidth, GB/s each way.
+    /// Host link bandwidth, GB/s, host to device (and the other way unless
+    /// --link-out-gbps says).
     #[arg(long, value_name = "GB/S", default_value_t = Rates::H200.link_bytes_per_s / 1e9)]
     pub link_gbps: f64,
+    /// Host link bandwidth device to host, GB/s (`xla-vmm probe`'s "to
+    /// host"); default: --link-gbps.
+    #[arg(long, value_name = "GB/S")]
+    pub link_out_gbps: Option<f64>,
+    /// Both directions at once, GB/s of both together (`xla-vmm probe`'s
+    /// "both ways"); default: one way's, the directions taking turns.
+    #[arg(long, value_name = "GB/S")]
+    pub link_both_gbps: Option<f64>,
     /// Device memory bandwidth, GB/s.
     #[arg(long, value_name = "GB/S", default_value_t = Rates::H200.hbm_bytes_per_s / 1e9)]
     pub hbm_gbps: f64,
@@ -30,6 +39,8 @@ impl RateArgs {
             link_bytes_per_s: self.link_gbps * 1e9,
             hbm_bytes_per_s: self.hbm_gbps * 1e9,
             flops_per_s: self.tflops * 1e12,
+            link_out_bytes_per_s: self.link_out_gbps.map_or(0.0, |g| g * 1e9),
+            link_both_bytes_per_s: self.link_both_gbps.map_or(0.0, |g| g * 1e9),
         }
     }
 }

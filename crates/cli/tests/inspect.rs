@@ -258,3 +258,39 @@ fn as_run_shows_what_the_first_run_moves_for_its_plan() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["as_run"]["first_run_moves"].is_null(), "{v}");
 }
+
+#[test]
+fn a_full_duplex_link_bounds_the_step_by_its_busier_direction() {
+    let file = fixtures().join("llama_sgd_f32.pjrt");
+    let file = file.to_str().unwrap();
+    let plan = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![file, "--json", "--memory-budget", "256M"];
+        args.extend_from_slice(extra);
+        let out = inspect(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["residency"].clone()
+    };
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    // By default the directions take turns at 55 GB/s.
+    let turns = plan(&[]);
+    let (i, o) = (
+        f(&turns, "bytes_in_per_step"),
+        f(&turns, "bytes_out_per_step"),
+    );
+    assert!(i > 0.0 && o > 0.0, "{turns}");
+    assert!((f(&turns, "link_bound_us") - (i + o) / 55e9 * 1e6).abs() < 1e-3);
+    // Both at once at twice one way's rate: the busier direction bounds it.
+    let duplex = plan(&["--link-out-gbps", "55", "--link-both-gbps", "110"]);
+    assert_eq!(f(&duplex, "bytes_in_per_step"), i);
+    assert!((f(&duplex, "link_bound_us") - i.max(o) / 55e9 * 1e6).abs() < 1e-3);
+    assert!(f(&duplex, "step_us") < f(&turns, "step_us"));
+    // A rate that is no rate is refused, naming it.
+    let out = inspect(&[file, "--memory-budget", "256M", "--link-both-gbps=-3"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("link_both_bytes_per_s"));
+}

@@ -326,6 +326,20 @@ fn probe_link<B: Backend>(b: &B, s: &B::Stream, bytes: u64, reps: usize) -> Resu
     })
 }
 
+/// The host link alone, on a stream of its own: what staging plans with
+/// (`reps` copies of `bytes`, rounded up to the granularity, each way and
+/// both at once; the four ranges are released on every path). Two ranges
+/// of device memory are taken while it runs: the caller checks the room.
+pub fn probe_link_quick<B: Backend>(b: &B, bytes: u64, reps: usize) -> Result<LinkCosts> {
+    let g = b.info().vmm_granularity.max(1);
+    let s = b.stream_create()?;
+    let link = probe_link(b, &s, round_up(bytes.max(1), g), reps);
+    let destroyed = b.stream_destroy(s);
+    let link = link?;
+    destroyed?;
+    Ok(link)
+}
+
 /// [`probe_link`]'s copies between its four ranges: from host memory, to
 /// host memory, to device memory, from device memory.
 fn link_rates<B: Backend>(
@@ -949,6 +963,28 @@ mod tests {
         let back: DeviceCosts = serde_json::from_value(v).unwrap();
         assert!(back.link.is_none());
         assert!(back.to_table().contains("host link         not measured"));
+    }
+
+    #[test]
+    fn the_quick_link_probe_measures_each_way_and_releases_everything_on_every_path() {
+        let b = crate::host::HostBackend::new(crate::host::HostConfig::default()).unwrap();
+        let before = b.outstanding();
+        // Rounded up to the granularity.
+        let l = probe_link_quick(&b, 3 * MIB, 2).unwrap();
+        assert_eq!(l.bytes, 4 * MIB);
+        assert!(l.to_device_bytes_per_s > 0.0 && l.to_host_bytes_per_s > 0.0);
+        assert!(l.both_ways_bytes_per_s > 0.0);
+        let (free, total) = b.mem_info().unwrap();
+        assert_eq!(free, total, "everything released");
+        assert_eq!(b.outstanding(), before);
+        // A copy failing: an error, and nothing left behind.
+        // (The third copy from now: the first timed one to the device.)
+        b.inject_failure("copy_d2d", 3);
+        let e = probe_link_quick(&b, 4 * MIB, 2).unwrap_err();
+        assert!(e.to_string().contains("HOST_INJECTED_FAILURE"), "{e}");
+        assert_eq!(b.outstanding(), before);
+        let (free, total) = b.mem_info().unwrap();
+        assert_eq!(free, total);
     }
 
     #[test]

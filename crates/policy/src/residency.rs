@@ -14,7 +14,11 @@
 //! (`flops / flops_per_s`) and its memory time, where bytes of buffers in
 //! device memory move at HBM bandwidth and bytes read in place from host
 //! memory at the link's. Transfers (prefetches, write-backs) use the link,
-//! one at a time, overlapped with compute.
+//! one at a time, overlapped with compute; copies in are laid out on the
+//! link's timeline at its rate to the device, and the step can be no
+//! shorter than the link needs for all of its traffic ([`Rates::link_us`]:
+//! each direction at its own rate, both together at the rate of both at
+//! once, which a full-duplex link makes more than one way's).
 //!
 //! A buffer is, for the whole step:
 //! - [`Placement::Device`]: resident in device memory;
@@ -153,12 +157,23 @@ pub struct ThunkStep {
 /// The device's rates.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Rates {
-    /// Host link, bytes/s, each way (H200: 55e9 measured).
+    /// Host link, bytes/s, host to device (H200: 55e9 measured): the rate
+    /// of every copy in, of reads in place, and of the link's timeline.
     pub link_bytes_per_s: f64,
     /// Device memory, bytes/s (H200: 4.2e12 measured reads).
     pub hbm_bytes_per_s: f64,
     /// Arithmetic, flop/s (H200 dense bf16: ~7.9e14).
     pub flops_per_s: f64,
+    /// Host link, device to host, bytes/s (write-backs). `0`: not known,
+    /// the rate of `link_bytes_per_s`.
+    #[serde(default)]
+    pub link_out_bytes_per_s: f64,
+    /// Host link, both directions at once: the bytes of both per second
+    /// (twice one way's where the link is full duplex; an H100 measured 67e9
+    /// against 47e9 in and 44e9 out). `0`: not known, one way's rate (the
+    /// directions take turns: the cautious bound).
+    #[serde(default)]
+    pub link_both_bytes_per_s: f64,
 }
 
 impl Rates {
@@ -167,7 +182,39 @@ impl Rates {
         link_bytes_per_s: 55e9,
         hbm_bytes_per_s: 4.2e12,
         flops_per_s: 7.9e14,
+        link_out_bytes_per_s: 0.0,
+        link_both_bytes_per_s: 0.0,
     };
+
+    /// The link's rate from device to host (`link_bytes_per_s` when not known).
+    pub fn link_out(&self) -> f64 {
+        if self.link_out_bytes_per_s > 0.0 {
+            self.link_out_bytes_per_s
+        } else {
+            self.link_bytes_per_s
+        }
+    }
+
+    /// Both directions' bytes per second when both run at once (one way's
+    /// rate when not known).
+    pub fn link_both(&self) -> f64 {
+        if self.link_both_bytes_per_s > 0.0 {
+            self.link_both_bytes_per_s
+        } else {
+            self.link_bytes_per_s.min(self.link_out())
+        }
+    }
+
+    /// The least time, µs, in which the link carries `bytes_in` to the device
+    /// and `bytes_out` to the host in one step: each direction at its own
+    /// rate, both together at the rate of both at once.
+    pub fn link_us(&self, bytes_in: u64, bytes_out: u64) -> f64 {
+        let (i, o) = (bytes_in as f64, bytes_out as f64);
+        (i / self.link_bytes_per_s)
+            .max(o / self.link_out())
+            .max((i + o) / self.link_both())
+            * 1e6
+    }
 }
 
 /// What the plan is made from.
@@ -283,6 +330,16 @@ impl ResidencyInput {
         ] {
             if !(v.is_finite() && v > 0.0) {
                 return bad(format!("rates.{name} = {v}: must be finite and positive"));
+            }
+        }
+        for (name, v) in [
+            ("link_out_bytes_per_s", r.link_out_bytes_per_s),
+            ("link_both_bytes_per_s", r.link_both_bytes_per_s),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(format!(
+                    "rates.{name} = {v}: must be finite and positive (0: not known)"
+                ));
             }
         }
         for (i, t) in self.steps.iter().enumerate() {
@@ -487,7 +544,6 @@ fn plan_with(
     unbudgeted: f64,
 ) -> ResidencyPlan {
     let n = input.buffers.len();
-    let link = input.rates.link_bytes_per_s;
     let mut placements: Vec<Placement> = off
         .iter()
         .zip(&input.buffers)
@@ -561,7 +617,10 @@ fn plan_with(
         }
     };
     let in_place = in_place_bytes(&placements);
-    let link_bound = (sched.bytes_in + sched.bytes_out + in_place) as f64 / link * 1e6;
+    // In-place traffic counted with the copies in (mostly reads).
+    let link_bound = input
+        .rates
+        .link_us(sched.bytes_in + in_place, sched.bytes_out);
     ResidencyPlan {
         budget_bytes: input.budget_bytes,
         total_bytes: total,
@@ -887,7 +946,6 @@ fn schedule(
 ) -> Schedule {
     let m = input.steps.len();
     let buffers = &input.buffers;
-    let link = input.rates.link_bytes_per_s;
     let dur: Vec<f64> = (0..m)
         .map(|k| thunk_us(&input.steps[k], placements, &input.rates))
         .collect();
@@ -938,7 +996,7 @@ fn schedule(
     let waited: f64 = waits.iter().map(|w| w.wait_us).sum();
     // The link carries the step's transfers and in-place traffic: it
     // bounds the step too.
-    let link_us = (bytes_in + bytes_out + in_place_bytes) as f64 / link * 1e6;
+    let link_us = input.rates.link_us(bytes_in + in_place_bytes, bytes_out);
     Schedule {
         peak,
         bytes_in,
@@ -1173,6 +1231,85 @@ mod tests {
             "{p:?}"
         );
         assert!(p.bytes_in_per_step <= p.bytes_out_per_step, "{p:?}");
+    }
+
+    #[test]
+    fn the_link_carries_both_directions_at_their_rates() {
+        let gb = 1_000_000_000u64;
+        // Unknown out and both-ways rates: one way's, the directions in turn.
+        let half = Rates::H200;
+        assert!((half.link_us(55 * gb, 55 * gb) - 2e6).abs() < 1e-6);
+        // A full-duplex link: each direction at its own rate.
+        let full = Rates {
+            link_out_bytes_per_s: 50e9,
+            link_both_bytes_per_s: 105e9,
+            ..Rates::H200
+        };
+        assert!((full.link_us(55 * gb, 0) - 1e6).abs() < 1e-6);
+        assert!((full.link_us(0, 50 * gb) - 1e6).abs() < 1e-6);
+        assert!((full.link_us(55 * gb, 50 * gb) - 1e6).abs() < 1e-6);
+        // One that shares (the H100 measured 47 in, 44 out, 67 both): both
+        // at once bound it.
+        let shared = Rates {
+            link_bytes_per_s: 47e9,
+            link_out_bytes_per_s: 44e9,
+            link_both_bytes_per_s: 67e9,
+            ..Rates::H200
+        };
+        assert!((shared.link_us(47 * gb, 44 * gb) - 91e9 / 67e9 * 1e6).abs() < 1e-3);
+        assert!((shared.link_us(47 * gb, 0) - 1e6).abs() < 1e-6);
+        // A negative or non-finite rate is bad input; 0 is "not known".
+        let mut bad = layers(400);
+        bad.rates.link_both_bytes_per_s = -1.0;
+        assert!(plan_residency(&bad).is_err());
+        bad.rates.link_both_bytes_per_s = f64::NAN;
+        assert!(plan_residency(&bad).is_err());
+        bad.rates.link_both_bytes_per_s = 0.0;
+        assert!(plan_residency(&bad).is_ok());
+    }
+
+    #[test]
+    fn a_step_that_writes_back_is_bound_by_the_link_both_ways() {
+        // Optimizer state past the budget: read and written each step.
+        let buffers = vec![buf(0, 300, true), buf(1, 300, true), buf(2, 300, true)];
+        let steps = vec![
+            step("adam0", &[(0, 300, false), (0, 300, true)], 1e6),
+            step("adam1", &[(1, 300, false), (1, 300, true)], 1e6),
+            step("adam2", &[(2, 300, false), (2, 300, true)], 1e6),
+        ];
+        let half = plan_residency(&input(buffers.clone(), steps.clone(), 700)).unwrap();
+        assert!(
+            half.bytes_in_per_step > 0 && half.bytes_out_per_step > 0,
+            "{half:?}"
+        );
+        let mut full_input = input(buffers, steps, 700);
+        full_input.rates.link_both_bytes_per_s = 2.0 * Rates::H200.link_bytes_per_s;
+        let full = plan_residency(&full_input).unwrap();
+        // The same copies; the bound adds the directions only where they
+        // take turns.
+        assert_eq!(
+            (full.bytes_in_per_step, full.bytes_out_per_step),
+            (half.bytes_in_per_step, half.bytes_out_per_step)
+        );
+        let (i, o) = (
+            half.bytes_in_per_step as f64,
+            half.bytes_out_per_step as f64,
+        );
+        let link = Rates::H200.link_bytes_per_s;
+        assert!(
+            (half.link_bound_us - (i + o) / link * 1e6).abs() < 1e-3,
+            "{half:?}"
+        );
+        assert!(
+            (full.link_bound_us - i.max(o) / link * 1e6).abs() < 1e-3,
+            "{full:?}"
+        );
+        assert!(
+            full.step_us <= half.step_us,
+            "{} > {}",
+            full.step_us,
+            half.step_us
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::exec::ExecEnv;
 use crate::ops::{LoadCtx, Op};
 use crate::slots::{DeviceBuffer, SlotTable};
 use crate::staging::{Planned, Staging};
-use xla_vmm_policy::residency::{Home, Rates};
+use xla_vmm_policy::residency::Home;
 
 /// Its own allocations of at most this many bytes share one buffer.
 pub const PACKED_MAX: u64 = 64 << 10;
@@ -442,7 +442,13 @@ impl<B: Backend> Program<B> {
         }));
         let room = crate::staging::room(&*self.backend) / gran * gran;
         let name = &self.plan.module_name;
-        let r = match crate::staging::plan_moves(&self.plan, &homes, room, Rates::H200, &may) {
+        let r = match crate::staging::plan_moves(
+            &self.plan,
+            &homes,
+            room,
+            crate::staging::device_rates(&*self.backend),
+            &may,
+        ) {
             Ok(Some(r)) => r,
             Ok(None) => return Vec::new(),
             Err(e) => {

@@ -220,6 +220,8 @@ pub(crate) struct Staging<B: Backend> {
     refills: AtomicU64,
     clock: Clock<B>,
     summary: StagingSummary,
+    /// The rates it was planned with (the link's: measured where it could be).
+    rates: Rates,
 }
 
 /// What the carried buffers hold: at the start of the next step (the last
@@ -644,6 +646,78 @@ fn streams_and_events<B: Backend>(be: &B, n: usize) -> Result<StreamsAndEvents<B
     Ok((streams, events))
 }
 
+/// Bytes of each copy of the link probe staging plans with (two ranges of
+/// device memory and two of host memory this size while it runs, a few ms).
+const LINK_PROBE_BYTES: u64 = 16 << 20;
+const LINK_PROBE_REPS: usize = 4;
+
+type RatesKey = (&'static str, usize, String);
+
+/// The link measured per device of this process (`None`: it could not be).
+static LINK_RATES: std::sync::Mutex<std::collections::BTreeMap<RatesKey, Option<Rates>>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// The rates staging plans with on `be`'s device: its host link measured
+/// once per device per process, the first time a program of it has memory
+/// in host memory (to the device, to the host and both at once:
+/// [`xla_vmm_device::probe::probe_link_quick`]); the H200's figures for
+/// device memory and arithmetic, and for the link where it is not measured
+/// (the host backend, whose copies are not a link; too little device room;
+/// a failed probe, said once at info level).
+pub(crate) fn device_rates<B: Backend>(be: &B) -> Rates {
+    let info = be.info();
+    if info.backend == "host" {
+        return Rates::H200;
+    }
+    let key = (info.backend, info.ordinal, info.name.clone());
+    let mut cache = LINK_RATES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = cache.get(&key) {
+        return r.unwrap_or(Rates::H200);
+    }
+    let measured = if room(be) < 2 * LINK_PROBE_BYTES {
+        Err("too little device room to measure it".to_string())
+    } else {
+        // Its synchronizations must not meet another thread's capture.
+        let _gate = xla_vmm_device::capture_gate::foreign();
+        xla_vmm_device::probe::probe_link_quick(be, LINK_PROBE_BYTES, LINK_PROBE_REPS)
+            .map_err(|e| e.to_string())
+            .and_then(|l| link_rates(&l))
+    };
+    let rates = match measured {
+        Ok(r) => {
+            tracing::info!(backend = info.backend, device = %info.name,
+                to_device_bytes_per_s = r.link_bytes_per_s, to_host_bytes_per_s = r.link_out_bytes_per_s,
+                both_ways_bytes_per_s = r.link_both_bytes_per_s, "host link measured for staging");
+            Some(r)
+        }
+        Err(e) => {
+            tracing::info!(backend = info.backend, device = %info.name, error = %e,
+                "host link not measured; staging plans with the H200's 55 GB/s");
+            None
+        }
+    };
+    cache.insert(key, rates);
+    rates.unwrap_or(Rates::H200)
+}
+
+/// Staging's rates from a link measurement (an implausible one is an error).
+fn link_rates(l: &xla_vmm_device::probe::LinkCosts) -> std::result::Result<Rates, String> {
+    let rates = [
+        l.to_device_bytes_per_s,
+        l.to_host_bytes_per_s,
+        l.both_ways_bytes_per_s,
+    ];
+    if rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
+        return Err(format!("implausible link rates {rates:?}"));
+    }
+    Ok(Rates {
+        link_bytes_per_s: l.to_device_bytes_per_s,
+        link_out_bytes_per_s: l.to_host_bytes_per_s,
+        link_both_bytes_per_s: l.both_ways_bytes_per_s,
+        ..Rates::H200
+    })
+}
+
 /// Device bytes a staging area may take now: what the configured limit
 /// leaves, else the device's free memory less a headroom.
 pub(crate) fn room<B: Backend>(be: &B) -> u64 {
@@ -798,7 +872,8 @@ impl<B: Backend> Staging<B> {
             Some(a) => a.buf.as_ref().map_or(0, |b| b.mapped()),
             None => room(&**be) / gran * gran,
         };
-        let Some(planned) = plan_staging(plan, homes, room, Rates::H200, keep_parameters)? else {
+        let Some(planned) = plan_staging(plan, homes, room, device_rates(&**be), keep_parameters)?
+        else {
             tracing::info!(executable = %name, room,
                 "part of it is in host memory; nothing pays to stage, read in place");
             return Ok(Planned::InPlace(if room == 0 {
@@ -814,6 +889,7 @@ impl<B: Backend> Staging<B> {
             copies: steps,
             segments: segs,
         } = planned;
+        let rates = input.rates;
         let area = match (shared, existing) {
             (true, Some(a)) => Area::Shared(a),
             (true, None) => Area::Shared(make_shared_area(ctx, room)?),
@@ -906,6 +982,7 @@ impl<B: Backend> Staging<B> {
             refills: AtomicU64::new(0),
             clock,
             summary,
+            rates,
         })))
     }
 
@@ -930,9 +1007,9 @@ impl<B: Backend> Staging<B> {
                 s.copy_in_gbps = s.bytes_in_per_step as f64 / (copying * 1e3);
             }
             if step > 0.0 {
-                let link_us = (s.bytes_in_per_step + s.bytes_out_per_step) as f64
-                    / Rates::H200.link_bytes_per_s
-                    * 1e6;
+                let link_us = self
+                    .rates
+                    .link_us(s.bytes_in_per_step, s.bytes_out_per_step);
                 s.link_utilisation = link_us / step;
             }
         }
@@ -1307,4 +1384,44 @@ pub(crate) fn homes(
         }
     }
     homes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xla_vmm_device::probe::LinkCosts;
+
+    #[test]
+    fn staging_plans_with_the_measured_link_and_the_h200_elsewhere() {
+        let l = LinkCosts {
+            bytes: 16 << 20,
+            to_device_bytes_per_s: 47e9,
+            to_host_bytes_per_s: 44e9,
+            both_ways_bytes_per_s: 67e9,
+        };
+        let r = link_rates(&l).unwrap();
+        assert_eq!(
+            (
+                r.link_bytes_per_s,
+                r.link_out_bytes_per_s,
+                r.link_both_bytes_per_s
+            ),
+            (47e9, 44e9, 67e9)
+        );
+        assert_eq!(
+            (r.hbm_bytes_per_s, r.flops_per_s),
+            (Rates::H200.hbm_bytes_per_s, Rates::H200.flops_per_s)
+        );
+        for bad in [0.0, f64::NAN, -1.0, f64::INFINITY] {
+            let e = link_rates(&LinkCosts {
+                both_ways_bytes_per_s: bad,
+                ..l.clone()
+            })
+            .unwrap_err();
+            assert!(e.contains("implausible"), "{e}");
+        }
+        // The host backend's copies are not a link: the H200's figures.
+        let be = xla_vmm_device::host::HostBackend::new(Default::default()).unwrap();
+        assert_eq!(device_rates(&be), Rates::H200);
+    }
 }
