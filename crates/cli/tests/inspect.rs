@@ -60,6 +60,21 @@ fn inspect(args: &[&str]) -> std::process::Output {
         .expect("run xla-vmm")
 }
 
+/// `inspect FILE --json --memory-budget BUDGET EXTRA...`'s `key` (it must
+/// succeed).
+fn budget_json(file: &str, budget: &str, extra: &[&str], key: &str) -> serde_json::Value {
+    let mut args = vec![file, "--json", "--memory-budget", budget];
+    args.extend_from_slice(extra);
+    let out = inspect(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v[key].clone()
+}
+
 #[test]
 fn json_counts_match_the_fixture_readme() {
     let table = readme_counts();
@@ -119,16 +134,7 @@ fn readable_summary_and_errors() {
 fn memory_budget_plans_stay_under_the_budget() {
     let file = fixtures().join("llama_scan_bf16.pjrt");
     let file = file.to_str().unwrap();
-    let plan = |budget: &str| -> serde_json::Value {
-        let out = inspect(&[file, "--json", "--memory-budget", budget]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["residency"].clone()
-    };
+    let plan = |budget: &str| budget_json(file, budget, &[], "residency");
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
     // Everything fits: nothing moves.
     let roomy = plan("1G");
@@ -167,17 +173,9 @@ fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
     // left.
     let file = fixtures().join("llama_sgd_f32.pjrt");
     let file = file.to_str().unwrap();
-    let run = |extra: &[&str]| -> serde_json::Value {
-        let mut args = vec![file, "--json", "--memory-budget", "384M", "--as-run"];
-        args.extend_from_slice(extra);
-        let out = inspect(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["as_run"].clone()
+    let run = |extra: &[&str]| {
+        let args: Vec<&str> = ["--as-run"].iter().chain(extra).copied().collect();
+        budget_json(file, "384M", &args, "as_run")
     };
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
     let a = run(&[]);
@@ -263,18 +261,7 @@ fn as_run_shows_what_the_first_run_moves_for_its_plan() {
 fn a_full_duplex_link_bounds_the_step_by_its_busier_direction() {
     let file = fixtures().join("llama_sgd_f32.pjrt");
     let file = file.to_str().unwrap();
-    let plan = |extra: &[&str]| -> serde_json::Value {
-        let mut args = vec![file, "--json", "--memory-budget", "256M"];
-        args.extend_from_slice(extra);
-        let out = inspect(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["residency"].clone()
-    };
+    let plan = |extra: &[&str]| budget_json(file, "256M", extra, "residency");
     let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
     // By default the directions take turns at 55 GB/s.
     let turns = plan(&[]);

@@ -1066,6 +1066,22 @@ mod tests {
         thunk(name, &four, flops)
     }
 
+    /// Optimizer state: three 300 MB buffers living across steps, each read
+    /// and written by one thunk of `flops` each step.
+    fn optimizer_state(flops: f64) -> (Vec<Buffer>, Vec<ThunkStep>) {
+        let buffers = (0..3).map(|i| buf(i, 300, true)).collect();
+        let steps = (0..3)
+            .map(|i| {
+                step(
+                    &format!("adam{i}"),
+                    &[(i, 300, false), (i, 300, true)],
+                    flops,
+                )
+            })
+            .collect();
+        (buffers, steps)
+    }
+
     /// A layered model: 8 weights of 100 MB read once each by a matmul that
     /// computes 1 ms; an activation of 10 MB read and written by every layer.
     fn layers(budget_mb: u64) -> ResidencyInput {
@@ -1204,13 +1220,7 @@ mod tests {
 
     #[test]
     fn written_persistent_buffers_go_home_once_per_step() {
-        // Optimizer state: read and written by one thunk each step.
-        let buffers = vec![buf(0, 300, true), buf(1, 300, true), buf(2, 300, true)];
-        let steps = vec![
-            step("adam0", &[(0, 300, false), (0, 300, true)], 1e9),
-            step("adam1", &[(1, 300, false), (1, 300, true)], 1e9),
-            step("adam2", &[(2, 300, false), (2, 300, true)], 1e9),
-        ];
+        let (buffers, steps) = optimizer_state(1e9);
         let input = input(buffers, steps, 700);
         let p = plan_residency(&input).unwrap();
         assert!(p.peak_device_bytes <= input.budget_bytes);
@@ -1271,12 +1281,7 @@ mod tests {
     #[test]
     fn a_step_that_writes_back_is_bound_by_the_link_both_ways() {
         // Optimizer state past the budget: read and written each step.
-        let buffers = vec![buf(0, 300, true), buf(1, 300, true), buf(2, 300, true)];
-        let steps = vec![
-            step("adam0", &[(0, 300, false), (0, 300, true)], 1e6),
-            step("adam1", &[(1, 300, false), (1, 300, true)], 1e6),
-            step("adam2", &[(2, 300, false), (2, 300, true)], 1e6),
-        ];
+        let (buffers, steps) = optimizer_state(1e6);
         let half = plan_residency(&input(buffers.clone(), steps.clone(), 700)).unwrap();
         assert!(
             half.bytes_in_per_step > 0 && half.bytes_out_per_step > 0,
