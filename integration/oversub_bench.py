@@ -153,6 +153,14 @@ def run(a, mode, ratio, wbytes, total_dev):
     return run_json_child(argv, env, a.timeout)
 
 
+def link_planned(st):
+    """The host link a staging planned with (newer plugins say: the device's measured one, else the H200's)."""
+    if not st.get("link_bytes_per_s"):
+        return ""
+    return "; planned with the link at %.1f GB/s in, %.1f out, %.1f both at once" % (
+        st["link_bytes_per_s"] / 1e9, st.get("link_out_bytes_per_s", 0) / 1e9, st.get("link_both_bytes_per_s", 0) / 1e9)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")
@@ -241,7 +249,7 @@ def main():
                           st.get("carried", 0), st.get("carried_bytes", 0) / 2**20,
                           st.get("refills", 0), st["in_place"], st["in_place_bytes"] / 2**20,
                           st["device_bytes"] / 2**20, st["bytes_in_per_step"] / 2**20,
-                          st["bytes_out_per_step"] / 2**20))
+                          st["bytes_out_per_step"] / 2**20) + link_planned(st))
             if st.get("timed_steps"):
                 md.append("  - last step timed: %.2f ms on the device, copies in %.2f ms at %.1f GB/s, "
                           "compute waited %.2f ms, link %.0f%% busy" % (

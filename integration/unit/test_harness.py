@@ -392,7 +392,8 @@ class MaxText(unittest.TestCase):
                    "refills": 0, "carried": 0, "carried_bytes": 0, "in_place": 0, "in_place_bytes": 0,
                    "device_bytes": 7 << 30, "bytes_in_per_step": 8 << 30, "bytes_out_per_step": 6 << 30,
                    "estimated_step_us": 290e3, "unbudgeted_step_us": 55e3, "timed_steps": 3, "gpu_step_us": 330e3,
-                   "copy_in_gbps": 50.0, "waited_us": 250e3, "link_utilisation": 0.9}
+                   "copy_in_gbps": 50.0, "waited_us": 250e3, "link_utilisation": 0.9,
+                   "link_bytes_per_s": 47e9, "link_out_bytes_per_s": 44e9, "link_both_bytes_per_s": 67e9}
         reports = [{"programs": [{"program": "jit_train_step", "runner": "va-stable graph", "steps": 20,
                                   "staging": staging},
                                  {"program": "jit_add", "runner": "eager", "steps": 20}]}]
@@ -405,7 +406,12 @@ class MaxText(unittest.TestCase):
                       "the device; per step 8192 MiB in, 6144 MiB out; last timed step 330.0 ms on the device, "
                       "copies in at 50.0 GB/s, compute waited 250.0 ms, link 90% busy", line)
         # 14 GiB at 50 GB/s
-        self.assertIn("both ways at that rate 300.6 ms; planned 290.0 ms (55.0 with no budget)", line)
+        self.assertIn("both ways at that rate 300.6 ms; planned 290.0 ms (55.0 with no budget) with the link at "
+                      "47.0 GB/s in, 44.0 out, 67.0 both at once", line)
+        # The inference bench says the same of its stagings; an older plugin's summary has no link.
+        ob = load("oversub_bench", os.path.join(INTEGRATION, "oversub_bench.py"))
+        self.assertEqual(ob.link_planned(staging), "; planned with the link at 47.0 GB/s in, 44.0 out, 67.0 both at once")
+        self.assertEqual(ob.link_planned({"bytes_in_per_step": 1}), "")
 
     def test_the_error_named_is_the_one_that_ended_the_run(self):
         # A traceback logged and caught earlier (an optional import) is not why the run died.

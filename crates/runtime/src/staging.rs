@@ -93,6 +93,12 @@ pub struct StagingSummary {
     /// The planner's step estimate, and with everything on the device, µs.
     pub estimated_step_us: f64,
     pub unbudgeted_step_us: f64,
+    /// The host link it planned with, bytes/s: to the device, to the host,
+    /// both at once (the device's measured link, else the H200's 55e9
+    /// with the directions taking turns: the runtime's `device_rates`).
+    pub link_bytes_per_s: f64,
+    pub link_out_bytes_per_s: f64,
+    pub link_both_bytes_per_s: f64,
     /// Measured on the device, the last step timed (`timed_steps` read
     /// back so far; 0: none yet): its time on the compute stream, µs; the
     /// link busy with its copies in, µs, and the rate they ran at, GB/s; the
@@ -1332,6 +1338,9 @@ fn summarize(
         bytes_out_per_step: steps.bytes_out,
         estimated_step_us: residency.step_us,
         unbudgeted_step_us: residency.unbudgeted_step_us,
+        link_bytes_per_s: input.rates.link_bytes_per_s,
+        link_out_bytes_per_s: input.rates.link_out(),
+        link_both_bytes_per_s: input.rates.link_both(),
         ..Default::default()
     };
     s.kept = steps.kept.len();
