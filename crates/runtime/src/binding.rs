@@ -12,6 +12,7 @@ use xla_vmm_device::{Backend, DevicePtr, MemLocation};
 use xla_vmm_policy::{DeviceCosts, Stats, Threshold};
 
 use crate::error::{Result, RuntimeError};
+use crate::per_device::PerDevice;
 
 /// Physical memory the runtime may map into its own reservation.
 pub struct RemapSource<B: Backend> {
@@ -239,10 +240,8 @@ impl CostSource {
     }
 }
 
-type ProbeKey = (&'static str, usize, String);
-
 /// Probe results per device of this process (`None`: it failed; not retried).
-static PROBES: Mutex<BTreeMap<ProbeKey, Option<QuickCosts>>> = Mutex::new(BTreeMap::new());
+static PROBES: PerDevice<Option<QuickCosts>> = PerDevice::new();
 
 fn probe_enabled(probe: Probe, backend: &str) -> bool {
     match probe {
@@ -262,12 +261,7 @@ pub fn measured_costs<B: Backend>(backend: &B, probe: Probe) -> Option<QuickCost
     if !probe_enabled(probe, info.backend) {
         return None;
     }
-    let key = (info.backend, info.ordinal, info.name.clone());
-    let mut probes = lock(&PROBES);
-    if let Some(c) = probes.get(&key) {
-        return c.clone();
-    }
-    let got = match probe_quick(backend, PROBE_COPY_BYTES) {
+    PROBES.get_or_measure(backend, || match probe_quick(backend, PROBE_COPY_BYTES) {
         Ok(q) => {
             tracing::info!(backend = info.backend, device = %info.name, ordinal = info.ordinal,
                 remap_us = q.remap_us, copy_bw_bytes_per_s = q.copy_bw_bytes_per_s,
@@ -281,9 +275,7 @@ pub fn measured_costs<B: Backend>(backend: &B, probe: Probe) -> Option<QuickCost
                 "binding cost probe failed: DESIGN §4 constants used");
             None
         }
-    };
-    probes.insert(key, got.clone());
-    got
+    })
 }
 
 impl BindingConfig {

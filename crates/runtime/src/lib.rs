@@ -43,6 +43,7 @@ pub mod mode;
 pub mod npz;
 pub mod ops;
 pub mod params;
+mod per_device;
 pub mod program;
 mod recapture;
 pub mod report;

@@ -54,6 +54,7 @@ use xla_vmm_policy::PolicyError;
 use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::{run_op, ExecEnv, StagedRun};
 use crate::ops::Op;
+use crate::per_device::PerDevice;
 use crate::slots::{DeviceBuffer, Redirect, SlotTable};
 
 /// Device memory left free next to the area when the device has no
@@ -116,6 +117,19 @@ pub struct StagingSummary {
     pub copy_in_gbps: f64,
     pub waited_us: f64,
     pub link_utilisation: f64,
+}
+
+impl StagingSummary {
+    /// The link it planned with, as [`Rates`] (its link fields; the H200's
+    /// device memory and arithmetic).
+    pub fn link(&self) -> Rates {
+        Rates {
+            link_bytes_per_s: self.link_bytes_per_s,
+            link_out_bytes_per_s: self.link_out_bytes_per_s,
+            link_both_bytes_per_s: self.link_both_bytes_per_s,
+            ..Rates::H200
+        }
+    }
 }
 
 /// One step in this many is timed and read back (the read-back makes one
@@ -226,8 +240,6 @@ pub(crate) struct Staging<B: Backend> {
     refills: AtomicU64,
     clock: Clock<B>,
     summary: StagingSummary,
-    /// The rates it was planned with (the link's: measured where it could be).
-    rates: Rates,
 }
 
 /// What the carried buffers hold: at the start of the next step (the last
@@ -657,53 +669,82 @@ fn streams_and_events<B: Backend>(be: &B, n: usize) -> Result<StreamsAndEvents<B
 const LINK_PROBE_BYTES: u64 = 16 << 20;
 const LINK_PROBE_REPS: usize = 4;
 
-type RatesKey = (&'static str, usize, String);
-
 /// The link measured per device of this process (`None`: it could not be).
-static LINK_RATES: std::sync::Mutex<std::collections::BTreeMap<RatesKey, Option<Rates>>> =
-    std::sync::Mutex::new(std::collections::BTreeMap::new());
+static LINK_RATES: PerDevice<Option<Rates>> = PerDevice::new();
 
-/// The rates staging plans with on `be`'s device: its host link measured
-/// once per device per process, the first time a program of it has memory
-/// in host memory (to the device, to the host and both at once:
-/// [`xla_vmm_device::probe::probe_link_quick`]); the H200's figures for
-/// device memory and arithmetic, and for the link where it is not measured
-/// (the host backend, whose copies are not a link; too little device room;
-/// a failed probe, said once at info level).
+/// The share of its peak bandwidth (memory clock and bus width) that device
+/// memory reads reach: the H200's 4.2 TB/s measured of 4.8.
+const HBM_SHARE_OF_PEAK: f64 = 4.2 / 4.8;
+
+/// The H200's multiprocessors (its arithmetic rate is [`Rates::H200`]'s).
+const H200_MULTIPROCESSORS: f64 = 132.0;
+
+/// The device's own rates for device memory and arithmetic, the H200's link:
+/// device memory at [`HBM_SHARE_OF_PEAK`] of the peak its attributes give
+/// (an H100 80GB: 3.35 TB/s peak, 2.93 planned); arithmetic at the H200's
+/// per multiprocessor on its architecture (CUDA compute capability 9: the
+/// H100s and the H200), the H200's elsewhere (another architecture's
+/// per-multiprocessor rate is not known here); the H200's figures where an
+/// attribute is missing.
+pub(crate) fn device_model(info: &xla_vmm_device::DeviceInfo) -> Rates {
+    let mut r = Rates::H200;
+    if info.memory_bandwidth.is_finite() && info.memory_bandwidth > 0.0 {
+        r.hbm_bytes_per_s = info.memory_bandwidth * HBM_SHARE_OF_PEAK;
+    }
+    if info.backend == "cuda" && info.compute_capability.0 == 9 && info.multiprocessor_count > 0 {
+        r.flops_per_s *= f64::from(info.multiprocessor_count) / H200_MULTIPROCESSORS;
+    }
+    r
+}
+
+/// The rates staging plans with on `be`'s device: its memory and arithmetic
+/// as [`device_model`] gives them, and its host link measured once per
+/// device per process, the first time a program of it has memory in host
+/// memory (to the device, to the host and both at once:
+/// [`xla_vmm_device::probe::probe_link_quick`]), the H200's where it is not
+/// (the host backend, whose copies are not a link, and whose memory and
+/// arithmetic are the H200's too; too little device room; a failed probe,
+/// said once at info level).
 pub(crate) fn device_rates<B: Backend>(be: &B) -> Rates {
     let info = be.info();
     if info.backend == "host" {
         return Rates::H200;
     }
-    let key = (info.backend, info.ordinal, info.name.clone());
-    let mut cache = LINK_RATES.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(r) = cache.get(&key) {
-        return r.unwrap_or(Rates::H200);
+    let model = device_model(info);
+    let link = LINK_RATES.get_or_measure(be, || {
+        let measured = if room(be) < 2 * LINK_PROBE_BYTES {
+            Err("too little device room to measure it".to_string())
+        } else {
+            // Its synchronizations must not meet another thread's capture.
+            let _gate = xla_vmm_device::capture_gate::foreign();
+            xla_vmm_device::probe::probe_link_quick(be, LINK_PROBE_BYTES, LINK_PROBE_REPS)
+                .map_err(|e| e.to_string())
+                .and_then(|l| link_rates(&l))
+        };
+        match measured {
+            Ok(r) => {
+                tracing::info!(backend = info.backend, device = %info.name,
+                    to_device_bytes_per_s = r.link_bytes_per_s, to_host_bytes_per_s = r.link_out_bytes_per_s,
+                    both_ways_bytes_per_s = r.link_both_bytes_per_s, hbm_bytes_per_s = model.hbm_bytes_per_s,
+                    flops_per_s = model.flops_per_s, "host link measured for staging");
+                Some(r)
+            }
+            Err(e) => {
+                tracing::info!(backend = info.backend, device = %info.name, error = %e,
+                    hbm_bytes_per_s = model.hbm_bytes_per_s, flops_per_s = model.flops_per_s,
+                    "host link not measured; staging plans with the H200's 55 GB/s");
+                None
+            }
+        }
+    });
+    match link {
+        Some(l) => Rates {
+            hbm_bytes_per_s: model.hbm_bytes_per_s,
+            flops_per_s: model.flops_per_s,
+            ..l
+        },
+        None => model,
     }
-    let measured = if room(be) < 2 * LINK_PROBE_BYTES {
-        Err("too little device room to measure it".to_string())
-    } else {
-        // Its synchronizations must not meet another thread's capture.
-        let _gate = xla_vmm_device::capture_gate::foreign();
-        xla_vmm_device::probe::probe_link_quick(be, LINK_PROBE_BYTES, LINK_PROBE_REPS)
-            .map_err(|e| e.to_string())
-            .and_then(|l| link_rates(&l))
-    };
-    let rates = match measured {
-        Ok(r) => {
-            tracing::info!(backend = info.backend, device = %info.name,
-                to_device_bytes_per_s = r.link_bytes_per_s, to_host_bytes_per_s = r.link_out_bytes_per_s,
-                both_ways_bytes_per_s = r.link_both_bytes_per_s, "host link measured for staging");
-            Some(r)
-        }
-        Err(e) => {
-            tracing::info!(backend = info.backend, device = %info.name, error = %e,
-                "host link not measured; staging plans with the H200's 55 GB/s");
-            None
-        }
-    };
-    cache.insert(key, rates);
-    rates.unwrap_or(Rates::H200)
 }
 
 /// Staging's rates from a link measurement (an implausible one is an error).
@@ -895,7 +936,6 @@ impl<B: Backend> Staging<B> {
             copies: steps,
             segments: segs,
         } = planned;
-        let rates = input.rates;
         let area = match (shared, existing) {
             (true, Some(a)) => Area::Shared(a),
             (true, None) => Area::Shared(make_shared_area(ctx, room)?),
@@ -988,7 +1028,6 @@ impl<B: Backend> Staging<B> {
             refills: AtomicU64::new(0),
             clock,
             summary,
-            rates,
         })))
     }
 
@@ -1013,10 +1052,8 @@ impl<B: Backend> Staging<B> {
                 s.copy_in_gbps = s.bytes_in_per_step as f64 / (copying * 1e3);
             }
             if step > 0.0 {
-                let link_us = self
-                    .rates
-                    .link_us(s.bytes_in_per_step, s.bytes_out_per_step);
-                s.link_utilisation = link_us / step;
+                s.link_utilisation =
+                    s.link().link_us(s.bytes_in_per_step, s.bytes_out_per_step) / step;
             }
         }
         s
@@ -1417,10 +1454,6 @@ mod tests {
             ),
             (47e9, 44e9, 67e9)
         );
-        assert_eq!(
-            (r.hbm_bytes_per_s, r.flops_per_s),
-            (Rates::H200.hbm_bytes_per_s, Rates::H200.flops_per_s)
-        );
         for bad in [0.0, f64::NAN, -1.0, f64::INFINITY] {
             let e = link_rates(&LinkCosts {
                 both_ways_bytes_per_s: bad,
@@ -1432,5 +1465,42 @@ mod tests {
         // The host backend's copies are not a link: the H200's figures.
         let be = xla_vmm_device::host::HostBackend::new(Default::default()).unwrap();
         assert_eq!(device_rates(&be), Rates::H200);
+    }
+
+    #[test]
+    fn device_memory_and_arithmetic_are_the_devices_own() {
+        let be = xla_vmm_device::host::HostBackend::new(Default::default()).unwrap();
+        let card = |backend, cc, sms, peak| xla_vmm_device::DeviceInfo {
+            backend,
+            compute_capability: cc,
+            multiprocessor_count: sms,
+            memory_bandwidth: peak,
+            ..be.info().clone()
+        };
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b;
+        // An H100 80GB HBM3 (its attributes as `xla-vmm probe` read them).
+        let h100 = device_model(&card("cuda", (9, 0), 132, 3.35232e12));
+        assert!(close(h100.hbm_bytes_per_s, 3.35232e12 * 4.2 / 4.8));
+        assert_eq!(h100.flops_per_s, Rates::H200.flops_per_s);
+        assert_eq!(h100.link_bytes_per_s, Rates::H200.link_bytes_per_s);
+        // Fewer multiprocessors of the same architecture: less arithmetic.
+        let pcie = device_model(&card("cuda", (9, 0), 114, 2.0e12));
+        assert!(close(
+            pcie.flops_per_s,
+            Rates::H200.flops_per_s * 114.0 / 132.0
+        ));
+        assert!(close(pcie.hbm_bytes_per_s, 2.0e12 * 4.2 / 4.8));
+        // Another architecture (a ROCm gfx9 too): the H200's arithmetic; no
+        // peak reported: the H200's device memory.
+        for other in [
+            card("cuda", (8, 0), 108, 0.0),
+            card("hip", (9, 4), 304, f64::NAN),
+        ] {
+            let r = device_model(&other);
+            assert_eq!(
+                (r.hbm_bytes_per_s, r.flops_per_s),
+                (Rates::H200.hbm_bytes_per_s, Rates::H200.flops_per_s)
+            );
+        }
     }
 }
