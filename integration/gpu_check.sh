@@ -27,7 +27,9 @@
 # (integration/maxtext/checkpoint.py: MaxText saved and resumed with orbax, on us, on stock and across),
 # `train-oversub` (MaxText 1B past a device memory limit on us, against stock capped to the same memory with and
 # without MaxText's own host offload), `oversub` (a llama forward whose weights are 1.5x and 2x the device
-# memory limit, through the plugin: integration/oversub_bench.py), `hip-shim` (our HIP backend's conformance suite on
+# memory limit, through the plugin: integration/oversub_bench.py), `train-jax` (a JAX llama training step past the
+# limit on us, against stock capped and stock with Adam's moments offloaded by hand: integration/train_oversub_bench.py),
+# `hip-shim` (our HIP backend's conformance suite on
 # the NVIDIA GPU through the test shim integration/hipshim: HIP runtime -> CUDA driver, hiprtc -> NVRTC; it
 # checks our HIP code, not AMD's runtime).
 # GPU_CHECK_BUDGET_S: start no check after that many seconds (later ones are listed as SKIP), so that a
@@ -136,7 +138,7 @@ done
 if [ -n "${SAVE_TO:-}" ]; then
   mkdir -p "$SAVE_TO"
   printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed, $skipped skipped" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* oversub/oversub.* train_oversub/mt.* train_oversub/mt_logs.tar.gz long/long_runs_* step8/step_times.md step8/*/ab.* ckpt/ckpt.* ckpt/ckpt_logs.tar.gz 2>/dev/null)
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* oversub/oversub.* train_jax/train_oversub.* train_oversub/mt.* train_oversub/mt_logs.tar.gz long/long_runs_* step8/step_times.md step8/*/ab.* ckpt/ckpt.* ckpt/ckpt_logs.tar.gz 2>/dev/null)
   # The oversub programs' executables on their own (their size should not cost the logs).
   [ -d "$WORK/oversub/exe" ] && tar -czf "$SAVE_TO/oversub_exe.tar.gz" -C "$WORK/oversub" exe
 fi
@@ -506,6 +508,18 @@ if want oversub; then
     python3 integration/oversub_bench.py --out "$WORK/oversub" --rows "${OVERSUB_ROWS:-vmm}" \
     --ratios "${OVERSUB_RATIOS:-1.5,2}" --steps "${OVERSUB_STEPS:-6}" --warmup 20 --timeout 60 \
     --save-exe "$WORK/oversub/exe"
+fi
+
+# 8f. Training past the device memory, a model of our own (opt in: section `train-jax`, issue 29's training
+#     benchmark against an explicit offload stock can run): a llama training step in JAX (float32, Adam) whose
+#     state is TRAIN_JAX_RATIOS (default 2) times the limit, on stock uncapped, on us with no limit and at each
+#     ratio, on stock capped to the same memory, and on stock with Adam's moments in pinned_host moved by hand
+#     (integration/train_oversub_bench.py; TRAIN_JAX_ARGS: its model arguments). The link bound from the
+#     `device` section's probe when it ran. It fails when one of our runs fails or a limited run's losses are not
+#     the unlimited run's, bit for bit.
+if want train-jax; then
+  check "train-jax" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/train_oversub_bench.py \
+    --out "$WORK/train_jax" --ratios "${TRAIN_JAX_RATIOS:-2}" --probe "$WORK/probe.json" ${TRAIN_JAX_ARGS:-}
 fi
 
 # 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the

@@ -40,6 +40,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from benchio import staged_line, staged_of  # noqa: E402
 from stock_configs import STOCK_CONFIGS, with_flags  # noqa: E402
 
 CONFIGS = {
@@ -200,16 +201,6 @@ def programs_of(lines, reports):
             "staged": [staged_of(p) for p in listed if p.get("staging")]}
 
 
-def staged_of(p):
-    """What a program past the device budget moved and measured (its report's `staging`)."""
-    s = p["staging"]
-    keys = ("staged_bytes", "device_bytes", "bytes_in_per_step", "bytes_out_per_step", "estimated_step_us",
-            "unbudgeted_step_us", "timed_steps", "gpu_step_us", "copy_in_gbps", "waited_us", "link_utilisation",
-            "link_bytes_per_s", "link_out_bytes_per_s", "link_both_bytes_per_s")
-    return dict({"program": p["program"], "runner": p["runner"], "steps": p.get("steps", 0)},
-                **{k: s[k] for k in keys if k in s})
-
-
 def programs_line(row):
     """One line of mt.md: a run's programs (`programs_of`)."""
     p = row["programs"]
@@ -221,27 +212,8 @@ def programs_line(row):
                                               for n, r, why in p["not_graph"])
     if p["unlisted"]:
         text += "; NOT LISTED: " + ", ".join(p["unlisted"])
-    mib = lambda b: "%.0f MiB" % (b / 2**20)  # noqa: E731
     for st in p.get("staged", []):
-        # The link's time for this step's bytes at the rate its copies in ran, the directions taking turns
-        # (a full-duplex link may need less).
-        gbps = st.get("copy_in_gbps") or 0
-        bound = (st["bytes_in_per_step"] + st["bytes_out_per_step"]) / (gbps * 1e6) if gbps else None
-        text += ("\n  - %s (%s, %d steps): past the budget, %s staged, %s on the device; per step %s in, %s out"
-                 % (st["program"], st["runner"], st["steps"], mib(st.get("staged_bytes", 0)),
-                    mib(st.get("device_bytes", 0)), mib(st["bytes_in_per_step"]), mib(st["bytes_out_per_step"])))
-        if st.get("timed_steps"):
-            text += ("; last timed step %.1f ms on the device, copies in at %.1f GB/s, compute waited %.1f ms, "
-                     "link %.0f%% busy" % (st["gpu_step_us"] / 1e3, gbps, st["waited_us"] / 1e3,
-                                          100 * st.get("link_utilisation", 0)))
-            if bound:
-                text += "; both ways at that rate %.1f ms" % bound
-        text += "; planned %.1f ms (%.1f with no budget)" % (st.get("estimated_step_us", 0) / 1e3,
-                                                             st.get("unbudgeted_step_us", 0) / 1e3)
-        if st.get("link_bytes_per_s"):
-            text += " with the link at %.1f GB/s in, %.1f out, %.1f both at once" % (
-                st["link_bytes_per_s"] / 1e9, st.get("link_out_bytes_per_s", 0) / 1e9,
-                st.get("link_both_bytes_per_s", 0) / 1e9)
+        text += "\n  - " + staged_line(st)
     return text
 
 

@@ -1,10 +1,10 @@
-"""A llama-style decoder (RMSNorm, RoPE, SwiGLU, GQA), optional `lax.scan` over layers, adamw.
+"""A llama-style decoder (RMSNorm, RoPE, SwiGLU, GQA), optional `lax.scan` over layers, adamw (or another
+optimizer with optax's interface).
 
 The model `integration/fixtures/make_fixtures.py` makes the `llama_scan_bf16` fixture and the stock-XLA
 timings with, importable (no side effects at import)."""
 import jax
 import jax.numpy as jnp
-import optax
 
 # name -> (vocab, d, heads, kv_heads, layers, ffn, dtype, scan, batch, seq)
 CONFIGS = {
@@ -20,8 +20,9 @@ CONFIGS = {
 }
 
 
-def make_llama(vocab, d, heads, kv_heads, layers, ffn, dtype, scan):
-    """Returns (make_state(key) -> state, train_step(state, tokens) -> (state, loss))."""
+def make_llama(vocab, d, heads, kv_heads, layers, ffn, dtype, scan, opt=None):
+    """Returns (make_state(key) -> state, train_step(state, tokens) -> (state, loss)); `opt`: the optimizer
+    (`init`, `update` as optax's; default optax's adamw at 1e-3)."""
     def init(key):
         ks = jax.random.split(key, 8)
 
@@ -76,13 +77,17 @@ def make_llama(vocab, d, heads, kv_heads, layers, ffn, dtype, scan):
         lg = fwd(params, x[:, :-1])
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(lg), x[:, 1:, None], -1))
 
-    opt = optax.adamw(1e-3)
+    if opt is None:
+        import optax
+        opt = optax.adamw(1e-3)
 
     def train_step(state, x):
         params, ostate = state
         l, g = jax.value_and_grad(loss)(params, x)
         upd, ostate = opt.update(g, ostate, params)
-        return (optax.apply_updates(params, upd), ostate), l
+        # optax.apply_updates: each sum in its parameter's dtype.
+        new = jax.tree.map(lambda p, u: jnp.asarray(p + u).astype(jnp.asarray(p).dtype), params, upd)
+        return (new, ostate), l
 
     def make_state(key):
         p = init(key)

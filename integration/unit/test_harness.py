@@ -566,6 +566,67 @@ class OversubBenchRows(unittest.TestCase):
         self.assertEqual(seen[2][1]["XLA_PYTHON_CLIENT_MEM_FRACTION"], "0.0500")
 
 
+class TrainOversubBench(unittest.TestCase):
+    def setUp(self):
+        self.m = load("train_oversub_bench", os.path.join(INTEGRATION, "train_oversub_bench.py"))
+
+    def args(self, **changes):
+        import argparse
+        return argparse.Namespace(**dict(
+            dict(layers=1, dim=2, ffn=3, heads=1, vocab=4, batch=1, seq=8, steps=3, warmup=2, scan=False, timeout=9,
+                 ratios="2", rows="stock,vmm,capped,offload", platform="gpu", link_gbps=50.0, link_out_gbps=None,
+                 link_both_gbps=None), **changes))
+
+    def test_the_state_is_weights_and_two_moments_in_float32(self):
+        # 1 layer of dim 2, ffn 3: 4*4 + 3*6 + 2*2 = 38, and vocab 4 x 2 + 2 = 10 -> 48 parameters, 3 x 4 bytes each.
+        self.assertEqual(self.m.state_bytes(1, 2, 3, 4), 48 * 12)
+
+    def test_rows_environments_and_link_bound(self):
+        a = self.args()
+        self.assertEqual([r[0] for r in self.m.plan_rows(a)],
+                         ["stock", "vmm none", "vmm 2.00x", "stock capped 2.00x", "stock offload 2.00x"])
+        # On CPU jax: stock's rows that need no limit.
+        self.assertEqual([r[0] for r in self.m.plan_rows(self.args(platform="cpu"))], ["stock", "stock offload 2.00x"])
+        seen = []
+        self.m.run_json_child = lambda argv, env, timeout: (seen.append((argv, env)), ({}, None))[1]
+        for mode, ratio in (("vmm", 0.0), ("vmm", 2.0), ("stock", 2.0), ("offload", 2.0)):
+            self.m.run(a, mode, ratio, 8 << 30, 80 << 30)
+        envs = [e for _, e in seen]
+        self.assertNotIn("XLA_VMM_DEVICE_MEMORY_LIMIT", envs[0])
+        self.assertEqual(envs[1]["XLA_VMM_DEVICE_MEMORY_LIMIT"], str(4 << 30))
+        self.assertEqual((envs[2]["JAX_PLATFORMS"], envs[2]["XLA_PYTHON_CLIENT_MEM_FRACTION"]), ("cuda", "0.0500"))
+        self.assertEqual(envs[3]["XLA_PYTHON_CLIENT_MEM_FRACTION"], "0.0500")
+        self.assertIn("--mode", seen[3][0])
+        # 1 GB each way: 20 ms in at 50 GB/s, directions taking turns: 40 ms; full duplex at 80: 25 ms.
+        self.assertAlmostEqual(self.m.link_bound_ms(1e9, a), 40.0)
+        self.assertAlmostEqual(self.m.link_bound_ms(1e9, self.args(link_both_gbps=80.0)), 25.0)
+
+    def test_a_limited_run_whose_losses_differ_fails_and_stocks_failures_are_results(self):
+        a = self.args()
+        row = lambda label, mode, ratio, ms, losses, digest: dict(  # noqa: E731
+            label=label, mode=mode, ratio=ratio, ms=ms, losses=losses, digest=digest)
+        rows = [row("stock", "stock", 0.0, 10.0, [2.0, 1.5], "s"), row("vmm none", "vmm", 0.0, 9.0, [2.0, 1.4], "v"),
+                row("vmm 2.00x", "vmm", 2.0, 80.0, [2.0, 1.4], "x"),
+                row("stock offload 2.00x", "offload", 2.0, 100.0, [2.0, 1.25], "o")]
+        rows[2]["staged"] = [{"program": "jit_step", "runner": "va-stable graph", "steps": 30, "staged_bytes": 1 << 30,
+                              "device_bytes": 0, "bytes_in_per_step": 1 << 30, "bytes_out_per_step": 1 << 30}]
+        failed = [("stock capped 2.00x", "rc 1: RESOURCE_EXHAUSTED: Out of memory | x")]
+        md, errors = self.m.table(a, rows, failed, 8 << 30)
+        text = "\n".join(md)
+        self.assertEqual(errors, ["vmm 2.00x: losses differ from vmm none's"])
+        self.assertIn("| vmm 2.00x | 4.00 GiB | 80.00 | 0.12x |", text)
+        self.assertIn("| DIFFER |", text)
+        self.assertIn("| stock offload 2.00x | 4.00 GiB | 100.00 | 0.10x |", text)
+        self.assertIn("max abs 0.25 |", text)
+        self.assertIn("| stock capped 2.00x | - | - | - | - | - | rc 1: RESOURCE_EXHAUSTED: Out of memory / x |", text)
+        self.assertIn("- vmm 2.00x: jit_step (va-stable graph, 30 steps): past the budget, 1024 MiB staged", text)
+        # 4 GiB each way at 50 GB/s, the directions taking turns: 171.8 ms; 80 ms a step is faster than that
+        # bound's share, 215%.
+        self.assertIn("| 171.8 | 215% |", text)
+        rows[2]["digest"] = "v"
+        self.assertEqual(self.m.table(a, rows, failed, 8 << 30)[1], [])
+
+
 class JaxSliceLastWords(unittest.TestCase):
     def test_the_plugins_crash_report_comes_whole_then_the_python_stack(self):
         m = load("jax_tests", os.path.join(INTEGRATION, "jax_tests.py"))

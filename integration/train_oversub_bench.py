@@ -1,0 +1,281 @@
+"""Training past the device memory (issue 29's training benchmark; benchmark, not a test).
+
+A llama-family training step (integration/models/llama.py's decoder, float32, Adam) whose state (weights and
+Adam's two moments) is 1.5x and 2x a device memory limit, as ms a step:
+
+- `stock`: stock XLA with the whole card (the ceiling on stock);
+- `vmm none`: xla-vmm with no limit (the ceiling on us);
+- `vmm 2.00x` ...: xla-vmm with XLA_VMM_DEVICE_MEMORY_LIMIT = state / ratio, the program unchanged (the state past
+  the limit lives in host memory; the runtime stages it);
+- `stock capped 2.00x` ...: stock XLA with XLA_PYTHON_CLIENT_MEM_FRACTION at the same memory, the program unchanged
+  (where the state does not fit: out of memory);
+- `stock offload 2.00x` ...: stock XLA the way JAX's host-offloading guide writes it by hand: Adam's moments in
+  `pinned_host` memory, moved to the device inside the jitted step and back (`jax.device_put` with memory kinds),
+  at the same memory fraction;
+- the link bound: the state past the limit must cross the host link both ways every step (the step reads it and
+  writes it), at the link's rates (--probe: `xla-vmm probe --json`'s file; else --link-gbps, --link-out-gbps,
+  --link-both-gbps).
+
+Every row runs the same steps on the same batches from the same initial state; our rows with a limit run the
+unlimited row's executable, so their losses must be its, bit for bit (stock's rows are other programs: their
+largest difference is shown). One process per row. Prints a Markdown table and writes DIR/train_oversub.md and
+.json.
+
+    XLA_VMM_LIBRARY=.dev/perf/lib/libxla_vmm_plugin.so \\
+      python3 integration/train_oversub_bench.py --out DIR [--layers 8] [--dim 2048] [--ffn 5632] [--ratios 1.5,2]
+
+`--platform cpu` runs the stock and offload rows on CPU jax (a check of the harness, no GPU; no limit applies
+there).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.abspath(__file__)
+# The jax_plugins package (xla-vmm's registration) and the models next to this file.
+sys.path.insert(0, os.path.dirname(HERE))
+
+from benchio import gpu_memory_bytes, run_json_child, staged_line, staged_of, write_results  # noqa: E402
+
+
+def state_bytes(layers, dim, ffn, vocab):
+    """Weights and Adam's two moments, float32 (the model's shapes: square attention, SwiGLU, tied embedding)."""
+    params = layers * (4 * dim * dim + 3 * dim * ffn + 2 * dim) + vocab * dim + dim
+    return 3 * 4 * params
+
+
+def adam(lr=1e-4, b1=0.9, b2=0.95, eps=1e-8):
+    """Adam with optax's interface (`init`, `update` -> updates, state), written out so that the harness's own
+    check runs where optax is not installed."""
+    import jax
+    import jax.numpy as jnp
+
+    class Adam:
+        @staticmethod
+        def init(params):
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            return {"mu": zeros, "nu": jax.tree.map(jnp.zeros_like, params), "count": jnp.zeros((), jnp.int32)}
+
+        @staticmethod
+        def update(g, s, params=None):
+            count = s["count"] + 1
+            mu = jax.tree.map(lambda m, x: b1 * m + (1 - b1) * x, s["mu"], g)
+            nu = jax.tree.map(lambda v, x: b2 * v + (1 - b2) * x * x, s["nu"], g)
+            t = count.astype(jnp.float32)
+            c1, c2 = 1 - b1 ** t, 1 - b2 ** t
+            upd = jax.tree.map(lambda m, v: -lr * (m / c1) / (jnp.sqrt(v / c2) + eps), mu, nu)
+            return upd, {"mu": mu, "nu": nu, "count": count}
+
+    return Adam()
+
+
+def child(a):
+    import hashlib
+
+    import jax
+    import numpy as np
+    from jax.sharding import SingleDeviceSharding
+
+    from models.llama import make_llama
+
+    dev = jax.devices()[0]
+    make_state, train_step = make_llama(a.vocab, a.dim, a.heads, a.heads, a.layers, a.ffn, np.float32, a.scan,
+                                        opt=adam())
+    params, ostate = make_state(jax.random.PRNGKey(0))
+    offload = a.mode == "offload"
+    on_dev = SingleDeviceSharding(dev, memory_kind="device")
+    if offload:
+        on_host = SingleDeviceSharding(dev, memory_kind="pinned_host")
+        moments = {k: ostate[k] for k in ("mu", "nu")}
+        ostate = dict(ostate, **jax.device_put(moments, on_host))
+
+        def step(state, x):
+            p, o = state
+            o = dict(o, **jax.device_put({k: o[k] for k in ("mu", "nu")}, on_dev))
+            (p, o), loss = train_step((p, o), x)
+            return (p, dict(o, **jax.device_put({k: o[k] for k in ("mu", "nu")}, on_host))), loss
+    else:
+        step = train_step
+    state = jax.device_put((params, ostate), dev) if not offload else (jax.device_put(params, dev), ostate)
+    del params, ostate
+    fn = jax.jit(step, donate_argnums=0)
+    rng = np.random.default_rng(0)
+    batches = [jax.device_put(rng.integers(0, a.vocab, size=(a.batch, a.seq + 1), dtype=np.int32), dev)
+               for _ in range(4)]
+    losses, times = [], []
+    for i in range(a.warmup + a.steps):
+        t = time.perf_counter()
+        state, loss = fn(state, batches[i % len(batches)])
+        loss = float(loss)  # waits for the step
+        if i >= a.warmup:
+            times.append(time.perf_counter() - t)
+        losses.append(loss)
+    times.sort()
+    bits = np.asarray(losses, np.float32)
+    out = {"mode": a.mode, "ratio": a.ratio, "ms": 1e3 * times[len(times) // 2], "losses": losses,
+           "digest": hashlib.sha256(bits.tobytes()).hexdigest()[:16]}
+    if a.mode == "vmm":
+        from jax_plugins.xla_vmm import report
+        progs = report().get("programs", [])
+        out["staged"] = [staged_of(p) for p in progs if p.get("staging")]
+        out["not_staged"] = [{"program": p["program"], "runner": p.get("runner"), "why": p["staging_note"]}
+                             for p in progs if p.get("staging_note")]
+    return out
+
+
+def link_bound_ms(past, a):
+    """Milliseconds the link needs for `past` bytes each way: each direction at its rate, both together at the
+    rate of both at once (one way's where not given: the directions take turns)."""
+    gin = a.link_gbps * 1e9
+    gout = (a.link_out_gbps or a.link_gbps) * 1e9
+    both = (a.link_both_gbps or min(a.link_gbps, a.link_out_gbps or a.link_gbps)) * 1e9
+    return 1e3 * max(past / gin, past / gout, 2 * past / both)
+
+
+ROW_ARGS = ("layers", "dim", "ffn", "vocab", "heads", "batch", "seq", "steps", "warmup")
+
+
+def run(a, mode, ratio, sbytes, total_dev):
+    """One row in its own process: (result, None) or (None, why it failed)."""
+    env = dict(os.environ)
+    argv = [sys.executable, HERE, "--child", "--mode", mode, "--ratio", str(ratio)] + [
+        "--%s=%s" % (k, getattr(a, k)) for k in ROW_ARGS] + (["--scan"] if a.scan else [])
+    limit = int(sbytes / ratio) if ratio else None
+    # Deterministic reductions and no timing-based autotuning: every process compiles the same program the same
+    # way, so that our limited rows run the unlimited row's executable.
+    env.setdefault("XLA_FLAGS", "--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0")
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if a.platform == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+    elif mode == "vmm":
+        env["JAX_PLATFORMS"] = "vmm"
+        if limit:
+            env["XLA_VMM_DEVICE_MEMORY_LIMIT"] = str(limit)
+    else:
+        env["JAX_PLATFORMS"] = "cuda"
+        if limit:
+            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "%.4f" % (limit / total_dev)
+    return run_json_child(argv, env, a.timeout)
+
+
+def plan_rows(a):
+    """(label, mode, ratio) of each row to run."""
+    ratios = [float(r) for r in a.ratios.split(",") if r.strip()]
+    kinds = a.rows.split(",")
+    rows = []
+    if "stock" in kinds:
+        rows.append(("stock", "stock", 0.0))
+    if "vmm" in kinds and a.platform != "cpu":
+        rows += [("vmm none", "vmm", 0.0)] + [("vmm %.2fx" % r, "vmm", r) for r in ratios]
+    for r in ratios:
+        if "capped" in kinds and a.platform != "cpu":
+            rows.append(("stock capped %.2fx" % r, "stock", r))
+        if "offload" in kinds:
+            rows.append(("stock offload %.2fx" % r, "offload", r))
+    return rows
+
+
+def table(a, rows, failed, sbytes):
+    """The Markdown lines and the errors (a limited row of ours whose losses differ from the unlimited one's)."""
+    ours = next((r for r in rows if r["label"] == "vmm none"), None)
+    stock = next((r for r in rows if r["label"] == "stock"), None)
+    errors = ["%s: losses differ from vmm none's" % r["label"] for r in rows
+              if ours and r["label"].startswith("vmm ") and r is not ours and r["digest"] != ours["digest"]]
+
+    def vs(r):
+        ref = ours if r["mode"] == "vmm" else stock
+        if ref is None or r is ref:
+            return "-"
+        if r["mode"] == "vmm":
+            return "identical" if r["digest"] == ref["digest"] else "DIFFER"
+        n = min(len(r["losses"]), len(ref["losses"]))
+        return "max abs %.3g" % max((abs(x - y) for x, y in zip(r["losses"][:n], ref["losses"][:n])), default=0.0)
+
+    md = ["state (weights + Adam's moments, float32) %.2f GiB; %d layers, dim %d, ffn %d, vocab %d, batch %d, seq %d; "
+          "median of %d steps after %d; link %.1f GB/s in%s%s" % (
+              sbytes / 2**30, a.layers, a.dim, a.ffn, a.vocab, a.batch, a.seq, a.steps, a.warmup, a.link_gbps,
+              ", %.1f out" % a.link_out_gbps if a.link_out_gbps else "",
+              ", %.1f both at once" % a.link_both_gbps if a.link_both_gbps else ""), "",
+          "| config | device memory | ms/step | vs stock | link bound ms | bound / step | losses |",
+          "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        past = max(0.0, sbytes - sbytes / r["ratio"]) if r["ratio"] else 0.0
+        bound = link_bound_ms(past, a) if past else None
+        md.append("| %s | %s | %.2f | %s | %s | %s | %s |" % (
+            r["label"], "%.2f GiB" % (sbytes / r["ratio"] / 2**30) if r["ratio"] else "whole card", r["ms"],
+            "%.2fx" % (stock["ms"] / r["ms"]) if stock else "-", "%.1f" % bound if bound else "-",
+            "%.0f%%" % (100 * bound / r["ms"]) if bound else "-", vs(r)))
+    md += ["| %s | - | - | - | - | - | %s |" % (label, why.replace("|", "/")[:200]) for label, why in failed]
+    for r in rows:
+        md += ["- %s: %s" % (r["label"], staged_line(st)) for st in r.get("staged", [])]
+        md += ["- %s, %s (runs as %s): part in host memory, not staged (%s): read in place" % (
+            r["label"], st["program"], st.get("runner"), st["why"]) for st in r.get("not_staged", [])]
+    return md + ["- ERROR " + e for e in errors], errors
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=2048)
+    ap.add_argument("--ffn", type=int, default=5632)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--scan", action="store_true", help="a lax.scan over stacked layers (MaxText's way)")
+    ap.add_argument("--steps", type=int, default=10)
+    # Untimed steps first: enough for the never-slower guard to decide in graph mode (its trial takes ~16).
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--ratios", default="1.5,2")
+    ap.add_argument("--rows", default="stock,vmm,capped,offload")
+    ap.add_argument("--platform", choices=("gpu", "cpu"), default="gpu")
+    ap.add_argument("--link-gbps", type=float, default=55.0)
+    ap.add_argument("--link-out-gbps", type=float, default=None)
+    ap.add_argument("--link-both-gbps", type=float, default=None)
+    ap.add_argument("--probe", default=None, help="`xla-vmm probe --json`'s output: the link rates from its "
+                    "`link` (where it has one), in place of the --link-* ones")
+    ap.add_argument("--device-gib", type=float, default=None,
+                    help="the GPU's memory, for stock's XLA_PYTHON_CLIENT_MEM_FRACTION (default: nvidia-smi's, else "
+                         "the H200's 139.8)")
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--mode", default="vmm")
+    ap.add_argument("--ratio", type=float, default=0.0)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(a)), flush=True)
+        return 0
+    os.makedirs(a.out, exist_ok=True)
+    link = {}
+    if a.probe and os.path.exists(a.probe):
+        with open(a.probe) as fh:
+            link = json.load(fh).get("link") or {}
+    if link.get("to_device_bytes_per_s"):
+        a.link_gbps = link["to_device_bytes_per_s"] / 1e9
+        a.link_out_gbps = link.get("to_host_bytes_per_s", 0) / 1e9 or None
+        a.link_both_gbps = link.get("both_ways_bytes_per_s", 0) / 1e9 or None
+    sbytes = state_bytes(a.layers, a.dim, a.ffn, a.vocab)
+    total_dev = a.device_gib * 2**30 if a.device_gib else (gpu_memory_bytes() or 139.8 * 2**30)
+    rows, failed = [], []
+    for label, mode, ratio in plan_rows(a):
+        print("[%s] ..." % label, flush=True)
+        r, err = run(a, mode, ratio, sbytes, total_dev)
+        if r is None:
+            failed.append((label, err))
+            print("  failed: %s" % err, flush=True)
+            continue
+        r["label"] = label
+        rows.append(r)
+    md, errors = table(a, rows, failed, sbytes)
+    # Our rows must run; stock's may fail (that is what the capped row shows).
+    errors += ["%s: %s" % (label, why) for label, why in failed if label.startswith("vmm")]
+    write_results(a.out, "train_oversub", md, {"state_bytes": sbytes, "rows": rows, "failed": failed,
+                                                "errors": errors})
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
