@@ -311,25 +311,26 @@ pub fn as_run(
     // At the first run its memory moves where its plan wants it: the
     // parameters above the allocator's small size and the program's own
     // buffers that hold one allocation.
-    let moved =
-        match xla_vmm_runtime::staging::plan_moves(plan, &homes, room, rates.rates(), &movable)? {
-            None => None,
-            Some(moves) => {
-                let mut after = homes.clone();
-                for &(a, h) in &moves.moves {
-                    after[a] = h;
-                }
-                let room = room + moves.freed_bytes - moves.taken_bytes;
-                let staging = xla_vmm_runtime::staging::plan_staging(
-                    plan,
-                    &after,
-                    room,
-                    rates.rates(),
-                    true,
-                )?;
-                Some(Moved { moves, staging })
+    let moved = match xla_vmm_runtime::staging::plan_moves(
+        plan,
+        &homes,
+        room,
+        rates.rates(),
+        &movable,
+        true,
+    )? {
+        None => None,
+        Some(moves) => {
+            let mut after = homes.clone();
+            for &(a, h) in &moves.moves {
+                after[a] = h;
             }
-        };
+            let room = room + moves.freed_bytes - moves.taken_bytes;
+            let staging =
+                xla_vmm_runtime::staging::plan_staging(plan, &after, room, rates.rates(), true)?;
+            Some(Moved { moves, staging })
+        }
+    };
     Ok(AsRun {
         limit,
         reserve_percent,

@@ -251,6 +251,18 @@ fn as_run_shows_what_the_first_run_moves_for_its_plan() {
     );
     let area = |s: &serde_json::Value| f(s, "area_bytes");
     assert!(area(&m["staging"]) > area(&a["staging"]), "{a}");
+    // Each layout is judged by the staging it runs: the estimates are those
+    // stagings' own.
+    assert_eq!(
+        f(m, "estimated_step_us"),
+        f(&a["staging"], "estimated_step_us"),
+        "{a}"
+    );
+    assert_eq!(
+        f(m, "estimated_step_us_after"),
+        f(&m["staging"], "estimated_step_us"),
+        "{a}"
+    );
     // Where nothing gains, nothing moves.
     let out = inspect(&[file, "--json", "--memory-budget", "400M", "--as-run"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

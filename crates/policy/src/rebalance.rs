@@ -64,6 +64,30 @@ pub struct Rebalance {
 /// Buffers the program does not touch never move (another program may
 /// need them where they are).
 pub fn rebalance(input: &ResidencyInput, movable: &[(usize, u64)]) -> Result<Option<Rebalance>> {
+    rebalance_with(input, movable, |moved| {
+        Ok(plan_residency(moved.as_ref().map_or(input, |m| &m.input))?.step_us)
+    })
+}
+
+/// A proposal [`rebalance_with`] estimates: the input with the moved
+/// allocations' buffers at their new homes and the room the moves leave.
+pub struct Moved<'a> {
+    /// Per allocation id that moves, where it goes.
+    pub moves: &'a [(usize, Home)],
+    /// `input` with the buffers' new homes and budget.
+    pub input: ResidencyInput,
+}
+
+/// [`rebalance`], the step of each layout estimated by `estimate`: `None`
+/// for the buffers where they are, else the proposed moves (µs; the
+/// runtime's estimate is the staging it would run, [`crate::staging`]'s,
+/// where the planner's own schedule counts bytes, not addresses in the
+/// area).
+pub fn rebalance_with(
+    input: &ResidencyInput,
+    movable: &[(usize, u64)],
+    mut estimate: impl FnMut(Option<&Moved<'_>>) -> Result<f64>,
+) -> Result<Option<Rebalance>> {
     input.validate()?;
     let size: BTreeMap<usize, u64> = movable.iter().copied().collect();
     let mut used = vec![false; input.buffers.len()];
@@ -92,7 +116,6 @@ pub fn rebalance(input: &ResidencyInput, movable: &[(usize, u64)]) -> Result<Opt
     if parts.is_empty() {
         return Ok(None);
     }
-    let before = plan_residency(input)?;
     // Anywhere, within the device memory the movable allocations hold now
     // and the room.
     let mut free = input.clone();
@@ -136,18 +159,24 @@ pub fn rebalance(input: &ResidencyInput, movable: &[(usize, u64)]) -> Result<Opt
         return Ok(None);
     }
     after.budget_bytes = input.budget_bytes + freed - taken;
-    let planned = plan_residency(&after)?;
-    if before.step_us <= 0.0 || planned.step_us > before.step_us * (1.0 - MIN_GAIN) {
+    moves.sort_by_key(|&(id, to)| (to == Home::Device, id));
+    let before_us = estimate(None)?;
+    let moved = Moved {
+        moves: &moves,
+        input: after,
+    };
+    let after_us = estimate(Some(&moved))?;
+    if before_us <= 0.0 || after_us > before_us * (1.0 - MIN_GAIN) {
         return Ok(None);
     }
-    moves.sort_by_key(|&(id, to)| (to == Home::Device, id));
+    let homes = moved.input.buffers.iter().map(|b| b.home).collect();
     Ok(Some(Rebalance {
         moves,
-        homes: after.buffers.iter().map(|b| b.home).collect(),
+        homes,
         freed_bytes: freed,
         taken_bytes: taken,
-        before_us: before.step_us,
-        after_us: planned.step_us,
+        before_us,
+        after_us,
     }))
 }
 
@@ -221,6 +250,45 @@ mod tests {
             let moved = r.moves.iter().find(|m| m.0 == b.id).map(|m| m.1);
             assert_eq!(r.homes[i], moved.unwrap_or(b.home), "buffer {i}");
         }
+    }
+
+    #[test]
+    fn the_caller_estimates_each_layout_and_its_verdict_decides() {
+        let x = first_come(100);
+        let movable = sized(&[0, 1, 2, 3, 4, 5], &x);
+        let proposed = rebalance(&x, &movable).unwrap().expect("moving pays");
+        // The layout where the buffers are, then the proposal with its moves
+        // applied and the room they leave.
+        let verdict = |before: f64, after: f64| {
+            let mut seen = Vec::new();
+            let r = rebalance_with(&x, &movable, |m| {
+                seen.push(m.map(|m| (m.moves.to_vec(), m.input.budget_bytes)));
+                Ok(if m.is_some() { after } else { before })
+            })
+            .unwrap();
+            (r, seen)
+        };
+        let (r, seen) = verdict(100.0, 80.0);
+        let r = r.expect("20% faster by the caller's estimate");
+        assert_eq!(
+            (r.moves.clone(), r.homes.clone()),
+            (proposed.moves.clone(), proposed.homes)
+        );
+        assert_eq!((r.before_us, r.after_us), (100.0, 80.0));
+        let room = x.budget_bytes + r.freed_bytes - r.taken_bytes;
+        assert_eq!(seen, vec![None, Some((r.moves, room))]);
+        // Less than MIN_GAIN by the caller's estimate, whatever the planner's
+        // schedule says: nothing moves.
+        assert_eq!(verdict(100.0, 96.0).0, None);
+        // An estimate that fails fails the rebalance.
+        let e = rebalance_with(&x, &movable, |m| match m {
+            None => Ok(1.0),
+            Some(_) => Err(crate::error::PolicyError::InvalidResidency(
+                "no area".into(),
+            )),
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("no area"), "{e}");
     }
 
     #[test]

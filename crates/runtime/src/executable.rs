@@ -448,9 +448,12 @@ impl<B: Backend> Executable<B> {
             .filter(|(_, p)| p.1)
             .filter_map(|(s, _)| single(s))
             .collect();
-        let moves = self
-            .program
-            .plan_moves(&homes, &movable, self.config.one_stream);
+        let moves = self.program.plan_moves(
+            &homes,
+            &movable,
+            self.config.one_stream,
+            self.config.binding.immutable_buffers,
+        );
         self.program.move_own(stream);
         moves
             .into_iter()

@@ -405,7 +405,8 @@ impl<B: Backend> Program<B> {
     /// allocation's location as given (`params`, as for
     /// [`Program::plan_staging`]), the parameter allocations in `movable`
     /// free to move between device and host memory, its own large buffers
-    /// free to leave the device.
+    /// free to leave the device; each layout judged by the staging it
+    /// would run (`keep_parameters` as for [`Program::plan_staging`]).
     /// Its own buffers' moves are kept for [`Program::move_own`]; the
     /// parameter allocations' are returned. A failure is said and moves
     /// nothing. With a `shared` staging area that another program made
@@ -416,6 +417,7 @@ impl<B: Backend> Program<B> {
         params: &[(usize, Option<MemLocation>)],
         movable: &[usize],
         shared: bool,
+        keep_parameters: bool,
     ) -> Vec<(usize, MemLocation)> {
         if shared && crate::staging::has_shared_area(&self.vmm) {
             return Vec::new();
@@ -448,6 +450,7 @@ impl<B: Backend> Program<B> {
             room,
             crate::staging::device_rates(&*self.backend),
             &may,
+            keep_parameters,
         ) {
             Ok(Some(r)) => r,
             Ok(None) => return Vec::new(),

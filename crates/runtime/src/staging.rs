@@ -43,12 +43,12 @@ use serde::Serialize;
 use xla_vmm::{AllocationRole, Plan, Slice, Thunk, ThunkKind};
 use xla_vmm_device::vmm::VmmContext;
 use xla_vmm_device::{Backend, DevicePtr, EventStatus, MemLocation};
-use xla_vmm_policy::rebalance::{rebalance, Rebalance};
+use xla_vmm_policy::rebalance::{rebalance_with, Moved, Rebalance};
 use xla_vmm_policy::residency::{
     demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, ResidencyPlan,
     Use,
 };
-use xla_vmm_policy::staging::{carry, keep, stage, Staging as StagedSteps};
+use xla_vmm_policy::staging::{carry, estimate_us, keep, stage, Staging as StagedSteps};
 use xla_vmm_policy::PolicyError;
 
 use crate::error::{Result, RuntimeError, Teardown};
@@ -542,6 +542,9 @@ pub struct StagingPlan {
     pub residency: ResidencyPlan,
     /// The copies and area offsets.
     pub copies: StagedSteps,
+    /// The step as these copies would run it, µs
+    /// ([`xla_vmm_policy::staging::estimate_us`]).
+    pub estimated_us: f64,
     /// (allocation, start, end) of each buffer.
     pub segments: crate::residency::Segments,
 }
@@ -554,6 +557,7 @@ impl StagingPlan {
             &self.placements,
             &self.residency,
             &self.copies,
+            self.estimated_us,
             self.copies.area_bytes,
         )
     }
@@ -607,32 +611,66 @@ pub fn plan_staging(
     if copies.stays.is_empty() {
         return Ok(None);
     }
+    let estimated_us = estimate_us(&input, &placements, &copies);
     Ok(Some(StagingPlan {
         input,
         placements,
         residency,
         copies,
+        estimated_us,
         segments,
     }))
 }
 
 /// Where `plan`'s allocations should live before its first run
-/// ([`rebalance`]): it planned with its allocations at `homes` and `room`
+/// ([`rebalance_with`]): it planned with its allocations at `homes` and `room`
 /// device bytes left, the allocations in `movable` (index, bytes of memory
-/// it holds) free to move between device and host memory. `None`: nothing
-/// is in host memory, or no move pays.
+/// it holds) free to move between device and host memory. Each layout is
+/// judged by the staging it would run ([`plan_staging`]'s estimate, with
+/// `keep_parameters` as it will stage), not by the planner's own schedule:
+/// that one counts the area's bytes, not its addresses, and can miss a
+/// larger area's gain (a llama prefill at 2x: 75.5 ms as staged, 62.0 ms
+/// with one weight fewer on the device, where the schedule said 72.2 and
+/// 72.5). `None`: nothing is in host memory, or no move pays.
 pub fn plan_moves(
     plan: &Plan,
     homes: &[Home],
     room: u64,
     rates: Rates,
     movable: &[(usize, u64)],
+    keep_parameters: bool,
 ) -> Result<Option<Rebalance>> {
     if !homes.contains(&Home::Host) || movable.is_empty() {
         return Ok(None);
     }
     let (input, _) = unit_input(plan, homes, room, rates)?;
-    rebalance(&input, movable).map_err(|e| RuntimeError::invalid(format!("rebalance: {e}")))
+    let staged = |moved: Option<&Moved<'_>>| -> Result<f64> {
+        let (mut at, room, input) = match moved {
+            None => (homes.to_vec(), room, &input),
+            Some(m) => (homes.to_vec(), m.input.budget_bytes, &m.input),
+        };
+        for &(a, to) in moved.map_or(&[][..], |m| m.moves) {
+            if let Some(h) = at.get_mut(a) {
+                *h = to;
+            }
+        }
+        Ok(
+            match plan_staging(plan, &at, room, rates, keep_parameters)? {
+                Some(p) => p.estimated_us,
+                // Nothing in host memory, or nothing staged: the planner's
+                // step (all on the device, or read in place).
+                None => {
+                    plan_residency(input)
+                        .map_err(|e| RuntimeError::invalid(format!("residency: {e}")))?
+                        .step_us
+                }
+            },
+        )
+    };
+    rebalance_with(&input, movable, |moved| {
+        staged(moved).map_err(|e| PolicyError::InvalidResidency(e.to_string()))
+    })
+    .map_err(|e| RuntimeError::invalid(format!("rebalance: {e}")))
 }
 
 /// A staging's copy streams and events.
@@ -934,6 +972,7 @@ impl<B: Backend> Staging<B> {
             placements,
             residency,
             copies: steps,
+            estimated_us,
             segments: segs,
         } = planned;
         let area = match (shared, existing) {
@@ -945,7 +984,14 @@ impl<B: Backend> Staging<B> {
                 MemLocation::Device,
             )?),
         };
-        let summary = summarize(&input, &placements, &residency, &steps, area.buf().mapped());
+        let summary = summarize(
+            &input,
+            &placements,
+            &residency,
+            &steps,
+            estimated_us,
+            area.buf().mapped(),
+        );
         tracing::info!(executable = %name, area = summary.area_bytes, staged = summary.staged,
             staged_bytes = summary.staged_bytes, in_place = summary.in_place,
             in_place_bytes = summary.in_place_bytes, device_bytes = summary.device_bytes,
@@ -1367,13 +1413,14 @@ fn summarize(
     placements: &[Placement],
     residency: &ResidencyPlan,
     steps: &StagedSteps,
+    estimated_us: f64,
     area_bytes: u64,
 ) -> StagingSummary {
     let mut s = StagingSummary {
         area_bytes,
         bytes_in_per_step: steps.bytes_in,
         bytes_out_per_step: steps.bytes_out,
-        estimated_step_us: residency.step_us,
+        estimated_step_us: estimated_us,
         unbudgeted_step_us: residency.unbudgeted_step_us,
         link_bytes_per_s: input.rates.link_bytes_per_s,
         link_out_bytes_per_s: input.rates.link_out(),
