@@ -310,10 +310,14 @@ impl Client {
     fn teardown(&self) {
         // Waiting for a device's stream can block forever if a collective
         // there waits for a peer process that is gone; a watchdog says
-        // which step teardown is waiting in, every 10 s, so such a hang is
-        // named in the log instead of being silent.
-        let watch =
-            crate::runtime::watchdog::Watchdog::start("client teardown", Duration::from_secs(10));
+        // which step teardown is waiting in, after 2 s (a process asked to
+        // exit is expected to within a few) and then every 10 s, so such a
+        // hang is named in the log instead of being silent.
+        let watch = crate::runtime::watchdog::Watchdog::start(
+            "client teardown",
+            Duration::from_secs(2),
+            Duration::from_secs(10),
+        );
         for d in &self.addressable {
             watch.stage(format!("device {}: worker thread", d.id()));
             d.worker.shutdown();

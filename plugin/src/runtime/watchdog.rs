@@ -1,6 +1,7 @@
 //! A watchdog for steps that can block for good (waiting for a device
 //! stream whose collective waits for a peer process that is gone): while
-//! it lives, it logs the step being waited in every `period`.
+//! it lives, it logs the step being waited in after `first`, then every
+//! `period`.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -17,7 +18,7 @@ pub struct Watchdog {
 
 impl Watchdog {
     /// Start watching `what`; [`Watchdog::stage`] names the current step.
-    pub fn start(what: &'static str, period: Duration) -> Watchdog {
+    pub fn start(what: &'static str, first: Duration, period: Duration) -> Watchdog {
         let shared = Arc::new((
             Mutex::new(State {
                 stage: String::from("start"),
@@ -32,13 +33,13 @@ impl Watchdog {
                 let t0 = Instant::now();
                 let (lock, cv) = &*s;
                 let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
+                let mut wait = first;
                 loop {
                     if st.done {
                         return;
                     }
-                    let (g, timeout) = cv
-                        .wait_timeout(st, period)
-                        .unwrap_or_else(|p| p.into_inner());
+                    let (g, timeout) = cv.wait_timeout(st, wait).unwrap_or_else(|p| p.into_inner());
+                    wait = period;
                     st = g;
                     if st.done {
                         return;
@@ -83,7 +84,7 @@ mod tests {
     #[test]
     fn stops_promptly_when_dropped() {
         let t = Instant::now();
-        let w = Watchdog::start("test", Duration::from_secs(30));
+        let w = Watchdog::start("test", Duration::from_secs(30), Duration::from_secs(30));
         w.stage("one".into());
         drop(w);
         assert!(t.elapsed() < Duration::from_secs(5));
@@ -91,7 +92,7 @@ mod tests {
 
     #[test]
     fn keeps_the_current_stage() {
-        let w = Watchdog::start("test", Duration::from_millis(5));
+        let w = Watchdog::start("test", Duration::from_millis(5), Duration::from_millis(5));
         w.stage("waiting for x".into());
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(w.shared.0.lock().unwrap().stage, "waiting for x");
