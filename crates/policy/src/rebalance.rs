@@ -22,9 +22,11 @@
 //! plan makes resident, in host memory those it stages or reads in place.
 //! An allocation split into several planned buffers (XLA's packed
 //! temporaries) moves only when the plan places all its parts alike. The
-//! moves are made only when the plan's estimate of the step gains at least
-//! [`MIN_GAIN`]: a relocation copies the buffer once, and another program
-//! that planned for the old homes plans again.
+//! moves are made only when the estimate of the step gains at least
+//! [`MIN_GAIN`] (the planner's own schedule's in [`rebalance`], the
+//! caller's in [`rebalance_with`]: the runtime estimates the staging each
+//! layout would run): a relocation copies the buffer once, and another
+//! program that planned for the old homes plans again.
 //!
 //! Pure planning: the caller (the runtime) maps buffers to allocations,
 //! makes the moves (device memory freed first) and plans its staging for
@@ -65,7 +67,7 @@ pub struct Rebalance {
 /// need them where they are).
 pub fn rebalance(input: &ResidencyInput, movable: &[(usize, u64)]) -> Result<Option<Rebalance>> {
     rebalance_with(input, movable, |moved| {
-        Ok(plan_residency(moved.as_ref().map_or(input, |m| &m.input))?.step_us)
+        Ok(plan_residency(moved.map_or(input, |m| &m.input))?.step_us)
     })
 }
 

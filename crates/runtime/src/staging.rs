@@ -630,8 +630,9 @@ pub fn plan_staging(
 /// `keep_parameters` as it will stage), not by the planner's own schedule:
 /// that one counts the area's bytes, not its addresses, and can miss a
 /// larger area's gain (a llama prefill at 2x: 75.5 ms as staged, 62.0 ms
-/// with one weight fewer on the device, where the schedule said 72.2 and
-/// 72.5). `None`: nothing is in host memory, or no move pays.
+/// with ten weights off the device and its embedding on it, where the
+/// schedule said 72.2 and 72.5). `None`: nothing is in host memory, or no
+/// move pays.
 pub fn plan_moves(
     plan: &Plan,
     homes: &[Home],
