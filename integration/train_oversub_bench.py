@@ -104,10 +104,19 @@ def child(a):
     rng = np.random.default_rng(0)
     batches = [jax.device_put(rng.integers(0, a.vocab, size=(a.batch, a.seq + 1), dtype=np.int32), dev)
                for _ in range(4)]
-    losses, times = [], []
+    losses, times, donated = [], [], True
     for i in range(a.warmup + a.steps):
         t = time.perf_counter()
-        state, loss = fn(state, batches[i % len(batches)])
+        try:
+            state, loss = fn(state, batches[i % len(batches)])
+        except Exception as e:  # noqa: BLE001 (jax raises several kinds)
+            # Where stock refuses to donate pinned_host buffers (MaxText's offload failed so), the hand-written
+            # offload does as a user would: the same step without donation (checked before it runs: the state
+            # is intact).
+            if not (offload and i == 0 and "onation" in str(e)):
+                raise
+            fn, donated = jax.jit(step), False
+            state, loss = fn(state, batches[i % len(batches)])
         loss = float(loss)  # waits for the step
         if i >= a.warmup:
             times.append(time.perf_counter() - t)
@@ -115,7 +124,7 @@ def child(a):
     times.sort()
     bits = np.asarray(losses, np.float32)
     out = {"mode": a.mode, "ratio": a.ratio, "ms": 1e3 * times[len(times) // 2], "losses": losses,
-           "digest": hashlib.sha256(bits.tobytes()).hexdigest()[:16]}
+           "digest": hashlib.sha256(bits.tobytes()).hexdigest()[:16], "donated": donated}
     if a.mode == "vmm":
         from jax_plugins.xla_vmm import report
         progs = report().get("programs", [])
@@ -208,6 +217,8 @@ def table(a, rows, failed, sbytes):
             "%.2fx" % (stock["ms"] / r["ms"]) if stock else "-", "%.1f" % bound if bound else "-",
             "%.0f%%" % (100 * bound / r["ms"]) if bound else "-", vs(r)))
     md += ["| %s | - | - | - | - | - | %s |" % (label, why.replace("|", "/")[:200]) for label, why in failed]
+    md += ["- %s: stock refused to donate its state (pinned_host); it ran without donation" % r["label"]
+           for r in rows if not r.get("donated", True)]
     for r in rows:
         md += ["- %s: %s" % (r["label"], staged_line(st)) for st in r.get("staged", [])]
         md += ["- %s, %s (runs as %s): part in host memory, not staged (%s): read in place" % (

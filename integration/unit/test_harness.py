@@ -624,7 +624,11 @@ class TrainOversubBench(unittest.TestCase):
         # bound's share, 215%.
         self.assertIn("| 171.8 | 215% |", text)
         rows[2]["digest"] = "v"
-        self.assertEqual(self.m.table(a, rows, failed, 8 << 30)[1], [])
+        rows[3]["donated"] = False
+        md, errors = self.m.table(a, rows, failed, 8 << 30)
+        self.assertEqual(errors, [])
+        self.assertIn("- stock offload 2.00x: stock refused to donate its state (pinned_host); it ran without donation",
+                      md)
 
 
 class JaxSliceLastWords(unittest.TestCase):
