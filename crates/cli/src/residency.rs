@@ -402,6 +402,19 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
     let mut in_place: Vec<usize> = (0..p.placements.len())
         .filter(|&i| p.placements[i] == Placement::InPlace && touched[i] > 0)
         .collect();
+    // What the link must carry: the copies, and what is read in place.
+    let in_place_bytes: u64 = in_place.iter().map(|&i| touched[i]).sum();
+    let bound_us = p
+        .input
+        .rates
+        .link_us(m.bytes_in_per_step + in_place_bytes, m.bytes_out_per_step);
+    let _ = writeln!(
+        s,
+        "  estimated step {:.2} ms as these copies run (every buffer on the device: {:.2} ms; the link's bytes: {:.2} ms)",
+        m.estimated_step_us / 1e3,
+        m.unbudgeted_step_us / 1e3,
+        bound_us / 1e3
+    );
     in_place.sort_by_key(|&i| std::cmp::Reverse(touched[i]));
     if in_place.is_empty() {
         return;

@@ -267,6 +267,21 @@ fn as_run_shows_what_the_first_run_moves_for_its_plan() {
     let out = inspect(&[file, "--json", "--memory-budget", "400M", "--as-run"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["as_run"]["first_run_moves"].is_null(), "{v}");
+    // The readable summary says each staging's estimate beside the link's
+    // time for its bytes, before and after the moves.
+    let out = inspect(&[file, "--memory-budget", "150M", "--as-run"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let estimates: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("estimated step "))
+        .collect();
+    assert_eq!(estimates.len(), 2, "{text}");
+    let before = format!(
+        "estimated step {:.2} ms as these copies run",
+        f(m, "estimated_step_us") / 1e3
+    );
+    assert!(estimates[0].contains(&before), "{text}");
+    assert!(estimates[1].contains("; the link's bytes: "), "{text}");
 }
 
 #[test]
