@@ -50,6 +50,14 @@ pub struct Args {
         requires = "as_run"
     )]
     staging_reserve: u64,
+    /// With --as-run: no first-run moves (the plugin's `XLA_VMM_REBALANCE=0`).
+    #[arg(long, requires = "as_run")]
+    no_rebalance: bool,
+    /// With --as-run: then this executable, taking the same parameters (by
+    /// number), loaded after the first ran: staged in the area the first made
+    /// (the inference bench's decode after its prefill).
+    #[arg(long, value_name = "FILE", requires = "as_run")]
+    then: Option<PathBuf>,
     #[command(flatten)]
     rates: crate::residency::RateArgs,
 }
@@ -76,9 +84,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &plan,
             b,
             args.staging_reserve,
+            !args.no_rebalance,
             &args.rates,
         )?),
         None => None,
+    };
+    let then = match (&as_run, &args.then) {
+        (Some(a), Some(f)) => {
+            let bytes = crate::read_executable(f)?;
+            let second =
+                xla_vmm::decode(&bytes).with_context(|| format!("decoding {}", f.display()))?;
+            Some((
+                f,
+                crate::residency::then_staging(&plan, a, &second, &args.rates)?,
+            ))
+        }
+        _ => None,
     };
     if args.json {
         let mut v = summary_json(&plan);
@@ -92,6 +113,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(a) = &as_run {
             v["as_run"] = crate::residency::as_run_json(a);
         }
+        if let Some((_, p)) = &then {
+            v["as_run"]["then"] = json!({"staging": p.as_ref().map(|p| p.summary())});
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", summary_text(&plan, bytes.len()));
@@ -100,6 +124,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         if let Some(a) = &as_run {
             print!("{}", crate::residency::as_run_text(a));
+        }
+        if let Some((f, p)) = &then {
+            print!(
+                "{}",
+                crate::residency::then_text(&f.display().to_string(), p.as_ref())
+            );
         }
         match &timing {
             Some(t) => println!(

@@ -225,6 +225,11 @@ pub struct AsRun {
     /// What its first run moves between device and host memory for its
     /// plan (`xla_vmm_policy::rebalance`), and the staging then.
     pub moved: Option<Moved>,
+    /// Each allocation's home after the first run's moves, and the device
+    /// room left then (the staging area every later program of the device
+    /// plans in).
+    pub homes_after: Vec<Home>,
+    pub room_after: u64,
 }
 
 /// `--as-run`'s first-run moves.
@@ -238,6 +243,7 @@ pub fn as_run(
     plan: &Plan,
     limit: u64,
     reserve_percent: u64,
+    rebalance: bool,
     rates: &RateArgs,
 ) -> anyhow::Result<AsRun> {
     use xla_vmm::AllocationRole;
@@ -311,23 +317,26 @@ pub fn as_run(
     // At the first run its memory moves where its plan wants it: the
     // parameters above the allocator's small size and the program's own
     // buffers that hold one allocation.
-    let moved = match xla_vmm_runtime::staging::plan_moves(
-        plan,
-        &homes,
-        room,
-        rates.rates(),
-        &movable,
-        true,
-    )? {
+    let (mut homes_after, mut room_after) = (homes.clone(), room);
+    let moves = if rebalance {
+        xla_vmm_runtime::staging::plan_moves(plan, &homes, room, rates.rates(), &movable, true)?
+    } else {
+        None
+    };
+    let moved = match moves {
         None => None,
         Some(moves) => {
-            let mut after = homes.clone();
             for &(a, h) in &moves.moves {
-                after[a] = h;
+                homes_after[a] = h;
             }
-            let room = room + moves.freed_bytes - moves.taken_bytes;
-            let staging =
-                xla_vmm_runtime::staging::plan_staging(plan, &after, room, rates.rates(), true)?;
+            room_after = room + moves.freed_bytes - moves.taken_bytes;
+            let staging = xla_vmm_runtime::staging::plan_staging(
+                plan,
+                &homes_after,
+                room_after,
+                rates.rates(),
+                true,
+            )?;
             Some(Moved { moves, staging })
         }
     };
@@ -339,7 +348,62 @@ pub fn as_run(
         device_params,
         staging,
         moved,
+        homes_after,
+        room_after,
     })
+}
+
+/// `--then`: a second program taking the first's parameters (by number, of
+/// the same size: the same weights), loaded after the first ran, as the
+/// plugin runs it: its parameters where the first's moves left them, its own
+/// buffers in host memory (the first program's staging area took the room
+/// the limit left), staged in that area (the device's programs share it and
+/// only its maker moves memory). The inference bench's decode after its
+/// prefill, for one.
+pub fn then_staging(
+    first: &Plan,
+    a: &AsRun,
+    second: &Plan,
+    rates: &RateArgs,
+) -> anyhow::Result<Option<xla_vmm_runtime::staging::StagingPlan>> {
+    use xla_vmm::AllocationRole;
+    let params = |p: &Plan| -> std::collections::BTreeMap<u64, (usize, u64)> {
+        p.allocations
+            .iter()
+            .filter_map(|x| match x.role {
+                AllocationRole::Parameter { number, .. } => Some((number, (x.index, x.size))),
+                _ => None,
+            })
+            .collect()
+    };
+    let (mine, theirs) = (params(second), params(first));
+    let mut homes = vec![Home::Host; second.allocations.len()];
+    for (number, &(index, size)) in &mine {
+        match theirs.get(number) {
+            Some(&(at, s)) if s == size => homes[index] = a.homes_after[at],
+            // A parameter of its own: allocated when it is passed, after the
+            // area took the room.
+            _ => {}
+        }
+    }
+    Ok(xla_vmm_runtime::staging::plan_staging(
+        second,
+        &homes,
+        a.room_after,
+        rates.rates(),
+        true,
+    )?)
+}
+
+/// `--then`'s readable lines.
+pub fn then_text(file: &str, p: Option<&xla_vmm_runtime::staging::StagingPlan>) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "then {file}, with the same parameters, in the staging area the first made:"
+    );
+    staging_text(&mut s, p);
+    s
 }
 
 /// `--as-run`'s readable summary.

@@ -308,3 +308,44 @@ fn a_full_duplex_link_bounds_the_step_by_its_busier_direction() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("link_both_bytes_per_s"));
 }
+
+#[test]
+fn as_run_without_moves_and_a_second_program_in_the_first_ones_area() {
+    let file = fixtures().join("llama_sgd_f32.pjrt");
+    let file = file.to_str().unwrap();
+    // 150M moves memory at the first run (above); --no-rebalance does not.
+    let a = budget_json(file, "150M", &["--as-run", "--no-rebalance"], "as_run");
+    assert!(a["first_run_moves"].is_null(), "{a}");
+    // The program again, with the same parameters, after the first moved its
+    // memory: it plans in the area the first made (as large as the room the
+    // moves left), with no moves of its own.
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let a = budget_json(file, "150M", &["--as-run", "--then", file], "as_run");
+    let moved = &a["first_run_moves"]["staging"];
+    let then = &a["then"]["staging"];
+    assert!(
+        f(then, "area_bytes") <= f(moved, "area_bytes") + 2.0 * 1048576.0,
+        "{a}"
+    );
+    assert!(f(then, "estimated_step_us") > 0.0, "{a}");
+    // The same program with the same parameters: only its own buffers
+    // differ, in host memory now (the area took the room), so it moves no
+    // fewer bytes.
+    assert!(f(then, "device_bytes") < f(moved, "device_bytes"), "{a}");
+    assert!(
+        f(then, "bytes_in_per_step") >= f(moved, "bytes_in_per_step"),
+        "{a}"
+    );
+    let out = inspect(&[file, "--memory-budget", "150M", "--as-run", "--then", file]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "then {file}, with the same parameters, in the staging area the first made:"
+        )),
+        "{text}"
+    );
+    // --then needs --as-run.
+    assert!(!inspect(&[file, "--memory-budget", "150M", "--then", file])
+        .status
+        .success());
+}
