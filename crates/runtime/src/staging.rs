@@ -646,10 +646,8 @@ pub fn plan_moves(
     }
     let (input, _) = unit_input(plan, homes, room, rates)?;
     let staged = |moved: Option<&Moved<'_>>| -> Result<f64> {
-        let (mut at, room, input) = match moved {
-            None => (homes.to_vec(), room, &input),
-            Some(m) => (homes.to_vec(), m.input.budget_bytes, &m.input),
-        };
+        let (room, input) = moved.map_or((room, &input), |m| (m.input.budget_bytes, &m.input));
+        let mut at = homes.to_vec();
         for &(a, to) in moved.map_or(&[][..], |m| m.moves) {
             if let Some(h) = at.get_mut(a) {
                 *h = to;
@@ -758,7 +756,7 @@ pub(crate) fn device_rates<B: Backend>(be: &B) -> Rates {
             let _gate = xla_vmm_device::capture_gate::foreign();
             xla_vmm_device::probe::probe_link_quick(be, LINK_PROBE_BYTES, LINK_PROBE_REPS)
                 .map_err(|e| e.to_string())
-                .and_then(|l| link_rates(&l))
+                .and_then(|l| link_rates(&l, model))
         };
         match measured {
             Ok(r) => {
@@ -776,18 +774,14 @@ pub(crate) fn device_rates<B: Backend>(be: &B) -> Rates {
             }
         }
     });
-    match link {
-        Some(l) => Rates {
-            hbm_bytes_per_s: model.hbm_bytes_per_s,
-            flops_per_s: model.flops_per_s,
-            ..l
-        },
-        None => model,
-    }
+    link.unwrap_or(model)
 }
 
-/// Staging's rates from a link measurement (an implausible one is an error).
-fn link_rates(l: &xla_vmm_device::probe::LinkCosts) -> std::result::Result<Rates, String> {
+/// Staging's rates: `model`'s with the measured link (an implausible one is an error).
+fn link_rates(
+    l: &xla_vmm_device::probe::LinkCosts,
+    model: Rates,
+) -> std::result::Result<Rates, String> {
     let rates = [
         l.to_device_bytes_per_s,
         l.to_host_bytes_per_s,
@@ -800,7 +794,7 @@ fn link_rates(l: &xla_vmm_device::probe::LinkCosts) -> std::result::Result<Rates
         link_bytes_per_s: l.to_device_bytes_per_s,
         link_out_bytes_per_s: l.to_host_bytes_per_s,
         link_both_bytes_per_s: l.both_ways_bytes_per_s,
-        ..Rates::H200
+        ..model
     })
 }
 
@@ -1493,7 +1487,7 @@ mod tests {
             to_host_bytes_per_s: 44e9,
             both_ways_bytes_per_s: 67e9,
         };
-        let r = link_rates(&l).unwrap();
+        let r = link_rates(&l, Rates::H200).unwrap();
         assert_eq!(
             (
                 r.link_bytes_per_s,
@@ -1503,10 +1497,13 @@ mod tests {
             (47e9, 44e9, 67e9)
         );
         for bad in [0.0, f64::NAN, -1.0, f64::INFINITY] {
-            let e = link_rates(&LinkCosts {
-                both_ways_bytes_per_s: bad,
-                ..l.clone()
-            })
+            let e = link_rates(
+                &LinkCosts {
+                    both_ways_bytes_per_s: bad,
+                    ..l.clone()
+                },
+                Rates::H200,
+            )
             .unwrap_err();
             assert!(e.contains("implausible"), "{e}");
         }
