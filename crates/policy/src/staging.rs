@@ -160,6 +160,19 @@ struct Held {
     size: u64,
     first: usize,
     dirty: bool,
+    /// Claimed ahead of its use ([`stage_ahead`]) and not used yet: its
+    /// copy in (index into the copies in), whose `needed_by` and the stay's
+    /// `first` are its first use.
+    claim: Option<usize>,
+}
+
+/// What [`stage_ahead`] claims with: the share of the area it may fill,
+/// the bytes the plain staging holds at each thunk (a copy's range from its
+/// issue), and the plain staging's copies in by the thunk that needs them.
+struct Ahead<'a> {
+    fill: f64,
+    held: Vec<u64>,
+    wanted: &'a [CopyIn],
 }
 
 fn align_up(v: u64, a: u64) -> u64 {
@@ -295,6 +308,95 @@ pub fn stage(
     area_bytes: u64,
     align: u64,
 ) -> Result<Staging> {
+    stage_inner(input, placements, area_bytes, align, None)
+}
+
+/// Shares of the area [`stage_ahead`] may fill, each tried by
+/// [`fastest_stage`].
+pub const AHEAD_FILLS: [f64; 6] = [0.6, 0.7, 0.8, 0.9, 1.0, 1.1];
+
+/// [`stage`], with copies in claimed ahead of their turn: after each
+/// thunk, the next copies in of the plain staging (in the order their
+/// thunks need them) take a free range at once, while the bytes the plain
+/// staging holds at every thunk until the copy's use, plus those claimed,
+/// stay within `fill` of the area.
+///
+/// The plain rule places each buffer when its thunk comes, in the range free
+/// the earliest; by then a temporary placed since may hold the range a
+/// weight's copy could have filled long before, and the link waits for
+/// compute (a llama prefill at 2x: the next layer's weights wait for the
+/// attention block's temporaries, the link idle a quarter of the step). A
+/// claimed buffer is not evicted before its first use (a thunk that finds
+/// no room then is [`PolicyError::AreaTooSmall`]).
+pub fn stage_ahead(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    area_bytes: u64,
+    align: u64,
+    plain: &Staging,
+    fill: f64,
+) -> Result<Staging> {
+    let align = align.max(1);
+    let bufs = &input.buffers;
+    let mut held = vec![0u64; input.steps.len()];
+    for st in &plain.stays {
+        let from = plain
+            .copies_in
+            .iter()
+            .filter(|c| c.buffer == st.buffer && c.needed_by == st.first)
+            .map(|c| c.issue_before)
+            .min()
+            .unwrap_or(st.first);
+        let size = align_up(
+            bufs[st.buffer].bytes.max(1) + bufs[st.buffer].offset % align,
+            align,
+        );
+        for h in &mut held[from..=st.last] {
+            *h += size;
+        }
+    }
+    let mut wanted = plain.copies_in.clone();
+    wanted.sort_by_key(|c| c.needed_by);
+    let ahead = Ahead {
+        fill,
+        held,
+        wanted: &wanted,
+    };
+    stage_inner(input, placements, area_bytes, align, Some(ahead))
+}
+
+/// The fastest of [`stage`] and [`stage_ahead`] at each of [`AHEAD_FILLS`]
+/// ([`estimate_us`]; the plain one among equals).
+pub fn fastest_stage(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    area_bytes: u64,
+    align: u64,
+) -> Result<Staging> {
+    let plain = stage(input, placements, area_bytes, align)?;
+    let mut best_us = estimate_us(input, placements, &plain);
+    let mut best = None;
+    for fill in AHEAD_FILLS {
+        let s = match stage_ahead(input, placements, area_bytes, align, &plain, fill) {
+            Ok(s) => s,
+            Err(PolicyError::AreaTooSmall { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        let us = estimate_us(input, placements, &s);
+        if us < best_us {
+            (best, best_us) = (Some(s), us);
+        }
+    }
+    Ok(best.unwrap_or(plain))
+}
+
+fn stage_inner(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    area_bytes: u64,
+    align: u64,
+    ahead: Option<Ahead>,
+) -> Result<Staging> {
     input.validate()?;
     let bufs = &input.buffers;
     if placements.len() != bufs.len() {
@@ -354,9 +456,17 @@ pub fn stage(
         let start = h.offset - h.offset % align;
         give_back(free, start, start + h.size, last + 1);
     };
+    // Claims ahead: the next of the plain staging's copies to consider,
+    // and the bytes claimed over the plain staging's at each thunk.
+    let (mut next_claim, mut extra) = (0usize, vec![0u64; m]);
     for k in 0..m {
         for &(b, _, wants) in &per[k] {
-            if held.iter().any(|h| h.buffer == b) {
+            if let Some(h) = held.iter_mut().find(|h| h.buffer == b) {
+                // A claimed buffer's first use: its copy is waited for here.
+                if let Some(i) = h.claim.take() {
+                    h.first = k;
+                    out.copies_in[i].needed_by = k;
+                }
                 continue;
             }
             // In the area at its home offset modulo `align`, so that every
@@ -370,7 +480,7 @@ pub fn stage(
                 let victim = held
                     .iter()
                     .enumerate()
-                    .filter(|(_, h)| !per[k].iter().any(|x| x.0 == h.buffer))
+                    .filter(|(_, h)| h.claim.is_none() && !per[k].iter().any(|x| x.0 == h.buffer))
                     // Ties (never used again): the one idle the longest,
                     // whose range frees the earliest.
                     .max_by_key(|(_, h)| {
@@ -396,6 +506,7 @@ pub fn stage(
                 size,
                 first: k,
                 dirty: false,
+                claim: None,
             });
             out.area_bytes = out.area_bytes.max(start + size);
             if wants {
@@ -417,6 +528,48 @@ pub fn stage(
                     h.dirty = true;
                 }
             }
+        }
+        let Some(a) = &ahead else { continue };
+        // Claim the next copies in while they fit (in the order needed).
+        let cap = (a.fill * area_bytes as f64) as u64;
+        while let Some(c) = a.wanted.get(next_claim) {
+            if c.needed_by <= k + 1 || held.iter().any(|h| h.buffer == c.buffer) {
+                next_claim += 1;
+                continue;
+            }
+            let b = c.buffer;
+            let skew = bufs[b].offset % align;
+            let size = align_up(bufs[b].bytes.max(1) + skew, align);
+            let window = k + 1..c.needed_by;
+            if window.clone().any(|j| a.held[j] + extra[j] + size > cap) {
+                break;
+            }
+            let Some((start, free_from)) = take(&mut free, size) else {
+                break;
+            };
+            for e in &mut extra[window] {
+                *e += size;
+            }
+            let offset = start + skew;
+            let after_left = left_after[b].map_or(0, |l| l + 1);
+            out.copies_in.push(CopyIn {
+                buffer: b,
+                offset,
+                issue_before: free_from.max(after_left).min(k + 1),
+                needed_by: c.needed_by,
+                after_out: None,
+            });
+            out.bytes_in += bufs[b].bytes;
+            held.push(Held {
+                buffer: b,
+                offset,
+                size,
+                first: c.needed_by,
+                dirty: false,
+                claim: Some(out.copies_in.len() - 1),
+            });
+            out.area_bytes = out.area_bytes.max(start + size);
+            next_claim += 1;
         }
     }
     // The step's end: what lives across steps goes home, the area empties.
@@ -514,7 +667,7 @@ pub fn keep(
         for k in &kept {
             rest[k.buffer] = Placement::Device;
         }
-        let mut s = match stage(input, &rest, area_bytes - region, align) {
+        let mut s = match fastest_stage(input, &rest, area_bytes - region, align) {
             Ok(s) => s,
             Err(PolicyError::AreaTooSmall { .. }) => continue,
             Err(e) => return Err(e),
@@ -1024,6 +1177,107 @@ mod tests {
         let plan = plan_residency(&input).unwrap();
         let area = input.budget_bytes - plan.resident_bytes;
         (input, plan, area)
+    }
+
+    #[test]
+    fn the_next_layers_weight_is_claimed_while_this_layer_computes() {
+        // Three layers: thunk A reads weight W and the layer's input, writes
+        // X; B reads X, writes Y; C reads Y, writes the next layer's input.
+        // Each thunk computes for a quarter of a weight's copy. Plainly, the
+        // next weight takes a range only when its thunk comes, after the
+        // temporaries took the free ones; claimed ahead, it is copied while
+        // the layer before computes.
+        let (w, t) = (|l: usize| l, |l: usize, j: usize| 3 + 3 * l + j);
+        let mut buffers: Vec<Buffer> = (0..3).map(|l| buf(w(l), 100, true)).collect();
+        buffers.extend((3..13).map(|i| buf(i, 50, false)));
+        let flops = 0.5e-3 * Rates::H200.flops_per_s;
+        let mut steps = Vec::new();
+        for l in 0..3 {
+            let input_of = if l == 0 { 12 } else { t(l - 1, 2) };
+            steps.push(thunk(
+                "a",
+                &[
+                    (w(l), 100, true, false),
+                    (input_of, 50, true, false),
+                    (t(l, 0), 50, false, true),
+                ],
+                flops,
+            ));
+            steps.push(thunk(
+                "b",
+                &[(t(l, 0), 50, true, false), (t(l, 1), 50, false, true)],
+                flops,
+            ));
+            steps.push(thunk(
+                "c",
+                &[(t(l, 1), 50, true, false), (t(l, 2), 50, false, true)],
+                flops,
+            ));
+        }
+        let input = input(buffers, steps, 300);
+        let placements = vec![Placement::Staged; input.buffers.len()];
+        let area = 300 * MB;
+        let plain = stage(&input, &placements, area, 512).unwrap();
+        check(&input, &placements, &plain, area);
+        let ahead = stage_ahead(&input, &placements, area, 512, &plain, 1.0).unwrap();
+        check(&input, &placements, &ahead, area);
+        let issue = |s: &Staging, b: usize| {
+            s.copies_in
+                .iter()
+                .find(|c| c.buffer == b)
+                .map(|c| c.issue_before)
+                .unwrap()
+        };
+        // Layer 1's weight is copied at the step's start, behind layer 0's.
+        assert_eq!((issue(&plain, w(1)), issue(&ahead, w(1))), (1, 0));
+        assert!(issue(&ahead, w(2)) <= issue(&plain, w(2)));
+        let us = |s: &Staging| estimate_us(&input, &placements, s);
+        assert!(
+            us(&ahead) < 0.95 * us(&plain),
+            "{} against {}",
+            us(&ahead),
+            us(&plain)
+        );
+        let best = fastest_stage(&input, &placements, area, 512).unwrap();
+        assert!(us(&best) <= us(&ahead));
+    }
+
+    #[test]
+    fn copies_claimed_ahead_never_collide_in_random_programs() {
+        let mut r = Rng(0x5851f42d4c957f2d);
+        let (mut staged, mut earlier) = (0, 0);
+        for _ in 0..2000 {
+            let (input, plan, area) = random_program(&mut r, 2);
+            let Ok(plain) = stage(&input, &plan.placements, area, 512) else {
+                continue;
+            };
+            let plain_us = estimate_us(&input, &plan.placements, &plain);
+            for fill in AHEAD_FILLS.into_iter().chain([2.0]) {
+                let s = match stage_ahead(&input, &plan.placements, area, 512, &plain, fill) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        assert!(e.to_string().contains("do not fit"), "{e}");
+                        continue;
+                    }
+                };
+                check(&input, &plan.placements, &s, area);
+                assert!(s.area_bytes <= area);
+                let flags = vec![true; input.buffers.len()];
+                let c = carry(&input, &plan.placements, &flags, s).unwrap();
+                check(&input, &plan.placements, &c, area);
+                check_carried(&input, &c);
+                staged += 1;
+            }
+            let best = fastest_stage(&input, &plan.placements, area, 512).unwrap();
+            check(&input, &plan.placements, &best, area);
+            let best_us = estimate_us(&input, &plan.placements, &best);
+            assert!(best_us <= plain_us);
+            earlier += usize::from(best_us < plain_us);
+        }
+        assert!(
+            staged > 1000 && earlier > 20,
+            "{staged} stagings, {earlier} faster"
+        );
     }
 
     #[test]

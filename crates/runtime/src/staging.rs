@@ -48,7 +48,7 @@ use xla_vmm_policy::residency::{
     demote, plan_residency, touched_bytes, Home, Placement, Rates, ResidencyInput, ResidencyPlan,
     Use,
 };
-use xla_vmm_policy::staging::{carry, estimate_us, keep, stage, Staging as StagedSteps};
+use xla_vmm_policy::staging::{carry, estimate_us, fastest_stage, keep, Staging as StagedSteps};
 use xla_vmm_policy::PolicyError;
 
 use crate::error::{Result, RuntimeError, Teardown};
@@ -589,7 +589,7 @@ pub fn plan_staging(
     // that loses the least in place is read there.
     let touched = touched_bytes(&input);
     let copies = loop {
-        match stage(&input, &placements, room, ALIGN) {
+        match fastest_stage(&input, &placements, room, ALIGN) {
             Ok(s) => break s,
             Err(PolicyError::AreaTooSmall { thunk, .. })
                 if demote(&input, &touched, &mut placements, Some(thunk)).is_some() => {}
