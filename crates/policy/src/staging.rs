@@ -710,13 +710,13 @@ pub fn keep(
 /// The step's time, µs, as its copies would run it: the copies in one at a
 /// time on the link, each issued once the thunks before its `issue_before`
 /// are done and after the copy home it follows; the copies home likewise
-/// the other way, after the thunk they follow; each thunk starts when the
-/// one before is done and its copies in have landed, and takes its roofline
-/// time ([`crate::residency`]); the step ends when the thunks and the copies
+/// the other way, after the thunk they follow; the two directions share the
+/// link as [`Link`] does; each thunk starts when the one before is done and
+/// its copies in have landed, and takes its roofline time
+/// ([`crate::residency`]); the step ends when the thunks and the copies
 /// have. Kept buffers are in the area already.
 pub fn estimate_us(input: &ResidencyInput, placements: &[Placement], s: &Staging) -> f64 {
-    let link = input.rates.link_bytes_per_s;
-    let secs = |b: usize| input.buffers[b].bytes as f64 / link * 1e6;
+    let bytes = |b: usize| input.buffers[b].bytes as f64;
     let m = input.steps.len();
     let mut ins_at: Vec<Vec<usize>> = vec![Vec::new(); m];
     let mut needs: Vec<Vec<usize>> = vec![Vec::new(); m];
@@ -732,44 +732,173 @@ pub fn estimate_us(input: &ResidencyInput, placements: &[Placement], s: &Staging
             outs_at[c.after].push(j);
         }
     }
-    let mut landed = vec![0.0f64; s.copies_in.len()];
-    let mut homed = vec![0.0f64; s.copies_out.len()];
-    let (mut now, mut link_in, mut link_out) = (0.0f64, 0.0f64, 0.0f64);
+    let mut link = Link::new(&input.rates);
+    // Copies in by their index in `s.copies_in`; carried copies after them.
+    let carried_id = |n: usize| s.copies_in.len() + n;
+    let mut now = 0.0f64;
     // The next step's carried copies issued after thunk `k` (behind the
     // copies in issued there), once its range is free.
-    let carry_after = |k: usize, now: f64, link_in: &mut f64, homed: &[f64]| {
-        for c in s.carried.iter().filter(|c| c.fetch && c.after == k) {
-            let after = c
-                .after_out
-                .and_then(|j| homed.get(j).copied())
-                .unwrap_or(0.0);
-            *link_in = link_in.max(now).max(after) + secs(c.buffer);
+    let carry_after = |k: usize, now: f64, link: &mut Link| {
+        for (n, c) in s.carried.iter().enumerate() {
+            if c.fetch && c.after == k {
+                link.push(IN, carried_id(n), now, bytes(c.buffer), c.after_out);
+            }
         }
     };
     for k in 0..m {
         for &i in &ins_at[k] {
             let c = &s.copies_in[i];
-            let after = c
-                .after_out
-                .and_then(|j| homed.get(j).copied())
-                .unwrap_or(0.0);
-            link_in = link_in.max(now).max(after) + secs(c.buffer);
-            landed[i] = link_in;
+            link.push(IN, i, now, bytes(c.buffer), c.after_out);
         }
         if k > 0 {
-            carry_after(k - 1, now, &mut link_in, &homed);
+            carry_after(k - 1, now, &mut link);
         }
-        let start = needs[k].iter().map(|&i| landed[i]).fold(now, f64::max);
+        let start = needs[k]
+            .iter()
+            .map(|&i| link.until_done(IN, i))
+            .fold(now, f64::max);
         now = start + crate::residency::thunk_us(&input.steps[k], placements, &input.rates);
         for &j in &outs_at[k] {
-            link_out = link_out.max(now) + secs(s.copies_out[j].buffer);
-            homed[j] = link_out;
+            link.push(OUT, j, now, bytes(s.copies_out[j].buffer), None);
         }
     }
     if m > 0 {
-        carry_after(m - 1, now, &mut link_in, &homed);
+        carry_after(m - 1, now, &mut link);
     }
-    now.max(link_in).max(link_out)
+    now.max(link.drain())
+}
+
+/// The link's directions in [`Link`].
+const IN: usize = 0;
+const OUT: usize = 1;
+
+/// A copy waiting on or crossing the link.
+struct Crossing {
+    id: usize,
+    ready: f64,
+    left: f64,
+    /// The copy home it follows (index of a copy out).
+    after_out: Option<usize>,
+}
+
+/// The host link as [`estimate_us`] times it: each direction carries its
+/// copies one at a time in the order issued (one stream each), at its rate
+/// (`Rates::link_bytes_per_s` in, `Rates::link_out` home); while both carry,
+/// together they move at most `Rates::link_both`, shared in proportion to
+/// their rates. Times in µs.
+struct Link {
+    /// Bytes per µs: in, home, both at once.
+    rate: [f64; 2],
+    both: f64,
+    t: f64,
+    queue: [std::collections::VecDeque<Crossing>; 2],
+    /// When each copy was done, by direction and id (`NaN`: not yet).
+    done: [Vec<f64>; 2],
+}
+
+impl Link {
+    fn new(r: &crate::residency::Rates) -> Self {
+        Link {
+            rate: [r.link_bytes_per_s * 1e-6, r.link_out() * 1e-6],
+            both: r.link_both() * 1e-6,
+            t: 0.0,
+            queue: Default::default(),
+            done: Default::default(),
+        }
+    }
+
+    fn push(&mut self, dir: usize, id: usize, ready: f64, bytes: f64, after_out: Option<usize>) {
+        self.queue[dir].push_back(Crossing {
+            id,
+            ready,
+            left: bytes,
+            after_out,
+        });
+    }
+
+    fn done_at(&self, dir: usize, id: usize) -> Option<f64> {
+        self.done[dir].get(id).copied().filter(|t| !t.is_nan())
+    }
+
+    /// When the head of `dir` may move (`None`: nothing queued, or it
+    /// follows a copy home not done yet).
+    fn starts(&self, dir: usize) -> Option<f64> {
+        let c = self.queue[dir].front()?;
+        let after = match c.after_out {
+            Some(j) => self.done_at(OUT, j)?,
+            None => 0.0,
+        };
+        Some(c.ready.max(after))
+    }
+
+    /// Move to the next event (a copy done, or one starting); `false` when
+    /// nothing can move.
+    fn advance(&mut self) -> bool {
+        let starts = [self.starts(IN), self.starts(OUT)];
+        let active = starts.map(|s| s.is_some_and(|s| s <= self.t));
+        if !active[IN] && !active[OUT] {
+            return match starts.into_iter().flatten().min_by(f64::total_cmp) {
+                Some(s) => {
+                    self.t = s;
+                    true
+                }
+                None => false,
+            };
+        }
+        let scale = if active[IN] && active[OUT] {
+            (self.both / (self.rate[IN] + self.rate[OUT])).min(1.0)
+        } else {
+            1.0
+        };
+        let rate = [IN, OUT].map(|d| self.rate[d] * scale);
+        // When each active head is done at these rates.
+        let finish = [IN, OUT].map(|d| match self.queue[d].front() {
+            Some(c) if active[d] => self.t + c.left / rate[d],
+            _ => f64::INFINITY,
+        });
+        let next = [IN, OUT]
+            .map(|d| match starts[d] {
+                Some(s) if !active[d] => s,
+                _ => finish[d],
+            })
+            .into_iter()
+            .fold(f64::INFINITY, f64::min);
+        let dt = next - self.t;
+        self.t = next;
+        for d in [IN, OUT] {
+            if !active[d] {
+                continue;
+            }
+            if finish[d] <= next {
+                let c = self.queue[d].pop_front().expect("active");
+                if self.done[d].len() <= c.id {
+                    self.done[d].resize(c.id + 1, f64::NAN);
+                }
+                self.done[d][c.id] = next;
+            } else if let Some(c) = self.queue[d].front_mut() {
+                c.left -= rate[d] * dt;
+            }
+        }
+        true
+    }
+
+    /// When copy `id` of `dir` is done (it was pushed).
+    fn until_done(&mut self, dir: usize, id: usize) -> f64 {
+        loop {
+            if let Some(t) = self.done_at(dir, id) {
+                return t;
+            }
+            if !self.advance() {
+                return self.t;
+            }
+        }
+    }
+
+    /// When every copy pushed is done.
+    fn drain(&mut self) -> f64 {
+        while self.advance() {}
+        self.t
+    }
 }
 
 /// `base` with the first stays of read-only buffers fed from the step
@@ -1278,6 +1407,66 @@ mod tests {
             staged > 1000 && earlier > 20,
             "{staged} stagings, {earlier} faster"
         );
+    }
+
+    #[test]
+    fn the_link_shares_both_directions_at_the_rate_of_both() {
+        let mb = 100.0 * MB as f64;
+        let one_way = mb / Rates::H200.link_bytes_per_s * 1e6;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-6 * b;
+        // Directions that take turns: an in and a home issued together are
+        // both done after twice one copy's time.
+        let mut l = Link::new(&Rates::H200);
+        l.push(IN, 0, 0.0, mb, None);
+        l.push(OUT, 0, 0.0, mb, None);
+        assert!(close(l.until_done(IN, 0), 2.0 * one_way));
+        assert!(close(l.drain(), 2.0 * one_way));
+        // Full duplex: each at its own rate.
+        let duplex = Rates {
+            link_both_bytes_per_s: 2.0 * Rates::H200.link_bytes_per_s,
+            ..Rates::H200
+        };
+        let mut l = Link::new(&duplex);
+        l.push(IN, 0, 0.0, mb, None);
+        l.push(OUT, 0, 0.0, mb, None);
+        assert!(close(l.drain(), one_way));
+        // One way at a time at full rate, in order; a copy in that follows a
+        // copy home starts when that one is done.
+        let mut l = Link::new(&duplex);
+        l.push(OUT, 0, 0.0, mb, None);
+        l.push(IN, 0, 0.0, mb, None);
+        l.push(IN, 1, 0.0, mb, Some(0));
+        assert!(close(l.until_done(IN, 0), one_way));
+        assert!(close(l.until_done(IN, 1), 2.0 * one_way));
+        // A copy issued later starts then.
+        let mut l = Link::new(&Rates::H200);
+        l.push(IN, 0, 5.0 * one_way, mb, None);
+        assert!(close(l.until_done(IN, 0), 6.0 * one_way));
+    }
+
+    #[test]
+    fn a_step_that_writes_back_while_it_fetches_is_timed_on_the_shared_link() {
+        // Four weights read and written by one light thunk each, an area for
+        // two: each goes home while the next comes in.
+        let buffers = (0..4).map(|i| buf(i, 100, true)).collect();
+        let steps = (0..4)
+            .map(|i| thunk("t", &[(i, 100, true, true)], 1e6))
+            .collect();
+        let turns = input(buffers, steps, 200);
+        let placements = vec![Placement::Staged; 4];
+        let s = stage(&turns, &placements, 200 * MB, 512).unwrap();
+        assert_eq!((s.bytes_in, s.bytes_out), (400 * MB, 400 * MB));
+        let mut duplex = turns.clone();
+        duplex.rates.link_both_bytes_per_s = 2.0 * Rates::H200.link_bytes_per_s;
+        let (t, d) = (
+            estimate_us(&turns, &placements, &s),
+            estimate_us(&duplex, &placements, &s),
+        );
+        // Taking turns, the link moves 800 MB one way at a time; full
+        // duplex, the copies home hide behind the copies in.
+        let mb_us = MB as f64 / Rates::H200.link_bytes_per_s * 1e6;
+        assert!(t >= 800.0 * mb_us, "{t}");
+        assert!(d < 0.7 * t, "{d} against {t}");
     }
 
     #[test]
