@@ -83,9 +83,19 @@ def child_stock(name, d, steps, save, fresh_batch):
 STEP_COUNTERS = ("maps", "unmaps", "allocations_made", "va_ranges_made")
 
 
-def counters_now(report):
-    """The STEP_COUNTERS of `report` (report() data) summed over its devices (those it has)."""
-    return memory_sums(report, STEP_COUNTERS)
+# The busiest program's binding counters (stats()), per step with the memory ones: which step re-planned, and
+# what each step copied and remapped.
+BINDING_COUNTERS = ("copies", "copies_elided", "remaps", "mode_switches", "captures", "replanned")
+
+
+def counters_now(report, stats=None):
+    """The STEP_COUNTERS of `report` (report() data) summed over its devices (those it has), and the
+    BINDING_COUNTERS of the program in `stats` (stats() data) with the most steps, when given."""
+    out = memory_sums(report, STEP_COUNTERS)
+    if stats:
+        best = max(stats.values(), key=lambda s: s.get("steps", 0))
+        out.update({k: int(best[k]) for k in BINDING_COUNTERS if k in best})
+    return out
 
 
 def per_step(samples):
@@ -100,8 +110,8 @@ def child_vmm(name, d, steps, fresh_batch, step_counters=False):
     stamps, counted = [], []
     hook = None
     if step_counters:
-        counted.append(counters_now(xla_vmm.report()))
-        hook = lambda _step: counted.append(counters_now(xla_vmm.report()))  # noqa: E731
+        counted.append(counters_now(xla_vmm.report(), xla_vmm.stats()))
+        hook = lambda _step: counted.append(counters_now(xla_vmm.report(), xla_vmm.stats()))  # noqa: E731
     bits, times = loop(compiled, args, steps, dev, fresh_batch, stamps, hook)
     st = xla_vmm.stats()
     best = max(st.values(), key=lambda s: s.get("steps", 0)) if st else {}

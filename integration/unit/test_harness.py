@@ -186,6 +186,11 @@ class ABStepCounters(unittest.TestCase):
         self.assertEqual(per[0], {"maps": 4, "unmaps": 2, "allocations_made": 2, "va_ranges_made": 0})
         # An older plugin without the counters: nothing.
         self.assertEqual(m.counters_now({"devices": [{"memory": {"device_bytes": 1}}]}), {})
+        # The busiest program's binding counters: the step that re-planned.
+        st = lambda n: {"a#0": {"steps": 1, "copies": 0}, "b#1": {"steps": n + 2, "copies": 3 * n,  # noqa: E731
+                                                               "replanned": n >= 2}}
+        binding = m.per_step([m.counters_now({}, st(n)) for n in range(4)])
+        self.assertEqual([(p["copies"], p["replanned"]) for p in binding], [(3, 0), (3, 1), (3, 0)])
         rows = [{"model": "a", "config": "vmm t=1", "step_counters": per}, {"model": "a", "config": "stock"}]
         self.assertEqual(m.counter_lines(rows), ["- a vmm t=1: 0:4/2/2/0 1:4/6/2/0 2:4/10/2/0"])
 
