@@ -183,7 +183,8 @@ def programs_of(lines, reports):
     `Compiling NAME` log lines): how many each runner ran, those not on a graph with why, and the compiled
     names no report lists. JAX logs `jit(f)` (older releases `f`) where the HLO module is `jit_f`, its
     name's other characters made `_` (`jit(<lambda>)`: `jit__lambda_`)."""
-    listed = [p for r in reports for p in r.get("programs", [])]
+    # Alive at exit, and dropped before it (a loop's train_step is a local of MaxText's loop).
+    listed = [p for r in reports for p in r.get("programs", []) + r.get("dropped", [])]
     compiled = [m.group(1) for m in (COMPILING.search(ANSI.sub("", x)) for x in lines) if m]
     def key(name):
         inner = re.fullmatch(r"jit\((.*)\)", name)

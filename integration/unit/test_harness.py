@@ -391,6 +391,17 @@ class MaxText(unittest.TestCase):
                       "jit__multi_slice (eager: conditional c reads its branch index on the host); "
                       "NOT LISTED: shard_batch", md)
 
+    def test_programs_dropped_before_exit_are_listed(self):
+        # MaxText's train_step is a local of its loop: dropped before the report at exit.
+        lines = ["W1205 Compiling jit(train_step) with global shapes and types [...]",
+                 "W1205 Compiling jit(add) with global shapes and types [...]"]
+        reports = [{"programs": [{"program": "jit_add", "runner": "eager", "steps": 3}],
+                    "dropped": [{"program": "jit_train_step", "runner": "va-stable graph", "steps": 20}],
+                    "dropped_total": 1}]
+        p = self.m.programs_of(lines, reports)
+        self.assertEqual((p["listed"], p["compiled"], p["unlisted"]), (2, 2, []))
+        self.assertEqual(p["by_runner"], {"va-stable graph": 1, "eager": 1})
+
     def test_a_program_past_the_budget_says_what_it_moved(self):
         lines = ["W1205 Compiling jit(train_step) with global shapes and types [...]"]
         staging = {"area_bytes": 2 << 30, "staged": 40, "staged_bytes": 9 << 30, "kept": 0, "kept_bytes": 0,

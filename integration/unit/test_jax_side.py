@@ -725,6 +725,20 @@ class ReportTableTest(unittest.TestCase):
                               "staging_note": "nothing pays to stage"})
         self.assertIn("jit_g: part in host memory, not staged (nothing pays to stage)", str(report(d)))
 
+    def test_programs_dropped_are_rows_marked_dropped_and_the_total_is_said(self):
+        fresh_package()
+        report = importlib.import_module("jax_plugins.xla_vmm._stats").Report
+        row = lambda name, steps: {"program": name, "mode": "graph", "runner": "va-stable graph",  # noqa: E731
+                                   "steps": steps}
+        d = {"programs": [row("jit_live", 5)], "dropped": [row("jit_train_step", 20)], "dropped_total": 3,
+             "devices": []}
+        text = str(report(d))
+        self.assertRegex(text, r"jit_train_step \(dropped\)\s+graph\s+va-stable graph\s+20")
+        self.assertNotIn("jit_live (dropped)", text)
+        self.assertIn("(3 programs dropped in all; the last 1 are listed)", text)
+        d["dropped_total"] = 1
+        self.assertNotIn("dropped in all", str(report(d)))
+
     def test_the_guard_line_says_the_second_look(self):
         fresh_package()
         report = importlib.import_module("jax_plugins.xla_vmm._stats").Report

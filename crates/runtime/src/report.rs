@@ -4,9 +4,12 @@
 //! the list is the programs alive: it does not grow with programs dropped);
 //! the plugin adds the programs it runs on the vendor runtime. Read with
 //! [`all_reports`] (the plugin's `xla_vmm_report_json`, Python's
-//! `jax_plugins.xla_vmm.report()`).
+//! `jax_plugins.xla_vmm.report()`). The last [`DROPPED_KEPT`] programs
+//! dropped keep their final line ([`dropped_reports`]): a training loop's
+//! step is often dropped before the process writes its report at exit
+//! (MaxText's `train_step` is a local of its loop).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -52,6 +55,13 @@ type Slot = Arc<Mutex<ProgramReport>>;
 static PROGRAMS: Mutex<BTreeMap<u64, Slot>> = Mutex::new(BTreeMap::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
+/// How many dropped programs' final lines are kept.
+pub const DROPPED_KEPT: usize = 64;
+
+/// The last [`DROPPED_KEPT`] programs dropped, oldest first, and how many
+/// were dropped in all.
+static DROPPED: Mutex<(VecDeque<ProgramReport>, u64)> = Mutex::new((VecDeque::new(), 0));
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -85,6 +95,13 @@ impl ReportSlot {
 impl Drop for ReportSlot {
     fn drop(&mut self) {
         lock(&PROGRAMS).remove(&self.id);
+        let last = lock(&self.slot).clone();
+        let mut d = lock(&DROPPED);
+        if d.0.len() == DROPPED_KEPT {
+            d.0.pop_front();
+        }
+        d.0.push_back(last);
+        d.1 += 1;
     }
 }
 
@@ -92,6 +109,13 @@ impl Drop for ReportSlot {
 pub fn all_reports() -> Vec<ProgramReport> {
     let slots: Vec<Slot> = lock(&PROGRAMS).values().cloned().collect();
     slots.iter().map(|s| lock(s).clone()).collect()
+}
+
+/// The final lines of the last [`DROPPED_KEPT`] programs dropped, in the
+/// order they were dropped, and how many were dropped in all.
+pub fn dropped_reports() -> (Vec<ProgramReport>, u64) {
+    let d = lock(&DROPPED);
+    (d.0.iter().cloned().collect(), d.1)
 }
 
 #[cfg(test)]
@@ -121,5 +145,37 @@ mod tests {
         assert!(mine("report_test_b").is_some());
         drop(b);
         assert!(mine("report_test_b").is_none());
+    }
+
+    #[test]
+    fn dropped_programs_keep_their_last_line_up_to_a_bound() {
+        let gone = |name: &str| {
+            let (lines, total) = dropped_reports();
+            (lines.into_iter().find(|r| r.program == name), total)
+        };
+        let a = ReportSlot::register(ProgramReport {
+            program: "report_test_dropped".into(),
+            ..Default::default()
+        });
+        a.update(|r| r.steps = 7);
+        let id = a.get(|r| r.id);
+        assert!(gone("report_test_dropped").0.is_none());
+        let before = gone("").1;
+        drop(a);
+        let (line, total) = gone("report_test_dropped");
+        let line = line.expect("kept after its drop");
+        assert_eq!((line.id, line.steps), (id, 7));
+        assert!(total > before);
+        // Many more dropped: the oldest go, the list stays bounded.
+        for i in 0..DROPPED_KEPT {
+            drop(ReportSlot::register(ProgramReport {
+                program: format!("report_test_churn_{i}"),
+                ..Default::default()
+            }));
+        }
+        let (lines, total) = dropped_reports();
+        assert_eq!(lines.len(), DROPPED_KEPT);
+        assert!(gone("report_test_dropped").0.is_none());
+        assert!(total >= before + 1 + DROPPED_KEPT as u64);
     }
 }

@@ -34,11 +34,13 @@ def _json_from(library, symbol):
 
 
 class Report(dict):
-    """``report()``'s data (``programs``, ``devices``); ``str()`` of it is a table."""
+    """``report()``'s data (``programs``, ``dropped``: the last programs dropped, ``dropped_total``,
+    ``devices``); ``str()`` of it is a table."""
 
     def __str__(self):
         rows = [("program", "mode", "runs as", "steps", "why not the fast path / guard")]
-        for p in self.get("programs", []):
+        dropped = self.get("dropped", [])
+        for p in self.get("programs", []) + dropped:
             why = p.get("reason") or ""
             g = p.get("guard")
             if g:
@@ -56,9 +58,12 @@ class Report(dict):
             if p["runner"] == "graph-recapture" and caps > 2:
                 # Its parameters' addresses change from step to step: a capture's host time each time.
                 why = ("captured %d times in %d steps; " % (caps, p["steps"]) + why).rstrip("; ")
-            rows.append((p["program"], p["mode"], p["runner"], str(p["steps"]), why[:200]))
+            name = p["program"] + (" (dropped)" if any(p is d for d in dropped) else "")
+            rows.append((name, p["mode"], p["runner"], str(p["steps"]), why[:200]))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+        if self.get("dropped_total", 0) > len(dropped):
+            lines.append("(%d programs dropped in all; the last %d are listed)" % (self["dropped_total"], len(dropped)))
         for p in self.get("programs", []):
             s = p.get("staging")
             if p.get("staging_note"):
@@ -99,7 +104,8 @@ class Report(dict):
 def report(library=None):
     """Every loaded program of this process with its mode, how it runs now (``va-stable graph``,
     ``graph-recapture``, ``eager``, ``guard trial``, ``vendor fallback``) and why when that is not the
-    VA-stable graph, its steps and the never-slower guard's decision; and each device's memory budget
+    VA-stable graph, its steps and the never-slower guard's decision (``dropped``: the final lines of the
+    last 64 programs dropped; ``dropped_total``: how many were); and each device's memory budget
     use (device and host bytes); for a program whose memory is partly in host memory, what is staged
     through device memory per step (``staging``). Returns a dict; ``print(report())`` shows a table."""
     return Report(_json_from(library, "xla_vmm_report_json"))

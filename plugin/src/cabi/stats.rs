@@ -2,9 +2,10 @@
 //! `xla_vmm_stats_json()` returns a JSON object `{executable: stats}` (see
 //! `xla_vmm_runtime::BindingStats`) as a C string the caller frees with
 //! `xla_vmm_stats_free()`. `jax_plugins.xla_vmm.stats` wraps both.
-//! `xla_vmm_report_json()` returns `{"programs": [...], "devices": [...]}`:
-//! every loaded program's mode, runner and reason
-//! (`xla_vmm_runtime::report`), each device's memory budget use and the
+//! `xla_vmm_report_json()` returns `{"programs": [...], "dropped": [...],
+//! "dropped_total": N, "devices": [...]}`: every loaded program's mode,
+//! runner and reason (`xla_vmm_runtime::report`), the final lines of the
+//! last programs dropped, each device's memory budget use and the
 //! library plans (GEMM, convolution) its loaded programs hold
 //! (`jax_plugins.xla_vmm.report`).
 //!
@@ -55,7 +56,8 @@ pub fn record_plans<B: xla_vmm_device::Backend>(
     record(&PLANS, device_name(backend), f);
 }
 
-/// `{"programs": [...], "devices": [...]}` (see the module docs).
+/// `{"programs": [...], "dropped": [...], "dropped_total": N, "devices":
+/// [...]}` (see the module docs).
 pub fn report_json() -> String {
     let plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
     let devices: Vec<serde_json::Value> = MEMORY
@@ -71,8 +73,11 @@ pub fn report_json() -> String {
             Some(d)
         })
         .collect();
+    let (dropped, dropped_total) = xla_vmm_runtime::report::dropped_reports();
     serde_json::json!({
         "programs": xla_vmm_runtime::report::all_reports(),
+        "dropped": dropped,
+        "dropped_total": dropped_total,
         "devices": devices,
     })
     .to_string()
@@ -227,11 +232,16 @@ mod tests {
         assert!(!held(&serde_json::from_str(&report_json()).unwrap()));
         drop((b, line));
         let v: serde_json::Value = serde_json::from_str(&report_json()).unwrap();
-        assert!(!v["programs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| p["program"] == "stats_rs_report_test"));
+        let named = |key: &str| {
+            v[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["program"] == "stats_rs_report_test")
+        };
+        // Dropped: among the last programs dropped, not the live ones.
+        assert!(!named("programs") && named("dropped"), "{v}");
+        assert!(v["dropped_total"].as_u64().unwrap() >= 1);
     }
 
     #[test]
