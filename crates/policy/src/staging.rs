@@ -711,7 +711,9 @@ pub fn keep(
 /// time on the link, each issued once the thunks before its `issue_before`
 /// are done and after the copy home it follows; the copies home likewise
 /// the other way, after the thunk they follow; the two directions share the
-/// link as [`Link`] does; each thunk starts when the one before is done and
+/// link (each at its own rate, both together at most at
+/// [`crate::residency::Rates::link_both`], shared in proportion to their
+/// rates); each thunk starts when the one before is done and
 /// its copies in have landed, and takes its roofline time
 /// ([`crate::residency`]); the step ends when the thunks and the copies
 /// have. Kept buffers are in the area already.
