@@ -141,6 +141,7 @@ if [ -n "${SAVE_TO:-}" ]; then
   tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* oversub/oversub.* train_jax/train_oversub.* train_oversub/mt.* train_oversub/mt_logs.tar.gz long/long_runs_* step8/step_times.md step8/*/ab.* ckpt/ckpt.* ckpt/ckpt_logs.tar.gz 2>/dev/null)
   # The oversub programs' executables on their own (their size should not cost the logs).
   [ -d "$WORK/oversub/exe" ] && tar -czf "$SAVE_TO/oversub_exe.tar.gz" -C "$WORK/oversub" exe
+  [ -d "$WORK/train_jax/exe" ] && tar -czf "$SAVE_TO/train_jax_exe.tar.gz" -C "$WORK/train_jax" exe
 fi
 }
 CHILD=; CURRENT=
@@ -519,7 +520,8 @@ fi
 #     runs fails or a limited run's losses are not the unlimited run's, bit for bit.
 if want train-jax; then
   check "train-jax" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/train_oversub_bench.py \
-    --out "$WORK/train_jax" --ratios "${TRAIN_JAX_RATIOS:-1.25,2}" --probe "$WORK/probe.json" ${TRAIN_JAX_ARGS:-}
+    --out "$WORK/train_jax" --ratios "${TRAIN_JAX_RATIOS:-1.25,2}" --probe "$WORK/probe.json" \
+    --save-exe "$WORK/train_jax/exe" ${TRAIN_JAX_ARGS:-}
 fi
 
 # 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the

@@ -101,9 +101,9 @@ def child(a):
         if a.save_exe:
             # The serialized executable, for `xla-vmm inspect PHASE.pjrt --memory-budget BYTES`.
             import stock_ref
-            blob = fwd.lower(params, tokens).compile().runtime_executable().serialize()
+            blob = stock_ref.pjrt_bytes(fwd.lower(params, tokens).compile().runtime_executable().serialize())
             with open(os.path.join(a.save_exe, phase + ".pjrt"), "wb") as fh:
-                fh.write(stock_ref.pjrt_bytes(blob))
+                fh.write(blob)
         for _ in range(a.warmup):
             fwd(params, tokens).block_until_ready()
         times = []

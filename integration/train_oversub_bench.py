@@ -106,6 +106,12 @@ def child(a):
     rng = np.random.default_rng(0)
     batches = [jax.device_put(rng.integers(0, a.vocab, size=(a.batch, a.seq + 1), dtype=np.int32), dev)
                for _ in range(4)]
+    if a.save_exe:
+        # The step's serialized executable, for `xla-vmm inspect train_step.pjrt --memory-budget BYTES --as-run`.
+        import stock_ref
+        blob = stock_ref.pjrt_bytes(fn.lower(state, batches[0]).compile().runtime_executable().serialize())
+        with open(os.path.join(a.save_exe, "train_step.pjrt"), "wb") as fh:
+            fh.write(blob)
     losses, times, donated = [], [], True
     for i in range(a.warmup + a.steps):
         t = time.perf_counter()
@@ -156,6 +162,9 @@ def run(a, mode, ratio, sbytes, total_dev):
     warmup = a.warmup if mode == "vmm" else min(a.warmup, STOCK_WARMUP)
     argv = [sys.executable, HERE, "--child", "--mode", mode, "--ratio", str(ratio), "--warmup=%d" % warmup] + [
         "--%s=%s" % (k, getattr(a, k)) for k in ROW_ARGS] + (["--scan"] if a.scan else [])
+    if a.save_exe and mode == "vmm" and not ratio:
+        os.makedirs(a.save_exe, exist_ok=True)
+        argv += ["--save-exe", a.save_exe]
     limit = int(sbytes / ratio) if ratio else None
     # Deterministic reductions and no timing-based autotuning: every process compiles the same program the same
     # way, so that our limited rows run the unlimited row's executable.
@@ -258,6 +267,8 @@ def main(argv=None):
                     help="the GPU's memory, for stock's XLA_PYTHON_CLIENT_MEM_FRACTION (default: nvidia-smi's, else "
                          "the H200's 139.8)")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--save-exe", default=None, help="write the training step's serialized executable "
+                    "(train_step.pjrt, from our unlimited row) to this folder")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--mode", default="vmm")
     ap.add_argument("--ratio", type=float, default=0.0)
