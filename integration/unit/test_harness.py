@@ -591,7 +591,7 @@ class TrainOversubBench(unittest.TestCase):
         return argparse.Namespace(**dict(
             dict(layers=1, dim=2, ffn=3, heads=1, vocab=4, batch=1, seq=8, steps=3, warmup=2, scan=False, timeout=9,
                  ratios="2", rows="stock,vmm,capped,offload", platform="gpu", link_gbps=50.0, link_out_gbps=None,
-                 link_both_gbps=None), **changes))
+                 link_both_gbps=None, save_exe=None), **changes))
 
     def test_the_state_is_weights_and_two_moments_in_float32(self):
         # 1 layer of dim 2, ffn 3: 4*4 + 3*6 + 2*2 = 38, and vocab 4 x 2 + 2 = 10 -> 48 parameters, 3 x 4 bytes each.
@@ -615,6 +615,15 @@ class TrainOversubBench(unittest.TestCase):
         # Our rows warm the guard up; stock's need only a few steps.
         warm = [[x for x in argv if x.startswith("--warmup=")] for argv, _ in seen]
         self.assertEqual(warm, [["--warmup=30"], ["--warmup=30"], ["--warmup=3"], ["--warmup=3"]])
+        # --save-exe: only our unlimited row writes the step's executable.
+        seen.clear()
+        with tempfile.TemporaryDirectory() as d:
+            exe = os.path.join(d, "exe")
+            for mode, ratio in (("vmm", 0.0), ("vmm", 2.0), ("stock", 0.0)):
+                self.m.run(self.args(save_exe=exe), mode, ratio, 8 << 30, 80 << 30)
+            self.assertTrue(os.path.isdir(exe))
+        saves = [argv[argv.index("--save-exe") + 1] if "--save-exe" in argv else None for argv, _ in seen]
+        self.assertEqual(saves, [exe, None, None])
         # 1 GB each way: 20 ms in at 50 GB/s, directions taking turns: 40 ms; full duplex at 80: 25 ms.
         self.assertAlmostEqual(self.m.link_bound_ms(1e9, a), 40.0)
         self.assertAlmostEqual(self.m.link_bound_ms(1e9, self.args(link_both_gbps=80.0)), 25.0)
