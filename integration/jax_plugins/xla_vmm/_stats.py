@@ -40,7 +40,8 @@ class Report(dict):
     def __str__(self):
         rows = [("program", "mode", "runs as", "steps", "why not the fast path / guard")]
         dropped = self.get("dropped", [])
-        for p in self.get("programs", []) + dropped:
+        lines_of = [(p, "") for p in self.get("programs", [])] + [(p, " (dropped)") for p in dropped]
+        for p, mark in lines_of:
             why = p.get("reason") or ""
             g = p.get("guard")
             if g:
@@ -58,8 +59,7 @@ class Report(dict):
             if p["runner"] == "graph-recapture" and caps > 2:
                 # Its parameters' addresses change from step to step: a capture's host time each time.
                 why = ("captured %d times in %d steps; " % (caps, p["steps"]) + why).rstrip("; ")
-            name = p["program"] + (" (dropped)" if any(p is d for d in dropped) else "")
-            rows.append((name, p["mode"], p["runner"], str(p["steps"]), why[:200]))
+            rows.append((p["program"] + mark, p["mode"], p["runner"], str(p["steps"]), why[:200]))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
         if self.get("dropped_total", 0) > len(dropped):
