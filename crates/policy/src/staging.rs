@@ -315,6 +315,13 @@ pub fn stage(
 /// [`fastest_stage`].
 pub const AHEAD_FILLS: [f64; 6] = [0.6, 0.7, 0.8, 0.9, 1.0, 1.1];
 
+/// Programs of more steps than this get one staging per layout, the plain
+/// one ([`fastest_stage`]), and one proposal of moves
+/// ([`crate::rebalance::rebalance_with`]): the variants cost a staging each
+/// (a 187-op llama prefill plans its first run in about 0.3 s with them, in
+/// 0.04 s without), and a staging's cost grows faster than its steps.
+pub const EXPLORE_MAX_STEPS: usize = 2000;
+
 /// [`stage`], with copies in claimed ahead of their turn: after each
 /// thunk, the next copies in of the plain staging (in the order their
 /// thunks need them) take a free range at once, while the bytes the plain
@@ -366,7 +373,8 @@ pub fn stage_ahead(
 }
 
 /// The fastest of [`stage`] and [`stage_ahead`] at each of [`AHEAD_FILLS`]
-/// ([`estimate_us`]; the plain one among equals).
+/// ([`estimate_us`]; the plain one among equals, and alone past
+/// [`EXPLORE_MAX_STEPS`]).
 pub fn fastest_stage(
     input: &ResidencyInput,
     placements: &[Placement],
@@ -374,6 +382,9 @@ pub fn fastest_stage(
     align: u64,
 ) -> Result<Staging> {
     let plain = stage(input, placements, area_bytes, align)?;
+    if input.steps.len() > EXPLORE_MAX_STEPS {
+        return Ok(plain);
+    }
     let mut best_us = estimate_us(input, placements, &plain);
     let mut best = None;
     for fill in AHEAD_FILLS {
