@@ -179,6 +179,13 @@ fn align_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
 
+/// Where buffer `b` sits in the area: its home offset modulo `align` (the
+/// skew), and the aligned bytes it takes there.
+fn in_area(b: &crate::residency::Buffer, align: u64) -> (u64, u64) {
+    let skew = b.offset % align;
+    (skew, align_up(b.bytes.max(1) + skew, align))
+}
+
 /// Give `[start, end)` back, free from `free_from`, joining neighbours (a
 /// joined range is free from the later of the two).
 fn give_back(free: &mut Vec<Free>, start: u64, end: u64, free_from: usize) {
@@ -354,10 +361,7 @@ pub fn stage_ahead(
             .map(|c| c.issue_before)
             .min()
             .unwrap_or(st.first);
-        let size = align_up(
-            bufs[st.buffer].bytes.max(1) + bufs[st.buffer].offset % align,
-            align,
-        );
+        let (_, size) = in_area(&bufs[st.buffer], align);
         for h in &mut held[from..=st.last] {
             *h += size;
         }
@@ -482,8 +486,7 @@ fn stage_inner(
             }
             // In the area at its home offset modulo `align`, so that every
             // slice keeps its home alignment.
-            let skew = bufs[b].offset % align;
-            let size = align_up(bufs[b].bytes.max(1) + skew, align);
+            let (skew, size) = in_area(&bufs[b], align);
             let (start, free_from) = loop {
                 if let Some(got) = take(&mut free, size) {
                     break got;
@@ -549,8 +552,7 @@ fn stage_inner(
                 continue;
             }
             let b = c.buffer;
-            let skew = bufs[b].offset % align;
-            let size = align_up(bufs[b].bytes.max(1) + skew, align);
+            let (skew, size) = in_area(&bufs[b], align);
             let window = k + 1..c.needed_by;
             if window.clone().any(|j| a.held[j] + extra[j] + size > cap) {
                 break;
