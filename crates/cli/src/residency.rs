@@ -357,9 +357,10 @@ pub fn as_run(
 /// the same size: the same weights), loaded after the first ran, as the
 /// plugin runs it: its parameters where the first's moves left them, its own
 /// buffers in host memory (the first program's staging area took the room
-/// the limit left), staged in that area (the device's programs share it and
-/// only its maker moves memory). The inference bench's decode after its
-/// prefill, for one.
+/// the limit left), staged in that area (the device's programs share it; a
+/// program moves memory only when its step is estimated longer than every
+/// program's that did, and this emulation takes the second program for the
+/// lighter). The inference bench's decode after its prefill, for one.
 pub fn then_staging(
     first: &Plan,
     a: &AsRun,

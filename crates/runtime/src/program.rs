@@ -409,9 +409,13 @@ impl<B: Backend> Program<B> {
     /// would run (`keep_parameters` as for [`Program::plan_staging`]).
     /// Its own buffers' moves are kept for [`Program::move_own`]; the
     /// parameter allocations' are returned. A failure is said and moves
-    /// nothing. With a `shared` staging area that another program made
-    /// already, nothing moves: the area's size is fixed, so the room a move
-    /// frees would not stage anything (the program plans in the area).
+    /// nothing. With a `shared` staging area: the area another program made
+    /// is room it stages through (the area grows into the room its moves
+    /// free), and it moves memory only when no program of the area was
+    /// estimated longer (the heaviest program places the device's memory:
+    /// the programs that initialise a model's weights stage first, and a
+    /// training step that could not move them for its plan ran at a tenth
+    /// of its link bound).
     pub(crate) fn plan_moves(
         &mut self,
         params: &[(usize, Option<MemLocation>)],
@@ -419,9 +423,6 @@ impl<B: Backend> Program<B> {
         shared: bool,
         keep_parameters: bool,
     ) -> Vec<(usize, MemLocation)> {
-        if shared && crate::staging::has_shared_area(&self.vmm) {
-            return Vec::new();
-        }
         let owned = self.owned_buffers().map(|(a, b)| (a, b.location()));
         let homes =
             crate::staging::homes(self.plan.allocations.len(), owned, params.iter().copied());
@@ -442,7 +443,14 @@ impl<B: Backend> Program<B> {
             let buf = &self.owned[b];
             (buf.location() == MemLocation::Device).then(|| (o.allocation, buf.mapped()))
         }));
-        let room = crate::staging::room(&*self.backend) / gran * gran;
+        // The device's shared area, when another program made it, is room
+        // it stages through (it grows into what the moves free).
+        let area = if shared {
+            crate::staging::shared_area_bytes(&self.vmm)
+        } else {
+            0
+        };
+        let room = crate::staging::room(&*self.backend) / gran * gran + area;
         let name = &self.plan.module_name;
         let r = match crate::staging::plan_moves(
             &self.plan,
@@ -460,6 +468,11 @@ impl<B: Backend> Program<B> {
                 return Vec::new();
             }
         };
+        if shared && !crate::staging::heaviest_plan(&self.vmm, r.before_us) {
+            tracing::info!(executable = %name, estimated_us = r.before_us,
+                "part of it is in host memory; a program planned longer placed the device's memory, nothing moves");
+            return Vec::new();
+        }
         tracing::info!(executable = %name, moves = r.moves.len(), to_host = r.freed_bytes,
             to_device = r.taken_bytes, estimated_us = r.before_us, after_us = r.after_us,
             "part of it is in host memory: its buffers placed for its plan");

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use xla_vmm::{AllocationRole, Plan, Slice, Thunk, ThunkKind};
-use xla_vmm_device::vmm::VmmContext;
+use xla_vmm_device::vmm::{Phys, VaReservation, VmmContext};
 use xla_vmm_device::{Backend, DevicePtr, EventStatus, MemLocation};
 use xla_vmm_policy::rebalance::{rebalance_with, Moved, Rebalance};
 use xla_vmm_policy::residency::{
@@ -428,21 +428,65 @@ fn unit_input(
 }
 
 /// A device's staging area shared by its programs
-/// ([`crate::RunConfig::one_stream`]): all the room the budget left
-/// when the first of them was staged. Freed with the last program using it.
+/// ([`crate::RunConfig::one_stream`]): all the room the budget leaves when
+/// one of them plans its staging. Its addresses are reserved for the whole
+/// device once; it grows by mapping more device memory after what it has
+/// (when a later program finds room: memory freed, or moved to host memory
+/// for its plan), so that every staging planned for its smaller size stays
+/// valid. Freed with the last program using it.
 struct SharedArea<B: Backend> {
-    buf: Option<DeviceBuffer<B>>,
+    base: DevicePtr,
+    mem: std::sync::Mutex<AreaMemory<B>>,
     /// Held while a staged step is enqueued: one program's copies and ops at
     /// a time on the device's stream.
     busy: std::sync::Mutex<()>,
     /// The staging whose step ran on it last ([`Staging::begin_step`]).
     owner: AtomicU64,
+    /// The longest step estimate (µs) of the programs that placed the
+    /// device's memory for their plans: only a program planned longer may
+    /// move memory again ([`heaviest_plan`]), so that the device's memory
+    /// stays where its heaviest program wants it.
+    heaviest_us: std::sync::Mutex<f64>,
+}
+
+/// The shared area's reservation and the device memory mapped at its start.
+struct AreaMemory<B: Backend> {
+    va: Option<VaReservation<B>>,
+    bytes: u64,
+}
+
+impl<B: Backend> SharedArea<B> {
+    fn bytes(&self) -> u64 {
+        self.mem.lock().unwrap_or_else(|e| e.into_inner()).bytes
+    }
+
+    /// At least `bytes` of device memory mapped (granule multiples); more
+    /// memory than the device has left keeps the size it has (said).
+    fn grow(&self, ctx: &VmmContext<B>, bytes: u64) {
+        let mut m = self.mem.lock().unwrap_or_else(|e| e.into_inner());
+        let at = m.bytes;
+        let Some(va) = m.va.as_mut() else {
+            return;
+        };
+        if bytes <= at || bytes > va.size() {
+            return;
+        }
+        let more = bytes - at;
+        let grown = Phys::create_at(ctx, more, MemLocation::Device)
+            .and_then(|p| va.map_rw(at, &std::sync::Arc::new(p), 0, more));
+        match grown {
+            Ok(()) => m.bytes = bytes,
+            Err(e) => tracing::warn!(bytes, error = %e,
+                "the shared staging area could not grow; it keeps its size"),
+        }
+    }
 }
 
 impl<B: Backend> Drop for SharedArea<B> {
     fn drop(&mut self) {
-        if let Some(b) = self.buf.take() {
-            Teardown::new("a shared staging area").check("free", b.free());
+        let m = self.mem.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(va) = m.va.take() {
+            Teardown::new("a shared staging area").check("free", va.release());
         }
     }
 }
@@ -461,21 +505,57 @@ fn shared_area<B: Backend + 'static>(ctx: &VmmContext<B>) -> Option<std::sync::A
     any.downcast::<SharedArea<B>>().ok()
 }
 
-/// Has a program of `ctx`'s device made its shared area?
-pub(crate) fn has_shared_area<B: Backend + 'static>(ctx: &VmmContext<B>) -> bool {
-    shared_area(ctx).is_some()
+/// The device memory `ctx`'s shared area holds (0 when no program made
+/// one): room a program planning its moves stages through.
+pub(crate) fn shared_area_bytes<B: Backend + 'static>(ctx: &VmmContext<B>) -> u64 {
+    shared_area(ctx).map_or(0, |a| a.bytes())
 }
 
-/// A shared area of `bytes` for `ctx`'s device.
+/// May a program whose step is estimated at `step_us` with its memory where
+/// it is place the device's memory for its plan? Yes when no program of
+/// the device's shared area was estimated longer; it is then the heaviest.
+pub(crate) fn heaviest_plan<B: Backend + 'static>(ctx: &VmmContext<B>, step_us: f64) -> bool {
+    let Some(a) = shared_area(ctx) else {
+        return true;
+    };
+    let mut h = a.heaviest_us.lock().unwrap_or_else(|e| e.into_inner());
+    if step_us < *h {
+        return false;
+    }
+    *h = step_us;
+    true
+}
+
+/// A shared area of `bytes` for `ctx`'s device, its addresses reserved for
+/// all the device's memory (it grows into them); `step_us`: its maker's
+/// step estimate.
 fn make_shared_area<B: Backend + 'static>(
     ctx: &VmmContext<B>,
     bytes: u64,
+    step_us: f64,
 ) -> Result<std::sync::Arc<SharedArea<B>>> {
-    let key = std::sync::Arc::as_ptr(ctx.backend()) as *const () as usize;
+    let be = ctx.backend();
+    let gran = be.info().vmm_granularity.max(1);
+    let total = be.mem_info().map_or(0, |(_, total)| total);
+    let limit = be.budget().usage().limits.device.unwrap_or(0);
+    let most = total.max(limit).max(bytes).max(1).div_ceil(gran) * gran;
+    let mut va = VaReservation::reserve(ctx, most, 0)?;
+    let phys = std::sync::Arc::new(Phys::create_at(
+        ctx,
+        bytes.max(1).div_ceil(gran) * gran,
+        MemLocation::Device,
+    )?);
+    va.map_rw(0, &phys, 0, phys.size())?;
+    let key = std::sync::Arc::as_ptr(be) as *const () as usize;
     let area = std::sync::Arc::new(SharedArea {
-        buf: Some(DeviceBuffer::alloc_at(ctx, bytes, MemLocation::Device)?),
+        base: va.base(),
+        mem: std::sync::Mutex::new(AreaMemory {
+            bytes: phys.size(),
+            va: Some(va),
+        }),
         busy: std::sync::Mutex::new(()),
         owner: AtomicU64::new(0),
+        heaviest_us: std::sync::Mutex::new(step_us),
     });
     let any: std::sync::Arc<dyn std::any::Any + Send + Sync> = area.clone();
     SHARED_AREAS
@@ -495,10 +575,11 @@ enum Area<B: Backend> {
 static TOKENS: AtomicU64 = AtomicU64::new(1);
 
 impl<B: Backend> Area<B> {
-    fn buf(&self) -> &DeviceBuffer<B> {
+    /// Its bytes (a shared area's now: it only grows).
+    fn bytes(&self) -> u64 {
         match self {
-            Area::Own(b) => b,
-            Area::Shared(s) => s.buf.as_ref().expect("freed only on drop"),
+            Area::Own(b) => b.mapped(),
+            Area::Shared(s) => s.bytes(),
         }
     }
 
@@ -512,7 +593,10 @@ impl<B: Backend> Area<B> {
     }
 
     fn ptr(&self) -> xla_vmm_device::DevicePtr {
-        self.buf().ptr()
+        match self {
+            Area::Own(b) => b.ptr(),
+            Area::Shared(s) => s.base,
+        }
     }
 
     /// Held while a step is enqueued (a shared area only).
@@ -948,9 +1032,14 @@ impl<B: Backend> Staging<B> {
         let gran = be.info().vmm_granularity.max(1);
         // A shared area the device has: its room; else what the budget leaves.
         let existing = shared.then(|| shared_area(ctx)).flatten();
+        let free = room(&**be) / gran * gran;
         let room = match &existing {
-            Some(a) => a.buf.as_ref().map_or(0, |b| b.mapped()),
-            None => room(&**be) / gran * gran,
+            // The room the budget leaves now joins the area.
+            Some(a) => {
+                a.grow(ctx, a.bytes() + free);
+                a.bytes()
+            }
+            None => free,
         };
         let Some(planned) = plan_staging(plan, homes, room, device_rates(&**be), keep_parameters)?
         else {
@@ -972,7 +1061,7 @@ impl<B: Backend> Staging<B> {
         } = planned;
         let area = match (shared, existing) {
             (true, Some(a)) => Area::Shared(a),
-            (true, None) => Area::Shared(make_shared_area(ctx, room)?),
+            (true, None) => Area::Shared(make_shared_area(ctx, room, estimated_us)?),
             (false, _) => Area::Own(DeviceBuffer::alloc_at(
                 ctx,
                 steps.area_bytes,
@@ -985,7 +1074,7 @@ impl<B: Backend> Staging<B> {
             &residency,
             &steps,
             estimated_us,
-            area.buf().mapped(),
+            area.bytes(),
         );
         tracing::info!(executable = %name, area = summary.area_bytes, staged = summary.staged,
             staged_bytes = summary.staged_bytes, in_place = summary.in_place,

@@ -761,43 +761,97 @@ fn a_program_plans_again_when_another_moves_memory_it_planned_for() {
     }
 }
 
+/// Over `n` f32: its output = 2·p0.
+fn one_scale(n: u64) -> Plan {
+    let (v, k) = (4 * n, n as u32);
+    let allocs = vec![
+        alloc(0, v, param(0, false)),
+        alloc(1, v, AllocationRole::Output { outputs: vec![] }),
+    ];
+    let thunks = vec![kernel(
+        "scale2",
+        vec![(sl(0, 0, v), false), (sl(1, 0, v), true)],
+        Some(k),
+        1,
+    )];
+    let f = f32s(n as usize);
+    plan(allocs, vec![f.clone()], vec![(1, f)], thunks)
+}
+
 #[test]
-fn with_a_shared_area_only_the_first_staged_program_moves_memory() {
-    // The area a first program made has its size: moves by a second
-    // program would free room nothing stages through.
-    let n = 512 << 10;
+fn a_heavier_program_places_the_devices_memory_and_the_shared_area_grows_into_it() {
+    // A light program stages first (its 2 MiB parameter in host memory, not
+    // movable) and makes the device's area with the 2 MiB left; a heavier
+    // one (4 MiB buffers: none fits that area) then moves the weights it
+    // reads once to host memory, and the area grows into the room they
+    // leave. A light program loaded after it moves nothing. Every result
+    // stays right.
+    let n = 1 << 20;
     let v = 4 * n as u64;
+    let m = n / 2;
     let (inputs, want) = chains_io(n);
-    let b = backend_with(Some(3 * v));
+    let b = backend_with(Some(4 * v));
     let stream = b.stream_create().unwrap();
     let mut bufs = put_first(&b, &inputs, &stream);
+    let q: Vec<f32> = (0..m).map(|i| (i % 101) as f32).collect();
+    let mut small = put_first(&b, std::slice::from_ref(&q), &stream);
+    assert!(small[0].relocate(MemLocation::Host, &stream).unwrap());
     let cfg = xla_vmm_runtime::RunConfig {
         one_stream: true,
         ..Default::default()
     };
-    let load =
-        || Executable::load_with(b.clone(), chains(n as u64), None, None, &cfg, &stream).unwrap();
-    let (mut first, mut second) = (load(), load());
-    let at = |bufs: &[VmmBuffer<HostBackend>]| -> Vec<_> {
-        bufs.iter().map(|x| (Some(x.location()), true)).collect()
+    let load_light = || {
+        Executable::load_with(b.clone(), one_scale(m as u64), None, None, &cfg, &stream).unwrap()
     };
-    let moves = first.placement(&at(&bufs), &stream);
-    assert!(!moves.is_empty());
+    let at = |bufs: &[VmmBuffer<HostBackend>], movable: bool| -> Vec<_> {
+        bufs.iter().map(|x| (Some(x.location()), movable)).collect()
+    };
+    let light_want: Vec<f32> = q.iter().map(|x| 2.0 * x).collect();
+    let mut light = load_light();
+    assert!(light.placement(&at(&small, false), &stream).is_empty());
+    bind_all(&mut light, &small);
+    assert_eq!(
+        step_f32s(&mut light, &b, &stream, Mode::Eager, m)[0],
+        light_want
+    );
+    let before = light
+        .program()
+        .staging_summary()
+        .expect("staged")
+        .area_bytes;
+    let mut heavy =
+        Executable::load_with(b.clone(), chains(n as u64), None, None, &cfg, &stream).unwrap();
+    let moves = heavy.placement(&at(&bufs, true), &stream);
+    assert!(!moves.is_empty(), "the heavier program places the memory");
+    assert!(moves.iter().all(|m| m.1 == MemLocation::Host), "{moves:?}");
     for &(i, to) in &moves {
         bufs[i].relocate(to, &stream).unwrap();
     }
-    bind_all(&mut first, &bufs);
-    first.run(&stream, Mode::Eager).unwrap();
-    assert!(
-        second.placement(&at(&bufs), &stream).is_empty(),
-        "the area is made"
-    );
-    bind_all(&mut second, &bufs);
-    for exe in [&mut first, &mut second] {
-        let got = step_f32s(exe, &b, &stream, Mode::Eager, n);
-        assert!(got == want, "outputs differ");
+    bind_all(&mut heavy, &bufs);
+    for mode in [Mode::Eager, Mode::Graph] {
+        assert!(
+            step_f32s(&mut heavy, &b, &stream, mode, n) == want,
+            "{mode:?}"
+        );
+        let got = step_f32s(&mut light, &b, &stream, mode, m);
+        assert_eq!(got[0], light_want, "{mode:?}");
     }
-    drop((first, second, bufs));
+    let grown = heavy
+        .program()
+        .staging_summary()
+        .expect("staged")
+        .area_bytes;
+    assert!(grown > before, "the area grew: {before} -> {grown}");
+    assert!(b.budget().usage().device_bytes <= 4 * v);
+    let mut again = load_light();
+    assert!(again.placement(&at(&small, true), &stream).is_empty());
+    bind_all(&mut again, &small);
+    assert_eq!(
+        step_f32s(&mut again, &b, &stream, Mode::Eager, m)[0],
+        light_want
+    );
+    drop((light, heavy, again, bufs));
+    small.clear();
     b.stream_destroy(stream).unwrap();
 }
 
