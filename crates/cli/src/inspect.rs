@@ -53,6 +53,11 @@ pub struct Args {
     /// With --as-run: no first-run moves (the plugin's `XLA_VMM_REBALANCE=0`).
     #[arg(long, requires = "as_run")]
     no_rebalance: bool,
+    /// With --as-run: device memory other programs hold already (their
+    /// temporaries, outputs kept alive), under the limit and never moved for
+    /// this program (`512M`, bytes).
+    #[arg(long, value_name = "BYTES", value_parser = crate::residency::parse_budget, requires = "as_run")]
+    device_held: Option<u64>,
     /// With --as-run: then this executable, taking the same parameters (by
     /// number), loaded after the first ran: staged in the area the first made
     /// (the inference bench's decode after its prefill).
@@ -84,6 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &plan,
             b,
             args.staging_reserve,
+            args.device_held.unwrap_or(0),
             !args.no_rebalance,
             &args.rates,
         )?),

@@ -217,6 +217,8 @@ const GRANULE: u64 = 2 << 20;
 pub struct AsRun {
     pub limit: u64,
     pub reserve_percent: u64,
+    /// Device memory other programs hold (`--device-held`).
+    pub held: u64,
     pub device_bytes: u64,
     pub host_bytes: u64,
     /// Parameters in device memory (the first N).
@@ -243,6 +245,7 @@ pub fn as_run(
     plan: &Plan,
     limit: u64,
     reserve_percent: u64,
+    others: u64,
     rebalance: bool,
     rates: &RateArgs,
 ) -> anyhow::Result<AsRun> {
@@ -287,7 +290,9 @@ pub fn as_run(
             }),
     );
     let mut homes = vec![Home::Device; plan.allocations.len()];
-    let (mut device, mut host, mut device_params) = (0u64, 0u64, 0usize);
+    // What other programs hold is device memory first, never moved.
+    let others = others.div_ceil(GRANULE) * GRANULE;
+    let (mut device, mut host, mut device_params) = (others, 0u64, 0usize);
     let mut movable: Vec<(usize, u64)> = Vec::new();
     for (parts, bytes, can_move, param) in order {
         if bytes == 0 {
@@ -343,7 +348,8 @@ pub fn as_run(
     Ok(AsRun {
         limit,
         reserve_percent,
-        device_bytes: device,
+        held: others,
+        device_bytes: device - others,
         host_bytes: host,
         device_params,
         staging,
@@ -412,9 +418,14 @@ pub fn as_run_text(a: &AsRun) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "as run under a {} device memory limit (staging reserve {}%): {} in device memory ({} parameters first), {} in host memory",
+        "as run under a {} device memory limit (staging reserve {}%{}): {} in device memory ({} parameters first), {} in host memory",
         gib(a.limit),
         a.reserve_percent,
+        if a.held > 0 {
+            format!(", {} held by other programs", gib(a.held))
+        } else {
+            String::new()
+        },
         gib(a.device_bytes),
         a.device_params,
         gib(a.host_bytes)
@@ -504,6 +515,7 @@ pub fn as_run_json(a: &AsRun) -> Value {
     json!({
         "limit_bytes": a.limit,
         "staging_reserve_percent": a.reserve_percent,
+        "device_held_bytes": a.held,
         "device_bytes": a.device_bytes,
         "host_bytes": a.host_bytes,
         "device_parameters": a.device_params,

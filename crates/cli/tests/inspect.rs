@@ -193,6 +193,18 @@ fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
     let b = run(&["--staging-reserve", "0"]);
     assert!(n(&b, "device_bytes") >= n(&a, "device_bytes"), "{b}");
     assert!(n(&b["staging"], "area_bytes") <= n(s, "area_bytes"), "{b}");
+    // Memory other programs hold comes first: less of this program in
+    // device memory, a smaller area, the held bytes said.
+    let h = run(&["--device-held", "100M"]);
+    assert_eq!(n(&h, "device_held_bytes"), 100 << 20, "{h}");
+    assert!(
+        n(&h, "device_bytes") + (100 << 20) <= 384 * (1 << 20) / 100 * 75,
+        "{h}"
+    );
+    assert!(
+        n(&h["staging"], "area_bytes") <= 384 * (1 << 20) - (100 << 20) - n(&h, "device_bytes"),
+        "{h}"
+    );
     // The reserve is checked; --as-run needs a budget.
     assert!(!inspect(&[
         file,
