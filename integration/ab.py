@@ -70,8 +70,7 @@ def child_stock(name, d, steps, save, fresh_batch):
     if save:
         save_exe(d, name, compiled, args)
         # The same bytes for the CLI fallback (stock_ref.py's format).
-        with open(os.path.join(d, name + ".pjrt"), "wb") as fh:
-            fh.write(stock_ref.pjrt_bytes(compiled.runtime_executable().serialize()))
+        stock_ref.save_pjrt(compiled, os.path.join(d, name + ".pjrt"))
         np.savez(os.path.join(d, name + ".npz"),
                  **{"in_%d" % i: np.asarray(a) for i, a in enumerate(jax.tree.leaves(args))})
     stamps = []

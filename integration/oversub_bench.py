@@ -101,9 +101,7 @@ def child(a):
         if a.save_exe:
             # The serialized executable, for `xla-vmm inspect PHASE.pjrt --memory-budget BYTES`.
             import stock_ref
-            blob = stock_ref.pjrt_bytes(fwd.lower(params, tokens).compile().runtime_executable().serialize())
-            with open(os.path.join(a.save_exe, phase + ".pjrt"), "wb") as fh:
-                fh.write(blob)
+            stock_ref.save_pjrt(fwd.lower(params, tokens).compile(), os.path.join(a.save_exe, phase + ".pjrt"))
         for _ in range(a.warmup):
             fwd(params, tokens).block_until_ready()
         times = []

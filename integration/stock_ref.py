@@ -40,6 +40,12 @@ def pjrt_bytes(blob):
     return blob[p + n:]
 
 
+def save_pjrt(compiled, path):
+    """Write a jax compiled executable's PJRT bytes (`xla-vmm inspect` reads them) to `path`."""
+    with open(path, "wb") as fh:
+        fh.write(pjrt_bytes(compiled.runtime_executable().serialize()))
+
+
 def program(name):
     """(step_fn, args, donate_argnums, make_next_args) for a named program."""
     if name == "llama_sgd_f32":
@@ -59,9 +65,7 @@ def program(name):
 def run(name, out, steps):
     f, args, donate = program(name)
     compiled = jax.jit(f, donate_argnums=donate).lower(*args).compile()
-    blob = pjrt_bytes(compiled.runtime_executable().serialize())
-    with open(os.path.join(out, name + ".pjrt"), "wb") as fh:
-        fh.write(blob)
+    save_pjrt(compiled, os.path.join(out, name + ".pjrt"))
     flat_in = [np.asarray(a) for a in jax.tree.leaves(args)]
     n_in = len(flat_in)
     # donation consumes the arguments: run on copies

@@ -109,9 +109,7 @@ def child(a):
     if a.save_exe:
         # The step's serialized executable, for `xla-vmm inspect train_step.pjrt --memory-budget BYTES --as-run`.
         import stock_ref
-        blob = stock_ref.pjrt_bytes(fn.lower(state, batches[0]).compile().runtime_executable().serialize())
-        with open(os.path.join(a.save_exe, "train_step.pjrt"), "wb") as fh:
-            fh.write(blob)
+        stock_ref.save_pjrt(fn.lower(state, batches[0]).compile(), os.path.join(a.save_exe, "train_step.pjrt"))
     losses, times, donated = [], [], True
     for i in range(a.warmup + a.steps):
         t = time.perf_counter()

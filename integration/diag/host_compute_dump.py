@@ -61,8 +61,7 @@ def main():
     for name, f, args in cases():
         try:
             compiled = jax.jit(f).lower(*args).compile()
-            with open(os.path.join(out, name + ".pjrt"), "wb") as fh:
-                fh.write(stock_ref.pjrt_bytes(compiled.runtime_executable().serialize()))
+            stock_ref.save_pjrt(compiled, os.path.join(out, name + ".pjrt"))
             with open(os.path.join(out, name + ".hlo.txt"), "w") as fh:
                 fh.write(compiled.as_text())
             res = jax.tree.leaves(compiled(*args))

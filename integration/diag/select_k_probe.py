@@ -92,8 +92,7 @@ def main():
             print(name, "UNSUPPORTED", str(e).replace("\n", " ")[:300])
             continue
         try:
-            with open(os.path.join(args.out, name + ".pjrt"), "wb") as fh:
-                fh.write(stock_ref.pjrt_bytes(compiled.runtime_executable().serialize()))
+            stock_ref.save_pjrt(compiled, os.path.join(args.out, name + ".pjrt"))
         except Exception as e:  # noqa: BLE001 (our plugin may not serialize)
             print(name, "serialize:", type(e).__name__, str(e)[:200])
         arrays = {}
