@@ -137,6 +137,9 @@ def child(a):
         out["staged"] = [staged_of(p) for p in progs if p.get("staging")]
         out["not_staged"] = [{"program": p["program"], "runner": p.get("runner"), "why": p["staging_note"]}
                              for p in progs if p.get("staging_note")]
+        # Every program's own memory: what the staged step could not plan with.
+        out["memory"] = [dict(p["memory"], program=p["program"]) for p in progs if p.get("memory")]
+        out["shared_temporaries"] = [d.get("shared_temporaries") for d in report().get("devices", [])]
     return out
 
 
@@ -236,7 +239,26 @@ def table(a, rows, failed, sbytes):
         md += ["- %s: %s" % (r["label"], staged_line(st)) for st in r.get("staged", [])]
         md += ["- %s, %s (runs as %s): part in host memory, not staged (%s): read in place" % (
             r["label"], st["program"], st.get("runner"), st["why"]) for st in r.get("not_staged", [])]
+        md += memory_lines(r)
     return md + ["- ERROR " + e for e in errors], errors
+
+
+def memory_lines(r):
+    """The device memory the loaded programs hold of their own, beside the staged ones: one line per row with
+    a budget, the largest holders named."""
+    mem = [m for m in r.get("memory", []) if m["device_bytes"] + m["shared_bytes"] > 0]
+    if not r.get("ratio") or not mem:
+        return []
+    staged = {st["program"] for st in r.get("staged", [])}
+    others = [m for m in mem if m["program"] not in staged]
+    mib = lambda b: b / 2**20  # noqa: E731
+    top = sorted(others, key=lambda m: -(m["device_bytes"] + m["shared_bytes"]))[:4]
+    temps = sum(t["bytes"] for t in r.get("shared_temporaries", []) if t)
+    return ["- %s: the %d other programs hold %.0f MiB of device memory of their own; the device's shared "
+            "temporaries hold %.0f MiB (largest holders, own + shared mapped: %s)" % (
+                r["label"], len(others), mib(sum(m["device_bytes"] for m in others)), mib(temps),
+                ", ".join("%s %.0f + %.0f MiB" % (m["program"], mib(m["device_bytes"]), mib(m["shared_bytes"]))
+                          for m in top))]
 
 
 def main(argv=None):

@@ -628,6 +628,21 @@ class TrainOversubBench(unittest.TestCase):
         self.assertAlmostEqual(self.m.link_bound_ms(1e9, a), 40.0)
         self.assertAlmostEqual(self.m.link_bound_ms(1e9, self.args(link_both_gbps=80.0)), 25.0)
 
+    def test_a_limited_row_says_what_other_programs_hold_on_the_device(self):
+        mem = lambda name, dev, shared: dict(program=name, device_bytes=dev << 20, host_bytes=0,  # noqa: E731
+                                             shared_bytes=shared << 20)
+        r = dict(label="vmm 2.00x", ratio=2.0, staged=[{"program": "jit_train_step"}],
+                 memory=[mem("jit_train_step", 0, 0), mem("jit__normal", 2, 250), mem("jit_multiply", 4, 44),
+                         mem("jit_idle", 0, 0)],
+                 shared_temporaries=[{"memories": 2, "bytes": 294 << 20}])
+        line, = self.m.memory_lines(r)
+        self.assertIn("the 2 other programs hold 6 MiB of device memory of their own; the device's shared "
+                      "temporaries hold 294 MiB", line)
+        self.assertIn("jit__normal 2 + 250 MiB, jit_multiply 4 + 44 MiB", line)
+        # No budget, or nothing held: no line.
+        self.assertEqual(self.m.memory_lines(dict(r, ratio=0.0)), [])
+        self.assertEqual(self.m.memory_lines(dict(r, memory=[mem("jit_idle", 0, 0)])), [])
+
     def test_a_limited_run_whose_losses_differ_fails_and_stocks_failures_are_results(self):
         a = self.args()
         row = lambda label, mode, ratio, ms, losses, digest: dict(  # noqa: E731

@@ -739,6 +739,23 @@ class ReportTableTest(unittest.TestCase):
         d["dropped_total"] = 1
         self.assertNotIn("dropped in all", str(report(d)))
 
+    def test_under_a_device_budget_each_program_says_its_own_memory(self):
+        fresh_package()
+        report = importlib.import_module("jax_plugins.xla_vmm._stats").Report
+        mem = {"device_bytes": 4 << 20, "host_bytes": 2 << 20, "shared_bytes": 16 << 20}
+        limits = {"device": 1 << 30}
+        usage = {"device_bytes": 1 << 29, "host_bytes": 0, "spilled": 0, "limits": limits}
+        d = {"programs": [{"program": "jit_init", "mode": "graph", "runner": "eager", "steps": 1, "memory": mem}],
+             "devices": [{"device": "cuda 0", "memory": usage,
+                          "shared_temporaries": {"memories": 2, "bytes": 60 << 20}}]}
+        text = str(report(d))
+        self.assertIn("jit_init: its own memory 4.0 MiB on the device, 2.0 MiB in host memory; it maps 16.0 MiB of "
+                      "temporaries shared with other programs", text)
+        self.assertIn("device cuda 0: 2 memories (60.0 MiB) of temporaries shared by loaded programs", text)
+        # Without a device budget the per-program lines are left out.
+        limits["device"] = None
+        self.assertNotIn("its own memory", str(report(d)))
+
     def test_the_guard_line_says_the_second_look(self):
         fresh_package()
         report = importlib.import_module("jax_plugins.xla_vmm._stats").Report

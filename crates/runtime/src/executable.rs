@@ -154,7 +154,11 @@ impl<B: Backend> Executable<B> {
             placed: false,
         };
         let runner = exe.runner_name();
-        exe.report.update(|r| r.runner = runner);
+        let memory = exe.program.own_memory();
+        exe.report.update(|r| {
+            r.runner = runner;
+            r.memory = Some(memory);
+        });
         Ok(exe)
     }
 
@@ -226,6 +230,11 @@ impl<B: Backend> Executable<B> {
     /// How [`Executable::step`] runs.
     pub fn config(&self) -> &RunConfig {
         &self.config
+    }
+
+    /// Its line of the report ([`crate::report`]) as it stands.
+    pub fn report_line(&self) -> crate::report::ProgramReport {
+        self.report.get(Clone::clone)
     }
 
     /// What the never-slower guard decided (`None` before its decision, or
@@ -496,9 +505,11 @@ impl<B: Backend> Executable<B> {
         self.staging_epoch = self.program.backend().budget().relocations();
         let staging = self.program.staging_summary();
         let note = self.program.staging_note().map(str::to_string);
+        let memory = self.program.own_memory();
         self.report.update(|r| {
             r.staging = staging;
             r.staging_note = note;
+            r.memory = Some(memory);
         });
         Ok(())
     }

@@ -301,6 +301,19 @@ impl<B: Backend> Program<B> {
             .map(|o| (o.allocation, &self.owned[o.buffer]))
     }
 
+    /// Its own memory by where it lives ([`crate::report::OwnMemory`]).
+    pub(crate) fn own_memory(&self) -> crate::report::OwnMemory {
+        let mut m = crate::report::OwnMemory::default();
+        for b in self.owned.iter().chain(&self.scratch) {
+            match (b.shared(), b.location()) {
+                (true, _) => m.shared_bytes += b.mapped(),
+                (false, MemLocation::Device) => m.device_bytes += b.mapped(),
+                (false, _) => m.host_bytes += b.mapped(),
+            }
+        }
+        m
+    }
+
     /// Its own memory: the buffers, and where each of its own allocations
     /// lives in them.
     pub(crate) fn owned_storage(&self) -> (&[DeviceBuffer<B>], &[Owned]) {

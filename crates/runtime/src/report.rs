@@ -48,6 +48,21 @@ pub struct ProgramReport {
     /// Part of its memory is in host memory and it is not staged: why (its
     /// kernels read that memory in place, over the link).
     pub staging_note: Option<String>,
+    /// Its own memory (temporaries, outputs, constants, scratch): where it
+    /// is, once loaded, and again once placed for its plan.
+    pub memory: Option<OwnMemory>,
+}
+
+/// A program's own memory by where it lives, bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct OwnMemory {
+    /// Device memory of its own.
+    pub device_bytes: u64,
+    /// Host memory of its own (past the device budget).
+    pub host_bytes: u64,
+    /// Device memory it maps with other programs (the device's shared
+    /// temporaries): held while any of them is loaded.
+    pub shared_bytes: u64,
 }
 
 type Slot = Arc<Mutex<ProgramReport>>;
@@ -64,6 +79,14 @@ static DROPPED: Mutex<(VecDeque<ProgramReport>, u64)> = Mutex::new((VecDeque::ne
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The memories for temporaries that `backend`'s loaded programs share:
+/// (how many, their bytes). Each is held while a program maps it: a new
+/// one is made for each larger temporary size, the smaller stay with the
+/// programs that map them.
+pub fn shared_temporaries<B: xla_vmm_device::Backend + 'static>(backend: &Arc<B>) -> (usize, u64) {
+    crate::temps::held(backend)
 }
 
 /// A program's place in the report, removed when it is dropped.

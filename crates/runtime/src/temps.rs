@@ -32,6 +32,17 @@ use xla_vmm_device::Backend;
 /// them.
 static MEMORIES: Mutex<Vec<(usize, Weak<dyn Any + Send + Sync>)>> = Mutex::new(Vec::new());
 
+/// The device's memories for temporaries that loaded programs map:
+/// (how many, their bytes).
+pub(crate) fn held<B: Backend + 'static>(backend: &Arc<B>) -> (usize, u64) {
+    let key = Arc::as_ptr(backend) as *const () as usize;
+    let all = MEMORIES.lock().unwrap_or_else(|e| e.into_inner());
+    all.iter()
+        .filter(|(k, _)| *k == key)
+        .filter_map(|(_, w)| w.upgrade()?.downcast::<Phys<B>>().ok())
+        .fold((0, 0), |(n, b), p| (n + 1, b + p.size()))
+}
+
 /// Device memory of at least `bytes` (a multiple of the granularity) for
 /// temporaries on `ctx`'s device: the smallest of the device's live ones
 /// that is as large, else a new one (then the device's too, for later

@@ -843,6 +843,10 @@ fn a_heavier_program_places_the_devices_memory_and_the_shared_area_grows_into_it
         .expect("staged")
         .area_bytes;
     assert!(grown > before, "the area grew: {before} -> {grown}");
+    // Its own memory (a temporary and three outputs) is in host memory, as
+    // its report line says.
+    let own = heavy.report_line().memory.expect("said at load");
+    assert!(own.host_bytes >= 4 * v && own.device_bytes == 0, "{own:?}");
     assert!(b.budget().usage().device_bytes <= 4 * v);
     let mut again = load_light();
     first_light_run(&mut again, true);

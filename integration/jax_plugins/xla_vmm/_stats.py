@@ -83,6 +83,15 @@ class Report(dict):
                                  "compute waited %.2f ms, link %.0f%% busy"
                                  % (p["program"], s["gpu_step_us"] / 1e3, s["copy_in_us"] / 1e3, s["copy_in_gbps"],
                                     s["waited_us"] / 1e3, 100 * s["link_utilisation"]))
+        if any(d["memory"]["limits"].get("device") is not None for d in self.get("devices", [])):
+            # Under a device budget, what each program holds of its own.
+            for p in self.get("programs", []):
+                o = p.get("memory")
+                if o and o["device_bytes"] + o["host_bytes"] + o["shared_bytes"] > 0:
+                    lines.append("%s: its own memory %.1f MiB on the device, %.1f MiB in host memory; it maps "
+                                 "%.1f MiB of temporaries shared with other programs"
+                                 % (p["program"], o["device_bytes"] / 2**20, o["host_bytes"] / 2**20,
+                                    o["shared_bytes"] / 2**20))
         for d in self.get("devices", []):
             m = d["memory"]
             lim = m["limits"].get("device")
@@ -94,6 +103,10 @@ class Report(dict):
             if "va_ranges" in m:
                 lines.append("device %s: %d physical allocations, %d address ranges (%.2f GiB) reserved"
                              % (d["device"], m["allocations"], m["va_ranges"], m["va_bytes"] / 2**30))
+            t = d.get("shared_temporaries")
+            if t and t["memories"]:
+                lines.append("device %s: %d memories (%.1f MiB) of temporaries shared by loaded programs"
+                             % (d["device"], t["memories"], t["bytes"] / 2**20))
             if "library_plans" in d:
                 lp = d["library_plans"]
                 lines.append("device %s: %d GEMM, %d convolution and %d FFT plans held by loaded programs"

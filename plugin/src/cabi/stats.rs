@@ -26,6 +26,8 @@ type Probes<T> = Mutex<Vec<(String, Probe<T>)>>;
 static MEMORY: Probes<xla_vmm_device::MemoryUsage> = Mutex::new(Vec::new());
 /// Each device's (GEMM, convolution, FFT) plans kept by its engine, while it lives.
 static PLANS: Probes<xla_vmm_device::blas::LivePlans> = Mutex::new(Vec::new());
+/// Each device's memories for temporaries its programs share: (how many, bytes).
+static TEMPS: Probes<(usize, u64)> = Mutex::new(Vec::new());
 
 fn device_name<B: xla_vmm_device::Backend>(backend: &B) -> String {
     let info = backend.info();
@@ -40,10 +42,16 @@ fn record<T>(list: &Probes<T>, name: String, f: Probe<T>) {
 }
 
 /// Report `backend`'s memory budget (its device's) in `report_json`.
-pub fn record_memory<B: xla_vmm_device::Backend>(backend: &std::sync::Arc<B>) {
+pub fn record_memory<B: xla_vmm_device::Backend + 'static>(backend: &std::sync::Arc<B>) {
     let weak = std::sync::Arc::downgrade(backend);
     let f: Probe<_> = Box::new(move || weak.upgrade().map(|b| b.budget().usage()));
     record(&MEMORY, device_name(&**backend), f);
+    let weak = std::sync::Arc::downgrade(backend);
+    let f: Probe<_> = Box::new(move || {
+        weak.upgrade()
+            .map(|b| xla_vmm_runtime::report::shared_temporaries(&b))
+    });
+    record(&TEMPS, device_name(&**backend), f);
 }
 
 /// Report the plans `engine` keeps for `backend`'s programs in `report_json`.
@@ -60,6 +68,7 @@ pub fn record_plans<B: xla_vmm_device::Backend>(
 /// [...]}` (see the module docs).
 pub fn report_json() -> String {
     let plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
+    let temps = TEMPS.lock().unwrap_or_else(|p| p.into_inner());
     let devices: Vec<serde_json::Value> = MEMORY
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -69,6 +78,9 @@ pub fn report_json() -> String {
             let mut d = serde_json::json!({"device": name, "memory": u});
             if let Some(p) = plans.iter().find(|(n, _)| n == name).and_then(|(_, f)| f()) {
                 d["library_plans"] = serde_json::json!(p);
+            }
+            if let Some((n, bytes)) = temps.iter().find(|(n, _)| n == name).and_then(|(_, f)| f()) {
+                d["shared_temporaries"] = serde_json::json!({"memories": n, "bytes": bytes});
             }
             Some(d)
         })
@@ -218,6 +230,10 @@ mod tests {
         };
         assert!(host(&v), "{v}");
         assert!(v["devices"][0]["memory"]["device_bytes"].is_u64(), "{v}");
+        assert!(
+            v["devices"][0]["shared_temporaries"]["bytes"].is_u64(),
+            "{v}"
+        );
         // The plans an engine keeps for the device's programs, while it lives.
         let engine: std::sync::Arc<dyn GemmEngine<HostBackend>> = std::sync::Arc::new(Plans);
         record_plans(&*b, &engine);
