@@ -138,7 +138,7 @@ def child(a):
         out["not_staged"] = [{"program": p["program"], "runner": p.get("runner"), "why": p["staging_note"]}
                              for p in progs if p.get("staging_note")]
         # Every program's own memory: what the staged step could not plan with.
-        out["memory"] = [dict(p["memory"], program=p["program"]) for p in progs if p.get("memory")]
+        out["memory"] = [dict(p["memory"], program=p["program"], id=p.get("id")) for p in progs if p.get("memory")]
         out["shared_temporaries"] = [d.get("shared_temporaries") for d in report().get("devices", [])]
     return out
 
@@ -249,8 +249,12 @@ def memory_lines(r):
     mem = [m for m in r.get("memory", []) if m["device_bytes"] + m["shared_bytes"] > 0]
     if not r.get("ratio") or not mem:
         return []
-    staged = {st["program"] for st in r.get("staged", [])}
-    others = [m for m in mem if m["program"] not in staged]
+    # The step is the staged program planned longest (other programs of the same name are others: the model's
+    # initialisation runs several `jit_multiply`, for one); a line without an id is matched by name.
+    staged = r.get("staged") or [{}]
+    step = max(staged, key=lambda st: st.get("estimated_step_us", 0))
+    key = (lambda m: m.get("id")) if step.get("id") is not None else (lambda m: m.get("program"))
+    others = [m for m in mem if key(m) != key(step)]
     mib = lambda b: b / 2**20  # noqa: E731
     top = sorted(others, key=lambda m: -(m["device_bytes"] + m["shared_bytes"]))[:4]
     temps = sum(t["bytes"] for t in r.get("shared_temporaries", []) if t)

@@ -629,19 +629,26 @@ class TrainOversubBench(unittest.TestCase):
         self.assertAlmostEqual(self.m.link_bound_ms(1e9, self.args(link_both_gbps=80.0)), 25.0)
 
     def test_a_limited_row_says_what_other_programs_hold_on_the_device(self):
-        mem = lambda name, dev, shared: dict(program=name, device_bytes=dev << 20, host_bytes=0,  # noqa: E731
-                                             shared_bytes=shared << 20)
-        r = dict(label="vmm 2.00x", ratio=2.0, staged=[{"program": "jit_train_step"}],
-                 memory=[mem("jit_train_step", 0, 0), mem("jit__normal", 2, 250), mem("jit_multiply", 4, 44),
-                         mem("jit_idle", 0, 0)],
+        mem = lambda name, i, dev, shared: dict(program=name, id=i, device_bytes=dev << 20,  # noqa: E731
+                                                host_bytes=0, shared_bytes=shared << 20)
+        # Staged programs of other names are others too (the initialisation's `jit_multiply` runs staged).
+        r = dict(label="vmm 2.00x", ratio=2.0,
+                 staged=[{"program": "jit_multiply", "id": 2, "estimated_step_us": 3e3},
+                         {"program": "jit_train_step", "id": 7, "estimated_step_us": 160e3}],
+                 memory=[mem("jit_train_step", 7, 1, 0), mem("jit__normal", 1, 2, 250), mem("jit_multiply", 2, 4, 44),
+                         mem("jit_idle", 3, 0, 0)],
                  shared_temporaries=[{"memories": 2, "bytes": 294 << 20}])
         line, = self.m.memory_lines(r)
         self.assertIn("the 2 other programs hold 6 MiB of device memory of their own; the device's shared "
                       "temporaries hold 294 MiB", line)
         self.assertIn("jit__normal 2 + 250 MiB, jit_multiply 4 + 44 MiB", line)
+        # Lines without ids (an older plugin's) are matched by name.
+        no_ids = dict(r, staged=[{"program": "jit_train_step"}],
+                      memory=[dict(m, id=None) for m in r["memory"]])
+        self.assertIn("the 2 other programs hold 6 MiB", self.m.memory_lines(no_ids)[0])
         # No budget, or nothing held: no line.
         self.assertEqual(self.m.memory_lines(dict(r, ratio=0.0)), [])
-        self.assertEqual(self.m.memory_lines(dict(r, memory=[mem("jit_idle", 0, 0)])), [])
+        self.assertEqual(self.m.memory_lines(dict(r, memory=[mem("jit_idle", 3, 0, 0)])), [])
 
     def test_a_limited_run_whose_losses_differ_fails_and_stocks_failures_are_results(self):
         a = self.args()

@@ -696,7 +696,7 @@ pub(crate) fn bind_inputs<B: Backend>(
         .iter()
         .map(|b| (Some(b.location()), b.remappable()))
         .collect();
-    for (i, to) in exe.placement(&at, stream) {
+    for (i, to) in exe.placement(&at, stream, &mut || 0) {
         match params[i].relocate(to, stream) {
             Ok(_) => exe.bind_buffer(i, &params[i])?,
             Err(e) => tracing::warn!(input = i, to = ?to, error = %e,

@@ -431,10 +431,20 @@ impl<B: Backend> Executable<B> {
     /// parameter where it is. Empty after the first call, when nothing is
     /// in host memory, when no move pays, or with the `rebalance` option
     /// off.
+    ///
+    /// With [`crate::RunConfig::one_stream`], a program that is the
+    /// device's heaviest so far first calls `reclaim` (its stream waited
+    /// for: no work of any program in flight): the caller makes the
+    /// device's other programs give back what they hold between runs
+    /// ([`Executable::yield_device_memory`]) and returns the bytes freed;
+    /// the plan is then made with that room. (A JAX model's initialisation
+    /// programs held a quarter of a training step's device limit in their
+    /// outputs, temporaries and VA-stable shadows.)
     pub fn placement(
         &mut self,
         params: &[(Option<MemLocation>, bool)],
         stream: &B::Stream,
+        reclaim: &mut dyn FnMut() -> u64,
     ) -> Vec<(usize, MemLocation)> {
         if !self.placement_pending() {
             return Vec::new();
@@ -457,17 +467,62 @@ impl<B: Backend> Executable<B> {
             .filter(|(_, p)| p.1)
             .filter_map(|(s, _)| single(s))
             .collect();
+        let be = self.program.backend_arc();
+        let mut reclaim_idle = || match be.stream_synchronize(stream) {
+            Ok(()) => reclaim(),
+            Err(e) => {
+                tracing::warn!(error = %e, "the stream could not be waited for: idle programs keep their memory");
+                0
+            }
+        };
         let moves = self.program.plan_moves(
             &homes,
             &movable,
             self.config.one_stream,
             self.config.binding.immutable_buffers,
+            &mut reclaim_idle,
         );
         self.program.move_own(stream);
         moves
             .into_iter()
             .filter_map(|(a, to)| Some((slots.iter().position(|s| single(s) == Some(a))?, to)))
             .collect()
+    }
+
+    /// Between its runs, give back the device memory it holds that it can
+    /// rebuild: its VA-stable runner (graphs, reservations, shadows and the
+    /// mappings that keep its last arguments' memory alive), graph-recapture's
+    /// graphs, and its own buffers that hold nothing between runs (moved to
+    /// host memory under their addresses, [`Program::yield_own_memory`]).
+    /// Its next run plans its staging again and captures anew; results are
+    /// unchanged. The caller makes sure none of its work is in flight (the
+    /// stream it runs on waited for) and that the outputs of its last run
+    /// were read. Returns the device bytes freed (own buffers and shadows).
+    pub fn yield_device_memory(&mut self) -> u64 {
+        let be = self.program.backend_arc();
+        for s in self.program.aux_and_comm_streams() {
+            if let Err(e) = be.stream_synchronize(s) {
+                tracing::warn!(error = %e, "a program's side stream could not be waited for: it keeps its memory");
+                return 0;
+            }
+        }
+        self.recapture.release(&*be);
+        let shadows = self.va.as_ref().map_or(0, |v| v.stats().shadow_bytes);
+        if let Some(va) = self.va.take() {
+            va.teardown(&*be);
+        }
+        // The last run's arguments stay bound by address; their memory is
+        // no longer held here (the next run binds them again).
+        for u in self.users.iter_mut().flatten() {
+            u.remap = None;
+        }
+        let own = self.program.yield_own_memory();
+        if own > 0 && self.staging_planned {
+            self.staging_planned = false;
+        }
+        let memory = self.program.own_memory();
+        self.report.update(|r| r.memory = Some(memory));
+        own + shadows
     }
 
     /// Plan the staging at the first run for the memory bound then (the

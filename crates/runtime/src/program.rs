@@ -435,6 +435,7 @@ impl<B: Backend> Program<B> {
         movable: &[usize],
         shared: bool,
         keep_parameters: bool,
+        reclaim: &mut dyn FnMut() -> u64,
     ) -> Vec<(usize, MemLocation)> {
         let owned = self.owned_buffers().map(|(a, b)| (a, b.location()));
         let homes =
@@ -458,33 +459,42 @@ impl<B: Backend> Program<B> {
         }));
         // The device's shared area, when another program made it, is room
         // it stages through (it grows into what the moves free).
-        let area = if shared {
-            crate::staging::shared_area_bytes(&self.vmm)
-        } else {
-            0
+        let rates = crate::staging::device_rates(&*self.backend);
+        let plan_at_room = |this: &Self| {
+            let area = if shared {
+                crate::staging::shared_area_bytes(&this.vmm)
+            } else {
+                0
+            };
+            let room = crate::staging::room(&*this.backend) / gran * gran + area;
+            crate::staging::plan_moves(&this.plan, &homes, room, rates, &may, keep_parameters)
+                .unwrap_or_else(|e| {
+                    tracing::warn!(executable = %this.plan.module_name, error = %e,
+                        "its memory could not be placed for its plan; it stays where it is");
+                    None
+                })
         };
-        let room = crate::staging::room(&*self.backend) / gran * gran + area;
+        let Some(mut r) = plan_at_room(self) else {
+            return Vec::new();
+        };
         let name = &self.plan.module_name;
-        let r = match crate::staging::plan_moves(
-            &self.plan,
-            &homes,
-            room,
-            crate::staging::device_rates(&*self.backend),
-            &may,
-            keep_parameters,
-        ) {
-            Ok(Some(r)) => r,
-            Ok(None) => return Vec::new(),
-            Err(e) => {
-                tracing::warn!(executable = %name, error = %e,
-                    "its memory could not be placed for its plan; it stays where it is");
-                return Vec::new();
-            }
-        };
         if shared && !crate::staging::heaviest_plan(&self.vmm, r.before_us) {
             tracing::info!(executable = %name, estimated_us = r.before_us,
                 "part of it is in host memory; a program planned longer placed the device's memory, nothing moves");
             return Vec::new();
+        }
+        // The heaviest program takes back the device memory the device's
+        // idle programs hold between their runs, and plans with it.
+        if shared {
+            let reclaimed = reclaim();
+            if reclaimed > 0 {
+                tracing::info!(executable = %name, bytes = reclaimed,
+                    "the device's idle programs' memory left the device for its plan");
+                match plan_at_room(self) {
+                    Some(again) => r = again,
+                    None => return Vec::new(),
+                }
+            }
         }
         tracing::info!(executable = %name, moves = r.moves.len(), to_host = r.freed_bytes,
             to_device = r.taken_bytes, estimated_us = r.before_us, after_us = r.after_us,
@@ -520,6 +530,36 @@ impl<B: Backend> Program<B> {
                     error = %e, "its buffer could not move; it stays");
             }
         }
+    }
+
+    /// Between its runs, its own device memory that holds nothing it needs
+    /// moves to host memory, its bytes not copied: every buffer of its own
+    /// except those holding a constant or mapped from the device's shared
+    /// temporaries (its temporaries and outputs: the caller has read the
+    /// outputs of its last run). Its addresses stay, so its graphs and ops
+    /// stay valid. The caller makes sure none of its work is in flight.
+    /// Returns the device bytes freed; a buffer that cannot move stays (said
+    /// at debug level).
+    pub(crate) fn yield_own_memory(&mut self) -> u64 {
+        let mut freed = 0;
+        for (k, buf) in self.owned.iter_mut().enumerate() {
+            let constant = self.owned_at.iter().any(|o| {
+                o.buffer == k
+                    && matches!(
+                        self.plan.allocations[o.allocation].role,
+                        AllocationRole::Constant { .. }
+                    )
+            });
+            if constant || buf.shared() || buf.location() != MemLocation::Device {
+                continue;
+            }
+            match buf.relocate(MemLocation::Host, None) {
+                Ok(_) => freed += buf.mapped(),
+                Err(e) => tracing::debug!(executable = %self.plan.module_name, error = %e,
+                    "its buffer could not leave the device; it stays"),
+            }
+        }
+        freed
     }
 
     /// Plan the staging for the memory bound now: the program's own buffers

@@ -6,7 +6,7 @@
 //! their device alive (an `Arc`) so a buffer outliving its client still
 //! frees its memory correctly.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use xla_vmm_ffi::pjrt::*;
 
@@ -48,6 +48,9 @@ pub struct Device {
     /// Enqueues this device's steps of multi-device executions.
     pub worker: Worker,
     memory_ptrs: OnceLock<Vec<CPtr<PJRT_Memory>>>,
+    /// The programs loaded on this device (those alive): the heaviest one
+    /// has the others give back what they hold between runs.
+    pub(crate) programs: Mutex<Vec<Weak<crate::objects::executable::DeviceProgram>>>,
 }
 
 /// `#[repr(C)]`: jaxlib reads `PJRT_Memory::vtable` (first field; null = none).
@@ -158,6 +161,7 @@ impl Device {
             memories: OnceLock::new(),
             memory_ptrs: OnceLock::new(),
             worker: Worker::default(),
+            programs: Mutex::new(Vec::new()),
         });
         let device_ptr = device.clone().into_c();
         let memory = Arc::new(Memory {

@@ -132,12 +132,47 @@ pub(crate) struct DeviceProgram {
 }
 
 impl DeviceProgram {
-    fn new(device: Arc<Device>, runner: Runner) -> DeviceProgram {
-        DeviceProgram {
+    /// A program loaded on `device`, listed in its programs.
+    fn new(device: Arc<Device>, runner: Runner) -> Arc<DeviceProgram> {
+        let p = Arc::new(DeviceProgram {
             device,
             runner: Mutex::new(Some(runner)),
             stats_key: std::sync::OnceLock::new(),
+        });
+        let mut all = p.device.programs.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&p));
+        drop(all);
+        p
+    }
+
+    /// The device's other programs give back the device memory they hold
+    /// between runs (`Program::yield_device_memory`): those not running
+    /// now (one whose lock another thread holds keeps its memory). Called
+    /// by this program's first run, the device's stream waited for.
+    /// Returns the bytes freed.
+    fn reclaim_from_others(&self) -> u64 {
+        let others: Vec<Arc<DeviceProgram>> = {
+            let all = self
+                .device
+                .programs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            all.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        let mut freed = 0;
+        for p in others
+            .iter()
+            .filter(|p| !std::ptr::eq(Arc::as_ptr(p), self))
+        {
+            let Ok(mut guard) = p.runner.try_lock() else {
+                continue;
+            };
+            if let Some(Runner::Runtime(r)) = guard.as_mut() {
+                freed += r.yield_device_memory();
+            }
         }
+        freed
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Runner>> {
@@ -346,7 +381,7 @@ impl Executable {
                     }
                 },
             };
-            parts.push(Arc::new(DeviceProgram::new(device, runner)));
+            parts.push(DeviceProgram::new(device, runner));
         }
         let queries = QueryArrays::new(&params, &outputs);
         tracing::info!(%name, params = params.len(), outputs = outputs.len(), "executable loaded on xla-vmm");
@@ -514,7 +549,7 @@ impl Executable {
             .load_program(plan.clone(), None)
             .map_err(|e| e.context(&format!("loading {} on device {}", self.name, device.id())))?;
         tracing::info!(name = %self.name, device = device.id(), "portable executable loaded");
-        let part = Arc::new(DeviceProgram::new(device.clone(), Runner::Runtime(program)));
+        let part = DeviceProgram::new(device.clone(), Runner::Runtime(program));
         loaded.push(part.clone());
         Ok(part)
     }
@@ -573,7 +608,7 @@ impl Executable {
         // stays, the program reads it where it is).
         if program.placement_pending() {
             let info = self.placement_info(args, non_donatable)?;
-            for (i, to) in program.placement(&info)? {
+            for (i, to) in program.placement(&info, &mut || part.reclaim_from_others())? {
                 if let Err(e) = args[i].with_live_mut(|al| al.relocate(to)) {
                     tracing::warn!(executable = %self.name, argument = i, to = ?to, error = %e,
                         "an argument's memory could not move; it stays");

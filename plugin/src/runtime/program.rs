@@ -51,11 +51,22 @@ pub trait Program: Send {
     /// (`Executable::placement`): `args[i]` is argument `i`'s location and
     /// whether it can move. (argument, location) pairs, those leaving the
     /// device first (the program's own buffers that leave it have moved).
+    /// `reclaim`: the device's other programs give back what they hold
+    /// between runs (asked by the device's heaviest program, its stream
+    /// waited for); the bytes freed.
     fn placement(
         &mut self,
         _args: &[(Option<MemLocation>, bool)],
+        _reclaim: &mut dyn FnMut() -> u64,
     ) -> Result<Vec<(usize, MemLocation)>> {
         Ok(Vec::new())
+    }
+
+    /// Between its runs (none in flight: the device's stream waited for),
+    /// give back the device memory it holds and can rebuild
+    /// (`Executable::yield_device_memory`); the bytes freed.
+    fn yield_device_memory(&mut self) -> u64 {
+        0
     }
 
     /// The execute context the next runs' custom calls read (their user
@@ -142,11 +153,16 @@ impl<B: PluginBackend> Program for RuntimeProgram<B> {
     fn placement(
         &mut self,
         args: &[(Option<MemLocation>, bool)],
+        reclaim: &mut dyn FnMut() -> u64,
     ) -> Result<Vec<(usize, MemLocation)>> {
         let Some(exe) = self.exe.as_mut() else {
             return Ok(Vec::new());
         };
-        self.stream.with(|s| Ok(exe.placement(args, s)))
+        self.stream.with(|s| Ok(exe.placement(args, s, reclaim)))
+    }
+
+    fn yield_device_memory(&mut self) -> u64 {
+        self.exe.as_mut().map_or(0, |e| e.yield_device_memory())
     }
 
     fn set_call_context(&mut self, context: Option<Arc<dyn CallContext>>) {
