@@ -493,7 +493,7 @@ impl<B: Backend> Executable<B> {
     /// rebuild: its VA-stable runner (graphs, reservations, shadows and the
     /// mappings that keep its last arguments' memory alive), graph-recapture's
     /// graphs, and its own buffers that hold nothing between runs (moved to
-    /// host memory under their addresses, [`Program::yield_own_memory`]).
+    /// host memory under their addresses, not copied).
     /// Its next run plans its staging again and captures anew; results are
     /// unchanged. The caller makes sure none of its work is in flight (the
     /// stream it runs on waited for) and that the outputs of its last run
