@@ -517,7 +517,7 @@ impl<B: Backend> Executable<B> {
             u.remap = None;
         }
         let own = self.program.yield_own_memory();
-        if own > 0 && self.staging_planned {
+        if own > 0 {
             self.staging_planned = false;
         }
         let memory = self.program.own_memory();

@@ -866,9 +866,10 @@ fn the_heaviest_program_takes_back_what_idle_programs_hold_between_runs() {
     // its VA-stable runner); a heavier one with memory in host memory then
     // places the device's memory: it has the light one give back what it
     // holds between runs and plans with that room (fewer bytes over the
-    // link a step than when nothing is given back). Both programs' results stay right
-    // afterwards, in eager and VA-stable graph mode (the light one captures
-    // again, first with its arguments bound as they were, then bound anew).
+    // link a step than when nothing is given back). Both programs' results
+    // stay right afterwards: the light one's eager run with its arguments
+    // bound as they were, its VA-stable graph captured anew once they are
+    // bound again (as the plugin binds them every run).
     let n = 1 << 20;
     let v = 4 * n as u64;
     let (inputs, want) = chains_io(n);
