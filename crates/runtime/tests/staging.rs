@@ -936,6 +936,24 @@ fn the_heaviest_program_takes_back_what_idle_programs_hold_between_runs() {
             bind_all(&mut light, &small);
         }
         let s = heavy.program().staging_summary().expect("staged");
+        // Given back and built again, over and over: nothing accumulates
+        // (memory, physical allocations, address ranges).
+        let counters = |b: &Arc<HostBackend>| {
+            let u = b.budget().usage();
+            (u.device_bytes, u.host_bytes, u.allocations, u.va_ranges)
+        };
+        let mut seen = None;
+        for _ in 0..20 {
+            b.stream_synchronize(&stream).unwrap();
+            light.yield_device_memory();
+            bind_all(&mut light, &small);
+            assert_eq!(
+                step_f32s(&mut light, &b, &stream, Mode::Graph, n)[0],
+                light_want
+            );
+            let now = counters(&b);
+            assert_eq!(*seen.get_or_insert(now), now, "after a give-back and a run");
+        }
         drop((light, heavy, bufs, small));
         b.stream_destroy(stream).unwrap();
         (s.bytes_in_per_step, s.estimated_step_us)
