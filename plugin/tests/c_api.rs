@@ -340,15 +340,17 @@ fn strided_and_permuted_host_layouts() {
     // Negative strides: a reversed vector (data points at its last element).
     let fwd: Vec<u8> = vec![10, 20, 30, 40];
     let rev = unsafe { std::slice::from_raw_parts(fwd.as_ptr().add(3), 1) };
+    // The dims and strides outlive the call (a temporary's address, or a
+    // local of the closure, would dangle when the call reads it).
+    let (dims, strides) = ([4i64], [-1i64]);
     let b = call_ok!(
         PJRT_Client_BufferFromHostBuffer,
         PJRT_Client_BufferFromHostBuffer_Args,
         |a| {
-            let strides = [-1i64];
             a.client = client;
             a.data = rev.as_ptr().cast();
             a.type_ = PJRT_Buffer_Type_U8;
-            a.dims = [4i64].as_ptr();
+            a.dims = dims.as_ptr();
             a.num_dims = 1;
             a.byte_strides = strides.as_ptr();
             a.num_byte_strides = 1;
@@ -411,13 +413,14 @@ fn deleted_buffers_and_bad_shapes_are_clear_errors() {
     assert_eq!(code, PJRT_Error_Code_UNIMPLEMENTED, "{msg}");
     let (code, _) = from_host(client, device, PJRT_Buffer_Type_F32, &[-1], &[], None).unwrap_err();
     assert_eq!(code, PJRT_Error_Code_INVALID_ARGUMENT);
+    let dims = [4i64];
     let (err, _) = call!(
         PJRT_Client_BufferFromHostBuffer,
         PJRT_Client_BufferFromHostBuffer_Args,
         |a| {
             a.client = client;
             a.type_ = PJRT_Buffer_Type_F32;
-            a.dims = [4i64].as_ptr();
+            a.dims = dims.as_ptr();
             a.num_dims = 1;
             a.device = device;
         }
