@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context};
 use xla_vmm_device::vmm::{Buffer, VmmAllocator, VmmConfig};
 use xla_vmm_device::Backend;
 use xla_vmm_runtime::npz::{self, NpyArray};
-use xla_vmm_runtime::{Executable, Mode, RunConfig, Threshold};
+use xla_vmm_runtime::{Executable, Mode, Reclaimed, RunConfig, Threshold};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -696,7 +696,7 @@ pub(crate) fn bind_inputs<B: Backend>(
         .iter()
         .map(|b| (Some(b.location()), b.remappable()))
         .collect();
-    for (i, to) in exe.placement(&at, stream, &mut || 0) {
+    for (i, to) in exe.placement(&at, stream, &mut Reclaimed::default) {
         match params[i].relocate(to, stream) {
             Ok(_) => exe.bind_buffer(i, &params[i])?,
             Err(e) => tracing::warn!(input = i, to = ?to, error = %e,

@@ -80,6 +80,17 @@ pub struct Executable<B: Backend> {
 }
 
 /// The binding settings an executable accepts.
+/// What the device's other programs gave back for a placing program
+/// ([`Executable::placement`]'s `reclaim`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reclaimed {
+    /// Device bytes freed.
+    pub bytes: u64,
+    /// Whether each parameter may move now (as `placement`'s `params`
+    /// second member; `None`: as before).
+    pub movable: Option<Vec<bool>>,
+}
+
 fn check_binding(cfg: &BindingConfig) -> Result<()> {
     if !(1..=2).contains(&cfg.reservations) {
         return Err(RuntimeError::arg(format!(
@@ -436,15 +447,17 @@ impl<B: Backend> Executable<B> {
     /// device's heaviest so far first calls `reclaim` (its stream waited
     /// for: no work of any program in flight): the caller makes the
     /// device's other programs give back what they hold between runs
-    /// ([`Executable::yield_device_memory`]) and returns the bytes freed;
-    /// the plan is then made with that room. (A JAX model's initialisation
-    /// programs held a quarter of a training step's device limit in their
-    /// outputs, temporaries and VA-stable shadows.)
+    /// ([`Executable::yield_device_memory`]) and says what that freed
+    /// ([`Reclaimed`]: the bytes, and which parameters may move now that
+    /// those programs' mappings no longer hold them); the plan is then made
+    /// with that room. (A JAX model's initialisation programs held a quarter
+    /// of a training step's device limit in their outputs, temporaries and
+    /// VA-stable shadows.)
     pub fn placement(
         &mut self,
         params: &[(Option<MemLocation>, bool)],
         stream: &B::Stream,
-        reclaim: &mut dyn FnMut() -> u64,
+        reclaim: &mut dyn FnMut() -> Reclaimed,
     ) -> Vec<(usize, MemLocation)> {
         if !self.placement_pending() {
             return Vec::new();
@@ -461,18 +474,25 @@ impl<B: Backend> Executable<B> {
             .collect();
         // A parameter moves whole: one allocation.
         let single = |s: &Vec<usize>| (s.len() == 1).then(|| s[0]);
-        let movable: Vec<usize> = slots
-            .iter()
-            .zip(params)
-            .filter(|(_, p)| p.1)
-            .filter_map(|(s, _)| single(s))
-            .collect();
+        let movable_of = |may: &mut dyn Iterator<Item = bool>| -> Vec<usize> {
+            slots
+                .iter()
+                .zip(may)
+                .filter(|(_, m)| *m)
+                .filter_map(|(s, _)| single(s))
+                .collect()
+        };
+        let movable = movable_of(&mut params.iter().map(|p| p.1));
         let be = self.program.backend_arc();
         let mut reclaim_idle = || match be.stream_synchronize(stream) {
-            Ok(()) => reclaim(),
+            Ok(()) => {
+                let r = reclaim();
+                let now = r.movable.map(|m| movable_of(&mut m.into_iter()));
+                (r.bytes, now)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "the stream could not be waited for: idle programs keep their memory");
-                0
+                (0, None)
             }
         };
         let moves = self.program.plan_moves(

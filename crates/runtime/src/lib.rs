@@ -63,7 +63,7 @@ pub use custom_call::{
     BoundCall, CallBuffer, CallContext, CallScratch, CallSite, CustomCallRegistry, Invocation,
 };
 pub use error::{Result, RuntimeError};
-pub use executable::{Executable, Mode, Output};
+pub use executable::{Executable, Mode, Output, Reclaimed};
 pub use guard::{GuardReport, Runner, SecondLook};
 pub use host_execute::{HostArray, HostArrayMut, HostProgram};
 pub use program::Program;

@@ -428,14 +428,16 @@ impl<B: Backend> Program<B> {
     /// estimated longer (the heaviest program places the device's memory:
     /// the programs that initialise a model's weights stage first, and a
     /// training step that could not move them for its plan ran at a tenth
-    /// of its link bound).
+    /// of its link bound). The heaviest first calls `reclaim` (the device's
+    /// idle programs give back what they hold: the bytes freed, and the
+    /// parameter allocations movable now, `None` for as before), then plans.
     pub(crate) fn plan_moves(
         &mut self,
         params: &[(usize, Option<MemLocation>)],
         movable: &[usize],
         shared: bool,
         keep_parameters: bool,
-        reclaim: &mut dyn FnMut() -> u64,
+        reclaim: &mut dyn FnMut() -> (u64, Option<Vec<usize>>),
     ) -> Vec<(usize, MemLocation)> {
         let owned = self.owned_buffers().map(|(a, b)| (a, b.location()));
         let homes =
@@ -444,58 +446,89 @@ impl<B: Backend> Program<B> {
             return Vec::new();
         }
         let gran = self.backend.info().vmm_granularity.max(1);
-        let mut may: Vec<(usize, u64)> = movable
-            .iter()
-            .filter_map(|&a| Some((a, self.plan.allocations.get(a)?.size.div_ceil(gran) * gran)))
-            .collect();
-        // Its large allocations in device memory (the small ones share a
-        // buffer), to host memory only: device memory one of them took
-        // would be this program's alone, where the room a moved weight
-        // leaves becomes the device's staging area, every program's.
-        may.extend(self.owned_at.iter().filter_map(|o| {
-            let b = self.owned_alone(o.allocation)?;
-            let buf = &self.owned[b];
-            (buf.location() == MemLocation::Device).then(|| (o.allocation, buf.mapped()))
-        }));
+        let may_of = |this: &Self, movable: &[usize]| -> Vec<(usize, u64)> {
+            let mut may: Vec<(usize, u64)> = movable
+                .iter()
+                .filter_map(|&a| {
+                    Some((a, this.plan.allocations.get(a)?.size.div_ceil(gran) * gran))
+                })
+                .collect();
+            // Its large allocations in device memory (the small ones share a
+            // buffer), to host memory only: device memory one of them took
+            // would be this program's alone, where the room a moved weight
+            // leaves becomes the device's staging area, every program's.
+            may.extend(this.owned_at.iter().filter_map(|o| {
+                let b = this.owned_alone(o.allocation)?;
+                let buf = &this.owned[b];
+                (buf.location() == MemLocation::Device).then(|| (o.allocation, buf.mapped()))
+            }));
+            may
+        };
+        let mut may = may_of(self, movable);
         // The device's shared area, when another program made it, is room
         // it stages through (it grows into what the moves free).
         let rates = crate::staging::device_rates(&*self.backend);
-        let plan_at_room = |this: &Self| {
+        let room_now = |this: &Self| {
             let area = if shared {
                 crate::staging::shared_area_bytes(&this.vmm)
             } else {
                 0
             };
-            let room = crate::staging::room(&*this.backend) / gran * gran + area;
-            crate::staging::plan_moves(&this.plan, &homes, room, rates, &may, keep_parameters)
-                .unwrap_or_else(|e| {
-                    tracing::warn!(executable = %this.plan.module_name, error = %e,
-                        "its memory could not be placed for its plan; it stays where it is");
-                    None
-                })
-        };
-        let Some(mut r) = plan_at_room(self) else {
-            return Vec::new();
+            crate::staging::room(&*this.backend) / gran * gran + area
         };
         let name = &self.plan.module_name;
-        if shared && !crate::staging::heaviest_plan(&self.vmm, r.before_us) {
-            tracing::info!(executable = %name, estimated_us = r.before_us,
-                "part of it is in host memory; a program planned longer placed the device's memory, nothing moves");
-            return Vec::new();
-        }
-        // The heaviest program takes back the device memory the device's
-        // idle programs hold between their runs, and plans with it.
+        let said = |e: RuntimeError| {
+            tracing::warn!(executable = %name, error = %e,
+                "its memory could not be placed for its plan; it stays where it is");
+        };
         if shared {
-            let reclaimed = reclaim();
-            if reclaimed > 0 {
-                tracing::info!(executable = %name, bytes = reclaimed,
-                    "the device's idle programs' memory left the device for its plan");
-                match plan_at_room(self) {
-                    Some(again) => r = again,
-                    None => return Vec::new(),
+            let before = match crate::staging::estimate_at(
+                &self.plan,
+                &homes,
+                room_now(self),
+                rates,
+                keep_parameters,
+            ) {
+                Ok(us) => us,
+                Err(e) => {
+                    said(e);
+                    return Vec::new();
                 }
+            };
+            if !crate::staging::heaviest_plan(&self.vmm, before) {
+                tracing::info!(executable = %name, estimated_us = before,
+                    "part of it is in host memory; a program planned longer placed the device's memory, nothing moves");
+                return Vec::new();
+            }
+            // The heaviest program takes back the device memory the
+            // device's idle programs hold between their runs (and the
+            // parameters their mappings held may move then).
+            let (reclaimed, now_movable) = reclaim();
+            let freed = now_movable.filter(|m| m.as_slice() != movable);
+            if let Some(m) = &freed {
+                may = may_of(self, m);
+            }
+            if reclaimed > 0 || freed.is_some() {
+                tracing::info!(executable = %name, bytes = reclaimed,
+                    movable = freed.as_ref().map_or(movable.len(), Vec::len),
+                    "the device's idle programs gave back what they held for its plan");
             }
         }
+        let r = match crate::staging::plan_moves(
+            &self.plan,
+            &homes,
+            room_now(self),
+            rates,
+            &may,
+            keep_parameters,
+        ) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Vec::new(),
+            Err(e) => {
+                said(e);
+                return Vec::new();
+            }
+        };
         tracing::info!(executable = %name, moves = r.moves.len(), to_host = r.freed_bytes,
             to_device = r.taken_bytes, estimated_us = r.before_us, after_us = r.after_us,
             "part of it is in host memory: its buffers placed for its plan");

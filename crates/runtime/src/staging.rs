@@ -706,6 +706,25 @@ pub fn plan_staging(
     }))
 }
 
+/// `plan`'s step estimate with its allocations at `homes` and `room` device
+/// bytes: the staging's ([`plan_staging`]), or the planner's step where
+/// nothing is staged (all on the device, or read in place).
+pub fn estimate_at(
+    plan: &Plan,
+    homes: &[Home],
+    room: u64,
+    rates: Rates,
+    keep_parameters: bool,
+) -> Result<f64> {
+    if let Some(p) = plan_staging(plan, homes, room, rates, keep_parameters)? {
+        return Ok(p.estimated_us);
+    }
+    let (input, _) = unit_input(plan, homes, room, rates)?;
+    Ok(plan_residency(&input)
+        .map_err(|e| RuntimeError::invalid(format!("residency: {e}")))?
+        .step_us)
+}
+
 /// Where `plan`'s allocations should live before its first run
 /// ([`rebalance_with`]): it planned with its allocations at `homes` and `room`
 /// device bytes left, the allocations in `movable` (index, bytes of memory

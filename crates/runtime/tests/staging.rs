@@ -11,7 +11,7 @@ use common::*;
 use xla_vmm::*;
 use xla_vmm_device::vmm::{Buffer as VmmBuffer, VmmAllocator, VmmContext};
 use xla_vmm_device::{Backend, HostBackend, MemLocation, MemoryLimits};
-use xla_vmm_runtime::{DeviceBuffer, Executable, Mode, StagingSummary, UserBuffer};
+use xla_vmm_runtime::{DeviceBuffer, Executable, Mode, Reclaimed, StagingSummary, UserBuffer};
 
 /// Over `n` f32: p0, p1 read; p2 donated and incremented; a temp in two
 /// segments; out0 = 2·p1, out1 = 2·p0 (through the temp), p2 += 1.
@@ -680,7 +680,7 @@ fn a_program_moves_its_memory_where_its_plan_wants_it_before_its_first_run() {
             assert!(at.iter().all(|a| a.0 == Some(MemLocation::Device)));
             let mut moves = 0;
             if rebalance {
-                let asked = exe.placement(&at, &stream, &mut || 0);
+                let asked = exe.placement(&at, &stream, &mut Reclaimed::default);
                 moves = asked.len() as u64;
                 let moves = asked;
                 // The parameters, each read once, make room for the
@@ -691,7 +691,8 @@ fn a_program_moves_its_memory_where_its_plan_wants_it_before_its_first_run() {
                     assert!(bufs[i].relocate(to, &stream).unwrap());
                 }
                 assert!(
-                    exe.placement(&at, &stream, &mut || 0).is_empty(),
+                    exe.placement(&at, &stream, &mut Reclaimed::default)
+                        .is_empty(),
                     "asked once"
                 );
             }
@@ -746,7 +747,7 @@ fn a_program_plans_again_when_another_moves_memory_it_planned_for() {
         assert!(first.program().staging_summary().is_none());
         let mut second = Executable::load(b.clone(), chains(n as u64), None, &stream).unwrap();
         let at: Vec<_> = bufs.iter().map(|x| (Some(x.location()), true)).collect();
-        let moves = second.placement(&at, &stream, &mut || 0);
+        let moves = second.placement(&at, &stream, &mut Reclaimed::default);
         assert!(!moves.is_empty(), "{mode:?}");
         for &(i, to) in &moves {
             bufs[i].relocate(to, &stream).unwrap();
@@ -813,7 +814,7 @@ fn a_heavier_program_places_the_devices_memory_and_the_shared_area_grows_into_it
     // A light program's first run: it moves nothing, and its result is right.
     let first_light_run = |exe: &mut Executable<HostBackend>, movable: bool| {
         assert!(exe
-            .placement(&at(&small, movable), &stream, &mut || 0)
+            .placement(&at(&small, movable), &stream, &mut Reclaimed::default)
             .is_empty());
         bind_all(exe, &small);
         assert_eq!(step_f32s(exe, &b, &stream, Mode::Eager, m)[0], light_want);
@@ -827,7 +828,7 @@ fn a_heavier_program_places_the_devices_memory_and_the_shared_area_grows_into_it
         .area_bytes;
     let mut heavy =
         Executable::load_with(b.clone(), chains(n as u64), None, None, &cfg, &stream).unwrap();
-    let moves = heavy.placement(&at(&bufs, true), &stream, &mut || 0);
+    let moves = heavy.placement(&at(&bufs, true), &stream, &mut Reclaimed::default);
     assert!(!moves.is_empty(), "the heavier program places the memory");
     assert!(moves.iter().all(|m| m.1 == MemLocation::Host), "{moves:?}");
     for &(i, to) in &moves {
@@ -889,7 +890,9 @@ fn the_heaviest_program_takes_back_what_idle_programs_hold_between_runs() {
         let mut light =
             Executable::load_with(b.clone(), one_scale(n as u64), None, None, &cfg, &stream)
                 .unwrap();
-        assert!(light.placement(&at(&small), &stream, &mut || 0).is_empty());
+        assert!(light
+            .placement(&at(&small), &stream, &mut Reclaimed::default)
+            .is_empty());
         bind_all(&mut light, &small);
         assert_eq!(
             step_f32s(&mut light, &b, &stream, Mode::Graph, n)[0],
@@ -911,7 +914,10 @@ fn the_heaviest_program_takes_back_what_idle_programs_hold_between_runs() {
             } else {
                 0
             };
-            given
+            Reclaimed {
+                bytes: given,
+                movable: None,
+            }
         });
         assert_eq!(asked, 1, "the heaviest program asks once");
         for &(i, to) in &moves {
@@ -980,7 +986,9 @@ fn with_rebalance_off_nothing_moves() {
     let mut exe =
         Executable::load_with(b.clone(), chains(n as u64), None, None, &cfg, &stream).unwrap();
     let at: Vec<_> = bufs.iter().map(|x| (Some(x.location()), true)).collect();
-    assert!(exe.placement(&at, &stream, &mut || 0).is_empty());
+    assert!(exe
+        .placement(&at, &stream, &mut Reclaimed::default)
+        .is_empty());
     bind_all(&mut exe, &bufs);
     exe.run(&stream, Mode::Eager).unwrap();
     b.stream_synchronize(&stream).unwrap();

@@ -608,7 +608,15 @@ impl Executable {
         // stays, the program reads it where it is).
         if program.placement_pending() {
             let info = self.placement_info(args, non_donatable)?;
-            for (i, to) in program.placement(&info, &mut || part.reclaim_from_others())? {
+            // What the others give back frees their hold on arguments too.
+            let mut reclaim = || xla_vmm_runtime::Reclaimed {
+                bytes: part.reclaim_from_others(),
+                movable: self
+                    .placement_info(args, non_donatable)
+                    .ok()
+                    .map(|v| v.into_iter().map(|(_, m)| m).collect()),
+            };
+            for (i, to) in program.placement(&info, &mut reclaim)? {
                 if let Err(e) = args[i].with_live_mut(|al| al.relocate(to)) {
                     tracing::warn!(executable = %self.name, argument = i, to = ?to, error = %e,
                         "an argument's memory could not move; it stays");

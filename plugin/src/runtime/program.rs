@@ -53,11 +53,11 @@ pub trait Program: Send {
     /// device first (the program's own buffers that leave it have moved).
     /// `reclaim`: the device's other programs give back what they hold
     /// between runs (asked by the device's heaviest program, its stream
-    /// waited for); the bytes freed.
+    /// waited for); the bytes freed and the arguments' movability again.
     fn placement(
         &mut self,
         _args: &[(Option<MemLocation>, bool)],
-        _reclaim: &mut dyn FnMut() -> u64,
+        _reclaim: &mut dyn FnMut() -> xla_vmm_runtime::Reclaimed,
     ) -> Result<Vec<(usize, MemLocation)>> {
         Ok(Vec::new())
     }
@@ -153,7 +153,7 @@ impl<B: PluginBackend> Program for RuntimeProgram<B> {
     fn placement(
         &mut self,
         args: &[(Option<MemLocation>, bool)],
-        reclaim: &mut dyn FnMut() -> u64,
+        reclaim: &mut dyn FnMut() -> xla_vmm_runtime::Reclaimed,
     ) -> Result<Vec<(usize, MemLocation)>> {
         let Some(exe) = self.exe.as_mut() else {
             return Ok(Vec::new());
