@@ -432,3 +432,62 @@ fn an_argument_an_idle_program_holds_moves_once_it_gives_it_back() {
         assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
     }
 }
+
+/// Under a device budget, one thread runs a light program over and over
+/// while another loads a heavier one, whose first run has the device's idle
+/// programs give back what they hold (the light one when it is not running:
+/// its lock is tried, never waited for). Nothing deadlocks, every result is
+/// right, and nothing is left behind.
+#[test]
+fn a_heavier_programs_first_run_beside_a_busy_thread_takes_back_only_what_is_idle() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use xla_vmm_device::Backend;
+    let n: u64 = 512 << 10;
+    let v = 4 * n;
+    let (heavy_plan, a, want) = read_once_then_temporary(n);
+    let (light_plan, b, light_want) = read_once_then_temporary(n / 4);
+    for round in 0..3 {
+        let (be, client) = budget_client(2 * v, true);
+        let device = devices(client)[0];
+        let light =
+            xla_vmm_plugin::objects::executable::load_plan(client, light_plan.clone(), vec![])
+                .unwrap();
+        let y = put_f32(client, device, &b);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, light_p, y_p, lw) = (stop.clone(), light as usize, y as usize, light_want.clone());
+        let busy = std::thread::spawn(move || {
+            let mut runs = 0;
+            while !s.load(Ordering::SeqCst) || runs < 20 {
+                let r = execute(light_p as *mut _, &[y_p as *mut _], &[]).unwrap();
+                let got = f32_values(&to_host(r).unwrap());
+                destroy_buffer(r);
+                assert!(got == lw, "light run {runs}");
+                runs += 1;
+            }
+            runs
+        });
+        let x = put_f32(client, device, &a);
+        let heavy =
+            xla_vmm_plugin::objects::executable::load_plan(client, heavy_plan.clone(), vec![])
+                .unwrap();
+        for step in 0..4 {
+            let r = execute(heavy, &[x], &[]).unwrap();
+            assert!(
+                f32_values(&to_host(r).unwrap()) == want,
+                "round {round}, step {step}"
+            );
+            destroy_buffer(r);
+        }
+        stop.store(true, Ordering::SeqCst);
+        let runs = busy.join().expect("the light program's thread");
+        assert!(runs >= 20, "{runs}");
+        assert!(be.budget().usage().device_bytes <= 2 * v);
+        destroy_buffer(x);
+        destroy_buffer(y);
+        destroy_exe(heavy);
+        destroy_exe(light);
+        destroy_client(client);
+        assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+    }
+}
