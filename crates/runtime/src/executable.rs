@@ -79,7 +79,6 @@ pub struct Executable<B: Backend> {
     placed: bool,
 }
 
-/// The binding settings an executable accepts.
 /// What the device's other programs gave back for a placing program
 /// ([`Executable::placement`]'s `reclaim`).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -91,6 +90,7 @@ pub struct Reclaimed {
     pub movable: Option<Vec<bool>>,
 }
 
+/// The binding settings an executable accepts.
 fn check_binding(cfg: &BindingConfig) -> Result<()> {
     if !(1..=2).contains(&cfg.reservations) {
         return Err(RuntimeError::arg(format!(
