@@ -716,13 +716,32 @@ pub fn estimate_at(
     rates: Rates,
     keep_parameters: bool,
 ) -> Result<f64> {
-    if let Some(p) = plan_staging(plan, homes, room, rates, keep_parameters)? {
-        return Ok(p.estimated_us);
-    }
     let (input, _) = unit_input(plan, homes, room, rates)?;
-    Ok(plan_residency(&input)
-        .map_err(|e| RuntimeError::invalid(format!("residency: {e}")))?
-        .step_us)
+    estimate_with(plan, homes, room, rates, keep_parameters, &input)
+}
+
+/// [`estimate_at`] with the planner's input for `homes` and `room` made
+/// already (its step is the estimate where nothing is staged).
+fn estimate_with(
+    plan: &Plan,
+    homes: &[Home],
+    room: u64,
+    rates: Rates,
+    keep_parameters: bool,
+    input: &ResidencyInput,
+) -> Result<f64> {
+    Ok(
+        match plan_staging(plan, homes, room, rates, keep_parameters)? {
+            Some(p) => p.estimated_us,
+            // Nothing in host memory, or nothing staged: the planner's step
+            // (all on the device, or read in place).
+            None => {
+                plan_residency(input)
+                    .map_err(|e| RuntimeError::invalid(format!("residency: {e}")))?
+                    .step_us
+            }
+        },
+    )
 }
 
 /// Where `plan`'s allocations should live before its first run
@@ -756,18 +775,7 @@ pub fn plan_moves(
                 *h = to;
             }
         }
-        Ok(
-            match plan_staging(plan, &at, room, rates, keep_parameters)? {
-                Some(p) => p.estimated_us,
-                // Nothing in host memory, or nothing staged: the planner's
-                // step (all on the device, or read in place).
-                None => {
-                    plan_residency(input)
-                        .map_err(|e| RuntimeError::invalid(format!("residency: {e}")))?
-                        .step_us
-                }
-            },
-        )
+        estimate_with(plan, &at, room, rates, keep_parameters, input)
     };
     rebalance_with(&input, movable, |moved| {
         staged(moved).map_err(|e| PolicyError::InvalidResidency(e.to_string()))
