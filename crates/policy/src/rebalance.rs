@@ -24,8 +24,11 @@
 //! temporaries) moves only when the plan places all its parts alike. The
 //! plan is made with the whole room and with less of it
 //! ([`PLANNED_SHARES`]: less resident, a larger staging area), a proposal
-//! each; the fastest is kept, and its moves are made only when the estimate
-//! of the step gains at least
+//! each; the fastest is kept. From there, one allocation at a time moves
+//! (the largest first, [`REFINE_CANDIDATES`]) while a move shortens the
+//! estimate by [`REFINE_GAIN`]: the planner's layouts count bytes, and can
+//! miss that one weight read three times a step is worth a smaller area. The
+//! moves are made only when the estimate of the step gains at least
 //! [`MIN_GAIN`] (the planner's own schedule's in [`rebalance`], the
 //! caller's in [`rebalance_with`]: the runtime estimates the staging each
 //! layout would run): a relocation copies the buffer once, and another
@@ -47,6 +50,17 @@ pub const MIN_GAIN: f64 = 0.05;
 /// proposal each ([`rebalance_with`]): less resident leaves a larger
 /// staging area.
 pub const PLANNED_SHARES: [f64; 6] = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5];
+
+/// Allocations [`rebalance_with`]'s search moves one at a time after the
+/// proposals: the largest movable ones.
+pub const REFINE_CANDIDATES: usize = 16;
+
+/// Layouts that search estimates at most (programs of more than
+/// [`crate::staging::EXPLORE_MAX_STEPS`] steps: none).
+pub const REFINE_MAX_ESTIMATES: usize = 48;
+
+/// The least gain of the step's estimate one move of the search must make.
+pub const REFINE_GAIN: f64 = 0.01;
 
 /// What [`rebalance`] decided.
 #[derive(Clone, Debug, PartialEq)]
@@ -156,11 +170,11 @@ pub fn rebalance_with(
             proposals.push(moves);
         }
     }
-    let mut best: Option<Rebalance> = None;
-    let mut before_us = None;
-    for moves in proposals {
+    // `moves` applied: the input with the buffers at their new homes and the
+    // room left, the bytes freed and taken; `None` when they do not fit.
+    let apply = |moves: &[(usize, Home)]| -> Option<(ResidencyInput, u64, u64)> {
         let (mut after, mut freed, mut taken) = (input.clone(), 0u64, 0u64);
-        for &(id, to) in &moves {
+        for &(id, to) in moves {
             match to {
                 Home::Device => taken += size[&id],
                 _ => freed += size[&id],
@@ -169,35 +183,93 @@ pub fn rebalance_with(
                 after.buffers[i].home = to;
             }
         }
-        if taken > input.budget_bytes + freed {
-            continue;
+        let room = (input.budget_bytes + freed).checked_sub(taken)?;
+        after.budget_bytes = room;
+        Some((after, freed, taken))
+    };
+    let before = estimate(None)?;
+    // Each layout estimated once (a move may lead back to one seen): its
+    // estimate, and whether it was new.
+    let mut seen: Vec<(Vec<(usize, Home)>, f64)> = vec![(Vec::new(), before)];
+    let mut judge = |moves: &[(usize, Home)]| -> Result<Option<(f64, bool)>> {
+        if let Some((_, us)) = seen.iter().find(|(m, _)| m == moves) {
+            return Ok(Some((*us, false)));
         }
-        after.budget_bytes = input.budget_bytes + freed - taken;
-        let before = match before_us {
-            Some(b) => b,
-            None => *before_us.insert(estimate(None)?),
+        let Some((after, ..)) = apply(moves) else {
+            return Ok(None);
         };
-        let moved = Moved {
-            moves: &moves,
+        let us = estimate(Some(&Moved {
+            moves,
             input: after,
-        };
-        let after_us = estimate(Some(&moved))?;
-        if before <= 0.0 || after_us > before * (1.0 - MIN_GAIN) {
-            continue;
-        }
-        if best.as_ref().is_none_or(|b| after_us < b.after_us) {
-            let homes = moved.input.buffers.iter().map(|b| b.home).collect();
-            best = Some(Rebalance {
-                moves,
-                homes,
-                freed_bytes: freed,
-                taken_bytes: taken,
-                before_us: before,
-                after_us,
-            });
+        }))?;
+        seen.push((moves.to_vec(), us));
+        Ok(Some((us, true)))
+    };
+    // The fastest proposal that gains (the first among equals), else where
+    // they are.
+    let (mut moves, mut us) = (Vec::new(), before);
+    for m in proposals {
+        if let Some((t, _)) = judge(&m)? {
+            if t < us {
+                (moves, us) = (m, t);
+            }
         }
     }
-    Ok(best)
+    // Then single moves from there, the largest allocations first: each round
+    // makes the one that shortens the step the most, while one shortens it by
+    // REFINE_GAIN (the planner's layouts keep nothing resident where keeping a
+    // weight read three times a step on the device gains most: a JAX llama
+    // training step at 2x, 103.3 -> 89.0 ms by the staging's estimate).
+    let mut order: Vec<usize> = parts.keys().copied().collect();
+    order.sort_by_key(|id| (std::cmp::Reverse(size[id]), *id));
+    order.truncate(REFINE_CANDIDATES);
+    let mut left = if input.steps.len() > crate::staging::EXPLORE_MAX_STEPS {
+        0
+    } else {
+        REFINE_MAX_ESTIMATES
+    };
+    while left > 0 {
+        let mut pick: Option<(Vec<(usize, Home)>, f64)> = None;
+        for &id in &order {
+            if left == 0 {
+                break;
+            }
+            let home = input.buffers[parts[&id][0]].home;
+            let now = moves.iter().find(|m| m.0 == id).map_or(home, |m| m.1);
+            let to = if now == Home::Device {
+                Home::Host
+            } else {
+                Home::Device
+            };
+            let mut flipped: Vec<(usize, Home)> =
+                moves.iter().filter(|m| m.0 != id).copied().collect();
+            if to != home {
+                flipped.push((id, to));
+            }
+            sort_moves(&mut flipped);
+            let Some((t, fresh)) = judge(&flipped)? else {
+                continue;
+            };
+            left -= usize::from(fresh);
+            if t < us * (1.0 - REFINE_GAIN) && pick.as_ref().is_none_or(|p| t < p.1) {
+                pick = Some((flipped, t));
+            }
+        }
+        let Some((m, t)) = pick else { break };
+        (moves, us) = (m, t);
+    }
+    if moves.is_empty() || before <= 0.0 || us > before * (1.0 - MIN_GAIN) {
+        return Ok(None);
+    }
+    let (after, freed_bytes, taken_bytes) = apply(&moves).expect("judged: it fits");
+    Ok(Some(Rebalance {
+        homes: after.buffers.iter().map(|b| b.home).collect(),
+        moves,
+        freed_bytes,
+        taken_bytes,
+        before_us: before,
+        after_us: us,
+    }))
 }
 
 /// The moves `placements` (a plan of the buffers anywhere) asks of the
@@ -224,8 +296,13 @@ fn proposed_moves(
         }
         moves.push((id, to));
     }
-    moves.sort_by_key(|&(id, to)| (to == Home::Device, id));
+    sort_moves(&mut moves);
     moves
+}
+
+/// Moves in the order they are made: those leaving the device first.
+fn sort_moves(moves: &mut [(usize, Home)]) {
+    moves.sort_by_key(|&(id, to)| (to == Home::Device, id));
 }
 
 #[cfg(test)]
@@ -442,5 +519,46 @@ mod tests {
                 assert_eq!(r.homes[i], b.home, "buffer {i}");
             }
         }
+    }
+
+    #[test]
+    fn single_moves_after_the_proposals_find_what_the_planner_misses() {
+        // The caller's estimate: each buffer on the device costs 10 (a smaller
+        // area), except weight 1, which gains 30 there (read again and again).
+        // The best layout keeps weight 1 alone on the device.
+        let x = first_come(100);
+        let movable = sized(&[0, 1, 2, 3, 4, 5], &x);
+        let (mut n, mut seen) = (0, Vec::new());
+        let r = rebalance_with(&x, &movable, |m| {
+            n += 1;
+            let homes: Vec<Home> = match m {
+                None => x.buffers.iter().map(|b| b.home).collect(),
+                Some(m) => m.input.buffers.iter().map(|b| b.home).collect(),
+            };
+            assert!(
+                !seen.contains(&homes),
+                "a layout estimated twice: {homes:?}"
+            );
+            seen.push(homes.clone());
+            let cost = |(i, h): (usize, &Home)| match (i, h) {
+                (1, Home::Device) => -30.0,
+                (_, Home::Device) => 10.0,
+                _ => 0.0,
+            };
+            Ok(100.0 + homes.iter().enumerate().map(cost).sum::<f64>())
+        })
+        .unwrap()
+        .expect("moving pays");
+        let on_device: Vec<usize> = (0..r.homes.len())
+            .filter(|&i| r.homes[i] == Home::Device)
+            .collect();
+        assert_eq!(on_device, [1], "{r:?}");
+        assert_eq!((r.before_us, r.after_us), (90.0, 70.0));
+        assert!(r.moves.contains(&(0, Home::Host)) && r.moves.contains(&(2, Home::Host)));
+        assert!(!r.moves.iter().any(|m| m.0 == 1), "weight 1 stays: {r:?}");
+        assert!(
+            n <= 1 + PLANNED_SHARES.len() + REFINE_MAX_ESTIMATES,
+            "{n} estimates"
+        );
     }
 }

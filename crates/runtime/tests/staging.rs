@@ -717,10 +717,10 @@ fn a_program_moves_its_memory_where_its_plan_wants_it_before_its_first_run() {
             b.stream_destroy(stream).unwrap();
         }
         // Before: nothing fits an area (the parameters hold the device);
-        // after, the parameters are staged through the room they left and
-        // the temporary is on the device.
+        // after, what the plan stages goes through the room the parameters
+        // that left made.
         let after = summaries[1].clone().expect("staged after the moves");
-        assert!(after.staged >= 3 && after.device_bytes >= v, "{after:?}");
+        assert!(after.staged >= 1 && after.area_bytes >= v, "{after:?}");
         let before_us = summaries[0]
             .as_ref()
             .map_or(f64::INFINITY, |s| s.estimated_step_us);
@@ -964,11 +964,11 @@ fn the_heaviest_program_takes_back_what_idle_programs_hold_between_runs() {
         b.stream_destroy(stream).unwrap();
         (s.bytes_in_per_step, s.estimated_step_us)
     };
-    // (On this host backend: 12 MiB copied in a step, 485 µs planned,
-    // against 4 MiB and 323 µs: two weights stay on the device.)
+    // (On this host backend: 403 µs planned against 253 µs, both reading
+    // what stays in host memory in place.)
     let (kept, given) = (plan_with(false), plan_with(true));
     assert!(
-        given.0 < kept.0 && given.1 < kept.1,
+        given.0 <= kept.0 && given.1 < kept.1 * 0.9,
         "bytes in and step estimate, with the idle program's memory: {kept:?} -> {given:?}"
     );
 }
