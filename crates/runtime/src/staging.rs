@@ -428,12 +428,12 @@ fn unit_input(
 }
 
 /// A device's staging area shared by its programs
-/// ([`crate::RunConfig::one_stream`]): all the room the budget leaves when
-/// one of them plans its staging. Its addresses are reserved for the whole
-/// device once; it grows by mapping more device memory after what it has
-/// (when a later program finds room: memory freed, or moved to host memory
-/// for its plan), so that every staging planned for its smaller size stays
-/// valid. Freed with the last program using it.
+/// ([`crate::RunConfig::one_stream`]): as large as the largest of their
+/// stagings, each planned with the area and the room the budget leaves.
+/// Its addresses are reserved for the whole device once; it grows by
+/// mapping more device memory after what it has (when a later program's
+/// staging uses more), so that every staging planned for its smaller size
+/// stays valid. Freed with the last program using it.
 struct SharedArea<B: Backend> {
     base: DevicePtr,
     mem: std::sync::Mutex<AreaMemory<B>>,
@@ -462,22 +462,32 @@ impl<B: Backend> SharedArea<B> {
 
     /// At least `bytes` of device memory mapped (granule multiples); more
     /// memory than the device has left keeps the size it has (said).
-    fn grow(&self, ctx: &VmmContext<B>, bytes: u64) {
+    /// Whether it has `bytes` now.
+    fn grow(&self, ctx: &VmmContext<B>, bytes: u64) -> bool {
         let mut m = self.mem.lock().unwrap_or_else(|e| e.into_inner());
         let at = m.bytes;
         let Some(va) = m.va.as_mut() else {
-            return;
+            return false;
         };
-        if bytes <= at || bytes > va.size() {
-            return;
+        if bytes <= at {
+            return true;
+        }
+        if bytes > va.size() {
+            return false;
         }
         let more = bytes - at;
         let grown = Phys::create_at(ctx, more, MemLocation::Device)
             .and_then(|p| va.map_rw(at, &std::sync::Arc::new(p), 0, more));
         match grown {
-            Ok(()) => m.bytes = bytes,
-            Err(e) => tracing::warn!(bytes, error = %e,
-                "the shared staging area could not grow; it keeps its size"),
+            Ok(()) => {
+                m.bytes = bytes;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(bytes, error = %e,
+                    "the shared staging area could not grow; it keeps its size");
+                false
+            }
         }
     }
 }
@@ -1060,16 +1070,21 @@ impl<B: Backend> Staging<B> {
         // A shared area the device has: its room; else what the budget leaves.
         let existing = shared.then(|| shared_area(ctx)).flatten();
         let free = room(&**be) / gran * gran;
-        let room = match &existing {
-            // The room the budget leaves now joins the area.
-            Some(a) => {
-                a.grow(ctx, a.bytes() + free);
-                a.bytes()
+        // The area's room: what it has and what the budget leaves. It takes
+        // only what the staging uses (the area grows to it; a new one is made
+        // of that size), so that the rest stays free for what moves to the
+        // device later (a training step keeping a weight there that the
+        // programs initialising the model never could).
+        let rates = device_rates(&**be);
+        let room = existing.as_ref().map_or(0, |a| a.bytes()) + free;
+        let mut planned = plan_staging(plan, homes, room, rates, keep_parameters)?;
+        if let (Some(a), Some(p)) = (&existing, &planned) {
+            if !a.grow(ctx, p.copies.area_bytes.div_ceil(gran) * gran) {
+                // Someone took the room meanwhile: the area as it is.
+                planned = plan_staging(plan, homes, a.bytes(), rates, keep_parameters)?;
             }
-            None => free,
-        };
-        let Some(planned) = plan_staging(plan, homes, room, device_rates(&**be), keep_parameters)?
-        else {
+        }
+        let Some(planned) = planned else {
             tracing::info!(executable = %name, room,
                 "part of it is in host memory; nothing pays to stage, read in place");
             return Ok(Planned::InPlace(if room == 0 {
@@ -1088,7 +1103,7 @@ impl<B: Backend> Staging<B> {
         } = planned;
         let area = match (shared, existing) {
             (true, Some(a)) => Area::Shared(a),
-            (true, None) => Area::Shared(make_shared_area(ctx, room, estimated_us)?),
+            (true, None) => Area::Shared(make_shared_area(ctx, steps.area_bytes, estimated_us)?),
             (false, _) => Area::Own(DeviceBuffer::alloc_at(
                 ctx,
                 steps.area_bytes,
