@@ -491,6 +491,25 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
         m.unbudgeted_step_us / 1e3,
         bound_us / 1e3
     );
+    let crossed = crossings(p);
+    if !crossed.is_empty() {
+        let _ = writeln!(s, "  copied over the link, by bytes per step (in + out):");
+        for c in crossed.iter().take(SHOWN) {
+            let b = &p.input.buffers[c.buffer];
+            let _ = writeln!(
+                s,
+                "    allocation {} at {} ({}, {}): {} in ({}x), {} out ({}x)",
+                b.id,
+                b.offset,
+                b.name,
+                gib(b.bytes),
+                gib(c.bytes_in),
+                c.copies_in,
+                gib(c.bytes_out),
+                c.copies_out
+            );
+        }
+    }
     in_place.sort_by_key(|&i| std::cmp::Reverse(touched[i]));
     if in_place.is_empty() {
         return;
@@ -510,6 +529,72 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
     }
 }
 
+/// What a staged buffer's copies carry over the link in one step.
+struct Crossing {
+    /// Index into the plan's buffers.
+    buffer: usize,
+    copies_in: u64,
+    bytes_in: u64,
+    copies_out: u64,
+    bytes_out: u64,
+}
+
+/// Each staged buffer's copies per step (the ones the step before fetches
+/// for it counted as its own), the most bytes first.
+fn crossings(p: &xla_vmm_runtime::staging::StagingPlan) -> Vec<Crossing> {
+    let n = p.input.buffers.len();
+    let (mut ins, mut outs) = (vec![0u64; n], vec![0u64; n]);
+    let c = &p.copies;
+    let fetched = c.carried.iter().filter(|x| x.fetch).map(|x| x.buffer);
+    for b in c.copies_in.iter().map(|x| x.buffer).chain(fetched) {
+        ins[b] += 1;
+    }
+    for x in &c.copies_out {
+        outs[x.buffer] += 1;
+    }
+    let mut all: Vec<Crossing> = (0..n)
+        .filter(|&b| ins[b] + outs[b] > 0)
+        .map(|b| {
+            let bytes = p.input.buffers[b].bytes;
+            Crossing {
+                buffer: b,
+                copies_in: ins[b],
+                bytes_in: ins[b] * bytes,
+                copies_out: outs[b],
+                bytes_out: outs[b] * bytes,
+            }
+        })
+        .collect();
+    all.sort_by_key(|x| (std::cmp::Reverse(x.bytes_in + x.bytes_out), x.buffer));
+    all
+}
+
+/// The `staging` member of `--as-run`'s JSON: the summary and the buffers
+/// whose copies carry the most bytes per step.
+fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
+    let mut v = serde_json::to_value(p.summary()).unwrap_or(Value::Null);
+    if let Value::Object(o) = &mut v {
+        let top: Vec<Value> = crossings(p)
+            .iter()
+            .take(SHOWN)
+            .map(|c| {
+                let b = &p.input.buffers[c.buffer];
+                json!({
+                    "allocation": b.id,
+                    "offset": b.offset,
+                    "bytes": b.bytes,
+                    "copies_in": c.copies_in,
+                    "bytes_in": c.bytes_in,
+                    "copies_out": c.copies_out,
+                    "bytes_out": c.bytes_out,
+                })
+            })
+            .collect();
+        o.insert("most_copied".into(), Value::Array(top));
+    }
+    v
+}
+
 /// The `as_run` member of `inspect --json`.
 pub fn as_run_json(a: &AsRun) -> Value {
     json!({
@@ -519,7 +604,7 @@ pub fn as_run_json(a: &AsRun) -> Value {
         "device_bytes": a.device_bytes,
         "host_bytes": a.host_bytes,
         "device_parameters": a.device_params,
-        "staging": a.staging.as_ref().map(|p| p.summary()),
+        "staging": a.staging.as_ref().map(staging_json),
         "first_run_moves": a.moved.as_ref().map(|m| json!({
             "to_host": m.moves.moves.iter().filter(|x| x.1 == Home::Host).map(|x| x.0).collect::<Vec<_>>(),
             "to_device": m.moves.moves.iter().filter(|x| x.1 == Home::Device).map(|x| x.0).collect::<Vec<_>>(),
@@ -527,7 +612,7 @@ pub fn as_run_json(a: &AsRun) -> Value {
             "to_device_bytes": m.moves.taken_bytes,
             "estimated_step_us": m.moves.before_us,
             "estimated_step_us_after": m.moves.after_us,
-            "staging": m.staging.as_ref().map(|p| p.summary()),
+            "staging": m.staging.as_ref().map(staging_json),
         })),
     })
 }

@@ -188,6 +188,22 @@ fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
         n(s, "area_bytes") <= 384 * (1 << 20) - n(&a, "device_bytes"),
         "{a}"
     );
+    // The buffers whose copies carry the most per step, the most first;
+    // together no more than the step's bytes each way.
+    let top = s["most_copied"].as_array().unwrap_or_else(|| panic!("{s}"));
+    assert!(!top.is_empty() && top.len() <= 8, "{s}");
+    let moved = |c: &serde_json::Value| n(c, "bytes_in") + n(c, "bytes_out");
+    assert!(top.windows(2).all(|w| moved(&w[0]) >= moved(&w[1])), "{s}");
+    for c in top {
+        assert_eq!(n(c, "bytes_in"), n(c, "copies_in") * n(c, "bytes"), "{c}");
+        assert_eq!(n(c, "bytes_out"), n(c, "copies_out") * n(c, "bytes"), "{c}");
+    }
+    let sum = |k: &str| top.iter().map(|c| n(c, k)).sum::<u64>();
+    assert!(
+        sum("bytes_in") <= n(s, "bytes_in_per_step") + n(s, "carried_bytes"),
+        "{s}"
+    );
+    assert!(sum("bytes_out") <= n(s, "bytes_out_per_step"), "{s}");
     // No reserve: as much in device memory or more (the next large
     // temporary may not fit either way), no more room to stage through.
     let b = run(&["--staging-reserve", "0"]);
@@ -233,6 +249,11 @@ fn as_run_text_lists_buffers_read_in_place_only_where_there_are_some() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains(" 0 (0.0 MiB) read in place;"), "{text}");
     assert!(!text.contains("read in place, by bytes"), "{text}");
+    // What is staged crosses the link: its largest crossings are listed.
+    assert!(
+        text.contains("copied over the link, by bytes per step"),
+        "{text}"
+    );
 }
 
 #[test]
