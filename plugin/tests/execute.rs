@@ -293,18 +293,7 @@ fn budget_client(
     std::sync::Arc<xla_vmm_device::HostBackend>,
     *mut PJRT_Client,
 ) {
-    use xla_vmm_device::Backend;
-    let be = backend();
-    let mut opts = host_options();
-    opts.run.one_stream = one_stream;
-    let client = client::into_c(Client::with_backend(opts, be.clone()).unwrap());
-    // (The client sets the budget from its options: this one after it.)
-    be.budget().set_limits(xla_vmm_device::MemoryLimits {
-        device: Some(v),
-        host: None,
-        staging_reserve: Some(0),
-    });
-    (be, client)
+    limited_client(Some(v), 0, one_stream)
 }
 
 /// Under a device budget its parameter fills, a program's first run moves

@@ -13,7 +13,6 @@ mod common;
 use common::plans::*;
 use common::*;
 use serde_json::Value;
-use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
 
 /// The shape of a JSON value: arrays by length, objects by keys, each
@@ -56,19 +55,11 @@ fn kept(client: *mut PJRT_Client, be: &xla_vmm_device::HostBackend) -> String {
 
 #[test]
 fn thousands_of_steps_leave_nothing_growing() {
-    use xla_vmm_device::Backend;
     // Without a device memory limit, then with one whose staging reserve is
     // nearly all of it: the buffers live in host memory and the programs
     // stage them through the device's area.
     for (limit, reserve) in [(None, 0), (Some(8 << 20), 90)] {
-        let be = backend();
-        let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
-        // (The client sets the budget from its options: this one after it.)
-        be.budget().set_limits(xla_vmm_device::MemoryLimits {
-            device: limit,
-            host: None,
-            staging_reserve: Some(reserve),
-        });
+        let (be, client) = limited_client(limit, reserve, false);
         let device = devices(client)[0];
         let load = |plan, name: &[u8]| {
             xla_vmm_plugin::objects::executable::load_plan(client, plan, name.to_vec()).unwrap()

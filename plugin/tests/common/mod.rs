@@ -246,6 +246,29 @@ pub fn host_options() -> ClientOptions {
     }
 }
 
+/// A client on a fresh host backend (`plans::backend`) whose device memory
+/// limit is `limit` bytes (`None`: none) with a staging reserve of
+/// `reserve` percent, one stream per device or not.
+pub fn limited_client(
+    limit: Option<u64>,
+    reserve: u32,
+    one_stream: bool,
+) -> (std::sync::Arc<HostBackend>, *mut PJRT_Client) {
+    use xla_vmm_device::Backend;
+    use xla_vmm_plugin::objects::client::{self, Client};
+    let be = plans::backend();
+    let mut opts = host_options();
+    opts.run.one_stream = one_stream;
+    let client = client::into_c(Client::with_backend(opts, be.clone()).unwrap());
+    // (The client sets the budget from its options: this one after it.)
+    be.budget().set_limits(xla_vmm_device::MemoryLimits {
+        device: limit,
+        host: None,
+        staging_reserve: Some(reserve),
+    });
+    (be, client)
+}
+
 /// An f32[len] buffer holding `v` on `device`.
 pub fn put_f32(client: *mut PJRT_Client, device: *mut PJRT_Device, v: &[f32]) -> *mut PJRT_Buffer {
     from_host(
