@@ -465,6 +465,9 @@ if want long; then
     --platform cuda --trials "${LONG_STOCK_TRIALS:-10}" --reference --out "$WORK/long"
   part soak && check "long:soak" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py soak \
     --platforms cuda,vmm --steps "${LONG_STEPS:-20000}" --every 1000 --out "$WORK/long"
+  # Stock over the same programs first, for reference (its host RSS: the vendor compiler's caches; never a FAIL).
+  part churn && [ "${LONG_CHURN_STOCK:-1}" = 1 ] && check "long:churn:stock" python3 integration/long_runs.py churn \
+    --platform cuda --programs "${LONG_CHURN_PROGRAMS:-2000}" --every 200 --reference --out "$WORK/long"
   part churn && check "long:churn" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py churn \
     --platform vmm --programs "${LONG_CHURN_PROGRAMS:-2000}" --every 200 --out "$WORK/long"
   part threads && check "long:threads" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py threads \

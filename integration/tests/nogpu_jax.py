@@ -130,6 +130,10 @@ class NoGpu(unittest.TestCase):
                 "r = vmm.report()\n"
                 "print('report', r['programs'], [d['device'].split()[0] for d in r['devices']])\n"
                 "print(r)\n"
+                "a = r['devices'][0]['allocator']\n"
+                "print('allocator', a['buffers_live'], a['granules'])\n"
+                "del x\n"
+                "print('trimmed', vmm.trim(), vmm.report()['devices'][0]['allocator']['granules'])\n"
                 "import jax.numpy as jnp\n"
                 "jnp.ones(3) + 1\n")
         p = jax_run(code, True, JAX_PLATFORMS="vmm", XLA_VMM_BACKEND="host")
@@ -138,6 +142,10 @@ class NoGpu(unittest.TestCase):
         # The report: no program yet, the host device's memory (16 B live).
         self.assertIn("report [] ['host']", p.stdout, p.stderr)
         self.assertIn("device host 0", p.stdout, p.stderr)
+        # Its allocator: the one buffer, in a small buffers' granule; once it is deleted, trim() releases
+        # the granule (2 MiB on the host backend).
+        self.assertIn("allocator 1 1", p.stdout, p.stderr)
+        self.assertIn("trimmed %d 0" % (2 << 20), p.stdout, p.stderr)
         self.assertNotEqual(p.returncode, 0)
         error = last_error(p)
         self.assertIn("no vendor XLA GPU plugin found", error)

@@ -851,6 +851,49 @@ class LongRunCounters(unittest.TestCase):
         self.assertGreater(entries(grown), entries(late))
         self.assertEqual(entries({"a": {"b": [1, 2]}}), 4)
 
+    def churn_checks(self, samples, ref_samples=None):
+        """The churn check's verdicts on `samples` (and stock's reference samples, written first)."""
+        m = load("long_runs", os.path.join(INTEGRATION, "long_runs.py"))
+        with tempfile.TemporaryDirectory() as d:
+            if ref_samples is not None:
+                with open(os.path.join(d, "long_runs_churn_cuda.json"), "w") as fh:
+                    json.dump({"samples": ref_samples}, fh)
+            args = m.argparse.Namespace(programs=samples[-1]["programs_run"], every=200, platform="vmm",
+                                        timeout_s=60, reference=False, out=d)
+            run = {"programs": args.programs, "wrong": [], "samples": samples, "seconds": 1.0}
+            with mock.patch.object(m, "run_json_child", return_value=(run, "")):
+                code = m.churn(args)
+            with open(os.path.join(d, "long_runs_churn.json")) as fh:
+                return code, json.load(fh)["checks"]
+
+    def test_churn_counters_come_back_and_stats_stay_within_their_bound(self):
+        mib = 1 << 20
+
+        def sample(k, stats, rss=900 * mib, allocations=3):
+            return {"programs_run": k, "rss": rss, "programs": 0, "allocations": allocations, "buffers_live": 1,
+                    "pooled_before_trim": 4, "pooled": 0, "stats_entries": stats}
+
+        # stats() fills up to the last 256 programs dropped, then stays: passes.
+        code, checks = self.churn_checks([sample(200, 9400), sample(400, 12032), sample(600, 12032)])
+        self.assertEqual(code, 0, checks)
+        # Past the bound it must not grow, nor may an allocation stay behind.
+        code, checks = self.churn_checks([sample(200, 9400), sample(400, 12032), sample(600, 12040)])
+        self.assertFalse(checks["stats_entries"])
+        code, checks = self.churn_checks([sample(200, 9400), sample(400, 12032, allocations=4)])
+        self.assertEqual((code, checks["allocations"]), (1, False))
+        # Host RSS grown 150 MiB: a failure alone, within stock's growth over the same programs plus 64 MiB not.
+        grown = [sample(200, 9400), sample(400, 12032, rss=1050 * mib)]
+        self.assertFalse(self.churn_checks(grown)[1]["rss"])
+        stock = [dict(programs_run=200, rss=1000 * mib), dict(programs_run=400, rss=1100 * mib)]
+        self.assertTrue(self.churn_checks(grown, stock)[1]["rss"])
+        stock[1]["rss"] = 1050 * mib
+        self.assertFalse(self.churn_checks(grown, stock)[1]["rss"])
+
+    def test_the_stats_bound_is_the_runtimes(self):
+        m = load("long_runs", os.path.join(INTEGRATION, "long_runs.py"))
+        with open(os.path.join(INTEGRATION, "..", "crates", "runtime", "src", "binding.rs")) as fh:
+            self.assertIn("pub const KEPT_DROPPED: usize = %d;" % m.KEPT_DROPPED, fh.read())
+
     def test_a_hung_interrupt_trial_says_what_its_threads_were_doing(self):
         m = load("long_runs", os.path.join(INTEGRATION, "long_runs.py"))
         # A child that ignores SIGINT (a hang as the trial sees one) and waits in Python.

@@ -625,6 +625,11 @@ pub fn all_stats() -> BTreeMap<String, BindingStats> {
         .collect()
 }
 
+/// The keys of [`all_stats`] (no stats copied).
+pub fn stats_keys() -> std::collections::BTreeSet<String> {
+    lock(&REGISTRY).keys().cloned().collect()
+}
+
 /// [`all_stats`] as a JSON object.
 pub fn all_stats_json() -> String {
     serde_json::to_string(&all_stats()).unwrap_or_else(|_| "{}".into())

@@ -541,4 +541,4 @@ def _install_gpu_alias(platform):
     xla_bridge._backend_factories[platform] = new
 
 
-from ._stats import report, stats  # noqa: E402,F401  (jax_plugins.xla_vmm.report(), .stats())
+from ._stats import report, stats, trim  # noqa: E402,F401  (jax_plugins.xla_vmm.report(), .stats(), .trim())

@@ -10,16 +10,21 @@ import ctypes
 import json
 
 
-def _json_from(library, symbol):
-    """The JSON a `char *symbol(void)` of the plugin library returns (freed after)."""
+def _plugin(library):
+    """The plugin library: `library`, or the one jax loaded (dlopen of the same path returns that
+    library, with its statics)."""
     if library is None:
         from . import library_path
 
         library = library_path()
     if not library:
         raise RuntimeError("xla-vmm: no plugin library (set XLA_VMM_LIBRARY)")
-    # The same path jax loaded: dlopen returns that library (its statics).
-    lib = ctypes.CDLL(library)
+    return ctypes.CDLL(library)
+
+
+def _json_from(library, symbol):
+    """The JSON a `char *symbol(void)` of the plugin library returns (freed after)."""
+    lib = _plugin(library)
     fn = getattr(lib, symbol)
     fn.restype = ctypes.c_void_p
     fn.argtypes = []
@@ -127,3 +132,16 @@ def report(library=None):
 def stats(library=None):
     """Per-executable binding stats of this process (``{}`` before any VA-stable run)."""
     return _json_from(library, "xla_vmm_stats_json")
+
+
+def trim(library=None):
+    """Release the device memory xla-vmm's buffer allocators keep cached for reuse (freed buffers'
+    blocks, small-buffer granules with nothing live), as ``jax.clear_caches()`` does for compiled
+    programs; live arrays and programs are untouched. Returns the bytes released."""
+    lib = _plugin(library)
+    lib.xla_vmm_trim.restype = ctypes.c_int64
+    lib.xla_vmm_trim.argtypes = []
+    released = lib.xla_vmm_trim()
+    if released < 0:
+        raise RuntimeError("xla-vmm: releasing a device's cached memory failed (see the log)")
+    return released

@@ -335,6 +335,7 @@ impl<B: PluginBackend> VmmDevice<B> {
                 return Err(e.into());
             }
         };
+        crate::cabi::stats::record_allocator(&allocator);
         Ok(VmmDevice {
             staging: StagingPool::new(backend.clone()),
             transfer: SharedStream::new(transfer),

@@ -97,6 +97,28 @@ impl<B: Backend> Clone for VmmAllocator<B> {
     }
 }
 
+/// A handle on an allocator that does not keep it alive: what a report
+/// reads, and a trim, while the allocator's device lives.
+pub struct WeakAllocator<B: Backend> {
+    inner: std::sync::Weak<Inner<B>>,
+}
+
+impl<B: Backend> WeakAllocator<B> {
+    /// [`VmmAllocator::stats`] (`None`: the allocator is gone).
+    pub fn stats(&self) -> Option<VmmStats> {
+        self.upgrade().map(|a| a.stats())
+    }
+
+    /// [`VmmAllocator::trim`] (`None`: the allocator is gone).
+    pub fn trim(&self) -> Option<Result<u64>> {
+        self.upgrade().map(|a| a.trim())
+    }
+
+    fn upgrade(&self) -> Option<VmmAllocator<B>> {
+        self.inner.upgrade().map(|inner| VmmAllocator { inner })
+    }
+}
+
 /// A device buffer. Dropping it frees it immediately (no queued work may
 /// use it); use [`Buffer::free_on`] / [`VmmAllocator::free`] to free it in
 /// stream order.
@@ -340,6 +362,13 @@ impl<B: Backend> VmmAllocator<B> {
 
     pub fn backend(&self) -> &Arc<B> {
         self.inner.ctx.backend()
+    }
+
+    /// A handle that does not keep the allocator alive.
+    pub fn downgrade(&self) -> WeakAllocator<B> {
+        WeakAllocator {
+            inner: Arc::downgrade(&self.inner),
+        }
     }
 
     pub fn granularity(&self) -> u64 {

@@ -37,7 +37,7 @@ mod allocator;
 mod events;
 mod raii;
 
-pub use allocator::{Buffer, VmmAllocator};
+pub use allocator::{Buffer, VmmAllocator, WeakAllocator};
 pub use raii::{HandleCounts, Mapping, Phys, VaReservation, VmmContext};
 
 use std::sync::atomic::{AtomicU64, Ordering};
