@@ -48,11 +48,12 @@ stock's plus 64 MiB (the vendor compiler, the same in both processes, keeps what
 threads: --threads Python threads in one process dispatch on the same device at once for --seconds, each
 its own kind of work (worker w does kind w % 4): an SGD step with its parameters donated; a chain of
 matrix products on fresh inputs; transfers (a host array put on the device, reduced there, the result
-read back); programs of three shapes in turn (a fori_loop over a growing input). Every worker folds the
-bits of each of its results into a checksum. Then the same work runs serially in a second process, each
-worker for the iterations it made in the first, one worker after another. A worker passes when it raised
-nothing and its checksum equals the serial one; a worker still running 60 s past the deadline is a hang
-(the process reports it and exits).
+read back, each result also checked against the host's sum); programs of three shapes in turn (a fori_loop
+over a growing input). Every worker folds the bits of each of its results into a checksum, one per block of
+1,024 iterations and one of them all. Then the same work runs serially in a second process, each worker for the
+iterations it made in the first, one worker after another. A worker passes when it raised nothing, no result
+was off from the host's, and its checksum equals the serial one (else the table names the first block that
+differs); a worker still running 60 s past the deadline is a hang (the process reports it and exits).
 
 Writes OUT/long_runs_{interrupt,soak,churn,threads}.{md,json}; exit status 0 when every check passed, 1 otherwise.
 """
@@ -270,26 +271,43 @@ def make(w):
         return lambda i: chain(jax.random.normal(jax.random.fold_in(key, i), (32, width), jnp.float32), b)
     if kind == 2:
         f = jax.jit(lambda x: (x * 2.0 + 1.0).sum(axis=1))
-        return lambda i: np.asarray(f(jax.device_put(
-            np.random.default_rng((w, i)).standard_normal((64, width), dtype=np.float32))))
+        def one(i):
+            x = np.random.default_rng((w, i)).standard_normal((64, width), dtype=np.float32)
+            got = np.asarray(f(jax.device_put(x)))
+            # Checked against the host's sum (float64; the device's float32 order differs in the last bits): an
+            # upload or download that lost or mixed bytes is off by whole units, not by rounding.
+            err = float(np.abs(got - (x.astype(np.float64) * 2.0 + 1.0).sum(axis=1)).max())
+            if err > 1e-3 * width and len(out[w]["wrong"]) < 20:
+                out[w]["wrong"].append([i, err])
+            return got
+        return one
     loop = jax.jit(lambda x: jax.lax.fori_loop(0, 8, lambda k, v: jnp.sin(v) + k * 0.01, x))
     return lambda i: loop(jnp.linspace(0.0, 1.0, width + 8 * (i % 3), dtype=jnp.float32))
 
-out = [{"worker": w, "kind": KINDS[w % 4], "iterations": 0, "checksum": 0, "error": ""} for w in range(nthreads)]
+# Per worker: the checksum of all its results, and of each block of BLOCK iterations (where a run and its serial
+# replay first part ways), and the transfers' results off from the host's (iteration, error).
+BLOCK = 1024
+out = [{"worker": w, "kind": KINDS[w % 4], "iterations": 0, "checksum": 0, "blocks": [], "wrong": [], "error": ""}
+       for w in range(nthreads)]
 
 def run(w, stop, limit, warm=None):
     """Worker w until `stop` is set (or for `limit` iterations); results folded 16 at a time. `warm`: a
     barrier met after the first iteration (its compilation), so that the clock starts with all warm."""
     try:
-        one, pending, c, i = make(w), [], 0, 0
+        one, pending, c, block, i = make(w), [], 0, 0, 0
         while (i < limit) if limit is not None else (i == 0 or not stop.is_set()):
             pending.append(one(i))
             i += 1
             if i == 1 and warm is not None:
                 warm.wait()
             if len(pending) == 16:
-                c, pending = fold(c, pending), []
-        out[w]["checksum"], out[w]["iterations"] = fold(c, pending), i
+                block, pending = fold(block, pending), []
+            if i % BLOCK == 0:
+                out[w]["blocks"].append(block)
+                c, block = (c * 1000003 + block) % (1 << 61), 0
+        block = fold(block, pending)
+        out[w]["blocks"].append(block)
+        out[w]["checksum"], out[w]["iterations"] = (c * 1000003 + block) % (1 << 61), i
     except Exception as e:
         if warm is not None:
             warm.abort()
@@ -319,7 +337,7 @@ else:
     if any(t.is_alive() for t in ts):
         print("hung workers: %s" % [w for w, t in enumerate(ts) if t.is_alive()], file=sys.stderr, flush=True)
         os._exit(3)
-print(json.dumps({"workers": out, "seconds": time.perf_counter() - t0}))
+print(json.dumps({"workers": out, "seconds": time.perf_counter() - t0, "block": BLOCK}))
 '''
 
 
@@ -585,11 +603,23 @@ def threads(args):
     for w in (par or {}).get("workers", []):
         s = ser["workers"][w["worker"]] if ser else {}
         same = bool(s) and s.get("checksum") == w["checksum"] and s.get("iterations") == w["iterations"]
-        good = same and not w["error"] and not s.get("error")
+        wrong = w.get("wrong", []) + s.get("wrong", [])
+        good = same and not wrong and not w["error"] and not s.get("error")
         ok &= good and w["iterations"] > 0
+        why = w["error"] or s.get("error") or ""
+        if wrong:
+            why = ("results off from the host's (iteration, largest error): parallel %s, serial %s; " % (
+                w.get("wrong", [])[:5], s.get("wrong", [])[:5]) + why).rstrip("; ")
+        elif not s:
+            why = why or "no serial result"
+        elif not same:
+            # The first block of iterations whose results differ (the serial replay made the same iterations).
+            first = next((b for b, (x, y) in enumerate(zip(w.get("blocks", []), s.get("blocks", []))) if x != y), None)
+            block = par.get("block", 1)
+            why = why or ("results differ from iteration %d on (blocks of %d)" % (first * block, block)
+                          if first is not None else "checksums differ")
         rows.append("| %d | %s | %d | %s | %s |" % (
-            w["worker"], w["kind"], w["iterations"], "equal" if same else "DIFFER",
-            (w["error"] or s.get("error") or ("" if good else "no serial result")).replace("|", "\\|")))
+            w["worker"], w["kind"], w["iterations"], "equal" if same else "DIFFER", why.replace("|", "\\|")))
     md = ["# %d threads dispatching at once for %g s (%s)" % (args.threads, args.seconds, args.platform), "",
           "| worker | work | iterations | results vs the same work run serially | error |",
           "|---|---|---|---|---|"] + rows

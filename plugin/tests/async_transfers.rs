@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use common::plans::*;
 use common::*;
+use xla_vmm::*;
 use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
 use xla_vmm_plugin::runtime::context::VmmDevice;
@@ -189,5 +190,71 @@ fn reading_a_finished_output_does_not_wait_for_the_next_step() {
     destroy_exe(exe);
     destroy_client(client);
     drop(mem);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
+/// out = a + 1 over `n` floats (copy into the output, then inc).
+fn add_one_n(n: u64) -> Plan {
+    let param = AllocationRole::Parameter {
+        number: 0,
+        shape_index: vec![],
+        aliased_with_output: false,
+    };
+    let bytes = 4 * n;
+    let copy = thunk(
+        "copy",
+        ThunkKind::DeviceToDeviceCopy(copy_of(sl(0, bytes), sl(1, bytes))),
+    );
+    let mut p = plan(
+        vec![
+            alloc(0, bytes, param),
+            alloc(1, bytes, AllocationRole::Output { outputs: vec![] }),
+        ],
+        1,
+        vec![copy, inc(sl(1, bytes), n)],
+    );
+    p.program_shape.parameters = vec![f32s(n as usize)];
+    p.program_shape.result = f32s(n as usize);
+    p
+}
+
+/// Issue 34's threads check on the host backend: 8 threads, each with its
+/// own program and array size (small buffers of several size classes),
+/// upload an array, run the program on it and read the result back, over
+/// and over, at once on one device: every result is its own input plus
+/// one (no staging buffer, slot or output shared by two threads at once),
+/// and nothing leaks.
+#[test]
+fn eight_threads_uploading_running_and_reading_back_each_get_their_own_bytes() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0] as usize;
+    let c = client as usize;
+    std::thread::scope(|s| {
+        for w in 0..8u64 {
+            s.spawn(move || {
+                let (client, device) = (c as *mut PJRT_Client, device as *mut PJRT_Device);
+                let n = 1024 + 768 * w;
+                let exe = xla_vmm_plugin::objects::executable::load_plan(
+                    client,
+                    add_one_n(n),
+                    format!("threads-{w}").into_bytes(),
+                )
+                .unwrap();
+                for i in 0..1000u64 {
+                    let v: Vec<f32> = (0..n).map(|j| ((w << 16) + i * 97 + j) as f32).collect();
+                    let x = put_f32(client, device, &v);
+                    let out = execute(exe, &[x], &[]).unwrap();
+                    destroy_buffer(x);
+                    let got = f32_values(&to_host(out).unwrap());
+                    destroy_buffer(out);
+                    let want: Vec<f32> = v.iter().map(|a| a + 1.0).collect();
+                    assert!(got == want, "thread {w}, iteration {i}");
+                }
+                destroy_exe(exe);
+            });
+        }
+    });
+    destroy_client(client);
     assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
 }
