@@ -475,9 +475,7 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
         gib(m.bytes_out_per_step)
     );
     let touched = xla_vmm_policy::residency::touched_bytes(&p.input);
-    let mut in_place: Vec<usize> = (0..p.placements.len())
-        .filter(|&i| p.placements[i] == Placement::InPlace && touched[i] > 0)
-        .collect();
+    let in_place = read_in_place(p, &touched);
     // What the link must carry: the copies, and what is read in place.
     let in_place_bytes: u64 = in_place.iter().map(|&i| touched[i]).sum();
     let bound_us = p
@@ -510,23 +508,65 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
             );
         }
     }
-    in_place.sort_by_key(|&i| std::cmp::Reverse(touched[i]));
     if in_place.is_empty() {
         return;
     }
     let _ = writeln!(s, "  read in place, by bytes over the link per step:");
     for &i in in_place.iter().take(SHOWN) {
         let b = &p.input.buffers[i];
+        let by: Vec<String> = in_place_readers(&p.input, i)
+            .iter()
+            .take(READERS_SHOWN)
+            .map(|&(t, bytes)| format!("thunk {t} {} ({})", p.input.steps[t].name, gib(bytes)))
+            .collect();
         let _ = writeln!(
             s,
-            "    allocation {} at {} ({}, {}): {}",
+            "    allocation {} at {} ({}, {}): {}, by {}",
             b.id,
             b.offset,
             b.name,
             gib(b.bytes),
-            gib(touched[i])
+            gib(touched[i]),
+            by.join(", ")
         );
     }
+}
+
+/// Thunks named per buffer read in place.
+const READERS_SHOWN: usize = 4;
+
+/// The buffers a staging reads in place (`touched`: their link bytes per
+/// step), the most bytes first.
+fn read_in_place(p: &xla_vmm_runtime::staging::StagingPlan, touched: &[u64]) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..p.placements.len())
+        .filter(|&i| p.placements[i] == Placement::InPlace && touched[i] > 0)
+        .collect();
+    v.sort_by_key(|&i| (std::cmp::Reverse(touched[i]), i));
+    v
+}
+
+/// The thunks that use buffer `b` of `input`, with the bytes each moves
+/// over the link when `b` is read in place, the most first.
+fn in_place_readers(
+    input: &xla_vmm_policy::residency::ResidencyInput,
+    b: usize,
+) -> Vec<(usize, u64)> {
+    let mut by: Vec<(usize, u64)> = input
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(t, step)| {
+            let bytes: u64 = step
+                .uses
+                .iter()
+                .filter(|u| u.buffer == b)
+                .map(xla_vmm_policy::residency::in_place_traffic)
+                .sum();
+            (bytes > 0).then_some((t, bytes))
+        })
+        .collect();
+    by.sort_by_key(|&(t, bytes)| (std::cmp::Reverse(bytes), t));
+    by
 }
 
 /// What a staged buffer's copies carry over the link in one step.
@@ -591,6 +631,27 @@ fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
             })
             .collect();
         o.insert("most_copied".into(), Value::Array(top));
+        let touched = xla_vmm_policy::residency::touched_bytes(&p.input);
+        let in_place: Vec<Value> = read_in_place(p, &touched)
+            .iter()
+            .take(SHOWN)
+            .map(|&i| {
+                let b = &p.input.buffers[i];
+                let by: Vec<Value> = in_place_readers(&p.input, i)
+                    .iter()
+                    .take(READERS_SHOWN)
+                    .map(|&(t, bytes)| json!({"thunk": t, "name": p.input.steps[t].name, "bytes": bytes}))
+                    .collect();
+                json!({
+                    "allocation": b.id,
+                    "offset": b.offset,
+                    "bytes": b.bytes,
+                    "link_bytes": touched[i],
+                    "by": by,
+                })
+            })
+            .collect();
+        o.insert("read_in_place".into(), Value::Array(in_place));
     }
     v
 }

@@ -257,6 +257,58 @@ fn as_run_text_lists_buffers_read_in_place_only_where_there_are_some() {
 }
 
 #[test]
+fn as_run_text_names_the_thunks_that_read_a_buffer_in_place() {
+    // llama_sgd_f32 under 64 MiB: a temporary too large for the area is
+    // read in place by several thunks; the line names them, the most bytes
+    // first.
+    let file = fixtures().join("llama_sgd_f32.pjrt");
+    let out = inspect(&[file.to_str().unwrap(), "--memory-budget", "64M", "--as-run"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let line = text
+        .lines()
+        .skip_while(|l| !l.contains("read in place, by bytes"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no buffer read in place: {text}"));
+    let (_, by) = line.split_once(", by ").expect(line);
+    let mib: Vec<f64> = by
+        .split("thunk ")
+        .skip(1)
+        .map(|t| {
+            let b = t.rsplit_once('(').expect(t).1;
+            b.trim_end_matches([')', ',', ' '])
+                .trim_end_matches(" MiB")
+                .parse()
+                .expect(b)
+        })
+        .collect();
+    assert!(mib.len() >= 2, "{line}");
+    assert!(mib.windows(2).all(|w| w[0] >= w[1]), "{line}");
+    // The same in the JSON: each buffer's readers' bytes within its own.
+    let out = inspect(&[
+        file.to_str().unwrap(),
+        "--json",
+        "--memory-budget",
+        "64M",
+        "--as-run",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = v["as_run"]["staging"]["read_in_place"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(!list.is_empty(), "{v}");
+    for b in &list {
+        let by = b["by"].as_array().unwrap();
+        let sum: u64 = by.iter().map(|r| r["bytes"].as_u64().unwrap()).sum();
+        assert!(
+            !by.is_empty() && sum <= b["link_bytes"].as_u64().unwrap(),
+            "{b}"
+        );
+    }
+}
+
+#[test]
 fn as_run_shows_what_the_first_run_moves_for_its_plan() {
     // llama_sgd_f32 under a 150 MiB limit: the parameters put first hold
     // the device, the area left is too small for a step's temporaries, so

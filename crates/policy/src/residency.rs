@@ -423,7 +423,7 @@ fn facts(input: &ResidencyInput) -> Vec<Facts> {
 
 /// Bytes a use moves over the link when its buffer is read and written in
 /// host memory: its reads (with a GEMM's re-reads) and its writes.
-fn in_place_traffic(u: &Use) -> u64 {
+pub fn in_place_traffic(u: &Use) -> u64 {
     let reads = if u.read {
         (u.bytes as f64 * u.reuse.max(1.0)).min(u64::MAX as f64) as u64
     } else {
