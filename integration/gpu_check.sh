@@ -454,7 +454,8 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 #     flat after warm-up, step time without drift, losses bit-identical), and 8 Python threads dispatching
 #     different programs and transfers at once for LONG_THREADS_S (120) s, each worker's results equal to the
 #     same work run serially; 2,000 distinct programs compiled, run and dropped (LONG_CHURN_PROGRAMS), the
-#     plugin's counters back where they were: integration/long_runs.py.
+#     plugin's counters back where they were once its allocator's cache is released, host RSS against stock's
+#     over the same programs (run first; LONG_CHURN_STOCK=0 skips it): integration/long_runs.py.
 if want long; then
   # LONG_PARTS: which of them (default all four; the first GPU run of all four did not fit one device call).
   part() { [[ " ${LONG_PARTS:-interrupt soak churn threads} " == *" $1 "* ]]; }
