@@ -223,38 +223,82 @@ fn add_one_n(n: u64) -> Plan {
 /// upload an array, run the program on it and read the result back, over
 /// and over, at once on one device: every result is its own input plus
 /// one (no staging buffer, slot or output shared by two threads at once),
-/// and nothing leaks.
+/// and nothing leaks; then again with the stream held and let go in turns.
 #[test]
 fn eight_threads_uploading_running_and_reading_back_each_get_their_own_bytes() {
+    for lagging in [false, true] {
+        eight_threads(lagging);
+    }
+}
+
+/// [`eight_threads_uploading_running_and_reading_back_each_get_their_own_bytes`],
+/// `lagging`: with a ninth thread holding the client's stream and letting
+/// it go in turns (a device behind the host: work queues up, uploads and
+/// steps stay in flight while the threads go on).
+fn eight_threads(lagging: bool) {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let be = backend();
-    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let mem = Arc::new(VmmDevice::new(be.clone()).unwrap());
+    let client = client::into_c(Client::with_memory(host_options(), mem.clone()).unwrap());
     let device = devices(client)[0] as usize;
     let c = client as usize;
+    let done = AtomicBool::new(false);
+    // Loaded first: a load waits for the stream (the host backend's held
+    // stream cannot be waited for).
+    let exes: Vec<usize> = (0..8u64)
+        .map(|w| {
+            xla_vmm_plugin::objects::executable::load_plan(
+                client,
+                add_one_n(1024 + 768 * w),
+                format!("threads-{w}").into_bytes(),
+            )
+            .unwrap() as usize
+        })
+        .collect();
     std::thread::scope(|s| {
-        for w in 0..8u64 {
+        if lagging {
+            let (mem, done) = (&mem, &done);
             s.spawn(move || {
-                let (client, device) = (c as *mut PJRT_Client, device as *mut PJRT_Device);
-                let n = 1024 + 768 * w;
-                let exe = xla_vmm_plugin::objects::executable::load_plan(
-                    client,
-                    add_one_n(n),
-                    format!("threads-{w}").into_bytes(),
-                )
-                .unwrap();
-                for i in 0..1000u64 {
-                    let v: Vec<f32> = (0..n).map(|j| ((w << 16) + i * 97 + j) as f32).collect();
-                    let x = put_f32(client, device, &v);
-                    let out = execute(exe, &[x], &[]).unwrap();
-                    destroy_buffer(x);
-                    let got = f32_values(&to_host(out).unwrap());
-                    destroy_buffer(out);
-                    let want: Vec<f32> = v.iter().map(|a| a + 1.0).collect();
-                    assert!(got == want, "thread {w}, iteration {i}");
+                while !done.load(Ordering::Acquire) {
+                    hold(mem, true);
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                    hold(mem, false);
+                    std::thread::sleep(std::time::Duration::from_micros(50));
                 }
-                destroy_exe(exe);
             });
         }
+        let workers: Vec<_> = (0..8u64)
+            .map(|w| {
+                let exes = &exes;
+                s.spawn(move || {
+                    let (client, device) = (c as *mut PJRT_Client, device as *mut PJRT_Device);
+                    let n = 1024 + 768 * w;
+                    let exe = exes[w as usize] as *mut PJRT_LoadedExecutable;
+                    for i in 0..1000u64 {
+                        let v: Vec<f32> = (0..n).map(|j| ((w << 16) + i * 97 + j) as f32).collect();
+                        let x = put_f32(client, device, &v);
+                        let out = execute(exe, &[x], &[]).unwrap();
+                        destroy_buffer(x);
+                        let got = f32_values(&to_host(out).unwrap());
+                        destroy_buffer(out);
+                        let want: Vec<f32> = v.iter().map(|a| a + 1.0).collect();
+                        assert!(got == want, "thread {w}, iteration {i}");
+                    }
+                })
+            })
+            .collect();
+        for t in workers {
+            if let Err(e) = t.join() {
+                done.store(true, Ordering::Release);
+                std::panic::resume_unwind(e);
+            }
+        }
+        done.store(true, Ordering::Release);
     });
+    for exe in exes {
+        destroy_exe(exe as *mut PJRT_LoadedExecutable);
+    }
     destroy_client(client);
+    drop(mem);
     assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
 }
