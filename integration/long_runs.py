@@ -48,7 +48,8 @@ stock's plus 64 MiB (the vendor compiler, the same in both processes, keeps what
 threads: --threads Python threads in one process dispatch on the same device at once for --seconds, each
 its own kind of work (worker w does kind w % 4): an SGD step with its parameters donated; a chain of
 matrix products on fresh inputs; transfers (a host array put on the device, reduced there, the result
-read back, each result also checked against the host's sum); programs of three shapes in turn (a fori_loop
+read back, each result also checked against the host's sum; worker 2's arrays are large, 1024 x 64 float32,
+worker 6's small, 64 x 96); programs of three shapes in turn (a fori_loop
 over a growing input). Every worker folds the bits of each of its results into a checksum, one per block of
 1,024 iterations and one of them all. Then the same work runs serially in a second process, each worker for the
 iterations it made in the first, one worker after another. A worker passes when it raised nothing, no result
@@ -271,8 +272,11 @@ def make(w):
         return lambda i: chain(jax.random.normal(jax.random.fold_in(key, i), (32, width), jnp.float32), b)
     if kind == 2:
         f = jax.jit(lambda x: (x * 2.0 + 1.0).sum(axis=1))
+        # The first transfers worker's arrays are large (a block of their own, past the allocator's 64 KiB
+        # small-buffer pool), the others' small (a slot in a pooled granule).
+        rows = 1024 if w < 4 else 64
         def one(i):
-            x = np.random.default_rng((w, i)).standard_normal((64, width), dtype=np.float32)
+            x = np.random.default_rng((w, i)).standard_normal((rows, width), dtype=np.float32)
             got = np.asarray(f(jax.device_put(x)))
             # Checked against the host's sum (float64; the device's float32 order differs in the last bits): an
             # upload or download that lost or mixed bytes is off by whole units, not by rounding.
