@@ -468,11 +468,16 @@ def interrupt(args):
             md += ["    " + x for x in hung[0]["threads"]]
             md += ["", "and the end of its stderr (the Python stacks faulthandler wrote on SIGUSR1):", ""]
             md += ["    " + x for x in hung[0]["stderr_tail"]]
-    # A reference run's file is named after its platform (beside the plugin's run in the same folder).
-    name = "long_runs_interrupt" + ("_" + args.platform if args.reference else "")
+    name = results_name("interrupt", args)
     write_results(args.out, name, md, {"platform": args.platform, "trials": trials,
                                                          "left_on_gpu": still})
     return 0 if args.reference or (passed == len(trials) and not still) else 1
+
+
+def results_name(what, args):
+    """The results' file name: a reference run's is named after its platform (beside the plugin's run in the
+    same folder)."""
+    return "long_runs_" + what + ("_" + args.platform if args.reference else "")
 
 
 def flat(values, tol_frac=0.01, tol_abs=4 << 20):
@@ -548,8 +553,7 @@ def rss_growth(samples):
 
 
 def churn(args):
-    # A reference run's file is named after its platform (beside the plugin's run in the same folder).
-    name = "long_runs_churn" + ("_" + args.platform if args.reference else "")
+    name = results_name("churn", args)
     r, err = run_json_child([sys.executable, "-c", CHURN_CHILD, str(args.programs), str(args.every), args.platform],
                             platform_env(args.platform), args.timeout_s)
     if r is None:

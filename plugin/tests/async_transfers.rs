@@ -193,31 +193,6 @@ fn reading_a_finished_output_does_not_wait_for_the_next_step() {
     assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
 }
 
-/// out = a + 1 over `n` floats (copy into the output, then inc).
-fn add_one_n(n: u64) -> Plan {
-    let param = AllocationRole::Parameter {
-        number: 0,
-        shape_index: vec![],
-        aliased_with_output: false,
-    };
-    let bytes = 4 * n;
-    let copy = thunk(
-        "copy",
-        ThunkKind::DeviceToDeviceCopy(copy_of(sl(0, bytes), sl(1, bytes))),
-    );
-    let mut p = plan(
-        vec![
-            alloc(0, bytes, param),
-            alloc(1, bytes, AllocationRole::Output { outputs: vec![] }),
-        ],
-        1,
-        vec![copy, inc(sl(1, bytes), n)],
-    );
-    p.program_shape.parameters = vec![f32s(n as usize)];
-    p.program_shape.result = f32s(n as usize);
-    p
-}
-
 /// Issue 34's threads check on the host backend: 8 threads, each with its
 /// own program and array size (small buffers of several size classes),
 /// upload an array, run the program on it and read the result back, over

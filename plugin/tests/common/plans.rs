@@ -102,35 +102,34 @@ pub fn plan(allocations: Vec<BufferAllocation>, output_alloc: usize, thunks: Vec
     }
 }
 
-/// out = a + 1 (copy into the output, then inc).
+/// out = a + 1 (copy into the output, then inc), over 4 floats.
 pub fn add_one() -> Plan {
+    add_one_n(4)
+}
+
+/// out = a + 1 over `n` floats (copy into the output, then inc).
+pub fn add_one_n(n: u64) -> Plan {
     let param = AllocationRole::Parameter {
         number: 0,
         shape_index: vec![],
         aliased_with_output: false,
     };
+    let bytes = 4 * n;
     let copy = thunk(
         "copy",
-        ThunkKind::DeviceToDeviceCopy(CopyThunk {
-            source: ShapedSlice {
-                slice: sl(0, 16),
-                shape: None,
-            },
-            destination: ShapedSlice {
-                slice: sl(1, 16),
-                shape: None,
-            },
-            mem_size: 16,
-        }),
+        ThunkKind::DeviceToDeviceCopy(copy_of(sl(0, bytes), sl(1, bytes))),
     );
-    plan(
+    let mut p = plan(
         vec![
-            alloc(0, 16, param),
-            alloc(1, 16, AllocationRole::Output { outputs: vec![] }),
+            alloc(0, bytes, param),
+            alloc(1, bytes, AllocationRole::Output { outputs: vec![] }),
         ],
         1,
-        vec![copy, inc(sl(1, 16), 4)],
-    )
+        vec![copy, inc(sl(1, bytes), n)],
+    );
+    p.program_shape.parameters = vec![f32s(n as usize)];
+    p.program_shape.result = f32s(n as usize);
+    p
 }
 
 /// a += 1 in place; the output is the (donated) parameter.
