@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use common::plans::*;
 use common::*;
-use xla_vmm::*;
 use xla_vmm_plugin::objects::client::{self, Client};
 use xla_vmm_plugin::pjrt::*;
 use xla_vmm_plugin::runtime::context::VmmDevice;
