@@ -48,12 +48,15 @@ stock's plus 64 MiB (the vendor compiler, the same in both processes, keeps what
 threads: --threads Python threads in one process dispatch on the same device at once for --seconds, each
 its own kind of work (worker w does kind w % 4): an SGD step with its parameters donated; a chain of
 matrix products on fresh inputs; transfers (a host array put on the device, reduced there, the result
-read back, each result also checked against the host's sum; worker 2's arrays are large, 1024 x 64 float32,
-worker 6's small, 64 x 96); programs of three shapes in turn (a fori_loop
+read back, each result also checked against the host's sum, each upload read back bit for bit, and every 16th
+run repeated on the same input, bit for bit; worker 2's arrays are large, 1024 x 64 float32, worker 6's small,
+64 x 96); programs of three shapes in turn (a fori_loop
 over a growing input). Every worker folds the bits of each of its results into a checksum, one per block of
-1,024 iterations and one of them all. Then the same work runs serially in a second process, each worker for the
-iterations it made in the first, one worker after another. A worker passes when it raised nothing, no result
-was off from the host's, and its checksum equals the serial one (else the table names the first block that
+1,024 iterations and one of them all. Then, in the same process, each worker runs again alone, one after another,
+for the iterations it made, from its first, with the same compiled programs (the vendor compiler need not give
+the same executable twice: on stock, a transfers worker's results differed between two processes from the first
+iteration on, each right to rounding). A worker passes when it raised nothing, no result was wrong, and its
+checksum equals its serial replay's (else the table names the first block that
 differs); a worker still running 60 s past the deadline is a hang (the process reports it and exits).
 
 Writes OUT/long_runs_{interrupt,soak,churn,threads}.{md,json}; exit status 0 when every check passed, 1 otherwise.
@@ -231,13 +234,11 @@ print(json.dumps({"programs": programs, "wrong": bad, "samples": samples,
                   "seconds": time.perf_counter() - t}))
 '''
 
-# The threads child. argv: platform, threads, seconds (parallel) or a comma list of per-worker iterations
-# (serial: the workers one after another, each for its count).
+# The threads child. argv: platform, threads, seconds. The workers run in parallel for that long, then each is
+# replayed serially, one after another, for the iterations it made, with the same compiled programs.
 THREADS_CHILD = r'''
 import json, os, sys, threading, time, traceback
-platform, nthreads, spec = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-serial = spec.startswith("n")
-iters = [int(x) for x in spec.lstrip("n").split(",")] if serial else None
+platform, nthreads, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 import jax, jax.numpy as jnp, numpy as np
 from functools import partial
 KINDS = ["sgd, donated", "matmul chain", "transfers", "three shapes"]
@@ -248,57 +249,77 @@ def fold(c, arrays):
             c = (c * 257 + b) % (1 << 61)
     return c
 
-def make(w):
-    """Worker w's iteration: one(i) runs iteration i and returns what it made (on the device or the host)."""
+# Each worker's jitted programs, made once: the serial replay runs the executables the parallel run ran (the
+# vendor compiler need not give the same executable twice: stock's own transfers results differed between
+# two processes from the first iteration on, every one right to rounding).
+JITS = {}
+def jit(w, name, fn, **kw):
+    return JITS.setdefault((w, name), jax.jit(fn, **kw))
+
+def make(w, rec):
+    """Worker w's iteration, from its first: one(i) runs iteration i and returns what it made (on the device or
+    the host); wrong results go to rec["wrong"]."""
     kind, width = w % 4, 48 + 8 * w
     key = jax.random.PRNGKey(w)
     if kind == 0:
-        @partial(jax.jit, donate_argnums=0)
-        def step(p, x):
+        def sgd(p, x):
             l, g = jax.value_and_grad(lambda p: jnp.mean(jnp.tanh(x @ p) ** 2))(p)
             return p - 0.1 * g, l
+        step = jit(w, "step", sgd, donate_argnums=0)
         state = [jax.random.normal(key, (width, width), jnp.float32) * 0.1]
         def one(i):
             state[0], l = step(state[0], jnp.full((16, width), (i % 7) * 0.25, jnp.float32))
             return l
         return one
     if kind == 1:
-        @jax.jit
-        def chain(a, b):
+        def chain4(a, b):
             for _ in range(4):
                 a = jnp.tanh(a @ b)
             return a.sum(axis=0)
+        chain = jit(w, "chain", chain4)
         b = jax.random.normal(key, (width, width), jnp.float32) / width ** 0.5
         return lambda i: chain(jax.random.normal(jax.random.fold_in(key, i), (32, width), jnp.float32), b)
     if kind == 2:
-        f = jax.jit(lambda x: (x * 2.0 + 1.0).sum(axis=1))
+        f = jit(w, "f", lambda x: (x * 2.0 + 1.0).sum(axis=1))
         # The first transfers worker's arrays are large (a block of their own, past the allocator's 64 KiB
         # small-buffer pool), the others' small (a slot in a pooled granule).
         rows = 1024 if w < 4 else 64
+        def wrong(i, what):
+            if len(rec["wrong"]) < 20:
+                rec["wrong"].append([i, what])
         def one(i):
             x = np.random.default_rng((w, i)).standard_normal((rows, width), dtype=np.float32)
-            got = np.asarray(f(jax.device_put(x)))
+            xd = jax.device_put(x)
+            got = np.asarray(f(xd))
+            # The upload read back, bit for bit (what an exact round trip must give).
+            if not np.array_equal(np.asarray(xd), x):
+                wrong(i, "round trip")
+            # The program run again on the same input gives the same bits (every 16th iteration).
+            if i % 16 == 0 and not np.array_equal(np.asarray(f(xd)), got):
+                wrong(i, "rerun differs")
             # Checked against the host's sum (float64; the device's float32 order differs in the last bits): an
             # upload or download that lost or mixed bytes is off by whole units, not by rounding.
             err = float(np.abs(got - (x.astype(np.float64) * 2.0 + 1.0).sum(axis=1)).max())
-            if err > 1e-3 * width and len(out[w]["wrong"]) < 20:
-                out[w]["wrong"].append([i, err])
+            if err > 1e-3 * width:
+                wrong(i, err)
             return got
         return one
-    loop = jax.jit(lambda x: jax.lax.fori_loop(0, 8, lambda k, v: jnp.sin(v) + k * 0.01, x))
+    loop = jit(w, "loop", lambda x: jax.lax.fori_loop(0, 8, lambda k, v: jnp.sin(v) + k * 0.01, x))
     return lambda i: loop(jnp.linspace(0.0, 1.0, width + 8 * (i % 3), dtype=jnp.float32))
 
-# Per worker: the checksum of all its results, and of each block of BLOCK iterations (where a run and its serial
-# replay first part ways), and the transfers' results off from the host's (iteration, error).
+# Per worker and phase: the checksum of all its results, and of each block of BLOCK iterations (where the run and
+# its serial replay first part ways), and the transfers' wrong results (iteration, what).
 BLOCK = 1024
-out = [{"worker": w, "kind": KINDS[w % 4], "iterations": 0, "checksum": 0, "blocks": [], "wrong": [], "error": ""}
-       for w in range(nthreads)]
+def records():
+    return [{"worker": w, "kind": KINDS[w % 4], "iterations": 0, "checksum": 0, "blocks": [], "wrong": [],
+             "error": ""} for w in range(nthreads)]
+out, replay = records(), records()
 
-def run(w, stop, limit, warm=None):
+def run(w, rec, stop, limit, warm=None):
     """Worker w until `stop` is set (or for `limit` iterations); results folded 16 at a time. `warm`: a
     barrier met after the first iteration (its compilation), so that the clock starts with all warm."""
     try:
-        one, pending, c, block, i = make(w), [], 0, 0, 0
+        one, pending, c, block, i = make(w, rec), [], 0, 0, 0
         while (i < limit) if limit is not None else (i == 0 or not stop.is_set()):
             pending.append(one(i))
             i += 1
@@ -307,41 +328,42 @@ def run(w, stop, limit, warm=None):
             if len(pending) == 16:
                 block, pending = fold(block, pending), []
             if i % BLOCK == 0:
-                out[w]["blocks"].append(block)
+                rec["blocks"].append(block)
                 c, block = (c * 1000003 + block) % (1 << 61), 0
         block = fold(block, pending)
-        out[w]["blocks"].append(block)
-        out[w]["checksum"], out[w]["iterations"] = (c * 1000003 + block) % (1 << 61), i
+        rec["blocks"].append(block)
+        rec["checksum"], rec["iterations"] = (c * 1000003 + block) % (1 << 61), i
     except Exception as e:
         if warm is not None:
             warm.abort()
-        out[w]["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        rec["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         traceback.print_exc()
 
+stop, warm = threading.Event(), threading.Barrier(nthreads + 1, timeout=600)
+ts = [threading.Thread(target=run, args=(w, out[w], stop, None, warm), daemon=True) for w in range(nthreads)]
+for t in ts:
+    t.start()
+try:
+    warm.wait()
+except threading.BrokenBarrierError:
+    pass  # a worker failed (its error says why) or never compiled: the others run on
 t0 = time.perf_counter()
-if serial:
-    for w in range(nthreads):
-        run(w, None, iters[w])
-else:
-    stop, warm = threading.Event(), threading.Barrier(nthreads + 1, timeout=600)
-    ts = [threading.Thread(target=run, args=(w, stop, None, warm), daemon=True) for w in range(nthreads)]
-    for t in ts:
-        t.start()
-    try:
-        warm.wait()
-    except threading.BrokenBarrierError:
-        pass  # a worker failed (its error says why) or never compiled: the others run on
-    t0 = time.perf_counter()
-    time.sleep(float(spec))
-    stop.set()
-    for w, t in enumerate(ts):
-        t.join(timeout=max(0.0, 60.0 - (time.perf_counter() - t0 - float(spec))))
-        if t.is_alive():
-            out[w]["error"] = "hung: still running 60 s past the deadline"
-    if any(t.is_alive() for t in ts):
-        print("hung workers: %s" % [w for w, t in enumerate(ts) if t.is_alive()], file=sys.stderr, flush=True)
-        os._exit(3)
-print(json.dumps({"workers": out, "seconds": time.perf_counter() - t0, "block": BLOCK}))
+time.sleep(seconds)
+stop.set()
+for w, t in enumerate(ts):
+    t.join(timeout=max(0.0, 60.0 - (time.perf_counter() - t0 - seconds)))
+    if t.is_alive():
+        out[w]["error"] = "hung: still running 60 s past the deadline"
+if any(t.is_alive() for t in ts):
+    print("hung workers: %s" % [w for w, t in enumerate(ts) if t.is_alive()], file=sys.stderr, flush=True)
+    os._exit(3)
+parallel_s = time.perf_counter() - t0
+t1 = time.perf_counter()
+for w in range(nthreads):
+    if not out[w]["error"]:
+        run(w, replay[w], None, out[w]["iterations"])
+print(json.dumps({"workers": out, "serial": replay, "seconds": parallel_s, "serial_seconds": time.perf_counter() - t1,
+                  "block": BLOCK}))
 '''
 
 
@@ -602,28 +624,23 @@ def churn(args):
 
 
 def threads(args):
-    cmd = [sys.executable, "-c", THREADS_CHILD, args.platform, str(args.threads)]
-    par, err = run_json_child(cmd + ["%g" % args.seconds], platform_env(args.platform), args.seconds + 600)
-    ser, err2 = (None, "the parallel run failed") if par is None else run_json_child(
-        cmd + ["n" + ",".join(str(w["iterations"]) for w in par["workers"])], platform_env(args.platform),
-        args.seconds * 4 + 600)
-    rows, ok = [], par is not None and ser is not None
-    for w in (par or {}).get("workers", []):
-        s = ser["workers"][w["worker"]] if ser else {}
+    cmd = [sys.executable, "-c", THREADS_CHILD, args.platform, str(args.threads), "%g" % args.seconds]
+    r, err = run_json_child(cmd, platform_env(args.platform), args.seconds * 5 + 600)
+    rows, ok = [], r is not None
+    for w in (r or {}).get("workers", []):
+        s = r["serial"][w["worker"]]
         same = bool(s) and s.get("checksum") == w["checksum"] and s.get("iterations") == w["iterations"]
         wrong = w.get("wrong", []) + s.get("wrong", [])
         good = same and not wrong and not w["error"] and not s.get("error")
         ok &= good and w["iterations"] > 0
         why = w["error"] or s.get("error") or ""
         if wrong:
-            why = ("results off from the host's (iteration, largest error): parallel %s, serial %s; " % (
+            why = ("wrong results (iteration, error from the host's sum or what differed): parallel %s, serial %s; " % (
                 w.get("wrong", [])[:5], s.get("wrong", [])[:5]) + why).rstrip("; ")
-        elif not s:
-            why = why or "no serial result"
         elif not same:
             # The first block of iterations whose results differ (the serial replay made the same iterations).
             first = next((b for b, (x, y) in enumerate(zip(w.get("blocks", []), s.get("blocks", []))) if x != y), None)
-            block = par.get("block", 1)
+            block = r["block"]
             why = why or ("results differ from iteration %d on (blocks of %d)" % (first * block, block)
                           if first is not None else "checksums differ")
         rows.append("| %d | %s | %d | %s | %s |" % (
@@ -631,10 +648,9 @@ def threads(args):
     md = ["# %d threads dispatching at once for %g s (%s)" % (args.threads, args.seconds, args.platform), "",
           "| worker | work | iterations | results vs the same work run serially | error |",
           "|---|---|---|---|---|"] + rows
-    if par is None or ser is None:
-        md += ["", "Failed: %s" % (err if par is None else err2)]
-    write_results(args.out, "long_runs_threads", md, {"platform": args.platform, "parallel": par, "serial": ser,
-                                                       "error": err if par is None else err2})
+    if r is None:
+        md += ["", "Failed: %s" % err]
+    write_results(args.out, "long_runs_threads", md, {"platform": args.platform, "run": r, "error": err})
     return 0 if ok else 1
 
 

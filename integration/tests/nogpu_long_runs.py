@@ -65,10 +65,11 @@ class LongRuns(unittest.TestCase):
     def test_eight_threads_at_once_compute_what_the_same_work_computes_serially(self):
         p, data, md = run("threads", "--platform", "cpu", "--threads", "8", "--seconds", "3")
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        workers = data["parallel"]["workers"]
+        workers, serial = data["run"]["workers"], data["run"]["serial"]
         self.assertEqual(len(workers), 8)
-        self.assertTrue(all(w["iterations"] > 0 and not w["error"] for w in workers), workers)
-        self.assertEqual([w["checksum"] for w in workers], [w["checksum"] for w in data["serial"]["workers"]])
+        self.assertTrue(all(w["iterations"] > 0 and not w["error"] and not w["wrong"] for w in workers), workers)
+        self.assertEqual([w["iterations"] for w in workers], [w["iterations"] for w in serial])
+        self.assertEqual([w["checksum"] for w in workers], [w["checksum"] for w in serial])
         self.assertEqual(md.count("| equal |"), 8)
 
 

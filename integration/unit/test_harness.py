@@ -895,19 +895,19 @@ class LongRunCounters(unittest.TestCase):
         def worker(w, blocks, wrong=()):
             return {"worker": w, "kind": "transfers", "iterations": 2500, "checksum": sum(blocks),
                     "blocks": blocks, "wrong": list(wrong), "error": ""}
-        par = {"workers": [worker(0, [1, 2, 3]), worker(1, [1, 2, 3]), worker(2, [1, 2, 3], [[7, 40.0]])],
-               "seconds": 1.0, "block": 1024}
-        ser = {"workers": [worker(0, [1, 2, 3]), worker(1, [1, 5, 3]), worker(2, [1, 2, 3])], "seconds": 1.0}
+        run = {"workers": [worker(0, [1, 2, 3]), worker(1, [1, 2, 3]), worker(2, [1, 2, 3], [[7, 40.0]])],
+               "serial": [worker(0, [1, 2, 3]), worker(1, [1, 5, 3]), worker(2, [1, 2, 3], [[9, "rerun differs"]])],
+               "seconds": 1.0, "serial_seconds": 1.0, "block": 1024}
         with tempfile.TemporaryDirectory() as d:
             args = m.argparse.Namespace(platform="vmm", threads=3, seconds=1.0, out=d)
-            with mock.patch.object(m, "run_json_child", side_effect=[(par, ""), (ser, "")]):
+            with mock.patch.object(m, "run_json_child", return_value=(run, "")):
                 self.assertEqual(m.threads(args), 1)
             with open(os.path.join(d, "long_runs_threads.md")) as fh:
                 rows = [l for l in fh.read().splitlines() if l.startswith("| ") and l[2].isdigit()]
         self.assertIn("| equal |  |", rows[0])
         self.assertIn("DIFFER | results differ from iteration 1024 on (blocks of 1024)", rows[1])
-        self.assertIn("results off from the host's (iteration, largest error): parallel [[7, 40.0]], serial []",
-                      rows[2])
+        self.assertIn("wrong results (iteration, error from the host's sum or what differed): parallel [[7, 40.0]], "
+                      "serial [[9, 'rerun differs']]", rows[2])
 
     def test_the_stats_bound_is_the_runtimes(self):
         m = load("long_runs", os.path.join(INTEGRATION, "long_runs.py"))
