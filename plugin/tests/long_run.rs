@@ -35,19 +35,9 @@ fn shape(v: &Value) -> String {
 
 /// What the plugin keeps, as one comparable line.
 fn kept(client: *mut PJRT_Client, be: &xla_vmm_device::HostBackend) -> String {
-    let device = devices(client)[0];
-    let mem = call_ok!(PJRT_Device_MemoryStats, PJRT_Device_MemoryStats_Args, |a| {
-        a.device = device;
-    });
-    let report: Value = serde_json::from_str(&xla_vmm_plugin::cabi::stats::report_json()).unwrap();
-    let stats: Value = serde_json::from_str(&xla_vmm_plugin::cabi::stats::stats_json()).unwrap();
-    let live = xla_vmm_plugin::live_objects();
+    let (held, report, stats) = holdings(client, be);
     format!(
-        "allocations {} bytes {} | live {:?} | backend {:?} | report {} | stats {}",
-        mem.num_allocs,
-        mem.bytes_in_use,
-        (live.buffers, live.events, live.errors),
-        be.outstanding(),
+        "{held} | report {} | stats {}",
         shape(&report),
         shape(&stats)
     )

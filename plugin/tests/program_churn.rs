@@ -14,23 +14,13 @@ use xla_vmm_plugin::pjrt::*;
 /// What the plugin keeps, by count: stats() and report() name programs by
 /// id, which churn changes, so their entries are counted, not shaped.
 fn counted(client: *mut PJRT_Client, be: &xla_vmm_device::HostBackend) -> String {
-    let device = devices(client)[0];
-    let mem = call_ok!(PJRT_Device_MemoryStats, PJRT_Device_MemoryStats_Args, |a| {
-        a.device = device;
-    });
-    let report: Value = serde_json::from_str(&xla_vmm_plugin::cabi::stats::report_json()).unwrap();
-    let stats: Value = serde_json::from_str(&xla_vmm_plugin::cabi::stats::stats_json()).unwrap();
+    let (held, report, stats) = holdings(client, be);
     let len = |v: &Value| v.as_array().map_or(0, |a| a.len());
-    let live = xla_vmm_plugin::live_objects();
     format!(
-        "allocations {} bytes {} | live {:?} | backend {:?} | report programs {} dropped {} | device {} | stats {}",
-        mem.num_allocs,
-        mem.bytes_in_use,
-        (live.buffers, live.events, live.errors),
-        be.outstanding(),
+        "{held} | report programs {} dropped {} | device {} | stats {}",
         len(&report["programs"]),
         len(&report["dropped"]),
-        held(&report["devices"][0]),
+        device_holds(&report["devices"][0]),
         stats.as_object().map_or(0, |o| o.len()),
     )
 }
@@ -38,7 +28,7 @@ fn counted(client: *mut PJRT_Client, be: &xla_vmm_device::HostBackend) -> String
 /// A device's entry in report() by what it holds now (not its running
 /// totals): its allocator's live buffers, cache, granules and handles, its
 /// memory's allocations and address ranges, the shared temporaries.
-fn held(d: &Value) -> String {
+fn device_holds(d: &Value) -> String {
     let a = &d["allocator"];
     let m = &d["memory"];
     [

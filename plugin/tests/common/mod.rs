@@ -451,3 +451,28 @@ pub fn external_ref(b: *mut PJRT_Buffer, up: bool) -> Option<(u32, String)> {
         .0
     }
 }
+
+/// What the plugin holds for `client` (its first device's allocations and
+/// bytes in use, the live C buffers, events and errors, the host backend's
+/// handles) and its report() and stats() JSON: what the long-run tests
+/// compare over a run.
+pub fn holdings(
+    client: *mut PJRT_Client,
+    be: &HostBackend,
+) -> (String, serde_json::Value, serde_json::Value) {
+    let device = devices(client)[0];
+    let mem = call_ok!(PJRT_Device_MemoryStats, PJRT_Device_MemoryStats_Args, |a| {
+        a.device = device;
+    });
+    let report = serde_json::from_str(&xla_vmm_plugin::cabi::stats::report_json()).unwrap();
+    let stats = serde_json::from_str(&xla_vmm_plugin::cabi::stats::stats_json()).unwrap();
+    let live = xla_vmm_plugin::live_objects();
+    let held = format!(
+        "allocations {} bytes {} | live {:?} | backend {:?}",
+        mem.num_allocs,
+        mem.bytes_in_use,
+        (live.buffers, live.events, live.errors),
+        be.outstanding()
+    );
+    (held, report, stats)
+}
