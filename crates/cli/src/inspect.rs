@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
-use xla_vmm::{AllocationRole, KernelCode, Nested, Plan, Thunk, ThunkKind};
+use xla_vmm::{Access, AllocationRole, KernelCode, Nested, Plan, Thunk, ThunkKind};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,6 +21,11 @@ pub struct Args {
     /// Print one JSON object instead of the readable summary.
     #[arg(long)]
     json: bool,
+    /// In the thunk tree, list under each thunk the slices it reads and
+    /// writes (`#ALLOCATION+OFFSET BYTES`, read / write / overwrite), as the
+    /// runtime and the residency planner see them.
+    #[arg(long)]
+    uses: bool,
     /// Also decode the file N times and report the decode time.
     #[arg(long, value_name = "N")]
     time: Option<u32>,
@@ -124,7 +129,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print!("{}", summary_text(&plan, bytes.len()));
+        print!("{}", summary_text(&plan, bytes.len(), args.uses));
         if let Some(r) = &residency {
             print!("{}", crate::residency::text(&plan, r));
         }
@@ -276,7 +281,7 @@ fn human(bytes: u64) -> String {
 }
 
 /// The readable summary.
-pub fn summary_text(plan: &Plan, file_len: usize) -> String {
+pub fn summary_text(plan: &Plan, file_len: usize, uses: bool) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -401,12 +406,12 @@ pub fn summary_text(plan: &Plan, file_len: usize) -> String {
     }
     let _ = writeln!(s, "\nthunk tree:");
     for (i, t) in plan.thunks.iter().enumerate() {
-        outline(&mut s, t, i, 1);
+        outline(&mut s, t, i, 1, uses);
     }
     s
 }
 
-fn outline(s: &mut String, t: &Thunk, i: usize, depth: usize) {
+fn outline(s: &mut String, t: &Thunk, i: usize, depth: usize, uses: bool) {
     let pad = "  ".repeat(depth);
     let _ = writeln!(
         s,
@@ -415,6 +420,22 @@ fn outline(s: &mut String, t: &Thunk, i: usize, depth: usize) {
         t.info.profile_annotation,
         detail(t)
     );
+    if uses {
+        for (slice, access) in t.own_uses() {
+            let _ = writeln!(
+                s,
+                "{pad}      #{}+{} {} {}",
+                slice.allocation,
+                slice.offset,
+                human(slice.size),
+                match access {
+                    Access::Read => "read",
+                    Access::Write => "write",
+                    Access::Overwrite => "overwrite",
+                }
+            );
+        }
+    }
     for n in t.nested() {
         let label = match n {
             Nested::Sequence(_) => None,
@@ -430,7 +451,7 @@ fn outline(s: &mut String, t: &Thunk, i: usize, depth: usize) {
             depth + 1
         };
         for (j, c) in n.thunks().iter().enumerate() {
-            outline(s, c, j, d);
+            outline(s, c, j, d, uses);
         }
     }
 }
@@ -664,7 +685,7 @@ mod tests {
             " groups {0,1},{2,3} cross_partition reduction max [#2+0 -> #3+64 F32 x16]"
         );
         let mut out = String::new();
-        outline(&mut out, &t, 0, 0);
+        outline(&mut out, &t, 0, 0, false);
         assert!(
             out.contains("all_reduce") && out.contains("all-reduce.7"),
             "{out}"

@@ -119,6 +119,29 @@ fn readable_summary_and_errors() {
     assert!(text.contains("allocations: 4"), "{text}");
     assert!(text.contains("while `while.1` trip count 8"), "{text}");
     assert!(text.contains("unsupported: none"), "{text}");
+    assert!(!text.contains("4.0 KiB overwrite"), "{text}");
+
+    // --uses: each thunk's slices under it (the copy into #0 overwrites it; the
+    // loop body's fusion takes #0 twice, as its input and its aliased output).
+    let out = inspect(&[path.to_str().unwrap(), "--uses"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let copy = text.find("`copy.9` #1+0 -> #0+0 (4096 B)\n").expect(&text);
+    assert!(
+        text[copy..].contains("#1+0 4.0 KiB read\n        #0+0 4.0 KiB overwrite\n"),
+        "{text}"
+    );
+    let body = text.find("`loop_add_fusion` loop_add_fusion").expect(&text);
+    assert_eq!(
+        text[body..]
+            .split("[1]")
+            .next()
+            .unwrap()
+            .matches("#0+0 4.0 KiB write")
+            .count(),
+        2,
+        "{text}"
+    );
 
     // A file that is not an executable: non-zero exit and a clear message.
     let bad = std::env::temp_dir().join(format!("xla-vmm-inspect-{}.bin", std::process::id()));
