@@ -240,7 +240,6 @@ THREADS_CHILD = r'''
 import json, os, sys, threading, time, traceback
 platform, nthreads, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 import jax, jax.numpy as jnp, numpy as np
-from functools import partial
 KINDS = ["sgd, donated", "matmul chain", "transfers", "three shapes"]
 
 def fold(c, arrays):
@@ -249,9 +248,7 @@ def fold(c, arrays):
             c = (c * 257 + b) % (1 << 61)
     return c
 
-# Each worker's jitted programs, made once: the serial replay runs the executables the parallel run ran (the
-# vendor compiler need not give the same executable twice: stock's own transfers results differed between
-# two processes from the first iteration on, every one right to rounding).
+# Each worker's jitted programs, made once: the serial replay runs the executables the parallel run ran.
 JITS = {}
 def jit(w, name, fn, **kw):
     return JITS.setdefault((w, name), jax.jit(fn, **kw))
