@@ -180,6 +180,32 @@ pub(crate) fn operand_reuse(t: &Thunk) -> Vec<(Slice, f64)> {
 /// its element size: the slice a scan reads out of a stacked buffer, the
 /// update it writes into one, not the whole buffer.
 pub(crate) fn touched_uses(t: &Thunk) -> Vec<(Slice, Access, u64)> {
+    once_per_slice(windowed_uses(t))
+}
+
+/// A slice a thunk takes more than once is touched once: XLA passes an
+/// operand a fusion updates in place both as its input and as the output
+/// aliased with it (an optimizer's update of a weight and its moments), and
+/// the kernel reads and writes each element once, not once per argument.
+fn once_per_slice(uses: Vec<(Slice, Access, u64)>) -> Vec<(Slice, Access, u64)> {
+    let mut out: Vec<(Slice, Access, u64)> = Vec::with_capacity(uses.len());
+    for (s, a, bytes) in uses {
+        match out.iter_mut().find(|u| u.0 == s) {
+            Some(u) => {
+                u.1 = match (u.1, a) {
+                    (Access::Read, Access::Read) => Access::Read,
+                    (Access::Overwrite, Access::Overwrite) => Access::Overwrite,
+                    _ => Access::Write,
+                };
+                u.2 = u.2.max(bytes);
+            }
+            None => out.push((s, a, bytes)),
+        }
+    }
+    out
+}
+
+fn windowed_uses(t: &Thunk) -> Vec<(Slice, Access, u64)> {
     let mut uses = t.own_uses_touched();
     let (args, launch) = match &t.kind {
         ThunkKind::CustomKernel(k) => (&k.args, &k.launch),

@@ -1422,6 +1422,53 @@ fn dynamic_slice_kernels_touch_one_window_of_their_stacked_operand() {
     assert_eq!(input.steps[0].uses[0].bytes, stacked);
 }
 
+#[test]
+fn an_operand_updated_in_place_is_touched_once_though_passed_twice() {
+    use xla_vmm_policy::residency::Rates;
+    // An optimizer's fusion as XLA launches it: the weight and its moment
+    // each passed as an input and again as the output aliased with it, the
+    // gradient once. Each is read and written once per run, not once per
+    // argument: in place over the link, its bytes cross once each way.
+    let n = 1u64 << 20;
+    let update = kernel(
+        "loop_add_fusion",
+        vec![
+            (sl(0, 0, n), true),
+            (sl(1, 0, n), true),
+            (sl(2, 0, n), false),
+            (sl(0, 0, n), true),
+            (sl(1, 0, n), true),
+        ],
+        None,
+        1,
+    );
+    let f = f32s((n / 4) as usize);
+    let p = plan(
+        vec![
+            alloc(0, n, param(0, true)),
+            alloc(1, n, param(1, true)),
+            alloc(2, n, param(2, false)),
+        ],
+        vec![f.clone(); 3],
+        vec![(0, f.clone()), (1, f.clone())],
+        vec![update],
+    );
+    let input = xla_vmm_runtime::residency::residency_input(&p, 1 << 30, Rates::H200).unwrap();
+    let uses: Vec<(u64, bool, bool, f64)> = input.steps[0]
+        .uses
+        .iter()
+        .map(|u| (u.bytes, u.read, u.write, u.reuse))
+        .collect();
+    assert_eq!(
+        uses,
+        vec![
+            (n, true, true, 1.0),
+            (n, true, true, 1.0),
+            (n, true, false, 1.0)
+        ]
+    );
+}
+
 /// Over `n` f32: four weights p0..p3, each read once (out_i = 2·p_i), in
 /// order; then a kernel that the planner takes to read and write all of a
 /// 64 MiB temporary (`inc` of its first element: device time in which the
