@@ -455,7 +455,8 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 #     different programs and transfers at once for LONG_THREADS_S (120) s, each worker's results equal to the
 #     same work run serially; 2,000 distinct programs compiled, run and dropped (LONG_CHURN_PROGRAMS), the
 #     plugin's counters back where they were once its allocator's cache is released, host RSS against stock's
-#     over the same programs (run first; LONG_CHURN_STOCK=0 skips it): integration/long_runs.py.
+#     over the same programs (run first, or beside ours with LONG_CHURN_BESIDE=1; LONG_CHURN_STOCK=0 skips it):
+#     integration/long_runs.py.
 if want long; then
   # LONG_PARTS: which of them (default all four; the first GPU run of all four did not fit one device call).
   part() { [[ " ${LONG_PARTS:-interrupt soak churn threads} " == *" $1 "* ]]; }
@@ -467,10 +468,21 @@ if want long; then
   part soak && check "long:soak" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py soak \
     --platforms cuda,vmm --steps "${LONG_STEPS:-20000}" --every 1000 --out "$WORK/long"
   # Stock over the same programs first, for reference (its host RSS: the vendor compiler's caches; never a FAIL).
-  part churn && [ "${LONG_CHURN_STOCK:-1}" = 1 ] && check "long:churn:stock" python3 integration/long_runs.py churn \
-    --platform cuda --programs "${LONG_CHURN_PROGRAMS:-2000}" --every 200 --reference --out "$WORK/long"
-  part churn && check "long:churn" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py churn \
-    --platform vmm --programs "${LONG_CHURN_PROGRAMS:-2000}" --every 200 --out "$WORK/long"
+  # LONG_CHURN_BESIDE=1: stock's run goes on beside ours instead, at the same time (the two fit one device call;
+  # ours waits for stock's results at its end, and its log is long:churn:stock.log all the same).
+  churn_args=(churn --programs "${LONG_CHURN_PROGRAMS:-2000}" --every 200 --out "$WORK/long")
+  if part churn && [ "${LONG_CHURN_STOCK:-1}" = 1 ]; then
+    if [ "${LONG_CHURN_BESIDE:-0}" = 1 ]; then
+      mkdir -p "$WORK/long"
+      python3 integration/long_runs.py "${churn_args[@]}" --platform cuda --reference \
+        >"$WORK/logs/long:churn:stock.log" 2>&1 </dev/null &
+      churn_args+=(--reference-wait-s 900)
+    else
+      check "long:churn:stock" python3 integration/long_runs.py "${churn_args[@]}" --platform cuda --reference
+    fi
+  fi
+  part churn && check "long:churn" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py \
+    "${churn_args[@]}" --platform vmm
   part threads && check "long:threads" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py threads \
     --platform vmm --threads 8 --seconds "${LONG_THREADS_S:-120}" --out "$WORK/long"
 fi

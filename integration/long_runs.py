@@ -585,7 +585,13 @@ def churn(args):
     # Host RSS within 5% (or 64 MiB) of its value after the warm-up, or, where stock ran the same programs
     # (--reference, in the same folder), grown by no more than stock's growth plus 64 MiB: the vendor
     # compiler (the same in both processes) keeps what it compiled.
-    ref = read_json(os.path.join(args.out, "long_runs_churn_cuda.json"))
+    ref_path = os.path.join(args.out, "long_runs_churn_cuda.json")
+    # Stock's run beside this one (the same programs at the same time, one device call for both): wait for it.
+    deadline = time.time() + args.reference_wait_s
+    ref = read_json(ref_path)
+    while ref is None and not args.reference and time.time() < deadline:
+        time.sleep(2)
+        ref = read_json(ref_path)
     ref_s = (ref or {}).get("samples") or []
     same = [x["programs_run"] for x in ref_s] == [x["programs_run"] for x in s]
     if not checks["rss"] and same and not args.reference:
@@ -672,6 +678,8 @@ def main():
     c.add_argument("--timeout-s", type=int, default=1800)
     c.add_argument("--reference", action="store_true",
                    help="a reference run (stock's): its results are written, its exit status is 0")
+    c.add_argument("--reference-wait-s", type=float, default=0.0,
+                   help="seconds to wait for stock's results in --out when its run goes on beside this one")
     t = sub.add_parser("threads")
     t.add_argument("--platform", default="vmm", choices=["vmm", "cuda", "cpu"])
     t.add_argument("--threads", type=int, default=8)

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from unittest import mock
@@ -851,17 +852,26 @@ class LongRunCounters(unittest.TestCase):
         self.assertGreater(entries(grown), entries(late))
         self.assertEqual(entries({"a": {"b": [1, 2]}}), 4)
 
-    def churn_checks(self, samples, ref_samples=None):
-        """The churn check's verdicts on `samples` (and stock's reference samples, written first)."""
+    def churn_checks(self, samples, ref_samples=None, ref_late_s=None):
+        """The churn check's verdicts on `samples` (and stock's reference samples, written first, or
+        `ref_late_s` seconds after our run ends, as when stock's run goes on beside ours)."""
         m = load("long_runs", os.path.join(INTEGRATION, "long_runs.py"))
         with tempfile.TemporaryDirectory() as d:
-            if ref_samples is not None:
+            def write_ref():
                 with open(os.path.join(d, "long_runs_churn_cuda.json"), "w") as fh:
                     json.dump({"samples": ref_samples}, fh)
+            late = None
+            if ref_samples is not None and ref_late_s is None:
+                write_ref()
+            elif ref_samples is not None:
+                late = threading.Timer(ref_late_s, write_ref)
             args = m.argparse.Namespace(programs=samples[-1]["programs_run"], every=200, platform="vmm",
-                                        timeout_s=60, reference=False, out=d)
+                                        timeout_s=60, reference=False, out=d,
+                                        reference_wait_s=0 if late is None else 30)
             run = {"programs": args.programs, "wrong": [], "samples": samples, "seconds": 1.0}
             with mock.patch.object(m, "run_json_child", return_value=(run, "")):
+                if late:
+                    late.start()
                 code = m.churn(args)
             with open(os.path.join(d, "long_runs_churn.json")) as fh:
                 return code, json.load(fh)["checks"]
@@ -886,6 +896,8 @@ class LongRunCounters(unittest.TestCase):
         self.assertFalse(self.churn_checks(grown)[1]["rss"])
         stock = [dict(programs_run=200, rss=1000 * mib), dict(programs_run=400, rss=1100 * mib)]
         self.assertTrue(self.churn_checks(grown, stock)[1]["rss"])
+        # Stock's run beside ours: its results, written after ours ended, are waited for.
+        self.assertTrue(self.churn_checks(grown, stock, ref_late_s=0.5)[1]["rss"])
         stock[1]["rss"] = 1050 * mib
         self.assertFalse(self.churn_checks(grown, stock)[1]["rss"])
 
