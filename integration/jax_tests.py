@@ -45,6 +45,10 @@ DEFAULT_FILES = ("api_test,lax_control_flow_test,lax_test,lax_autodiff_test,lax_
                  "lax_numpy_reducers_test,lax_numpy_indexing_test,custom_linear_solve_test,checkify_test")
 # How report() says a program runs (integration/jax_plugins/xla_vmm/_stats.py).
 GRAPH_RUNNERS = ("va-stable graph", "graph-recapture")
+# What the programs section counts a program as (the guard's eager choices are counted among eager too).
+KINDS = ("graph", "eager", "vendor", "trial")
+# How the pytest plugin (jaxslice/plugin.py, guard_choice) says the guard chose eager for a program.
+GUARD_CHOICE = "guard: eager measured fastest"
 # Lines of the plugin's log that say a program left our runtime (counted per file).
 FALLBACK_RE = re.compile(r"vendor runtime|falls back to the vendor|on the vendor fallback", re.I)
 # The plugin's warning for a program its runtime rejected: the program and why.
@@ -351,6 +355,7 @@ def programs_section(results, dut):
             kind = ("graph" if runner in GRAPH_RUNNERS else "vendor" if runner == "vendor fallback"
                     else "eager" if runner == "eager" else "trial")
             c[kind] += 1
+            c["guard"] += kind == "eager" and (reason or "").startswith(GUARD_CHOICE)
             if kind in ("eager", "vendor"):
                 w = why[(kind, normalize(reason or "(no reason given)"))]
                 w[0] += 1
@@ -358,18 +363,21 @@ def programs_section(results, dut):
                 if prog not in w[2] and len(w[2]) < 3:
                     w[2].append(prog)
         total.update(c)
-        n = sum(c.values())
-        per_file.append("| %s | %d | %d (%.1f%%) | %d | %d | %d |" % (
-            name, n, c["graph"], 100.0 * c["graph"] / n, c["eager"], c["vendor"], c["trial"]))
+        n = sum(c[k] for k in KINDS)
+        per_file.append("| %s | %d | %d (%.1f%%) | %d | %d | %d | %d |" % (
+            name, n, c["graph"], 100.0 * c["graph"] / n, c["eager"], c["guard"], c["vendor"], c["trial"]))
     if not per_file:
         return []
-    n = sum(total.values())
+    n = sum(total[k] for k in KINDS)
     out = ["", "## Programs on %s (report() after each test)" % dut, "",
-           "| file | programs | one graph | eager | vendor runtime | guard trial |", "|---|---|---|---|---|---|"]
+           "| file | programs | one graph | eager | of them the guard's choice | vendor runtime | guard trial |",
+           "|---|---|---|---|---|---|---|"]
     out += per_file
-    out += ["", "Of %d programs loaded, %d (%.1f%%) run as one graph, %d eager, %d on the vendor runtime, %d "
-            "still in the guard's trial." % (n, total["graph"], 100.0 * total["graph"] / n, total["eager"],
-                                             total["vendor"], total["trial"])]
+    out += ["", "Of %d programs loaded, %d (%.1f%%) run as one graph, %d eager (%d of them because the never-slower "
+            "guard measured eager fastest: %.1f%% one graph or the guard's choice), %d on the vendor runtime, %d "
+            "still in the guard's trial." % (
+                n, total["graph"], 100.0 * total["graph"] / n, total["eager"], total["guard"],
+                100.0 * (total["graph"] + total["guard"]) / n, total["vendor"], total["trial"])]
     if why:
         out += ["", "| programs | runs | reason | files | examples |", "|---|---|---|---|---|"]
         for (kind, reason), (k, files_, ex) in sorted(why.items(), key=lambda kv: -kv[1][0]):

@@ -77,6 +77,17 @@ def pytest_runtest_logstart(nodeid, location):
 _programs = {}
 
 
+def guard_choice(p):
+    """Why a program that could be a graph runs eager: the never-slower guard measured it fastest so
+    (`guard:` and its figures, ms), or None."""
+    g = p.get("guard")
+    if p.get("runner") != "eager" or not g:
+        return None
+    ms = lambda k: "-" if g.get(k) is None else "%.3f" % (g[k] / 1e3)  # noqa: E731
+    return "guard: eager measured fastest (va-stable %s, recapture %s, eager %s ms)" % (
+        ms("va_stable_us"), ms("recapture_us"), ms("eager_us"))
+
+
 def pytest_runtest_logfinish(nodeid, location):
     if os.environ.get("JAXSLICE_PROGRAMS") != "1":
         return
@@ -90,7 +101,7 @@ def pytest_runtest_logfinish(nodeid, location):
             _write({"prog_error": str(e)[:300]})
     for p in programs:
         key = "%d:%s" % (os.getpid(), p.get("id"))
-        line = (p.get("program"), p.get("runner"), p.get("reason"))
+        line = (p.get("program"), p.get("runner"), p.get("reason") or guard_choice(p))
         if _programs.get(key) != line:
             _programs[key] = line
             _write({"prog": key, "program": line[0], "runner": line[1], "reason": line[2], "test": nodeid})

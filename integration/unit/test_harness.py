@@ -713,6 +713,8 @@ class JaxSliceLastWords(unittest.TestCase):
                            "command-buffer compatible"},
                 {"prog": "8:2", "program": "jit_f", "runner": "vendor fallback", "reason": "unsupported: x",
                  "test": "t3"},
+                {"prog": "8:3", "program": "jit_add", "runner": "eager", "test": "t3",
+                 "reason": "guard: eager measured fastest (va-stable 0.012, recapture 0.011, eager 0.009 ms)"},
             ]
             with open(log, "w") as f:
                 f.write("\n".join(json.dumps(r) for r in lines) + "\ncut-by-a-dea")
@@ -720,12 +722,26 @@ class JaxSliceLastWords(unittest.TestCase):
         self.assertEqual(progs["7:0"], ["jit_a", "va-stable graph", None, "t1"])
         res = {"outcomes": {}, "deaths": [], "fallback_lines": 0, "cut": False, "programs": progs}
         md = "\n".join(m.programs_section({("linalg_test", "vmm"): res, ("linalg_test", "cuda"): res}, "vmm"))
-        self.assertIn("| linalg_test | 4 | 1 (25.0%) | 2 | 1 | 0 |", md)
-        self.assertIn("Of 4 programs loaded, 1 (25.0%) run as one graph, 2 eager, 1 on the vendor runtime", md)
+        self.assertIn("| linalg_test | 5 | 1 (20.0%) | 3 | 1 | 1 | 0 |", md)
+        self.assertIn("Of 5 programs loaded, 1 (20.0%) run as one graph, 3 eager (1 of them because the never-slower "
+                      "guard measured eager fastest: 40.0% one graph or the guard's choice), 1 on the vendor runtime",
+                      md)
+        self.assertIn("| 1 | eager | guard: eager measured fastest (va-stable N.N, recapture N.N, eager N.N ms)", md)
         # The two solver programs are one reason (numbers normalized), with both as examples.
         self.assertIn("| 2 | eager | custom call 'cusolver_getrf_ffi' (custom-call.N) has an FFI handler", md)
         self.assertIn("`jit_solve`, `jit_lu`", md)
         self.assertEqual(m.programs_section({("f", "vmm"): dict(res, programs={})}, "vmm"), [])
+
+    def test_the_pytest_plugin_names_the_guards_eager_choice_as_the_runner_recognizes_it(self):
+        plugin = load("jaxslice_plugin", os.path.join(INTEGRATION, "jaxslice", "plugin.py"))
+        m = load("jax_tests", os.path.join(INTEGRATION, "jax_tests.py"))
+        guard = {"va_stable_us": 12.0, "recapture_us": None, "eager_us": 9.0}
+        why = plugin.guard_choice({"runner": "eager", "guard": guard})
+        self.assertEqual(why, "guard: eager measured fastest (va-stable 0.012, recapture -, eager 0.009 ms)")
+        self.assertTrue(why.startswith(m.GUARD_CHOICE))
+        # A graph the guard chose, or an eager program without the guard's figures: no such reason.
+        self.assertIsNone(plugin.guard_choice({"runner": "va-stable graph", "guard": guard}))
+        self.assertIsNone(plugin.guard_choice({"runner": "eager"}))
 
 class VaGap(unittest.TestCase):
     def setUp(self):
