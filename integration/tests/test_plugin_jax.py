@@ -309,17 +309,23 @@ def run(dev):
 """
 
 
+def stock_results(cases_code, tmp_path):
+    """`run(dev)` of `cases_code` on stock XLA (a child process with JAX_PLATFORMS=cuda, the same GPU):
+    its results as an npz (`arr_0`, `arr_1`, ...)."""
+    stock = tmp_path / "stock.npz"
+    r = subprocess.run(
+        [sys.executable, "-c", cases_code + "\nnp.savez(%r, *run(jax.devices('cuda')[0]))\n" % str(stock)],
+        env=dict(os.environ, JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false"),
+        capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return np.load(stock)
+
+
 def test_triangular_solves_run_on_our_runtime_bit_identical_to_stock(tmp_path):
     """XLA's triangular-solve thunk (cuBLAS trsm, and trsmBatched over the pointer arrays our runtime
     writes) on our runtime (strict: no vendor fallback), every result bit-identical to stock XLA's on
     the same GPU (a child process with JAX_PLATFORMS=cuda) and solving the system."""
-    stock = tmp_path / "stock.npz"
-    r = subprocess.run(
-        [sys.executable, "-c", TRSM_CASES + "\nnp.savez(%r, *run(jax.devices('cuda')[0]))\n" % str(stock)],
-        env=dict(os.environ, JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false"),
-        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    want = np.load(stock)
+    want = stock_results(TRSM_CASES, tmp_path)
     ns = {}
     with x64():
         exec(TRSM_CASES, ns)
@@ -378,13 +384,7 @@ def test_ffts_run_on_our_runtime_bit_identical_to_stock(tmp_path):
     """XLA's FFT thunk on our runtime (strict: no vendor fallback), every kind at ranks 1 to 3: each
     result bit-identical to stock XLA's on the same GPU (cuFFT is deterministic for a given plan) and
     close to jax's CPU backend's."""
-    stock = tmp_path / "stock.npz"
-    r = subprocess.run(
-        [sys.executable, "-c", FFT_CASES + "\nnp.savez(%r, *run(jax.devices('cuda')[0]))\n" % str(stock)],
-        env=dict(os.environ, JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false"),
-        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    want = np.load(stock)
+    want = stock_results(FFT_CASES, tmp_path)
     ns = {}
     with x64():
         exec(FFT_CASES, ns)
