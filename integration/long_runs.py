@@ -219,8 +219,10 @@ def sample(k):
         out["trimmed_bytes"] = v.trim()
         out.update(plugin_counters())
     out["rss"] = rss()
+    out["elapsed_s"] = time.perf_counter() - T0
     return out
 
+T0 = time.perf_counter()
 warm = min(every, programs)
 bad = [k for k in range(warm) if not one(k)]
 samples = [sample(warm)]
@@ -567,6 +569,15 @@ def read_json(path):
         return None
 
 
+def per_program_ms(prev, x):
+    """Milliseconds a program took (compile, run, check, drop and the sample's own work) between two churn
+    samples: whether a program costs more as the run goes on. `-` for the first sample, or where not
+    recorded."""
+    if prev is None or "elapsed_s" not in x or "elapsed_s" not in prev:
+        return "-"
+    return "%.1f" % (1e3 * (x["elapsed_s"] - prev["elapsed_s"]) / max(1, x["programs_run"] - prev["programs_run"]))
+
+
 def rss_growth(samples):
     return samples[-1]["rss"] - samples[0]["rss"]
 
@@ -609,9 +620,10 @@ def churn(args):
                         "device_bytes", "library_plans", "stats_entries") if k in s[0]]
     md = ["# Churn: %d programs compiled, run, checked and dropped in one process (%s), %.0f s" % (
               r["programs"], args.platform, r["seconds"]), "",
-          "| " + " | ".join(["programs run", "host RSS MiB"] + cols) + " |", "|---" * (2 + len(cols)) + "|"]
-    md += ["| " + " | ".join([str(x["programs_run"]), "%.1f" % (x["rss"] / 2**20)] + [str(x[k]) for k in cols])
-           + " |" for x in s]
+          "| " + " | ".join(["programs run", "ms a program since the last sample", "host RSS MiB"] + cols) + " |",
+          "|---" * (3 + len(cols)) + "|"]
+    md += ["| " + " | ".join([str(x["programs_run"]), per_program_ms(prev, x), "%.1f" % (x["rss"] / 2**20)]
+                             + [str(x[k]) for k in cols]) + " |" for prev, x in zip([None] + s, s)]
     md += ["", "Checks: %s." % ", ".join("%s %s" % (k, "ok" if v else "FAILED") for k, v in checks.items())]
     if "pooled_before_trim" in s[0]:
         md.append("On the plugin each sample counts its allocator's cache (`pooled_before_trim`: freed blocks and "

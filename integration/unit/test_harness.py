@@ -902,6 +902,12 @@ class LongRunCounters(unittest.TestCase):
         # stats() fills up to the last 256 programs dropped, then stays: passes.
         code, checks = self.churn_checks([sample(200, 9400), sample(400, 12032), sample(600, 12032)])
         self.assertEqual(code, 0, checks)
+        # What a program took between samples, where the samples have their times.
+        m = load("long_runs", os.path.join(INTEGRATION, "long_runs.py"))
+        self.assertEqual(m.per_program_ms({"programs_run": 200, "elapsed_s": 10.0},
+                                          {"programs_run": 400, "elapsed_s": 60.0}), "250.0")
+        self.assertEqual(m.per_program_ms(None, {"programs_run": 200, "elapsed_s": 10.0}), "-")
+        self.assertEqual(m.per_program_ms({"programs_run": 200}, {"programs_run": 400}), "-")
         # Past the bound it must not grow, nor may an allocation stay behind.
         code, checks = self.churn_checks([sample(200, 9400), sample(400, 12032), sample(600, 12040)])
         self.assertFalse(checks["stats_entries"])
