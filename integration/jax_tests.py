@@ -45,8 +45,6 @@ DEFAULT_FILES = ("api_test,lax_control_flow_test,lax_test,lax_autodiff_test,lax_
                  "lax_numpy_reducers_test,lax_numpy_indexing_test,custom_linear_solve_test,checkify_test")
 # How report() says a program runs (integration/jax_plugins/xla_vmm/_stats.py).
 GRAPH_RUNNERS = ("va-stable graph", "graph-recapture")
-# What the programs section counts a program as (the guard's eager choices are counted among eager too).
-KINDS = ("graph", "eager", "vendor", "trial")
 # How the pytest plugin (jaxslice/plugin.py, guard_choice) says the guard chose eager for a program.
 GUARD_CHOICE = "guard: eager measured fastest"
 # Lines of the plugin's log that say a program left our runtime (counted per file).
@@ -345,7 +343,7 @@ def programs_section(results, dut):
     how many, how many run as one graph, eager, on the vendor runtime, still in the guard's trial;
     the eager and fallback ones by reason. Empty when no program lines were recorded."""
     per_file, why = [], collections.defaultdict(lambda: [0, collections.Counter(), []])
-    total = collections.Counter()
+    total, loaded = collections.Counter(), 0
     for (name, plat), res in sorted(results.items()):
         progs = res.get("programs") or {}
         if plat != dut or not progs:
@@ -363,12 +361,13 @@ def programs_section(results, dut):
                 if prog not in w[2] and len(w[2]) < 3:
                     w[2].append(prog)
         total.update(c)
-        n = sum(c[k] for k in KINDS)
+        n = len(progs)
+        loaded += n
         per_file.append("| %s | %d | %d (%.1f%%) | %d | %d | %d | %d |" % (
             name, n, c["graph"], 100.0 * c["graph"] / n, c["eager"], c["guard"], c["vendor"], c["trial"]))
     if not per_file:
         return []
-    n = sum(total[k] for k in KINDS)
+    n = loaded
     out = ["", "## Programs on %s (report() after each test)" % dut, "",
            "| file | programs | one graph | eager | of them the guard's choice | vendor runtime | guard trial |",
            "|---|---|---|---|---|---|---|"]
