@@ -20,5 +20,9 @@ XLA_VMM_TMP_COPY_THRESHOLD=0 ab --out "$OUT/remap_only" --thresholds "" --modes 
 # plain backoff instead of its paced polling.
 XLA_VMM_RESERVATIONS=1 ab --out "$OUT/one_reservation" --thresholds "" --modes va-stable || exit 1
 XLA_VMM_COMPLETION_POLL=backoff ab --out "$OUT/poll_backoff" --thresholds "" --modes va-stable,graph-recapture || exit 1
+# A process that ran graph-recapture alone was never slow; every slow one had made the VA-stable runner, even for
+# one step (guard_recapture_first_865279c.md). What of it: the in-process binding cost probe (its own stream, two
+# mappings of up to PROBE_COPY_BYTES, copies) or the runner itself (reservations, captures)?
+XLA_VMM_PROBE=0 ab --out "$OUT/no_probe" --thresholds "" --modes va-stable,graph-recapture || exit 1
 python3 "$HERE/diag/step_times.py" "$OUT/guard/ab.json" "$OUT/remap_only/ab.json" "$OUT/one_reservation/ab.json" \
-  "$OUT/poll_backoff/ab.json" --model "$MODEL" --last 20 | tee "$OUT/step_times.md"
+  "$OUT/poll_backoff/ab.json" "$OUT/no_probe/ab.json" --model "$MODEL" --last 20 | tee "$OUT/step_times.md"
