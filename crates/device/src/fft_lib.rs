@@ -121,6 +121,28 @@ impl<H: Copy> Api<H> {
     }
 }
 
+/// A plan and the addresses it ran on, for an error that names them.
+fn describe(spec: &FftSpec, workspace: u64, args: &FftArgs) -> String {
+    let area = match workspace {
+        0 => "no work area".to_string(),
+        n => format!("work area {n} bytes at {:#x}", args.workspace.0),
+    };
+    format!(
+        "{:?}{} transform of lengths {:?}, batch {}: input embed {:?} (distance {}) at {:#x}, \
+         output embed {:?} (distance {}) at {:#x}, {area}",
+        spec.kind,
+        if spec.double { " (double)" } else { "" },
+        spec.n,
+        spec.batch,
+        spec.inembed,
+        spec.idist,
+        args.input.0,
+        spec.onembed,
+        spec.odist,
+        args.output.0,
+    )
+}
+
 /// One plan: its spec, its handle (locked while used) and the work area it
 /// asked for; destroyed when the last reference goes (its last user
 /// released it and no enqueue holds it).
@@ -348,7 +370,13 @@ impl<H: Copy> FftLib<H> {
             let guard = plan.handle.lock().unwrap_or_else(|p| p.into_inner());
             let handle = *guard;
             self.check("set stream", (self.api.set_stream)(handle, stream))?;
-            let area = args.workspace.0 as *mut c_void;
+            // No work area where the plan asked for none, as XLA's plans
+            // get (a pointer there would be the input's copy, which follows).
+            let area = if plan.workspace == 0 {
+                std::ptr::null_mut()
+            } else {
+                args.workspace.0 as *mut c_void
+            };
             self.check("set work area", (self.api.set_work_area)(handle, area))?;
             let status = match (spec.kind, spec.double) {
                 (FftKind::Forward | FftKind::Inverse, d) => {
@@ -360,7 +388,17 @@ impl<H: Copy> FftLib<H> {
                 (FftKind::RealToComplex, true) => (self.api.exec_real[2])(handle, input, output),
                 (FftKind::ComplexToReal, true) => (self.api.exec_real[3])(handle, input, output),
             };
-            self.check("exec", status)?;
+            self.check("exec", status).map_err(|e| match e {
+                DeviceError::Driver {
+                    call, code, name, ..
+                } => DeviceError::Driver {
+                    call,
+                    code,
+                    name,
+                    message: describe(spec, plan.workspace, args),
+                },
+                e => e,
+            })?;
         }
         let Some(alpha) = spec.scale_alpha() else {
             return Ok(());
@@ -563,5 +601,124 @@ mod tests {
             4,
             "the library's drop destroys what is left"
         );
+    }
+
+    mod runs {
+        //! Entry points that record the work area a run set, and an exec
+        //! that fails (status 6, cuFFT's EXEC_FAILED) on input 0xdead.
+        use super::*;
+        use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+        pub static AREA: AtomicU64 = AtomicU64::new(u64::MAX);
+
+        pub unsafe extern "C" fn create(h: *mut c_int) -> Status {
+            *h = 1;
+            0
+        }
+        pub unsafe extern "C" fn ok(_: c_int) -> Status {
+            0
+        }
+        pub unsafe extern "C" fn set_int(_: c_int, _: c_int) -> Status {
+            0
+        }
+        /// A batch of 7 needs no work area; others 64 bytes.
+        pub unsafe extern "C" fn make(
+            _: c_int,
+            _: c_int,
+            _: *mut i64,
+            _: *mut i64,
+            _: i64,
+            _: i64,
+            _: *mut i64,
+            _: i64,
+            _: i64,
+            _: c_int,
+            batch: i64,
+            work: *mut usize,
+        ) -> Status {
+            *work = if batch == 7 { 0 } else { 64 };
+            0
+        }
+        pub unsafe extern "C" fn set_area(_: c_int, p: *mut c_void) -> Status {
+            AREA.store(p as u64, SeqCst);
+            0
+        }
+        pub unsafe extern "C" fn set_ptr(_: c_int, _: *mut c_void) -> Status {
+            0
+        }
+        pub unsafe extern "C" fn exec_c(
+            _: c_int,
+            _: *mut c_void,
+            _: *mut c_void,
+            _: c_int,
+        ) -> Status {
+            0
+        }
+        pub unsafe extern "C" fn exec_r(_: c_int, i: *mut c_void, _: *mut c_void) -> Status {
+            if i as u64 == 0xdead {
+                6
+            } else {
+                0
+            }
+        }
+
+        pub fn lib() -> FftLib<c_int> {
+            FftLib::with_api(
+                &ABI,
+                Api {
+                    create,
+                    destroy: ok,
+                    set_auto_allocation: set_int,
+                    make_plan_many64: make,
+                    set_work_area: set_area,
+                    set_stream: set_ptr,
+                    exec_complex: [exec_c; 2],
+                    exec_real: [exec_r; 4],
+                    _lib: None,
+                },
+            )
+        }
+    }
+
+    #[test]
+    fn a_plan_without_work_area_gets_none_and_a_failed_exec_names_its_plan() {
+        use crate::DevicePtr;
+        use runs::AREA;
+        use std::sync::atomic::Ordering::SeqCst;
+        let spec = |kind, batch| FftSpec {
+            kind,
+            double: false,
+            n: vec![2, 2],
+            inembed: vec![2, 2],
+            idist: 4,
+            onembed: vec![2, 2],
+            odist: 4,
+            batch,
+        };
+        let lib = runs::lib();
+        let args = |input| FftArgs {
+            input: DevicePtr(input),
+            output: DevicePtr(0x2000),
+            workspace: DevicePtr(0x1000),
+        };
+        let run = |id, input| unsafe { lib.run(id, &args(input), std::ptr::null_mut(), None) };
+        let with_area = lib.prepare(&spec(FftKind::RealToComplex, 2)).unwrap();
+        run(with_area, 0x3000).unwrap();
+        assert_eq!(AREA.load(SeqCst), 0x1000);
+        let without = lib.prepare(&spec(FftKind::RealToComplex, 7)).unwrap();
+        run(without, 0x3000).unwrap();
+        assert_eq!(AREA.load(SeqCst), 0, "no work area asked for, none given");
+
+        let c2r = lib.prepare(&spec(FftKind::ComplexToReal, 7)).unwrap();
+        let e = run(c2r, 0xdead).unwrap_err().to_string();
+        for part in [
+            "exec failed: testFFT status 6 (6): ",
+            "ComplexToReal transform of lengths [2, 2], batch 7",
+            "input embed [2, 2] (distance 4) at 0xdead",
+            "output embed [2, 2] (distance 4) at 0x2000",
+            "at 0x2000, no work area",
+        ] {
+            assert!(e.contains(part), "{part:?} not in {e:?}");
+        }
     }
 }
