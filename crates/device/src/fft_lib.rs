@@ -489,7 +489,8 @@ mod tests {
         pub unsafe extern "C" fn set_int(_: c_int, _: c_int) -> Status {
             0
         }
-        /// Fails for a batch of 13; asks for 64 bytes of work area.
+        /// Fails for a batch of 13; asks for no work area for a batch of 7,
+        /// 64 bytes for the others.
         pub unsafe extern "C" fn make(
             _: c_int,
             _: c_int,
@@ -504,7 +505,7 @@ mod tests {
             batch: i64,
             work: *mut usize,
         ) -> Status {
-            *work = 64;
+            *work = if batch == 7 { 0 } else { 64 };
             if batch == 13 {
                 5
             } else {
@@ -604,8 +605,10 @@ mod tests {
     }
 
     mod runs {
-        //! Entry points that record the work area a run set, and an exec
-        //! that fails (status 6, cuFFT's EXEC_FAILED) on input 0xdead.
+        //! [`super::stand_in`]'s entry points, with a work area setter that
+        //! records what a run set and an exec that fails (status 6,
+        //! cuFFT's EXEC_FAILED) on input 0xdead.
+        use super::stand_in::{exec_c, make, set_int, set_ptr};
         use super::*;
         use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
@@ -618,40 +621,8 @@ mod tests {
         pub unsafe extern "C" fn ok(_: c_int) -> Status {
             0
         }
-        pub unsafe extern "C" fn set_int(_: c_int, _: c_int) -> Status {
-            0
-        }
-        /// A batch of 7 needs no work area; others 64 bytes.
-        pub unsafe extern "C" fn make(
-            _: c_int,
-            _: c_int,
-            _: *mut i64,
-            _: *mut i64,
-            _: i64,
-            _: i64,
-            _: *mut i64,
-            _: i64,
-            _: i64,
-            _: c_int,
-            batch: i64,
-            work: *mut usize,
-        ) -> Status {
-            *work = if batch == 7 { 0 } else { 64 };
-            0
-        }
         pub unsafe extern "C" fn set_area(_: c_int, p: *mut c_void) -> Status {
             AREA.store(p as u64, SeqCst);
-            0
-        }
-        pub unsafe extern "C" fn set_ptr(_: c_int, _: *mut c_void) -> Status {
-            0
-        }
-        pub unsafe extern "C" fn exec_c(
-            _: c_int,
-            _: *mut c_void,
-            _: *mut c_void,
-            _: c_int,
-        ) -> Status {
             0
         }
         pub unsafe extern "C" fn exec_r(_: c_int, i: *mut c_void, _: *mut c_void) -> Status {
