@@ -777,3 +777,11 @@ class ReportTableTest(unittest.TestCase):
         guard.update(eager_us=None, samples=[3, 3, 0], eager_skipped=True, second_look=None)
         self.assertIn("guard at step 16: va-stable 3.515, recapture 3.702 ms (eager not sampled: recapture replayed "
                       "one graph)", str(report(d)))
+        # Recapture replayed in its trial (tried first): nothing else was tried.
+        guard.update(runner="recapture", decided_at_step=5, va_stable_us=None, samples=[0, 3, 0],
+                     va_stable_skipped=True)
+        self.assertIn("guard at step 5: recapture 3.702 ms (replayed one graph: va-stable and eager not tried)",
+                      str(report(d)))
+        # Then it kept capturing: the VA-stable graph took the program.
+        guard.update(runner="va-stable", recapture_gave_way_at_step=40)
+        self.assertIn("; recapture kept capturing: va-stable from step 40", str(report(d)))

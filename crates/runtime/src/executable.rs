@@ -343,6 +343,11 @@ impl<B: Backend> Executable<B> {
                 va.teardown(be);
                 return Err(e);
             }
+            // Made after the guard's decision (graph-recapture gave way):
+            // its stats carry it.
+            if let Some(r) = self.guard.as_ref().and_then(|g| g.report()) {
+                va.note_guard(r.clone());
+            }
             self.va = Some(va);
         }
         let Some(va) = self.va.as_mut() else {
@@ -371,10 +376,14 @@ impl<B: Backend> Executable<B> {
         )?;
         let out = self.run(stream, runner.mode());
         let name = &self.program.plan().module_name;
+        let captures = self.recapture.captures();
         let decided = self
             .guard
             .as_mut()
-            .and_then(|g| g.end_step(&*be, name).then(|| g.report().cloned()))
+            .and_then(|g| {
+                g.end_step(&*be, name, captures)
+                    .then(|| g.report().cloned())
+            })
             .flatten();
         if let Some(r) = decided {
             if let Some(va) = self.va.as_mut() {

@@ -17,25 +17,39 @@
 //! read does not hold the decision back: it is taken on the samples there
 //! are.
 //!
-//! The schedule ([`Trial`]): the VA-stable runner first (its own warm-up:
-//! capture, and auto's re-plan after
-//! [`xla_vmm_policy::tracker::DEFAULT_REPLAN_AFTER_STEPS`] steps), then
-//! [`SAMPLES`] counted steps of it; one uncounted step of graph-recapture
-//! (its capture), then [`SAMPLES`] counted; then [`SAMPLES`] of eager, only
-//! where graph-recapture captured again in most of its counted steps (the
+//! The schedule ([`Trial`]): graph-recapture first (one uncounted step,
+//! its capture, then [`SAMPLES`] counted). Where it replayed one graph
+//! through its counted steps and none of the program's memory is in host
+//! memory, it keeps the program and nothing else is tried: it launches the
+//! program's kernels at their own addresses with nothing to bind, and the
+//! VA-stable graph runs the same kernels plus its binding. The gate's A/B
+//! rows showed more: a process's steps ran ~0.1 ms slower from about the
+//! VA-stable graph's eighth step on, graph-recapture's later steps in that
+//! process included, and never in a process that ran graph-recapture alone
+//! (`integration/results/check_0efb68b/step8`). Otherwise the VA-stable
+//! runner (its own warm-up: capture, and auto's re-plan after
+//! [`xla_vmm_policy::tracker::DEFAULT_REPLAN_AFTER_STEPS`] steps, then
+//! [`SAMPLES`] counted steps), then [`SAMPLES`] of eager, only where
+//! graph-recapture captured again in most of its counted steps (the
 //! program's addresses change from step to step, so its median is a
-//! capture's) or part of the program's
-//! memory is in host memory (a staged prefill ran 84 ms a step eager against
-//! 140 as a VA-stable graph on the H200). Otherwise recapture replayed one
-//! graph, eager runs the same kernels launched one by one and cannot be
-//! faster, and eager steps cost the steps after them (in `xla-vmm run
-//! --schedule`, three eager steps left every later graph step of
-//! llama_scan_bf16 ~0.1 ms slower on an H100). A
-//! runner that a first sample shows [`DROP_RATIO`] times slower than the best
-//! so far is not run again. The fastest median wins; the VA-stable graph
-//! keeps the program unless another runner is more than [`SWITCH_MARGIN`]
-//! faster (it is the default, and noise must not move a program). The
-//! decision is logged once at info level and kept in [`GuardReport`].
+//! capture's) or part of the program's memory is in host memory (a staged
+//! prefill ran 84 ms a step eager against 140 as a VA-stable graph on the
+//! H200). Otherwise recapture replayed one graph, eager runs the same
+//! kernels launched one by one and cannot be faster, and eager steps cost
+//! the steps after them (in `xla-vmm run --schedule`, three eager steps
+//! left every later graph step of llama_scan_bf16 ~0.1 ms slower on an
+//! H100). A program with memory in host memory runs the VA-stable graph
+//! first (the staging is built on it). A runner that a first sample shows
+//! [`DROP_RATIO`] times slower than the best so far is not run again. The
+//! fastest median wins; the VA-stable graph keeps the program unless another
+//! runner is more than [`SWITCH_MARGIN`] faster (it binds what changes,
+//! and noise must not move a program). The decision is logged once at info
+//! level and kept in [`GuardReport`].
+//!
+//! **The watch.** Graph-recapture, once chosen, gives the program to the
+//! VA-stable graph for good when it captures again in [`WATCH_CAPTURES`] of
+//! [`WATCH_STEPS`] consecutive steps (the program's addresses began to
+//! change, and each capture costs the host a recording).
 //!
 //! **The second look.** A program that keeps the VA-stable graph while
 //! graph-recapture was within [`DROP_RATIO`] of it is measured once more,
@@ -72,6 +86,10 @@ pub const DROP_RATIO: f64 = 1.25;
 pub const SWITCH_MARGIN: f64 = 0.01;
 /// Steps between the first decision and the second look.
 pub const SECOND_LOOK_AFTER: u64 = 10;
+/// Graph-recapture, once chosen, that captures in this many steps of
+/// [`WATCH_STEPS`] consecutive ones gives way to the VA-stable graph.
+pub const WATCH_CAPTURES: usize = 3;
+pub const WATCH_STEPS: u64 = 16;
 
 /// Which runner executes a step.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
@@ -124,8 +142,16 @@ pub struct GuardReport {
     /// its counted steps, and none of the program's memory is in host
     /// memory (see the module's docs).
     pub eager_skipped: bool,
+    /// The VA-stable graph was not tried: graph-recapture replayed one graph
+    /// through its counted steps, and none of the program's memory is in
+    /// host memory (see the module's docs).
+    pub va_stable_skipped: bool,
     /// The second look, once taken (`runner` is its decision then).
     pub second_look: Option<SecondLook>,
+    /// Graph-recapture, chosen, captured again in [`WATCH_CAPTURES`] of
+    /// [`WATCH_STEPS`] steps: the VA-stable graph took the program at this
+    /// step (`runner` says so).
+    pub recapture_gave_way_at_step: Option<u64>,
 }
 
 /// The second look's figures: the VA-stable graph against graph-recapture
@@ -150,6 +176,9 @@ pub struct Planned {
 pub struct Trial {
     /// The second look's schedule (VA-stable and recapture only).
     second: bool,
+    /// The VA-stable graph first (part of the program's memory is in host
+    /// memory); set at the first step handed out.
+    va_first: Option<bool>,
     /// Steps handed out so far.
     issued: usize,
     /// Counted periods per runner, µs.
@@ -160,9 +189,10 @@ pub struct Trial {
     /// handed out, and its counted steps handed out.
     recapture_captures: Option<u64>,
     recapture_counted: u64,
-    /// Eager was left out (graph-recapture did not capture again, nothing in
-    /// host memory).
+    /// Eager / the VA-stable graph were left out (graph-recapture did not
+    /// capture again, nothing in host memory).
     eager_skipped: bool,
+    va_stable_skipped: bool,
 }
 
 impl Trial {
@@ -186,12 +216,23 @@ impl Trial {
             };
         }
         let va = VA_WARM_STEPS + SAMPLES;
+        if self.va_first == Some(true) {
+            return match i {
+                i if i < VA_WARM_STEPS => p(Runner::VaStable, false),
+                i if i < va => p(Runner::VaStable, true),
+                i if i == va => p(Runner::Recapture, false),
+                i if i <= va + SAMPLES => p(Runner::Recapture, true),
+                i if i <= va + 2 * SAMPLES => p(Runner::Eager, true),
+                _ => None,
+            };
+        }
+        let rec = 1 + SAMPLES;
         match i {
-            i if i < VA_WARM_STEPS => p(Runner::VaStable, false),
-            i if i < va => p(Runner::VaStable, true),
-            i if i == va => p(Runner::Recapture, false),
-            i if i <= va + SAMPLES => p(Runner::Recapture, true),
-            i if i <= va + 2 * SAMPLES => p(Runner::Eager, true),
+            0 => p(Runner::Recapture, false),
+            i if i < rec => p(Runner::Recapture, true),
+            i if i < rec + VA_WARM_STEPS => p(Runner::VaStable, false),
+            i if i < rec + va => p(Runner::VaStable, true),
+            i if i < rec + va + SAMPLES => p(Runner::Eager, true),
             _ => None,
         }
     }
@@ -199,10 +240,11 @@ impl Trial {
     /// The runner of the next trial step (`None`: every step was handed out;
     /// the default runs until the decision). `captures`: graph-recapture's
     /// captures so far; `host_memory`: part of the program's memory is in
-    /// host memory (eager is sampled only then or if recapture captured in
-    /// most of its counted steps: a loop whose buffers take turns captures
-    /// once per buffer set, then replays).
+    /// host memory (the VA-stable graph and eager are sampled only then or
+    /// if recapture captured in most of its counted steps: a loop whose
+    /// buffers take turns captures once per buffer set, then replays).
     pub fn next_step(&mut self, captures: u64, host_memory: bool) -> Option<Planned> {
+        self.va_first.get_or_insert(host_memory);
         loop {
             let planned = self.schedule(self.issued)?;
             self.issued += 1;
@@ -215,6 +257,16 @@ impl Trial {
                 Runner::Eager if !self.dropped[i] && !host_memory && !self.recaptured(captures) => {
                     self.dropped[i] = true;
                     self.eager_skipped = true;
+                }
+                Runner::VaStable
+                    if !self.second
+                        && !self.dropped[i]
+                        && !host_memory
+                        && self.recapture_counted > 0
+                        && !self.recaptured(captures) =>
+                {
+                    self.dropped[i] = true;
+                    self.va_stable_skipped = true;
                 }
                 _ => {}
             }
@@ -300,7 +352,9 @@ impl Trial {
             eager_us: m(Runner::Eager),
             samples: [0, 1, 2].map(|i| self.samples[i].len()),
             eager_skipped: self.eager_skipped,
+            va_stable_skipped: self.va_stable_skipped,
             second_look: None,
+            recapture_gave_way_at_step: None,
         }
     }
 
@@ -312,6 +366,37 @@ impl Trial {
             && d.runner == Runner::VaStable
             && !self.dropped[Runner::Recapture.index()]
             && matches!((d.va_stable_us, d.recapture_us), (Some(v), Some(r)) if r < v * DROP_RATIO)
+    }
+}
+
+/// Graph-recapture's captures after it was chosen: the steps that captured
+/// within the last [`WATCH_STEPS`] (see the module's docs).
+#[derive(Clone, Debug, Default)]
+pub struct Watch {
+    captures: u64,
+    at: VecDeque<u64>,
+}
+
+impl Watch {
+    /// From the decision, with graph-recapture's `captures` so far.
+    pub fn new(captures: u64) -> Self {
+        Watch {
+            captures,
+            at: VecDeque::with_capacity(WATCH_CAPTURES),
+        }
+    }
+
+    /// After program step `step`, with `captures` so far: give way to the
+    /// VA-stable graph?
+    pub fn observe(&mut self, step: u64, captures: u64) -> bool {
+        if captures > self.captures {
+            self.captures = captures;
+            self.at.push_back(step);
+        }
+        while self.at.front().is_some_and(|&s| s + WATCH_STEPS <= step) {
+            self.at.pop_front();
+        }
+        self.at.len() >= WATCH_CAPTURES
     }
 }
 
@@ -352,6 +437,8 @@ pub(crate) struct Guard<B: Backend> {
     /// Program steps run under the guard.
     step: u64,
     decided: Option<GuardReport>,
+    /// While graph-recapture keeps the program.
+    watch: Option<Watch>,
 }
 
 impl<B: Backend> Guard<B> {
@@ -362,6 +449,7 @@ impl<B: Backend> Guard<B> {
             marks: VecDeque::new(),
             step: 0,
             decided: None,
+            watch: None,
         }
     }
 
@@ -406,12 +494,13 @@ impl<B: Backend> Guard<B> {
     }
 
     /// After a step: read the periods the device has finished (queries
-    /// only), and decide once the trial is complete. `true`: a decision was
-    /// taken at this step ([`Guard::report`] has it).
-    pub(crate) fn end_step(&mut self, be: &B, executable: &str) -> bool {
+    /// only), and decide once the trial is complete; once graph-recapture
+    /// keeps the program, watch its captures (`captures`: so far). `true`: a
+    /// decision was taken at this step ([`Guard::report`] has it).
+    pub(crate) fn end_step(&mut self, be: &B, executable: &str, captures: u64) -> bool {
         self.step += 1;
         if self.phase != Phase::Trial {
-            return false;
+            return self.watch_recapture(executable, captures);
         }
         let mut t = Teardown::new("the guard's events");
         let exhausted = self.trial.exhausted();
@@ -452,6 +541,7 @@ impl<B: Backend> Guard<B> {
                     "never-slower guard, second look: the program runs as {} from here on",
                     d.runner.name());
                 first.runner = d.runner;
+                self.watch = (d.runner == Runner::Recapture).then(|| Watch::new(captures));
                 first.second_look = Some(SecondLook {
                     decided_at_step: d.decided_at_step,
                     va_stable_us: d.va_stable_us,
@@ -470,10 +560,34 @@ impl<B: Backend> Guard<B> {
                 } else {
                     Phase::Done
                 };
+                self.watch = (d.runner == Runner::Recapture).then(|| Watch::new(captures));
                 self.decided = Some(d);
             }
         }
         self.release(be);
+        true
+    }
+
+    /// Graph-recapture keeps the program: after its [`WATCH_CAPTURES`]th
+    /// capture in [`WATCH_STEPS`] steps the VA-stable graph takes it for
+    /// good (`true`).
+    fn watch_recapture(&mut self, executable: &str, captures: u64) -> bool {
+        let Some(w) = self.watch.as_mut() else {
+            return false;
+        };
+        if !w.observe(self.step - 1, captures) {
+            return false;
+        }
+        self.watch = None;
+        let Some(d) = self.decided.as_mut() else {
+            return false;
+        };
+        d.runner = Runner::VaStable;
+        d.recapture_gave_way_at_step = Some(self.step);
+        self.phase = Phase::Done;
+        tracing::info!(executable, step = self.step, captures,
+            "never-slower guard: graph-recapture captured again in {WATCH_CAPTURES} of {WATCH_STEPS} steps; \
+             the program runs as the VA-stable graph from here on");
         true
     }
 
@@ -546,16 +660,18 @@ mod tests {
             Runner::Recapture => 1050.0,
             Runner::Eager => 900.0,
         };
-        // One capture (its uncounted first step), then replays: no eager.
+        // One capture (its uncounted first step), then replays: neither
+        // eager nor the VA-stable graph is tried, recapture keeps it.
         let (t, ran) = sample_all(Trial::default(), times, false);
-        assert!(ran.iter().all(|p| p.runner != Runner::Eager), "{ran:?}");
+        assert!(ran.iter().all(|p| p.runner == Runner::Recapture), "{ran:?}");
         let d = t.decide(ran.len() as u64);
         assert_eq!(
-            (d.runner, d.samples, d.eager_us),
-            (Runner::VaStable, [SAMPLES, SAMPLES, 0], None)
+            (d.runner, d.samples, d.eager_us, d.va_stable_us),
+            (Runner::Recapture, [0, SAMPLES, 0], None, None)
         );
-        assert!(d.eager_skipped);
-        assert_eq!(ran.len(), VA_WARM_STEPS + SAMPLES + 1 + SAMPLES);
+        assert!(d.eager_skipped && d.va_stable_skipped);
+        assert!(!t.wants_second_look(&d));
+        assert_eq!(ran.len(), 1 + SAMPLES);
         // Captured at every step: eager is measured, and wins here.
         let (t, _) = sample_all(Trial::default(), times, true);
         let d = t.decide(20);
@@ -575,15 +691,25 @@ mod tests {
                 t.sample(p.runner, times(p.runner));
             }
         }
-        assert_eq!((eager, t.decide(20).eager_skipped), (0, true));
-        // Replays, but part of its memory is in host memory: eager too.
+        let d = t.decide(20);
+        assert_eq!(
+            (eager, d.eager_skipped, d.runner),
+            (0, true, Runner::Recapture)
+        );
+        // Replays, but part of its memory is in host memory: the VA-stable
+        // graph first, as before, and eager too.
         let mut t = Trial::default();
+        let mut ran = Vec::new();
         while let Some(p) = t.next_step(1, true) {
+            ran.push(p.runner);
             if p.counted {
                 t.sample(p.runner, times(p.runner));
             }
         }
-        assert_eq!(t.decide(20).runner, Runner::Eager);
+        assert_eq!(ran[0], Runner::VaStable);
+        let d = t.decide(20);
+        assert_eq!((d.runner, d.samples), (Runner::Eager, [SAMPLES; 3]));
+        assert!(!d.va_stable_skipped && !d.eager_skipped);
     }
 
     #[test]
@@ -652,17 +778,23 @@ mod tests {
     ) {
         let mut g = Guard::new();
         let mut decisions = Vec::new();
+        let mut captures = 0;
         for step in 0..60u64 {
-            // Graph-recapture replays its one graph: eager is not sampled.
-            let runner = g.begin_step(be, stream, 1, false).unwrap();
+            // Graph-recapture captures at every step of the first trial (so
+            // the VA-stable graph and eager are tried; eager's first sample
+            // drops it), then replays.
+            let runner = g.begin_step(be, stream, captures, false).unwrap();
             let ms = match runner {
                 Runner::VaStable => 6.0,
-                Runner::Recapture if g.report().is_none() => 6.6,
+                Runner::Recapture if g.report().is_none() => {
+                    captures += 1;
+                    6.6
+                }
                 Runner::Recapture => 4.2,
-                Runner::Eager => unreachable!("eager sampled"),
+                Runner::Eager => 9.0,
             };
             std::thread::sleep(std::time::Duration::from_secs_f64(ms / 1e3));
-            if g.end_step(be, "second_look_test") {
+            if g.end_step(be, "second_look_test", captures) {
                 decisions.push((step, g.report().unwrap().clone()));
             }
         }
@@ -731,18 +863,67 @@ mod tests {
     }
 
     #[test]
+    fn chosen_graph_recapture_gives_way_when_it_keeps_capturing() {
+        // Captures far apart: it keeps the program.
+        let mut w = Watch::new(5);
+        for (step, caps) in [(20, 6), (40, 7), (60, 8), (61, 8), (90, 9)] {
+            assert!(!w.observe(step, caps), "step {step}");
+        }
+        // Three captures within WATCH_STEPS steps: it gives way.
+        let mut w = Watch::new(1);
+        assert!(!w.observe(30, 2));
+        assert!(!w.observe(31, 2), "no new capture");
+        assert!(!w.observe(30 + WATCH_STEPS - 2, 3));
+        assert!(w.observe(30 + WATCH_STEPS - 1, 4));
+        // On the guard: recapture replays through its trial and keeps the
+        // program; then the addresses change at every step.
+        use xla_vmm_device::host::HostBackend;
+        let be = HostBackend::new(Default::default()).unwrap();
+        let stream = be.stream_create().unwrap();
+        let mut g = Guard::new();
+        let mut captures = 0;
+        let mut decisions = Vec::new();
+        for step in 0..40u64 {
+            let runner = g.begin_step(&be, &stream, captures, false).unwrap();
+            if runner == Runner::Recapture && (step == 0 || step >= 20) {
+                captures += 1;
+            }
+            be.stream_synchronize(&stream).unwrap();
+            if g.end_step(&be, "watch_test", captures) {
+                decisions.push((step, g.report().unwrap().clone()));
+            }
+        }
+        assert_eq!(decisions.len(), 2, "{decisions:?}");
+        let first = &decisions[0].1;
+        assert_eq!(first.runner, Runner::Recapture, "{first:?}");
+        assert!(first.va_stable_skipped && first.recapture_gave_way_at_step.is_none());
+        let (at, last) = (decisions[1].0, &decisions[1].1);
+        assert_eq!(at, 20 + WATCH_CAPTURES as u64 - 1, "{last:?}");
+        assert_eq!(last.runner, Runner::VaStable);
+        assert_eq!(last.recapture_gave_way_at_step, Some(at + 1));
+        assert_eq!(
+            g.begin_step(&be, &stream, captures + 5, false).unwrap(),
+            Runner::VaStable
+        );
+        assert!(!g.end_step(&be, "watch_test", captures + 9), "for good");
+        g.release(&be);
+        be.stream_destroy(stream).unwrap();
+        assert_eq!(be.outstanding().events, 0);
+    }
+
+    #[test]
     fn medians_resist_one_outlier_and_bad_samples_are_ignored() {
         let mut t = Trial::default();
-        let mut k = 0;
+        let mut k = [0; 3];
         let mut captures = 0;
         while let Some(p) = t.next_step(captures, false) {
             captures += u64::from(p.runner == Runner::Recapture);
             if p.counted {
-                k += 1;
-                let us = match (p.runner, k) {
+                k[p.runner.index()] += 1;
+                let us = match (p.runner, k[p.runner.index()]) {
                     (Runner::VaStable, 2) => 90_000.0, // a pause between steps
                     (Runner::VaStable, _) => 1000.0,
-                    (Runner::Recapture, 5) => f64::NAN,
+                    (Runner::Recapture, 2) => f64::NAN,
                     (Runner::Recapture, _) => 1050.0,
                     (Runner::Eager, _) => 1040.0,
                 };

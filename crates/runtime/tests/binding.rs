@@ -243,6 +243,9 @@ fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
     let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, steps);
     let mut l = Loop::new(&b, None, false);
     l.configured = true;
+    // A new batch buffer every step: graph-recapture captures at every step,
+    // so every runner is tried.
+    l.hoarding = true;
     assert!(l.exe.config().guard, "on by default");
     assert_eq!(l.exe.runner_name(), "va-stable graph");
     let (got, l) = l.run(Mode::Graph, steps);
@@ -257,7 +260,7 @@ fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
         .clone();
     // Each step is waited for here, so the samples arrive at once: the
     // decision comes right after the trial's last step.
-    let va = VA_WARM_STEPS + SAMPLES;
+    let va = 1 + SAMPLES + VA_WARM_STEPS + SAMPLES;
     assert!(
         (va as u64 + 2..=va as u64 + 2 + 2 * SAMPLES as u64).contains(&r.decided_at_step),
         "{r:?}"
@@ -300,6 +303,28 @@ fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
     drop(l);
     let o = b.outstanding();
     assert_eq!(o.events, 0, "the guard's events destroyed: {o:?}");
+}
+
+#[test]
+fn a_guarded_program_whose_graph_recapture_replays_keeps_it_untried_va_stable() {
+    use xla_vmm_runtime::guard::{Runner, SAMPLES};
+    let b = backend();
+    let steps = 20;
+    let (reference, _) = Loop::new(&b, None, false).run(Mode::Eager, steps);
+    let mut l = Loop::new(&b, None, false);
+    l.configured = true;
+    let (got, l) = l.run(Mode::Graph, steps);
+    assert_eq!(got, reference);
+    let r = l.exe.guard_report().expect("decided").clone();
+    assert_eq!(
+        (r.runner, r.samples, r.va_stable_skipped, r.eager_skipped),
+        (Runner::Recapture, [0, SAMPLES, 0], true, true),
+        "{r:?}"
+    );
+    assert_eq!(l.exe.runner_name(), "graph-recapture");
+    assert!(l.exe.stats().is_none(), "no VA-stable runner was made");
+    drop(l);
+    assert_eq!(b.outstanding().events, 0);
 }
 
 #[test]

@@ -51,15 +51,21 @@ class Report(dict):
             g = p.get("guard")
             if g:
                 ms = lambda k: "-" if g.get(k) is None else "%.3f" % (g[k] / 1e3)  # noqa: E731
-                why = "guard at step %d: va-stable %s, recapture %s" % (
-                    g["decided_at_step"], ms("va_stable_us"), ms("recapture_us"))
-                why += (" ms (eager not sampled: recapture replayed one graph)" if g.get("eager_skipped")
-                        else ", eager %s ms" % ms("eager_us"))
+                if g.get("va_stable_skipped"):
+                    why = "guard at step %d: recapture %s ms (replayed one graph: va-stable and eager not tried)" % (
+                        g["decided_at_step"], ms("recapture_us"))
+                else:
+                    why = "guard at step %d: va-stable %s, recapture %s" % (
+                        g["decided_at_step"], ms("va_stable_us"), ms("recapture_us"))
+                    why += (" ms (eager not sampled: recapture replayed one graph)" if g.get("eager_skipped")
+                            else ", eager %s ms" % ms("eager_us"))
                 s = g.get("second_look")
                 if s:
                     sm = lambda k: "-" if s.get(k) is None else "%.3f" % (s[k] / 1e3)  # noqa: E731
                     why += "; second look at step %d: va-stable %s, recapture %s ms" % (
                         s["decided_at_step"], sm("va_stable_us"), sm("recapture_us"))
+                if g.get("recapture_gave_way_at_step") is not None:
+                    why += "; recapture kept capturing: va-stable from step %d" % g["recapture_gave_way_at_step"]
             caps = p.get("graph_captures", 0)
             if p["runner"] == "graph-recapture" and caps > 2:
                 # Its parameters' addresses change from step to step: a capture's host time each time.
