@@ -46,10 +46,12 @@
 //! and noise must not move a program). The decision is logged once at info
 //! level and kept in [`GuardReport`].
 //!
-//! **The watch.** Graph-recapture, once chosen, gives the program to the
-//! VA-stable graph for good when it captures again in [`WATCH_CAPTURES`] of
-//! [`WATCH_STEPS`] consecutive steps (the program's addresses began to
-//! change, and each capture costs the host a recording).
+//! **The watch.** Graph-recapture, chosen on samples that were replays,
+//! gives the program to the VA-stable graph for good when it captures again
+//! in [`WATCH_CAPTURES`] of [`WATCH_STEPS`] consecutive steps (the
+//! program's addresses began to change, and each capture costs the host a
+//! recording its samples did not have). Chosen on samples that captured, it
+//! already paid for them, and is not watched.
 //!
 //! **The second look.** A program that keeps the VA-stable graph while
 //! graph-recapture was within [`DROP_RATIO`] of it is measured once more,
@@ -281,6 +283,20 @@ impl Trial {
     fn recaptured(&self, captures: u64) -> bool {
         self.recapture_captures
             .is_some_and(|at| 2 * captures.saturating_sub(at) > self.recapture_counted)
+    }
+
+    /// Graph-recapture's counted steps replayed its graph (`captures`: its
+    /// captures so far): its samples are a replay's, and a capture later is
+    /// a cost they did not see.
+    fn recapture_replayed(&self, captures: u64) -> bool {
+        self.recapture_captures.is_some() && !self.recaptured(captures)
+    }
+
+    /// The watch over a decision `d` taken with `captures` so far: where
+    /// graph-recapture won on a replay's samples.
+    fn watch_for(&self, d: &GuardReport, captures: u64) -> Option<Watch> {
+        (d.runner == Runner::Recapture && self.recapture_replayed(captures))
+            .then(|| Watch::new(captures))
     }
 
     /// Add a counted period of `runner`.
@@ -541,7 +557,7 @@ impl<B: Backend> Guard<B> {
                     "never-slower guard, second look: the program runs as {} from here on",
                     d.runner.name());
                 first.runner = d.runner;
-                self.watch = (d.runner == Runner::Recapture).then(|| Watch::new(captures));
+                self.watch = self.trial.watch_for(&d, captures);
                 first.second_look = Some(SecondLook {
                     decided_at_step: d.decided_at_step,
                     va_stable_us: d.va_stable_us,
@@ -560,7 +576,7 @@ impl<B: Backend> Guard<B> {
                 } else {
                     Phase::Done
                 };
-                self.watch = (d.runner == Runner::Recapture).then(|| Watch::new(captures));
+                self.watch = self.trial.watch_for(&d, captures);
                 self.decided = Some(d);
             }
         }
@@ -875,6 +891,24 @@ mod tests {
         assert!(!w.observe(31, 2), "no new capture");
         assert!(!w.observe(30 + WATCH_STEPS - 2, 3));
         assert!(w.observe(30 + WATCH_STEPS - 1, 4));
+        // Only a decision on a replay's samples is watched: one on samples
+        // that captured already paid for its captures.
+        let (t, _) = sample_all(
+            Trial::default(),
+            |r| {
+                if r == Runner::Recapture {
+                    900.0
+                } else {
+                    1000.0
+                }
+            },
+            true,
+        );
+        let d = t.decide(20);
+        assert_eq!(d.runner, Runner::Recapture);
+        assert!(t.watch_for(&d, 4).is_none());
+        let (t, _) = sample_all(Trial::default(), |_| 1000.0, false);
+        assert!(t.watch_for(&t.decide(5), 1).is_some());
         // On the guard: recapture replays through its trial and keeps the
         // program; then the addresses change at every step.
         use xla_vmm_device::host::HostBackend;
