@@ -323,6 +323,20 @@ impl Trial {
             .min_by(f64::total_cmp)
     }
 
+    /// The runner of a step after the schedule, before the decision: the
+    /// fastest median so far among the runners not dropped (`None`: nothing
+    /// sampled yet). Without it such a step ran the VA-stable graph, which a
+    /// program whose graph-recapture replayed then made (its probe, its
+    /// reservations and captures) just before deciding against it.
+    pub fn leading(&self) -> Option<Runner> {
+        Runner::ALL
+            .iter()
+            .filter(|r| !self.dropped[r.index()])
+            .filter_map(|&r| median(&self.samples[r.index()]).map(|m| (r, m)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(r, _)| r)
+    }
+
     /// Every step of the schedule was handed out.
     pub fn exhausted(&self) -> bool {
         self.schedule(self.issued).is_none()
@@ -497,7 +511,7 @@ impl<B: Backend> Guard<B> {
             .trial
             .next_step(captures, host_memory)
             .unwrap_or(Planned {
-                runner: current,
+                runner: self.trial.leading().unwrap_or(current),
                 counted: false,
             });
         let event = be.event_create()?;
@@ -687,6 +701,7 @@ mod tests {
         );
         assert!(d.eager_skipped && d.va_stable_skipped);
         assert!(!t.wants_second_look(&d));
+        assert_eq!(t.leading(), Some(Runner::Recapture), "until the decision");
         assert_eq!(ran.len(), 1 + SAMPLES);
         // Captured at every step: eager is measured, and wins here.
         let (t, _) = sample_all(Trial::default(), times, true);
@@ -917,8 +932,10 @@ mod tests {
         let mut g = Guard::new();
         let mut captures = 0;
         let mut decisions = Vec::new();
+        let mut ran = Vec::new();
         for step in 0..40u64 {
             let runner = g.begin_step(&be, &stream, captures, false).unwrap();
+            ran.push(runner);
             if runner == Runner::Recapture && (step == 0 || step >= 20) {
                 captures += 1;
             }
@@ -928,6 +945,12 @@ mod tests {
             }
         }
         assert_eq!(decisions.len(), 2, "{decisions:?}");
+        assert!(
+            ran[..=decisions[1].0 as usize]
+                .iter()
+                .all(|&r| r == Runner::Recapture),
+            "no other runner before the watch: {ran:?}"
+        );
         let first = &decisions[0].1;
         assert_eq!(first.runner, Runner::Recapture, "{first:?}");
         assert!(first.va_stable_skipped && first.recapture_gave_way_at_step.is_none());
