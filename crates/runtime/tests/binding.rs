@@ -265,7 +265,10 @@ fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
         (va as u64 + 2..=va as u64 + 2 + 2 * SAMPLES as u64).contains(&r.decided_at_step),
         "{r:?}"
     );
-    assert_eq!(r.samples[0], SAMPLES, "{r:?}");
+    // Tried (recapture captured at every step); a slow first sample drops it
+    // (read late on a loaded machine: then one or two).
+    assert!((1..=SAMPLES).contains(&r.samples[0]), "{r:?}");
+    assert!(!r.va_stable_skipped, "{r:?}");
     assert!(r.va_stable_us.is_some_and(|u| u > 0.0), "{r:?}");
     // A second look only after keeping the VA-stable graph against a
     // recapture within reach; then its decision is the runner.
