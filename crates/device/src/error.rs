@@ -27,4 +27,22 @@ pub enum DeviceError {
     NotAvailable(String),
 }
 
+impl DeviceError {
+    /// A failed driver call's error with `message` (what the call was
+    /// about) in place of its own; any other error as it is.
+    pub fn with_message(self, message: impl FnOnce() -> String) -> Self {
+        match self {
+            DeviceError::Driver {
+                call, code, name, ..
+            } => DeviceError::Driver {
+                call,
+                code,
+                name,
+                message: message(),
+            },
+            e => e,
+        }
+    }
+}
+
 pub type Result<T, E = DeviceError> = std::result::Result<T, E>;

@@ -388,17 +388,8 @@ impl<H: Copy> FftLib<H> {
                 (FftKind::RealToComplex, true) => (self.api.exec_real[2])(handle, input, output),
                 (FftKind::ComplexToReal, true) => (self.api.exec_real[3])(handle, input, output),
             };
-            self.check("exec", status).map_err(|e| match e {
-                DeviceError::Driver {
-                    call, code, name, ..
-                } => DeviceError::Driver {
-                    call,
-                    code,
-                    name,
-                    message: describe(spec, plan.workspace, args),
-                },
-                e => e,
-            })?;
+            self.check("exec", status)
+                .map_err(|e| e.with_message(|| describe(spec, plan.workspace, args)))?;
         }
         let Some(alpha) = spec.scale_alpha() else {
             return Ok(());

@@ -195,20 +195,10 @@ impl<'a> Descriptor<'a> {
 
     /// `e` with this descriptor's type (and the attribute) in its message.
     fn name(&self, e: DeviceError, attr: Option<A>) -> DeviceError {
-        match e {
-            DeviceError::Driver {
-                call, code, name, ..
-            } => DeviceError::Driver {
-                call,
-                code,
-                name,
-                message: match attr {
-                    Some(a) => format!("{:?} {a:?}", self.kind),
-                    None => format!("{:?}", self.kind),
-                },
-            },
-            e => e,
-        }
+        e.with_message(|| match attr {
+            Some(a) => format!("{:?} {a:?}", self.kind),
+            None => format!("{:?}", self.kind),
+        })
     }
 
     fn get_i64(&self, name: A) -> Result<i64> {
