@@ -44,8 +44,9 @@ pub const OPTIONS: &[OptionSpec] = &[
         env: "XLA_VMM_GUARD",
         values: "0, 1",
         default: "1",
-        doc: "graph mode measures each program's first steps as VA-stable graph and graph-recapture \
-              (and eager where recapture keeps capturing or memory is in host memory), and runs the fastest (said in stats() and one \
+        doc: "graph mode measures each program's first steps as graph-recapture and keeps it where it \
+              replays one graph; otherwise it measures the VA-stable graph too (and eager where recapture \
+              keeps capturing or memory is in host memory) and runs the fastest (said in stats() and one \
               log line); 0 keeps VA-stable graphs",
     },
     OptionSpec {
