@@ -518,21 +518,23 @@ mod tests {
             0
         }
 
+        /// The entry points above (another stand-in replaces some).
+        pub fn api() -> Api<c_int> {
+            Api {
+                create,
+                destroy,
+                set_auto_allocation: set_int,
+                make_plan_many64: make,
+                set_work_area: set_ptr,
+                set_stream: set_ptr,
+                exec_complex: [exec_c; 2],
+                exec_real: [exec_r; 4],
+                _lib: None,
+            }
+        }
+
         pub fn lib() -> FftLib<c_int> {
-            FftLib::with_api(
-                &ABI,
-                Api {
-                    create,
-                    destroy,
-                    set_auto_allocation: set_int,
-                    make_plan_many64: make,
-                    set_work_area: set_ptr,
-                    set_stream: set_ptr,
-                    exec_complex: [exec_c; 2],
-                    exec_real: [exec_r; 4],
-                    _lib: None,
-                },
-            )
+            FftLib::with_api(&ABI, api())
         }
     }
 
@@ -599,7 +601,6 @@ mod tests {
         //! [`super::stand_in`]'s entry points, with a work area setter that
         //! records what a run set and an exec that fails (status 6,
         //! cuFFT's EXEC_FAILED) on input 0xdead.
-        use super::stand_in::{exec_c, make, set_int, set_ptr};
         use super::*;
         use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
@@ -630,13 +631,9 @@ mod tests {
                 Api {
                     create,
                     destroy: ok,
-                    set_auto_allocation: set_int,
-                    make_plan_many64: make,
                     set_work_area: set_area,
-                    set_stream: set_ptr,
-                    exec_complex: [exec_c; 2],
                     exec_real: [exec_r; 4],
-                    _lib: None,
+                    ..super::stand_in::api()
                 },
             )
         }

@@ -206,37 +206,44 @@ impl Trial {
         }
     }
 
-    /// The fixed schedule, step by step (runner, counted).
+    /// The fixed schedule, step by step: its runs of (runner, steps,
+    /// counted) in order.
     fn schedule(&self, i: usize) -> Option<Planned> {
-        let p = |runner, counted| Some(Planned { runner, counted });
-        if self.second {
-            return match i {
-                i if i < SAMPLES => p(Runner::VaStable, true),
-                i if i == SAMPLES => p(Runner::Recapture, false),
-                i if i <= 2 * SAMPLES => p(Runner::Recapture, true),
-                _ => None,
-            };
+        use Runner::{Eager, Recapture, VaStable};
+        type Runs = &'static [(Runner, usize, bool)];
+        // The second look: VA-stable's warm-up is behind it; no eager.
+        const SECOND: Runs = &[
+            (VaStable, SAMPLES, true),
+            (Recapture, 1, false),
+            (Recapture, SAMPLES, true),
+        ];
+        const VA_FIRST: Runs = &[
+            (VaStable, VA_WARM_STEPS, false),
+            (VaStable, SAMPLES, true),
+            (Recapture, 1, false),
+            (Recapture, SAMPLES, true),
+            (Eager, SAMPLES, true),
+        ];
+        const RECAPTURE_FIRST: Runs = &[
+            (Recapture, 1, false),
+            (Recapture, SAMPLES, true),
+            (VaStable, VA_WARM_STEPS, false),
+            (VaStable, SAMPLES, true),
+            (Eager, SAMPLES, true),
+        ];
+        let runs = match (self.second, self.va_first) {
+            (true, _) => SECOND,
+            (false, Some(true)) => VA_FIRST,
+            (false, _) => RECAPTURE_FIRST,
+        };
+        let mut i = i;
+        for &(runner, steps, counted) in runs {
+            if i < steps {
+                return Some(Planned { runner, counted });
+            }
+            i -= steps;
         }
-        let va = VA_WARM_STEPS + SAMPLES;
-        if self.va_first == Some(true) {
-            return match i {
-                i if i < VA_WARM_STEPS => p(Runner::VaStable, false),
-                i if i < va => p(Runner::VaStable, true),
-                i if i == va => p(Runner::Recapture, false),
-                i if i <= va + SAMPLES => p(Runner::Recapture, true),
-                i if i <= va + 2 * SAMPLES => p(Runner::Eager, true),
-                _ => None,
-            };
-        }
-        let rec = 1 + SAMPLES;
-        match i {
-            0 => p(Runner::Recapture, false),
-            i if i < rec => p(Runner::Recapture, true),
-            i if i < rec + VA_WARM_STEPS => p(Runner::VaStable, false),
-            i if i < rec + va => p(Runner::VaStable, true),
-            i if i < rec + va + SAMPLES => p(Runner::Eager, true),
-            _ => None,
-        }
+        None
     }
 
     /// The runner of the next trial step (`None`: every step was handed out;
