@@ -49,7 +49,7 @@ def staged_of(p):
     result lines use, with the program's name, runner and steps."""
     s = p["staging"]
     keys = ("staged_bytes", "device_bytes", "bytes_in_per_step", "bytes_out_per_step", "estimated_step_us",
-            "unbudgeted_step_us", "timed_steps", "gpu_step_us", "copy_in_gbps", "waited_us", "link_utilisation",
+            "unbudgeted_step_us", "must_cross_us", "must_cross_in", "must_cross_out", "timed_steps", "gpu_step_us", "copy_in_gbps", "waited_us", "link_utilisation",
             "link_bytes_per_s", "link_out_bytes_per_s", "link_both_bytes_per_s")
     return dict({"program": p["program"], "id": p.get("id"), "runner": p["runner"], "steps": p.get("steps", 0)},
                 **{k: s[k] for k in keys if k in s})
@@ -73,6 +73,9 @@ def staged_line(st):
             text += "; both ways at that rate %.1f ms" % bound
     text += "; planned %.1f ms (%.1f with no budget)" % (st.get("estimated_step_us", 0) / 1e3,
                                                          st.get("unbudgeted_step_us", 0) / 1e3)
+    if st.get("must_cross_us"):
+        text += "; any staging moves at least %s in, %s out: %.1f ms of link" % (
+            mib(st.get("must_cross_in", 0)), mib(st.get("must_cross_out", 0)), st["must_cross_us"] / 1e3)
     if st.get("link_bytes_per_s"):
         text += " with the link at %.1f GB/s in, %.1f out, %.1f both at once" % (
             st["link_bytes_per_s"] / 1e9, st.get("link_out_bytes_per_s", 0) / 1e9,

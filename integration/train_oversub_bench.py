@@ -16,7 +16,10 @@ Adam's two moments) is 1.25x and 2x a device memory limit, as ms a step:
   rewriting the model layer by layer;
 - the link bound: the state past the limit must cross the host link both ways every step (the step reads it and
   writes it), at the link's rates (--probe: `xla-vmm probe --json`'s file; else --link-gbps, --link-out-gbps,
-  --link-both-gbps).
+  --link-both-gbps). The state alone: the step's gradients and activations need room too;
+- the step's least link time: what any staging of the step must move, from the bytes its thunks still need at
+  each instant (state, gradients, activations) against the device room (`report()`'s `must_cross_us`, at the
+  link rates the plugin planned with). The tighter of the two bounds.
 
 Every row runs the same steps on the same batches from the same initial state; our rows with a limit run the
 unlimited row's executable, so their losses must be its, bit for bit (stock's rows are other programs: their
@@ -223,16 +226,19 @@ def table(a, rows, failed, sbytes):
               min(a.warmup, STOCK_WARMUP), a.link_gbps,
               ", %.1f out" % a.link_out_gbps if a.link_out_gbps else "",
               ", %.1f both at once" % a.link_both_gbps if a.link_both_gbps else ""), "",
-          "| config | device memory | ms/step | vs stock | link bound ms | bound / step | losses |",
-          "|---|---|---|---|---|---|---|"]
+          "| config | device memory | ms/step | vs stock | link bound ms | bound / step | step's least link ms "
+          "| least / step | losses |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    pct = lambda b, ms: "%.0f%%" % (100 * b / ms) if b else "-"  # noqa: E731
     for r in rows:
         past = max(0.0, sbytes - sbytes / r["ratio"]) if r["ratio"] else 0.0
         bound = link_bound_ms(past, a) if past else None
-        md.append("| %s | %s | %.2f | %s | %s | %s | %s |" % (
+        least = least_link_ms(r)
+        md.append("| %s | %s | %.2f | %s | %s | %s | %s | %s | %s |" % (
             r["label"], "%.2f GiB" % (sbytes / r["ratio"] / 2**30) if r["ratio"] else "whole card", r["ms"],
             "%.2fx" % (stock["ms"] / r["ms"]) if stock else "-", "%.1f" % bound if bound else "-",
-            "%.0f%%" % (100 * bound / r["ms"]) if bound else "-", vs(r)))
-    md += ["| %s | - | - | - | - | - | %s |" % (label, why.replace("|", "/")[:200]) for label, why in failed]
+            pct(bound, r["ms"]), "%.1f" % least if least else "-", pct(least, r["ms"]), vs(r)))
+    md += ["| %s | - | - | - | - | - | - | - | %s |" % (label, why.replace("|", "/")[:200]) for label, why in failed]
     md += ["- %s: stock refused to donate its state (pinned_host); it ran without donation" % r["label"]
            for r in rows if not r.get("donated", True)]
     for r in rows:
@@ -243,6 +249,21 @@ def table(a, rows, failed, sbytes):
     return md + ["- ERROR " + e for e in errors], errors
 
 
+def step_of(r):
+    """The train step among a row's staged programs: the one planned longest (the model's initialisation runs
+    small staged programs too)."""
+    staged = r.get("staged") or [{}]
+    return max(staged, key=lambda st: st.get("estimated_step_us", 0))
+
+
+def least_link_ms(r):
+    """The link time the step's own buffers force, ms: what any staging of the step must move at the least, its
+    temporaries and gradients included, with its memory where the run put it (`report()`'s `must_cross_us`;
+    None where the plugin does not say)."""
+    us = step_of(r).get("must_cross_us")
+    return us / 1e3 if us else None
+
+
 def memory_lines(r):
     """The device memory the loaded programs hold of their own, beside the staged ones: one line per row with
     a budget, the largest holders named."""
@@ -251,8 +272,7 @@ def memory_lines(r):
         return []
     # The step is the staged program planned longest (other programs of the same name are others: the model's
     # initialisation runs several `jit_multiply`, for one); a line without an id is matched by name.
-    staged = r.get("staged") or [{}]
-    step = max(staged, key=lambda st: st.get("estimated_step_us", 0))
+    step = step_of(r)
     key = (lambda m: m.get("id")) if step.get("id") is not None else (lambda m: m.get("program"))
     others = [m for m in mem if key(m) != key(step)]
     mib = lambda b: b / 2**20  # noqa: E731

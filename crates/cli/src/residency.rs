@@ -136,6 +136,17 @@ pub fn text(plan: &Plan, r: &ResidencyPlan) -> String {
         r.unbudgeted_step_us / 1e3,
         r.link_bound_us / 1e3
     );
+    let c = &r.must_cross;
+    let _ = writeln!(
+        s,
+        "  any plan moves at least {} in, {} out, {} both ways a step (before thunk {}, {} needed): {:.3} ms of link",
+        gib(c.bytes_in),
+        gib(c.bytes_out),
+        gib(c.bytes_both),
+        c.at_thunk,
+        gib(c.needed_bytes),
+        c.link_us / 1e3
+    );
     let _ = writeln!(s, "  prefetches: {}", r.prefetches.len());
     for p in r.prefetches.iter().take(SHOWN) {
         let _ = writeln!(
@@ -195,6 +206,7 @@ pub fn json(r: &ResidencyPlan) -> Value {
         "step_us": r.step_us,
         "unbudgeted_step_us": r.unbudgeted_step_us,
         "link_bound_us": r.link_bound_us,
+        "must_cross": r.must_cross,
         "placements": placements,
         "prefetches": r.prefetches,
         "evictions": r.evictions,
@@ -484,10 +496,13 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
         .link_us(m.bytes_in_per_step + in_place_bytes, m.bytes_out_per_step);
     let _ = writeln!(
         s,
-        "  estimated step {:.2} ms as these copies run (every buffer on the device: {:.2} ms; the link's bytes: {:.2} ms)",
+        "  estimated step {:.2} ms as these copies run (every buffer on the device: {:.2} ms; the link's bytes: {:.2} ms; what any staging must move, {} in and {} out: {:.2} ms)",
         m.estimated_step_us / 1e3,
         m.unbudgeted_step_us / 1e3,
-        bound_us / 1e3
+        bound_us / 1e3,
+        gib(m.must_cross_in),
+        gib(m.must_cross_out),
+        m.must_cross_us / 1e3
     );
     let crossed = crossings(p);
     if !crossed.is_empty() {

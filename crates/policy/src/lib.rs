@@ -209,6 +209,7 @@ pub mod cost;
 mod decide;
 mod error;
 mod input;
+pub mod must_cross;
 mod plan;
 pub mod rebalance;
 pub mod residency;

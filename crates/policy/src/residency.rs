@@ -314,8 +314,11 @@ pub struct ResidencyPlan {
     pub step_us: f64,
     /// Estimated step time with every buffer on the device (the ceiling), µs.
     pub unbudgeted_step_us: f64,
-    /// The link bound: bytes that must cross per step over the link, µs.
+    /// The link time of this plan's own traffic (copies and in-place
+    /// bytes), µs.
     pub link_bound_us: f64,
+    /// What any plan must move per step under this budget (a lower bound).
+    pub must_cross: crate::must_cross::MustCross,
 }
 
 impl ResidencyInput {
@@ -486,6 +489,7 @@ pub fn plan_residency(input: &ResidencyInput) -> Result<ResidencyPlan> {
             step_us: unbudgeted,
             unbudgeted_step_us: unbudgeted,
             link_bound_us: 0.0,
+            must_cross: Default::default(),
         });
     }
     // Off the device, each buffer's way and the link bytes it costs per
@@ -529,7 +533,9 @@ pub fn plan_residency(input: &ResidencyInput) -> Result<ResidencyPlan> {
             best = Some(p);
         }
     }
-    Ok(best.expect("two plans"))
+    let mut best = best.expect("two plans");
+    best.must_cross = crate::must_cross::must_cross(input);
+    Ok(best)
 }
 
 /// [`plan_residency`] with room for `buffering` times the staged rest's
@@ -637,6 +643,7 @@ fn plan_with(
         step_us: sched.step_us,
         unbudgeted_step_us: unbudgeted,
         link_bound_us: link_bound,
+        must_cross: Default::default(),
         placements,
     }
 }

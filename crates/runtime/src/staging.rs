@@ -94,6 +94,12 @@ pub struct StagingSummary {
     /// The planner's step estimate, and with everything on the device, µs.
     pub estimated_step_us: f64,
     pub unbudgeted_step_us: f64,
+    /// What any staging of the program, its memory where it is, must move
+    /// per step at the least, and the link's time for it, µs
+    /// (`xla_vmm_policy::must_cross`).
+    pub must_cross_in: u64,
+    pub must_cross_out: u64,
+    pub must_cross_us: f64,
     /// The host link it planned with, bytes/s: to the device, to the host,
     /// both at once (the device's measured link, else the H200's 55e9
     /// with the directions taking turns: the runtime's `device_rates`).
@@ -1548,6 +1554,9 @@ fn summarize(
         bytes_out_per_step: steps.bytes_out,
         estimated_step_us: estimated_us,
         unbudgeted_step_us: residency.unbudgeted_step_us,
+        must_cross_in: residency.must_cross.bytes_in,
+        must_cross_out: residency.must_cross.bytes_out,
+        must_cross_us: residency.must_cross.link_us,
         link_bytes_per_s: input.rates.link_bytes_per_s,
         link_out_bytes_per_s: input.rates.link_out(),
         link_both_bytes_per_s: input.rates.link_both(),
