@@ -137,7 +137,8 @@ pub fn text(plan: &Plan, r: &ResidencyPlan) -> String {
         r.link_bound_us / 1e3
     );
     let c = &r.must_cross;
-    let _ = writeln!(
+    if c.bytes_both > 0 {
+        let _ = writeln!(
         s,
         "  any plan moves at least {} in, {} out, {} both ways a step (before thunk {}, {} needed): {:.3} ms of link",
         gib(c.bytes_in),
@@ -147,6 +148,7 @@ pub fn text(plan: &Plan, r: &ResidencyPlan) -> String {
         gib(c.needed_bytes),
         c.link_us / 1e3
     );
+    }
     let _ = writeln!(s, "  prefetches: {}", r.prefetches.len());
     for p in r.prefetches.iter().take(SHOWN) {
         let _ = writeln!(
