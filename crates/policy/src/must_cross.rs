@@ -7,8 +7,9 @@
 //! - read: content a later thunk reads before anything overwrites it whole
 //!   (a buffer living across steps: a later thunk of this step or the next);
 //! - dirty: content the host does not have: a buffer living across steps
-//!   since the step (or the one before) wrote it; a temporary the step
-//!   wrote and still reads.
+//!   since the step (or the one before) wrote it, unless the next thing to
+//!   touch it overwrites it whole (until then it is dead); a temporary the
+//!   step wrote and still reads.
 //!
 //! Of those, at most the budget can be in device memory at that instant.
 //! Whatever is off the device then crosses the link: in before it is read,
@@ -176,7 +177,14 @@ fn add_buffer(sums: &mut Sums, list: &[Touch], size: u64, persistent: bool, m: u
     let last_write_in_step = list.iter().rev().find(|x| x.write > 0).map(|x| x.write);
     let mut dirty_after = vec![0u64; n];
     let mut written: Option<u64> = if persistent { last_write_in_step } else { None };
-    let head_dirty = written.unwrap_or(0);
+    // Content overwritten whole before anything reads it is dead until then
+    // (a donated input the step rewrites; an output the plugin has copied
+    // out): it need be nowhere.
+    let head_dirty = if list[0].overwrites {
+        0
+    } else {
+        written.unwrap_or(0)
+    };
     for (j, x) in list.iter().enumerate() {
         if x.write > 0 {
             written = Some(x.write);
@@ -201,7 +209,9 @@ fn add_buffer(sums: &mut Sums, list: &[Touch], size: u64, persistent: bool, m: u
             0
         };
         if persistent {
-            sums.add(from, to, parts(read, dirty_after[j]));
+            let dead = list.get(j + 1).is_some_and(|x| x.overwrites);
+            let dirty = if dead { 0 } else { dirty_after[j] };
+            sums.add(from, to, parts(read, dirty));
         } else if dirty_after[j] > 0 && read > 0 {
             // A temporary: content the step made and still reads, dirty.
             let dirty = dirty_after[j].min(read);
@@ -307,9 +317,27 @@ mod tests {
         let c = must_cross(&i);
         assert_eq!(c.bytes_in, 60 * MB);
         assert_eq!(c.bytes_out, 60 * MB);
-        // Before `write`: dirty only; before `read`: read and dirty.
+        // Before `write`: dead (nothing reads it before it is rewritten, the
+        // last result was copied out); before `read`: read and dirty.
         assert_eq!(c.bytes_both, 120 * MB);
         assert_eq!(c.at_thunk, 1);
+        // With a 100 MB weight read only before `write`, the output's dead
+        // stretch leaves the weight alone against the budget there.
+        let i = input(
+            vec![buf(0, 100, true), buf(1, 100, true)],
+            vec![
+                thunk("w", &[(1, 100, true, false)], 0.0),
+                thunk("write", &[(0, 100, false, true)], 0.0),
+                thunk("read", &[(0, 100, true, false)], 0.0),
+            ],
+            40,
+        );
+        let c = must_cross(&i);
+        // Before `w` and `write`: the weight (read) and nothing of the
+        // output; after `write`: both, the output dirty.
+        assert_eq!(c.bytes_in, 160 * MB);
+        assert_eq!(c.bytes_out, 60 * MB);
+        assert_eq!(c.at_thunk, 2);
     }
 
     #[test]
