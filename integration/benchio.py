@@ -49,8 +49,9 @@ def staged_of(p):
     result lines use, with the program's name, runner and steps."""
     s = p["staging"]
     keys = ("staged_bytes", "device_bytes", "bytes_in_per_step", "bytes_out_per_step", "estimated_step_us",
-            "unbudgeted_step_us", "must_cross_us", "must_cross_in", "must_cross_out", "timed_steps", "gpu_step_us", "copy_in_gbps", "waited_us", "link_utilisation",
-            "link_bytes_per_s", "link_out_bytes_per_s", "link_both_bytes_per_s")
+            "unbudgeted_step_us", "must_cross_us", "must_cross_in", "must_cross_out", "timed_steps", "gpu_step_us",
+            "copy_in_gbps", "waited_us", "link_utilisation", "link_bytes_per_s", "link_out_bytes_per_s",
+            "link_both_bytes_per_s")
     return dict({"program": p["program"], "id": p.get("id"), "runner": p["runner"], "steps": p.get("steps", 0)},
                 **{k: s[k] for k in keys if k in s})
 

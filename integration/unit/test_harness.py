@@ -668,8 +668,8 @@ class TrainOversubBench(unittest.TestCase):
         self.assertIn("| DIFFER |", text)
         self.assertIn("| stock offload 2.00x | 4.00 GiB | 100.00 | 0.10x |", text)
         self.assertIn("max abs 0.25 |", text)
-        self.assertIn("| stock capped 2.00x | - | - | - | - | - | - | - | rc 1: RESOURCE_EXHAUSTED: Out of memory / x |",
-                      text)
+        self.assertIn("| stock capped 2.00x | - | - | - | - | - | - | - | "
+                      "rc 1: RESOURCE_EXHAUSTED: Out of memory / x |", text)
         self.assertIn("- vmm 2.00x: jit_step (va-stable graph, 30 steps): past the budget, 1024 MiB staged", text)
         # 4 GiB each way at 50 GB/s, the directions taking turns: 171.8 ms; 80 ms a step is faster than that
         # bound's share, 215%.

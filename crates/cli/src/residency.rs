@@ -139,15 +139,15 @@ pub fn text(plan: &Plan, r: &ResidencyPlan) -> String {
     let c = &r.must_cross;
     if c.bytes_both > 0 {
         let _ = writeln!(
-        s,
-        "  any plan moves at least {} in, {} out, {} both ways a step (before thunk {}, {} needed): {:.3} ms of link",
-        gib(c.bytes_in),
-        gib(c.bytes_out),
-        gib(c.bytes_both),
-        c.at_thunk,
-        gib(c.needed_bytes),
-        c.link_us / 1e3
-    );
+            s,
+            "  any plan moves at least {} in, {} out, {} both ways a step (before thunk {}, {} needed): {:.3} ms of link",
+            gib(c.bytes_in),
+            gib(c.bytes_out),
+            gib(c.bytes_both),
+            c.at_thunk,
+            gib(c.needed_bytes),
+            c.link_us / 1e3
+        );
     }
     let _ = writeln!(s, "  prefetches: {}", r.prefetches.len());
     for p in r.prefetches.iter().take(SHOWN) {
