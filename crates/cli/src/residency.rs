@@ -131,7 +131,7 @@ pub fn text(plan: &Plan, r: &ResidencyPlan) -> String {
     );
     let _ = writeln!(
         s,
-        "  estimated step: {:.3} ms (every buffer on the device: {:.3} ms; link bound: {:.3} ms)",
+        "  estimated step: {:.3} ms (every buffer on the device: {:.3} ms; its bytes over the link: {:.3} ms)",
         r.step_us / 1e3,
         r.unbudgeted_step_us / 1e3,
         r.link_bound_us / 1e3
