@@ -98,7 +98,7 @@ pub fn must_cross(input: &ResidencyInput) -> MustCross {
                     thunk: k,
                     read: 0,
                     write: 0,
-                    overwrites: true,
+                    overwrites: false,
                 });
             }
             let x = list.last_mut().expect("pushed");
@@ -118,6 +118,7 @@ pub fn must_cross(input: &ResidencyInput) -> MustCross {
             continue;
         }
         let size = input.buffers[b].bytes;
+        // Known once the thunk's uses are merged.
         for x in list.iter_mut() {
             x.overwrites = x.read == 0 && x.write == size;
         }
