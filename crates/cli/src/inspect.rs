@@ -119,7 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 json!({"min": t.min.as_micros(), "median": t.median.as_micros(), "runs": t.runs});
         }
         if let Some(r) = &residency {
-            v["residency"] = crate::residency::json(r);
+            v["residency"] = crate::residency::json(&r.0, &r.1);
         }
         if let Some(a) = &as_run {
             v["as_run"] = crate::residency::as_run_json(a);
@@ -131,7 +131,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         print!("{}", summary_text(&plan, bytes.len(), args.uses));
         if let Some(r) = &residency {
-            print!("{}", crate::residency::text(&plan, r));
+            print!("{}", crate::residency::text(&plan, &r.0, &r.1));
         }
         if let Some(a) = &as_run {
             print!("{}", crate::residency::as_run_text(a));

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 use xla_vmm::Plan;
+use xla_vmm_policy::must_cross::MustCross;
 use xla_vmm_policy::residency::{Home, Placement, Rates, ResidencyPlan};
 
 /// The device's rates for the plan (the H200's measured ones by default).
@@ -52,12 +53,14 @@ pub fn parse_budget(text: &str) -> Result<u64, String> {
 }
 
 /// The plan of `plan` under `budget`.
-pub fn plan(plan: &Plan, budget: u64, rates: &RateArgs) -> anyhow::Result<ResidencyPlan> {
-    Ok(xla_vmm_runtime::residency::plan_for(
-        plan,
-        budget,
-        rates.rates(),
-    )?)
+pub fn plan(
+    plan: &Plan,
+    budget: u64,
+    rates: &RateArgs,
+) -> anyhow::Result<(ResidencyPlan, MustCross)> {
+    let input = xla_vmm_runtime::residency::residency_input(plan, budget, rates.rates())?;
+    let r = xla_vmm_policy::residency::plan_residency(&input)?;
+    Ok((r, xla_vmm_policy::must_cross::must_cross(&input)))
 }
 
 fn gib(b: u64) -> String {
@@ -91,7 +94,7 @@ fn name(plan: &Plan, r: &ResidencyPlan, i: usize) -> String {
 const SHOWN: usize = 8;
 
 /// The readable summary.
-pub fn text(plan: &Plan, r: &ResidencyPlan) -> String {
+pub fn text(plan: &Plan, r: &ResidencyPlan, c: &MustCross) -> String {
     let mut s = String::new();
     let count = |p: Placement| {
         let (n, b) = r
@@ -136,7 +139,6 @@ pub fn text(plan: &Plan, r: &ResidencyPlan) -> String {
         r.unbudgeted_step_us / 1e3,
         r.link_bound_us / 1e3
     );
-    let c = &r.must_cross;
     if c.bytes_both > 0 {
         let _ = writeln!(
             s,
@@ -186,7 +188,7 @@ pub fn text(plan: &Plan, r: &ResidencyPlan) -> String {
 }
 
 /// The `residency` member of `inspect --json`.
-pub fn json(r: &ResidencyPlan) -> Value {
+pub fn json(r: &ResidencyPlan, c: &MustCross) -> Value {
     let placements: Vec<Value> = r
         .placements
         .iter()
@@ -208,7 +210,7 @@ pub fn json(r: &ResidencyPlan) -> Value {
         "step_us": r.step_us,
         "unbudgeted_step_us": r.unbudgeted_step_us,
         "link_bound_us": r.link_bound_us,
-        "must_cross": r.must_cross,
+        "must_cross": c,
         "placements": placements,
         "prefetches": r.prefetches,
         "evictions": r.evictions,

@@ -138,10 +138,7 @@ pub fn must_cross(input: &ResidencyInput) -> MustCross {
         best.bytes_in = best.bytes_in.max(bytes_in);
         best.bytes_out = best.bytes_out.max(bytes_out);
         best.bytes_both = best.bytes_both.max(bytes_both);
-        let us = (bytes_in as f64 / r.link_bytes_per_s)
-            .max(bytes_out as f64 / r.link_out())
-            .max(bytes_both as f64 / r.link_both())
-            * 1e6;
+        let us = r.link_us_of(bytes_in as f64, bytes_out as f64, bytes_both as f64);
         if us > best.link_us {
             best.link_us = us;
             best.at_thunk = k;

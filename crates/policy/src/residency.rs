@@ -210,9 +210,15 @@ impl Rates {
     /// rate, both together at the rate of both at once.
     pub fn link_us(&self, bytes_in: u64, bytes_out: u64) -> f64 {
         let (i, o) = (bytes_in as f64, bytes_out as f64);
-        (i / self.link_bytes_per_s)
-            .max(o / self.link_out())
-            .max((i + o) / self.link_both())
+        self.link_us_of(i, o, i + o)
+    }
+
+    /// [`Rates::link_us`] where the bytes of both directions together are
+    /// counted apart (a bound may know more of them than of each way).
+    pub fn link_us_of(&self, bytes_in: f64, bytes_out: f64, bytes_both: f64) -> f64 {
+        (bytes_in / self.link_bytes_per_s)
+            .max(bytes_out / self.link_out())
+            .max(bytes_both / self.link_both())
             * 1e6
     }
 }
@@ -317,8 +323,6 @@ pub struct ResidencyPlan {
     /// The link time of this plan's own traffic (copies and in-place
     /// bytes), µs.
     pub link_bound_us: f64,
-    /// What any plan must move per step under this budget (a lower bound).
-    pub must_cross: crate::must_cross::MustCross,
 }
 
 impl ResidencyInput {
@@ -489,7 +493,6 @@ pub fn plan_residency(input: &ResidencyInput) -> Result<ResidencyPlan> {
             step_us: unbudgeted,
             unbudgeted_step_us: unbudgeted,
             link_bound_us: 0.0,
-            must_cross: Default::default(),
         });
     }
     // Off the device, each buffer's way and the link bytes it costs per
@@ -533,9 +536,7 @@ pub fn plan_residency(input: &ResidencyInput) -> Result<ResidencyPlan> {
             best = Some(p);
         }
     }
-    let mut best = best.expect("two plans");
-    best.must_cross = crate::must_cross::must_cross(input);
-    Ok(best)
+    Ok(best.expect("two plans"))
 }
 
 /// [`plan_residency`] with room for `buffering` times the staged rest's
@@ -643,7 +644,6 @@ fn plan_with(
         step_us: sched.step_us,
         unbudgeted_step_us: unbudgeted,
         link_bound_us: link_bound,
-        must_cross: Default::default(),
         placements,
     }
 }

@@ -14,9 +14,7 @@
 //! prefetches start earlier).
 
 use xla_vmm::{Access, AllocationRole, GemmConfig, Plan, Slice, Thunk, ThunkKind};
-use xla_vmm_policy::residency::{
-    gemm_reuse, plan_residency, Buffer, Home, Rates, ResidencyInput, ResidencyPlan, ThunkStep, Use,
-};
+use xla_vmm_policy::residency::{gemm_reuse, Buffer, Home, Rates, ResidencyInput, ThunkStep, Use};
 
 use crate::error::{Result, RuntimeError};
 
@@ -316,12 +314,6 @@ pub fn residency_input(plan: &Plan, budget_bytes: u64, rates: Rates) -> Result<R
         rates,
         budget_bytes,
     })
-}
-
-/// The residency plan of `plan` under `budget_bytes`.
-pub fn plan_for(plan: &Plan, budget_bytes: u64, rates: Rates) -> Result<ResidencyPlan> {
-    let input = residency_input(plan, budget_bytes, rates)?;
-    plan_residency(&input).map_err(|e| RuntimeError::invalid(format!("residency: {e}")))
 }
 
 /// One use of a value of a temporary allocation by a unit: (value, bytes,

@@ -1548,15 +1548,17 @@ fn summarize(
     estimated_us: f64,
     area_bytes: u64,
 ) -> StagingSummary {
+    // Asked once per staging (the runtime keeps the summary), never per step.
+    let bound = xla_vmm_policy::must_cross::must_cross(input);
     let mut s = StagingSummary {
         area_bytes,
         bytes_in_per_step: steps.bytes_in,
         bytes_out_per_step: steps.bytes_out,
         estimated_step_us: estimated_us,
         unbudgeted_step_us: residency.unbudgeted_step_us,
-        must_cross_in: residency.must_cross.bytes_in,
-        must_cross_out: residency.must_cross.bytes_out,
-        must_cross_us: residency.must_cross.link_us,
+        must_cross_in: bound.bytes_in,
+        must_cross_out: bound.bytes_out,
+        must_cross_us: bound.link_us,
         link_bytes_per_s: input.rates.link_bytes_per_s,
         link_out_bytes_per_s: input.rates.link_out(),
         link_both_bytes_per_s: input.rates.link_both(),
