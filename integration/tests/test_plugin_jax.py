@@ -7,6 +7,7 @@ unsupported op) that must be Python exceptions with the process still alive.
 """
 import contextlib
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -404,6 +405,59 @@ def test_ffts_run_on_our_runtime_bit_identical_to_stock(tmp_path):
             tol = 1e-4 if got.dtype in (np.float32, np.complex64) else 1e-10
             np.testing.assert_allclose(got, cpu, rtol=tol, atol=tol * np.abs(cpu).max(), err_msg=name)
     assert not failed, failed
+
+
+# The FFT and triangular-solve cases again, each program run for `steps` steps on new inputs (scaled
+# by 1 + k/4): on CUDA both are captured into the program's graph (XLA keeps them out of its command
+# buffers), so later steps replay them from the graph. `run(dev)` returns every step's result.
+REPLAY_CASES = """
+import numpy as np, jax
+from jax import lax
+FFT, TRSM = {}, {}
+exec(%r, FFT)
+exec(%r, TRSM)
+
+def jobs():
+    js = [(n, jax.jit(fn), (x,)) for n, fn, x in FFT["cases"]()]
+    for i, (a, b, left, lower, trans, conj, unit) in enumerate(TRSM["cases"]()):
+        solve = lambda a, b, left=left, lower=lower, trans=trans, conj=conj, unit=unit: \\
+            lax.linalg.triangular_solve(a, b, left_side=left, lower=lower, transpose_a=trans,
+                                        conjugate_a=conj, unit_diagonal=unit)
+        js.append(("trsm_%%d" %% i, jax.jit(solve), (a, b)))
+    return js
+
+def run(dev, steps=4):
+    out = []
+    for _, f, args in jobs():
+        for k in range(steps):
+            s = 1 + 0.25 * k
+            out.append(np.asarray(f(*[jax.device_put((x * s).astype(x.dtype), dev) for x in args])))
+    return out
+""" % (FFT_CASES, TRSM_CASES)
+
+
+@pytest.mark.parametrize("mode", ["graph", "graph-recapture"])
+def test_ffts_and_solves_replay_from_graphs_bit_identical_to_stock(tmp_path, mode):
+    """FFTs (cuFFT) and triangular solves (cuBLAS) captured into their programs' graphs: four steps
+    of each program on new inputs, in each graph mode with no guard, every step bit-identical to stock
+    XLA's, and report() says each program runs as a graph, none eager."""
+    want = stock_results(REPLAY_CASES, tmp_path)
+    ours = tmp_path / "ours.npz"
+    out = _python(CHILD_SETUP + REPLAY_CASES + """
+import json
+np.savez(%r, *run(d))
+print(json.dumps([(p["program"], p["runner"], p["reason"], p["steps"])
+                  for p in xla_vmm.report()["programs"] if p["steps"] >= 4]))
+""" % str(ours), env={"XLA_VMM_EXEC_MODE": mode, "XLA_VMM_GUARD": "0"})
+    got = np.load(ours)
+    assert sorted(got.files) == sorted(want.files)
+    for k in want.files:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        assert got[k].tobytes() == want[k].tobytes(), "result %s differs from stock XLA" % k
+    programs = json.loads(out.strip().splitlines()[-1])
+    assert len(programs) >= 18, programs
+    runner = {"graph": "va-stable graph", "graph-recapture": "graph-recapture"}[mode]
+    assert all(r == runner and why is None for _, r, why, _ in programs), programs
 
 
 # Convolutions of the kinds our runtime runs: forward (NCHW and NHWC, strides, dilation, feature

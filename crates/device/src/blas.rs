@@ -519,6 +519,15 @@ pub trait GemmEngine<B: Backend>: Send + Sync {
     fn fft_workspace(&self, plan: FftPlanId) -> Result<u64> {
         Err(DeviceError::Unsupported(format!("no FFT plan {}", plan.0)))
     }
+    /// Can a stream capture take this engine's solves and transforms
+    /// ([`GemmEngine::trsm`], [`GemmEngine::run_fft`]): do they only enqueue
+    /// device work on the stream they are given, work that replays the same
+    /// from a graph? An engine that runs them any other way (on the host, or
+    /// through a library whose capture is not known to work) keeps a program
+    /// with one out of graphs.
+    fn library_calls_capturable(&self) -> bool {
+        false
+    }
     /// Enqueue a prepared transform, and for an inverse one its scaling,
     /// on `stream`.
     fn run_fft(&self, plan: FftPlanId, args: &FftArgs, stream: &B::Stream) -> Result<()> {

@@ -388,12 +388,16 @@ fn run_while<B: Backend>(
 
 /// Why `ops` cannot be captured into a graph (`None`: it can): a
 /// conditional picks its branch on the host, and a while loop without a
-/// trip count needs conditional graph nodes and an iteration-free body.
+/// trip count needs conditional graph nodes and an iteration-free body;
+/// triangular solves and FFTs need an `engine` whose library calls a
+/// capture takes ([`GemmEngine::library_calls_capturable`]).
 pub(crate) fn capture_blocker<B: Backend>(
     ops: &[Op<B>],
     info: &xla_vmm_device::DeviceInfo,
+    engine: Option<&dyn GemmEngine<B>>,
 ) -> Option<String> {
     let conditional_nodes = info.conditional_nodes;
+    let library_capture = engine.is_some_and(|e| e.library_calls_capturable());
     ops.iter().find_map(|op| match op {
         Op::Conditional { name, branches, .. } => {
             if !info.case_nodes {
@@ -403,7 +407,7 @@ pub(crate) fn capture_blocker<B: Backend>(
             }
             branches
                 .iter()
-                .find_map(|b| capture_blocker(b, info))
+                .find_map(|b| capture_blocker(b, info, engine))
         }
         Op::While {
             name,
@@ -424,19 +428,19 @@ pub(crate) fn capture_blocker<B: Backend>(
                     ));
                 }
             }
-            capture_blocker(condition, info)
-                .or_else(|| capture_blocker(body, info))
+            capture_blocker(condition, info, engine)
+                .or_else(|| capture_blocker(body, info, engine))
         }
         Op::Conv(c) => Some(format!(
             "convolution {} runs through cuDNN's execution API (XLA keeps convolution thunks out of its command buffers too)",
             c.run.name
         )),
-        Op::Trsm(t) => Some(format!(
-            "triangular solve {} runs through the BLAS library (XLA keeps the thunk out of its command buffers too)",
+        Op::Trsm(t) if !library_capture => Some(format!(
+            "triangular solve {} runs through a BLAS library this backend does not capture",
             t.name
         )),
-        Op::Fft(f) => Some(format!(
-            "fft {} runs through the FFT library (XLA keeps FFT thunks out of its command buffers too)",
+        Op::Fft(f) if !library_capture => Some(format!(
+            "fft {} runs through an FFT library this backend does not capture",
             f.run.name
         )),
         Op::HostExecute(h) => Some(format!(
@@ -447,8 +451,8 @@ pub(crate) fn capture_blocker<B: Backend>(
             "custom call '{}' ({}) has an FFI handler that is not command-buffer compatible",
             c.target, c.name
         )),
-        Op::Sequential(ops) | Op::AsyncStart { ops, .. } => capture_blocker(ops, info),
-        Op::DynamicSlice { embedded, .. } => capture_blocker(embedded, info),
+        Op::Sequential(ops) | Op::AsyncStart { ops, .. } => capture_blocker(ops, info, engine),
+        Op::DynamicSlice { embedded, .. } => capture_blocker(embedded, info, engine),
         _ => None,
     })
 }

@@ -183,7 +183,7 @@ impl<B: Backend> Program<B> {
                 return Err(e);
             }
         };
-        let capture_blocker = crate::exec::capture_blocker(&ops, backend.info());
+        let capture_blocker = crate::exec::capture_blocker(&ops, backend.info(), gemm.as_deref());
         let mut p = Program {
             vmm: VmmContext::new(backend.clone()),
             backend: backend.clone(),

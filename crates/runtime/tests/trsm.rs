@@ -1,8 +1,9 @@
 //! Triangular solves on the host backend, through a BLAS engine that solves
 //! on the host: what the runtime hands it (the spec from the thunk, the
 //! matrices directly or, for a batch, the pointer arrays it writes into the
-//! thunk's temp buffer), the result in place in `b`, graph modes running the
-//! program eager, and the errors at load (no engine, a type the BLAS does
+//! thunk's temp buffer), the result in place in `b`, graph modes capturing
+//! the solve where the engine says a capture takes it and running the
+//! program eager where not, and the errors at load (no engine, a type the BLAS does
 //! not solve in).
 
 mod common;
@@ -13,39 +14,61 @@ use common::*;
 use xla_vmm::*;
 use xla_vmm_device::blas::{GemmEngine, Transpose, TrsmArgs, TrsmSpec};
 use xla_vmm_device::error::{DeviceError, Result as DeviceResult};
-use xla_vmm_device::host::HostStream;
-use xla_vmm_device::{Backend, DevicePtr, HostBackend};
+use xla_vmm_device::host::{arg_ptr, arg_u32, HostFunction, HostKernelCtx, HostStream};
+use xla_vmm_device::{Backend, DevicePtr, HostBackend, ImageKind, LaunchConfig};
 use xla_vmm_runtime::{DeviceBuffer, Executable, Mode};
 
 /// Solves `a x = b` for lower-triangular, non-unit, untransposed
-/// column-major f32 matrices on the host; records every call.
+/// column-major f32 matrices through a host kernel enqueued on the stream
+/// (so a capture takes it, and a replay solves again with what the pointer
+/// tables then hold); records every call.
 struct HostSolver {
     backend: Arc<HostBackend>,
+    kernel: HostFunction,
+    /// What `library_calls_capturable` answers.
+    capturable: bool,
     calls: Mutex<Vec<(TrsmSpec, TrsmArgs)>>,
 }
 
-impl HostSolver {
-    fn read(&self, p: DevicePtr, n: usize, s: &HostStream) -> DeviceResult<Vec<u8>> {
-        let mut v = vec![0u8; n];
-        self.backend.read_sync(&mut v, p, s)?;
-        Ok(v)
-    }
-
-    fn f32s(&self, p: DevicePtr, n: usize, s: &HostStream) -> DeviceResult<Vec<f32>> {
-        Ok(self
-            .read(p, 4 * n, s)?
-            .chunks(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
-    }
-
-    fn pointers(&self, p: DevicePtr, n: usize, s: &HostStream) -> DeviceResult<Vec<DevicePtr>> {
-        Ok(self
-            .read(p, 8 * n, s)?
+/// The solver's kernel: args (a, b, batched: u32, m: u32, n: u32, batch:
+/// u32); batched: a and b are tables of `batch` pointers.
+fn solve_kernel(ctx: &HostKernelCtx<'_>, args: &[&[u8]], _: &LaunchConfig) -> DeviceResult<()> {
+    let (a, b) = (arg_ptr(args, 0)?, arg_ptr(args, 1)?);
+    let batched = arg_u32(args, 2)? != 0;
+    let (m, n, batch) = (
+        arg_u32(args, 3)? as usize,
+        arg_u32(args, 4)? as usize,
+        arg_u32(args, 5)? as usize,
+    );
+    let table = |p: DevicePtr| -> DeviceResult<Vec<DevicePtr>> {
+        Ok(ctx
+            .read_vec(p, 8 * batch)?
             .chunks(8)
             .map(|c| DevicePtr(u64::from_le_bytes(c.try_into().unwrap())))
             .collect())
+    };
+    let (a_ptrs, b_ptrs) = if batched {
+        (table(a)?, table(b)?)
+    } else {
+        (vec![a], vec![b])
+    };
+    for (pa, pb) in a_ptrs.into_iter().zip(b_ptrs) {
+        let a = ctx.read_f32(pa, m * m)?;
+        let mut x = ctx.read_f32(pb, m * n)?;
+        // Forward substitution, column by column (column-major: a[i, k] is
+        // a[i + k * m]).
+        for j in 0..n {
+            for i in 0..m {
+                let mut v = x[i + j * m];
+                for k in 0..i {
+                    v -= a[i + k * m] * x[k + j * m];
+                }
+                x[i + j * m] = v / a[i + i * m];
+            }
+        }
+        ctx.write_f32(pb, &x)?;
     }
+    Ok(())
 }
 
 impl GemmEngine<HostBackend> for HostSolver {
@@ -59,35 +82,32 @@ impl GemmEngine<HostBackend> for HostSolver {
         }
     }
 
+    fn library_calls_capturable(&self) -> bool {
+        self.capturable
+    }
+
     fn trsm(&self, spec: &TrsmSpec, args: TrsmArgs, stream: &HostStream) -> DeviceResult<()> {
         self.calls.lock().unwrap().push((*spec, args));
         assert!(spec.left_side && spec.lower && !spec.unit_diagonal);
         assert_eq!(spec.transpose, Transpose::NoTranspose);
-        let (m, n, batch) = (spec.m as usize, spec.n as usize, spec.batch as usize);
-        let (a_ptrs, b_ptrs) = match args {
-            TrsmArgs::Single { a, b } => (vec![a], vec![b]),
-            TrsmArgs::Batched { a_ptrs, b_ptrs } => (
-                self.pointers(a_ptrs, batch, stream)?,
-                self.pointers(b_ptrs, batch, stream)?,
-            ),
+        let (a, b, batched) = match args {
+            TrsmArgs::Single { a, b } => (a, b, 0u32),
+            TrsmArgs::Batched { a_ptrs, b_ptrs } => (a_ptrs, b_ptrs, 1),
         };
-        for (pa, pb) in a_ptrs.into_iter().zip(b_ptrs) {
-            let a = self.f32s(pa, m * m, stream)?;
-            let mut x = self.f32s(pb, m * n, stream)?;
-            // Forward substitution, column by column (column-major: a[i, k]
-            // is a[i + k * m]).
-            for j in 0..n {
-                for i in 0..m {
-                    let mut v = x[i + j * m];
-                    for k in 0..i {
-                        v -= a[i + k * m] * x[k + j * m];
-                    }
-                    x[i + j * m] = v / a[i + i * m];
-                }
-            }
-            self.backend.write_sync(pb, &bytes(&x), stream)?;
-        }
-        Ok(())
+        let u = |v: i32| (v as u32).to_le_bytes();
+        let (a, b) = (a.0.to_le_bytes(), b.0.to_le_bytes());
+        let (batched, m, n, count) = (batched.to_le_bytes(), u(spec.m), u(spec.n), u(spec.batch));
+        let config = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            ..Default::default()
+        };
+        self.backend.launch(
+            &self.kernel,
+            &config,
+            &[&a, &b, &batched, &m, &n, &count],
+            stream,
+        )
     }
 }
 
@@ -143,8 +163,9 @@ fn solve_plan(batch: usize, element_type: ElementType) -> Plan {
 }
 
 /// Batch i: a lower triangle with (i + 2) on the diagonal and 0.5 below it,
-/// junk (99) above it (a solve must not read it); b counts up from 1.
-fn inputs(batch: usize) -> (Vec<f32>, Vec<f32>) {
+/// junk (99) above it (a solve must not read it); b counts up from
+/// 1 + 10 * step (each step of a run solves a new right-hand side).
+fn inputs(batch: usize, step: usize) -> (Vec<f32>, Vec<f32>) {
     let mut a = Vec::new();
     for i in 0..batch {
         for col in 0..M {
@@ -157,16 +178,22 @@ fn inputs(batch: usize) -> (Vec<f32>, Vec<f32>) {
             }
         }
     }
-    let b = (0..batch * M * N).map(|v| (v + 1) as f32).collect();
+    let b = (0..batch * M * N)
+        .map(|v| (v + 1 + 10 * step) as f32)
+        .collect();
     (a, b)
 }
 
+/// Load the solve of `batch` matrices and run it `steps` times in `mode`,
+/// each step on a new right-hand side in a new buffer; the solutions, and
+/// why the program is kept out of graphs if it is.
 fn run(
     b: &Arc<HostBackend>,
     engine: Arc<HostSolver>,
     batch: usize,
     mode: Mode,
-) -> (Vec<f32>, Option<String>) {
+    steps: usize,
+) -> (Vec<Vec<f32>>, Option<String>) {
     let stream = b.stream_create().unwrap();
     let engine: Arc<dyn GemmEngine<HostBackend>> = engine;
     let mut exe = Executable::load_with(
@@ -179,33 +206,38 @@ fn run(
     )
     .unwrap();
     let blocker = exe.program().capture_blocker().map(str::to_string);
-    let (a, rhs) = inputs(batch);
+    let (a, _) = inputs(batch, 0);
     let pa = DeviceBuffer::alloc(b, 4 * a.len() as u64).unwrap();
-    let pb = DeviceBuffer::alloc(b, 4 * rhs.len() as u64).unwrap();
     b.write_sync(pa.ptr(), &bytes(&a), &stream).unwrap();
-    b.write_sync(pb.ptr(), &bytes(&rhs), &stream).unwrap();
     exe.bind_parameter(0, pa.ptr(), pa.size()).unwrap();
-    exe.bind_parameter(1, pb.ptr(), pb.size()).unwrap();
-    let outs = exe.run(&stream, mode).unwrap();
-    b.stream_synchronize(&stream).unwrap();
-    let mut d = vec![0u8; 4 * rhs.len()];
-    b.read_sync(&mut d, outs[0].ptr, &stream).unwrap();
-    drop(outs);
+    let mut solutions = Vec::new();
+    for step in 0..steps {
+        let (_, rhs) = inputs(batch, step);
+        let pb = DeviceBuffer::alloc(b, 4 * rhs.len() as u64).unwrap();
+        b.write_sync(pb.ptr(), &bytes(&rhs), &stream).unwrap();
+        exe.bind_parameter(1, pb.ptr(), pb.size()).unwrap();
+        let outs = exe.run(&stream, mode).unwrap();
+        b.stream_synchronize(&stream).unwrap();
+        let mut d = vec![0u8; 4 * rhs.len()];
+        b.read_sync(&mut d, outs[0].ptr, &stream).unwrap();
+        drop(outs);
+        pb.free().unwrap();
+        solutions.push(
+            d.chunks(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        );
+    }
     drop(exe);
     pa.free().unwrap();
-    pb.free().unwrap();
     b.stream_destroy(stream).unwrap();
-    let x = d
-        .chunks(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    (x, blocker)
+    (solutions, blocker)
 }
 
 /// a[i] x[i] = b[i] for every matrix of the batch (the lower triangle of a
-/// only), to 1e-5.
-fn check_solution(batch: usize, x: &[f32]) {
-    let (a, rhs) = inputs(batch);
+/// only) with step `step`'s b, to 1e-5 relative.
+fn check_solution(batch: usize, step: usize, x: &[f32]) {
+    let (a, rhs) = inputs(batch, step);
     for i in 0..batch {
         let (a, x, rhs) = (
             &a[i * M * M..][..M * M],
@@ -215,8 +247,9 @@ fn check_solution(batch: usize, x: &[f32]) {
         for j in 0..N {
             for row in 0..M {
                 let ax: f32 = (0..=row).map(|k| a[row + k * M] * x[k + j * M]).sum();
+                let want = rhs[row + j * M];
                 assert!(
-                    (ax - rhs[row + j * M]).abs() < 1e-5,
+                    (ax - want).abs() <= 1e-5 * want.abs().max(1.0),
                     "batch {i} ({row}, {j}): {ax} != {}",
                     rhs[row + j * M]
                 );
@@ -225,19 +258,28 @@ fn check_solution(batch: usize, x: &[f32]) {
     }
 }
 
-fn solver(b: &Arc<HostBackend>) -> Arc<HostSolver> {
+/// A solver whose solves a capture takes or not.
+fn solver_capturable(b: &Arc<HostBackend>, capturable: bool) -> Arc<HostSolver> {
+    b.register_kernel("host_trsm", Arc::new(solve_kernel));
+    let module = b.module_load(b"host_trsm\n", ImageKind::Host).unwrap();
     Arc::new(HostSolver {
         backend: b.clone(),
+        kernel: b.module_function(&module, "host_trsm").unwrap(),
+        capturable,
         calls: Mutex::default(),
     })
+}
+
+fn solver(b: &Arc<HostBackend>) -> Arc<HostSolver> {
+    solver_capturable(b, false)
 }
 
 #[test]
 fn a_batch_is_solved_in_place_through_the_pointer_arrays_the_runtime_writes() {
     let b = backend();
     let engine = solver(&b);
-    let (x, blocker) = run(&b, engine.clone(), BATCH, Mode::Eager);
-    check_solution(BATCH, &x);
+    let (x, blocker) = run(&b, engine.clone(), BATCH, Mode::Eager, 1);
+    check_solution(BATCH, 0, &x[0]);
     let calls = engine.calls.lock().unwrap();
     assert_eq!(calls.len(), 1);
     let (spec, args) = calls[0];
@@ -253,24 +295,60 @@ fn a_batch_is_solved_in_place_through_the_pointer_arrays_the_runtime_writes() {
         "{:?}",
         b.call_counts()
     );
-    let why = blocker.expect("a solve keeps the program out of graphs");
-    assert!(why.contains("triangular solve triangular-solve.1"), "{why}");
+    let why = blocker.expect("a solver that is not captured keeps the program out of graphs");
+    assert!(
+        why.contains("triangular solve triangular-solve.1") && why.contains("does not capture"),
+        "{why}"
+    );
 }
 
 #[test]
-fn one_matrix_is_solved_directly_and_graph_modes_run_eager() {
+fn one_matrix_is_solved_directly_and_graph_modes_run_eager_without_a_capturable_solver() {
     let b = backend();
     for mode in [Mode::Eager, Mode::Graph, Mode::GraphRecapture] {
         let engine = solver(&b);
-        let (x, _) = run(&b, engine.clone(), 1, mode);
-        check_solution(1, &x);
+        let (x, _) = run(&b, engine.clone(), 1, mode, 3);
+        for (step, x) in x.iter().enumerate() {
+            check_solution(1, step, x);
+        }
         let calls = engine.calls.lock().unwrap();
-        assert_eq!(calls.len(), 1, "{mode:?}");
+        assert_eq!(calls.len(), 3, "{mode:?}: one solve a step, eager");
         assert!(
-            matches!(calls[0].1, TrsmArgs::Single { .. }),
-            "{mode:?}: {:?}",
-            calls[0]
+            calls.iter().all(|c| matches!(c.1, TrsmArgs::Single { .. })),
+            "{mode:?}: {calls:?}"
         );
+    }
+    assert_eq!(b.call_count("graph_launch"), 0, "{:?}", b.call_counts());
+}
+
+/// A solver a capture takes: the program runs as a graph, and its replays
+/// solve each step's new right-hand side (a batch through the pointer
+/// tables the captured memsets write again) without calling the solver.
+#[test]
+fn graph_modes_capture_the_solves_of_a_capturable_solver_and_replays_solve_each_step() {
+    const STEPS: usize = 6;
+    for batch in [1, BATCH] {
+        for mode in [Mode::Graph, Mode::GraphRecapture] {
+            let b = backend();
+            let engine = solver_capturable(&b, true);
+            let (x, blocker) = run(&b, engine.clone(), batch, mode, STEPS);
+            assert_eq!(blocker, None, "{mode:?}");
+            for (step, x) in x.iter().enumerate() {
+                check_solution(batch, step, x);
+            }
+            let calls = engine.calls.lock().unwrap().len();
+            let launches = b.call_count("graph_launch");
+            assert!(
+                launches > 0 && (calls as u64) + launches >= STEPS as u64,
+                "{mode:?} batch {batch}: {calls} solver calls, {launches} graph launches"
+            );
+            if mode == Mode::Graph {
+                assert!(
+                    calls < STEPS,
+                    "batch {batch}: the VA-stable graph replays without the solver ({calls} calls)"
+                );
+            }
+        }
     }
 }
 

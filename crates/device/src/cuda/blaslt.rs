@@ -861,6 +861,17 @@ impl GemmEngine<CudaBackend> for CudaGemm {
         self.cufft.loaded_ref()?.workspace(plan)
     }
 
+    /// cuFFT and cuBLAS both document stream capture of their calls: a
+    /// single-GPU cuFFT plan without callbacks, and cuBLAS routines whose
+    /// results stay on the device. Ours enqueue nothing else: the plan's
+    /// work area is ours (auto allocation off) at a fixed place in the
+    /// program's scratch, scalars go in host pointer mode (captured by
+    /// value), and a batched solve's pointer tables are memsets on the same
+    /// stream.
+    fn library_calls_capturable(&self) -> bool {
+        true
+    }
+
     fn run_fft(&self, plan: FftPlanId, args: &FftArgs, stream: &CudaStream) -> Result<()> {
         let cufft = self.cufft.loaded_ref()?;
         self.bind()?;

@@ -809,6 +809,10 @@ impl GemmEngine<HipBackend> for HipGemm {
         unsafe { rocblas.trsm(spec, args, stream.raw.cast()) }
     }
 
+    // `library_calls_capturable` stays false: no AMD GPU here has run
+    // rocBLAS's solves or rocFFT's plans under a hipGraph capture, so a
+    // program with one runs eager on HIP.
+
     fn prepare_fft(&self, spec: &FftSpec) -> Result<FftPlanId> {
         if spec.is_inverse() {
             self.rocblas.get(|| self.load_rocblas())?;
