@@ -4,7 +4,8 @@
 //! (the plan from the thunk's shapes, input and output, a work area of its
 //! own in the program's scratch, a copy of a complex-to-real transform's
 //! input, which the engine scribbles on as cuFFT may), the results, graph
-//! modes running the program eager, and the errors at load.
+//! modes capturing the transforms where the engine says a capture takes
+//! them and running the program eager where not, and the errors at load.
 
 mod common;
 
@@ -15,8 +16,10 @@ use xla_vmm::*;
 use xla_vmm_device::blas::GemmEngine;
 use xla_vmm_device::error::Result as DeviceResult;
 use xla_vmm_device::fft::{FftArgs, FftKind, FftPlanId, FftSpec};
-use xla_vmm_device::host::HostStream;
-use xla_vmm_device::{Backend, DevicePtr, HostBackend};
+use xla_vmm_device::host::{
+    arg_ptr, arg_u64, HostFunction, HostKernelCtx, HostKernelFn, HostStream,
+};
+use xla_vmm_device::{Backend, HostBackend, ImageKind, LaunchConfig};
 use xla_vmm_runtime::{DeviceBuffer, Executable, Mode};
 
 /// The work area every plan asks for (not a multiple of the alignment).
@@ -54,24 +57,99 @@ fn dft(v: &mut [C], dims: &[usize], sign: f64) {
     }
 }
 
-/// Transforms on the host; records every spec and call.
+/// Transforms on the host, through a host kernel enqueued on the stream (so
+/// a capture takes it and a replay transforms again); records every spec
+/// and call.
 struct HostFft {
     backend: Arc<HostBackend>,
-    specs: Mutex<Vec<FftSpec>>,
+    kernel: HostFunction,
+    /// What `library_calls_capturable` answers.
+    capturable: bool,
+    specs: Arc<Mutex<Vec<FftSpec>>>,
     runs: Mutex<Vec<(FftPlanId, FftArgs)>>,
     released: Mutex<Vec<FftPlanId>>,
     /// The library refuses the plan after this many.
     refuse_after: Option<usize>,
 }
 
-impl HostFft {
-    fn floats(&self, p: DevicePtr, n: usize, s: &HostStream) -> DeviceResult<Vec<f32>> {
-        let mut v = vec![0u8; 4 * n];
-        self.backend.read_sync(&mut v, p, s)?;
-        Ok(v.chunks(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect())
+/// One transform of `spec` (what the engine's kernel does when it runs).
+fn transform(ctx: &HostKernelCtx<'_>, spec: &FftSpec, args: &FftArgs) -> DeviceResult<()> {
+    assert!(!spec.double, "the test transforms single precision");
+    // The work area is the engine's to use.
+    ctx.write(args.workspace, &[0xab; WORK as usize])?;
+    let n: Vec<usize> = spec.n.iter().map(|&d| d as usize).collect();
+    let full: usize = n.iter().product();
+    let (idist, odist) = (spec.idist as usize, spec.odist as usize);
+    let complex_in = spec.kind != FftKind::RealToComplex;
+    let complex_out = spec.kind != FftKind::ComplexToReal;
+    let per = |complex| if complex { 2 } else { 1 };
+    let batch = spec.batch as usize;
+    let input = ctx.read_f32(args.input, batch * idist * per(complex_in))?;
+    let mut out = Vec::new();
+    for b in 0..batch {
+        let x = &input[b * idist * per(complex_in)..][..idist * per(complex_in)];
+        // The full complex array of the transform's input.
+        let mut v: Vec<C> = vec![(0.0, 0.0); full];
+        let last = *n.last().unwrap();
+        let half = last / 2 + 1;
+        for (i, c) in v.iter_mut().enumerate() {
+            *c = match spec.kind {
+                FftKind::Forward | FftKind::Inverse => (x[2 * i] as f64, x[2 * i + 1] as f64),
+                FftKind::RealToComplex => (x[i] as f64, 0.0),
+                FftKind::ComplexToReal => {
+                    // Hermitian: X[k] = conj(X[n - k]) (1-D here).
+                    let k = i % last;
+                    let (k, conj) = if k < half { (k, 1.0) } else { (last - k, -1.0) };
+                    let j = i / last * half + k;
+                    (x[2 * j] as f64, conj * x[2 * j + 1] as f64)
+                }
+            };
+        }
+        let sign = if spec.is_inverse() { 1.0 } else { -1.0 };
+        dft(&mut v, &n, sign);
+        let scale = if spec.is_inverse() {
+            1.0 / odist as f64
+        } else {
+            1.0
+        };
+        for (i, &(re, im)) in v.iter().enumerate() {
+            match spec.kind {
+                FftKind::Forward | FftKind::Inverse => {
+                    out.extend([(re * scale) as f32, (im * scale) as f32])
+                }
+                FftKind::RealToComplex if i % last < half => out.extend([re as f32, im as f32]),
+                FftKind::RealToComplex => {}
+                FftKind::ComplexToReal => out.push((re * scale) as f32),
+            }
+        }
     }
+    assert_eq!(out.len(), batch * odist * per(complex_out));
+    ctx.write_f32(args.output, &out)?;
+    if spec.kind == FftKind::ComplexToReal {
+        // cuFFT may write the input of a C2R transform.
+        let junk = vec![0x7fu8; 4 * input.len()];
+        ctx.write(args.input, &junk)?;
+    }
+    Ok(())
+}
+
+/// The engine's kernel: args (plan, input, output, work area); the plan's
+/// spec from `specs`.
+fn fft_kernel(specs: Arc<Mutex<Vec<FftSpec>>>) -> HostKernelFn {
+    Arc::new(move |ctx, args, _| {
+        let plan = arg_u64(args, 0)? as usize;
+        let spec = specs.lock().unwrap()[plan].clone();
+        let (input, output, workspace) = (arg_ptr(args, 1)?, arg_ptr(args, 2)?, arg_ptr(args, 3)?);
+        transform(
+            ctx,
+            &spec,
+            &FftArgs {
+                input,
+                output,
+                workspace,
+            },
+        )
+    })
 }
 
 impl GemmEngine<HostBackend> for HostFft {
@@ -96,67 +174,25 @@ impl GemmEngine<HostBackend> for HostFft {
         self.released.lock().unwrap().push(plan);
     }
 
+    fn library_calls_capturable(&self) -> bool {
+        self.capturable
+    }
+
     fn run_fft(&self, plan: FftPlanId, args: &FftArgs, s: &HostStream) -> DeviceResult<()> {
         self.runs.lock().unwrap().push((plan, *args));
-        let spec = self.specs.lock().unwrap()[plan.0].clone();
-        assert!(!spec.double, "the test transforms single precision");
-        // The work area is the engine's to use.
-        self.backend
-            .write_sync(args.workspace, &[0xab; WORK as usize], s)?;
-        let n: Vec<usize> = spec.n.iter().map(|&d| d as usize).collect();
-        let full: usize = n.iter().product();
-        let (idist, odist) = (spec.idist as usize, spec.odist as usize);
-        let complex_in = spec.kind != FftKind::RealToComplex;
-        let complex_out = spec.kind != FftKind::ComplexToReal;
-        let per = |complex| if complex { 2 } else { 1 };
-        let batch = spec.batch as usize;
-        let input = self.floats(args.input, batch * idist * per(complex_in), s)?;
-        let mut out = Vec::new();
-        for b in 0..batch {
-            let x = &input[b * idist * per(complex_in)..][..idist * per(complex_in)];
-            // The full complex array of the transform's input.
-            let mut v: Vec<C> = vec![(0.0, 0.0); full];
-            let last = *n.last().unwrap();
-            let half = last / 2 + 1;
-            for (i, c) in v.iter_mut().enumerate() {
-                *c = match spec.kind {
-                    FftKind::Forward | FftKind::Inverse => (x[2 * i] as f64, x[2 * i + 1] as f64),
-                    FftKind::RealToComplex => (x[i] as f64, 0.0),
-                    FftKind::ComplexToReal => {
-                        // Hermitian: X[k] = conj(X[n - k]) (1-D here).
-                        let k = i % last;
-                        let (k, conj) = if k < half { (k, 1.0) } else { (last - k, -1.0) };
-                        let j = i / last * half + k;
-                        (x[2 * j] as f64, conj * x[2 * j + 1] as f64)
-                    }
-                };
-            }
-            let sign = if spec.is_inverse() { 1.0 } else { -1.0 };
-            dft(&mut v, &n, sign);
-            let scale = if spec.is_inverse() {
-                1.0 / odist as f64
-            } else {
-                1.0
-            };
-            for (i, &(re, im)) in v.iter().enumerate() {
-                match spec.kind {
-                    FftKind::Forward | FftKind::Inverse => {
-                        out.extend([(re * scale) as f32, (im * scale) as f32])
-                    }
-                    FftKind::RealToComplex if i % last < half => out.extend([re as f32, im as f32]),
-                    FftKind::RealToComplex => {}
-                    FftKind::ComplexToReal => out.push((re * scale) as f32),
-                }
-            }
-        }
-        assert_eq!(out.len(), batch * odist * per(complex_out));
-        self.backend.write_sync(args.output, &bytes(&out), s)?;
-        if spec.kind == FftKind::ComplexToReal {
-            // cuFFT may write the input of a C2R transform.
-            let junk = vec![0x7fu8; 4 * input.len()];
-            self.backend.write_sync(args.input, &junk, s)?;
-        }
-        Ok(())
+        let words = [
+            (plan.0 as u64).to_le_bytes(),
+            args.input.0.to_le_bytes(),
+            args.output.0.to_le_bytes(),
+            args.workspace.0.to_le_bytes(),
+        ];
+        let config = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            ..Default::default()
+        };
+        let argv: Vec<&[u8]> = words.iter().map(|w| &w[..]).collect();
+        self.backend.launch(&self.kernel, &config, &argv, s)
     }
 }
 
@@ -286,14 +322,24 @@ fn run(b: &Arc<HostBackend>, engine: Arc<HostFft>, mode: Mode) -> Ran {
     Ran { outs, blocker }
 }
 
-fn engine(b: &Arc<HostBackend>) -> Arc<HostFft> {
+/// An engine whose transforms a capture takes or not.
+fn engine_capturable(b: &Arc<HostBackend>, capturable: bool) -> Arc<HostFft> {
+    let specs = Arc::new(Mutex::default());
+    b.register_kernel("host_fft", fft_kernel(Arc::clone(&specs)));
+    let module = b.module_load(b"host_fft\n", ImageKind::Host).unwrap();
     Arc::new(HostFft {
         backend: b.clone(),
-        specs: Mutex::default(),
+        kernel: b.module_function(&module, "host_fft").unwrap(),
+        capturable,
+        specs,
         runs: Mutex::default(),
         released: Mutex::default(),
         refuse_after: None,
     })
+}
+
+fn engine(b: &Arc<HostBackend>) -> Arc<HostFft> {
+    engine_capturable(b, false)
 }
 
 fn close(a: &[f32], b: &[f32], what: &str) {
@@ -374,12 +420,46 @@ fn the_four_kinds_run_with_xlas_plans_their_own_work_areas_and_a_copy_of_a_c2r_i
 }
 
 #[test]
-fn graph_modes_run_a_program_with_ffts_eager_with_the_same_results() {
+fn graph_modes_run_a_program_with_ffts_eager_without_a_capturable_engine() {
     let b = backend();
     let eager = run(&b, engine(&b), Mode::Eager);
     for mode in [Mode::Graph, Mode::GraphRecapture] {
-        let ran = run(&b, engine(&b), mode);
+        let e = engine(&b);
+        let ran = run(&b, e.clone(), mode);
         assert_eq!(ran.outs, eager.outs, "{mode:?}");
+        assert_eq!(
+            e.runs.lock().unwrap().len(),
+            12,
+            "{mode:?}: four a step, eager"
+        );
+    }
+    assert_eq!(b.call_count("graph_launch"), 0, "{:?}", b.call_counts());
+}
+
+/// An engine a capture takes: the program runs as a graph whose replays
+/// transform again, the C2R input copied again before its transform
+/// scribbles on the copy, with the eager results, without calling the
+/// engine.
+#[test]
+fn graph_modes_capture_the_transforms_of_a_capturable_engine_with_the_eager_results() {
+    let b = backend();
+    let eager = run(&b, engine(&b), Mode::Eager);
+    for mode in [Mode::Graph, Mode::GraphRecapture] {
+        let b = backend();
+        let e = engine_capturable(&b, true);
+        let ran = run(&b, e.clone(), mode);
+        assert_eq!(ran.blocker, None, "{mode:?}");
+        assert_eq!(ran.outs, eager.outs, "{mode:?}");
+        let runs = e.runs.lock().unwrap().len();
+        assert!(
+            b.call_count("graph_launch") > 0,
+            "{mode:?}: {:?}",
+            b.call_counts()
+        );
+        assert!(
+            runs < 12,
+            "{mode:?}: the replays run without the engine ({runs} calls)"
+        );
     }
 }
 
