@@ -17,7 +17,7 @@ use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::collective::Resolved;
 use crate::custom_call::CallContext;
-use crate::error::{Result, RuntimeError};
+use crate::error::{Result, RuntimeError, Teardown};
 use crate::ops::{AsyncStream, Op, ParamSpec};
 use crate::slots::SlotTable;
 
@@ -383,6 +383,32 @@ fn run_while<B: Backend>(
         }
         run_seq(env, body, slots, stream, nest)?;
         i += 1;
+    }
+}
+
+/// Capture what `walk` enqueues on `stream` into a graph, holding the
+/// capture gate (no vendor work while the stream captures,
+/// `capture_gate`). A walk that fails leaves no graph behind: the capture
+/// ends and what it recorded is destroyed, and the walk's error is the
+/// answer.
+pub(crate) fn capture_graph<B: Backend>(
+    be: &B,
+    stream: &B::Stream,
+    walk: impl FnOnce() -> Result<()>,
+) -> Result<B::Graph> {
+    let gate = xla_vmm_device::capture_gate::capture();
+    be.stream_begin_capture(stream)?;
+    let walked = walk();
+    let captured = be.stream_end_capture(stream);
+    drop(gate);
+    match (walked, captured) {
+        (Ok(()), captured) => Ok(captured?),
+        (Err(e), Ok(graph)) => {
+            Teardown::new("the graph of a failed capture")
+                .check("graph_destroy", be.graph_destroy(graph));
+            Err(e)
+        }
+        (Err(e), Err(_)) => Err(e),
     }
 }
 

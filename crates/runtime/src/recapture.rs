@@ -11,7 +11,7 @@
 use xla_vmm_device::{Backend, DevicePtr};
 
 use crate::error::{Result, Teardown};
-use crate::exec::{run_program, ExecEnv};
+use crate::exec::{capture_graph, run_program, ExecEnv};
 use crate::program::Program;
 use crate::slots::SlotTable;
 
@@ -86,14 +86,9 @@ impl<B: Backend> Recapture<B> {
     ) -> Result<Captured<B>> {
         let be = program.backend();
         self.captures += 1;
-        // No vendor work while the stream captures (capture_gate).
-        let gate = xla_vmm_device::capture_gate::capture();
-        be.stream_begin_capture(stream)?;
-        let walked = run_program(env, program.ops(), slots, stream);
-        let captured = be.stream_end_capture(stream);
-        drop(gate);
-        walked?;
-        let graph = captured?;
+        let graph = capture_graph(be, stream, || {
+            run_program(env, program.ops(), slots, stream)
+        })?;
         let mut t = Teardown::new("graph-recapture's previous graph");
         let oldest = (self.captured.len() >= GRAPHS).then(|| self.captured.remove(0));
         let exec = match oldest {

@@ -27,6 +27,8 @@ struct HostSolver {
     kernel: HostFunction,
     /// What `library_calls_capturable` answers.
     capturable: bool,
+    /// Every solve fails (as a library call refused under capture would).
+    fails: bool,
     calls: Mutex<Vec<(TrsmSpec, TrsmArgs)>>,
 }
 
@@ -88,6 +90,9 @@ impl GemmEngine<HostBackend> for HostSolver {
 
     fn trsm(&self, spec: &TrsmSpec, args: TrsmArgs, stream: &HostStream) -> DeviceResult<()> {
         self.calls.lock().unwrap().push((*spec, args));
+        if self.fails {
+            return Err(DeviceError::Unsupported("test: the solve fails".into()));
+        }
         assert!(spec.left_side && spec.lower && !spec.unit_diagonal);
         assert_eq!(spec.transpose, Transpose::NoTranspose);
         let (a, b, batched) = match args {
@@ -266,6 +271,7 @@ fn solver_capturable(b: &Arc<HostBackend>, capturable: bool) -> Arc<HostSolver> 
         backend: b.clone(),
         kernel: b.module_function(&module, "host_trsm").unwrap(),
         capturable,
+        fails: false,
         calls: Mutex::default(),
     })
 }
@@ -349,6 +355,48 @@ fn graph_modes_capture_the_solves_of_a_capturable_solver_and_replays_solve_each_
                 );
             }
         }
+    }
+}
+
+/// A solve that fails while the stream captures: the step fails with its
+/// error, and the capture leaves no graph behind (nothing leaks once the
+/// program is gone).
+#[test]
+fn a_solve_failing_in_a_capture_fails_the_step_and_leaves_no_graph() {
+    for mode in [Mode::Graph, Mode::GraphRecapture] {
+        let b = backend();
+        let engine = Arc::new(HostSolver {
+            fails: true,
+            ..Arc::into_inner(solver_capturable(&b, true)).unwrap()
+        });
+        let stream = b.stream_create().unwrap();
+        let dyn_engine: Arc<dyn GemmEngine<HostBackend>> = engine;
+        let mut exe = Executable::load_with(
+            b.clone(),
+            solve_plan(1, ElementType::F32),
+            Some(dyn_engine),
+            None,
+            &xla_vmm_runtime::RunConfig::default(),
+            &stream,
+        )
+        .unwrap();
+        let (a, rhs) = inputs(1, 0);
+        let pa = DeviceBuffer::alloc(&b, 4 * a.len() as u64).unwrap();
+        let pb = DeviceBuffer::alloc(&b, 4 * rhs.len() as u64).unwrap();
+        exe.bind_parameter(0, pa.ptr(), pa.size()).unwrap();
+        exe.bind_parameter(1, pb.ptr(), pb.size()).unwrap();
+        let e = exe.run(&stream, mode).expect_err("the solve fails");
+        assert!(
+            e.to_string().contains("test: the solve fails"),
+            "{mode:?}: {e}"
+        );
+        b.stream_synchronize(&stream).unwrap();
+        drop(exe);
+        pa.free().unwrap();
+        pb.free().unwrap();
+        b.stream_destroy(stream).unwrap();
+        let o = b.outstanding();
+        assert_eq!((o.graphs, o.graph_execs), (0, 0), "{mode:?}: {o:?}");
     }
 }
 

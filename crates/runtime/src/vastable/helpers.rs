@@ -9,8 +9,7 @@ use super::{CopyOp, ParamSlot};
 use crate::binding::UserBuffer;
 use crate::copykernel::{CopyKernel, Table, IN, OUT};
 use crate::error::{Result, RuntimeError, Teardown};
-use crate::exec::run_program;
-use crate::exec::ExecEnv;
+use crate::exec::{capture_graph, run_program, ExecEnv};
 use crate::program::Program;
 use crate::slots::SlotTable;
 
@@ -117,10 +116,7 @@ pub(super) fn capture<B: Backend>(
 ) -> Result<Captured<B>> {
     let be = program.backend();
     let empty = kernel.map(|k| Table::empty(k.capacity()));
-    // No vendor work while the stream captures (capture_gate).
-    let gate = xla_vmm_device::capture_gate::capture();
-    be.stream_begin_capture(stream)?;
-    let walked = (|| {
+    let graph = capture_graph(be, stream, || {
         if let (Some(k), Some(t)) = (kernel, &empty) {
             k.launch(be, IN, t, stream)?;
         }
@@ -128,12 +124,8 @@ pub(super) fn capture<B: Backend>(
         if let (Some(k), Some(t)) = (kernel, &empty) {
             k.launch(be, OUT, t, stream)?;
         }
-        Ok::<(), RuntimeError>(())
-    })();
-    let captured = be.stream_end_capture(stream);
-    drop(gate);
-    walked?;
-    let graph = captured?;
+        Ok(())
+    })?;
     let nodes = match kernel.map(|k| copy_nodes(be, &graph, k)).transpose() {
         Ok(n) => n,
         Err(e) => {
