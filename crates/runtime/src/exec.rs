@@ -483,6 +483,20 @@ pub(crate) fn capture_blocker<B: Backend>(
     })
 }
 
+/// Does `ops` hold a library call (an FFT, a triangular solve)?
+pub(crate) fn has_library_calls<B: Backend>(ops: &[Op<B>]) -> bool {
+    ops.iter().any(|op| match op {
+        Op::Fft(_) | Op::Trsm(_) => true,
+        Op::While {
+            condition, body, ..
+        } => has_library_calls(condition) || has_library_calls(body),
+        Op::Conditional { branches, .. } => branches.iter().any(|b| has_library_calls(b)),
+        Op::Sequential(ops) | Op::AsyncStart { ops, .. } => has_library_calls(ops),
+        Op::DynamicSlice { embedded, .. } => has_library_calls(embedded),
+        _ => false,
+    })
+}
+
 /// Does anything in `ops` depend on the iteration number of an enclosing
 /// loop (a dynamic-slice window with a non-zero stride)?
 fn depends_on_iteration<B: Backend>(ops: &[Op<B>]) -> bool {

@@ -60,6 +60,9 @@ pub struct Executable<B: Backend> {
     va: Option<VaStable<B>>,
     recapture: Recapture<B>,
     warned_eager: bool,
+    /// Why its graphs are given up (a graph step failed where the eager
+    /// one ran): it runs eager from then on, as a blocker would have it.
+    graph_failed: Option<String>,
     /// Collectives: the environment (see [`Executable::set_collectives`])
     /// and, after the first run, each op's communicator.
     coll_env: Option<CollectiveEnv<B>>,
@@ -154,6 +157,7 @@ impl<B: Backend> Executable<B> {
             va: None,
             recapture: Recapture::new(),
             warned_eager: false,
+            graph_failed: None,
             coll_env: None,
             resolved: Vec::new(),
             logical: (0, 0),
@@ -259,7 +263,7 @@ impl<B: Backend> Executable<B> {
     /// (`va-stable graph`, `graph-recapture`, `eager`; during the guard's
     /// trial, `guard trial`).
     pub fn runner_name(&self) -> &'static str {
-        let mode = match (self.config.mode, self.program.capture_blocker()) {
+        let mode = match (self.config.mode, self.blocker()) {
             (Mode::Graph | Mode::GraphRecapture, Some(_)) => Mode::Eager,
             (m, _) => m,
         };
@@ -360,9 +364,8 @@ impl<B: Backend> Executable<B> {
     /// [`Mode::Graph`] with the guard on, the runner the never-slower guard
     /// picks (see [`crate::guard`]). Asynchronous, as [`Executable::run`].
     pub fn step(&mut self, stream: &B::Stream) -> Result<Vec<Output>> {
-        let guarded = self.config.mode == Mode::Graph
-            && self.config.guard
-            && self.program.capture_blocker().is_none();
+        let guarded =
+            self.config.mode == Mode::Graph && self.config.guard && self.blocker().is_none();
         if !guarded {
             return self.run(stream, self.config.mode);
         }
@@ -620,16 +623,16 @@ impl<B: Backend> Executable<B> {
                 va.forget_shadow_contents();
             }
         }
-        let mode = match (mode, self.program.capture_blocker()) {
-            (Mode::GraphRecapture | Mode::Graph, Some(why)) => {
-                if !self.warned_eager {
-                    self.warned_eager = true;
-                    tracing::warn!(executable = %self.program.plan().module_name, reason = %why,
-                        "cannot be captured into a graph; it runs eager (thunk by thunk)");
-                }
-                Mode::Eager
+        let mode = if mode != Mode::Eager && self.blocker().is_some() {
+            if !self.warned_eager {
+                self.warned_eager = true;
+                tracing::warn!(executable = %self.program.plan().module_name,
+                    reason = self.blocker().unwrap_or_default(),
+                    "cannot be captured into a graph; it runs eager (thunk by thunk)");
             }
-            (m, _) => m,
+            Mode::Eager
+        } else {
+            mode
         };
         self.program
             .staging_begin(&self.users, &self.slots, stream, mode != Mode::Eager)?;
@@ -643,7 +646,7 @@ impl<B: Backend> Executable<B> {
             span.stat("runs as", StatValue::Str(runner.into()));
             span.stat("step", StatValue::U64(self.report.get(|r| r.steps)));
         }
-        match mode {
+        let ran = match mode {
             Mode::Eager => {
                 let env = self.program.env(
                     &self.resolved,
@@ -651,7 +654,7 @@ impl<B: Backend> Executable<B> {
                     self.call_context.as_deref(),
                     false,
                 );
-                run_program(&env, self.program.ops(), &self.slots, stream)?;
+                run_program(&env, self.program.ops(), &self.slots, stream)
             }
             Mode::GraphRecapture => {
                 let env = self.program.env(
@@ -661,9 +664,13 @@ impl<B: Backend> Executable<B> {
                     true,
                 );
                 self.recapture
-                    .execute(&self.program, &env, &self.slots, stream)?;
+                    .execute(&self.program, &env, &self.slots, stream)
             }
-            Mode::Graph => self.run_va_stable(stream)?,
+            Mode::Graph => self.run_va_stable(stream),
+        };
+        if let Err(e) = ran {
+            drop(span);
+            return self.graph_step_failed(stream, mode, e);
         }
         self.program.staging_end();
         drop(span);
@@ -684,6 +691,52 @@ impl<B: Backend> Executable<B> {
             }
         });
         self.outputs()
+    }
+
+    /// Why it does not run as a graph: its program's capture blocker, or
+    /// its graph step that failed.
+    fn blocker(&self) -> Option<&str> {
+        self.program
+            .capture_blocker()
+            .or(self.graph_failed.as_deref())
+    }
+
+    /// A step in graph `mode` failed with `e`. A program whose library calls
+    /// a capture takes (FFTs, triangular solves: captured beyond what XLA
+    /// captures) runs the step again eager, nothing of the graph step having
+    /// run (a failed capture leaves no graph), and where that runs, it runs
+    /// eager from then on and says why. Any other failure is the step's.
+    fn graph_step_failed(
+        &mut self,
+        stream: &B::Stream,
+        mode: Mode,
+        e: RuntimeError,
+    ) -> Result<Vec<Output>> {
+        let retry = mode != Mode::Eager
+            && self.graph_failed.is_none()
+            && self.program.captures_library_calls()
+            && !self.program.in_host_memory();
+        if !retry {
+            return Err(e);
+        }
+        self.graph_failed = Some(format!("its graph step failed ({e}); it runs eager"));
+        let out = match self.run(stream, Mode::Eager) {
+            Ok(out) => out,
+            Err(again) => {
+                self.graph_failed = None;
+                return Err(again);
+            }
+        };
+        let why = self.graph_failed.clone();
+        self.warned_eager = true;
+        tracing::warn!(executable = %self.program.plan().module_name, reason = why.as_deref().unwrap_or_default(),
+            "a graph step failed; it runs eager (thunk by thunk)");
+        self.report.update(|r| {
+            r.reason = why;
+            r.runner = "eager";
+        });
+        self.release_unchosen(stream, Runner::Eager);
+        Ok(out)
     }
 
     /// The result leaves (`output_info_map`), in result order.

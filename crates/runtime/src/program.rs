@@ -289,6 +289,12 @@ impl<B: Backend> Program<B> {
         self.aux_streams.iter().chain(&self.comm_streams)
     }
 
+    /// Does a capture of it take library calls (FFTs, triangular solves)
+    /// that XLA keeps out of its command buffers?
+    pub fn captures_library_calls(&self) -> bool {
+        self.capture_blocker.is_none() && crate::exec::has_library_calls(&self.ops)
+    }
+
     /// Why the program cannot be captured into a graph, if it cannot.
     pub fn capture_blocker(&self) -> Option<&str> {
         self.capture_blocker.as_deref()

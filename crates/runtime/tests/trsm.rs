@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::*;
@@ -27,8 +28,9 @@ struct HostSolver {
     kernel: HostFunction,
     /// What `library_calls_capturable` answers.
     capturable: bool,
-    /// Every solve fails (as a library call refused under capture would).
-    fails: bool,
+    /// Its next this many solves fail (as a library call refused under a
+    /// capture would).
+    failures: AtomicUsize,
     calls: Mutex<Vec<(TrsmSpec, TrsmArgs)>>,
 }
 
@@ -90,7 +92,11 @@ impl GemmEngine<HostBackend> for HostSolver {
 
     fn trsm(&self, spec: &TrsmSpec, args: TrsmArgs, stream: &HostStream) -> DeviceResult<()> {
         self.calls.lock().unwrap().push((*spec, args));
-        if self.fails {
+        let fail = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
             return Err(DeviceError::Unsupported("test: the solve fails".into()));
         }
         assert!(spec.left_side && spec.lower && !spec.unit_diagonal);
@@ -271,7 +277,7 @@ fn solver_capturable(b: &Arc<HostBackend>, capturable: bool) -> Arc<HostSolver> 
         backend: b.clone(),
         kernel: b.module_function(&module, "host_trsm").unwrap(),
         capturable,
-        fails: false,
+        failures: AtomicUsize::new(0),
         calls: Mutex::default(),
     })
 }
@@ -358,15 +364,15 @@ fn graph_modes_capture_the_solves_of_a_capturable_solver_and_replays_solve_each_
     }
 }
 
-/// A solve that fails while the stream captures: the step fails with its
-/// error, and the capture leaves no graph behind (nothing leaks once the
-/// program is gone).
+/// A solve that fails while the stream captures and again eager: the step
+/// fails with its error, and the capture leaves no graph behind (nothing
+/// leaks once the program is gone).
 #[test]
 fn a_solve_failing_in_a_capture_fails_the_step_and_leaves_no_graph() {
     for mode in [Mode::Graph, Mode::GraphRecapture] {
         let b = backend();
         let engine = Arc::new(HostSolver {
-            fails: true,
+            failures: AtomicUsize::new(usize::MAX),
             ..Arc::into_inner(solver_capturable(&b, true)).unwrap()
         });
         let stream = b.stream_create().unwrap();
@@ -394,6 +400,65 @@ fn a_solve_failing_in_a_capture_fails_the_step_and_leaves_no_graph() {
         drop(exe);
         pa.free().unwrap();
         pb.free().unwrap();
+        b.stream_destroy(stream).unwrap();
+        let o = b.outstanding();
+        assert_eq!((o.graphs, o.graph_execs), (0, 0), "{mode:?}: {o:?}");
+    }
+}
+
+/// A solve that fails only while the stream captures (its first call): the
+/// step runs again eager and gives the solution, and the program runs eager
+/// from then on, saying why; no graph is left.
+#[test]
+fn a_solve_failing_only_in_a_capture_runs_the_program_eager_from_then_on() {
+    for mode in [Mode::Graph, Mode::GraphRecapture] {
+        let b = backend();
+        let engine = Arc::new(HostSolver {
+            failures: AtomicUsize::new(1),
+            ..Arc::into_inner(solver_capturable(&b, true)).unwrap()
+        });
+        let stream = b.stream_create().unwrap();
+        let dyn_engine: Arc<dyn GemmEngine<HostBackend>> = engine.clone();
+        let mut exe = Executable::load_with(
+            b.clone(),
+            solve_plan(BATCH, ElementType::F32),
+            Some(dyn_engine),
+            None,
+            &xla_vmm_runtime::RunConfig::default(),
+            &stream,
+        )
+        .unwrap();
+        let (a, _) = inputs(BATCH, 0);
+        let pa = DeviceBuffer::alloc(&b, 4 * a.len() as u64).unwrap();
+        b.write_sync(pa.ptr(), &bytes(&a), &stream).unwrap();
+        exe.bind_parameter(0, pa.ptr(), pa.size()).unwrap();
+        for step in 0..3 {
+            let (_, rhs) = inputs(BATCH, step);
+            let pb = DeviceBuffer::alloc(&b, 4 * rhs.len() as u64).unwrap();
+            b.write_sync(pb.ptr(), &bytes(&rhs), &stream).unwrap();
+            exe.bind_parameter(1, pb.ptr(), pb.size()).unwrap();
+            let outs = exe.run(&stream, mode).unwrap();
+            b.stream_synchronize(&stream).unwrap();
+            let mut d = vec![0u8; 4 * rhs.len()];
+            b.read_sync(&mut d, outs[0].ptr, &stream).unwrap();
+            drop(outs);
+            pb.free().unwrap();
+            let x: Vec<f32> = d
+                .chunks(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            check_solution(BATCH, step, &x);
+        }
+        // The failed capture, then one eager solve a step.
+        assert_eq!(engine.calls.lock().unwrap().len(), 4, "{mode:?}");
+        assert_eq!(exe.runner_name(), "eager", "{mode:?}");
+        let why = exe.report_line().reason.unwrap_or_default();
+        assert!(
+            why.contains("graph step failed") && why.contains("test: the solve fails"),
+            "{mode:?}: {why}"
+        );
+        drop(exe);
+        pa.free().unwrap();
         b.stream_destroy(stream).unwrap();
         let o = b.outstanding();
         assert_eq!((o.graphs, o.graph_execs), (0, 0), "{mode:?}: {o:?}");
