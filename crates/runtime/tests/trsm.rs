@@ -217,20 +217,36 @@ fn run(
     )
     .unwrap();
     let blocker = exe.program().capture_blocker().map(str::to_string);
+    let solutions = solve_steps(b, &mut exe, &stream, mode, batch, steps);
+    drop(exe);
+    b.stream_destroy(stream).unwrap();
+    (solutions, blocker)
+}
+
+/// Run the loaded solve `steps` times in `mode`, each step on a new
+/// right-hand side in a new buffer: the solutions.
+fn solve_steps(
+    b: &Arc<HostBackend>,
+    exe: &mut Executable<HostBackend>,
+    stream: &HostStream,
+    mode: Mode,
+    batch: usize,
+    steps: usize,
+) -> Vec<Vec<f32>> {
     let (a, _) = inputs(batch, 0);
     let pa = DeviceBuffer::alloc(b, 4 * a.len() as u64).unwrap();
-    b.write_sync(pa.ptr(), &bytes(&a), &stream).unwrap();
+    b.write_sync(pa.ptr(), &bytes(&a), stream).unwrap();
     exe.bind_parameter(0, pa.ptr(), pa.size()).unwrap();
     let mut solutions = Vec::new();
     for step in 0..steps {
         let (_, rhs) = inputs(batch, step);
         let pb = DeviceBuffer::alloc(b, 4 * rhs.len() as u64).unwrap();
-        b.write_sync(pb.ptr(), &bytes(&rhs), &stream).unwrap();
+        b.write_sync(pb.ptr(), &bytes(&rhs), stream).unwrap();
         exe.bind_parameter(1, pb.ptr(), pb.size()).unwrap();
-        let outs = exe.run(&stream, mode).unwrap();
-        b.stream_synchronize(&stream).unwrap();
+        let outs = exe.run(stream, mode).unwrap();
+        b.stream_synchronize(stream).unwrap();
         let mut d = vec![0u8; 4 * rhs.len()];
-        b.read_sync(&mut d, outs[0].ptr, &stream).unwrap();
+        b.read_sync(&mut d, outs[0].ptr, stream).unwrap();
         drop(outs);
         pb.free().unwrap();
         solutions.push(
@@ -239,10 +255,8 @@ fn run(
                 .collect(),
         );
     }
-    drop(exe);
     pa.free().unwrap();
-    b.stream_destroy(stream).unwrap();
-    (solutions, blocker)
+    solutions
 }
 
 /// a[i] x[i] = b[i] for every matrix of the batch (the lower triangle of a
@@ -364,6 +378,38 @@ fn graph_modes_capture_the_solves_of_a_capturable_solver_and_replays_solve_each_
     }
 }
 
+/// The solve program of `batch` matrices on a capturable host solver whose
+/// first `failures` calls fail.
+fn load_failing_solve(
+    b: &Arc<HostBackend>,
+    failures: usize,
+    batch: usize,
+    stream: &HostStream,
+) -> (Arc<HostSolver>, Executable<HostBackend>) {
+    let engine = Arc::new(HostSolver {
+        failures: AtomicUsize::new(failures),
+        ..Arc::into_inner(solver_capturable(b, true)).unwrap()
+    });
+    let dyn_engine: Arc<dyn GemmEngine<HostBackend>> = engine.clone();
+    let exe = Executable::load_with(
+        b.clone(),
+        solve_plan(batch, ElementType::F32),
+        Some(dyn_engine),
+        None,
+        &xla_vmm_runtime::RunConfig::default(),
+        stream,
+    )
+    .unwrap();
+    (engine, exe)
+}
+
+/// Destroys `stream` and checks that no graph (nor graph exec) is left.
+fn no_graph_left(b: &Arc<HostBackend>, stream: HostStream, mode: Mode) {
+    b.stream_destroy(stream).unwrap();
+    let o = b.outstanding();
+    assert_eq!((o.graphs, o.graph_execs), (0, 0), "{mode:?}: {o:?}");
+}
+
 /// A solve that fails while the stream captures and again eager: the step
 /// fails with its error, and the capture leaves no graph behind (nothing
 /// leaks once the program is gone).
@@ -371,21 +417,8 @@ fn graph_modes_capture_the_solves_of_a_capturable_solver_and_replays_solve_each_
 fn a_solve_failing_in_a_capture_fails_the_step_and_leaves_no_graph() {
     for mode in [Mode::Graph, Mode::GraphRecapture] {
         let b = backend();
-        let engine = Arc::new(HostSolver {
-            failures: AtomicUsize::new(usize::MAX),
-            ..Arc::into_inner(solver_capturable(&b, true)).unwrap()
-        });
         let stream = b.stream_create().unwrap();
-        let dyn_engine: Arc<dyn GemmEngine<HostBackend>> = engine;
-        let mut exe = Executable::load_with(
-            b.clone(),
-            solve_plan(1, ElementType::F32),
-            Some(dyn_engine),
-            None,
-            &xla_vmm_runtime::RunConfig::default(),
-            &stream,
-        )
-        .unwrap();
+        let (_, mut exe) = load_failing_solve(&b, usize::MAX, 1, &stream);
         let (a, rhs) = inputs(1, 0);
         let pa = DeviceBuffer::alloc(&b, 4 * a.len() as u64).unwrap();
         let pb = DeviceBuffer::alloc(&b, 4 * rhs.len() as u64).unwrap();
@@ -400,9 +433,7 @@ fn a_solve_failing_in_a_capture_fails_the_step_and_leaves_no_graph() {
         drop(exe);
         pa.free().unwrap();
         pb.free().unwrap();
-        b.stream_destroy(stream).unwrap();
-        let o = b.outstanding();
-        assert_eq!((o.graphs, o.graph_execs), (0, 0), "{mode:?}: {o:?}");
+        no_graph_left(&b, stream, mode);
     }
 }
 
@@ -413,41 +444,11 @@ fn a_solve_failing_in_a_capture_fails_the_step_and_leaves_no_graph() {
 fn a_solve_failing_only_in_a_capture_runs_the_program_eager_from_then_on() {
     for mode in [Mode::Graph, Mode::GraphRecapture] {
         let b = backend();
-        let engine = Arc::new(HostSolver {
-            failures: AtomicUsize::new(1),
-            ..Arc::into_inner(solver_capturable(&b, true)).unwrap()
-        });
         let stream = b.stream_create().unwrap();
-        let dyn_engine: Arc<dyn GemmEngine<HostBackend>> = engine.clone();
-        let mut exe = Executable::load_with(
-            b.clone(),
-            solve_plan(BATCH, ElementType::F32),
-            Some(dyn_engine),
-            None,
-            &xla_vmm_runtime::RunConfig::default(),
-            &stream,
-        )
-        .unwrap();
-        let (a, _) = inputs(BATCH, 0);
-        let pa = DeviceBuffer::alloc(&b, 4 * a.len() as u64).unwrap();
-        b.write_sync(pa.ptr(), &bytes(&a), &stream).unwrap();
-        exe.bind_parameter(0, pa.ptr(), pa.size()).unwrap();
-        for step in 0..3 {
-            let (_, rhs) = inputs(BATCH, step);
-            let pb = DeviceBuffer::alloc(&b, 4 * rhs.len() as u64).unwrap();
-            b.write_sync(pb.ptr(), &bytes(&rhs), &stream).unwrap();
-            exe.bind_parameter(1, pb.ptr(), pb.size()).unwrap();
-            let outs = exe.run(&stream, mode).unwrap();
-            b.stream_synchronize(&stream).unwrap();
-            let mut d = vec![0u8; 4 * rhs.len()];
-            b.read_sync(&mut d, outs[0].ptr, &stream).unwrap();
-            drop(outs);
-            pb.free().unwrap();
-            let x: Vec<f32> = d
-                .chunks(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            check_solution(BATCH, step, &x);
+        let (engine, mut exe) = load_failing_solve(&b, 1, BATCH, &stream);
+        let solutions = solve_steps(&b, &mut exe, &stream, mode, BATCH, 3);
+        for (step, x) in solutions.iter().enumerate() {
+            check_solution(BATCH, step, x);
         }
         // The failed capture, then one eager solve a step.
         assert_eq!(engine.calls.lock().unwrap().len(), 4, "{mode:?}");
@@ -458,10 +459,7 @@ fn a_solve_failing_only_in_a_capture_runs_the_program_eager_from_then_on() {
             "{mode:?}: {why}"
         );
         drop(exe);
-        pa.free().unwrap();
-        b.stream_destroy(stream).unwrap();
-        let o = b.outstanding();
-        assert_eq!((o.graphs, o.graph_execs), (0, 0), "{mode:?}: {o:?}");
+        no_graph_left(&b, stream, mode);
     }
 }
 
