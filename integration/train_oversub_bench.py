@@ -142,7 +142,10 @@ def child(a):
                              for p in progs if p.get("staging_note")]
         # Every program's own memory: what the staged step could not plan with.
         out["memory"] = [dict(p["memory"], program=p["program"], id=p.get("id")) for p in progs if p.get("memory")]
-        out["shared_temporaries"] = [d.get("shared_temporaries") for d in report().get("devices", [])]
+        devices = report().get("devices", [])
+        out["shared_temporaries"] = [d.get("shared_temporaries") for d in devices]
+        # Each device's memory in all (budget counters, the buffer allocator's): where the limit went.
+        out["devices"] = [{k: d.get(k) for k in ("device", "memory", "allocator")} for d in devices]
     return out
 
 
@@ -266,10 +269,10 @@ def least_link_ms(r):
 
 def memory_lines(r):
     """The device memory the loaded programs hold of their own, beside the staged ones: one line per row with
-    a budget, the largest holders named."""
+    a budget, the largest holders named; then each device's memory in all (`device_lines`)."""
     mem = [m for m in r.get("memory", []) if m["device_bytes"] + m["shared_bytes"] > 0]
     if not r.get("ratio") or not mem:
-        return []
+        return device_lines(r)
     # The step is the staged program planned longest (other programs of the same name are others: the model's
     # initialisation runs several `jit_multiply`, for one); a line without an id is matched by name.
     step = step_of(r)
@@ -282,7 +285,29 @@ def memory_lines(r):
             "temporaries hold %.0f MiB (largest holders, own + shared mapped: %s)" % (
                 r["label"], len(others), mib(sum(m["device_bytes"] for m in others)), mib(temps),
                 ", ".join("%s %.0f + %.0f MiB" % (m["program"], mib(m["device_bytes"]), mib(m["shared_bytes"]))
-                          for m in top))]
+                          for m in top))] + device_lines(r)
+
+
+def device_lines(r):
+    """Where each device's memory went at the end of a row with a budget: in use and at its peak, in host
+    memory, what was placed on the host for want of room and moved at first runs, and the buffers the
+    allocator holds (live and cached)."""
+    mib = lambda b: b / 2**20  # noqa: E731
+    lines = []
+    for d in r.get("devices", []) if r.get("ratio") else []:
+        m, a = d.get("memory") or {}, d.get("allocator") or {}
+        if not m:
+            continue
+        line = ("- %s, %s: %.0f MiB of device memory in use (peak %.0f), %.0f MiB in host memory; %d allocations "
+                "placed in host memory for want of device room, %d moved at first runs" % (
+                    r["label"], d.get("device"), mib(m.get("device_bytes", 0)), mib(m.get("device_peak_bytes", 0)),
+                    mib(m.get("host_bytes", 0)), m.get("spilled", 0), m.get("relocated", 0)))
+        if a:
+            line += "; the buffer allocator: %d buffers live, %.0f MiB, %.0f MiB physical, %d cached blocks" % (
+                a.get("buffers_live", 0), mib(a.get("bytes_in_use", 0)), mib(a.get("bytes_physical", 0)),
+                a.get("cached_blocks", 0))
+        lines.append(line)
+    return lines
 
 
 def main(argv=None):

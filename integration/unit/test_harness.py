@@ -651,6 +651,22 @@ class TrainOversubBench(unittest.TestCase):
         self.assertEqual(self.m.memory_lines(dict(r, ratio=0.0)), [])
         self.assertEqual(self.m.memory_lines(dict(r, memory=[mem("jit_idle", 3, 0, 0)])), [])
 
+    def test_a_limited_row_says_where_each_devices_memory_went(self):
+        dev = dict(device="cuda#0", memory=dict(device_bytes=700 << 20, device_peak_bytes=1000 << 20,
+                                                host_bytes=3 << 30, spilled=41, relocated=6),
+                   allocator=dict(buffers_live=70, bytes_in_use=2 << 30, bytes_physical=2200 << 20, cached_blocks=3))
+        r = dict(label="vmm 2.00x", ratio=2.0, memory=[], devices=[dev])
+        line, = self.m.memory_lines(r)
+        self.assertEqual(line, "- vmm 2.00x, cuda#0: 700 MiB of device memory in use (peak 1000), 3072 MiB in host "
+                               "memory; 41 allocations placed in host memory for want of device room, 6 moved at "
+                               "first runs; the buffer allocator: 70 buffers live, 2048 MiB, 2200 MiB physical, "
+                               "3 cached blocks")
+        # After the other programs' line where there is one; none without a budget or a device entry.
+        held = dict(program="jit__normal", id=1, device_bytes=2 << 20, host_bytes=0, shared_bytes=0)
+        self.assertEqual(len(self.m.memory_lines(dict(r, memory=[held], staged=[{"program": "jit_train_step"}]))), 2)
+        self.assertEqual(self.m.memory_lines(dict(r, ratio=0.0)), [])
+        self.assertEqual(self.m.memory_lines(dict(r, devices=[dict(dev, memory=None)])), [])
+
     def test_a_limited_run_whose_losses_differ_fails_and_stocks_failures_are_results(self):
         a = self.args()
         row = lambda label, mode, ratio, ms, losses, digest: dict(  # noqa: E731
