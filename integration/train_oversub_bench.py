@@ -267,6 +267,11 @@ def least_link_ms(r):
     return us / 1e3 if us else None
 
 
+def mib(b):
+    """Bytes in MiB."""
+    return b / 2**20
+
+
 def memory_lines(r):
     """The device memory the loaded programs hold of their own, beside the staged ones: one line per row with
     a budget, the largest holders named; then each device's memory in all (`device_lines`)."""
@@ -278,7 +283,6 @@ def memory_lines(r):
     step = step_of(r)
     key = (lambda m: m.get("id")) if step.get("id") is not None else (lambda m: m.get("program"))
     others = [m for m in mem if key(m) != key(step)]
-    mib = lambda b: b / 2**20  # noqa: E731
     top = sorted(others, key=lambda m: -(m["device_bytes"] + m["shared_bytes"]))[:4]
     temps = sum(t["bytes"] for t in r.get("shared_temporaries", []) if t)
     return ["- %s: the %d other programs hold %.0f MiB of device memory of their own; the device's shared "
@@ -292,7 +296,6 @@ def device_lines(r):
     """Where each device's memory went at the end of a row with a budget: in use and at its peak, in host
     memory, what was placed on the host for want of room and moved at first runs, and the buffers the
     allocator holds (live and cached)."""
-    mib = lambda b: b / 2**20  # noqa: E731
     lines = []
     for d in r.get("devices", []) if r.get("ratio") else []:
         m, a = d.get("memory") or {}, d.get("allocator") or {}

@@ -485,34 +485,33 @@ pub(crate) fn capture_blocker<B: Backend>(
 
 /// Does `ops` hold a library call (an FFT, a triangular solve)?
 pub(crate) fn has_library_calls<B: Backend>(ops: &[Op<B>]) -> bool {
-    ops.iter().any(|op| match op {
-        Op::Fft(_) | Op::Trsm(_) => true,
-        Op::While {
-            condition, body, ..
-        } => has_library_calls(condition) || has_library_calls(body),
-        Op::Conditional { branches, .. } => branches.iter().any(|b| has_library_calls(b)),
-        Op::Sequential(ops) | Op::AsyncStart { ops, .. } => has_library_calls(ops),
-        Op::DynamicSlice { embedded, .. } => has_library_calls(embedded),
-        _ => false,
+    any_op(ops, &|op| matches!(op, Op::Fft(_) | Op::Trsm(_)))
+}
+
+/// Does `pred` hold for an op of `ops` or of the ops nested in them (a
+/// loop's condition and body, a conditional's branches, a sequence, an
+/// async region, a dynamic slice's embedded ops)?
+fn any_op<B: Backend>(ops: &[Op<B>], pred: &impl Fn(&Op<B>) -> bool) -> bool {
+    ops.iter().any(|op| {
+        pred(op)
+            || match op {
+                Op::While {
+                    condition, body, ..
+                } => any_op(condition, pred) || any_op(body, pred),
+                Op::Conditional { branches, .. } => branches.iter().any(|b| any_op(b, pred)),
+                Op::Sequential(ops) | Op::AsyncStart { ops, .. } => any_op(ops, pred),
+                Op::DynamicSlice { embedded, .. } => any_op(embedded, pred),
+                _ => false,
+            }
     })
 }
 
 /// Does anything in `ops` depend on the iteration number of an enclosing
 /// loop (a dynamic-slice window with a non-zero stride)?
 fn depends_on_iteration<B: Backend>(ops: &[Op<B>]) -> bool {
-    ops.iter().any(|op| match op {
-        Op::DynamicSlice { windows, embedded } => {
-            windows
-                .iter()
-                .any(|w| matches!(w.config, Some((Some(_), _, stride)) if stride != 0))
-                || depends_on_iteration(embedded)
-        }
-        Op::While {
-            condition, body, ..
-        } => depends_on_iteration(condition) || depends_on_iteration(body),
-        Op::Conditional { branches, .. } => branches.iter().any(|b| depends_on_iteration(b)),
-        Op::Sequential(ops) | Op::AsyncStart { ops, .. } => depends_on_iteration(ops),
-        _ => false,
+    any_op(ops, &|op| {
+        matches!(op, Op::DynamicSlice { windows, .. }
+            if windows.iter().any(|w| matches!(w.config, Some((Some(_), _, stride)) if stride != 0)))
     })
 }
 

@@ -719,22 +719,16 @@ impl<B: Backend> Executable<B> {
         if !retry {
             return Err(e);
         }
-        self.graph_failed = Some(format!("its graph step failed ({e}); it runs eager"));
-        let out = match self.run(stream, Mode::Eager) {
-            Ok(out) => out,
-            Err(again) => {
-                self.graph_failed = None;
-                return Err(again);
-            }
-        };
-        let why = self.graph_failed.clone();
+        let out = self.run(stream, Mode::Eager)?;
+        let why = format!("its graph step failed ({e}); it runs eager");
         self.warned_eager = true;
-        tracing::warn!(executable = %self.program.plan().module_name, reason = why.as_deref().unwrap_or_default(),
+        tracing::warn!(executable = %self.program.plan().module_name, reason = %why,
             "a graph step failed; it runs eager (thunk by thunk)");
         self.report.update(|r| {
-            r.reason = why;
+            r.reason = Some(why.clone());
             r.runner = "eager";
         });
+        self.graph_failed = Some(why);
         self.release_unchosen(stream, Runner::Eager);
         Ok(out)
     }
