@@ -508,6 +508,28 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
         gib(m.must_cross_out),
         m.must_cross_us / 1e3
     );
+    let waits = copy_waits(p);
+    let waited: f64 = waits.iter().map(|w| w.wait_us).sum();
+    let _ = writeln!(
+        s,
+        "  thunks waiting for their copies in: {} ({:.2} ms in all), the longest:",
+        waits.len(),
+        waited / 1e3
+    );
+    for w in waits.iter().take(SHOWN) {
+        let b = &p.input.buffers[w.buffer];
+        let _ = writeln!(
+            s,
+            "    thunk {} {} waits {:.3} ms, the last copy to land allocation {} at {} ({}, {})",
+            w.thunk,
+            p.input.steps[w.thunk].name,
+            w.wait_us / 1e3,
+            b.id,
+            b.offset,
+            b.name,
+            gib(b.bytes)
+        );
+    }
     let crossed = crossings(p);
     if !crossed.is_empty() {
         let _ = writeln!(s, "  copied over the link, by bytes per step (in + out):");
@@ -628,11 +650,34 @@ fn crossings(p: &xla_vmm_runtime::staging::StagingPlan) -> Vec<Crossing> {
     all
 }
 
-/// The `staging` member of `--as-run`'s JSON: the summary and the buffers
-/// whose copies carry the most bytes per step.
+/// The thunks of a staging that wait for their copies in, the longest
+/// waits first ([`xla_vmm_policy::staging::copy_waits`]).
+fn copy_waits(p: &xla_vmm_runtime::staging::StagingPlan) -> Vec<xla_vmm_policy::staging::CopyWait> {
+    let (_, mut w) = xla_vmm_policy::staging::copy_waits(&p.input, &p.placements, &p.copies);
+    w.sort_by(|a, b| b.wait_us.total_cmp(&a.wait_us).then(a.thunk.cmp(&b.thunk)));
+    w
+}
+
+/// The `staging` member of `--as-run`'s JSON: the summary, the buffers
+/// whose copies carry the most bytes per step and the longest waits.
 fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
     let mut v = serde_json::to_value(p.summary()).unwrap_or(Value::Null);
     if let Value::Object(o) = &mut v {
+        let waits = copy_waits(p);
+        o.insert(
+            "copy_waits_us".into(),
+            json!(waits.iter().map(|w| w.wait_us).sum::<f64>()),
+        );
+        let longest: Vec<Value> = waits
+            .iter()
+            .take(SHOWN)
+            .map(|w| {
+                let b = &p.input.buffers[w.buffer];
+                json!({"thunk": w.thunk, "name": p.input.steps[w.thunk].name, "wait_us": w.wait_us,
+                       "allocation": b.id, "offset": b.offset, "bytes": b.bytes})
+            })
+            .collect();
+        o.insert("longest_waits".into(), Value::Array(longest));
         let top: Vec<Value> = crossings(p)
             .iter()
             .take(SHOWN)

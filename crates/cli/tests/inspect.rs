@@ -262,6 +262,51 @@ fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
 }
 
 #[test]
+fn as_run_names_the_thunks_that_wait_for_their_copies_longest_first() {
+    // llama_sgd_f32 under 256 MiB: its staging's thunks wait for their
+    // copies in; the longest waits come first, and all of them together
+    // take less than the step (its thunks run too).
+    let file = fixtures().join("llama_sgd_f32.pjrt");
+    let file = file.to_str().unwrap();
+    let s = &budget_json(file, "256M", &["--as-run"], "as_run")["staging"];
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let all = f(s, "copy_waits_us");
+    let step = f(s, "estimated_step_us");
+    assert!(all > 0.0 && all < step, "{s}");
+    let w = s["longest_waits"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{s}"));
+    assert!(!w.is_empty() && w.len() <= 8, "{s}");
+    assert!(
+        w.windows(2)
+            .all(|p| f(&p[0], "wait_us") >= f(&p[1], "wait_us")),
+        "{s}"
+    );
+    let shown: f64 = w.iter().map(|x| f(x, "wait_us")).sum();
+    assert!(shown <= all + 1e-6, "{s}");
+    for x in w {
+        assert!(x["name"].as_str().is_some_and(|n| !n.is_empty()), "{x}");
+        assert!(x["bytes"].as_u64().unwrap() > 0, "{x}");
+    }
+    // The text says the same, its first wait the longest.
+    let out = inspect(&[file, "--memory-budget", "256M", "--as-run"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let head = "thunks waiting for their copies in: ";
+    assert!(text.contains(head), "{text}");
+    let first = text
+        .lines()
+        .skip_while(|l| !l.contains(head))
+        .nth(1)
+        .unwrap_or_else(|| panic!("{text}"));
+    let thunk = w[0]["thunk"].as_u64().unwrap();
+    assert!(
+        first.trim_start().starts_with(&format!("thunk {thunk} ")),
+        "{first}"
+    );
+}
+
+#[test]
 fn as_run_text_lists_buffers_read_in_place_only_where_there_are_some() {
     // llama_sgd_f32 under 256 MiB: everything in host memory is staged.
     let file = fixtures().join("llama_sgd_f32.pjrt");

@@ -731,6 +731,40 @@ pub fn keep(
 /// ([`crate::residency`]); the step ends when the thunks and the copies
 /// have. Kept buffers are in the area already.
 pub fn estimate_us(input: &ResidencyInput, placements: &[Placement], s: &Staging) -> f64 {
+    simulate(input, placements, s, None)
+}
+
+/// A thunk that waits for its copies in, as [`estimate_us`] runs the step.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct CopyWait {
+    /// The thunk that waits.
+    pub thunk: usize,
+    /// From the thunk before it done to its last copy in landed, µs.
+    pub wait_us: f64,
+    /// The buffer of the copy that landed last (index into the input's
+    /// buffers).
+    pub buffer: usize,
+}
+
+/// [`estimate_us`], and the thunks that wait for their copies in, in
+/// thunk order.
+pub fn copy_waits(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    s: &Staging,
+) -> (f64, Vec<CopyWait>) {
+    let mut waits = Vec::new();
+    let us = simulate(input, placements, s, Some(&mut waits));
+    (us, waits)
+}
+
+/// [`estimate_us`]'s run of the step, recording waits into `waits`.
+fn simulate(
+    input: &ResidencyInput,
+    placements: &[Placement],
+    s: &Staging,
+    mut waits: Option<&mut Vec<CopyWait>>,
+) -> f64 {
     let bytes = |b: usize| input.buffers[b].bytes as f64;
     let m = input.steps.len();
     let mut ins_at: Vec<Vec<usize>> = vec![Vec::new(); m];
@@ -768,10 +802,21 @@ pub fn estimate_us(input: &ResidencyInput, placements: &[Placement], s: &Staging
         if k > 0 {
             carry_after(k - 1, now, &mut link);
         }
-        let start = needs[k]
-            .iter()
-            .map(|&i| link.until_done(IN, i))
-            .fold(now, f64::max);
+        let mut start = now;
+        let mut last = None;
+        for &i in &needs[k] {
+            let t = link.until_done(IN, i);
+            if t > start {
+                (start, last) = (t, Some(i));
+            }
+        }
+        if let (Some(w), Some(i)) = (waits.as_deref_mut(), last) {
+            w.push(CopyWait {
+                thunk: k,
+                wait_us: start - now,
+                buffer: s.copies_in[i].buffer,
+            });
+        }
         now = start + crate::residency::thunk_us(&input.steps[k], placements, &input.rates);
         for &j in &outs_at[k] {
             link.push(OUT, j, now, bytes(s.copies_out[j].buffer), None);
@@ -1569,11 +1614,18 @@ mod tests {
         );
         let us = estimate_us(&input, &placements, &s);
         assert!((us - 5000.0).abs() < 1.0, "{us} us");
+        // Only thunk 0 waits: 1 ms, for buffer 0.
+        let (same, waits) = copy_waits(&input, &placements, &s);
+        assert_eq!(same, us);
+        assert_eq!(waits.len(), 1, "{waits:?}");
+        assert_eq!((waits[0].thunk, waits[0].buffer), (0, 0));
+        assert!((waits[0].wait_us - 1000.0).abs() < 1.0, "{waits:?}");
         // Kept, nothing crosses: the thunks alone, 4 ms.
         let kept = keep(&input, &placements, 200 * MB, 512, &[true, true], s).unwrap();
         assert_eq!((kept.kept.len(), kept.bytes_in), (2, 0));
         let us = estimate_us(&input, &placements, &kept);
         assert!((us - 4000.0).abs() < 1.0, "{us} us");
+        assert!(copy_waits(&input, &placements, &kept).1.is_empty());
     }
 
     #[test]
