@@ -47,7 +47,7 @@ DET = "--xla_gpu_deterministic_ops=true"
 
 
 # The first step the medians count (--measure-from): later than the warm-up of every row (xla-vmm's
-# never-slower guard decides within its first ~16 steps of a program, its second look by ~step 35).
+# never-slower guard decides within its first ~19 steps of a program, its second look by ~step 40).
 MEASURE_FROM = 3
 
 

@@ -313,7 +313,7 @@ if want budget; then
         benv=(XLA_VMM_STAGING_RESERVE=$reserve); [ "$lim" != none ] && benv+=(XLA_VMM_DEVICE_MEMORY_LIMIT="$lim")
         [ "$lim" = none ] && [ $reserve = 0 ] && continue
         check "budget:time:$f:$lim:reserve$reserve" env "${benv[@]}" "$VMM" run "$WORK/ref-det/$f.pjrt" \
-          --inputs "$WORK/ref-det/$f.npz" --steps 30 --warmup 20
+          --inputs "$WORK/ref-det/$f.npz" --steps 30 --warmup 45
       done
     done
     check "budget:plan:$f" "$VMM" inspect "$WORK/ref-det/$f.pjrt" --memory-budget "${BUDGET_LIMIT:-8M}"
@@ -523,7 +523,7 @@ fi
 if want oversub; then
   check "oversub" env ${OVERSUB_ENV:-} XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" PYTHONPATH=integration \
     python3 integration/oversub_bench.py --out "$WORK/oversub" --rows "${OVERSUB_ROWS:-vmm}" \
-    --ratios "${OVERSUB_RATIOS:-1.5,2}" --steps "${OVERSUB_STEPS:-6}" --warmup 20 --timeout 60 \
+    --ratios "${OVERSUB_RATIOS:-1.5,2}" --steps "${OVERSUB_STEPS:-6}" --warmup 45 --timeout 60 \
     --save-exe "$WORK/oversub/exe"
 fi
 

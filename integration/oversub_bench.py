@@ -169,8 +169,9 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
-    # Untimed steps first: enough for the never-slower guard to decide in graph mode (its trial takes ~16).
-    ap.add_argument("--warmup", type=int, default=20)
+    # Untimed steps first: enough for the never-slower guard to decide in graph mode (its trial takes ~19
+    # steps, a second look ~10 more, 10 steps after it).
+    ap.add_argument("--warmup", type=int, default=45)
     ap.add_argument("--ratios", default="1.5,1.75,2")
     ap.add_argument("--rows", default="vmm,offload", help="which of vmm (with no budget and each ratio) "
                     "and offload (stock, each ratio) to run")

@@ -325,8 +325,9 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--scan", action="store_true", help="a lax.scan over stacked layers (MaxText's way)")
     ap.add_argument("--steps", type=int, default=10)
-    # Untimed steps first: enough for the never-slower guard to decide in graph mode (its trial takes ~16).
-    ap.add_argument("--warmup", type=int, default=20, help="untimed steps first, on our rows (stock's take 3)")
+    # Untimed steps first: enough for the never-slower guard to decide in graph mode (its trial takes ~19
+    # steps, a second look ~10 more, 10 steps after it).
+    ap.add_argument("--warmup", type=int, default=45, help="untimed steps first, on our rows (stock's take 3)")
     ap.add_argument("--ratios", default="1.25,2")
     ap.add_argument("--rows", default="stock,vmm,capped,offload")
     ap.add_argument("--platform", choices=("gpu", "cpu"), default="gpu")

@@ -179,7 +179,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="maxtext_tiny_bf16")
     ap.add_argument("--steps", type=int, default=10, help="traced steps")
-    ap.add_argument("--warmup", type=int, default=30, help="untraced steps first (the guard decides by ~16)")
+    ap.add_argument("--warmup", type=int, default=45, help="untraced steps first (the guard decides by ~40)")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--child", action="store_true")
