@@ -80,14 +80,29 @@ fn name(plan: &Plan, r: &ResidencyPlan, i: usize) -> String {
     if whole {
         format!("allocation {} ({}, {})", b.id, b.name, gib(b.bytes))
     } else {
-        format!(
-            "allocation {} at {} ({}, {})",
-            b.id,
-            b.offset,
-            b.name,
-            gib(b.bytes)
-        )
+        region(b)
     }
+}
+
+/// A buffer as the text names it: its allocation, offset, role and size.
+fn region(b: &xla_vmm_policy::residency::Buffer) -> String {
+    format!(
+        "allocation {} at {} ({}, {})",
+        b.id,
+        b.offset,
+        b.name,
+        gib(b.bytes)
+    )
+}
+
+/// A buffer's fields in the JSON lists (allocation, offset, bytes) with
+/// `more`.
+fn region_json(b: &xla_vmm_policy::residency::Buffer, more: Value) -> Value {
+    let mut v = json!({"allocation": b.id, "offset": b.offset, "bytes": b.bytes});
+    if let (Value::Object(o), Value::Object(m)) = (&mut v, more) {
+        o.extend(m);
+    }
+    v
 }
 
 /// Rows of a list shown in the text (the JSON has them all).
@@ -517,31 +532,23 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
         waited / 1e3
     );
     for w in waits.iter().take(SHOWN) {
-        let b = &p.input.buffers[w.buffer];
         let _ = writeln!(
             s,
-            "    thunk {} {} waits {:.3} ms, the last copy to land allocation {} at {} ({}, {})",
+            "    thunk {} {} waits {:.3} ms, the last copy to land {}",
             w.thunk,
             p.input.steps[w.thunk].name,
             w.wait_us / 1e3,
-            b.id,
-            b.offset,
-            b.name,
-            gib(b.bytes)
+            region(&p.input.buffers[w.buffer])
         );
     }
     let crossed = crossings(p);
     if !crossed.is_empty() {
         let _ = writeln!(s, "  copied over the link, by bytes per step (in + out):");
         for c in crossed.iter().take(SHOWN) {
-            let b = &p.input.buffers[c.buffer];
             let _ = writeln!(
                 s,
-                "    allocation {} at {} ({}, {}): {} in ({}x), {} out ({}x)",
-                b.id,
-                b.offset,
-                b.name,
-                gib(b.bytes),
+                "    {}: {} in ({}x), {} out ({}x)",
+                region(&p.input.buffers[c.buffer]),
                 gib(c.bytes_in),
                 c.copies_in,
                 gib(c.bytes_out),
@@ -554,7 +561,6 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
     }
     let _ = writeln!(s, "  read in place, by bytes over the link per step:");
     for &i in in_place.iter().take(SHOWN) {
-        let b = &p.input.buffers[i];
         let by: Vec<String> = in_place_readers(&p.input, i)
             .iter()
             .take(READERS_SHOWN)
@@ -562,11 +568,8 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
             .collect();
         let _ = writeln!(
             s,
-            "    allocation {} at {} ({}, {}): {}, by {}",
-            b.id,
-            b.offset,
-            b.name,
-            gib(b.bytes),
+            "    {}: {}, by {}",
+            region(&p.input.buffers[i]),
             gib(touched[i]),
             by.join(", ")
         );
@@ -672,9 +675,10 @@ fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
             .iter()
             .take(SHOWN)
             .map(|w| {
-                let b = &p.input.buffers[w.buffer];
-                json!({"thunk": w.thunk, "name": p.input.steps[w.thunk].name, "wait_us": w.wait_us,
-                       "allocation": b.id, "offset": b.offset, "bytes": b.bytes})
+                region_json(
+                    &p.input.buffers[w.buffer],
+                    json!({"thunk": w.thunk, "name": p.input.steps[w.thunk].name, "wait_us": w.wait_us}),
+                )
             })
             .collect();
         o.insert("longest_waits".into(), Value::Array(longest));
@@ -682,16 +686,15 @@ fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
             .iter()
             .take(SHOWN)
             .map(|c| {
-                let b = &p.input.buffers[c.buffer];
-                json!({
-                    "allocation": b.id,
-                    "offset": b.offset,
-                    "bytes": b.bytes,
+                region_json(
+                    &p.input.buffers[c.buffer],
+                    json!({
                     "copies_in": c.copies_in,
                     "bytes_in": c.bytes_in,
                     "copies_out": c.copies_out,
                     "bytes_out": c.bytes_out,
-                })
+                    }),
+                )
             })
             .collect();
         o.insert("most_copied".into(), Value::Array(top));
@@ -700,19 +703,15 @@ fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
             .iter()
             .take(SHOWN)
             .map(|&i| {
-                let b = &p.input.buffers[i];
                 let by: Vec<Value> = in_place_readers(&p.input, i)
                     .iter()
                     .take(READERS_SHOWN)
                     .map(|&(t, bytes)| json!({"thunk": t, "name": p.input.steps[t].name, "bytes": bytes}))
                     .collect();
-                json!({
-                    "allocation": b.id,
-                    "offset": b.offset,
-                    "bytes": b.bytes,
-                    "link_bytes": touched[i],
-                    "by": by,
-                })
+                region_json(
+                    &p.input.buffers[i],
+                    json!({"link_bytes": touched[i], "by": by}),
+                )
             })
             .collect();
         o.insert("read_in_place".into(), Value::Array(in_place));
