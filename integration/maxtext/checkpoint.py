@@ -218,7 +218,7 @@ def main():
             shutil.copytree(os.path.join(a.work, copy_from, "out"), dst)
         say("%s: go (%s, timeout %ds)" % (name, var, min(a.timeout, left)))
         ahead = prepare(k + 1)
-        rc = current.go(int(min(a.timeout, left)))
+        rc, _ = current.go(int(min(a.timeout, left)))
         with open(current.log, errors="replace") as fh:
             lines = fh.read().splitlines()
         rcs[name], errors[name], losses[name] = rc, first_error(lines, rc), read_losses(metrics(name))

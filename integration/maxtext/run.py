@@ -24,7 +24,12 @@ does not list (issue 32: it must list every one); mt.md has a line per run.
 
 Half of a run's ~35 s is Python importing MaxText (no GPU work). So the next run's process is started, at
 low CPU priority, while the current one runs: it imports MaxText, says so, and waits; it is let go (its
-environment set from the start) once the current run has exited. A run's wall time counts from its go.
+environment set from the start) once the current run has exited. A run's wall time counts from its go. The
+import overlaps the current run's start (its compile) but not its steps: from the current run's first
+completed step until it exits, a next process still importing is stopped (SIGSTOP, then SIGCONT). MaxText
+tiny's step is bound by the host, and its 60 steps take ~0.2 s some 15 s after the go, about when an import
+started then ends: whole runs of every mode, stock's included, ran 1.4-1.7x slower or changed speed mid-run
+with an import beside them (`integration/results/perf_gate_cf9c1b4.md`). Each row says whether it paused one.
 """
 import argparse
 import glob
@@ -32,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -145,6 +151,10 @@ app.run(train.main)
 """
 
 
+IMPORTED = "xla-vmm harness: MaxText imported, waiting"
+STEPPING = re.compile(r"completed step: \d+")
+
+
 class Prepared:
     """A run's process, started ahead and waiting for its go (see PRELUDE)."""
 
@@ -153,22 +163,49 @@ class Prepared:
         self.fh = open(log, "w")
         self.proc = subprocess.Popen([sys.executable, "-c", PRELUDE] + cmd, env=env, stdin=subprocess.PIPE,
                                      stdout=self.fh, stderr=subprocess.STDOUT, text=True)
+        self.read_to = 0  # how far `said` has read the log
 
-    def go(self, timeout):
-        """Let it run; its exit status (124 when it outlived `timeout` seconds and was killed)."""
+    def said(self, pattern):
+        """Whether the log written since the last call matches `pattern` (a line is read once)."""
+        with open(self.log, "rb") as fh:
+            fh.seek(self.read_to)
+            data = fh.read()
+        whole = data[:data.rfind(b"\n") + 1]  # a line still being written is read next time, whole
+        self.read_to += len(whole)
+        return re.search(pattern, whole.decode(errors="replace")) is not None
+
+    def go(self, timeout, beside=None):
+        """Let it run; (its exit status, 124 when it outlived `timeout` seconds and was killed; whether
+        `beside`, the next run's process, was stopped while it still imported: from this run's first
+        completed step until it exited, see the module's doc)."""
         try:
             self.proc.stdin.write("go\n")
             self.proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass  # it died while importing: its log says why
+        deadline = time.monotonic() + timeout
+        importing = beside is not None and beside.proc.poll() is None
+        paused = False
+        rc = None
         try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            rc = 124
+            while rc is None:
+                try:
+                    rc = self.proc.wait(timeout=0.05)
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() > deadline:
+                        self.proc.kill()
+                        self.proc.wait()
+                        rc = 124
+                    elif importing and not paused and self.said(STEPPING):
+                        importing = not beside.said(re.escape(IMPORTED)) and beside.proc.poll() is None
+                        if importing:
+                            os.kill(beside.proc.pid, signal.SIGSTOP)
+                            paused = True
+        finally:
+            if paused:
+                os.kill(beside.proc.pid, signal.SIGCONT)
         self.fh.close()
-        return rc
+        return rc, paused
 
     def cancel(self):
         """Not to run after all: ended without its go."""
@@ -420,7 +457,7 @@ def main():
         t1 = time.time()
         # The next run imports MaxText while this one runs (see the module's doc).
         ahead = prepare(k + 1)
-        rc = current.go(tmo)
+        rc, paused = current.go(tmo, beside=ahead)
         lines = open(current.log, errors="replace").read().splitlines()
         st = parse_log(lines, tokens)
         later = [v[0] for k2, v in st.items() if k2 >= a.measure_from]
@@ -430,7 +467,8 @@ def main():
                    median_ms=statistics.median(later) if later else None,
                    ms={k2: v[0] for k2, v in st.items()}, losses={k2: v[1] for k2, v in st.items()},
                    max_dloss=max(abs(st[k2][1] - base["losses"][k2]) for k2 in common) if common else None,
-                   vmm_lines=sum(1 for x in lines if VMM_LINE.search(x)), error=first_error(lines, rc))
+                   vmm_lines=sum(1 for x in lines if VMM_LINE.search(x)), error=first_error(lines, rc),
+                   paused_next_import=paused)
         if env["JAX_PLATFORMS"].startswith("vmm"):
             reports = []
             for f in glob.glob(os.path.join(work_of(cfg, var), "report_*.json")):

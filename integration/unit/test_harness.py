@@ -7,6 +7,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -448,7 +449,7 @@ class MaxText(unittest.TestCase):
                    "    sys.exit(0)\nprint('ran', sys.argv[1:], flush=True)\n")
         with tempfile.TemporaryDirectory() as d, mock.patch.object(self.m, "PRELUDE", prelude):
             run = self.m.Prepared(["a=1", "b=2"], dict(os.environ), os.path.join(d, "run.log"))
-            self.assertEqual(run.go(30), 0)
+            self.assertEqual(run.go(30), (0, False))
             with open(run.log) as fh:
                 self.assertEqual(fh.read().splitlines(), ["imported", "ran ['a=1', 'b=2']"])
             never = self.m.Prepared([], dict(os.environ), os.path.join(d, "never.log"))
@@ -456,6 +457,42 @@ class MaxText(unittest.TestCase):
             self.assertIsNotNone(never.proc.returncode)
             with open(never.log) as fh:
                 self.assertNotIn("ran", fh.read())
+
+
+    def test_a_next_process_still_importing_is_stopped_while_this_run_steps(self):
+        # This run completes a step, then runs on a little; beside it, the next run's process: still
+        # importing (it never says it imported), or imported and waiting for its go.
+        steps = ("import sys, time\nif sys.stdin.readline().strip() != 'go':\n    sys.exit(0)\n"
+                 "print('completed step: 0', flush=True)\ntime.sleep(0.5)\n")
+        importing = "import time\nwhile True:\n    time.sleep(0.01)\n"
+        waiting = "import sys\nprint(%r, flush=True)\nsys.stdin.readline()\n" % self.m.IMPORTED
+
+        def start(d, name, prelude):
+            with mock.patch.object(self.m, "PRELUDE", prelude):
+                return self.m.Prepared([], dict(os.environ), os.path.join(d, name + ".log"))
+
+        def state(proc):
+            with open("/proc/%d/stat" % proc.pid) as fh:
+                return fh.read().rsplit(")", 1)[1].split()[0]
+
+        with tempfile.TemporaryDirectory() as d:
+            slow = start(d, "slow", importing)
+            try:
+                self.assertEqual(start(d, "run", steps).go(30, beside=slow), (0, True))
+                self.assertNotEqual(state(slow.proc), "T", "continued once the run exited")
+            finally:
+                slow.cancel()
+            ready = start(d, "ready", waiting)
+            try:
+                for _ in range(200):
+                    if ready.said(re.escape(self.m.IMPORTED)):
+                        break
+                    time.sleep(0.05)
+                ready.read_to = 0  # let go() read the line again
+                self.assertEqual(start(d, "run2", steps).go(30, beside=ready), (0, False))
+            finally:
+                ready.cancel()
+            self.assertEqual(start(d, "run3", steps).go(30), (0, False))
 
 
 class MaxTextCheckpoint(unittest.TestCase):
