@@ -28,8 +28,9 @@ environment set from the start) once the current run has exited. A run's wall ti
 import overlaps the current run's start (its compile) but not its steps: from the current run's first
 completed step until it exits, a next process still importing is stopped (SIGSTOP, then SIGCONT). MaxText
 tiny's step is bound by the host, and its 60 steps take ~0.2 s some 15 s after the go, about when an import
-started then ends: whole runs of every mode, stock's included, ran 1.4-1.7x slower or changed speed mid-run
-with an import beside them (`integration/results/perf_gate_cf9c1b4.md`). Each row says whether it paused one.
+started with it ends: in two gates whole tiny runs of every mode, stock's included, ran up to 1.8x slower than
+in the other call, or changed speed mid-run (`integration/results/perf_gate_cf9c1b4.md`). Each row says
+whether it paused one.
 """
 import argparse
 import glob
