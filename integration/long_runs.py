@@ -159,14 +159,13 @@ if model == "mlp":
          "w2": jax.random.normal(jax.random.fold_in(k, 1), (256, 8), jnp.float32) * 0.1}
 else:
     # The llama model by file (integration/ on the path would show stock JAX the plugin's package).
-    import importlib.util, pickle
+    import importlib.util, inspect, pickle
     from jax.experimental.serialize_executable import deserialize_and_load, serialize
     models, exe_dir = sys.argv[5], sys.argv[6]
     spec = importlib.util.spec_from_file_location("soak_llama", os.path.join(models, "llama.py"))
     llama = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(llama)
     vocab, d, heads, kv, layers, ffn, dtype, scan, B, T = llama.CONFIGS[model]
-    V = vocab
     try:
         import optax  # noqa: F401 (the model's own optimizer, adamw, as the A/B runs it)
         opt = None
@@ -180,14 +179,13 @@ else:
 
     @jax.jit
     def batch(i):
-        return jax.random.randint(jax.random.fold_in(jax.random.PRNGKey(1), i), (B, T + 1), 0, V)
+        return jax.random.randint(jax.random.fold_in(jax.random.PRNGKey(1), i), (B, T + 1), 0, vocab)
 
     exe = os.path.join(exe_dir, model + ".exe.pkl")
     if os.path.exists(exe):
         with open(exe, "rb") as f:
             payload, in_tree, out_tree = pickle.load(f)
         # Onto the platform's first device only (a machine with several GPUs would take them all).
-        import inspect
         kw = {"execution_devices": [jax.devices()[0]]} \
             if "execution_devices" in inspect.signature(deserialize_and_load).parameters else {}
         step = deserialize_and_load(payload, in_tree, out_tree, backend=platform, **kw)
