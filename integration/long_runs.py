@@ -26,7 +26,8 @@ soak: the loop for --steps steps per platform, one child each (--model: the MLP 
 integration/models/llama.py, llama_small_f32 being the A/B model: its step compiled by the first platform's
 child with deterministic ops, saved in --out and loaded by the others, adamw where optax is installed, else
 SGD); every --every steps the child samples
-its host RSS, the device bytes in use (the plugin: report()'s device budget; stock: memory_stats()),
+its host RSS, open file descriptors and threads (checked flat on the plugin), the device bytes in use (the
+plugin: report()'s device budget; stock: memory_stats()),
 the bytes of its log (stderr to a file, the plugin's at info level: no line per step), and on vmm how many
 entries report() and stats() hold (keys and list items, nested: no map or list may
 grow with steps; a counter's digits may) and, where the plugin
@@ -82,7 +83,7 @@ from benchio import run_json_child, write_results  # noqa: E402
 # bytes; where the plugin counts them, live allocations, reserved address space, library plans), the
 # programs it lists, and how many entries report() and stats() hold (keys and list items, nested).
 COUNTERS = r'''
-import json
+import json, os
 
 def rss():
     with open("/proc/self/status") as f:
@@ -90,6 +91,12 @@ def rss():
             if ln.startswith("VmRSS:"):
                 return int(ln.split()[1]) * 1024
     return 0
+
+def handles():
+    """Open file descriptors (the driver's device files among them) and threads of this process."""
+    with open("/proc/self/status") as f:
+        threads = next((int(ln.split()[1]) for ln in f if ln.startswith("Threads:")), 0)
+    return {"fds": len(os.listdir("/proc/self/fd")), "threads": threads}
 
 def entries(x):
     """How many keys and items a JSON value holds, nested: what grows when a map or a list grows (the
@@ -202,7 +209,7 @@ def log_bytes():
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 def sample(n, window_s):
-    out = {"step": n, "rss": rss(), "step_ms": 1e3 * window_s / every, "log_bytes": log_bytes()}
+    out = {"step": n, "rss": rss(), "step_ms": 1e3 * window_s / every, "log_bytes": log_bytes(), **handles()}
     if platform == "vmm":
         out.update(plugin_counters())
     else:
@@ -582,6 +589,12 @@ def soak(args):
         for label, k in exact.items():
             if k in s[0]:
                 checks[label] = flat([x[k] for x in s], 0.0, 0)
+        # The plugin's open handles: file descriptors and threads (stock's are recorded, not checked: its
+        # thread pools are its own).
+        if plat == "vmm":
+            for k in ("fds", "threads"):
+                if k in s[0]:
+                    checks[k] = flat([x[k] for x in s], 0.0, 0)
         # No log line per step: within 4 KiB over the rest of the soak (a line a step would be thousands).
         if s[0].get("log_bytes") is not None:
             checks["log"] = flat([x["log_bytes"] for x in s], 0.0, 4096)
