@@ -63,8 +63,8 @@ export PYTHONUNBUFFERED=1
 CU13=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)
 [ -n "$CU13" ] && export LD_LIBRARY_PATH="$CU13:${LD_LIBRARY_PATH:-}"
 VMM="$BIN/xla-vmm"
-# Untimed steps before timed ones on our rows: the never-slower guard decides by ~40 (benchio.GUARD_WARMUP_STEPS).
-GUARD_WARMUP=45
+# Untimed steps before timed ones on our rows: the never-slower guard decides by ~40 (one number, benchio's).
+GUARD_WARMUP=$(cd "$(dirname "$0")" && python3 -c 'import benchio; print(benchio.GUARD_WARMUP_STEPS)')
 # NCCL from the nvidia-nccl wheel jax brings (our loader also finds it in-process under jax).
 NCCL_SO=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
 [ -n "$NCCL_SO" ] && [ -f "$NCCL_SO" ] && export XLA_VMM_NCCL_LIBRARY="$NCCL_SO"

@@ -85,18 +85,17 @@ from benchio import run_json_child, write_results  # noqa: E402
 COUNTERS = r'''
 import json, os
 
-def rss():
+def status(field):
+    """A number of this process's /proc/self/status (`VmRSS` in kB, `Threads`), 0 when absent."""
     with open("/proc/self/status") as f:
-        for ln in f:
-            if ln.startswith("VmRSS:"):
-                return int(ln.split()[1]) * 1024
-    return 0
+        return next((int(ln.split()[1]) for ln in f if ln.startswith(field + ":")), 0)
+
+def rss():
+    return status("VmRSS") * 1024
 
 def handles():
     """Open file descriptors (the driver's device files among them) and threads of this process."""
-    with open("/proc/self/status") as f:
-        threads = next((int(ln.split()[1]) for ln in f if ln.startswith("Threads:")), 0)
-    return {"fds": len(os.listdir("/proc/self/fd")), "threads": threads}
+    return {"fds": len(os.listdir("/proc/self/fd")), "threads": status("Threads")}
 
 def entries(x):
     """How many keys and items a JSON value holds, nested: what grows when a map or a list grows (the
