@@ -5,6 +5,10 @@ import json
 import os
 import subprocess
 
+# Untimed steps before a benchmark's timed ones, enough for xla-vmm's never-slower guard to have decided in
+# graph mode: its trial takes ~19 steps of a program, its second look ~10 more, 10 steps after the decision.
+GUARD_WARMUP_STEPS = 45
+
 
 def run_json_child(argv, env, timeout, stderr_path=None):
     """Run `argv` with `env`; returns (the last stdout line starting with `{`, parsed; None) or (None, a short

@@ -63,6 +63,8 @@ export PYTHONUNBUFFERED=1
 CU13=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)
 [ -n "$CU13" ] && export LD_LIBRARY_PATH="$CU13:${LD_LIBRARY_PATH:-}"
 VMM="$BIN/xla-vmm"
+# Untimed steps before timed ones on our rows: the never-slower guard decides by ~40 (benchio.GUARD_WARMUP_STEPS).
+GUARD_WARMUP=45
 # NCCL from the nvidia-nccl wheel jax brings (our loader also finds it in-process under jax).
 NCCL_SO=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
 [ -n "$NCCL_SO" ] && [ -f "$NCCL_SO" ] && export XLA_VMM_NCCL_LIBRARY="$NCCL_SO"
@@ -313,7 +315,7 @@ if want budget; then
         benv=(XLA_VMM_STAGING_RESERVE=$reserve); [ "$lim" != none ] && benv+=(XLA_VMM_DEVICE_MEMORY_LIMIT="$lim")
         [ "$lim" = none ] && [ $reserve = 0 ] && continue
         check "budget:time:$f:$lim:reserve$reserve" env "${benv[@]}" "$VMM" run "$WORK/ref-det/$f.pjrt" \
-          --inputs "$WORK/ref-det/$f.npz" --steps 30 --warmup 45
+          --inputs "$WORK/ref-det/$f.npz" --steps 30 --warmup "$GUARD_WARMUP"
       done
     done
     check "budget:plan:$f" "$VMM" inspect "$WORK/ref-det/$f.pjrt" --memory-budget "${BUDGET_LIMIT:-8M}"
@@ -523,7 +525,7 @@ fi
 if want oversub; then
   check "oversub" env ${OVERSUB_ENV:-} XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" PYTHONPATH=integration \
     python3 integration/oversub_bench.py --out "$WORK/oversub" --rows "${OVERSUB_ROWS:-vmm}" \
-    --ratios "${OVERSUB_RATIOS:-1.5,2}" --steps "${OVERSUB_STEPS:-6}" --warmup 45 --timeout 60 \
+    --ratios "${OVERSUB_RATIOS:-1.5,2}" --steps "${OVERSUB_STEPS:-6}" --warmup "$GUARD_WARMUP" --timeout 60 \
     --save-exe "$WORK/oversub/exe"
 fi
 

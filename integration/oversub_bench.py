@@ -31,7 +31,7 @@ HERE = os.path.abspath(__file__)
 # The jax_plugins package (xla-vmm's registration) next to this file; XLA_VMM_LIBRARY names the plugin.
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchio import gpu_memory_bytes, run_json_child, write_results  # noqa: E402
+from benchio import GUARD_WARMUP_STEPS, gpu_memory_bytes, run_json_child, write_results  # noqa: E402
 
 
 def weight_bytes(layers, dim, ffn, vocab):
@@ -169,9 +169,7 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
-    # Untimed steps first: enough for the never-slower guard to decide in graph mode (its trial takes ~19
-    # steps, a second look ~10 more, 10 steps after it).
-    ap.add_argument("--warmup", type=int, default=45)
+    ap.add_argument("--warmup", type=int, default=GUARD_WARMUP_STEPS, help="untimed steps first")
     ap.add_argument("--ratios", default="1.5,1.75,2")
     ap.add_argument("--rows", default="vmm,offload", help="which of vmm (with no budget and each ratio) "
                     "and offload (stock, each ratio) to run")

@@ -42,7 +42,8 @@ HERE = os.path.abspath(__file__)
 # The jax_plugins package (xla-vmm's registration) and the models next to this file.
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchio import gpu_memory_bytes, run_json_child, staged_line, staged_of, write_results  # noqa: E402
+from benchio import (GUARD_WARMUP_STEPS, gpu_memory_bytes, run_json_child, staged_line, staged_of,  # noqa: E402
+                     write_results)
 
 
 def state_bytes(layers, dim, ffn, vocab):
@@ -325,9 +326,8 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--scan", action="store_true", help="a lax.scan over stacked layers (MaxText's way)")
     ap.add_argument("--steps", type=int, default=10)
-    # Untimed steps first: enough for the never-slower guard to decide in graph mode (its trial takes ~19
-    # steps, a second look ~10 more, 10 steps after it).
-    ap.add_argument("--warmup", type=int, default=45, help="untimed steps first, on our rows (stock's take 3)")
+    ap.add_argument("--warmup", type=int, default=GUARD_WARMUP_STEPS,
+                    help="untimed steps first, on our rows (stock's take 3)")
     ap.add_argument("--ratios", default="1.25,2")
     ap.add_argument("--rows", default="stock,vmm,capped,offload")
     ap.add_argument("--platform", choices=("gpu", "cpu"), default="gpu")

@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from benchio import run_json_child, write_results  # noqa: E402
+from benchio import GUARD_WARMUP_STEPS, run_json_child, write_results  # noqa: E402
 
 
 def kernel_family(name):
@@ -179,7 +179,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="maxtext_tiny_bf16")
     ap.add_argument("--steps", type=int, default=10, help="traced steps")
-    ap.add_argument("--warmup", type=int, default=45, help="untraced steps first (the guard decides by ~40)")
+    ap.add_argument("--warmup", type=int, default=GUARD_WARMUP_STEPS, help="untraced steps first")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--child", action="store_true")

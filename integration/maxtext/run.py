@@ -30,7 +30,8 @@ completed step until it exits, a next process still importing is stopped (SIGSTO
 tiny's step is bound by the host, and its 60 steps take ~0.2 s some 15 s after the go, about when an import
 started with it ends: in two gates whole tiny runs of every mode, stock's included, ran up to 1.8x slower than
 in the other call, or changed speed mid-run (`integration/results/perf_gate_cf9c1b4.md`). Each row says
-whether it paused one.
+whether it paused one, on which CPUs the run's main thread was seen from its first completed step (sampled
+every 50 ms) and the load average at its end.
 """
 import argparse
 import glob
@@ -156,6 +157,15 @@ IMPORTED = "xla-vmm harness: MaxText imported, waiting"
 STEPPING = re.compile(r"completed step: \d+")
 
 
+def cpu_of(pid):
+    """The CPU a process's main thread last ran on (None when it is gone): `/proc/PID/stat`'s field 39."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Prepared:
     """A run's process, started ahead and waiting for its go (see PRELUDE)."""
 
@@ -165,6 +175,7 @@ class Prepared:
         self.proc = subprocess.Popen([sys.executable, "-c", PRELUDE] + cmd, env=env, stdin=subprocess.PIPE,
                                      stdout=self.fh, stderr=subprocess.STDOUT, text=True)
         self.read_to = 0  # how far `said` has read the log
+        self.cpus = {}  # CPU -> samples of its main thread's, from its first completed step (`go`)
 
     def said(self, pattern):
         """Whether the log written since the last call matches `pattern` (a line is read once)."""
@@ -186,7 +197,7 @@ class Prepared:
             pass  # it died while importing: its log says why
         deadline = time.monotonic() + timeout
         importing = beside is not None and beside.proc.poll() is None
-        paused = False
+        paused = stepping = False
         rc = None
         try:
             while rc is None:
@@ -197,7 +208,14 @@ class Prepared:
                         self.proc.kill()
                         self.proc.wait()
                         rc = 124
-                    elif importing and not paused and self.said(STEPPING):
+                        continue
+                    stepping = stepping or self.said(STEPPING)
+                    if not stepping:
+                        continue
+                    cpu = cpu_of(self.proc.pid)
+                    if cpu is not None:
+                        self.cpus[cpu] = self.cpus.get(cpu, 0) + 1
+                    if importing and not paused:
                         importing = not beside.said(re.escape(IMPORTED)) and beside.proc.poll() is None
                         if importing:
                             os.kill(beside.proc.pid, signal.SIGSTOP)
@@ -469,7 +487,7 @@ def main():
                    ms={k2: v[0] for k2, v in st.items()}, losses={k2: v[1] for k2, v in st.items()},
                    max_dloss=max(abs(st[k2][1] - base["losses"][k2]) for k2 in common) if common else None,
                    vmm_lines=sum(1 for x in lines if VMM_LINE.search(x)), error=first_error(lines, rc),
-                   paused_next_import=paused)
+                   paused_next_import=paused, main_thread_cpus=current.cpus, loadavg=os.getloadavg())
         if env["JAX_PLATFORMS"].startswith("vmm"):
             reports = []
             for f in glob.glob(os.path.join(work_of(cfg, var), "report_*.json")):

@@ -478,7 +478,10 @@ class MaxText(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             slow = start(d, "slow", importing)
             try:
-                self.assertEqual(start(d, "run", steps).go(30, beside=slow), (0, True))
+                run = start(d, "run", steps)
+                self.assertEqual(run.go(30, beside=slow), (0, True))
+                self.assertGreater(sum(run.cpus.values()), 0, "its CPU sampled while it stepped")
+                self.assertTrue(all(isinstance(c, int) and c >= 0 for c in run.cpus))
                 self.assertNotEqual(state(slow.proc), "T", "continued once the run exited")
             finally:
                 slow.cancel()
