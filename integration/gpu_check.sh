@@ -452,8 +452,10 @@ want_ab && [ -f "$WORK/ab/ab.json" ] && python3 integration/plot_ab.py "$WORK/ab
 
 # 8b. Long runs (opt in: section `long`, issue 34): 50 training loops interrupted by SIGINT through the plugin
 #     (each must raise KeyboardInterrupt and exit within 5 s, leaving nothing on the GPU), and a soak of
-#     LONG_STEPS (default 20,000) steps on stock then the plugin (host RSS, device bytes, report() and stats()
-#     flat after warm-up, step time without drift, losses bit-identical), and 8 Python threads dispatching
+#     LONG_STEPS (default 20,000) steps on stock then the plugin of the A/B's llama (LONG_SOAK_MODEL, default
+#     llama_small_f32, stock's executable loaded by the plugin; `mlp` for the earlier soak's MLP) (host RSS,
+#     device bytes, report() and stats() flat after warm-up, step time without drift, losses bit-identical),
+#     and 8 Python threads dispatching
 #     different programs and transfers at once for LONG_THREADS_S (120) s, each worker's results equal to the
 #     same work run serially; 2,000 distinct programs compiled, run and dropped (LONG_CHURN_PROGRAMS), the
 #     plugin's counters back where they were once its allocator's cache is released, host RSS against stock's
@@ -468,7 +470,7 @@ if want long; then
   part interrupt && [ "${LONG_STOCK_TRIALS:-10}" -gt 0 ] && check "long:interrupt:stock" python3 integration/long_runs.py interrupt \
     --platform cuda --trials "${LONG_STOCK_TRIALS:-10}" --reference --out "$WORK/long"
   part soak && check "long:soak" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/long_runs.py soak \
-    --platforms cuda,vmm --steps "${LONG_STEPS:-20000}" --every 1000 --out "$WORK/long"
+    --platforms cuda,vmm --steps "${LONG_STEPS:-20000}" --every 1000 --model "${LONG_SOAK_MODEL:-llama_small_f32}" --out "$WORK/long"
   # Stock over the same programs first, for reference (its host RSS: the vendor compiler's caches; never a FAIL).
   # LONG_CHURN_BESIDE=1: stock's run goes on beside ours instead, at the same time (the two fit one device call;
   # ours waits for stock's results at its end, and its log is long:churn:stock.log all the same).

@@ -22,8 +22,12 @@ stacks (gdb, where installed) and its Python stacks (faulthandler, on SIGUSR1) a
 trial's process may still hold the GPU afterwards. `--reference`: a platform measured for comparison
 (stock's), its results written as long_runs_interrupt_PLATFORM, exit status 0.
 
-soak: the loop for --steps steps per platform, one child each; every --every steps the child samples
-its host RSS, the device bytes in use (the plugin: report()'s device budget; stock: memory_stats()),
+soak: the loop for --steps steps per platform, one child each (--model: the MLP above, or a llama config of
+integration/models/llama.py, llama_small_f32 being the A/B model: its step compiled by the first platform's
+child with deterministic ops, saved in --out and loaded by the others, adamw where optax is installed, else
+SGD); every --every steps the child samples
+its host RSS, open file descriptors and threads (checked flat on the plugin), the device bytes in use (the
+plugin: report()'s device budget; stock: memory_stats()),
 the bytes of its log (stderr to a file, the plugin's at info level: no line per step), and on vmm how many
 entries report() and stats() hold (keys and list items, nested: no map or list may
 grow with steps; a counter's digits may) and, where the plugin
@@ -79,7 +83,7 @@ from benchio import run_json_child, write_results  # noqa: E402
 # bytes; where the plugin counts them, live allocations, reserved address space, library plans), the
 # programs it lists, and how many entries report() and stats() hold (keys and list items, nested).
 COUNTERS = r'''
-import json
+import json, os
 
 def rss():
     with open("/proc/self/status") as f:
@@ -87,6 +91,12 @@ def rss():
             if ln.startswith("VmRSS:"):
                 return int(ln.split()[1]) * 1024
     return 0
+
+def handles():
+    """Open file descriptors (the driver's device files among them) and threads of this process."""
+    with open("/proc/self/status") as f:
+        threads = next((int(ln.split()[1]) for ln in f if ln.startswith("Threads:")), 0)
+    return {"fds": len(os.listdir("/proc/self/fd")), "threads": threads}
 
 def entries(x):
     """How many keys and items a JSON value holds, nested: what grows when a map or a list grows (the
@@ -117,7 +127,10 @@ def plugin_counters():
     return out
 '''
 
-# The child: the training loop. argv: steps (0: forever), every (sampling), platform.
+# The child: the training loop. argv: steps (0: forever), every (sampling), platform, and for the soak the
+# model ("mlp", or a config of integration/models/llama.py) and a folder for its executable: the first child
+# compiles the step and writes it there, later ones load that executable (stock's and the plugin's run the
+# same one, so that their losses compare bit for bit, as the A/B does).
 CHILD = COUNTERS + r'''
 import faulthandler, json, os, signal, sys, time
 # A hung interrupt trial asks for every Python thread's stack before it kills the child.
@@ -127,27 +140,67 @@ faulthandler.register(signal.SIGUSR1, all_threads=True)
 sigint_inherited = "ignored" if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else "default"
 signal.signal(signal.SIGINT, signal.default_int_handler)
 steps, every, platform = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+model = sys.argv[4] if len(sys.argv) > 4 else "mlp"
 import jax, jax.numpy as jnp, numpy as np
 from functools import partial
 
-def loss(p, x, y):
-    h = jnp.tanh(x @ p["w1"] + p["b1"])
-    return jnp.mean((h @ p["w2"] - y) ** 2)
+optimizer = "sgd"
+if model == "mlp":
+    def loss(p, x, y):
+        h = jnp.tanh(x @ p["w1"] + p["b1"])
+        return jnp.mean((h @ p["w2"] - y) ** 2)
 
-@partial(jax.jit, donate_argnums=0)
-def step(p, x, y):
-    l, g = jax.value_and_grad(loss)(p, x, y)
-    return jax.tree.map(lambda a, b: a - 0.05 * b, p, g), l
+    @partial(jax.jit, donate_argnums=0)
+    def step(p, xy):
+        l, g = jax.value_and_grad(loss)(p, *xy)
+        return jax.tree.map(lambda a, b: a - 0.05 * b, p, g), l
 
-@jax.jit
-def batch(i):
-    k = jax.random.fold_in(jax.random.PRNGKey(1), i)
-    x = jax.random.normal(k, (64, 32), jnp.float32)
-    return x, jnp.sin(x[:, :8] * 3.0)
+    @jax.jit
+    def batch(i):
+        k = jax.random.fold_in(jax.random.PRNGKey(1), i)
+        x = jax.random.normal(k, (64, 32), jnp.float32)
+        return x, jnp.sin(x[:, :8] * 3.0)
 
-k = jax.random.PRNGKey(0)
-p = {"w1": jax.random.normal(k, (32, 256), jnp.float32) * 0.1, "b1": jnp.zeros((256,), jnp.float32),
-     "w2": jax.random.normal(jax.random.fold_in(k, 1), (256, 8), jnp.float32) * 0.1}
+    k = jax.random.PRNGKey(0)
+    p = {"w1": jax.random.normal(k, (32, 256), jnp.float32) * 0.1, "b1": jnp.zeros((256,), jnp.float32),
+         "w2": jax.random.normal(jax.random.fold_in(k, 1), (256, 8), jnp.float32) * 0.1}
+else:
+    # The llama model by file (integration/ on the path would show stock JAX the plugin's package).
+    import importlib.util, inspect, pickle
+    from jax.experimental.serialize_executable import deserialize_and_load, serialize
+    models, exe_dir = sys.argv[5], sys.argv[6]
+    spec = importlib.util.spec_from_file_location("soak_llama", os.path.join(models, "llama.py"))
+    llama = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(llama)
+    vocab, d, heads, kv, layers, ffn, dtype, scan, B, T = llama.CONFIGS[model]
+    try:
+        import optax  # noqa: F401 (the model's own optimizer, adamw, as the A/B runs it)
+        opt = None
+    except ImportError:  # CI's CPU venv: plain SGD, what the soak's own checks need
+        class opt:
+            init = staticmethod(lambda params: ())
+            update = staticmethod(lambda g, s, params: (jax.tree.map(lambda x: -1e-3 * x, g), s))
+    make_state, train_step = llama.make_llama(vocab, d, heads, kv, layers, ffn, dtype, scan, opt)
+    optimizer = "adamw" if opt is None else "sgd"
+    p = make_state(jax.random.PRNGKey(0))
+
+    @jax.jit
+    def batch(i):
+        return jax.random.randint(jax.random.fold_in(jax.random.PRNGKey(1), i), (B, T + 1), 0, vocab)
+
+    exe = os.path.join(exe_dir, model + ".exe.pkl")
+    if os.path.exists(exe):
+        with open(exe, "rb") as f:
+            payload, in_tree, out_tree = pickle.load(f)
+        # Onto the platform's first device only (a machine with several GPUs would take them all).
+        kw = {"execution_devices": [jax.devices()[0]]} \
+            if "execution_devices" in inspect.signature(deserialize_and_load).parameters else {}
+        step = deserialize_and_load(payload, in_tree, out_tree, backend=platform, **kw)
+    else:
+        step = jax.jit(train_step, donate_argnums=0).lower(p, batch(0)).compile()
+        with open(exe + ".tmp", "wb") as f:
+            pickle.dump(serialize(step), f)
+        os.replace(exe + ".tmp", exe)
 
 def log_bytes():
     """Bytes written to stderr so far, where it is a file (the soak's): the log must not grow with steps."""
@@ -156,7 +209,7 @@ def log_bytes():
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 def sample(n, window_s):
-    out = {"step": n, "rss": rss(), "step_ms": 1e3 * window_s / every, "log_bytes": log_bytes()}
+    out = {"step": n, "rss": rss(), "step_ms": 1e3 * window_s / every, "log_bytes": log_bytes(), **handles()}
     if platform == "vmm":
         out.update(plugin_counters())
     else:
@@ -164,16 +217,14 @@ def sample(n, window_s):
         out["device_bytes"] = s.get("bytes_in_use", 0)
     return out
 
-x, y = batch(0)
-p, l = step(p, x, y)
+p, l = step(p, batch(0))
 l.block_until_ready()
 print("READY sigint=%s" % sigint_inherited, flush=True)
 checksum, kept, samples, pending = 0, [], [], []
 t = time.perf_counter()
 n = 1
 while steps == 0 or n < steps:
-    x, y = batch(n)
-    p, l = step(p, x, y)
+    p, l = step(p, batch(n))
     pending.append(l)
     n += 1
     if n % every == 0 or n == steps:
@@ -185,7 +236,7 @@ while steps == 0 or n < steps:
         now = time.perf_counter()
         samples.append(sample(n, now - t))
         t = now
-print(json.dumps({"checksum": checksum, "losses": kept, "samples": samples, "steps": n}))
+print(json.dumps({"checksum": checksum, "losses": kept, "samples": samples, "steps": n, "optimizer": optimizer}))
 '''
 
 # The churn child. argv: programs, every (sampling), platform. Program k: a jitted function of an int32
@@ -510,11 +561,19 @@ def flat(values, tol_frac=0.01, tol_abs=4 << 20):
 def soak(args):
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()]
     results, rows, ok = {}, [], True
+    # The first platform's run compiles the step afresh (not an earlier soak's executable).
+    exe = os.path.join(args.out, args.model + ".exe.pkl")
+    if args.model != "mlp" and os.path.exists(exe):
+        os.remove(exe)
     for n, plat in enumerate(platforms):
         key = plat if plat not in results else "%s#%d" % (plat, n)
         # Its log (the plugin's at info) to a file the child measures at every sample.
         env = dict(platform_env(plat), **({"XLA_VMM_LOG": "info"} if plat == "vmm" else {}))
-        r, err = run_json_child([sys.executable, "-c", CHILD, str(args.steps), str(args.every), plat], env,
+        if args.model != "mlp":
+            # Stock must reproduce its own losses for a bitwise comparison (no atomics' order).
+            env["XLA_FLAGS"] = " ".join(x for x in [env.get("XLA_FLAGS"), "--xla_gpu_deterministic_ops=true"] if x)
+        r, err = run_json_child([sys.executable, "-c", CHILD, str(args.steps), str(args.every), plat, args.model,
+                                 os.path.join(HERE, "models"), args.out], env,
                                 args.timeout_s, stderr_path=os.path.join(args.out, "long_runs_soak_%s.log" % key))
         if r is None:
             results[key] = {"error": err}
@@ -530,6 +589,12 @@ def soak(args):
         for label, k in exact.items():
             if k in s[0]:
                 checks[label] = flat([x[k] for x in s], 0.0, 0)
+        # The plugin's open handles: file descriptors and threads (stock's are recorded, not checked: its
+        # thread pools are its own).
+        if plat == "vmm":
+            for k in ("fds", "threads"):
+                if k in s[0]:
+                    checks[k] = flat([x[k] for x in s], 0.0, 0)
         # No log line per step: within 4 KiB over the rest of the soak (a line a step would be thousands).
         if s[0].get("log_bytes") is not None:
             checks["log"] = flat([x["log_bytes"] for x in s], 0.0, 4096)
@@ -547,7 +612,11 @@ def soak(args):
     sums = {p: r.get("checksum") for p, r in results.items() if "checksum" in r}
     same = len(set(sums.values())) <= 1 and len(sums) == len(platforms)
     ok &= same
-    md = ["# Soak: %d steps, sampled every %d" % (args.steps, args.every), "",
+    opts = sorted({r["optimizer"] for r in results.values() if "optimizer" in r})
+    what = "a two-layer MLP" if args.model == "mlp" else "llama `%s` (integration/models/llama.py, %s), its " \
+        "step compiled once by the first platform's run and loaded by the others" % (args.model, "/".join(opts))
+    md = ["# Soak: %d steps, sampled every %d" % (args.steps, args.every), "", "The loop: %s; a second program "
+          "makes each step's batch on the device from the step number." % what, "",
           "| platform | steps | host RSS MiB (after warm-up -> end) | device MiB | step ms (window 3 -> last) | checks |",
           "|---|---|---|---|---|---|"] + rows + [
           "", "Losses: %s (checksums %s)." % ("bit-identical across platforms" if same else "DIFFER", sums)]
@@ -683,6 +752,8 @@ def main():
     s.add_argument("--steps", type=int, default=20000)
     s.add_argument("--every", type=int, default=1000)
     s.add_argument("--timeout-s", type=int, default=1800)
+    s.add_argument("--model", default="mlp",
+                   help='"mlp", or a config of integration/models/llama.py (llama_small_f32: the A/B model)')
     c = sub.add_parser("churn")
     c.add_argument("--platform", default="vmm", choices=["vmm", "cuda", "cpu"])
     c.add_argument("--programs", type=int, default=2000)

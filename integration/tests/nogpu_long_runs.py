@@ -53,6 +53,22 @@ class LongRuns(unittest.TestCase):
         self.assertIn("log", data["cpu"]["checks"])
         self.assertTrue(all(x["log_bytes"] is not None for x in data["cpu"]["samples"]))
         self.assertIn("bit-identical across platforms", md)
+        # Open handles sampled (checked flat on the plugin only).
+        self.assertTrue(all(x["fds"] > 0 and x["threads"] > 0 for x in data["cpu"]["samples"]))
+
+    def test_a_llama_soak_runs_one_executable_on_every_platform(self):
+        # The first platform's child compiles the step and saves it; the second loads it (no compile).
+        # Forty steps on a CPU are too few for the compiling child's RSS to settle: the flatness checks
+        # are the MLP soak's test; here both children ran and agree.
+        p, data, md = run("soak", "--platforms", "cpu,cpu", "--steps", "40", "--every", "10",
+                          "--model", "llama_scan_bf16")
+        self.assertIn(p.returncode, (0, 1), p.stdout + p.stderr + md)
+        self.assertNotIn("failed:", md)
+        self.assertEqual(data["cpu"]["checksum"], data["cpu#1"]["checksum"])
+        self.assertEqual(data["cpu"]["steps"], 40)
+        self.assertIn(data["cpu"]["optimizer"], ("adamw", "sgd"))
+        self.assertIn("llama `llama_scan_bf16`", md)
+        self.assertIn("bit-identical across platforms", md)
 
     def test_programs_compiled_run_and_dropped_leave_flat_counters(self):
         p, data, md = run("churn", "--platform", "cpu", "--programs", "60", "--every", "20")

@@ -662,7 +662,8 @@ fn copy_waits(p: &xla_vmm_runtime::staging::StagingPlan) -> Vec<xla_vmm_policy::
 }
 
 /// The `staging` member of `--as-run`'s JSON: the summary, the buffers
-/// whose copies carry the most bytes per step and the longest waits.
+/// whose copies carry the most bytes per step, the waits longest first and
+/// the buffers read in place: every one (the text shows the first few).
 fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
     let mut v = serde_json::to_value(p.summary()).unwrap_or(Value::Null);
     if let Value::Object(o) = &mut v {
@@ -673,7 +674,6 @@ fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
         );
         let longest: Vec<Value> = waits
             .iter()
-            .take(SHOWN)
             .map(|w| {
                 region_json(
                     &p.input.buffers[w.buffer],
@@ -684,7 +684,6 @@ fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
         o.insert("longest_waits".into(), Value::Array(longest));
         let top: Vec<Value> = crossings(p)
             .iter()
-            .take(SHOWN)
             .map(|c| {
                 region_json(
                     &p.input.buffers[c.buffer],
@@ -701,11 +700,9 @@ fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
         let touched = xla_vmm_policy::residency::touched_bytes(&p.input);
         let in_place: Vec<Value> = read_in_place(p, &touched)
             .iter()
-            .take(SHOWN)
             .map(|&i| {
                 let by: Vec<Value> = in_place_readers(&p.input, i)
                     .iter()
-                    .take(READERS_SHOWN)
                     .map(|&(t, bytes)| json!({"thunk": t, "name": p.input.steps[t].name, "bytes": bytes}))
                     .collect();
                 region_json(

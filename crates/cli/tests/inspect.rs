@@ -214,10 +214,11 @@ fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
         n(s, "area_bytes") <= 384 * (1 << 20) - n(&a, "device_bytes"),
         "{a}"
     );
-    // The buffers whose copies carry the most per step, the most first;
-    // together no more than the step's bytes each way.
+    // Every buffer copied, the most bytes per step first; together the
+    // step's bytes each way (and the carried buffers the step before
+    // fetches, those not already in place).
     let top = s["most_copied"].as_array().unwrap_or_else(|| panic!("{s}"));
-    assert!(!top.is_empty() && top.len() <= 8, "{s}");
+    assert!(!top.is_empty(), "{s}");
     let moved = |c: &serde_json::Value| n(c, "bytes_in") + n(c, "bytes_out");
     assert!(top.windows(2).all(|w| moved(&w[0]) >= moved(&w[1])), "{s}");
     for c in top {
@@ -225,11 +226,12 @@ fn as_run_plans_what_the_plugin_stages_at_the_first_run() {
         assert_eq!(n(c, "bytes_out"), n(c, "copies_out") * n(c, "bytes"), "{c}");
     }
     let sum = |k: &str| top.iter().map(|c| n(c, k)).sum::<u64>();
+    assert!(sum("bytes_in") >= n(s, "bytes_in_per_step"), "{s}");
     assert!(
         sum("bytes_in") <= n(s, "bytes_in_per_step") + n(s, "carried_bytes"),
         "{s}"
     );
-    assert!(sum("bytes_out") <= n(s, "bytes_out_per_step"), "{s}");
+    assert_eq!(sum("bytes_out"), n(s, "bytes_out_per_step"), "{s}");
     // No reserve: as much in device memory or more (the next large
     // temporary may not fit either way), no more room to stage through.
     let b = run(&["--staging-reserve", "0"]);
@@ -276,14 +278,15 @@ fn as_run_names_the_thunks_that_wait_for_their_copies_longest_first() {
     let w = s["longest_waits"]
         .as_array()
         .unwrap_or_else(|| panic!("{s}"));
-    assert!(!w.is_empty() && w.len() <= 8, "{s}");
+    assert!(!w.is_empty(), "{s}");
     assert!(
         w.windows(2)
             .all(|p| f(&p[0], "wait_us") >= f(&p[1], "wait_us")),
         "{s}"
     );
-    let shown: f64 = w.iter().map(|x| f(x, "wait_us")).sum();
-    assert!(shown <= all + 1e-6, "{s}");
+    // Every wait: together the total.
+    let listed: f64 = w.iter().map(|x| f(x, "wait_us")).sum();
+    assert!((listed - all).abs() <= 1e-6 * all.max(1.0), "{s}");
     for x in w {
         assert!(x["name"].as_str().is_some_and(|n| !n.is_empty()), "{x}");
         assert!(x["bytes"].as_u64().unwrap() > 0, "{x}");

@@ -270,8 +270,11 @@ fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
     assert!((1..=SAMPLES).contains(&r.samples[0]), "{r:?}");
     assert!(!r.va_stable_skipped, "{r:?}");
     assert!(r.va_stable_us.is_some_and(|u| u > 0.0), "{r:?}");
-    // A second look only after keeping the VA-stable graph against a
-    // recapture within reach; then its decision is the runner.
+    // A second look only after keeping a runner other than graph-recapture
+    // (the VA-stable graph, or eager: on a loaded machine eager can come
+    // out ahead here); then its decision is the runner. It measures
+    // recapture again, and the kept runner (its figure kept for the
+    // VA-stable graph).
     if let Some(s) = &r.second_look {
         let from = r.decided_at_step + SECOND_LOOK_AFTER;
         assert!(
@@ -279,10 +282,8 @@ fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
                 .contains(&s.decided_at_step),
             "{r:?}"
         );
-        assert!(
-            s.va_stable_us.is_some() && s.recapture_us.is_some(),
-            "{r:?}"
-        );
+        assert!(s.recapture_us.is_some(), "{r:?}");
+        assert!(s.va_stable_us.is_some() || r.eager_us.is_some(), "{r:?}");
     } else {
         // No second look: another runner won, or recapture was out of reach,
         // or it was dropped after a slow first sample (samples are read
