@@ -768,6 +768,10 @@ class ReportTableTest(unittest.TestCase):
         guard.update(runner="recapture", second_look={"decided_at_step": 34, "va_stable_us": 3480.0,
                                                       "recapture_us": 3270.0})
         self.assertIn("; second look at step 34: va-stable 3.480, recapture 3.270 ms", str(report(d)))
+        # Kept eager: the second look measured eager, not the VA-stable graph.
+        guard["second_look"].update(va_stable_us=None, eager_us=3550.0)
+        self.assertIn("; second look at step 34: eager 3.550, recapture 3.270 ms", str(report(d)))
+        guard["second_look"].update(va_stable_us=3480.0, eager_us=None)
         # A recapture program that captures at most steps says how often.
         d["programs"][0].update(runner="graph-recapture", graph_captures=30)
         self.assertIn("captured 30 times in 40 steps; guard at step 16", str(report(d)))

@@ -517,11 +517,15 @@ pub fn replay<B: Backend>(
                 ms(g.recapture_us),
             );
             if let Some(s) = &g.second_look {
+                // The runner that kept the program, then graph-recapture.
+                let kept = match (s.va_stable_us, s.eager_us) {
+                    (None, Some(e)) => format!("eager {}", ms(Some(e))),
+                    (v, _) => format!("va-stable {}", ms(v)),
+                };
                 println!(
-                    "guard: second look at step {}: runs as {} (median step ms: va-stable {} recapture {})",
+                    "guard: second look at step {}: runs as {} (median step ms: {kept} recapture {})",
                     s.decided_at_step,
                     g.runner.name(),
-                    ms(s.va_stable_us),
                     ms(s.recapture_us)
                 );
             }

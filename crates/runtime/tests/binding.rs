@@ -273,8 +273,7 @@ fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
     // A second look only after keeping a runner other than graph-recapture
     // (the VA-stable graph, or eager: on a loaded machine eager can come
     // out ahead here); then its decision is the runner. It measures
-    // recapture again, and the kept runner (its figure kept for the
-    // VA-stable graph).
+    // recapture again, and the kept runner.
     if let Some(s) = &r.second_look {
         let from = r.decided_at_step + SECOND_LOOK_AFTER;
         assert!(
@@ -283,7 +282,7 @@ fn the_guard_tries_each_runner_then_keeps_the_fastest_with_identical_results() {
             "{r:?}"
         );
         assert!(s.recapture_us.is_some(), "{r:?}");
-        assert!(s.va_stable_us.is_some() || r.eager_us.is_some(), "{r:?}");
+        assert!(s.va_stable_us.is_some() || s.eager_us.is_some(), "{r:?}");
     } else {
         // No second look: another runner won, or recapture was out of reach,
         // or it was dropped after a slow first sample (samples are read

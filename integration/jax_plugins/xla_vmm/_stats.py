@@ -62,8 +62,11 @@ class Report(dict):
                 s = g.get("second_look")
                 if s:
                     sm = lambda k: "-" if s.get(k) is None else "%.3f" % (s[k] / 1e3)  # noqa: E731
-                    why += "; second look at step %d: va-stable %s, recapture %s ms" % (
-                        s["decided_at_step"], sm("va_stable_us"), sm("recapture_us"))
+                    # The runner that kept the program (eager's median since the plugin reports it), then
+                    # graph-recapture.
+                    kept = "eager" if s.get("va_stable_us") is None and s.get("eager_us") is not None else "va-stable"
+                    why += "; second look at step %d: %s %s, recapture %s ms" % (
+                        s["decided_at_step"], kept, sm(kept.replace("-", "_") + "_us"), sm("recapture_us"))
                 if g.get("recapture_gave_way_at_step") is not None:
                     why += "; recapture kept capturing: va-stable from step %d" % g["recapture_gave_way_at_step"]
             caps = p.get("graph_captures", 0)
