@@ -246,25 +246,27 @@ impl Trial {
     fn schedule(&self, i: usize) -> Option<Planned> {
         use Runner::{Eager, Recapture, VaStable};
         const W: usize = RECAPTURE_WARM_STEPS;
-        // (runner, steps, counted); a run of 0 steps is none.
-        let runs = match (self.second, self.va_first) {
+        // (runner, steps, counted).
+        let second;
+        let runs: &[(Runner, usize, bool)] = match (self.second, self.va_first) {
             // The second look: the kept runner is warm (VA-stable's graphs
             // and binding are there; eager needs none); no third runner.
-            (Some(kept), _) => [
-                (kept, SAMPLES, true),
-                (Recapture, W, false),
-                (Recapture, SAMPLES, true),
-                (Eager, 0, true),
-                (Eager, 0, true),
-            ],
-            (None, Some(true)) => [
+            (Some(kept), _) => {
+                second = [
+                    (kept, SAMPLES, true),
+                    (Recapture, W, false),
+                    (Recapture, SAMPLES, true),
+                ];
+                &second
+            }
+            (None, Some(true)) => &[
                 (VaStable, VA_WARM_STEPS, false),
                 (VaStable, SAMPLES, true),
                 (Recapture, W, false),
                 (Recapture, SAMPLES, true),
                 (Eager, SAMPLES, true),
             ],
-            (None, _) => [
+            (None, _) => &[
                 (Recapture, W, false),
                 (Recapture, SAMPLES, true),
                 (VaStable, VA_WARM_STEPS, false),
@@ -273,7 +275,7 @@ impl Trial {
             ],
         };
         let mut i = i;
-        for (runner, steps, counted) in runs {
+        for &(runner, steps, counted) in runs {
             if i < steps {
                 return Some(Planned { runner, counted });
             }
