@@ -230,7 +230,8 @@ want bench && check "bench" python3 integration/bench.py --vmm "$VMM" --ref "$WO
 #     Every row is measured after its warm-up (our never-slower guard decides within a program's first ~16
 #     steps, and takes its second look by ~step 35): bench.py times 30 steps after 40 untimed ones, the A/B
 #     and MaxText take the median of steps 40-59 of 60 (PERF_MEASURE_FROM), stock's rows the same.
-#     PERF_BENCH_ENV: extra bench rows ('NAME:K=V,K=V;NAME2:...'); MT_CONFIGS / MT_VARIANTS / MT_STEPS:
+#     PERF_BENCH_ENV: extra bench rows ('NAME:K=V,K=V;NAME2:...'); MT_CONFIGS / MT_VARIANTS / MT_STEPS /
+#     MT_PROFILE (a step: trace it and the next with the profiler, GPU time per step in mt.md; a diagnostic):
 #     the MaxText part (integration/maxtext/run.py); PERF_AB_MODELS / PERF_AB_STEPS / PERF_AB_THRESHOLDS /
 #     PERF_AB_REPEAT (our rows run that many times in turn, the median shown) / PERF_AB_MODES (our other rows;
 #     add `va-stable` for graph mode without the guard) / PERF_AB_GPU_CLOCKS_MS (poll the GPU's clocks that often
@@ -261,7 +262,8 @@ if want perf || want perf-mt; then
     mt_budget=${MT_BUDGET_S:-$(( ${GATE_BUDGET_S:-530} - ($(date +%s) - GATE_T0) ))}
     check "perf:maxtext" python3 integration/maxtext/run.py --mt "$MT" --out "$PERF/mt" ${wheel:+--wheel "$wheel"} \
       --configs "${MT_CONFIGS:-tiny,1B}" --variants "${MT_VARIANTS:-cuda,cuda_skip_temp,vmm_t1,vmm_eager,vmm_recapture}" \
-      --steps "${MT_STEPS:-60}" --measure-from "${PERF_MEASURE_FROM:-40}" --budget-s "$mt_budget"
+      --steps "${MT_STEPS:-60}" --measure-from "${PERF_MEASURE_FROM:-40}" --budget-s "$mt_budget" \
+      ${MT_PROFILE:+--profile "$MT_PROFILE"}
   else
     check "perf:maxtext" sh -c "echo 'no MaxText folder at $MT (integration/maxtext/prepare.sh, then stage_gpu.sh --perf)'; exit 1"
   fi

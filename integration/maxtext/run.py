@@ -66,6 +66,8 @@ STEP_RE = re.compile(r"completed step: (\d+), seconds: ([0-9.]+).*?Tokens/s/devi
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 VMM_LINE = re.compile(r"\b(WARN|ERROR)\b\s+(xla_vmm\S*)")
 COMPILING = re.compile(r"Compiling (\S+) with global shapes")
+# --profile traces this many steps (MaxText's profiler_steps).
+PROFILER_STEPS = 2
 DEFAULT_VARIANTS = "cuda,cuda_nocb,cuda_skip_temp,cuda_skip_profiled,vmm_t1,vmm_t0,vmm_eager,vmm_recapture"
 
 
@@ -295,6 +297,26 @@ def first_error(lines, rc):
     return ""
 
 
+def gpu_table(rows):
+    """Markdown lines (none when no row was traced): per traced run, the GPU's work per step (the traced
+    steps' kernels and copies: their sum, and their union over the streams) against the run's step time
+    (the median of its untraced steps), and the idle fraction 1 - union / step (issue 30: a step is no faster than its
+    GPU work; what the GPU idles is launch and host time)."""
+    traced = [r for r in rows if r.get("gpu") and r["median_ms"]]
+    if not traced:
+        return []
+    out = ["", "GPU time per step (--profile: %d traced steps; CUPTI records the kernels and copies of every "
+           "stream):" % PROFILER_STEPS, "",
+           "| config | variant | step ms (median) | GPU work, sum ms | GPU busy, union ms | traced span ms "
+           "| idle (1 - busy / step) |", "|---|---|---|---|---|---|---|"]
+    for r in traced:
+        g = r["gpu"]
+        out.append("| %s | %s | %.3f | %.3f | %.3f | %.3f | %.1f%% |" % (
+            r["config"], r["variant"], r["median_ms"], sum(v[0] for v in g["kernels"].values()), g["busy_ms"],
+            g["span_ms"], 100.0 * (1.0 - g["busy_ms"] / r["median_ms"])))
+    return out
+
+
 def summarize(rows, first=3):
     """Markdown: per run the median ms/step, the ratio against the best stock of its config, loss drift."""
     out = ["| config | variant | rc | steps | median ms/step (steps >= %d) | vs best stock | max abs dloss vs cuda "
@@ -309,6 +331,7 @@ def summarize(rows, first=3):
         out.append("| %s | %s | %s | %d | %s | %s | %s | %d | %s |" % (
             r["config"], r["variant"], r["rc"], r["steps_done"], f(r["median_ms"], 3), vs, f(r["max_dloss"], 3),
             r["vmm_lines"], err))
+    out += gpu_table(rows)
     progs = [programs_line(r) for r in rows if r.get("programs")]
     if progs:
         out += ["", "Programs of our runs (the plugin's report() at exit, against JAX's compile log):"] + progs
@@ -364,7 +387,8 @@ def main():
     ap.add_argument("--profile", type=int, default=None, metavar="STEP",
                     help="trace steps STEP and STEP+1 of every run with jax.profiler (MaxText's profiler=xplane; "
                          "our runs as JAX_PLATFORMS=vmm,cuda so that the CUDA plugin's tracer records the kernels) "
-                         "and draw the longest step as OUT/CONFIG_VARIANT_step.svg (diag/trace_timeline.py)")
+                         "and draw the longest step as OUT/CONFIG_VARIANT_step.svg (diag/trace_timeline.py); mt.md gets each "
+                         "run's GPU work per step against its step time (the median leaves the traced steps out)")
     ap.add_argument("--required", default="",
                     help="comma list of variant prefixes whose runs must succeed for exit status 0 (default: all "
                          "runs); the others are measured, their failures reported")
@@ -396,7 +420,11 @@ def main():
 
     extra = a.extra
     if a.profile is not None:
-        extra += " profiler=xplane skip_first_n_steps_for_profiler=%d profiler_steps=2" % a.profile
+        extra += " profiler=xplane skip_first_n_steps_for_profiler=%d profiler_steps=%d" % (a.profile, PROFILER_STEPS)
+
+    def traced_step(k):
+        """Whether step k ran under the profiler, or wrote its trace: not a timed step."""
+        return a.profile is not None and a.profile <= k <= a.profile + PROFILER_STEPS
 
     def command(cfg, var):
         return trainer_args(src, cfg, "mt_%s_%s" % (cfg, var.split("@")[0]), work_of(cfg, var), a.steps, extra)
@@ -408,9 +436,11 @@ def main():
             env = dict(env, JAX_PLATFORMS="vmm,cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false")
         return env
 
-    def picture(cfg, var):
-        """The traced run's longest step as an SVG in OUT (its trace copied beside it)."""
+    def traced(cfg, var, row):
+        """The traced run's GPU time per step (`row["gpu"]`, kernel_times.gpu_summary over the profiler's
+        two steps) and its longest step as an SVG in OUT (its trace copied beside it)."""
         sys.path.insert(0, os.path.join(os.path.dirname(HERE), "diag"))
+        import kernel_times
         import trace_timeline
 
         name = os.path.basename(work_of(cfg, var))
@@ -419,6 +449,9 @@ def main():
             return "no trace written"
         trace = max(found, key=os.path.getmtime)
         shutil.copy(trace, os.path.join(a.out, name + ".xplane.pb"))
+        gpu = kernel_times.gpu_summary(trace, PROFILER_STEPS)
+        if gpu.get("planes"):
+            row["gpu"] = gpu
         try:
             lines = trace_timeline.load(trace)
             start, end = trace_timeline.window(lines, "step", None)
@@ -479,7 +512,7 @@ def main():
         rc, paused = current.go(tmo, beside=ahead)
         lines = open(current.log, errors="replace").read().splitlines()
         st = parse_log(lines, tokens)
-        later = [v[0] for k2, v in st.items() if k2 >= a.measure_from]
+        later = [v[0] for k2, v in st.items() if k2 >= a.measure_from and not traced_step(k2)]
         base = next((r for r in rows if r["config"] == cfg and r["variant"] == "cuda"), None)
         common = sorted(set(st) & set(int(k2) for k2 in base["losses"])) if base and var != "cuda" else []
         row.update(rc=rc, steps_done=len(st), wall_s=round(time.time() - t1, 1),
@@ -503,7 +536,8 @@ def main():
         say("%s %s: rc=%s in %.0fs, %d steps, median %s ms/step" % (
             cfg, var, rc, row["wall_s"], len(st), "%.3f" % row["median_ms"] if row["median_ms"] else "-"))
         if a.profile is not None:
-            say("%s %s: trace: %s" % (cfg, var, picture(cfg, var)))
+            say("%s %s: trace: %s" % (cfg, var, traced(cfg, var, row)))
+            save()
     if ahead is not None:
         ahead.cancel()
     print(summarize(rows, a.measure_from))

@@ -393,6 +393,19 @@ class MaxText(unittest.TestCase):
                       "jit__multi_slice (eager: conditional c reads its branch index on the host); "
                       "NOT LISTED: shard_batch", md)
 
+    def test_traced_rows_show_gpu_work_against_the_step(self):
+        gpu = {"planes": 1, "kernels": {"fusion": [30.0, 100], "gemm": [20.0, 40]}, "busy_ms": 48.0,
+               "span_ms": 52.0, "idle": 0.077}
+        rows = [{"config": "1B", "variant": v, "rc": 0, "steps_done": 40, "median_ms": ms, "max_dloss": None,
+                 "vmm_lines": 0, "error": "", **extra}
+                for v, ms, extra in [("cuda", 50.0, {"gpu": gpu}), ("vmm_t1", 60.0, {"gpu": gpu}),
+                                     ("vmm_eager", 55.0, {})]]
+        md = self.m.summarize(rows)
+        self.assertIn("| 1B | cuda | 50.000 | 50.000 | 48.000 | 52.000 | 4.0% |", md)
+        self.assertIn("| 1B | vmm_t1 | 60.000 | 50.000 | 48.000 | 52.000 | 20.0% |", md)
+        self.assertNotIn("| 1B | vmm_eager | 55.000 | 50", md)
+        self.assertEqual(self.m.gpu_table(rows[2:]), [])
+
     def test_programs_dropped_before_exit_are_listed(self):
         # MaxText's train_step is a local of its loop: dropped before the report at exit.
         lines = ["W1205 Compiling jit(train_step) with global shapes and types [...]",
