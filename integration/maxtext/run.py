@@ -300,8 +300,8 @@ def first_error(lines, rc):
 def gpu_table(rows):
     """Markdown lines (none when no row was traced): per traced run, the GPU's work per step (the traced
     steps' kernels and copies: their sum, and their union over the streams) against the run's step time
-    (the median of its untraced steps), and the idle fraction 1 - union / step (issue 30: a step is no faster than its
-    GPU work; what the GPU idles is launch and host time)."""
+    (the median of its untraced steps), and the idle fraction 1 - union / step (issue 30: a step is no
+    faster than its GPU work; what the GPU idles is launch and host time)."""
     traced = [r for r in rows if r.get("gpu") and r["median_ms"]]
     if not traced:
         return []
@@ -387,8 +387,9 @@ def main():
     ap.add_argument("--profile", type=int, default=None, metavar="STEP",
                     help="trace steps STEP and STEP+1 of every run with jax.profiler (MaxText's profiler=xplane; "
                          "our runs as JAX_PLATFORMS=vmm,cuda so that the CUDA plugin's tracer records the kernels) "
-                         "and draw the longest step as OUT/CONFIG_VARIANT_step.svg (diag/trace_timeline.py); mt.md gets each "
-                         "run's GPU work per step against its step time (the median leaves the traced steps out)")
+                         "and draw the longest step as OUT/CONFIG_VARIANT_step.svg (diag/trace_timeline.py); mt.md "
+                         "gets each run's GPU work per step against its step time (the median leaves the traced "
+                         "steps out)")
     ap.add_argument("--required", default="",
                     help="comma list of variant prefixes whose runs must succeed for exit status 0 (default: all "
                          "runs); the others are measured, their failures reported")
