@@ -225,6 +225,86 @@ fn take(free: &mut Vec<Free>, size: u64) -> Option<(u64, usize)> {
     Some((f.start, f.free_from))
 }
 
+/// Take `[start, start + size)`, which lies in one free range: (offset,
+/// that range's free from).
+fn take_at(free: &mut Vec<Free>, start: u64, size: u64) -> (u64, usize) {
+    let i = free
+        .iter()
+        .position(|f| f.start <= start && start + size <= f.end)
+        .expect("the emptied window is free");
+    let f = free[i];
+    let mut keep = Vec::with_capacity(2);
+    if f.start < start {
+        keep.push(Free { end: start, ..f });
+    }
+    if start + size < f.end {
+        keep.push(Free {
+            start: start + size,
+            ..f
+        });
+    }
+    free.splice(i..=i, keep);
+    (start, f.free_from)
+}
+
+/// The window of `size` bytes of an area of `area_bytes` to empty for a
+/// buffer that fits no free range: (its start, the indices into `held` of
+/// the buffers in it, ascending). Windows start where a free range or a
+/// held buffer's range does; a window with a buffer `movable` refuses is
+/// not one. `cost` says what evicting a buffer costs: (the thunk that needs
+/// it next, `usize::MAX` for none; the bytes its eviction moves; the thunk
+/// its range is free from). The window chosen: the latest next need of its
+/// buffers, then the fewest bytes moved, then the earliest free.
+fn emptiest_window(
+    held: &[Held],
+    free: &[Free],
+    size: u64,
+    area_bytes: u64,
+    align: u64,
+    movable: impl Fn(&Held) -> bool,
+    cost: impl Fn(&Held) -> (usize, u64, usize),
+) -> Option<(u64, Vec<usize>)> {
+    let range = |h: &Held| {
+        let start = h.offset - h.offset % align;
+        (start, start + h.size)
+    };
+    let costs: Vec<_> = held.iter().map(&cost).collect();
+    let starts = free
+        .iter()
+        .map(|f| f.start)
+        .chain(held.iter().map(|h| range(h).0));
+    let mut best: Option<((std::cmp::Reverse<usize>, u64, usize), u64, Vec<usize>)> = None;
+    for s in starts {
+        let e = s + size;
+        if e > area_bytes {
+            continue;
+        }
+        let inside: Vec<usize> = (0..held.len())
+            .filter(|&i| {
+                let (a, b) = range(&held[i]);
+                a < e && s < b
+            })
+            .collect();
+        if inside.iter().any(|&i| !movable(&held[i])) {
+            continue;
+        }
+        let mut key = (std::cmp::Reverse(usize::MAX), 0u64, 0usize);
+        for &i in &inside {
+            let (again, bytes, from) = costs[i];
+            key.0 = key.0.max(std::cmp::Reverse(again));
+            key.1 += bytes;
+            key.2 = key.2.max(from);
+        }
+        for f in free.iter().filter(|f| f.start < e && s < f.end) {
+            key.2 = key.2.max(f.free_from);
+        }
+        if best.as_ref().is_none_or(|(k, _, _)| key < *k) {
+            best = Some((key, s, inside));
+        }
+    }
+    best.map(|(_, s, inside)| (s, inside))
+}
+
 /// Per thunk, its staged buffers: (buffer, writes, needs its bytes: reads
 /// them or writes part of them, unless a temporary's first use).
 fn staged_uses(input: &ResidencyInput, placements: &[Placement]) -> Vec<Vec<(usize, bool, bool)>> {
@@ -487,31 +567,46 @@ fn stage_inner(
             // In the area at its home offset modulo `align`, so that every
             // slice keeps its home alignment.
             let (skew, size) = in_area(&bufs[b], align);
-            let (start, free_from) = loop {
-                if let Some(got) = take(&mut free, size) {
-                    break got;
+            let (start, free_from) = match take(&mut free, size) {
+                Some(got) => got,
+                None => {
+                    // No free range fits: empty the window whose buffers are
+                    // needed again the latest (Belady over a range), then
+                    // whose emptying moves the fewest bytes, then that frees
+                    // the earliest.
+                    let movable =
+                        |h: &Held| h.claim.is_none() && !per[k].iter().any(|x| x.0 == h.buffer);
+                    let cost = |h: &Held| {
+                        let again = next_use(h.buffer, k);
+                        let back = if again == usize::MAX {
+                            0
+                        } else {
+                            bufs[h.buffer].bytes
+                        };
+                        let home = if h.dirty && wanted_after(h.buffer, last_use[h.buffer]) {
+                            bufs[h.buffer].bytes
+                        } else {
+                            0
+                        };
+                        (again, back + home, last_use[h.buffer] + 1)
+                    };
+                    let Some((s, victims)) =
+                        emptiest_window(&held, &free, size, area_bytes, align, movable, cost)
+                    else {
+                        return Err(PolicyError::AreaTooSmall {
+                            thunk: k,
+                            name: steps[k].name.clone(),
+                            area_bytes,
+                        });
+                    };
+                    for vi in victims.into_iter().rev() {
+                        let h = held.remove(vi);
+                        let last = last_use[h.buffer];
+                        left_after[h.buffer] = Some(last);
+                        evict(h, &mut out, &mut free, last);
+                    }
+                    take_at(&mut free, s, size)
                 }
-                let victim = held
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, h)| h.claim.is_none() && !per[k].iter().any(|x| x.0 == h.buffer))
-                    // Ties (never used again): the one idle the longest,
-                    // whose range frees the earliest.
-                    .max_by_key(|(_, h)| {
-                        (next_use(h.buffer, k), std::cmp::Reverse(last_use[h.buffer]))
-                    })
-                    .map(|(i, _)| i);
-                let Some(vi) = victim else {
-                    return Err(PolicyError::AreaTooSmall {
-                        thunk: k,
-                        name: steps[k].name.clone(),
-                        area_bytes,
-                    });
-                };
-                let h = held.remove(vi);
-                let last = last_use[h.buffer];
-                left_after[h.buffer] = Some(last);
-                evict(h, &mut out, &mut free, last);
             };
             let offset = start + skew;
             held.push(Held {
