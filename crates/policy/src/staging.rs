@@ -273,7 +273,9 @@ fn emptiest_window(
         .iter()
         .map(|f| f.start)
         .chain(held.iter().map(|h| range(h).0));
-    let mut best: Option<((std::cmp::Reverse<usize>, u64, usize), u64, Vec<usize>)> = None;
+    // (the key: latest next need, bytes moved, free from; the start; the buffers)
+    type Window = ((std::cmp::Reverse<usize>, u64, usize), u64, Vec<usize>);
+    let mut best: Option<Window> = None;
     for s in starts {
         let e = s + size;
         if e > area_bytes {
@@ -839,6 +841,18 @@ pub struct CopyWait {
     /// The buffer of the copy that landed last (index into the input's
     /// buffers).
     pub buffer: usize,
+    /// That copy's way, in µs from the step's start: issued before this
+    /// thunk (its `issue_before`) ...
+    pub issued_before: usize,
+    /// ... at this time (the thunk before it done) ...
+    pub ready_us: f64,
+    /// ... free to move from this time (the copy home it follows landed) ...
+    pub free_us: f64,
+    /// ... moving from this time (the copies in ahead of it done) ...
+    pub started_us: f64,
+    /// ... and landed at this time; the waiting thunk could have started at
+    /// `landed_us - wait_us`.
+    pub landed_us: f64,
 }
 
 /// [`estimate_us`], and the thunks that wait for their copies in, in
@@ -906,10 +920,21 @@ fn simulate(
             }
         }
         if let (Some(w), Some(i)) = (waits.as_deref_mut(), last) {
+            let c = &s.copies_in[i];
+            let (ready_us, free_us, started_us) =
+                link.way[IN]
+                    .get(i)
+                    .copied()
+                    .unwrap_or((f64::NAN, f64::NAN, f64::NAN));
             w.push(CopyWait {
                 thunk: k,
                 wait_us: start - now,
-                buffer: s.copies_in[i].buffer,
+                buffer: c.buffer,
+                issued_before: c.issue_before,
+                ready_us,
+                free_us,
+                started_us,
+                landed_us: start,
             });
         }
         now = start + crate::residency::thunk_us(&input.steps[k], placements, &input.rates);
@@ -931,6 +956,8 @@ const OUT: usize = 1;
 struct Crossing {
     id: usize,
     ready: f64,
+    /// When it began to move (`NaN`: not yet).
+    started: f64,
     left: f64,
     /// The copy home it follows (index of a copy out).
     after_out: Option<usize>,
@@ -949,6 +976,8 @@ struct Link {
     queue: [std::collections::VecDeque<Crossing>; 2],
     /// When each copy was done, by direction and id (`NaN`: not yet).
     done: [Vec<f64>; 2],
+    /// Each done copy's (ready, free to move, started), by direction and id.
+    way: [Vec<(f64, f64, f64)>; 2],
 }
 
 impl Link {
@@ -959,6 +988,7 @@ impl Link {
             t: 0.0,
             queue: Default::default(),
             done: Default::default(),
+            way: Default::default(),
         }
     }
 
@@ -966,6 +996,7 @@ impl Link {
         self.queue[dir].push_back(Crossing {
             id,
             ready,
+            started: f64::NAN,
             left: bytes,
             after_out,
         });
@@ -1019,6 +1050,14 @@ impl Link {
             .into_iter()
             .fold(f64::INFINITY, f64::min);
         let dt = next - self.t;
+        for d in [IN, OUT] {
+            if let Some(c) = self.queue[d]
+                .front_mut()
+                .filter(|c| active[d] && c.started.is_nan())
+            {
+                c.started = self.t;
+            }
+        }
         self.t = next;
         for d in [IN, OUT] {
             if !active[d] {
@@ -1028,8 +1067,14 @@ impl Link {
                 let c = self.queue[d].pop_front().expect("active");
                 if self.done[d].len() <= c.id {
                     self.done[d].resize(c.id + 1, f64::NAN);
+                    self.way[d].resize(c.id + 1, (f64::NAN, f64::NAN, f64::NAN));
                 }
                 self.done[d][c.id] = next;
+                let free = match c.after_out {
+                    Some(j) => self.done_at(OUT, j).unwrap_or(c.ready).max(c.ready),
+                    None => c.ready,
+                };
+                self.way[d][c.id] = (c.ready, free, c.started);
             } else if let Some(c) = self.queue[d].front_mut() {
                 c.left -= rate[d] * dt;
             }
