@@ -534,11 +534,16 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
     for w in waits.iter().take(SHOWN) {
         let _ = writeln!(
             s,
-            "    thunk {} {} waits {:.3} ms, the last copy to land {}",
+            "    thunk {} {} waits {:.3} ms, the last copy to land {}: issued before thunk {}, {:.3} ms before it was needed; then {:.3} ms behind a copy home, {:.3} ms behind other copies in, {:.3} ms crossing",
             w.thunk,
             p.input.steps[w.thunk].name,
             w.wait_us / 1e3,
-            region(&p.input.buffers[w.buffer])
+            region(&p.input.buffers[w.buffer]),
+            w.issued_before,
+            (w.landed_us - w.wait_us - w.ready_us) / 1e3,
+            (w.free_us - w.ready_us) / 1e3,
+            (w.started_us - w.free_us) / 1e3,
+            (w.landed_us - w.started_us) / 1e3
         );
     }
     let crossed = crossings(p);
@@ -677,7 +682,9 @@ fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
             .map(|w| {
                 region_json(
                     &p.input.buffers[w.buffer],
-                    json!({"thunk": w.thunk, "name": p.input.steps[w.thunk].name, "wait_us": w.wait_us}),
+                    json!({"thunk": w.thunk, "name": p.input.steps[w.thunk].name, "wait_us": w.wait_us,
+                           "issued_before": w.issued_before, "ready_us": w.ready_us, "free_us": w.free_us,
+                           "started_us": w.started_us, "landed_us": w.landed_us}),
                 )
             })
             .collect();

@@ -225,6 +225,88 @@ fn take(free: &mut Vec<Free>, size: u64) -> Option<(u64, usize)> {
     Some((f.start, f.free_from))
 }
 
+/// Take `[start, start + size)`, which lies in one free range: (offset,
+/// that range's free from).
+fn take_at(free: &mut Vec<Free>, start: u64, size: u64) -> (u64, usize) {
+    let i = free
+        .iter()
+        .position(|f| f.start <= start && start + size <= f.end)
+        .expect("the emptied window is free");
+    let f = free[i];
+    let mut keep = Vec::with_capacity(2);
+    if f.start < start {
+        keep.push(Free { end: start, ..f });
+    }
+    if start + size < f.end {
+        keep.push(Free {
+            start: start + size,
+            ..f
+        });
+    }
+    free.splice(i..=i, keep);
+    (start, f.free_from)
+}
+
+/// The window of `size` bytes of an area of `area_bytes` to empty for a
+/// buffer that fits no free range: (its start, the indices into `held` of
+/// the buffers in it, ascending). Windows start where a free range or a
+/// held buffer's range does; a window with a buffer `movable` refuses is
+/// not one. `cost` says what evicting a buffer costs: (the thunk that needs
+/// it next, `usize::MAX` for none; the bytes its eviction moves; the thunk
+/// its range is free from). The window chosen: the latest next need of its
+/// buffers, then the fewest bytes moved, then the earliest free.
+fn emptiest_window(
+    held: &[Held],
+    free: &[Free],
+    size: u64,
+    area_bytes: u64,
+    align: u64,
+    movable: impl Fn(&Held) -> bool,
+    cost: impl Fn(&Held) -> (usize, u64, usize),
+) -> Option<(u64, Vec<usize>)> {
+    let range = |h: &Held| {
+        let start = h.offset - h.offset % align;
+        (start, start + h.size)
+    };
+    let costs: Vec<_> = held.iter().map(&cost).collect();
+    let starts = free
+        .iter()
+        .map(|f| f.start)
+        .chain(held.iter().map(|h| range(h).0));
+    // (the key: latest next need, bytes moved, free from; the start; the buffers)
+    type Window = ((std::cmp::Reverse<usize>, u64, usize), u64, Vec<usize>);
+    let mut best: Option<Window> = None;
+    for s in starts {
+        let e = s + size;
+        if e > area_bytes {
+            continue;
+        }
+        let inside: Vec<usize> = (0..held.len())
+            .filter(|&i| {
+                let (a, b) = range(&held[i]);
+                a < e && s < b
+            })
+            .collect();
+        if inside.iter().any(|&i| !movable(&held[i])) {
+            continue;
+        }
+        let mut key = (std::cmp::Reverse(usize::MAX), 0u64, 0usize);
+        for &i in &inside {
+            let (again, bytes, from) = costs[i];
+            key.0 = key.0.max(std::cmp::Reverse(again));
+            key.1 += bytes;
+            key.2 = key.2.max(from);
+        }
+        for f in free.iter().filter(|f| f.start < e && s < f.end) {
+            key.2 = key.2.max(f.free_from);
+        }
+        if best.as_ref().is_none_or(|(k, _, _)| key < *k) {
+            best = Some((key, s, inside));
+        }
+    }
+    best.map(|(_, s, inside)| (s, inside))
+}
+
 /// Per thunk, its staged buffers: (buffer, writes, needs its bytes: reads
 /// them or writes part of them, unless a temporary's first use).
 fn staged_uses(input: &ResidencyInput, placements: &[Placement]) -> Vec<Vec<(usize, bool, bool)>> {
@@ -487,31 +569,46 @@ fn stage_inner(
             // In the area at its home offset modulo `align`, so that every
             // slice keeps its home alignment.
             let (skew, size) = in_area(&bufs[b], align);
-            let (start, free_from) = loop {
-                if let Some(got) = take(&mut free, size) {
-                    break got;
+            let (start, free_from) = match take(&mut free, size) {
+                Some(got) => got,
+                None => {
+                    // No free range fits: empty the window whose buffers are
+                    // needed again the latest (Belady over a range), then
+                    // whose emptying moves the fewest bytes, then that frees
+                    // the earliest.
+                    let movable =
+                        |h: &Held| h.claim.is_none() && !per[k].iter().any(|x| x.0 == h.buffer);
+                    let cost = |h: &Held| {
+                        let again = next_use(h.buffer, k);
+                        let back = if again == usize::MAX {
+                            0
+                        } else {
+                            bufs[h.buffer].bytes
+                        };
+                        let home = if h.dirty && wanted_after(h.buffer, last_use[h.buffer]) {
+                            bufs[h.buffer].bytes
+                        } else {
+                            0
+                        };
+                        (again, back + home, last_use[h.buffer] + 1)
+                    };
+                    let Some((s, victims)) =
+                        emptiest_window(&held, &free, size, area_bytes, align, movable, cost)
+                    else {
+                        return Err(PolicyError::AreaTooSmall {
+                            thunk: k,
+                            name: steps[k].name.clone(),
+                            area_bytes,
+                        });
+                    };
+                    for vi in victims.into_iter().rev() {
+                        let h = held.remove(vi);
+                        let last = last_use[h.buffer];
+                        left_after[h.buffer] = Some(last);
+                        evict(h, &mut out, &mut free, last);
+                    }
+                    take_at(&mut free, s, size)
                 }
-                let victim = held
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, h)| h.claim.is_none() && !per[k].iter().any(|x| x.0 == h.buffer))
-                    // Ties (never used again): the one idle the longest,
-                    // whose range frees the earliest.
-                    .max_by_key(|(_, h)| {
-                        (next_use(h.buffer, k), std::cmp::Reverse(last_use[h.buffer]))
-                    })
-                    .map(|(i, _)| i);
-                let Some(vi) = victim else {
-                    return Err(PolicyError::AreaTooSmall {
-                        thunk: k,
-                        name: steps[k].name.clone(),
-                        area_bytes,
-                    });
-                };
-                let h = held.remove(vi);
-                let last = last_use[h.buffer];
-                left_after[h.buffer] = Some(last);
-                evict(h, &mut out, &mut free, last);
             };
             let offset = start + skew;
             held.push(Held {
@@ -744,6 +841,18 @@ pub struct CopyWait {
     /// The buffer of the copy that landed last (index into the input's
     /// buffers).
     pub buffer: usize,
+    /// That copy's way, in µs from the step's start: issued before this
+    /// thunk (its `issue_before`) ...
+    pub issued_before: usize,
+    /// ... at this time (the thunk before it done) ...
+    pub ready_us: f64,
+    /// ... free to move from this time (the copy home it follows landed) ...
+    pub free_us: f64,
+    /// ... moving from this time (the copies in ahead of it done) ...
+    pub started_us: f64,
+    /// ... and landed at this time; the waiting thunk could have started at
+    /// `landed_us - wait_us`.
+    pub landed_us: f64,
 }
 
 /// [`estimate_us`], and the thunks that wait for their copies in, in
@@ -811,10 +920,21 @@ fn simulate(
             }
         }
         if let (Some(w), Some(i)) = (waits.as_deref_mut(), last) {
+            let c = &s.copies_in[i];
+            let (ready_us, free_us, started_us) =
+                link.way[IN]
+                    .get(i)
+                    .copied()
+                    .unwrap_or((f64::NAN, f64::NAN, f64::NAN));
             w.push(CopyWait {
                 thunk: k,
                 wait_us: start - now,
-                buffer: s.copies_in[i].buffer,
+                buffer: c.buffer,
+                issued_before: c.issue_before,
+                ready_us,
+                free_us,
+                started_us,
+                landed_us: start,
             });
         }
         now = start + crate::residency::thunk_us(&input.steps[k], placements, &input.rates);
@@ -836,6 +956,8 @@ const OUT: usize = 1;
 struct Crossing {
     id: usize,
     ready: f64,
+    /// When it began to move (`NaN`: not yet).
+    started: f64,
     left: f64,
     /// The copy home it follows (index of a copy out).
     after_out: Option<usize>,
@@ -854,6 +976,8 @@ struct Link {
     queue: [std::collections::VecDeque<Crossing>; 2],
     /// When each copy was done, by direction and id (`NaN`: not yet).
     done: [Vec<f64>; 2],
+    /// Each done copy's (ready, free to move, started), by direction and id.
+    way: [Vec<(f64, f64, f64)>; 2],
 }
 
 impl Link {
@@ -864,6 +988,7 @@ impl Link {
             t: 0.0,
             queue: Default::default(),
             done: Default::default(),
+            way: Default::default(),
         }
     }
 
@@ -871,6 +996,7 @@ impl Link {
         self.queue[dir].push_back(Crossing {
             id,
             ready,
+            started: f64::NAN,
             left: bytes,
             after_out,
         });
@@ -924,6 +1050,14 @@ impl Link {
             .into_iter()
             .fold(f64::INFINITY, f64::min);
         let dt = next - self.t;
+        for d in [IN, OUT] {
+            if let Some(c) = self.queue[d]
+                .front_mut()
+                .filter(|c| active[d] && c.started.is_nan())
+            {
+                c.started = self.t;
+            }
+        }
         self.t = next;
         for d in [IN, OUT] {
             if !active[d] {
@@ -933,8 +1067,14 @@ impl Link {
                 let c = self.queue[d].pop_front().expect("active");
                 if self.done[d].len() <= c.id {
                     self.done[d].resize(c.id + 1, f64::NAN);
+                    self.way[d].resize(c.id + 1, (f64::NAN, f64::NAN, f64::NAN));
                 }
                 self.done[d][c.id] = next;
+                let free = match c.after_out {
+                    Some(j) => self.done_at(OUT, j).unwrap_or(c.ready).max(c.ready),
+                    None => c.ready,
+                };
+                self.way[d][c.id] = (c.ready, free, c.started);
             } else if let Some(c) = self.queue[d].front_mut() {
                 c.left -= rate[d] * dt;
             }
