@@ -257,6 +257,11 @@ def programs_of(lines, reports):
             "not_graph": sorted({(p["program"], p["runner"], p.get("reason") or "") for p in listed
                                  if p["runner"] not in ("va-stable graph", "graph-recapture")}),
             "unlisted": sorted({c for c in compiled if key(c) not in names}),
+            # Graph-recapture programs that captured at more than two steps: their parameters' addresses changed,
+            # each capture a cost on the host (where the default and graph-recapture mode part on a
+            # launch-bound step).
+            "recapturing": sorted((p["program"], p["graph_captures"], p["steps"]) for p in listed
+                                  if p["runner"] == "graph-recapture" and p.get("graph_captures", 0) > 2),
             "staged": [staged_of(p) for p in listed if p.get("staging")]}
 
 
@@ -269,6 +274,8 @@ def programs_line(row):
     if p["not_graph"]:
         text += "; not a graph: " + "; ".join("%s (%s%s)" % (n, r, ": " + why[:120] if why else "")
                                               for n, r, why in p["not_graph"])
+    if p.get("recapturing"):
+        text += "; graph-recapture capturing again: " + ", ".join("%s %d of %d steps" % r for r in p["recapturing"])
     if p["unlisted"]:
         text += "; NOT LISTED: " + ", ".join(p["unlisted"])
     for st in p.get("staged", []):

@@ -417,6 +417,20 @@ class MaxText(unittest.TestCase):
         self.assertEqual((p["listed"], p["compiled"], p["unlisted"]), (2, 2, []))
         self.assertEqual(p["by_runner"], {"va-stable graph": 1, "eager": 1})
 
+    def test_graph_recapture_programs_that_capture_again_are_listed(self):
+        lines = ["W1205 Compiling jit(train_step) with global shapes and types [...]",
+                 "W1205 Compiling jit(clip) with global shapes and types [...]",
+                 "W1205 Compiling jit(cos) with global shapes and types [...]"]
+        reports = [{"programs": [{"program": "jit_train_step", "runner": "graph-recapture", "steps": 60,
+                                  "graph_captures": 2},
+                                 {"program": "jit_clip", "runner": "graph-recapture", "steps": 60,
+                                  "graph_captures": 41},
+                                 {"program": "jit_cos", "runner": "va-stable graph", "steps": 60}]}]
+        p = self.m.programs_of(lines, reports)
+        self.assertEqual(p["recapturing"], [("jit_clip", 41, 60)])
+        line = self.m.programs_line({"config": "tiny", "variant": "vmm_t1", "programs": p})
+        self.assertIn("1 va-stable graph; graph-recapture capturing again: jit_clip 41 of 60 steps", line)
+
     def test_a_program_past_the_budget_says_what_it_moved(self):
         lines = ["W1205 Compiling jit(train_step) with global shapes and types [...]"]
         staging = {"area_bytes": 2 << 30, "staged": 40, "staged_bytes": 9 << 30, "kept": 0, "kept_bytes": 0,
