@@ -885,10 +885,35 @@ mod tests {
         assert!(!second.wants_second_look(&s), "one second look");
     }
 
+    /// [`second_look_run`] until its first decision keeps `kept`, three
+    /// tries at most: sleeps only overshoot, but on a loaded machine by
+    /// milliseconds, and a first trial that kept another runner has not the
+    /// second look the callers test. The guard and its decisions.
+    fn second_look_scenario(
+        be: &xla_vmm_device::host::HostBackend,
+        stream: &<xla_vmm_device::host::HostBackend as Backend>::Stream,
+        eager_ms: f64,
+        kept: Runner,
+    ) -> (
+        Guard<xla_vmm_device::host::HostBackend>,
+        Vec<(u64, GuardReport)>,
+    ) {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (mut g, d) = second_look_run(be, stream, eager_ms);
+            let other = d.first().is_some_and(|(_, r)| r.runner != kept);
+            if !other || tries == 3 {
+                return (g, d);
+            }
+            g.release(be);
+        }
+    }
+
     /// 60 steps of a guard on `be`'s `stream` whose runners take: VA-stable
     /// 6 ms; recapture 6.6 ms until the first decision, 4.2 ms after it.
     /// The guard and its decisions (step, report).
-    fn second_look_scenario(
+    fn second_look_run(
         be: &xla_vmm_device::host::HostBackend,
         stream: &<xla_vmm_device::host::HostBackend as Backend>::Stream,
         eager_ms: f64,
@@ -923,24 +948,12 @@ mod tests {
     #[test]
     fn the_guard_switches_at_its_second_look_when_recapture_is_faster_then() {
         // Step periods on the host backend's stream: the wall time between
-        // steps (`second_look_scenario`): kept VA-stable, then recapture.
-        // Sleeps only overshoot, but on a loaded machine by milliseconds: a
-        // first trial that did not keep the VA-stable graph has not the
-        // second look this tests, and is run again (three tries).
+        // steps (`second_look_run`): kept VA-stable, then recapture.
         use xla_vmm_device::host::HostBackend;
         let be = HostBackend::new(Default::default()).unwrap();
         let stream = be.stream_create().unwrap();
-        let mut tries = 0;
-        let (mut g, decisions) = loop {
-            tries += 1;
-            // Eager's first sample drops it.
-            let (mut g, d) = second_look_scenario(&be, &stream, 9.0);
-            let other = d.first().is_some_and(|(_, r)| r.runner != Runner::VaStable);
-            if !other || tries == 3 {
-                break (g, d);
-            }
-            g.release(&be);
-        };
+        // Eager's first sample drops it.
+        let (mut g, decisions) = second_look_scenario(&be, &stream, 9.0, Runner::VaStable);
         assert_eq!(decisions.len(), 2, "{decisions:?}");
         let (first, last) = (&decisions[0].1, &decisions[1].1);
         assert_eq!(first.runner, Runner::VaStable, "{first:?}");
@@ -963,21 +976,11 @@ mod tests {
     fn an_eager_kept_programs_second_look_records_eagers_median() {
         // Eager at 4.8 ms keeps the program (the VA-stable graph 6.0,
         // recapture capturing 6.6); at the second look recapture (4.2) takes
-        // it, and the look says what eager measured. Sleeps overshoot on a
-        // loaded machine: three tries, as above.
+        // it, and the look says what eager measured.
         use xla_vmm_device::host::HostBackend;
         let be = HostBackend::new(Default::default()).unwrap();
         let stream = be.stream_create().unwrap();
-        let mut tries = 0;
-        let (mut g, decisions) = loop {
-            tries += 1;
-            let (mut g, d) = second_look_scenario(&be, &stream, 4.8);
-            let other = d.first().is_some_and(|(_, r)| r.runner != Runner::Eager);
-            if !other || tries == 3 {
-                break (g, d);
-            }
-            g.release(&be);
-        };
+        let (mut g, decisions) = second_look_scenario(&be, &stream, 4.8, Runner::Eager);
         assert_eq!(decisions.len(), 2, "{decisions:?}");
         assert_eq!(decisions[0].1.runner, Runner::Eager, "{decisions:?}");
         let last = &decisions[1].1;
