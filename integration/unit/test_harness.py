@@ -430,6 +430,24 @@ class MaxText(unittest.TestCase):
         self.assertEqual(p["recapturing"], [("jit_clip", 41, 60)])
         line = self.m.programs_line({"config": "tiny", "variant": "vmm_t1", "programs": p})
         self.assertIn("1 va-stable graph; graph-recapture capturing again: jit_clip 41 of 60 steps", line)
+        self.assertIn("\n  - not on graph-recapture: jit_cos va-stable graph, 60 steps, no decision", line)
+
+    def test_programs_off_graph_recapture_say_what_the_guard_measured(self):
+        lines = ["W1205 Compiling jit(mul) with global shapes and types [...]"]
+        guard = {"runner": "va-stable", "decided_at_step": 14, "va_stable_us": 2510.0, "recapture_us": 2790.0,
+                 "eager_us": None, "second_look": {"decided_at_step": 27, "va_stable_us": 2600.0,
+                                                   "recapture_us": 2750.0, "eager_us": None}}
+        reports = [{"programs": [{"program": "jit_mul", "runner": "va-stable graph", "steps": 100, "guard": guard},
+                                 {"program": "jit_add", "runner": "graph-recapture", "steps": 100}]}]
+        p = self.m.programs_of(lines, reports)
+        self.assertEqual(p["off_recapture"], [{
+            "program": "jit_mul", "runner": "va-stable graph", "steps": 100,
+            "guard": {"at": 14, "va_stable": 2.51, "recapture": 2.79, "eager": None,
+                      "second": {"at": 27, "va_stable": 2.6, "recapture": 2.75, "eager": None}}}])
+        line = self.m.programs_line({"config": "tiny", "variant": "vmm_t1", "programs": p})
+        self.assertIn("not on graph-recapture: jit_mul va-stable graph, 100 steps, decided at step 14 "
+                      "(va-stable 2.510, recapture 2.790 ms), second look at step 27 (va-stable 2.600, "
+                      "recapture 2.750 ms)", line)
 
     def test_a_program_past_the_budget_says_what_it_moved(self):
         lines = ["W1205 Compiling jit(train_step) with global shapes and types [...]"]
