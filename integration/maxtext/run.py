@@ -262,24 +262,24 @@ def programs_of(lines, reports):
             # launch-bound step).
             "recapturing": sorted((p["program"], p["graph_captures"], p["steps"]) for p in listed
                                   if p["runner"] == "graph-recapture" and p.get("graph_captures", 0) > 2),
-            # Programs another runner than graph-recapture runs, with what the never-slower guard measured (where the
-            # default and graph-recapture mode part on a launch-bound step: each such program's runner costs the
+            # Programs the never-slower guard gave another runner than graph-recapture, with what it measured (where
+            # the default and graph-recapture mode part on a launch-bound step: each such program's runner costs the
             # host its own time a step).
-            "off_recapture": [guard_of(p) for p in listed if p["runner"] != "graph-recapture"],
+            "off_recapture": [guard_of(p) for p in listed if p["runner"] != "graph-recapture" and p.get("guard")],
             "staged": [staged_of(p) for p in listed if p.get("staging")]}
 
 
 def guard_of(p):
     """A program's runner and steps, with its guard's decision: the step it was taken at, the medians (ms) it
-    compared, and its second look's (`None` where it had none); `guard` is `None` where nothing was decided."""
-    g = p.get("guard")
+    compared, and its second look's (`None` where it had none)."""
+    g = p["guard"]
     def ms(d, k):
         return None if d.get(k) is None else round(d[k] / 1e3, 3)
     def look(d):
         return {"at": d.get("decided_at_step"), "va_stable": ms(d, "va_stable_us"),
                 "recapture": ms(d, "recapture_us"), "eager": ms(d, "eager_us")}
     return {"program": p["program"], "runner": p["runner"], "steps": p.get("steps", 0),
-            "guard": None if not g else dict(look(g), second=look(g["second_look"]) if g.get("second_look") else None)}
+            "guard": dict(look(g), second=look(g["second_look"]) if g.get("second_look") else None)}
 
 
 def guard_text(g):
@@ -288,10 +288,7 @@ def guard_text(g):
         figs = ", ".join("%s %.3f" % (k.replace("_", "-"), d[k]) for k in ("va_stable", "recapture", "eager")
                          if d[k] is not None)
         return "at step %s (%s ms)" % (d["at"], figs)
-    text = "%s %s, %d steps" % (g["program"], g["runner"], g["steps"])
-    if g["guard"] is None:
-        return text + ", no decision"
-    text += ", decided " + look(g["guard"])
+    text = "%s %s, %d steps, decided %s" % (g["program"], g["runner"], g["steps"], look(g["guard"]))
     return text + (", second look " + look(g["guard"]["second"]) if g["guard"]["second"] else "")
 
 
