@@ -885,7 +885,10 @@ fn the_heaviest_program_takes_back_what_idle_programs_hold_between_runs() {
         bufs.iter().map(|x| (Some(x.location()), true)).collect()
     };
     let plan_with = |give_back: bool| -> (u64, f64) {
-        let b = backend_with(Some(5 * v));
+        // The light program holds its input and output (its VA-stable
+        // runner maps them: under the limit it plans no shadow); the heavy
+        // one's three parameters fill the rest and one goes to host memory.
+        let b = backend_with(Some(4 * v));
         let stream = b.stream_create().unwrap();
         let small = put_first(&b, std::slice::from_ref(&q), &stream);
         let mut light =
@@ -965,7 +968,7 @@ fn the_heaviest_program_takes_back_what_idle_programs_hold_between_runs() {
         b.stream_destroy(stream).unwrap();
         (s.bytes_in_per_step, s.estimated_step_us)
     };
-    // (On this host backend: 403 µs planned against 253 µs, both reading
+    // (On this host backend: 403 µs planned against 328 µs, both reading
     // what stays in host memory in place.)
     let (kept, given) = (plan_with(false), plan_with(true));
     assert!(
