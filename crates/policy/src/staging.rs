@@ -166,6 +166,15 @@ struct Held {
     claim: Option<usize>,
 }
 
+impl Held {
+    /// The area's range it holds: from its offset's `align`ed start (its
+    /// buffer's skew within the alignment rides along), `size` bytes.
+    fn range(&self, align: u64) -> (u64, u64) {
+        let start = self.offset - self.offset % align;
+        (start, start + self.size)
+    }
+}
+
 /// What [`stage_ahead`] claims with: the share of the area it may fill,
 /// the bytes the plain staging holds at each thunk (a copy's range from its
 /// issue), and the plain staging's copies in by the thunk that needs them.
@@ -264,15 +273,11 @@ fn emptiest_window(
     movable: impl Fn(&Held) -> bool,
     cost: impl Fn(&Held) -> (usize, u64, usize),
 ) -> Option<(u64, Vec<usize>)> {
-    let range = |h: &Held| {
-        let start = h.offset - h.offset % align;
-        (start, start + h.size)
-    };
     let costs: Vec<_> = held.iter().map(&cost).collect();
     let starts = free
         .iter()
         .map(|f| f.start)
-        .chain(held.iter().map(|h| range(h).0));
+        .chain(held.iter().map(|h| h.range(align).0));
     // (the key: latest next need, bytes moved, free from; the start; the buffers)
     type Window = ((std::cmp::Reverse<usize>, u64, usize), u64, Vec<usize>);
     let mut best: Option<Window> = None;
@@ -283,7 +288,7 @@ fn emptiest_window(
         }
         let inside: Vec<usize> = (0..held.len())
             .filter(|&i| {
-                let (a, b) = range(&held[i]);
+                let (a, b) = held[i].range(align);
                 a < e && s < b
             })
             .collect();
@@ -550,8 +555,8 @@ fn stage_inner(
             last,
             after_out: None,
         });
-        let start = h.offset - h.offset % align;
-        give_back(free, start, start + h.size, last + 1);
+        let (start, end) = h.range(align);
+        give_back(free, start, end, last + 1);
     };
     // Claims ahead: the next of the plain staging's copies to consider,
     // and the bytes claimed over the plain staging's at each thunk.
