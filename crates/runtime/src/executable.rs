@@ -371,9 +371,12 @@ impl<B: Backend> Executable<B> {
         }
         // Whether part of its memory is in host memory orders the trial
         // (the VA-stable graph first then): known once its staging is
-        // planned, at its first step.
-        self.check_bound()?;
-        self.plan_staging(stream)?;
+        // planned, before the trial's first step (`run` plans it again
+        // where memory moved since).
+        if !self.staging_planned {
+            self.check_bound()?;
+            self.plan_staging(stream)?;
+        }
         let be = self.program.backend_arc();
         let guard = self.guard.get_or_insert_with(Guard::new);
         let runner = guard.begin_step(
