@@ -961,7 +961,9 @@ const OUT: usize = 1;
 struct Crossing {
     id: usize,
     ready: f64,
-    /// When it began to move (`NaN`: not yet).
+    /// When it was free to move (the copy home it follows landed) and when
+    /// it began to (`NaN`: not yet).
+    free: f64,
     started: f64,
     left: f64,
     /// The copy home it follows (index of a copy out).
@@ -1001,6 +1003,7 @@ impl Link {
         self.queue[dir].push_back(Crossing {
             id,
             ready,
+            free: f64::NAN,
             started: f64::NAN,
             left: bytes,
             after_out,
@@ -1060,7 +1063,7 @@ impl Link {
                 .front_mut()
                 .filter(|c| active[d] && c.started.is_nan())
             {
-                c.started = self.t;
+                (c.free, c.started) = (starts[d].unwrap_or(self.t), self.t);
             }
         }
         self.t = next;
@@ -1075,11 +1078,7 @@ impl Link {
                     self.way[d].resize(c.id + 1, (f64::NAN, f64::NAN, f64::NAN));
                 }
                 self.done[d][c.id] = next;
-                let free = match c.after_out {
-                    Some(j) => self.done_at(OUT, j).unwrap_or(c.ready).max(c.ready),
-                    None => c.ready,
-                };
-                self.way[d][c.id] = (c.ready, free, c.started);
+                self.way[d][c.id] = (c.ready, c.free, c.started);
             } else if let Some(c) = self.queue[d].front_mut() {
                 c.left -= rate[d] * dt;
             }
