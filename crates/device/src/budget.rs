@@ -211,6 +211,13 @@ impl MemoryBudget {
         full - (u128::from(full) * u128::from(pct) / 100) as u64
     }
 
+    /// Device bytes ordinary allocations may still take: the ceiling
+    /// ([`MemoryBudget::ordinary_device_ceiling`]) less what is held.
+    pub fn ordinary_device_room(&self, device_total: u64) -> u64 {
+        self.ordinary_device_ceiling(device_total)
+            .saturating_sub(self.device_used.load(Ordering::Relaxed))
+    }
+
     /// Take `bytes` at `at` if its limit allows (false: it does not).
     pub fn try_take(&self, at: MemLocation, bytes: u64) -> bool {
         self.try_take_below(at, bytes, NONE)

@@ -166,6 +166,15 @@ struct Held {
     claim: Option<usize>,
 }
 
+impl Held {
+    /// The area's range it holds: from its offset's `align`ed start (its
+    /// buffer's skew within the alignment rides along), `size` bytes.
+    fn range(&self, align: u64) -> (u64, u64) {
+        let start = self.offset - self.offset % align;
+        (start, start + self.size)
+    }
+}
+
 /// What [`stage_ahead`] claims with: the share of the area it may fill,
 /// the bytes the plain staging holds at each thunk (a copy's range from its
 /// issue), and the plain staging's copies in by the thunk that needs them.
@@ -264,15 +273,11 @@ fn emptiest_window(
     movable: impl Fn(&Held) -> bool,
     cost: impl Fn(&Held) -> (usize, u64, usize),
 ) -> Option<(u64, Vec<usize>)> {
-    let range = |h: &Held| {
-        let start = h.offset - h.offset % align;
-        (start, start + h.size)
-    };
     let costs: Vec<_> = held.iter().map(&cost).collect();
     let starts = free
         .iter()
         .map(|f| f.start)
-        .chain(held.iter().map(|h| range(h).0));
+        .chain(held.iter().map(|h| h.range(align).0));
     // (the key: latest next need, bytes moved, free from; the start; the buffers)
     type Window = ((std::cmp::Reverse<usize>, u64, usize), u64, Vec<usize>);
     let mut best: Option<Window> = None;
@@ -283,7 +288,7 @@ fn emptiest_window(
         }
         let inside: Vec<usize> = (0..held.len())
             .filter(|&i| {
-                let (a, b) = range(&held[i]);
+                let (a, b) = held[i].range(align);
                 a < e && s < b
             })
             .collect();
@@ -550,8 +555,8 @@ fn stage_inner(
             last,
             after_out: None,
         });
-        let start = h.offset - h.offset % align;
-        give_back(free, start, start + h.size, last + 1);
+        let (start, end) = h.range(align);
+        give_back(free, start, end, last + 1);
     };
     // Claims ahead: the next of the plain staging's copies to consider,
     // and the bytes claimed over the plain staging's at each thunk.
@@ -956,7 +961,9 @@ const OUT: usize = 1;
 struct Crossing {
     id: usize,
     ready: f64,
-    /// When it began to move (`NaN`: not yet).
+    /// When it was free to move (the copy home it follows landed) and when
+    /// it began to (`NaN`: not yet).
+    free: f64,
     started: f64,
     left: f64,
     /// The copy home it follows (index of a copy out).
@@ -996,6 +1003,7 @@ impl Link {
         self.queue[dir].push_back(Crossing {
             id,
             ready,
+            free: f64::NAN,
             started: f64::NAN,
             left: bytes,
             after_out,
@@ -1055,7 +1063,7 @@ impl Link {
                 .front_mut()
                 .filter(|c| active[d] && c.started.is_nan())
             {
-                c.started = self.t;
+                (c.free, c.started) = (starts[d].unwrap_or(self.t), self.t);
             }
         }
         self.t = next;
@@ -1070,11 +1078,7 @@ impl Link {
                     self.way[d].resize(c.id + 1, (f64::NAN, f64::NAN, f64::NAN));
                 }
                 self.done[d][c.id] = next;
-                let free = match c.after_out {
-                    Some(j) => self.done_at(OUT, j).unwrap_or(c.ready).max(c.ready),
-                    None => c.ready,
-                };
-                self.way[d][c.id] = (c.ready, free, c.started);
+                self.way[d][c.id] = (c.ready, c.free, c.started);
             } else if let Some(c) = self.queue[d].front_mut() {
                 c.left -= rate[d] * dt;
             }

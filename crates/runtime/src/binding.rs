@@ -296,12 +296,16 @@ impl BindingConfig {
     }
 
     /// The given costs, else the DESIGN §4 constants with the device's
-    /// memory read now (no probe).
+    /// memory read now (no probe): its free bytes no more than the room its
+    /// budget leaves ordinary allocations, where shadows are made (a shadow
+    /// past it would land in host memory, and the graph's kernels would
+    /// read that slot over the link every step).
     pub(crate) fn costs_without_probe<B: Backend>(&self, backend: &B) -> Result<DeviceCosts> {
         if let Some(c) = &self.costs {
             return Ok(c.clone());
         }
-        let (free_bytes, total_bytes) = backend.mem_info()?;
+        let (free, total_bytes) = backend.mem_info()?;
+        let free_bytes = free.min(backend.budget().ordinary_device_room(total_bytes));
         Ok(DeviceCosts {
             remap_us: DEFAULT_REMAP_US,
             copy_bw_bytes_per_s: DEFAULT_COPY_BW,

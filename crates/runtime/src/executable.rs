@@ -369,6 +369,14 @@ impl<B: Backend> Executable<B> {
         if !guarded {
             return self.run(stream, self.config.mode);
         }
+        // Whether part of its memory is in host memory orders the trial
+        // (the VA-stable graph first then): known once its staging is
+        // planned, before the trial's first step (`run` plans it again
+        // where memory moved since).
+        if !self.staging_planned {
+            self.check_bound()?;
+            self.plan_staging(stream)?;
+        }
         let be = self.program.backend_arc();
         let guard = self.guard.get_or_insert_with(Guard::new);
         let runner = guard.begin_step(
@@ -606,15 +614,7 @@ impl<B: Backend> Executable<B> {
     /// synchronize the stream before reading outputs on the host. Every
     /// parameter must be bound.
     pub fn run(&mut self, stream: &B::Stream, mode: Mode) -> Result<Vec<Output>> {
-        for (i, slots) in self.program.parameter_slots().iter().enumerate() {
-            for &s in slots {
-                if self.slots.base(s)? == DevicePtr::NULL
-                    && self.program.plan().allocations[s].size > 0
-                {
-                    return Err(RuntimeError::arg(format!("parameter {i} is not bound")));
-                }
-            }
-        }
+        self.check_bound()?;
         self.resolve_collectives()?;
         self.plan_staging(stream)?;
         if mode != Mode::Graph {
@@ -691,6 +691,20 @@ impl<B: Backend> Executable<B> {
             }
         });
         self.outputs()
+    }
+
+    /// Every parameter bound?
+    fn check_bound(&self) -> Result<()> {
+        for (i, slots) in self.program.parameter_slots().iter().enumerate() {
+            for &s in slots {
+                if self.slots.base(s)? == DevicePtr::NULL
+                    && self.program.plan().allocations[s].size > 0
+                {
+                    return Err(RuntimeError::arg(format!("parameter {i} is not bound")));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Why it does not run as a graph: its program's capture blocker, or

@@ -7,8 +7,9 @@
 mod common;
 
 use common::*;
+use std::sync::Arc;
 use xla_vmm::*;
-use xla_vmm_device::{Backend, VmmAllocator, VmmConfig};
+use xla_vmm_device::{Backend, HostBackend, MemoryLimits, VmmAllocator, VmmConfig};
 use xla_vmm_policy::{decide, DeviceCosts, Knobs, PolicyInput, SlotInfo, Threshold};
 use xla_vmm_runtime::{BindingConfig, BindingStats, Executable, Mode};
 
@@ -79,7 +80,15 @@ fn policy_plan(threshold: Threshold, free: u64, gran: u64) -> xla_vmm_policy::Bi
 /// Runs 4 steps of [`mixed_plan`] in VA-stable mode, fresh buffers each
 /// step (the donated one kept), checking every output; returns the stats.
 fn run(threshold: Threshold, free: u64) -> BindingStats {
-    let b = backend();
+    // Granularity deliberately left unknown: the runtime supplies its
+    // backend's.
+    run_on(&backend(), threshold, Some(costs(free, 0)))
+}
+
+/// [`run`] on `b` with `costs` (`None`: the backend's memory and the
+/// DESIGN §4 constants).
+fn run_on(b: &Arc<HostBackend>, threshold: Threshold, costs: Option<DeviceCosts>) -> BindingStats {
+    let b = b.clone();
     let alloc = VmmAllocator::new(
         b.clone(),
         VmmConfig {
@@ -92,9 +101,7 @@ fn run(threshold: Threshold, free: u64) -> BindingStats {
     let mut exe = Executable::load(b.clone(), mixed_plan(), None, &stream).unwrap();
     exe.set_binding_config(BindingConfig {
         threshold,
-        // Granularity deliberately left unknown: the runtime supplies its
-        // backend's.
-        costs: Some(costs(free, 0)),
+        costs,
         immutable_buffers: false,
         ..Default::default()
     })
@@ -199,4 +206,29 @@ fn auto_keeps_the_granule_footprint_under_the_cap() {
         );
         assert!(st.copy_slots >= 1, "free {free}: {st:?}");
     }
+}
+
+/// Under a device memory limit the program's buffers nearly fill, auto
+/// plans shadows within the room the budget leaves ordinary allocations
+/// (its cap a share of that room, not of the device's free memory): only
+/// the copy-only slot gets one, and nothing lands in host memory, where the
+/// graph's kernels would read a shadowed slot over the link every step.
+/// Without the limit the same slots are copied through shadows.
+#[test]
+fn under_a_full_device_budget_auto_plans_no_shadow_past_its_room() {
+    let gran = backend().info().vmm_granularity;
+    let free = backend();
+    let st = run_on(&free, Threshold::Auto, None);
+    assert!(st.copy_slots > 1, "{st:?}");
+    let full = backend();
+    full.budget().set_limits(MemoryLimits {
+        device: Some(64 << 20),
+        host: None,
+        staging_reserve: Some(0),
+    });
+    let st = run_on(&full, Threshold::Auto, None);
+    assert!(st.shadow_cap_bytes < gran, "{st:?}");
+    assert_eq!((st.copy_slots, st.copy_only_slots), (1, 1), "{st:?}");
+    assert_eq!(st.shadow_bytes, gran, "{st:?}");
+    assert_eq!(full.budget().usage().spilled, 0);
 }
