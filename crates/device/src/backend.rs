@@ -450,6 +450,22 @@ pub trait Backend: Send + Sync + 'static {
         ))
     }
 
+    /// Turn kernel node `node` of `exec` off (it runs as an empty node: its
+    /// dependencies kept, nothing launched) or back on, for the following
+    /// launches of `exec`; launches already enqueued keep their state.
+    /// Independent of [`Backend::graph_exec_kernel_update`]: a node updated
+    /// while off stays off.
+    fn graph_exec_node_set_enabled(
+        &self,
+        _exec: &Self::GraphExec,
+        _node: &Self::GraphNode,
+        _enabled: bool,
+    ) -> Result<()> {
+        Err(DeviceError::Unsupported(
+            "turning graph nodes off on this backend".into(),
+        ))
+    }
+
     /// Encode a 128-byte TMA descriptor (`CUtensorMap`) for the tensor at
     /// `base`: the bytes passed as the kernel parameter. Host-side only (not
     /// a stream operation), so allowed during capture.

@@ -434,9 +434,9 @@ fn host_kernels_launch_and_replay_in_graphs() {
 }
 
 /// Kernel nodes are found in a captured graph (also inside a WHILE body) by
-/// the function they launch, and updating one in an exec changes the
-/// launches that follow only: one already submitted (on a held stream) runs
-/// with its old arguments.
+/// the function they launch, and updating one in an exec, or turning it off
+/// or on, changes the launches that follow only: one already submitted (on
+/// a held stream) runs with its old arguments and state.
 #[test]
 fn kernel_nodes_are_found_and_updated_for_later_launches_only() {
     let b = backend();
@@ -486,6 +486,25 @@ fn kernel_nodes_are_found_and_updated_for_later_launches_only() {
     assert_eq!(y1(&b), 1.0, "the launch already submitted ran with a = 1");
     b.graph_launch(&exec, &s).unwrap();
     assert_eq!(y1(&b), 11.0, "the next launch runs with a = 10");
+    // Turned off, the node runs as nothing from the next launch on (one
+    // already submitted runs it); updated while off it stays off; turned on
+    // it runs with the arguments of its last update.
+    b.hold_stream(&s).unwrap();
+    b.graph_launch(&exec, &s).unwrap();
+    b.graph_exec_node_set_enabled(&exec, &nodes[0], false)
+        .unwrap();
+    b.release_stream(&s).unwrap();
+    assert_eq!(y1(&b), 21.0, "the launch submitted before ran the node");
+    b.graph_launch(&exec, &s).unwrap();
+    assert_eq!(y1(&b), 21.0, "off: nothing launched");
+    b.graph_exec_kernel_update(&exec, &nodes[0], &f, &cfg(), &[&n, &a1, &xa, &ya])
+        .unwrap();
+    b.graph_launch(&exec, &s).unwrap();
+    assert_eq!(y1(&b), 21.0, "updated while off, still off");
+    b.graph_exec_node_set_enabled(&exec, &nodes[0], true)
+        .unwrap();
+    b.graph_launch(&exec, &s).unwrap();
+    assert_eq!(y1(&b), 22.0, "on again, with a = 1");
     // The node must launch the function named; zero grids are refused.
     assert!(is_invalid(b.graph_exec_kernel_update(
         &exec,

@@ -56,7 +56,9 @@
 //! its by-value parameter; when a step's copies differ from what a node
 //! holds, the host rewrites that node in the reservation's graph exec (no
 //! wait: launches already enqueued keep theirs), so a step whose copies are
-//! unchanged makes no call for them. Batch path (elsewhere, with
+//! unchanged makes no call for them; a node with no copies is turned off
+//! (where the backend can; CUDA, the host backend), so a step with none
+//! runs no copy kernel at all. Batch path (elsewhere, with
 //! `XLA_VMM_COPY_PATH=batch`, or when the kernel or node updates are
 //! unavailable): all copy-ins of a step
 //! are one [`Backend::copy_d2d_batch`] before the launch, all copy-backs one
@@ -98,7 +100,7 @@ use xla_vmm_policy::tracker::DEFAULT_REPLAN_AFTER_STEPS;
 use xla_vmm_policy::{Binding, SlotInfo, SlotTracker, StepActions, Threshold, TrackerConfig};
 
 use crate::binding::{publish, register, BindingConfig, BindingStats, Lap, StatsSlot, UserBuffer};
-use crate::copykernel::{CopyKernel, CopyOp, Table};
+use crate::copykernel::{CopyKernel, CopyOp, Table, IN, OUT};
 use crate::error::{Result, RuntimeError, Teardown};
 use crate::exec::ExecEnv;
 use crate::program::Program;
@@ -145,12 +147,47 @@ enum Mapped<B: Backend> {
 }
 
 /// Kernel path: a reservation graph's copy nodes (IN, OUT), the copies each
-/// holds now, and whether that direction's copies overflowed its table
-/// (then they run as a batch and the node holds none).
+/// holds now, whether that direction's copies overflowed its table (then
+/// they run as a batch and the node holds none), and whether each node is
+/// on. A node whose table is empty is turned off where the backend can
+/// ([`Backend::graph_exec_node_set_enabled`]): launched empty it still
+/// costs the step a kernel on the GPU, before the first of the program's
+/// and after the last.
 struct CopyNodes<B: Backend> {
     nodes: [B::GraphNode; 2],
     holds: [Vec<CopyOp>; 2],
     overflow: [bool; 2],
+    on: [bool; 2],
+}
+
+impl<B: Backend> CopyNodes<B> {
+    /// Turn direction `dir`'s node on or off in `exec` where it is not so
+    /// already. Where the backend cannot (`switch` false, or made false
+    /// here) the node stays on, running its empty table.
+    fn set_on(
+        &mut self,
+        be: &B,
+        exec: &B::GraphExec,
+        dir: usize,
+        on: bool,
+        switch: &mut bool,
+    ) -> Result<()> {
+        if self.on[dir] == on || !*switch {
+            return Ok(());
+        }
+        match be.graph_exec_node_set_enabled(exec, &self.nodes[dir], on) {
+            Ok(()) => {
+                self.on[dir] = on;
+                Ok(())
+            }
+            Err(xla_vmm_device::DeviceError::Unsupported(why)) => {
+                tracing::debug!(reason = %why, "VA-stable copy nodes stay on when empty");
+                *switch = false;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 struct Reservation<B: Backend> {
@@ -177,6 +214,8 @@ struct CopyPath<B: Backend> {
     error: Option<String>,
     /// Scratch for the copy nodes' tables.
     table: Table,
+    /// The backend turns graph nodes off (until it says it cannot).
+    switch: bool,
 }
 
 /// Step counting and auto's warm-up measurement.
@@ -359,6 +398,7 @@ impl<B: Backend> VaStable<B> {
                 kernel: None,
                 error: None,
                 table: Table::empty(1),
+                switch: true,
             },
             cfg: cfg.clone(),
             pace: Pace {
@@ -514,12 +554,22 @@ impl<B: Backend> VaStable<B> {
             Err(e) => return Err(e),
         };
         let res = &mut self.res[r];
-        res.graph = Some((graph, exec));
-        res.nodes = nodes.map(|nodes| CopyNodes {
+        let mut nodes = nodes.map(|nodes| CopyNodes {
             nodes,
             holds: [Vec::new(), Vec::new()],
             overflow: [false; 2],
+            on: [true; 2],
         });
+        // Both tables start empty: both nodes off until copies come.
+        let off = match nodes.as_mut() {
+            Some(n) => [IN, OUT]
+                .into_iter()
+                .try_for_each(|dir| n.set_on(be, &exec, dir, false, &mut self.copies.switch)),
+            None => Ok(()),
+        };
+        res.graph = Some((graph, exec));
+        res.nodes = nodes;
+        off?;
         self.out.stats.captures += 1;
         Ok(())
     }

@@ -10,6 +10,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::*;
@@ -430,6 +431,111 @@ fn a_fallback_too_big_for_the_table_runs_as_a_batch_with_data_intact() {
     // The fallen-back slot (x, read) copies in every step from step 1 on,
     // as a batch of one plain copy: one copy op per step.
     assert_eq!(st.copy_ops, 4, "{st:?}");
+    drop(exe);
+    alloc.free(x, &s).unwrap();
+    alloc.free(x2, &s).unwrap();
+    alloc.free(y, &s).unwrap();
+}
+
+/// A host backend whose copy kernels count their runs (IN, OUT).
+fn counting_host() -> (Arc<HostBackend>, Arc<[AtomicU64; 2]>) {
+    let b = host(false);
+    let runs = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    for (dir, name) in [copykernel::COPY_IN_NAME, copykernel::COPY_OUT_NAME]
+        .into_iter()
+        .enumerate()
+    {
+        let (inner, runs) = (copykernel::host_copy_kernel(), runs.clone());
+        b.register_kernel(
+            name,
+            Arc::new(move |ctx, args, cfg| {
+                runs[dir].fetch_add(1, Ordering::Relaxed);
+                inner(ctx, args, cfg)
+            }),
+        );
+    }
+    (b, runs)
+}
+
+/// A copy node runs only while it has copies: off from capture (every slot
+/// remaps or skips), on from the step a slot falls back to copies; each
+/// switch one call, at the step that changes the node's table, none at the
+/// steps between.
+#[test]
+fn copy_nodes_run_only_while_they_have_copies() {
+    let (b, runs) = counting_host();
+    let alloc = VmmAllocator::new(
+        b.clone(),
+        VmmConfig {
+            small_threshold: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let s = b.stream_create().unwrap();
+    let size = 4096u64;
+    let mut exe = Executable::load(b.clone(), copy_plan(size, 1), None, &s).unwrap();
+    exe.set_binding_config(BindingConfig {
+        threshold: Threshold::from(0),
+        costs: None,
+        immutable_buffers: false,
+        ..Default::default()
+    })
+    .unwrap();
+    let x = alloc.alloc(size).unwrap();
+    let x2 = alloc.alloc(size).unwrap();
+    let y = alloc.alloc(size).unwrap();
+    let ran = || {
+        runs.iter()
+            .map(|r| r.load(Ordering::Relaxed))
+            .collect::<Vec<_>>()
+    };
+    let mut log = Vec::new();
+    for step in 0..8u8 {
+        // x2 from step 3, its map failing once: slot x falls back to a copy
+        // in through its shadow from then on.
+        let src = if step < 3 { &x } else { &x2 };
+        if step == 3 {
+            b.inject_failure("map", 1);
+        }
+        exe.bind_user_buffer(0, UserBuffer::from_vmm(src)).unwrap();
+        exe.bind_user_buffer(1, UserBuffer::from_vmm(&y)).unwrap();
+        let data = pattern(size as usize, step);
+        b.write_sync(src.ptr(), &data, &s).unwrap();
+        let (before, switches) = (ran(), b.call_count("graph_exec_node_set_enabled"));
+        let outs = exe.run(&s, Mode::Graph).unwrap();
+        b.stream_synchronize(&s).unwrap();
+        for o in &outs {
+            let mut v = vec![0u8; o.bytes as usize];
+            b.read_sync(&mut v, o.ptr, &s).unwrap();
+            assert!(v == data, "step {step}: output {}", o.index);
+        }
+        let after = ran();
+        log.push((
+            after[0] - before[0],
+            after[1] - before[1],
+            b.call_count("graph_exec_node_set_enabled") - switches,
+        ));
+    }
+    let st = exe.stats().cloned().unwrap();
+    assert_eq!(st.copy_path, "kernel");
+    assert_eq!(st.counters.fallbacks, 1, "{st:?}");
+    // (IN runs, OUT runs, switch calls) per step: both reservations
+    // captured at step 0 with both nodes turned off (four calls); nothing
+    // runs until the fallback; then each reservation's IN node is turned on
+    // at its first step with the copy (steps 3 and 4, one call each) and
+    // runs every step; OUT never (no copy-backs).
+    let want = [
+        (0, 0, 4),
+        (0, 0, 0),
+        (0, 0, 0),
+        (1, 0, 1),
+        (1, 0, 1),
+        (1, 0, 0),
+        (1, 0, 0),
+        (1, 0, 0),
+    ];
+    assert_eq!(log, want);
     drop(exe);
     alloc.free(x, &s).unwrap();
     alloc.free(x2, &s).unwrap();

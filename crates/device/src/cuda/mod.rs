@@ -1003,6 +1003,25 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn graph_exec_node_set_enabled(
+        &self,
+        exec: &CudaGraphExec,
+        node: &CudaGraphNode,
+        enabled: bool,
+    ) -> Result<()> {
+        self.own(exec, "graph exec")?;
+        self.own(node, "graph node")?;
+        if !self.symbols.kernel_node_update {
+            return Err(DeviceError::Unsupported(
+                "turning graph nodes off needs cuGraphNodeSetEnabled (CUDA 12+)".into(),
+            ));
+        }
+        self.bind()?;
+        // SAFETY: exec and node are live and ours; the driver rejects a node
+        // that is not of the graph `exec` was instantiated from.
+        unsafe { result::graph::exec_node_set_enabled(exec.exec, node.node, enabled) }
+    }
+
     fn capture_while(
         &self,
         stream: &CudaStream,

@@ -674,6 +674,23 @@ pub mod graph {
         )
     }
 
+    /// Turn kernel node `node` of `exec` on or off (off: an empty node).
+    ///
+    /// See [cuGraphNodeSetEnabled](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html#group__CUDA__GRAPH_1g371b20eb0c0658731e38db7e68f12c78)
+    ///
+    /// # Safety
+    /// `exec` is live and `node` a node of the graph it was instantiated from.
+    pub unsafe fn exec_node_set_enabled(
+        exec: sys::CUgraphExec,
+        node: sys::CUgraphNode,
+        enabled: bool,
+    ) -> Result<()> {
+        check(
+            "cuGraphNodeSetEnabled",
+            sys::cuGraphNodeSetEnabled(exec, node, u32::from(enabled)),
+        )
+    }
+
     /// See [cuGraphLaunch](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html#group__CUDA__GRAPH_1g6b2dceb3901e71a390d2bd8b0491e471)
     ///
     /// # Safety

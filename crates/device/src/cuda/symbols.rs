@@ -91,14 +91,16 @@ pub const CONDITIONAL: &[&str] = &[
 /// is not used: the bindings are generated for CUDA 13.)
 pub const MEMCPY_BATCH: &[&str] = &["cuMemcpyBatchAsync_v2"];
 
-/// Finding and updating kernel nodes of graphs (CUDA 12.0+ names).
-/// Without them `graph_kernel_nodes` / `graph_exec_kernel_update` return
-/// `Unsupported` (VA-stable copies are then batched driver copies).
+/// Finding, updating and turning off kernel nodes of graphs (CUDA 12.0+
+/// names). Without them `graph_kernel_nodes` / `graph_exec_kernel_update` /
+/// `graph_exec_node_set_enabled` return `Unsupported` (VA-stable copies are
+/// then batched driver copies).
 pub const KERNEL_NODE_UPDATE: &[&str] = &[
     "cuGraphGetNodes",
     "cuGraphNodeGetType",
     "cuGraphKernelNodeGetParams_v2",
     "cuGraphExecKernelNodeSetParams_v2",
+    "cuGraphNodeSetEnabled",
 ];
 
 /// What [`load`] found.

@@ -643,6 +643,7 @@ impl Backend for HostBackend {
             kernel: function.kernel.clone(),
             config: *config,
             args: args.iter().map(|a| a.to_vec()).collect(),
+            enabled: true,
         };
         self.enqueue("launch", stream, op)
     }
@@ -803,6 +804,31 @@ impl Backend for HostBackend {
                 "kernel node update: the node does not launch {}",
                 function.name
             ))),
+        }
+    }
+
+    fn graph_exec_node_set_enabled(
+        &self,
+        exec: &HostGraphExec,
+        node: &HostGraphNode,
+        enabled: bool,
+    ) -> Result<()> {
+        self.check(exec.backend)?;
+        self.check(node.backend)?;
+        let mut st = self.enter("graph_exec_node_set_enabled")?;
+        let ops = st
+            .execs
+            .get_mut(&exec.id)
+            .ok_or_else(|| stale("graph exec"))?;
+        // Copy on write: launches already submitted keep their state.
+        match Op::at_path_mut(Arc::make_mut(ops).as_mut_slice(), &node.path) {
+            Some(Op::Launch { enabled: e, .. }) => {
+                *e = enabled;
+                Ok(())
+            }
+            _ => Err(invalid(
+                "node enable: no such kernel node in this graph exec",
+            )),
         }
     }
 

@@ -403,6 +403,7 @@ impl HostComm {
                 ..Default::default()
             },
             args: Vec::new(),
+            enabled: true,
         };
         relock(&self.state).submit(stream, op)
     }

@@ -58,6 +58,9 @@ pub(crate) enum Op {
         kernel: HostKernelFn,
         config: LaunchConfig,
         args: Vec<Vec<u8>>,
+        /// False: a graph's node turned off (`graph_exec_node_set_enabled`),
+        /// which runs as nothing.
+        enabled: bool,
     },
     Graph(Arc<Vec<Op>>),
     While {
@@ -248,12 +251,14 @@ impl State {
                 bytes,
                 pattern,
             } => self.mem.fill(*dst, *bytes, pattern),
+            Op::Launch { enabled: false, .. } => Ok(()),
             Op::Launch {
                 module,
                 name,
                 kernel,
                 config,
                 args,
+                ..
             } => {
                 if !self.modules.contains_key(module) {
                     return Err(DeviceError::InvalidArgument(format!(

@@ -101,6 +101,13 @@ impl<B: Backend> VaStable<B> {
             if n.holds[dir] != want {
                 let fits = self.copies.table.fill(want);
                 k.update(be, exec, &n.nodes[dir], dir, &self.copies.table)?;
+                n.set_on(
+                    be,
+                    exec,
+                    dir,
+                    fits && !want.is_empty(),
+                    &mut self.copies.switch,
+                )?;
                 n.holds[dir].clear();
                 n.holds[dir].extend_from_slice(want);
                 n.overflow[dir] = !fits;
