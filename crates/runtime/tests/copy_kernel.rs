@@ -323,28 +323,44 @@ fn overlapping_copy_backs_run_in_order_after_the_launch() {
     assert_eq!(st.copy_ops, 4 * 3, "{st:?}");
 }
 
+/// An allocator of mappable buffers (none sub-allocated), a stream, and
+/// `copy_plan(size, n_written)` loaded for VA-stable mode at threshold 0
+/// (every mappable slot remaps).
+fn remapping(
+    b: &Arc<HostBackend>,
+    size: u64,
+    n_written: usize,
+) -> (
+    VmmAllocator<HostBackend>,
+    <HostBackend as Backend>::Stream,
+    Executable<HostBackend>,
+) {
+    let alloc = VmmAllocator::new(
+        b.clone(),
+        VmmConfig {
+            small_threshold: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let s = b.stream_create().unwrap();
+    let mut exe = Executable::load(b.clone(), copy_plan(size, n_written), None, &s).unwrap();
+    exe.set_binding_config(BindingConfig {
+        threshold: Threshold::from(0),
+        costs: None,
+        immutable_buffers: false,
+        ..Default::default()
+    })
+    .unwrap();
+    (alloc, s, exe)
+}
+
 #[test]
 fn steady_state_skips_make_only_the_launch_and_the_event_record() {
     for kernel in [true, false] {
         let b = host(kernel);
-        let alloc = VmmAllocator::new(
-            b.clone(),
-            VmmConfig {
-                small_threshold: 0,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let s = b.stream_create().unwrap();
         let size = 4096u64;
-        let mut exe = Executable::load(b.clone(), copy_plan(size, 2), None, &s).unwrap();
-        exe.set_binding_config(BindingConfig {
-            threshold: Threshold::from(0),
-            costs: None,
-            immutable_buffers: false,
-            ..Default::default()
-        })
-        .unwrap();
+        let (alloc, s, mut exe) = remapping(&b, size, 2);
         let bufs: Vec<_> = (0..3).map(|_| alloc.alloc(size).unwrap()).collect();
         for (i, x) in bufs.iter().enumerate() {
             exe.bind_user_buffer(i, UserBuffer::from_vmm(x)).unwrap();
@@ -378,26 +394,10 @@ fn steady_state_skips_make_only_the_launch_and_the_event_record() {
 #[test]
 fn a_fallback_too_big_for_the_table_runs_as_a_batch_with_data_intact() {
     let b = host(true);
-    let alloc = VmmAllocator::new(
-        b.clone(),
-        VmmConfig {
-            small_threshold: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let s = b.stream_create().unwrap();
     // Slots bigger than a whole table (at 128 KiB rows): a slot whose map
     // fails falls back to a copy that does not fit.
     let size = (copykernel::ROWS_LARGE as u64 + 1) * copykernel::ROW_BYTES;
-    let mut exe = Executable::load(b.clone(), copy_plan(size, 1), None, &s).unwrap();
-    exe.set_binding_config(BindingConfig {
-        threshold: Threshold::from(0),
-        costs: None,
-        immutable_buffers: false,
-        ..Default::default()
-    })
-    .unwrap();
+    let (alloc, s, mut exe) = remapping(&b, size, 1);
     let x = alloc.alloc(size).unwrap();
     let x2 = alloc.alloc(size).unwrap();
     let y = alloc.alloc(size).unwrap();
@@ -464,24 +464,8 @@ fn counting_host() -> (Arc<HostBackend>, Arc<[AtomicU64; 2]>) {
 #[test]
 fn copy_nodes_run_only_while_they_have_copies() {
     let (b, runs) = counting_host();
-    let alloc = VmmAllocator::new(
-        b.clone(),
-        VmmConfig {
-            small_threshold: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let s = b.stream_create().unwrap();
     let size = 4096u64;
-    let mut exe = Executable::load(b.clone(), copy_plan(size, 1), None, &s).unwrap();
-    exe.set_binding_config(BindingConfig {
-        threshold: Threshold::from(0),
-        costs: None,
-        immutable_buffers: false,
-        ..Default::default()
-    })
-    .unwrap();
+    let (alloc, s, mut exe) = remapping(&b, size, 1);
     let x = alloc.alloc(size).unwrap();
     let x2 = alloc.alloc(size).unwrap();
     let y = alloc.alloc(size).unwrap();
