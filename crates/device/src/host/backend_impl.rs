@@ -34,6 +34,29 @@ impl HostBackend {
         }
     }
 
+    /// Edit node `node` of `exec` (a counted `call`): `edit` gets the op at
+    /// the node's path (`None`: the exec has none there). Copy on write:
+    /// launches already submitted keep the ops they had.
+    fn edit_exec_node<T>(
+        &self,
+        call: &'static str,
+        exec: &HostGraphExec,
+        node: &HostGraphNode,
+        edit: impl FnOnce(Option<&mut Op>) -> Result<T>,
+    ) -> Result<T> {
+        self.check(exec.backend)?;
+        self.check(node.backend)?;
+        let mut st = self.enter(call)?;
+        let ops = st
+            .execs
+            .get_mut(&exec.id)
+            .ok_or_else(|| stale("graph exec"))?;
+        edit(Op::at_path_mut(
+            Arc::make_mut(ops).as_mut_slice(),
+            &node.path,
+        ))
+    }
+
     fn enqueue(&self, call: &'static str, stream: &HostStream, op: Op) -> Result<()> {
         self.check(stream.backend)?;
         let mut st = self.enter(call)?;
@@ -777,34 +800,30 @@ impl Backend for HostBackend {
         self.check(node.backend)?;
         self.check(function.backend)?;
         config.check_node_update()?;
-        let mut st = self.enter("graph_exec_kernel_update")?;
-        let ops = st
-            .execs
-            .get_mut(&exec.id)
-            .ok_or_else(|| stale("graph exec"))?;
-        // Copy on write: launches already submitted hold the old ops.
-        let op = Op::at_path_mut(Arc::make_mut(ops).as_mut_slice(), &node.path)
-            .ok_or_else(|| invalid("kernel node update: no such node in this graph exec"))?;
-        match op {
-            Op::Launch {
-                module,
-                name,
-                config: c,
-                args: a,
-                ..
-            } if *module == function.module && **name == *function.name => {
-                if c.shared_mem_bytes != config.shared_mem_bytes {
-                    return Err(invalid("kernel node update: shared memory cannot change"));
+        self.edit_exec_node("graph_exec_kernel_update", exec, node, |op| {
+            match op
+                .ok_or_else(|| invalid("kernel node update: no such node in this graph exec"))?
+            {
+                Op::Launch {
+                    module,
+                    name,
+                    config: c,
+                    args: a,
+                    ..
+                } if *module == function.module && **name == *function.name => {
+                    if c.shared_mem_bytes != config.shared_mem_bytes {
+                        return Err(invalid("kernel node update: shared memory cannot change"));
+                    }
+                    *c = *config;
+                    *a = args.iter().map(|x| x.to_vec()).collect();
+                    Ok(())
                 }
-                *c = *config;
-                *a = args.iter().map(|x| x.to_vec()).collect();
-                Ok(())
+                _ => Err(invalid(format!(
+                    "kernel node update: the node does not launch {}",
+                    function.name
+                ))),
             }
-            _ => Err(invalid(format!(
-                "kernel node update: the node does not launch {}",
-                function.name
-            ))),
-        }
+        })
     }
 
     fn graph_exec_node_set_enabled(
@@ -813,15 +832,7 @@ impl Backend for HostBackend {
         node: &HostGraphNode,
         enabled: bool,
     ) -> Result<()> {
-        self.check(exec.backend)?;
-        self.check(node.backend)?;
-        let mut st = self.enter("graph_exec_node_set_enabled")?;
-        let ops = st
-            .execs
-            .get_mut(&exec.id)
-            .ok_or_else(|| stale("graph exec"))?;
-        // Copy on write: launches already submitted keep their state.
-        match Op::at_path_mut(Arc::make_mut(ops).as_mut_slice(), &node.path) {
+        self.edit_exec_node("graph_exec_node_set_enabled", exec, node, |op| match op {
             Some(Op::Launch { enabled: e, .. }) => {
                 *e = enabled;
                 Ok(())
@@ -829,7 +840,7 @@ impl Backend for HostBackend {
             _ => Err(invalid(
                 "node enable: no such kernel node in this graph exec",
             )),
-        }
+        })
     }
 
     fn graph_exec_update(&self, exec: &HostGraphExec, graph: &HostGraph) -> Result<bool> {
