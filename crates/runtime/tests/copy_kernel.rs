@@ -323,6 +323,18 @@ fn overlapping_copy_backs_run_in_order_after_the_launch() {
     assert_eq!(st.copy_ops, 4 * 3, "{st:?}");
 }
 
+/// An allocator of mappable buffers (none sub-allocated).
+fn mappable<B: Backend>(b: &Arc<B>) -> VmmAllocator<B> {
+    VmmAllocator::new(
+        b.clone(),
+        VmmConfig {
+            small_threshold: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 /// An allocator of mappable buffers (none sub-allocated), a stream, and
 /// `copy_plan(size, n_written)` loaded for VA-stable mode at threshold 0
 /// (every mappable slot remaps).
@@ -335,14 +347,7 @@ fn remapping(
     <HostBackend as Backend>::Stream,
     Executable<HostBackend>,
 ) {
-    let alloc = VmmAllocator::new(
-        b.clone(),
-        VmmConfig {
-            small_threshold: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let alloc = mappable(b);
     let s = b.stream_create().unwrap();
     let mut exe = Executable::load(b.clone(), copy_plan(size, n_written), None, &s).unwrap();
     exe.set_binding_config(BindingConfig {
@@ -542,14 +547,7 @@ fn published_stats_are_current() {
 /// path), measured by the executable's own stats; printed, and checked
 /// against `bound` times the target (10 µs + 0.1 µs per slot) when given.
 fn binding_time<B: Backend>(b: &Arc<B>, steps: usize, bound: Option<f64>) {
-    let alloc = VmmAllocator::new(
-        b.clone(),
-        VmmConfig {
-            small_threshold: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let alloc = mappable(b);
     let s = b.stream_create().unwrap();
     for n in [10usize, 100, 400] {
         for copy in [false, true] {
