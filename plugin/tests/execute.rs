@@ -202,6 +202,95 @@ fn execute_outputs_donation_and_errors() {
 /// (its 16-byte parameter served by a shadow copy in VA-stable graph mode,
 /// the copy left out while the same buffer is bound again) reads what the
 /// other program wrote, step after step, at every copy threshold.
+/// Three results out of the program's memory: a + 1, a + 2 and a
+/// passthrough of a (not donated).
+fn three_results() -> Plan {
+    let param = AllocationRole::Parameter {
+        number: 0,
+        shape_index: vec![],
+        aliased_with_output: false,
+    };
+    let out = || AllocationRole::Output { outputs: vec![] };
+    let copy = |d: usize| {
+        thunk(
+            "copy",
+            ThunkKind::DeviceToDeviceCopy(copy_of(sl(0, 16), sl(d, 16))),
+        )
+    };
+    let mut p = plan(
+        vec![
+            alloc(0, 16, param),
+            alloc(1, 16, out()),
+            alloc(2, 16, out()),
+        ],
+        1,
+        vec![
+            copy(1),
+            inc(sl(1, 16), 4),
+            copy(2),
+            inc(sl(2, 16), 4),
+            inc(sl(2, 16), 4),
+        ],
+    );
+    p.program_shape.result = Shape {
+        element_type: ElementType::TUPLE,
+        tuple_shapes: vec![f32s(4), f32s(4), f32s(4)],
+        ..Default::default()
+    };
+    p.outputs = [(1, false), (2, false), (0, true)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (allocation, passthrough))| OutputInfo {
+            shape_index: vec![i as i64],
+            allocation,
+            passthrough,
+            alias: None,
+        })
+        .collect();
+    p
+}
+
+/// A program's fresh outputs leave its memory in one batched copy, not one
+/// copy each, with the right bytes in each.
+#[test]
+fn fresh_outputs_are_copied_out_in_one_batch() {
+    let be = backend();
+    let client = client::into_c(Client::with_backend(host_options(), be.clone()).unwrap());
+    let device = devices(client)[0];
+    let exe =
+        xla_vmm_plugin::objects::executable::load_plan(client, three_results(), vec![]).unwrap();
+    let a = put_f32(client, device, &[1.0, 2.0, 3.0, 4.0]);
+    let args = [a];
+    for step in 0..2 {
+        let (batches, singles) = (be.call_count("copy_d2d_batch"), be.call_count("copy_d2d"));
+        let mut outs = [std::ptr::null_mut(); 3];
+        let done = RawExecute::new(&args).run(exe, outs.as_mut_ptr()).unwrap();
+        assert_eq!(await_event(done), None);
+        destroy_event(done);
+        // One batch for the three outputs; single copies only the program's
+        // own two copy thunks (when they run eager).
+        let (b, c) = (
+            be.call_count("copy_d2d_batch") - batches,
+            be.call_count("copy_d2d") - singles,
+        );
+        assert!(b == 1 && c <= 2, "step {step}: {b} batches, {c} copies");
+        let want = [
+            vec![2.0, 3.0, 4.0, 5.0],
+            vec![3.0, 4.0, 5.0, 6.0],
+            vec![1.0, 2.0, 3.0, 4.0],
+        ];
+        for (o, w) in outs.iter().zip(&want) {
+            assert_eq!(&f32_values(&to_host(*o).unwrap()), w, "step {step}");
+            destroy_buffer(*o);
+        }
+    }
+    assert_eq!(f32_values(&to_host(a).unwrap()), vec![1.0, 2.0, 3.0, 4.0]);
+    destroy_buffer(a);
+    destroy_exe(exe);
+    destroy_client(client);
+    assert_eq!(be.outstanding().total(), 0, "{:?}", be.outstanding());
+}
+
 #[test]
 fn a_buffer_donated_to_another_program_is_new_content() {
     for threshold in ["1", "4096"] {

@@ -294,6 +294,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Make `stream` wait for `event` (device side; the host does not block).
     fn stream_wait_event(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()>;
     fn event_create(&self) -> Result<Self::Event>;
+    /// An event that is never timed ([`Backend::event_elapsed_ms`] refuses
+    /// it): cheaper to record and to query where the backend has such
+    /// events (CUDA's `CU_EVENT_DISABLE_TIMING`, HIP's
+    /// `hipEventDisableTiming`). For completions that are only waited for.
+    fn event_create_untimed(&self) -> Result<Self::Event> {
+        self.event_create()
+    }
     fn event_destroy(&self, event: Self::Event) -> Result<()>;
     fn event_record(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()>;
     /// Record `event` on `stream`, which is capturing: the record becomes a

@@ -155,6 +155,11 @@ impl<'a, B: Backend> Scope<'a, B> {
         self.events.push(self.b.event_create().ctx("event_create")?);
         Ok(self.events.len() - 1)
     }
+    fn event_untimed(&mut self) -> Result<usize, String> {
+        let e = self.b.event_create_untimed().ctx("event_create_untimed")?;
+        self.events.push(e);
+        Ok(self.events.len() - 1)
+    }
 }
 
 impl<B: Backend> Drop for Scope<'_, B> {
@@ -454,12 +459,13 @@ fn events_order<B: Backend>(b: &Arc<B>) -> R {
     let ctx = VmmContext::new(b.clone());
     let mut sc = Scope::new(&**b);
     let (s1, s2) = (sc.stream()?, sc.stream()?);
-    let (e1, e0) = (sc.event()?, sc.event()?);
-    let (s1, s2, e1, e0) = (
+    let (e1, e0, eu) = (sc.event()?, sc.event()?, sc.event_untimed()?);
+    let (s1, s2, e1, e0, eu) = (
         &sc.streams[s1],
         &sc.streams[s2],
         &sc.events[e1],
         &sc.events[e0],
+        &sc.events[eu],
     );
     let g = b.info().vmm_granularity;
     let va = region(&ctx, 2)?;
@@ -468,7 +474,9 @@ fn events_order<B: Backend>(b: &Arc<B>) -> R {
     b.event_record(e0, s1).ctx("event_record start")?;
     b.memset_d32(x, 0x0102_0304, n / 4, s1).ctx("memset")?;
     b.event_record(e1, s1).ctx("event_record")?;
-    b.stream_wait_event(s2, e1).ctx("stream_wait_event")?;
+    // The untimed event orders the streams (what completions use it for).
+    b.event_record(eu, s1).ctx("event_record untimed")?;
+    b.stream_wait_event(s2, eu).ctx("stream_wait_event")?;
     b.copy_d2d(y, x, n, s2).ctx("copy_d2d on s2")?;
     b.stream_synchronize(s2).ctx("sync s2")?;
     b.event_synchronize(e1).ctx("event_synchronize")?;
@@ -478,6 +486,10 @@ fn events_order<B: Backend>(b: &Arc<B>) -> R {
     )?;
     let ms = b.event_elapsed_ms(e0, e1).ctx("event_elapsed_ms")?;
     ensure(ms >= 0.0, || format!("negative elapsed time {ms}"))?;
+    b.event_synchronize(eu).ctx("event_synchronize untimed")?;
+    ensure(b.event_elapsed_ms(e0, eu).is_err(), || {
+        "an untimed event was timed".into()
+    })?;
     let got = read(&**b, s2, y, n as usize)?;
     ensure(
         got.chunks(4).all(|c| c == 0x0102_0304u32.to_le_bytes()),

@@ -249,6 +249,29 @@ fn injected_failure_hits_the_nth_call_and_counts() {
     assert_eq!(b.outstanding().total(), 0);
 }
 
+/// An untimed event orders and completes as a timed one does; timing a
+/// span with it is refused (as CUDA refuses CU_EVENT_DISABLE_TIMING events).
+#[test]
+fn untimed_events_complete_but_are_never_timed() {
+    let b = backend();
+    let s = b.stream_create().unwrap();
+    let (t, u) = (b.event_create().unwrap(), b.event_create_untimed().unwrap());
+    b.hold_stream(&s).unwrap();
+    b.event_record(&t, &s).unwrap();
+    b.event_record(&u, &s).unwrap();
+    assert_eq!(b.event_query(&u).unwrap(), EventStatus::Pending);
+    b.release_stream(&s).unwrap();
+    b.event_synchronize(&u).unwrap();
+    assert_eq!(b.event_query(&u).unwrap(), EventStatus::Complete);
+    assert!(b.event_elapsed_ms(&t, &t).is_ok());
+    assert!(is_invalid(b.event_elapsed_ms(&t, &u)));
+    assert!(is_invalid(b.event_elapsed_ms(&u, &t)));
+    b.event_destroy(t).unwrap();
+    b.event_destroy(u).unwrap();
+    b.stream_destroy(s).unwrap();
+    assert_eq!(b.outstanding().total(), 0);
+}
+
 #[test]
 fn held_stream_queues_work_and_events_stay_pending() {
     let b = backend();

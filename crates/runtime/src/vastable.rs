@@ -57,8 +57,8 @@
 //! holds, the host rewrites that node in the reservation's graph exec (no
 //! wait: launches already enqueued keep theirs), so a step whose copies are
 //! unchanged makes no call for them; a node with no copies is turned off
-//! (where the backend can; CUDA, the host backend), so a step with none
-//! runs no copy kernel at all. Batch path (elsewhere, with
+//! (where the backend can: CUDA, the host backend, HIP runtimes with
+//! `hipGraphNodeSetEnabled`), so a step with none runs no copy kernel. Batch path (elsewhere, with
 //! `XLA_VMM_COPY_PATH=batch`, or when the kernel or node updates are
 //! unavailable): all copy-ins of a step
 //! are one [`Backend::copy_d2d_batch`] before the launch, all copy-backs one

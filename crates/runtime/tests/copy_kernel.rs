@@ -15,11 +15,11 @@ use std::sync::Arc;
 
 use common::*;
 use xla_vmm::*;
-use xla_vmm_device::{Backend, DevicePtr, HostBackend, VmmAllocator, VmmConfig};
+use xla_vmm_device::{Backend, Buffer, DevicePtr, HostBackend, VmmAllocator, VmmConfig};
 use xla_vmm_policy::Threshold;
 use xla_vmm_runtime::copykernel::{self, register_host_copy_kernel, run_copy_kernel};
 use xla_vmm_runtime::slots::DeviceBuffer;
-use xla_vmm_runtime::{BindingConfig, BindingStats, Executable, Mode, UserBuffer};
+use xla_vmm_runtime::{BindingConfig, BindingStats, Executable, Mode, Output, UserBuffer};
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
     (0..len)
@@ -360,6 +360,39 @@ fn remapping(
     (alloc, s, exe)
 }
 
+/// Binds `src` and `y` as `copy_plan`'s input and output and writes step
+/// `step`'s pattern into `src`: what every output must hold after the step.
+fn feed(
+    b: &Arc<HostBackend>,
+    exe: &mut Executable<HostBackend>,
+    s: &<HostBackend as Backend>::Stream,
+    src: &Buffer<HostBackend>,
+    y: &Buffer<HostBackend>,
+    step: u8,
+) -> Vec<u8> {
+    exe.bind_user_buffer(0, UserBuffer::from_vmm(src)).unwrap();
+    exe.bind_user_buffer(1, UserBuffer::from_vmm(y)).unwrap();
+    let data = pattern(src.size() as usize, step);
+    b.write_sync(src.ptr(), &data, s).unwrap();
+    data
+}
+
+/// After the step's work: every output holds `data`.
+fn assert_outputs(
+    b: &Arc<HostBackend>,
+    s: &<HostBackend as Backend>::Stream,
+    outs: &[Output],
+    data: &[u8],
+    step: u8,
+) {
+    b.stream_synchronize(s).unwrap();
+    for o in outs {
+        let mut v = vec![0u8; o.bytes as usize];
+        b.read_sync(&mut v, o.ptr, s).unwrap();
+        assert!(v == data, "step {step}: output {}", o.index);
+    }
+}
+
 #[test]
 fn steady_state_skips_make_only_the_launch_and_the_event_record() {
     for kernel in [true, false] {
@@ -413,22 +446,14 @@ fn a_fallback_too_big_for_the_table_runs_as_a_batch_with_data_intact() {
         if step == 1 {
             b.inject_failure("map", 1);
         }
-        exe.bind_user_buffer(0, UserBuffer::from_vmm(src)).unwrap();
-        exe.bind_user_buffer(1, UserBuffer::from_vmm(&y)).unwrap();
-        let data = pattern(size as usize, step);
-        b.write_sync(src.ptr(), &data, &s).unwrap();
+        let data = feed(&b, &mut exe, &s, src, &y, step);
         let before = b.call_count("copy_d2d");
         let outs = exe.run(&s, Mode::Graph).unwrap();
         if step >= 2 {
             // Captured already: the only copy call is the overflow's.
             assert_eq!(b.call_count("copy_d2d") - before, 1, "step {step}");
         }
-        b.stream_synchronize(&s).unwrap();
-        for o in &outs {
-            let mut v = vec![0u8; o.bytes as usize];
-            b.read_sync(&mut v, o.ptr, &s).unwrap();
-            assert!(v == data, "step {step}: output {}", o.index);
-        }
+        assert_outputs(&b, &s, &outs, &data, step);
     }
     let st = exe.stats().cloned().unwrap();
     assert_eq!(st.copy_path, "kernel");
@@ -487,18 +512,10 @@ fn copy_nodes_run_only_while_they_have_copies() {
         if step == 3 {
             b.inject_failure("map", 1);
         }
-        exe.bind_user_buffer(0, UserBuffer::from_vmm(src)).unwrap();
-        exe.bind_user_buffer(1, UserBuffer::from_vmm(&y)).unwrap();
-        let data = pattern(size as usize, step);
-        b.write_sync(src.ptr(), &data, &s).unwrap();
+        let data = feed(&b, &mut exe, &s, src, &y, step);
         let (before, switches) = (ran(), b.call_count("graph_exec_node_set_enabled"));
         let outs = exe.run(&s, Mode::Graph).unwrap();
-        b.stream_synchronize(&s).unwrap();
-        for o in &outs {
-            let mut v = vec![0u8; o.bytes as usize];
-            b.read_sync(&mut v, o.ptr, &s).unwrap();
-            assert!(v == data, "step {step}: output {}", o.index);
-        }
+        assert_outputs(&b, &s, &outs, &data, step);
         let after = ran();
         log.push((
             after[0] - before[0],

@@ -26,12 +26,18 @@ use libloading::Library;
 
 use crate::dynload::{mapped_paths, symbol};
 
-/// Defines the table, its loader and one forwarding function per entry.
+/// Defines the table, its loader and one forwarding function per entry:
+/// the required entries (a library without one is not loaded), then after
+/// `@optional` those a runtime may lack (their function returns `$missing`
+/// there).
 macro_rules! hip_entry_points {
-    ($( $name:ident [$($sym:literal),+] ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty = $fallback:expr; )*) => {
+    ($( $name:ident [$($sym:literal),+] ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty = $fallback:expr; )*
+     @optional
+     $( $oname:ident [$($osym:literal),+] ( $($oarg:ident : $oty:ty),* $(,)? ) -> $oret:ty = $ofallback:expr, $missing:expr; )*) => {
         #[allow(non_snake_case)]
         struct Table {
             $( $name: unsafe extern "C" fn($($ty),*) -> $ret, )*
+            $( $oname: Option<unsafe extern "C" fn($($oty),*) -> $oret>, )*
             path: PathBuf,
             _lib: Library,
         }
@@ -54,6 +60,11 @@ macro_rules! hip_entry_points {
                     }
                     found.map_err(|e| format!("{}: {e}", path.display()))?
                 }, )*
+                $( $oname: [$($osym),+].into_iter().find_map(|s| {
+                    // SAFETY: the type is hip-runtime-sys's prototype of
+                    // this entry point (the same C function).
+                    unsafe { symbol(&lib, s) }.ok()
+                }), )*
                 path,
                 _lib: lib,
             })
@@ -67,6 +78,20 @@ macro_rules! hip_entry_points {
                     // SAFETY: forwarded to the caller (the HIP API's contract).
                     Ok(t) => unsafe { (t.$name)($($arg),*) },
                     Err(_) => $fallback,
+                }
+            }
+        )*
+
+        $(
+            #[allow(non_snake_case, clippy::missing_safety_doc)]
+            /// The HIP runtime function of this name, through the table,
+            /// where the runtime has it.
+            pub unsafe fn $oname($($oarg: $oty),*) -> $oret {
+                match table() {
+                    // SAFETY: forwarded to the caller (the HIP API's contract).
+                    Ok(Table { $oname: Some(f), .. }) => unsafe { f($($oarg),*) },
+                    Ok(_) => $missing,
+                    Err(_) => $ofallback,
                 }
             }
         )*
@@ -134,6 +159,8 @@ hip_entry_points! {
     hipGraphNodeGetType ["hipGraphNodeGetType"] (node: hipGraphNode_t, kind: *mut hipGraphNodeType) -> hipError_t = FAIL;
     hipGraphKernelNodeGetParams ["hipGraphKernelNodeGetParams"] (node: hipGraphNode_t, params: *mut hipKernelNodeParams) -> hipError_t = FAIL;
     hipGraphExecKernelNodeSetParams ["hipGraphExecKernelNodeSetParams"] (exec: hipGraphExec_t, node: hipGraphNode_t, params: *const hipKernelNodeParams) -> hipError_t = FAIL;
+    @optional
+    hipGraphNodeSetEnabled ["hipGraphNodeSetEnabled"] (exec: hipGraphExec_t, node: hipGraphNode_t, enabled: c_uint) -> hipError_t = FAIL, hipError_t::hipErrorNotSupported;
 }
 
 const LIB_NAMES: &[&str] = &[
@@ -200,11 +227,18 @@ mod tests {
         let mut n = 0;
         // SAFETY: a valid out pointer.
         let e = unsafe { hipGetDeviceCount(&mut n) };
+        // An optional entry point: the runtime's answer, or NotSupported
+        // from a runtime without it.
+        // SAFETY: null handles are an invalid argument, not undefined.
+        let o = unsafe { hipGraphNodeSetEnabled(std::ptr::null_mut(), std::ptr::null_mut(), 0) };
         match load() {
             // A runtime (with or without a device): its own answer.
-            Ok(_) => assert_ne!(e, FAIL),
+            Ok(_) => {
+                assert_ne!(e, FAIL);
+                assert_ne!(o, FAIL);
+            }
             Err(why) => {
-                assert_eq!(e, FAIL);
+                assert_eq!((e, o), (FAIL, FAIL));
                 assert!(why.contains("no HIP runtime"), "{why}");
             }
         }

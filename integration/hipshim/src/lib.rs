@@ -69,7 +69,7 @@ pub mod runtime;
 
 /// The HIP runtime entry points the shim exports: exactly the ones
 /// `ffi/src/hip/runtime.rs` resolves (a test checks the two lists agree).
-pub const HIP_ENTRY_POINTS: [&str; 55] = [
+pub const HIP_ENTRY_POINTS: [&str; 56] = [
     "hipInit",
     "hipGetDeviceCount",
     "hipSetDevice",
@@ -125,6 +125,7 @@ pub const HIP_ENTRY_POINTS: [&str; 55] = [
     "hipGraphNodeGetType",
     "hipGraphKernelNodeGetParams",
     "hipGraphExecKernelNodeSetParams",
+    "hipGraphNodeSetEnabled",
 ];
 
 /// Exported under a second name too: our loader resolves

@@ -1,4 +1,4 @@
-//! The HIP runtime entry points (the 55 of [`crate::HIP_ENTRY_POINTS`], plus
+//! The HIP runtime entry points (the 56 of [`crate::HIP_ENTRY_POINTS`], plus
 //! `hipGetDevicePropertiesR0000`), each on the CUDA driver API.
 //!
 //! Every export runs its body in [`entry`] (no libcuda: an error; a panic:
@@ -1029,6 +1029,16 @@ pub unsafe extern "C" fn hipGraphInstantiateWithFlags(
 pub unsafe extern "C" fn hipGraphLaunch(exec: hipGraphExec_t, stream: hipStream_t) -> hipError_t {
     // SAFETY: live exec and stream (HIP's contract).
     forward(|| unsafe { cu::cuGraphLaunch(exec.cast(), stream.cast()) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn hipGraphNodeSetEnabled(
+    exec: hipGraphExec_t,
+    node: hipGraphNode_t,
+    enabled: c_uint,
+) -> hipError_t {
+    // SAFETY: a live exec and a node of its graph (HIP's contract).
+    forward(|| unsafe { cu::cuGraphNodeSetEnabled(exec.cast(), node.cast(), enabled) })
 }
 
 #[no_mangle]

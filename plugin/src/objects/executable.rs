@@ -668,6 +668,8 @@ impl Executable {
         }
         let done = Event::pending();
         let mut results = Vec::with_capacity(outs.len());
+        // The fresh outputs' copies out of the program's memory, one batch.
+        let mut copies_out = Vec::new();
         for (o, spec) in outs.iter().zip(&self.outputs) {
             // An output written in place into an argument's memory is new
             // content there: its allocation is renewed (a program that read
@@ -691,12 +693,15 @@ impl Executable {
                 // other output): a fresh buffer, the argument stays the caller's.
                 _ => {
                     let fresh = spec.alloc(&**mem, o.bytes)?;
-                    mem.copy(fresh.ptr, o.ptr, o.bytes)?;
+                    if o.bytes > 0 {
+                        copies_out.push((fresh.ptr, o.ptr, o.bytes));
+                    }
                     fresh
                 }
             };
             results.push(spec.buffer(&part.device, alloc, done.clone())?);
         }
+        mem.copy_many(&copies_out)?;
         mem.complete_after(done.clone());
         drop(guard);
         // Unused copies are freed after the step (stream ordered).

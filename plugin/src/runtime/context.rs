@@ -242,6 +242,12 @@ pub trait Memory: Send + Sync {
     fn download(&self, out: &mut [u8], src: DevicePtr) -> Result<()>;
     /// Device → device copy, enqueued on the stream (asynchronous).
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()>;
+    /// Device → device copies (dst, src, bytes) whose destinations do not
+    /// overlap, enqueued on the stream as one batch where the backend has
+    /// one (CUDA 13's `cuMemcpyBatchAsync`), else one by one.
+    fn copy_many(&self, copies: &[(DevicePtr, DevicePtr, u64)]) -> Result<()> {
+        copies.iter().try_for_each(|&(d, s, n)| self.copy(d, s, n))
+    }
 }
 
 /// A device's context: its memory ([`Memory`]), the stream that orders its
@@ -482,6 +488,13 @@ impl<B: PluginBackend> Memory for VmmDevice<B> {
         }
         self.with_stream(|b, s| Ok(b.copy_d2d(dst, src, bytes, s)?))
     }
+    fn copy_many(&self, copies: &[(DevicePtr, DevicePtr, u64)]) -> Result<()> {
+        match copies {
+            [] => Ok(()),
+            &[(d, s, n)] => self.copy(d, s, n),
+            _ => self.with_stream(|b, s| Ok(b.copy_d2d_batch(copies, s)?)),
+        }
+    }
 }
 
 impl<B: PluginBackend> DeviceContext for VmmDevice<B> {
@@ -496,7 +509,8 @@ impl<B: PluginBackend> DeviceContext for VmmDevice<B> {
             return;
         }
         let recorded = self.stream.with(|s| {
-            let e = be.event_create()?;
+            // Only waited for: untimed (cheaper to record and to query).
+            let e = be.event_create_untimed()?;
             if let Err(err) = be.event_record(&e, s) {
                 let _ = be.event_destroy(e);
                 return Err(err.into());

@@ -195,6 +195,18 @@ impl CudaBackend {
         }
     }
 
+    /// A new event of this context with `flags`.
+    fn event_with(&self, flags: sys::CUevent_flags) -> Result<CudaEvent> {
+        let inner = self
+            .ctx
+            .new_event(Some(flags))
+            .map_err(|e| from_cudarc("cuEventCreate", e))?;
+        Ok(CudaEvent {
+            owner: self.id,
+            inner,
+        })
+    }
+
     fn bind(&self) -> Result<()> {
         self.ctx
             .bind_to_thread()
@@ -435,14 +447,11 @@ impl Backend for CudaBackend {
     }
 
     fn event_create(&self) -> Result<CudaEvent> {
-        let inner = self
-            .ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| from_cudarc("cuEventCreate", e))?;
-        Ok(CudaEvent {
-            owner: self.id,
-            inner,
-        })
+        self.event_with(sys::CUevent_flags::CU_EVENT_DEFAULT)
+    }
+
+    fn event_create_untimed(&self) -> Result<CudaEvent> {
+        self.event_with(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
     }
 
     fn event_destroy(&self, event: CudaEvent) -> Result<()> {

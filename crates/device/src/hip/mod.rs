@@ -129,6 +129,17 @@ impl HipBackend {
         })
     }
 
+    /// A new event on this device, timed unless `untimed`.
+    fn event_with(&self, untimed: bool) -> Result<HipEvent> {
+        self.bind()?;
+        // SAFETY: device current.
+        let raw = unsafe { result::stream::event_create(untimed)? };
+        Ok(HipEvent {
+            owner: self.id,
+            raw,
+        })
+    }
+
     fn bind(&self) -> Result<()> {
         // SAFETY: `ordinal` was validated at creation.
         unsafe { result::device::set(self.ordinal) }
@@ -383,13 +394,11 @@ impl Backend for HipBackend {
     }
 
     fn event_create(&self) -> Result<HipEvent> {
-        self.bind()?;
-        // SAFETY: device current.
-        let raw = unsafe { result::stream::event_create()? };
-        Ok(HipEvent {
-            owner: self.id,
-            raw,
-        })
+        self.event_with(false)
+    }
+
+    fn event_create_untimed(&self) -> Result<HipEvent> {
+        self.event_with(true)
     }
 
     fn event_destroy(&self, event: HipEvent) -> Result<()> {
@@ -768,6 +777,20 @@ impl Backend for HipBackend {
             }
         }
         Ok(found)
+    }
+
+    fn graph_exec_node_set_enabled(
+        &self,
+        exec: &HipGraphExec,
+        node: &HipGraphNode,
+        enabled: bool,
+    ) -> Result<()> {
+        self.own(exec, "graph exec")?;
+        self.own(node, "graph node")?;
+        self.bind()?;
+        // SAFETY: both live and ours; the runtime rejects a node that is not
+        // of the graph `exec` was instantiated from.
+        unsafe { result::graph::exec_node_set_enabled(exec.exec, node.node, enabled) }
     }
 
     fn graph_exec_kernel_update(

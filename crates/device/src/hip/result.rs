@@ -413,15 +413,20 @@ pub mod stream {
         check("hipStreamWaitEvent", sys::hipStreamWaitEvent(s, e, 0))
     }
 
-    /// An event with timing enabled.
+    /// An event, with timing enabled unless `untimed`.
     ///
     /// # Safety
     /// A device is current.
-    pub unsafe fn event_create() -> Result<sys::hipEvent_t> {
+    pub unsafe fn event_create(untimed: bool) -> Result<sys::hipEvent_t> {
         let mut e: sys::hipEvent_t = std::ptr::null_mut();
+        let flags = if untimed {
+            sys::hipEventDisableTiming
+        } else {
+            sys::hipEventDefault
+        };
         check(
             "hipEventCreateWithFlags",
-            sys::hipEventCreateWithFlags(&mut e, sys::hipEventDefault),
+            sys::hipEventCreateWithFlags(&mut e, flags),
         )?;
         Ok(e)
     }
@@ -693,6 +698,26 @@ pub mod graph {
             sys::hipGraphKernelNodeGetParams(node, &mut p),
         )?;
         Ok(Some(p.func))
+    }
+
+    /// Turn kernel node `node` of `e` on or off (off: an empty node).
+    /// A runtime without the call answers [`DeviceError::Unsupported`].
+    ///
+    /// See [hipGraphNodeSetEnabled](https://rocm.docs.amd.com/projects/HIP/en/latest/doxygen/html/group___graph.html)
+    ///
+    /// # Safety
+    /// `e` is live and `node` a node of the graph it was instantiated from.
+    pub unsafe fn exec_node_set_enabled(
+        e: sys::hipGraphExec_t,
+        node: sys::hipGraphNode_t,
+        enabled: bool,
+    ) -> Result<()> {
+        match sys::hipGraphNodeSetEnabled(e, node, u32::from(enabled)) {
+            sys::hipError_t::hipErrorNotSupported => Err(DeviceError::Unsupported(
+                "turning graph nodes off: this HIP runtime has no hipGraphNodeSetEnabled".into(),
+            )),
+            code => check("hipGraphNodeSetEnabled", code),
+        }
     }
 
     /// New grid, block and arguments of kernel node `node` of `e` for the

@@ -34,6 +34,23 @@ impl HostBackend {
         }
     }
 
+    /// A new event (counted as `call`), untimed or not.
+    fn new_event(&self, call: &'static str, untimed: bool) -> Result<HostEvent> {
+        let mut st = self.enter(call)?;
+        let id = self.new_handle();
+        st.events.insert(
+            id,
+            EventEntry {
+                untimed,
+                ..Default::default()
+            },
+        );
+        Ok(HostEvent {
+            backend: self.id,
+            id,
+        })
+    }
+
     /// Edit node `node` of `exec` (a counted `call`): `edit` gets the op at
     /// the node's path (`None`: the exec has none there). Copy on write:
     /// launches already submitted keep the ops they had.
@@ -318,13 +335,11 @@ impl Backend for HostBackend {
     }
 
     fn event_create(&self) -> Result<HostEvent> {
-        let mut st = self.enter("event_create")?;
-        let id = self.new_handle();
-        st.events.insert(id, EventEntry::default());
-        Ok(HostEvent {
-            backend: self.id,
-            id,
-        })
+        self.new_event("event_create", false)
+    }
+
+    fn event_create_untimed(&self) -> Result<HostEvent> {
+        self.new_event("event_create_untimed", true)
     }
 
     fn event_destroy(&self, event: HostEvent) -> Result<()> {
@@ -414,6 +429,9 @@ impl Backend for HostBackend {
                 .get(&e.id)
                 .ok_or_else(|| stale("event"))
                 .and_then(|e| {
+                    if e.untimed {
+                        return Err(invalid("event_elapsed_ms: an event made without timing"));
+                    }
                     e.time
                         .filter(|_| e.complete())
                         .ok_or_else(|| invalid("event_elapsed_ms: event not completed"))

@@ -177,6 +177,8 @@ pub(crate) struct EventEntry {
     /// Highest record that has executed.
     pub completed: u64,
     pub time: Option<Instant>,
+    /// Made by `event_create_untimed`: `event_elapsed_ms` refuses it.
+    pub untimed: bool,
     /// Last recorded inside this capture (for fork/join).
     pub captured_in: Option<u64>,
 }
