@@ -9,8 +9,9 @@ above the best stock configuration measured in the same run, or above our eager 
 (where they ran), or when the default did not run, or when its losses moved: in the A/B (one serialized
 executable, deterministic ops) the default's loss bits must equal every other row's of ours and stock's
 with command buffers on (the compile they all run); in MaxText (a compile per run, losses printed with 3
-decimals) no step's loss may differ from stock's by more than --loss-tolerance. Prints one Markdown table
-(also to --out); exit 1 on any FAIL, 3 when no input had rows.
+decimals) no step's loss may differ from stock's by more than --loss-tolerance. A MaxText config whose gate
+rows ran twice, A B B A (maxtext/run.py --balance), is judged on each row's mean of its two rounds. Prints one
+Markdown table (also to --out); exit 1 on any FAIL, 3 when no input had rows.
 """
 import argparse
 import json
@@ -32,9 +33,28 @@ def rows_of(suite, data):
             out.append((r["program"], r["config"], r.get("ms"), r))
         elif suite == "ab":
             out.append((r["model"], r["config"], r.get("median_ms"), r))
-        else:
+        elif "repeats" not in r:
             out.append(("maxtext " + r["config"], r["variant"], r.get("median_ms"), r))
+    if suite == "maxtext":
+        two = {(r["config"], r["repeats"]): r for r in data.get("rows", []) if "repeats" in r}
+        tagged = {c for c, _ in two}
+        out = [(w + (" (A B B A)" if r["config"] in tagged else ""),) + balanced(c, ms, r, two.get((r["config"], c)))
+               for w, c, ms, r in out]
     return out
+
+
+def balanced(variant, ms, row, two):
+    """(variant, ms, row) of a MaxText row, with its second round `two` when it ran one (maxtext/run.py
+    --balance, the order A B B A): the mean of the rounds' medians (of the one that has a median, when
+    the other has none), the larger loss drift, both rounds' losses."""
+    if two is None:
+        return variant, ms, row
+    both = [m for m in (num(ms), num(two.get("median_ms"))) if m]
+    drift = [d for d in (row.get("max_dloss"), two.get("max_dloss")) if isinstance(d, (int, float))]
+    losses = {"%d:%s" % (i, k): v for i, r in enumerate((row, two), 1) for k, v in r.get("losses", {}).items()}
+    mean = sum(both) / len(both) if both else None
+    return variant, mean, dict(row, median_ms=mean, rounds=[ms, two.get("median_ms")],
+                               max_dloss=max(drift) if drift else None, losses=losses)
 
 
 # The stock row of the A/B whose compile every vmm row runs (its losses are the same bits).

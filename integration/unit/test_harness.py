@@ -316,6 +316,28 @@ class PerfGate(unittest.TestCase):
         self.assertIn("FAIL; losses differ from stock cmdbuf on; losses differ from vmm eager |", text)
         self.assertIn("FAIL; loss differs from stock's by 0.020 (> 0.010) |", text)
 
+    def test_a_balanced_configs_rows_are_the_means_of_their_two_rounds(self):
+        row = lambda var, ms, **kw: dict({"config": "1B", "variant": var, "median_ms": ms}, **kw)  # noqa: E731
+        mt = {"rows": [row("cuda", 55.0, losses={"40": 2.0}),
+                       row("cuda@MT_ROUND=2", 55.4, repeats="cuda", losses={"40": 2.0}),
+                       row("vmm_t1", 55.4, max_dloss=0.001, losses={"40": 2.001}),
+                       row("vmm_t1@MT_ROUND=2", 55.2, repeats="vmm_t1", max_dloss=0.004, losses={"40": 2.004}),
+                       row("vmm_eager", 55.5),
+                       row("cuda", 12.0, config="tiny"), row("vmm_t1", 6.0, config="tiny")]}
+        code, text = self.run_gate(mt=mt)
+        self.assertEqual(code, 0)
+        # One row per config, its rounds' means (55.2 and 55.3), the rounds' larger loss drift.
+        self.assertIn("| maxtext | maxtext 1B (A B B A) | 55.200 (cuda) | 55.500 | - | 55.300 | 1.00x | 1.00x | - "
+                      "| PASS |", text)
+        self.assertIn("| maxtext | maxtext tiny | 12.000 (cuda) |", text)
+        mt["rows"][3]["max_dloss"] = 0.02
+        code, text = self.run_gate(mt=mt)
+        self.assertIn("FAIL; loss differs from stock's by 0.020 (> 0.010) |", text)
+        # A round with no median: the other's.
+        mt["rows"][3].update(max_dloss=None, median_ms=None)
+        code, text = self.run_gate(mt=mt)
+        self.assertIn("| 55.200 (cuda) | 55.500 | - | 55.400 | 1.00x | 1.00x |", text)
+
     def test_no_input_is_not_a_pass(self):
         code, _ = quiet(self.m.main, ["perf_gate.py", "--bench", "/nonexistent.json"])
         self.assertEqual(code, 3)
@@ -351,6 +373,19 @@ class MaxText(unittest.TestCase):
                                  ("1B", "cuda"), ("1B", "cuda_skip_temp"), ("1B", "vmm_t1"),
                                  ("tiny", "vmm_eager"), ("tiny", "vmm_recapture"),
                                  ("1B", "vmm_eager"), ("1B", "vmm_recapture")])
+        # A balanced config runs its gate rows again right after, in the other order (A B B A).
+        order = self.m.run_order("tiny,1B", "cuda,vmm_t1@XLA_VMM_COPY_PATH=batch,vmm_eager", ["1B"])
+        self.assertEqual(order, [("tiny", "cuda"), ("tiny", "vmm_t1@XLA_VMM_COPY_PATH=batch"),
+                                 ("1B", "cuda"), ("1B", "vmm_t1@XLA_VMM_COPY_PATH=batch"),
+                                 ("1B", "vmm_t1@XLA_VMM_COPY_PATH=batch,MT_ROUND=2"), ("1B", "cuda@MT_ROUND=2"),
+                                 ("tiny", "vmm_eager"), ("1B", "vmm_eager")])
+        for var in ("cuda", "vmm_t1@XLA_VMM_COPY_PATH=batch"):
+            self.assertEqual(self.m.first_round(self.m.again(var)), var)
+            self.assertIsNone(self.m.first_round(var))
+            self.assertTrue(self.m.essential(self.m.again(var)))
+        # The second round's environment is the first's (plus an entry nothing reads).
+        self.assertEqual(self.m.variant_env("vmm_t1@XLA_VMM_COPY_PATH=batch,MT_ROUND=2"),
+                         dict(self.m.variant_env("vmm_t1@XLA_VMM_COPY_PATH=batch"), MT_ROUND="2"))
 
     def test_a_diagnostic_row_the_budget_left_out_does_not_fail_the_run(self):
         row = lambda var, rc, error="": {"variant": var, "rc": rc, "error": error}  # noqa: E731
