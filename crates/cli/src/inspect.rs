@@ -259,7 +259,8 @@ pub fn summary_json(plan: &Plan) -> serde_json::Value {
         "asm_text_bytes": plan.kernels.asm_text.len(),
         "custom_kernel_binaries": plan.custom_kernel_binaries().len(),
         "load_check": match xla_vmm_runtime::ops::load_check(plan) {
-            Ok(r) => json!({"ok": true, "kernels": r.kernels, "images": r.images, "ptx_kernels": r.ptx_kernels}),
+            Ok(r) => json!({"ok": true, "kernels": r.kernels, "images": r.images, "ptx_kernels": r.ptx_kernels,
+                            "tma_kernels": r.tma_kernels}),
             Err(e) => json!({"ok": false, "error": e.to_string()}),
         },
     })
@@ -302,11 +303,19 @@ pub fn summary_text(plan: &Plan, file_len: usize, uses: bool) -> String {
     let _ = match xla_vmm_runtime::ops::load_check(plan) {
         Ok(r) => writeln!(
             s,
-            "load check: ok ({} kernels in {} code images{})",
+            "load check: ok ({} kernels in {} code images{}{})",
             r.kernels,
             r.images,
             if r.ptx_kernels > 0 {
                 format!(", {} from PTX at load", r.ptx_kernels)
+            } else {
+                String::new()
+            },
+            if r.tma_kernels > 0 {
+                format!(
+                    "; {} take TMA descriptors, which HIP does not have",
+                    r.tma_kernels
+                )
             } else {
                 String::new()
             }
@@ -466,8 +475,14 @@ fn detail(t: &Thunk) -> String {
                 KernelCode::None => "no code".into(),
             };
             let l = &k.launch;
+            let tma = k.args.iter().filter(|a| a.tma.is_some()).count();
+            let tma = if tma > 0 {
+                format!(" ({tma} as TMA descriptors)")
+            } else {
+                String::new()
+            };
             format!(
-                " {} grid {}x{}x{} block {}x{}x{} smem {} args {} ({code})",
+                " {} grid {}x{}x{} block {}x{}x{} smem {} args {}{tma} ({code})",
                 k.spec.kernel_name,
                 l.blocks.x,
                 l.blocks.y,

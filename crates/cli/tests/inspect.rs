@@ -52,6 +52,13 @@ fn readme_counts() -> BTreeMap<String, Row> {
     out
 }
 
+/// `inspect FILE`'s readable summary (it must succeed).
+fn readable(file: &std::path::Path) -> String {
+    let out = inspect(&[file.to_str().unwrap()]);
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn inspect(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_xla-vmm"))
         .arg("inspect")
@@ -113,9 +120,7 @@ fn json_counts_match_the_fixture_readme() {
 #[test]
 fn readable_summary_and_errors() {
     let path = fixtures().join("loop.pjrt");
-    let out = inspect(&[path.to_str().unwrap()]);
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = readable(&path);
     assert!(text.contains("allocations: 4"), "{text}");
     assert!(text.contains("while `while.1` trip count 8"), "{text}");
     assert!(text.contains("unsupported: none"), "{text}");
@@ -142,6 +147,23 @@ fn readable_summary_and_errors() {
         2,
         "{text}"
     );
+
+    // Kernels that take TMA descriptors (the llama program's Triton GEMMs,
+    // compiled on an H200): counted by the load check, marked in the tree.
+    let sgd = fixtures().join("llama_sgd_f32.pjrt");
+    let text = readable(&sgd);
+    assert!(
+        text.contains("code images; 8 take TMA descriptors, which HIP does not have)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(" args 3 (3 as TMA descriptors) (cubin "),
+        "{text}"
+    );
+    assert!(!readable(&path).contains("TMA"), "loop.pjrt");
+    let v: serde_json::Value =
+        serde_json::from_slice(&inspect(&[sgd.to_str().unwrap(), "--json"]).stdout).unwrap();
+    assert_eq!(v["load_check"]["tma_kernels"], 8);
 
     // A file that is not an executable: non-zero exit and a clear message.
     let bad = std::env::temp_dir().join(format!("xla-vmm-inspect-{}.bin", std::process::id()));

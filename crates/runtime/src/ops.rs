@@ -592,6 +592,10 @@ pub struct LoadCheck {
     pub images: usize,
     /// Kernels left to the PTX JIT at load (not checkable here).
     pub ptx_kernels: usize,
+    /// Kernels that take an argument as a TMA descriptor (`tma_metadata`):
+    /// XLA's Triton kernels on Hopper and later. A backend without tensor
+    /// maps (HIP) cannot launch them.
+    pub tma_kernels: usize,
 }
 
 /// Is `image` code for `cap`: a cubin for CUDA, an AMDGPU code object of
@@ -632,6 +636,12 @@ pub fn load_check(plan: &Plan) -> Result<LoadCheck> {
         if err.is_some() {
             return;
         }
+        let args = match &t.kind {
+            ThunkKind::CustomKernel(k) => &k.args[..],
+            ThunkKind::Kernel(k) => &k.args[..],
+            _ => &[],
+        };
+        report.tma_kernels += usize::from(args.iter().any(|a| a.tma.is_some()));
         let (image, name): (&[u8], &str) = match &t.kind {
             ThunkKind::CustomKernel(k) => match &k.spec.code {
                 KernelCode::Cubin { data } => (data, &k.spec.kernel_name),

@@ -4,13 +4,15 @@
 #[test]
 fn all_fixtures_decode_and_are_supported() {
     let dir = xla_vmm::testdata::require_fixtures_dir();
-    for name in [
-        "small",
-        "loop",
-        "mlp_adam_donated",
-        "llama_scan_bf16",
-        "llama_sgd_f32",
-        "fft_kinds",
+    // With the kernels that take TMA descriptors (the llama programs' Triton
+    // GEMMs, compiled on an H200).
+    for (name, tma) in [
+        ("small", 0),
+        ("loop", 0),
+        ("mlp_adam_donated", 0),
+        ("llama_scan_bf16", 2),
+        ("llama_sgd_f32", 8),
+        ("fft_kinds", 0),
     ] {
         let bytes = std::fs::read(dir.join(format!("{name}.pjrt"))).unwrap();
         // Constants without content are filled from the HLO module by the decoder.
@@ -18,6 +20,7 @@ fn all_fixtures_decode_and_are_supported() {
         // Support, and every kernel in a cubin (a CUDA ELF defining it).
         let r = xla_vmm_runtime::ops::load_check(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(r.kernels > 0, "{name}: {r:?}");
+        assert_eq!(r.tma_kernels, tma, "{name}: {r:?}");
         assert!(!plan.thunks.is_empty(), "{name}");
     }
 }
@@ -55,6 +58,8 @@ fn rocm_gfx942_executables_decode_and_load_check() {
         );
         let r = xla_vmm_runtime::ops::load_check(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(r.kernels, kernels, "{name}");
+        // ROCm has no tensor maps; its compiles never take TMA descriptors.
+        assert_eq!(r.tma_kernels, 0, "{name}");
     }
     // With Triton GEMMs off, the GEMMs are cublas_lt_matmul thunks, which
     // run through hipBLASLt on ROCm (`device::hip::blaslt`): they pass too.
