@@ -542,11 +542,14 @@ fi
 #     on stock uncapped, on us with no limit and at each ratio, on stock capped to the same memory, and on stock
 #     with Adam's moments in pinned_host moved by hand (integration/train_oversub_bench.py; TRAIN_JAX_ARGS: its
 #     model arguments). The link bound from the `device` section's probe when it ran. It fails when one of our
-#     runs fails or a limited run's losses are not the unlimited run's, bit for bit.
+#     runs fails or a limited run's losses are not the unlimited run's, bit for bit. TRAIN_JAX_TRACE (set): our
+#     limited rows trace a few more steps and each is set beside `inspect --as-run`'s estimate of the step
+#     (integration/diag/staging_vs_trace.py: train_jax/trace/ratio_R/staging_vs_trace.md).
 if want train-jax; then
   check "train-jax" env XLA_VMM_LIBRARY="$LIB/libxla_vmm_plugin.so" python3 integration/train_oversub_bench.py \
     --out "$WORK/train_jax" --ratios "${TRAIN_JAX_RATIOS:-1.25,2}" --probe "$WORK/probe.json" \
-    --save-exe "$WORK/train_jax/exe" ${TRAIN_JAX_ARGS:-}
+    --save-exe "$WORK/train_jax/exe" ${TRAIN_JAX_TRACE:+--trace "$WORK/train_jax/trace" --cli "$VMM"} \
+    ${TRAIN_JAX_ARGS:-}
 fi
 
 # 9. Our HIP backend on the NVIDIA GPU (opt in: section `hip-shim`): the HIP conformance test binary with the

@@ -31,17 +31,27 @@ largest difference is shown). One process per row. Prints a Markdown table and w
 
 `--platform cpu` runs the stock and offload rows on CPU jax (a check of the harness, no GPU; no limit applies
 there).
+
+`--trace DIR` (with `--save-exe` and `--cli`, our CLI): each of our limited rows runs `--trace-steps` more steps
+after its timed ones under jax.profiler (its process loads the CUDA plugin too, `JAX_PLATFORMS=vmm,cuda`, whose
+CUPTI tracer records every kernel and copy), into DIR/ratio_R/; then `xla-vmm inspect train_step.pjrt
+--memory-budget LIMIT --as-run --json` at the same link rates estimates the step, and
+integration/diag/staging_vs_trace.py sets the traced step beside the estimate (DIR/ratio_R/staging_vs_trace.md,
+its lines in the table's notes): where the estimate's split of the step into thunks and waits is off.
 """
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
 HERE = os.path.abspath(__file__)
 # The jax_plugins package (xla-vmm's registration) and the models next to this file.
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "diag"))
 
+import staging_vs_trace  # noqa: E402
 from benchio import (GUARD_WARMUP_STEPS, gpu_memory_bytes, run_json_child, staged_line, staged_of,  # noqa: E402
                      write_results)
 
@@ -114,6 +124,7 @@ def child(a):
         # The step's serialized executable, for `xla-vmm inspect train_step.pjrt --memory-budget BYTES --as-run`.
         import stock_ref
         stock_ref.save_pjrt(fn.lower(state, batches[0]).compile(), os.path.join(a.save_exe, "train_step.pjrt"))
+    n = a.warmup + a.steps
     losses, times, donated = [], [], True
     for i in range(a.warmup + a.steps):
         t = time.perf_counter()
@@ -132,6 +143,12 @@ def child(a):
             times.append(time.perf_counter() - t)
         losses.append(loss)
     times.sort()
+    if a.trace:
+        # Untimed, after the timed steps; their losses are not compared (the run's are).
+        with jax.profiler.trace(a.trace):
+            for i in range(n, n + a.trace_steps):
+                state, loss = fn(state, batches[i % len(batches)])
+                float(loss)
     bits = np.asarray(losses, np.float32)
     out = {"mode": a.mode, "ratio": a.ratio, "ms": 1e3 * times[len(times) // 2], "losses": losses,
            "digest": hashlib.sha256(bits.tobytes()).hexdigest()[:16], "donated": donated}
@@ -174,6 +191,9 @@ def run(a, mode, ratio, sbytes, total_dev):
         os.makedirs(a.save_exe, exist_ok=True)
         argv += ["--save-exe", a.save_exe]
     limit = int(sbytes / ratio) if ratio else None
+    traced = trace_dir(a, mode, ratio)
+    if traced:
+        argv += ["--trace", traced, "--trace-steps=%d" % a.trace_steps]
     # Deterministic reductions and no timing-based autotuning: every process compiles the same program the same
     # way, so that our limited rows run the unlimited row's executable.
     env.setdefault("XLA_FLAGS", "--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0")
@@ -181,7 +201,7 @@ def run(a, mode, ratio, sbytes, total_dev):
     if a.platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
     elif mode == "vmm":
-        env["JAX_PLATFORMS"] = "vmm"
+        env["JAX_PLATFORMS"] = "vmm,cuda" if traced else "vmm"
         if limit:
             env["XLA_VMM_DEVICE_MEMORY_LIMIT"] = str(limit)
     else:
@@ -189,6 +209,38 @@ def run(a, mode, ratio, sbytes, total_dev):
         if limit:
             env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "%.4f" % (limit / total_dev)
     return run_json_child(argv, env, a.timeout)
+
+
+def trace_dir(a, mode, ratio):
+    """Where a row's trace goes: our limited rows', with --trace."""
+    return os.path.join(a.trace, "ratio_%g" % ratio) if a.trace and mode == "vmm" and ratio else None
+
+
+def set_beside(a, r, sbytes, load_trace=None):
+    """A traced row's step against `xla-vmm inspect`'s estimate of it: the Markdown lines (notes), or why not.
+    `load_trace`: the trace's reader (default: trace_timeline.load, which needs jax)."""
+    folder = trace_dir(a, r["mode"], r["ratio"])
+    exe = os.path.join(a.save_exe or "", "train_step.pjrt")
+    if not (a.cli and os.path.exists(exe)):
+        return ["- %s: traced in %s; no estimate beside it (needs --cli and --save-exe)" % (r["label"], folder)]
+    rates = ["--link-gbps", str(a.link_gbps)] + (["--link-out-gbps", str(a.link_out_gbps)] if a.link_out_gbps else []) \
+        + (["--link-both-gbps", str(a.link_both_gbps)] if a.link_both_gbps else [])
+    cmd = [a.cli, "inspect", exe, "--memory-budget", str(int(sbytes / r["ratio"])), "--as-run", "--json"] + rates
+    try:
+        estimate = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                             timeout=a.timeout).stdout)
+        got = staging_vs_trace.compare(estimate, (load_trace or staging_vs_trace.load)(folder))
+    except (ImportError, OSError, ValueError, subprocess.SubprocessError, SystemExit) as e:
+        return ["- %s: traced in %s; not set beside the estimate: %s" % (r["label"], folder, e)]
+    md = staging_vs_trace.markdown(got)
+    with open(os.path.join(folder, "staging_vs_trace.md"), "w") as fh:
+        fh.write("    %s\n\n%s" % (" ".join(cmd), md))
+    with open(os.path.join(folder, "staging_vs_trace.json"), "w") as fh:
+        json.dump(got, fh, indent=1)
+    f = lambda k: "%.2f / %.2f ms" % (got[k]["estimated"] / 1e3, got[k]["measured"] / 1e3)  # noqa: E731
+    return ["- %s, its trace against the estimate (estimated / measured): step %s, kernels running %s, nothing "
+            "to run %s (%s)" % (r["label"], f("step_us"), f("thunks_us"), f("idle_us"),
+                                os.path.join(folder, "staging_vs_trace.md"))]
 
 
 def plan_rows(a):
@@ -342,6 +394,10 @@ def main(argv=None):
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--save-exe", default=None, help="write the training step's serialized executable "
                     "(train_step.pjrt, from our unlimited row) to this folder")
+    ap.add_argument("--trace", default=None, help="trace our limited rows' extra steps into this folder and set "
+                    "each beside the estimate (see above)")
+    ap.add_argument("--trace-steps", type=int, default=3)
+    ap.add_argument("--cli", default=None, help="our xla-vmm CLI, for --trace's estimate")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--mode", default="vmm")
     ap.add_argument("--ratio", type=float, default=0.0)
@@ -371,6 +427,9 @@ def main(argv=None):
         r["label"] = label
         rows.append(r)
     md, errors = table(a, rows, failed, sbytes)
+    for r in rows:
+        if trace_dir(a, r["mode"], r["ratio"]):
+            md += set_beside(a, r, sbytes)
     # Our rows must run; stock's may fail (that is what the capped row shows).
     errors += ["%s: %s" % (label, why) for label, why in failed if label.startswith("vmm")]
     write_results(a.out, "train_oversub", md, {"state_bytes": sbytes, "rows": rows, "failed": failed,

@@ -712,7 +712,7 @@ class TrainOversubBench(unittest.TestCase):
         return argparse.Namespace(**dict(
             dict(layers=1, dim=2, ffn=3, heads=1, vocab=4, batch=1, seq=8, steps=3, warmup=2, scan=False, timeout=9,
                  ratios="2", rows="stock,vmm,capped,offload", platform="gpu", link_gbps=50.0, link_out_gbps=None,
-                 link_both_gbps=None, save_exe=None), **changes))
+                 link_both_gbps=None, save_exe=None, trace=None, trace_steps=3, cli=None), **changes))
 
     def test_the_state_is_weights_and_two_moments_in_float32(self):
         # 1 layer of dim 2, ffn 3: 4*4 + 3*6 + 2*2 = 38, and vocab 4 x 2 + 2 = 10 -> 48 parameters, 3 x 4 bytes each.
@@ -748,6 +748,48 @@ class TrainOversubBench(unittest.TestCase):
         # 1 GB each way: 20 ms in at 50 GB/s, directions taking turns: 40 ms; full duplex at 80: 25 ms.
         self.assertAlmostEqual(self.m.link_bound_ms(1e9, a), 40.0)
         self.assertAlmostEqual(self.m.link_bound_ms(1e9, self.args(link_both_gbps=80.0)), 25.0)
+
+    def test_a_traced_row_is_set_beside_the_estimate_of_its_step(self):
+        seen = []
+        self.m.run_json_child = lambda argv, env, timeout: (seen.append((argv, env)), ({}, None))[1]
+        with tempfile.TemporaryDirectory() as d:
+            a = self.args(trace=os.path.join(d, "tr"), save_exe=os.path.join(d, "exe"))
+            for mode, ratio in (("vmm", 0.0), ("vmm", 2.0), ("stock", 2.0)):
+                self.m.run(a, mode, ratio, 8 << 30, 80 << 30)
+            # Only our limited row traces, in a process with the CUDA plugin too (its profiler).
+            traced = [argv[argv.index("--trace") + 1] if "--trace" in argv else None for argv, _ in seen]
+            self.assertEqual(traced, [None, os.path.join(d, "tr", "ratio_2"), None])
+            self.assertEqual([e["JAX_PLATFORMS"] for _, e in seen], ["vmm", "vmm,cuda", "cuda"])
+            r = {"label": "vmm 2.00x", "mode": "vmm", "ratio": 2.0}
+            self.assertIn("no estimate beside it", self.m.set_beside(a, r, 8 << 30)[0])
+            # The CLI's estimate (a made-up one, with the arguments it was given) against a made-up trace.
+            est = StagingVsTrace()
+            est.setUp()
+            cli = os.path.join(d, "cli")
+            with open(cli, "w") as fh:
+                fh.write("#!%s\nimport json, sys\nprint(json.dumps(dict(%r, argv=sys.argv[1:])))\n"
+                         % (sys.executable, est.estimate))
+            os.chmod(cli, 0o755)
+            with open(os.path.join(d, "exe", "train_step.pjrt"), "wb") as fh:
+                fh.write(b"x")
+            os.makedirs(a.trace + "/ratio_2")
+            a.cli = cli
+            ms = 1e6
+            kernels = [(name, t0 + at * ms, dur * ms) for t0 in (0, 5 * ms, 10 * ms)
+                       for name, at, dur in (("b_2", 0, 1.5), ("a_1", 2, 1), ("c", 3, 0.1))]
+            lines = [("/device:GPU:0", "Stream #1", kernels)]
+            note = self.m.set_beside(a, r, 8 << 30, load_trace=lambda folder: lines)
+            self.assertRegex(note[0], r"^- vmm 2.00x, its trace against the estimate \(estimated / measured\): "
+                                      r"step 6.00 / 5.00 ms, kernels running 4.60 / 2.60 ms, "
+                                      r"nothing to run 1.40 / 2.40 ms")
+            with open(os.path.join(d, "tr", "ratio_2", "staging_vs_trace.md")) as fh:
+                text = fh.read()
+            self.assertIn("inspect %s --memory-budget %d --as-run --json --link-gbps 50.0" % (
+                os.path.join(d, "exe", "train_step.pjrt"), 4 << 30), text)
+            self.assertIn("| step | 6.00 ms | 5.00 ms |", text)
+            # A trace that cannot be read: said, not raised.
+            bad = self.m.set_beside(a, r, 8 << 30, load_trace=lambda folder: [])
+            self.assertIn("not set beside the estimate", bad[0])
 
     def test_a_limited_row_says_what_other_programs_hold_on_the_device(self):
         mem = lambda name, i, dev, shared: dict(program=name, id=i, device_bytes=dev << 20,  # noqa: E731
@@ -988,8 +1030,61 @@ class TraceTimeline(unittest.TestCase):
         self.assertRegex(summary[1], r"GPU:0 Stream #2 +1 events  busy +0.100 ms")
 
 
-if __name__ == "__main__":
-    unittest.main()
+class StagingVsTrace(unittest.TestCase):
+    """integration/diag/staging_vs_trace.py: a staged step's trace against its estimate (made-up trace)."""
+
+    def setUp(self):
+        self.m = load("staging_vs_trace", os.path.join(INTEGRATION, "diag", "staging_vs_trace.py"))
+        # Estimated: a.1 waits 1 ms for its copy, runs 1 ms; the matmul 2 ms; b.2 1 ms; a copy home after it.
+        th = lambda name, s, e: {"name": name, "start_us": s, "end_us": e}  # noqa: E731
+        cp = lambda home, s, e: {"home": home, "allocation": 1, "offset": 0, "bytes": 1, "started_us": s,  # noqa: E731
+                                 "done_us": e}
+        timeline = {"step_us": 6000.0,
+                    "thunks": [th("custom_kernel 'a.1'", 1000.0, 2000.0), th("cublas_lt_matmul 'mm'", 2000.0, 4000.0),
+                               th("custom_kernel 'b.2'", 4000.0, 5000.0), th("custom_kernel 'a.1'", 5000.0, 5500.0),
+                               th("kernel 'c'", 5500.0, 5600.0)],
+                    "copies": [cp(False, 0.0, 1000.0), cp(True, 5000.0, 6000.0)]}
+        self.estimate = {"as_run": {"staging": {"timeline": {"step_us": 1.0, "thunks": [], "copies": []}},
+                                    "first_run_moves": {"staging": {"timeline": timeline}}}}
+
+    def test_kernel_names_come_from_the_thunks_profile_annotation(self):
+        self.assertEqual(self.m.kernel_key("custom_kernel 'loop_add_fusion.5'"), "loop_add_fusion_5")
+        self.assertEqual(self.m.kernel_key("kernel 'fusion.2'"), "fusion_2")
+        self.assertIsNone(self.m.kernel_key("cublas_lt_matmul 'custom-call.19'"))
+        self.assertEqual(self.m.busy([(0, 2), (1, 3), (5, 6)]), 4)
+
+    def test_a_step_of_the_trace_is_set_beside_the_estimate(self):
+        us = 1e3  # ns
+        ms = 1e6
+
+        def period(t0):
+            # b_2 starts the step: 'a_1' occurs twice (no anchor); 'c' once. The matmul's kernel is unnamed.
+            return [("b_2", t0, 1.5 * ms), ("a_1", t0 + 2 * ms, 0.5 * ms), ("c", t0 + 3 * ms, 100 * us),
+                    ("a_1", t0 + 4 * ms, 1 * ms), ("sm90_gemm", t0 + 5 * ms, 2 * ms)]
+        kernels = period(0) + period(8 * ms) + period(16 * ms) + period(24 * ms)
+        copies = [("MemcpyD2D", 8.5 * ms, 1 * ms), ("MemcpyD2D", 10 * ms, 1 * ms)]
+        lines = [("/device:CUSTOM:xla-vmm", "t", [("step x", 0.0, 1.0)]),
+                 ("/device:GPU:0", "Stream #1", kernels), ("/device:GPU:0", "Stream #7", copies)]
+        r = self.m.compare(self.estimate, lines, 0)
+        self.assertEqual(r["steps_in_trace"], 2)
+        # The window: from the end of the step before (its matmul: 7 ms) to this one's matmul's end (15 ms).
+        self.assertAlmostEqual(r["step_us"]["measured"], 8000.0)
+        self.assertAlmostEqual(r["thunks_us"]["measured"], 5100.0)
+        self.assertAlmostEqual(r["idle_us"]["measured"], 2900.0)
+        self.assertAlmostEqual(r["thunks_us"]["estimated"], 4600.0)
+        self.assertAlmostEqual(r["idle_us"]["estimated"], 1400.0)
+        self.assertEqual(r["kernels"], 5)
+        self.assertEqual([(m["thunk"], m["measured_us"], m["estimated_us"]) for m in r["matched"]],
+                         [(2, 1500.0, 1000.0), (4, 100.0, 100.0)])
+        self.assertEqual(r["copies"]["measured"], {"Stream #7 MemcpyD2D": {"count": 2, "busy_us": 2000.0}})
+        self.assertEqual(r["copies"]["estimated"], {"in": 1, "home": 1, "in_busy_us": 1000.0, "home_busy_us": 1000.0})
+        md = self.m.markdown(r)
+        self.assertIn("| step | 6.00 ms | 8.00 ms |", md)
+        self.assertIn("| 2 | custom_kernel 'b.2' | 1.000 | 1.500 | 4.00 / 1.00 |", md)
+        # The last whole step by default; a trace with one start has none.
+        self.assertAlmostEqual(self.m.compare(self.estimate, lines)["step_us"]["measured"], 8000.0)
+        with self.assertRaises(SystemExit):
+            self.m.compare(self.estimate, [("/device:GPU:0", "Stream #1", period(0) + period(8 * ms))])
 
 
 class LongRunCounters(unittest.TestCase):
@@ -1130,3 +1225,7 @@ class StepTimes(unittest.TestCase):
         self.assertIn("- guard vmm graph-recapture: 8.00 3.00 3.00 | 3.000 graph-recapture", text)
         self.assertIn("- remap_only vmm va-stable: 9.00 3.10 3.10 | 3.100 ", text)
         self.assertNotIn("other", text)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -661,18 +661,47 @@ fn crossings(p: &xla_vmm_runtime::staging::StagingPlan) -> Vec<Crossing> {
 /// The thunks of a staging that wait for their copies in, the longest
 /// waits first ([`xla_vmm_policy::staging::copy_waits`]).
 fn copy_waits(p: &xla_vmm_runtime::staging::StagingPlan) -> Vec<xla_vmm_policy::staging::CopyWait> {
-    let (_, mut w) = xla_vmm_policy::staging::copy_waits(&p.input, &p.placements, &p.copies);
+    longest_first(xla_vmm_policy::staging::copy_waits(&p.input, &p.placements, &p.copies).1)
+}
+
+fn longest_first(
+    mut w: Vec<xla_vmm_policy::staging::CopyWait>,
+) -> Vec<xla_vmm_policy::staging::CopyWait> {
     w.sort_by(|a, b| b.wait_us.total_cmp(&a.wait_us).then(a.thunk.cmp(&b.thunk)));
     w
 }
 
 /// The `staging` member of `--as-run`'s JSON: the summary, the buffers
 /// whose copies carry the most bytes per step, the waits longest first and
-/// the buffers read in place: every one (the text shows the first few).
+/// the buffers read in place: every one (the text shows the first few);
+/// the estimate's `timeline`, every thunk's and copy's span (µs from the
+/// step's start), to set beside a profiler's trace of the step
+/// (`integration/diag/staging_vs_trace.py`).
 fn staging_json(p: &xla_vmm_runtime::staging::StagingPlan) -> Value {
     let mut v = serde_json::to_value(p.summary()).unwrap_or(Value::Null);
     if let Value::Object(o) = &mut v {
-        let waits = copy_waits(p);
+        let t = xla_vmm_policy::staging::timeline(&p.input, &p.placements, &p.copies);
+        let thunks: Vec<Value> = t
+            .thunks
+            .iter()
+            .zip(&p.input.steps)
+            .map(|(x, step)| json!({"name": step.name, "start_us": x.start_us, "end_us": x.end_us}))
+            .collect();
+        let copies: Vec<Value> = t
+            .copies
+            .iter()
+            .map(|c| {
+                region_json(
+                    &p.input.buffers[c.buffer],
+                    json!({"home": c.home, "started_us": c.started_us, "done_us": c.done_us}),
+                )
+            })
+            .collect();
+        o.insert(
+            "timeline".into(),
+            json!({"step_us": t.step_us, "thunks": thunks, "copies": copies}),
+        );
+        let waits = longest_first(t.waits);
         o.insert(
             "copy_waits_us".into(),
             json!(waits.iter().map(|w| w.wait_us).sum::<f64>()),

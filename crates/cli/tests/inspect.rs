@@ -329,6 +329,31 @@ fn as_run_names_the_thunks_that_wait_for_their_copies_longest_first() {
         first.trim_start().starts_with(&format!("thunk {thunk} ")),
         "{first}"
     );
+    // The estimate span by span: thunks one after another, each waiting
+    // thunk starting its wait after the one before; the step their end.
+    let t = &s["timeline"];
+    assert_eq!(f(t, "step_us"), step, "{t}");
+    let thunks = t["thunks"].as_array().unwrap_or_else(|| panic!("{t}"));
+    assert!(thunks
+        .windows(2)
+        .all(|p| f(&p[1], "start_us") >= f(&p[0], "end_us")));
+    for x in w {
+        let k = &thunks[x["thunk"].as_u64().unwrap() as usize];
+        assert_eq!(k["name"], x["name"], "{k} {x}");
+        assert!(
+            (f(k, "start_us") - f(x, "landed_us")).abs() < 1e-6,
+            "{k} {x}"
+        );
+    }
+    let copies = t["copies"].as_array().unwrap_or_else(|| panic!("{t}"));
+    assert!(copies.iter().any(|c| c["home"] == false), "{t}");
+    for c in copies {
+        assert!(
+            f(c, "done_us") > f(c, "started_us") && f(c, "done_us") <= step + 1e-6,
+            "{c}"
+        );
+        assert!(c["bytes"].as_u64().unwrap() > 0, "{c}");
+    }
 }
 
 #[test]

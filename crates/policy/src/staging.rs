@@ -867,17 +867,64 @@ pub fn copy_waits(
     placements: &[Placement],
     s: &Staging,
 ) -> (f64, Vec<CopyWait>) {
-    let mut waits = Vec::new();
-    let us = simulate(input, placements, s, Some(&mut waits));
-    (us, waits)
+    let t = timeline(input, placements, s);
+    (t.step_us, t.waits)
 }
 
-/// [`estimate_us`]'s run of the step, recording waits into `waits`.
+/// One thunk as [`estimate_us`] runs the step, µs from the step's start:
+/// it starts once the thunk before it is done and its copies in landed.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ThunkSpan {
+    /// Its start ...
+    pub start_us: f64,
+    /// ... and its end.
+    pub end_us: f64,
+}
+
+/// One copy as [`estimate_us`] runs it, µs from the step's start.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct CopySpan {
+    /// To the host (a copy home), else to the device.
+    pub home: bool,
+    /// Index into the input's buffers.
+    pub buffer: usize,
+    /// The buffer's bytes.
+    pub bytes: u64,
+    /// Moving from this time (the link's direction free, its range free) ...
+    pub started_us: f64,
+    /// ... to this one.
+    pub done_us: f64,
+}
+
+/// The step as [`estimate_us`] runs it: every thunk's span (in thunk
+/// order), every copy's (copies in, the next step's carried copies, then
+/// copies home, each in the order issued), the thunks that wait.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Timeline {
+    /// [`estimate_us`].
+    pub step_us: f64,
+    /// One per thunk of the input.
+    pub thunks: Vec<ThunkSpan>,
+    /// One per copy that runs in the step.
+    pub copies: Vec<CopySpan>,
+    /// As [`copy_waits`] has them.
+    pub waits: Vec<CopyWait>,
+}
+
+/// [`estimate_us`]'s run of the step, span by span: what `xla-vmm inspect`
+/// sets beside a profiler's trace of the same step.
+pub fn timeline(input: &ResidencyInput, placements: &[Placement], s: &Staging) -> Timeline {
+    let mut t = Timeline::default();
+    t.step_us = simulate(input, placements, s, Some(&mut t));
+    t
+}
+
+/// [`estimate_us`]'s run of the step, recording it into `rec`.
 fn simulate(
     input: &ResidencyInput,
     placements: &[Placement],
     s: &Staging,
-    mut waits: Option<&mut Vec<CopyWait>>,
+    mut rec: Option<&mut Timeline>,
 ) -> f64 {
     let bytes = |b: usize| input.buffers[b].bytes as f64;
     let m = input.steps.len();
@@ -924,14 +971,14 @@ fn simulate(
                 (start, last) = (t, Some(i));
             }
         }
-        if let (Some(w), Some(i)) = (waits.as_deref_mut(), last) {
+        if let (Some(r), Some(i)) = (rec.as_deref_mut(), last) {
             let c = &s.copies_in[i];
             let (ready_us, free_us, started_us) =
                 link.way[IN]
                     .get(i)
                     .copied()
                     .unwrap_or((f64::NAN, f64::NAN, f64::NAN));
-            w.push(CopyWait {
+            r.waits.push(CopyWait {
                 thunk: k,
                 wait_us: start - now,
                 buffer: c.buffer,
@@ -942,7 +989,14 @@ fn simulate(
                 landed_us: start,
             });
         }
-        now = start + crate::residency::thunk_us(&input.steps[k], placements, &input.rates);
+        let end = start + crate::residency::thunk_us(&input.steps[k], placements, &input.rates);
+        if let Some(r) = rec.as_deref_mut() {
+            r.thunks.push(ThunkSpan {
+                start_us: start,
+                end_us: end,
+            });
+        }
+        now = end;
         for &j in &outs_at[k] {
             link.push(OUT, j, now, bytes(s.copies_out[j].buffer), None);
         }
@@ -950,7 +1004,32 @@ fn simulate(
     if m > 0 {
         carry_after(m - 1, now, &mut link);
     }
-    now.max(link.drain())
+    let end = now.max(link.drain());
+    if let Some(r) = rec {
+        let ins = s.copies_in.iter().map(|c| c.buffer);
+        let carried = s.carried.iter().map(|c| c.buffer);
+        let outs = s.copies_out.iter().map(|c| c.buffer);
+        for (dir, buffers) in [
+            (IN, ins.chain(carried).collect::<Vec<_>>()),
+            (OUT, outs.collect()),
+        ] {
+            for (id, b) in buffers.into_iter().enumerate() {
+                let (Some(done), Some(&(_, _, started))) =
+                    (link.done_at(dir, id), link.way[dir].get(id))
+                else {
+                    continue;
+                };
+                r.copies.push(CopySpan {
+                    home: dir == OUT,
+                    buffer: b,
+                    bytes: input.buffers[b].bytes,
+                    started_us: started,
+                    done_us: done,
+                });
+            }
+        }
+    }
+    end
 }
 
 /// The link's directions in [`Link`].
@@ -1764,6 +1843,29 @@ mod tests {
         assert_eq!(waits.len(), 1, "{waits:?}");
         assert_eq!((waits[0].thunk, waits[0].buffer), (0, 0));
         assert!((waits[0].wait_us - 1000.0).abs() < 1.0, "{waits:?}");
+        // Span by span: thunk 0 at 1 -> 3 ms, thunk 1 at 3 -> 5; the copies
+        // 0 -> 1 and 1 -> 2 ms, none home (the weights are read only).
+        let t = timeline(&input, &placements, &s);
+        assert_eq!((t.step_us, &t.waits), (us, &waits));
+        let ms = |x: f64| (x / 1e3 * 100.0).round() / 100.0;
+        let thunks: Vec<_> = t
+            .thunks
+            .iter()
+            .map(|x| (ms(x.start_us), ms(x.end_us)))
+            .collect();
+        assert_eq!(thunks, vec![(1.0, 3.0), (3.0, 5.0)]);
+        let copies: Vec<_> = t
+            .copies
+            .iter()
+            .map(|c| (c.home, c.buffer, c.bytes, ms(c.started_us), ms(c.done_us)))
+            .collect();
+        assert_eq!(
+            copies,
+            vec![
+                (false, 0, 55_000_000, 0.0, 1.0),
+                (false, 1, 55_000_000, 1.0, 2.0)
+            ]
+        );
         // Kept, nothing crosses: the thunks alone, 4 ms.
         let kept = keep(&input, &placements, 200 * MB, 512, &[true, true], s).unwrap();
         assert_eq!((kept.kept.len(), kept.bytes_in), (2, 0));
