@@ -3,7 +3,8 @@ every mode, one process per run, then a table (benchmark, not a test).
 
     python3 integration/maxtext/run.py --mt DIR [--out OUT] [--configs tiny,1B] [--variants ...] [--balance 1B]
 
-DIR holds `.mt` (MaxText's source) and `.wheels` (what MaxText needs that the GPU machine lacks), made by
+Configs: `tiny` (launch bound), `1B` (llama2-7b widths, 4 layers, seq 2048), `8L` (the same, 8 layers),
+`1B_offload` (MaxText's own host offload). DIR holds `.mt` (MaxText's source) and `.wheels` (what MaxText needs that the GPU machine lacks), made by
 integration/maxtext/prepare.sh; the xla-vmm wheel is --wheel (default integration/dist/*.whl or
 DIR/*.whl). Variants: the stock configurations of stock_configs.py by key (`cuda` = command buffers on,
 `cuda_nocb`, `cuda_skip_temp`, `cuda_skip_profiled`; stock runs see the vmm package but not its library),
@@ -57,6 +58,8 @@ CONFIGS = {
     "tiny": ("base_num_decoder_layers=2 base_emb_dim=256 base_mlp_dim=512 base_num_query_heads=4 "
              "base_num_kv_heads=4 head_dim=64 max_target_length=128", 128),
     "1B": ("base_num_decoder_layers=4 max_target_length=2048", 2048),  # llama2-7b widths, ~1B params
+    # The same widths, 8 layers: the ROCm PR's benchmark shape (issue 30's table; 0.995x stock at 1f6f0d4).
+    "8L": ("base_num_decoder_layers=8 max_target_length=2048", 2048),
     # The same with MaxText's own host offload of parameters and optimizer state (issue 29's training
     # baseline, with a memory fraction on stock: `1B_offload:cuda@XLA_PYTHON_CLIENT_MEM_FRACTION=0.07`, against
     # `1B:vmm_t1@XLA_VMM_DEVICE_MEMORY_LIMIT=10G`; ../shared/maxtext/README.md says how it failed on stock).
