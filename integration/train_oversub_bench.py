@@ -126,7 +126,7 @@ def child(a):
         stock_ref.save_pjrt(fn.lower(state, batches[0]).compile(), os.path.join(a.save_exe, "train_step.pjrt"))
     n = a.warmup + a.steps
     losses, times, donated = [], [], True
-    for i in range(a.warmup + a.steps):
+    for i in range(n):
         t = time.perf_counter()
         try:
             state, loss = fn(state, batches[i % len(batches)])
@@ -144,6 +144,8 @@ def child(a):
         losses.append(loss)
     times.sort()
     if a.trace:
+        import jax.profiler
+
         # Untimed, after the timed steps; their losses are not compared (the run's are).
         with jax.profiler.trace(a.trace):
             for i in range(n, n + a.trace_steps):
