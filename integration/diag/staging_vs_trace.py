@@ -96,6 +96,21 @@ def busy(intervals):
     return total
 
 
+def copy_group(spans, est_in, est_home):
+    """One stream's copies of one kind ((start_ns, end_ns) each, in order): their count and busy time; where
+    they are as many as the estimate's copies of one way, taken as those in order (a stream of copies runs
+    them in the order issued): the way and the rate each side moved their bytes at, GB/s."""
+    out = {"count": len(spans), "busy_us": busy(spans) / 1e3}
+    for way, est in (("in", est_in), ("home", est_home)):
+        if est and len(est) == len(spans):
+            est = sorted(est, key=lambda c: c["started_us"])
+            size = sum(c["bytes"] for c in est)
+            out.update(way=way, gbps=size / max(sum(e - s for s, e in spans), 1e-9),
+                       estimated_gbps=size / max(1e3 * sum(c["done_us"] - c["started_us"] for c in est), 1e-9))
+            break
+    return out
+
+
 def compare(estimate, lines, index=None):
     """The measured step against the estimated one: a dict of figures (µs) and the matched thunks."""
     tl = staging_timeline(estimate)
@@ -142,7 +157,7 @@ def compare(estimate, lines, index=None):
             "estimated": {"in": len(est_in), "home": len(est_home),
                           "in_busy_us": busy([(c["started_us"], c["done_us"]) for c in est_in]),
                           "home_busy_us": busy([(c["started_us"], c["done_us"]) for c in est_home])},
-            "measured": {"%s %s" % k: {"count": n, "busy_us": busy(t) / 1e3} for k, (n, t) in sorted(by_name.items())},
+            "measured": {"%s %s" % k: copy_group(t, est_in, est_home) for k, (_, t) in sorted(by_name.items())},
         },
         "matched": matched,
         "steps_in_trace": len(steps),
@@ -158,7 +173,9 @@ def markdown(r):
     out.append("| copies in | %d, busy %.2f ms | |" % (e["in"], e["in_busy_us"] / 1e3))
     out.append("| copies home | %d, busy %.2f ms | |" % (e["home"], e["home_busy_us"] / 1e3))
     for name, m in r["copies"]["measured"].items():
-        out.append("| %s | | %d, busy %.2f ms |" % (name, m["count"], m["busy_us"] / 1e3))
+        way = (" (copies %s: %.1f GB/s, estimated %.1f)" % (m["way"], m["gbps"], m["estimated_gbps"])
+               if "way" in m else "")
+        out.append("| %s%s | | %d, busy %.2f ms |" % (name, way, m["count"], m["busy_us"] / 1e3))
     out.append("")
     out.append("%d kernels in the step; %d thunks matched by their kernel's name. The ones the estimate misses "
                "the most:" % (r["kernels"], len(r["matched"])))

@@ -1076,7 +1076,11 @@ class StagingVsTrace(unittest.TestCase):
         self.assertEqual(r["kernels"], 5)
         self.assertEqual([(m["thunk"], m["measured_us"], m["estimated_us"]) for m in r["matched"]],
                          [(2, 1500.0, 1000.0), (4, 100.0, 100.0)])
+        # Two copies on their stream, as many as the estimate's copies of neither way alone: no rate.
         self.assertEqual(r["copies"]["measured"], {"Stream #7 MemcpyD2D": {"count": 2, "busy_us": 2000.0}})
+        # One: the estimate's copy in (1 byte in 1 ms estimated; 1 byte in 0.5 ms measured).
+        g = self.m.copy_group([(0.0, 0.5e6)], [{"bytes": 1, "started_us": 0.0, "done_us": 1000.0}], [])
+        self.assertEqual((g["way"], g["gbps"], g["estimated_gbps"]), ("in", 2e-6, 1e-6))
         self.assertEqual(r["copies"]["estimated"], {"in": 1, "home": 1, "in_busy_us": 1000.0, "home_busy_us": 1000.0})
         md = self.m.markdown(r)
         self.assertIn("| step | 6.00 ms | 8.00 ms |", md)
