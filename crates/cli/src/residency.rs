@@ -523,7 +523,19 @@ fn staging_text(s: &mut String, p: Option<&xla_vmm_runtime::staging::StagingPlan
         gib(m.must_cross_out),
         m.must_cross_us / 1e3
     );
-    let waits = copy_waits(p);
+    let t = xla_vmm_policy::staging::timeline(&p.input, &p.placements, &p.copies);
+    let [kernels, ins, homes] = tenths(&t).map(|row| {
+        row.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    });
+    let _ = writeln!(
+        s,
+        "  busy in each tenth of the step ({:.2} ms each), percent: kernels {kernels}; copies in {ins}; copies home {homes}",
+        t.step_us / 1e4
+    );
+    let waits = longest_first(t.waits);
     let waited: f64 = waits.iter().map(|w| w.wait_us).sum();
     let _ = writeln!(
         s,
@@ -658,12 +670,35 @@ fn crossings(p: &xla_vmm_runtime::staging::StagingPlan) -> Vec<Crossing> {
     all
 }
 
-/// The thunks of a staging that wait for their copies in, the longest
-/// waits first ([`xla_vmm_policy::staging::copy_waits`]).
-fn copy_waits(p: &xla_vmm_runtime::staging::StagingPlan) -> Vec<xla_vmm_policy::staging::CopyWait> {
-    longest_first(xla_vmm_policy::staging::copy_waits(&p.input, &p.placements, &p.copies).1)
+/// How busy the kernels, the copies in and the copies home of `t` keep
+/// each tenth of its step, percent: where the step's time goes at a glance.
+fn tenths(t: &xla_vmm_policy::staging::Timeline) -> [[u32; 10]; 3] {
+    let tenth = t.step_us / 10.0;
+    let mut busy = [[0.0f64; 10]; 3];
+    let spans = t.thunks.iter().map(|x| (0, x.start_us, x.end_us)).chain(
+        t.copies
+            .iter()
+            .map(|c| (1 + usize::from(c.home), c.started_us, c.done_us)),
+    );
+    for (row, a, b) in spans {
+        for (i, cell) in busy[row].iter_mut().enumerate() {
+            let (lo, hi) = (i as f64 * tenth, (i + 1) as f64 * tenth);
+            *cell += (b.min(hi) - a.max(lo)).max(0.0);
+        }
+    }
+    busy.map(|row| {
+        row.map(|x| {
+            if tenth > 0.0 {
+                (100.0 * x / tenth).round().min(100.0) as u32
+            } else {
+                0
+            }
+        })
+    })
 }
 
+/// A staging's waits ([`xla_vmm_policy::staging::copy_waits`]), the
+/// longest first.
 fn longest_first(
     mut w: Vec<xla_vmm_policy::staging::CopyWait>,
 ) -> Vec<xla_vmm_policy::staging::CopyWait> {

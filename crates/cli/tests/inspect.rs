@@ -329,6 +329,32 @@ fn as_run_names_the_thunks_that_wait_for_their_copies_longest_first() {
         first.trim_start().starts_with(&format!("thunk {thunk} ")),
         "{first}"
     );
+    // Where the step's time goes, by tenths: three rows of ten percents.
+    let tenths = text
+        .lines()
+        .find(|l| l.contains("busy in each tenth of the step"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let rows: Vec<Vec<u32>> = tenths
+        .split(": ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{tenths}"))
+        .split("; ")
+        .map(|r| {
+            r.split(' ')
+                .filter_map(|x| x.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    assert_eq!(rows.len(), 3, "{tenths}");
+    assert!(
+        rows.iter()
+            .all(|r| r.len() == 10 && r.iter().all(|&x| x <= 100)),
+        "{tenths}"
+    );
+    assert!(
+        rows[0].iter().any(|&x| x > 0) && rows[1].iter().any(|&x| x > 0),
+        "{tenths}"
+    );
     // The estimate span by span: thunks one after another, each waiting
     // thunk starting its wait after the one before; the step their end.
     let t = &s["timeline"];
