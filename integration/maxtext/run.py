@@ -4,14 +4,15 @@ every mode, one process per run, then a table (benchmark, not a test).
     python3 integration/maxtext/run.py --mt DIR [--out OUT] [--configs tiny,1B] [--variants ...] [--balance 1B]
 
 Configs: `tiny` (launch bound), `1B` (llama2-7b widths, 4 layers, seq 2048), `8L` (the same, 8 layers),
-`1B_offload` (MaxText's own host offload). DIR holds `.mt` (MaxText's source) and `.wheels` (what MaxText needs that the GPU machine lacks), made by
-integration/maxtext/prepare.sh; the xla-vmm wheel is --wheel (default integration/dist/*.whl or
-DIR/*.whl). Variants: the stock configurations of stock_configs.py by key (`cuda` = command buffers on,
-`cuda_nocb`, `cuda_skip_temp`, `cuda_skip_profiled`; stock runs see the vmm package but not its library),
-and `vmm_t1` (the default: VA-stable graphs, auto), `vmm_t0`, `vmm_tN`, `vmm_eager`, `vmm_recapture`; any
-variant may carry extra environment after `@`: `vmm_t1@XLA_VMM_COPY_PATH=batch`, and a `CONFIG:` prefix
-to run for that config only (`tiny:cuda_skip_profiled`). --balance: configs whose stock rows and default run
-twice, the second round in the other order (A B B A; perf_gate.py takes each row's mean).
+`1B_offload` (MaxText's own host offload). DIR holds `.mt` (MaxText's source) and `.wheels` (what MaxText
+needs that the GPU machine lacks), made by integration/maxtext/prepare.sh; the xla-vmm wheel is --wheel
+(default integration/dist/*.whl or DIR/*.whl). Variants: the stock configurations of stock_configs.py by key
+(`cuda` = command buffers on, `cuda_nocb`, `cuda_skip_temp`, `cuda_skip_profiled`; stock runs see the vmm
+package but not its library), and `vmm_t1` (the default: VA-stable graphs, auto), `vmm_t0`, `vmm_tN`,
+`vmm_eager`, `vmm_recapture`; any variant may carry extra environment after `@`:
+`vmm_t1@XLA_VMM_COPY_PATH=batch`, and a `CONFIG:` prefix to run for that config only
+(`tiny:cuda_skip_profiled`). --balance: configs whose stock rows and default run twice, the second round in
+the other order (A B B A; perf_gate.py takes each row's mean).
 
 Step time: MaxText prints `seconds:` with 3 decimals, too coarse for the tiny config, and
 `Tokens/s/device:` with 3 decimals of tokens/s, which is exact enough: ms/step = tokens per step /
