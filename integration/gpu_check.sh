@@ -140,7 +140,7 @@ done
 if [ -n "${SAVE_TO:-}" ]; then
   mkdir -p "$SAVE_TO"
   printf '%s\n' "${SUMMARY[@]}" "$pass passed, $fail failed, $skipped skipped" >"$SAVE_TO/summary.txt"
-  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* oversub/oversub.* train_jax/train_oversub.* train_oversub/mt.* train_oversub/mt_logs.tar.gz long/long_runs_* step8/step_times.md step8/*/ab.* ckpt/ckpt.* ckpt/ckpt_logs.tar.gz 2>/dev/null)
+  tar -czf "$SAVE_TO/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && ls -d probe.json ref/*.json ref-det/*.json ab/ab.* multi/* mfx/*.json feed/* perf/*.md perf/*.json perf/ab/ab.* perf/mt/mt.* perf/mt/mt_logs.tar.gz va_gap/va_gap.* ab_rocm/ab.* oversub/oversub.* train_jax/train_oversub.* train_jax/trace/*/staging_vs_trace.* train_oversub/mt.* train_oversub/mt_logs.tar.gz long/long_runs_* step8/step_times.md step8/*/ab.* ckpt/ckpt.* ckpt/ckpt_logs.tar.gz 2>/dev/null)
   # The oversub programs' executables on their own (their size should not cost the logs).
   [ -d "$WORK/oversub/exe" ] && tar -czf "$SAVE_TO/oversub_exe.tar.gz" -C "$WORK/oversub" exe
   [ -d "$WORK/train_jax/exe" ] && tar -czf "$SAVE_TO/train_jax_exe.tar.gz" -C "$WORK/train_jax" exe
