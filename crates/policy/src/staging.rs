@@ -1311,6 +1311,36 @@ mod tests {
                 }
             }
         }
+        // A copy home reads its range before anything else is copied into
+        // it or fills it, and lands before its own bytes are copied in again:
+        // it is issued no later than the thunk before that copy's issue (or
+        // the fill), as the copies in and fills that follow it assume.
+        for o in &s.copies_out {
+            let oe = o.offset + input.buffers[o.buffer].bytes;
+            let stay = s
+                .stays
+                .iter()
+                .filter(|st| st.buffer == o.buffer && st.offset == o.offset && st.first <= o.after)
+                .max_by_key(|st| st.first)
+                .unwrap_or_else(|| panic!("{o:?} copies home no stay of its buffer"));
+            for c in &s.copies_in {
+                let ce = c.offset + input.buffers[c.buffer].bytes;
+                let related = c.buffer == o.buffer || (c.offset < oe && o.offset < ce);
+                if related && c.needed_by > stay.last {
+                    assert!(o.after < c.issue_before, "{c:?} issued before {o:?}");
+                }
+            }
+            for st in s.stays.iter().filter(|st| st.first > stay.last) {
+                let se = st.offset + input.buffers[st.buffer].bytes;
+                let filled = !s
+                    .copies_in
+                    .iter()
+                    .any(|c| c.buffer == st.buffer && c.needed_by == st.first);
+                if filled && st.offset < oe && o.offset < se {
+                    assert!(o.after < st.first, "{st:?} fills the range before {o:?}");
+                }
+            }
+        }
         for (i, a) in s.stays.iter().enumerate() {
             for b in &s.stays[i + 1..] {
                 let live = a.first <= b.last && b.first <= a.last;
@@ -1461,6 +1491,8 @@ mod tests {
             for (i, o) in s.copies_out.iter().enumerate() {
                 if overlaps(span(o.buffer, o.offset), range) {
                     assert!(c.after_out.is_some_and(|j| j >= i), "{c:?} before {o:?}");
+                    // Issued before the carried copy (after thunk `c.after`).
+                    assert!(o.after <= c.after, "{o:?} issued after {c:?}");
                 }
             }
         }
