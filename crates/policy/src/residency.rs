@@ -578,15 +578,38 @@ fn plan_with(
         })
         .collect();
     let mut resident = 0u64;
+    // Each thunk's staged bytes ([`staged_bytes`], align 1) as buffers go
+    // resident, and the thunks that use each buffer: a buffer made resident
+    // takes its bytes off its thunks only.
+    let mut staged: Vec<u64> = input
+        .steps
+        .iter()
+        .map(|t| staged_bytes(t, &placements, &input.buffers, 1))
+        .collect();
+    let users = Users::new(input);
     for &i in order {
         let b = input.buffers[i].bytes;
         if !f[i].used || input.buffers[i].home != Home::Movable {
             continue;
         }
-        let mut trial = placements.clone();
-        trial[i] = Placement::Device;
-        let need = buffering * largest_staged_thunk(input, &trial, 1);
-        if resident + b + need <= input.budget_bytes {
+        // The largest thunk's staged bytes with `i` resident.
+        let was_staged = placements[i] == Placement::Staged;
+        let mut largest = 0u64;
+        let mut mine = users.of(i).iter().peekable();
+        for (k, &bytes) in staged.iter().enumerate() {
+            let uses_it = mine.next_if_eq(&&k).is_some();
+            largest = largest.max(if uses_it && was_staged {
+                bytes - b
+            } else {
+                bytes
+            });
+        }
+        if resident + b + buffering * largest <= input.budget_bytes {
+            if was_staged {
+                for &k in users.of(i) {
+                    staged[k] -= b;
+                }
+            }
             placements[i] = Placement::Device;
             resident += b;
         }
@@ -596,17 +619,17 @@ fn plan_with(
     let cap = input.budget_bytes - resident;
     // While the thunk with the most staged bytes needs more than the area,
     // its staged buffer that loses the least in place goes there.
-    while let Some((worst, _)) = (0..input.steps.len())
-        .map(|k| {
-            (
-                k,
-                staged_bytes(&input.steps[k], &placements, &input.buffers, 1),
-            )
-        })
+    while let Some((worst, _)) = staged
+        .iter()
+        .copied()
+        .enumerate()
         .max_by_key(|&(_, bytes)| bytes)
         .filter(|&(_, need)| need > cap)
     {
-        demote(input, &touched, &mut placements, Some(worst)).expect("a staged use");
+        let gone = demote(input, &touched, &mut placements, Some(worst)).expect("a staged use");
+        for &k in users.of(gone) {
+            staged[k] -= input.buffers[gone].bytes;
+        }
     }
     let in_place_bytes = |placements: &[Placement]| -> u64 {
         (0..n)
@@ -705,6 +728,54 @@ pub fn demote(
 }
 
 /// `t`'s distinct staged buffers.
+/// Per buffer, the thunks that use it, in order, each once.
+struct Users {
+    of: Vec<Vec<usize>>,
+    /// The step's thunks.
+    m: usize,
+}
+
+impl Users {
+    fn new(input: &ResidencyInput) -> Self {
+        let mut of: Vec<Vec<usize>> = vec![Vec::new(); input.buffers.len()];
+        for (k, t) in input.steps.iter().enumerate() {
+            for u in &t.uses {
+                if of[u.buffer].last() != Some(&k) {
+                    of[u.buffer].push(k);
+                }
+            }
+        }
+        Users {
+            of,
+            m: input.steps.len(),
+        }
+    }
+
+    fn of(&self, b: usize) -> &[usize] {
+        &self.of[b]
+    }
+
+    /// In the step repeated `rounds` times (position `p` is thunk `p % m`),
+    /// the first position after `after` whose thunk uses `b`; `usize::MAX`
+    /// for none.
+    fn next_use(&self, b: usize, after: usize, rounds: usize) -> usize {
+        let (ks, m) = (&self.of[b], self.m);
+        let Some(from) = after.checked_add(1).filter(|_| m > 0) else {
+            return usize::MAX;
+        };
+        let (round, at) = (from / m, from % m);
+        let p = match ks.get(ks.partition_point(|&k| k < at)) {
+            Some(&k) => round * m + k,
+            None => ks.first().map_or(usize::MAX, |&k| (round + 1) * m + k),
+        };
+        if p < rounds * m {
+            p
+        } else {
+            usize::MAX
+        }
+    }
+}
+
 fn staged_ids(t: &ThunkStep, placements: &[Placement]) -> Vec<usize> {
     let mut ids: Vec<usize> = t
         .uses
@@ -823,11 +894,8 @@ fn belady(
         }
         v
     };
-    let next_use = |b: usize, after: usize| -> usize {
-        (after + 1..2 * m + m)
-            .find(|&k| at(k).uses.iter().any(|u| u.buffer == b))
-            .unwrap_or(usize::MAX)
-    };
+    let users = Users::new(input);
+    let next_use = |b: usize, after: usize| -> usize { users.next_use(b, after, 3) };
     // Belady over positions 0..2m: fetches (position needed, and the first
     // position the area has room for them) and evictions. A victim leaves
     // right after its last use before the fetch that needs its room, so
@@ -1089,6 +1157,40 @@ mod tests {
     fn step(name: &str, list: &[(usize, u64, bool)], flops: f64) -> ThunkStep {
         let four: Vec<_> = list.iter().map(|&(b, mb, w)| (b, mb, !w, w)).collect();
         thunk(name, &four, flops)
+    }
+
+    #[test]
+    fn next_use_is_the_first_later_position_whose_thunk_uses_the_buffer() {
+        // Five thunks; buffer 0 used by thunks 1 and 3 (3 twice), buffer 1
+        // by thunk 0, buffer 2 by none.
+        let buffers = (0..3).map(|i| buf(i, 1, true)).collect();
+        let uses: [&[(usize, u64, bool)]; 5] = [
+            &[(1, 1, false)],
+            &[(0, 1, false)],
+            &[],
+            &[(0, 1, false), (0, 1, true)],
+            &[],
+        ];
+        let steps = uses.iter().map(|u| step("t", u, 1e6)).collect();
+        let x = input(buffers, steps, 1);
+        let users = Users::new(&x);
+        assert_eq!(users.of(0), &[1, 3]);
+        let m = x.steps.len();
+        for rounds in 1..=3 {
+            for b in 0..3 {
+                for after in 0..rounds * m + 2 {
+                    let scan = (after + 1..rounds * m)
+                        .find(|&p| x.steps[p % m].uses.iter().any(|u| u.buffer == b))
+                        .unwrap_or(usize::MAX);
+                    assert_eq!(
+                        users.next_use(b, after, rounds),
+                        scan,
+                        "b{b} after {after}, {rounds} rounds"
+                    );
+                }
+            }
+        }
+        assert_eq!(users.next_use(0, usize::MAX, 3), usize::MAX);
     }
 
     /// Optimizer state: three 300 MB buffers living across steps, each read

@@ -356,29 +356,28 @@ fn follow_copies_home(out: &mut Staging, bufs: &[crate::residency::Buffer]) {
     // reads its range.
     let span = |b: usize, off: u64| (off, off + bufs[b].bytes);
     let overlaps = |(a0, a1): (u64, u64), (b0, b1): (u64, u64)| a0 < b1 && b0 < a1;
+    // (The copies home are in issue order, so by `after`.)
     let last_out = |before: usize, b: usize, off: u64| {
-        out.copies_out
+        let issued = out.copies_out.partition_point(|o| o.after < before);
+        out.copies_out[..issued]
             .iter()
-            .enumerate()
-            .filter(|(_, o)| o.after < before)
-            .filter(|(_, o)| o.buffer == b || overlaps(span(o.buffer, o.offset), span(b, off)))
-            .map(|(i, _)| i)
-            .next_back()
+            .rposition(|o| o.buffer == b || overlaps(span(o.buffer, o.offset), span(b, off)))
     };
     let ins: Vec<Option<usize>> = out
         .copies_in
         .iter()
         .map(|c| last_out(c.issue_before, c.buffer, c.offset))
         .collect();
+    let copied: std::collections::HashSet<(usize, usize)> = out
+        .copies_in
+        .iter()
+        .map(|c| (c.buffer, c.needed_by))
+        .collect();
     let filled: Vec<Option<usize>> = out
         .stays
         .iter()
         .map(|st| {
-            let copied = out
-                .copies_in
-                .iter()
-                .any(|c| c.buffer == st.buffer && c.needed_by == st.first);
-            if copied {
+            if copied.contains(&(st.buffer, st.first)) {
                 None
             } else {
                 last_out(st.first, st.buffer, st.offset)
@@ -512,18 +511,23 @@ fn stage_inner(
     let steps = &input.steps;
     let m = steps.len();
     let per = staged_uses(input, placements);
-    let next_use = |b: usize, after: usize| -> usize {
-        (after + 1..m)
-            .find(|&k| per[k].iter().any(|x| x.0 == b))
-            .unwrap_or(usize::MAX)
+    // Per buffer, the thunks that use it, in order, and whether each needs
+    // its bytes (what eviction asks of every held buffer, at every thunk).
+    let mut uses_of: Vec<Vec<(usize, bool)>> = vec![Vec::new(); bufs.len()];
+    for (k, us) in per.iter().enumerate() {
+        for &(b, _, wants) in us {
+            uses_of[b].push((k, wants));
+        }
+    }
+    let next = |b: usize, after: usize| {
+        let u = &uses_of[b];
+        u.get(u.partition_point(|&(k, _)| k <= after)).copied()
     };
+    let next_use = |b: usize, after: usize| -> usize { next(b, after).map_or(usize::MAX, |u| u.0) };
     // Its bytes are read again after `after` (this step, or the next one's
     // when it lives across steps).
     let wanted_after = |b: usize, after: usize| -> bool {
-        bufs[b].persistent
-            || (after + 1..m)
-                .find(|&k| per[k].iter().any(|x| x.0 == b))
-                .is_some_and(|k| per[k].iter().any(|x| x.0 == b && x.2))
+        bufs[b].persistent || next(b, after).is_some_and(|u| u.1)
     };
     let mut out = Staging::default();
     let mut free = vec![Free {
