@@ -939,7 +939,15 @@ fn belady(
                         // (the area holds the largest thunk), so never here.
                         break;
                     }
-                    idle_since += 1;
+                    // On to the first later start at which a buffer is idle
+                    // (or to `k`: any buffer not this thunk's).
+                    let idle_from = held
+                        .iter()
+                        .filter(|h| !need.iter().any(|x| x.0 == h.buffer))
+                        .map(|h| last_use[h.buffer] + 1)
+                        .min()
+                        .map_or(k, |s| s.min(k));
+                    idle_since = (idle_since + 1).max(idle_from);
                     continue;
                 };
                 let h = held.remove(vi);
