@@ -89,6 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(b) => Some(crate::residency::plan(&plan, b, &args.rates)?),
         None => None,
     };
+    let planning = std::time::Instant::now();
     let as_run = match args.memory_budget.filter(|_| args.as_run) {
         Some(b) => Some(crate::residency::as_run(
             &plan,
@@ -100,6 +101,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?),
         None => None,
     };
+    // What a program's first run under the budget plans (its staging, and
+    // the moves of its memory), here on this machine's CPU.
+    let planning = planning.elapsed();
     let then = match (&as_run, &args.then) {
         (Some(a), Some(f)) => {
             let bytes = crate::read_executable(f)?;
@@ -123,6 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         if let Some(a) = &as_run {
             v["as_run"] = crate::residency::as_run_json(a);
+            v["as_run"]["planning_us"] = json!(planning.as_micros());
         }
         if let Some((_, p)) = &then {
             v["as_run"]["then"] = json!({"staging": p.as_ref().map(|p| p.summary())});
@@ -135,6 +140,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         if let Some(a) = &as_run {
             print!("{}", crate::residency::as_run_text(a));
+            println!(
+                "  planned in {:.3} s (what the program's first run under this limit plans, on this CPU)",
+                planning.as_secs_f64()
+            );
         }
         if let Some((f, p)) = &then {
             print!(
