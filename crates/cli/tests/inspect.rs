@@ -292,8 +292,11 @@ fn as_run_names_the_thunks_that_wait_for_their_copies_longest_first() {
     // take less than the step (its thunks run too).
     let file = fixtures().join("llama_sgd_f32.pjrt");
     let file = file.to_str().unwrap();
-    let s = &budget_json(file, "256M", &["--as-run"], "as_run")["staging"];
+    let a = budget_json(file, "256M", &["--as-run"], "as_run");
+    let s = &a["staging"];
     let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    // How long the planning took (a first run under the limit plans as much).
+    assert!(a["planning_us"].as_u64().is_some_and(|us| us > 0), "{a}");
     let all = f(s, "copy_waits_us");
     let step = f(s, "estimated_step_us");
     assert!(all > 0.0 && all < step, "{s}");
@@ -319,6 +322,11 @@ fn as_run_names_the_thunks_that_wait_for_their_copies_longest_first() {
     assert!(out.status.success(), "{text}");
     let head = "thunks waiting for their copies in: ";
     assert!(text.contains(head), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("planned in ") && l.contains(" s (")),
+        "{text}"
+    );
     let first = text
         .lines()
         .skip_while(|l| !l.contains(head))

@@ -727,7 +727,6 @@ pub fn demote(
     Some(victim)
 }
 
-/// `t`'s distinct staged buffers.
 /// Per buffer, the thunks that use it, in order, each once.
 struct Users {
     of: Vec<Vec<usize>>,
@@ -776,6 +775,7 @@ impl Users {
     }
 }
 
+/// `t`'s distinct staged buffers.
 fn staged_ids(t: &ThunkStep, placements: &[Placement]) -> Vec<usize> {
     let mut ids: Vec<usize> = t
         .uses

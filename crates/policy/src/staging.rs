@@ -357,6 +357,7 @@ fn follow_copies_home(out: &mut Staging, bufs: &[crate::residency::Buffer]) {
     let span = |b: usize, off: u64| (off, off + bufs[b].bytes);
     let overlaps = |(a0, a1): (u64, u64), (b0, b1): (u64, u64)| a0 < b1 && b0 < a1;
     // (The copies home are in issue order, so by `after`.)
+    debug_assert!(out.copies_out.is_sorted_by_key(|o| o.after));
     let last_out = |before: usize, b: usize, off: u64| {
         let issued = out.copies_out.partition_point(|o| o.after < before);
         out.copies_out[..issued]
