@@ -33,7 +33,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, HERE)
 
+import trace_timeline  # noqa: E402
 from benchio import GUARD_WARMUP_STEPS, run_json_child, write_results  # noqa: E402
 
 
@@ -68,14 +70,7 @@ def gpu_summary(xplane_path, steps):
     if not intervals:
         return {"planes": planes}
     intervals.sort()
-    busy, cur_s, cur_e = 0.0, intervals[0][0], intervals[0][1]
-    for s, e in intervals[1:]:
-        if s > cur_e:
-            busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    busy += cur_e - cur_s
+    busy = trace_timeline.busy(intervals)
     span = intervals[-1][1] - intervals[0][0]
     n = max(steps, 1)
     return {

@@ -29,7 +29,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from trace_timeline import load  # noqa: E402
+from trace_timeline import busy, load  # noqa: E402
 
 SHOWN = 12
 
@@ -83,17 +83,6 @@ def steps_in(kernels, first):
     the kernel before a `first` kernel to the end of the kernel before the next one."""
     starts = [i for i, k in enumerate(kernels) if k[0] == first and i > 0]
     return [(kernels[a - 1][2], kernels[b - 1][2], a, b) for a, b in zip(starts, starts[1:])]
-
-
-def busy(intervals):
-    """The time covered by the union of (start, end) intervals."""
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total
 
 
 def copy_group(spans, est_in, est_home):

@@ -22,6 +22,17 @@ OURS = "/device:CUSTOM:xla-vmm"
 WIDTH, LABEL, ROW, TOP = 1500, 300, 20, 40
 
 
+def busy(intervals):
+    """The time covered by the union of (start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
 def load(path):
     """[(plane name, line name, [(name, start_ns, dur_ns)])] for our plane's lines and the GPU planes'
     stream lines."""
