@@ -697,7 +697,7 @@ fn tenths(t: &xla_vmm_policy::staging::Timeline) -> [[u32; 10]; 3] {
     })
 }
 
-/// A staging's waits ([`xla_vmm_policy::staging::copy_waits`]), the
+/// A staging's waits (its [`xla_vmm_policy::staging::Timeline`]'s), the
 /// longest first.
 fn longest_first(
     mut w: Vec<xla_vmm_policy::staging::CopyWait>,

@@ -865,17 +865,6 @@ pub struct CopyWait {
     pub landed_us: f64,
 }
 
-/// [`estimate_us`], and the thunks that wait for their copies in, in
-/// thunk order.
-pub fn copy_waits(
-    input: &ResidencyInput,
-    placements: &[Placement],
-    s: &Staging,
-) -> (f64, Vec<CopyWait>) {
-    let t = timeline(input, placements, s);
-    (t.step_us, t.waits)
-}
-
 /// One thunk as [`estimate_us`] runs the step, µs from the step's start:
 /// it starts once the thunk before it is done and its copies in landed.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -912,7 +901,7 @@ pub struct Timeline {
     pub thunks: Vec<ThunkSpan>,
     /// One per copy that runs in the step.
     pub copies: Vec<CopySpan>,
-    /// As [`copy_waits`] has them.
+    /// The thunks that wait for their copies in, in thunk order.
     pub waits: Vec<CopyWait>,
 }
 
@@ -1875,7 +1864,11 @@ mod tests {
         let us = estimate_us(&input, &placements, &s);
         assert!((us - 5000.0).abs() < 1.0, "{us} us");
         // Only thunk 0 waits: 1 ms, for buffer 0.
-        let (same, waits) = copy_waits(&input, &placements, &s);
+        let Timeline {
+            step_us: same,
+            waits,
+            ..
+        } = timeline(&input, &placements, &s);
         assert_eq!(same, us);
         assert_eq!(waits.len(), 1, "{waits:?}");
         assert_eq!((waits[0].thunk, waits[0].buffer), (0, 0));
@@ -1908,7 +1901,7 @@ mod tests {
         assert_eq!((kept.kept.len(), kept.bytes_in), (2, 0));
         let us = estimate_us(&input, &placements, &kept);
         assert!((us - 4000.0).abs() < 1.0, "{us} us");
-        assert!(copy_waits(&input, &placements, &kept).1.is_empty());
+        assert!(timeline(&input, &placements, &kept).waits.is_empty());
     }
 
     #[test]
